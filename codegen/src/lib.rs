@@ -1,0 +1,5 @@
+//! `rfidl-codegen`: the contract compiler.
+//!
+//! The pipeline is `syntax` (text -> AST with spans) -> `check` (rules,
+//! diagnostics) -> `model` (resolved, immutable) -> `generate` / `manifest`.
+//! Each stage reads only the output of the one before it.

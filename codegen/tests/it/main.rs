@@ -1,0 +1,1 @@
+//! Integration tests for rfidl-codegen (one binary: see house style).

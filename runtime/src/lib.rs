@@ -1,0 +1,1 @@
+//! rfidl-runtime

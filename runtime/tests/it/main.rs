@@ -1,0 +1,1 @@
+//! Integration tests for rfidl-runtime (one binary: see house style).

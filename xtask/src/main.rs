@@ -1,0 +1,2 @@
+//! `cargo xtask`: project chores (test set-up, regeneration, benchmarks).
+fn main() {}
