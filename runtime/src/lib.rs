@@ -1,1 +1,22 @@
-//! rfidl-runtime
+//! `rfidl-runtime`: reliable messaging for services generated from `.rfidl` contracts.
+//!
+//! * [`outbox`]: messages are written to a SQLite outbox in the caller's own
+//!   transaction, so a business change and its message commit or roll back together.
+//! * [`dispatcher`]: a tokio task claims due outbox rows with a fenced lease,
+//!   signs and sends them, and applies backoff, TTL and dead-lettering.
+//! * [`receiver`] + [`inbox`]: an axum router verifies signatures, de-duplicates
+//!   on the inbox and runs the handler and the inbox insert in one transaction,
+//!   which makes processing exactly-once.
+//! * [`signing`]: Standard Webhooks HMAC-SHA256.
+//!
+//! The runtime never depends on the code generator; generated code depends on it.
+
+pub mod config;
+pub mod db;
+pub mod duration;
+pub mod envelope;
+pub mod metrics;
+pub mod signing;
+
+pub use config::{Config, Durability};
+pub use envelope::{Envelope, MessageType};

@@ -1,0 +1,394 @@
+//! Standard Webhooks signing and verification (HMAC-SHA256).
+//!
+//! `webhook-signature: v1,<base64(HMAC-SHA256(key, "{id}.{timestamp}.{body}"))>`,
+//! several space-separated entries allowed; secrets are `whsec_<base64 key>`.
+//! Comparison is constant-time (`Mac::verify_slice`). This module never reads
+//! the body as JSON: it signs and checks exact bytes.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+/// Header carrying the message id (the envelope's `messageId`).
+pub const HEADER_ID: &str = "webhook-id";
+/// Header carrying integer Unix seconds at send time.
+pub const HEADER_TIMESTAMP: &str = "webhook-timestamp";
+/// Header carrying one or more `v1,<base64>` signatures.
+pub const HEADER_SIGNATURE: &str = "webhook-signature";
+
+const SECRET_PREFIX: &str = "whsec_";
+
+/// A signing key, parsed from its `whsec_<base64>` form.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret {
+    key: Vec<u8>,
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// Why a secret string was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecretError {
+    #[error("a signing secret must start with `whsec_`")]
+    MissingPrefix,
+    #[error("a signing secret must be `whsec_` followed by standard base64: {0}")]
+    Base64(String),
+    #[error("a signing secret must hold at least 16 key bytes (it holds {0})")]
+    TooShort(usize),
+}
+
+impl Secret {
+    /// Parses `whsec_<base64>`.
+    pub fn parse(text: &str) -> Result<Self, SecretError> {
+        let encoded = text
+            .trim()
+            .strip_prefix(SECRET_PREFIX)
+            .ok_or(SecretError::MissingPrefix)?;
+        let key = STANDARD
+            .decode(encoded)
+            .map_err(|e| SecretError::Base64(e.to_string()))?;
+        if key.len() < 16 {
+            return Err(SecretError::TooShort(key.len()));
+        }
+        Ok(Self { key })
+    }
+
+    /// Wraps raw key bytes.
+    pub fn from_bytes(key: impl Into<Vec<u8>>) -> Self {
+        Self { key: key.into() }
+    }
+
+    /// A fresh random 32-byte secret.
+    pub fn generate() -> Self {
+        let key: [u8; 32] = rand::random();
+        Self { key: key.to_vec() }
+    }
+
+    /// The `whsec_<base64>` form.
+    pub fn to_whsec(&self) -> String {
+        format!("{SECRET_PREFIX}{}", STANDARD.encode(&self.key))
+    }
+
+    fn mac(&self, id: &str, timestamp: i64, body: &[u8]) -> Hmac<Sha256> {
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(&self.key).expect("HMAC accepts any key length");
+        mac.update(id.as_bytes());
+        mac.update(b".");
+        mac.update(timestamp.to_string().as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        mac
+    }
+
+    /// `v1,<base64 signature>` for one message.
+    pub fn sign(&self, id: &str, timestamp: i64, body: &[u8]) -> String {
+        let tag = self.mac(id, timestamp, body).finalize().into_bytes();
+        format!("v1,{}", STANDARD.encode(tag))
+    }
+}
+
+/// The three headers of a signed request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignatureHeaders {
+    pub id: String,
+    pub timestamp: i64,
+    pub signature: String,
+}
+
+impl SignatureHeaders {
+    /// Signs `body` with every secret (a sender rotating keys may send both).
+    pub fn sign(id: &str, timestamp: i64, body: &[u8], secrets: &[Secret]) -> Self {
+        let signature = secrets
+            .iter()
+            .map(|s| s.sign(id, timestamp, body))
+            .collect::<Vec<_>>()
+            .join(" ");
+        Self {
+            id: id.to_owned(),
+            timestamp,
+            signature,
+        }
+    }
+
+    /// `(name, value)` pairs, ready to put on a request.
+    pub fn to_pairs(&self) -> [(&'static str, String); 3] {
+        [
+            (HEADER_ID, self.id.clone()),
+            (HEADER_TIMESTAMP, self.timestamp.to_string()),
+            (HEADER_SIGNATURE, self.signature.clone()),
+        ]
+    }
+}
+
+/// Why a request's signature was refused. Each maps to a 401 error code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VerifyError {
+    #[error("missing or malformed `{0}` header")]
+    MissingHeader(&'static str),
+    #[error("no `v1` signature matches any secret configured for this source")]
+    BadSignature,
+    #[error(
+        "webhook-timestamp {timestamp} is {skew_secs} s away from now, outside the {tolerance_secs} s tolerance"
+    )]
+    TimestampOutOfRange {
+        timestamp: i64,
+        skew_secs: i64,
+        tolerance_secs: u64,
+    },
+}
+
+impl VerifyError {
+    /// The wire error code (`wire-protocol.md`, order of checks, step 4).
+    pub fn code(&self) -> &'static str {
+        match self {
+            VerifyError::MissingHeader(_) => "missing_header",
+            VerifyError::BadSignature => "bad_signature",
+            VerifyError::TimestampOutOfRange { .. } => "timestamp_out_of_range",
+        }
+    }
+}
+
+/// Verifies raw header values against `body`. `now` is Unix seconds.
+///
+/// Header presence and shape are checked first, then the timestamp window
+/// (exactly `tolerance` away is inside), then the signatures: any `v1` entry
+/// that matches any secret is enough; entries of other versions are ignored.
+pub fn verify(
+    id: Option<&str>,
+    timestamp: Option<&str>,
+    signature: Option<&str>,
+    body: &[u8],
+    secrets: &[Secret],
+    now: i64,
+    tolerance: Duration,
+) -> Result<(), VerifyError> {
+    let id = id
+        .filter(|v| !v.is_empty())
+        .ok_or(VerifyError::MissingHeader(HEADER_ID))?;
+    let timestamp: i64 = timestamp
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or(VerifyError::MissingHeader(HEADER_TIMESTAMP))?;
+    let signature = signature
+        .filter(|v| !v.trim().is_empty())
+        .ok_or(VerifyError::MissingHeader(HEADER_SIGNATURE))?;
+    let skew = now.saturating_sub(timestamp);
+    if skew.unsigned_abs() > tolerance.as_secs() {
+        return Err(VerifyError::TimestampOutOfRange {
+            timestamp,
+            skew_secs: skew,
+            tolerance_secs: tolerance.as_secs(),
+        });
+    }
+    let mut saw_entry = false;
+    for entry in signature.split_whitespace() {
+        let Some((version, encoded)) = entry.split_once(',') else {
+            continue;
+        };
+        saw_entry = true;
+        if version != "v1" {
+            continue;
+        }
+        let Ok(tag) = STANDARD.decode(encoded) else {
+            continue;
+        };
+        if secrets
+            .iter()
+            .any(|secret| secret.mac(id, timestamp, body).verify_slice(&tag).is_ok())
+        {
+            return Ok(());
+        }
+    }
+    if !saw_entry {
+        return Err(VerifyError::MissingHeader(HEADER_SIGNATURE));
+    }
+    Err(VerifyError::BadSignature)
+}
+
+/// Current Unix time in whole seconds.
+pub fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOLERANCE: Duration = Duration::from_secs(300);
+
+    // Test vector from the Standard Webhooks specification's reference libraries.
+    #[test]
+    fn matches_the_standard_webhooks_reference_vector() {
+        let secret = Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").expect("secret");
+        let body = br#"{"test": 2432232314}"#;
+        let signature = secret.sign("msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body);
+        assert_eq!(signature, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+    }
+
+    #[test]
+    fn verifies_valid_and_rejects_each_fault() {
+        let secret = Secret::generate();
+        let other = Secret::generate();
+        let body = b"{\"a\":1}";
+        let now = 1_700_000_000;
+        let headers = SignatureHeaders::sign("id1", now, body, std::slice::from_ref(&secret));
+        let ts = now.to_string();
+        let check = |id, ts: &str, sig: &str, body: &[u8], secrets: &[Secret], now| {
+            verify(Some(id), Some(ts), Some(sig), body, secrets, now, TOLERANCE)
+        };
+        assert_eq!(
+            check(
+                "id1",
+                &ts,
+                &headers.signature,
+                body,
+                std::slice::from_ref(&secret),
+                now
+            ),
+            Ok(())
+        );
+        // Rotation: the receiver holds old and new; the sender signs with either.
+        assert_eq!(
+            check(
+                "id1",
+                &ts,
+                &headers.signature,
+                body,
+                &[other.clone(), secret.clone()],
+                now
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            check(
+                "id1",
+                &ts,
+                &headers.signature,
+                body,
+                std::slice::from_ref(&other),
+                now
+            ),
+            Err(VerifyError::BadSignature)
+        );
+        assert_eq!(
+            check(
+                "id1",
+                &ts,
+                &headers.signature,
+                b"{\"a\":2}",
+                std::slice::from_ref(&secret),
+                now
+            ),
+            Err(VerifyError::BadSignature)
+        );
+        assert_eq!(
+            check(
+                "id2",
+                &ts,
+                &headers.signature,
+                body,
+                std::slice::from_ref(&secret),
+                now
+            ),
+            Err(VerifyError::BadSignature)
+        );
+        // Exactly the tolerance is inside; one second more is outside, both ways.
+        assert_eq!(
+            check(
+                "id1",
+                &ts,
+                &headers.signature,
+                body,
+                std::slice::from_ref(&secret),
+                now + 300
+            ),
+            Ok(())
+        );
+        assert!(matches!(
+            check(
+                "id1",
+                &ts,
+                &headers.signature,
+                body,
+                std::slice::from_ref(&secret),
+                now + 301
+            ),
+            Err(VerifyError::TimestampOutOfRange { .. })
+        ));
+        assert!(matches!(
+            check(
+                "id1",
+                &ts,
+                &headers.signature,
+                body,
+                std::slice::from_ref(&secret),
+                now - 301
+            ),
+            Err(VerifyError::TimestampOutOfRange { .. })
+        ));
+        // Other version prefixes are ignored, not fatal.
+        let mixed = format!("v2,AAAA {}", headers.signature);
+        assert_eq!(
+            check("id1", &ts, &mixed, body, std::slice::from_ref(&secret), now),
+            Ok(())
+        );
+        assert_eq!(
+            verify(
+                Some("id1"),
+                None,
+                Some(&headers.signature),
+                body,
+                std::slice::from_ref(&secret),
+                now,
+                TOLERANCE
+            ),
+            Err(VerifyError::MissingHeader(HEADER_TIMESTAMP))
+        );
+        assert_eq!(
+            check(
+                "id1",
+                "soon",
+                &headers.signature,
+                body,
+                std::slice::from_ref(&secret),
+                now
+            ),
+            Err(VerifyError::MissingHeader(HEADER_TIMESTAMP))
+        );
+        assert_eq!(
+            check(
+                "id1",
+                &ts,
+                "garbage",
+                body,
+                std::slice::from_ref(&secret),
+                now
+            ),
+            Err(VerifyError::MissingHeader(HEADER_SIGNATURE))
+        );
+    }
+
+    #[test]
+    fn secrets_parse_strictly() {
+        let secret = Secret::generate();
+        assert_eq!(Secret::parse(&secret.to_whsec()), Ok(secret));
+        assert_eq!(
+            Secret::parse("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+            Err(SecretError::MissingPrefix)
+        );
+        assert!(matches!(
+            Secret::parse("whsec_!!!"),
+            Err(SecretError::Base64(_))
+        ));
+        assert_eq!(Secret::parse("whsec_AAAA"), Err(SecretError::TooShort(3)));
+    }
+}
