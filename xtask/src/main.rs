@@ -1,2 +1,132 @@
-//! `cargo xtask`: project chores (test set-up, regeneration, benchmarks).
-fn main() {}
+//! `cargo xtask`: project chores, so a fresh clone needs nothing but Rust.
+//!
+//! * `cargo xtask test`  — installs the Python interop dependency into `.venv`
+//!   (the Standard Webhooks reference library), then runs every test.
+//! * `cargo xtask ci`    — formatting check, clippy with `-D warnings`, then `test`.
+//! * `cargo xtask bench` — every benchmark, release build; figures go to BENCHMARKS.md.
+//!
+//! Std only: this crate must build in seconds.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+/// The Python packages the interop tests import, pinned.
+const PYTHON_PACKAGES: &[&str] = &["standardwebhooks==1.1.0"];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let task = args.first().map(String::as_str).unwrap_or("help");
+    let rest = &args[args.len().min(1)..];
+    let result = match task {
+        "test" => test(rest),
+        "ci" => ci(),
+        "bench" => bench(rest),
+        _ => {
+            eprintln!(
+                "usage: cargo xtask <task>\n\n  test [cargo test args]  set up .venv (Python interop deps) and run all tests\n  ci                      fmt --check, clippy -D warnings, then test\n  bench [name]            run the benchmarks (release)"
+            );
+            return if task == "help" {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            };
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask {task}: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace root")
+        .to_path_buf()
+}
+
+fn run(command: &mut Command) -> Result<(), String> {
+    eprintln!("$ {command:?}");
+    let status = command
+        .status()
+        .map_err(|e| format!("cannot start {command:?}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{command:?} failed with {status}"))
+    }
+}
+
+fn cargo() -> Command {
+    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()));
+    command.current_dir(root());
+    command
+}
+
+/// Creates `.venv` with the pinned packages, once; returns its python.
+fn python_venv() -> Result<PathBuf, String> {
+    let venv = root().join(".venv");
+    let python = venv.join("bin").join("python");
+    let stamp = venv.join(".rfidl-packages");
+    let wanted = PYTHON_PACKAGES.join("\n");
+    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) && python.exists() {
+        return Ok(python);
+    }
+    let system_python = ["python3", "python"]
+        .into_iter()
+        .find(|p| {
+            Command::new(p)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .ok_or("the interop tests need Python 3 (python3 on PATH)")?;
+    run(Command::new(system_python).arg("-m").arg("venv").arg(&venv))?;
+    run(Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .args(PYTHON_PACKAGES))?;
+    std::fs::write(&stamp, wanted).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
+    Ok(python)
+}
+
+fn test(extra: &[String]) -> Result<(), String> {
+    let python = python_venv()?;
+    run(cargo()
+        // Not --all-targets: that would run the harness-less benchmarks too.
+        .args(["test", "--workspace"])
+        .args(extra)
+        .env("RFIDL_PYTHON", &python)
+        // Interop tests skip (loudly) without Python; here they must run.
+        .env("RFIDL_REQUIRE_INTEROP", "1"))
+}
+
+fn ci() -> Result<(), String> {
+    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    test(&[])
+}
+
+fn bench(extra: &[String]) -> Result<(), String> {
+    let mut command = cargo();
+    command.args(["bench", "--workspace"]);
+    if let Some(name) = extra.first() {
+        command.args(["--bench", name]);
+    }
+    run(&mut command)
+}
