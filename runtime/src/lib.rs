@@ -17,6 +17,7 @@ pub mod duration;
 pub mod envelope;
 pub mod metrics;
 pub mod signing;
+pub mod types;
 
 pub use config::{Config, Durability};
 pub use envelope::{Envelope, MessageType};
