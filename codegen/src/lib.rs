@@ -3,3 +3,5 @@
 //! The pipeline is `syntax` (text -> AST with spans) -> `check` (rules,
 //! diagnostics) -> `model` (resolved, immutable) -> `generate` / `manifest`.
 //! Each stage reads only the output of the one before it.
+
+pub mod generate;

@@ -19,5 +19,10 @@ pub mod metrics;
 pub mod signing;
 pub mod types;
 
+// Re-exported for generated code, so user crates need no direct dependency.
+pub use rusqlite;
+pub use serde;
+pub use serde_json;
+
 pub use config::{Config, Durability};
 pub use envelope::{Envelope, MessageType};

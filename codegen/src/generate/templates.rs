@@ -1,0 +1,141 @@
+//! Template contexts: what each askama template in `templates/` sees.
+//!
+//! These structs hold names and types already in their Rust spelling; the
+//! decisions (naming, type mapping, which side gets what) are made in
+//! [`super::plan`], so templates only lay text out. Nothing here builds Rust
+//! source by concatenation.
+
+use askama::Template;
+
+/// `templates/package.rs.askama`: one contract package as one Rust module.
+#[derive(Debug, Template)]
+#[template(path = "package.rs.askama", escape = "none")]
+pub struct PackageTemplate {
+    /// Module-level docs (`//!` lines).
+    pub docs: Vec<String>,
+    pub records: Vec<RecordView>,
+    pub enums: Vec<EnumView>,
+    pub services: Vec<ServiceView>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RecordView {
+    pub name: String,
+    pub docs: Vec<String>,
+    pub deprecated: Option<String>,
+    pub extra_derives: Vec<String>,
+    pub extra_attributes: Vec<String>,
+    pub fields: Vec<FieldView>,
+}
+
+/// A record field or a method parameter.
+#[derive(Debug, Clone)]
+pub struct FieldView {
+    /// Rust identifier (raw identifier for keywords, e.g. `r#type`).
+    pub rust_name: String,
+    /// The JSON member name: the name as written in the contract.
+    pub json_name: String,
+    pub docs: Vec<String>,
+    pub deprecated: Option<String>,
+    pub rust_type: String,
+    pub optional: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct EnumView {
+    pub name: String,
+    pub docs: Vec<String>,
+    pub deprecated: Option<String>,
+    pub extra_derives: Vec<String>,
+    pub extra_attributes: Vec<String>,
+    pub variants: Vec<VariantView>,
+}
+
+#[derive(Debug, Clone)]
+pub struct VariantView {
+    pub name: String,
+    pub docs: Vec<String>,
+    pub deprecated: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServiceView {
+    /// `emp_service_v1`.
+    pub module: String,
+    pub interface: String,
+    pub version: u32,
+    pub fingerprint: String,
+    pub manifest_json: String,
+    pub docs: Vec<String>,
+    pub deprecated: Option<String>,
+    pub methods: Vec<MethodView>,
+    /// One group per direction that has methods and is generated.
+    pub groups: Vec<GroupView>,
+}
+
+/// The methods that flow in one direction, with the client that sends them
+/// and the handler trait + receiver glue that receive them.
+#[derive(Debug, Clone)]
+pub struct GroupView {
+    /// Who receives these methods: "engine" or "service".
+    pub peer: &'static str,
+    pub client: &'static str,
+    pub handler: &'static str,
+    pub receiver: &'static str,
+    pub hosted_const: &'static str,
+    /// "signals and pushcalls" / "commands", for docs.
+    pub kinds_doc: &'static str,
+    pub client_enabled: bool,
+    pub handler_enabled: bool,
+    pub methods: Vec<MethodView>,
+}
+
+#[derive(Debug, Clone)]
+pub struct MethodView {
+    /// The wire endpoint name, as in the contract: `EmployeeHired`.
+    pub name: String,
+    /// `employee_hired`.
+    pub fn_name: String,
+    /// `EmployeeHiredRequest`.
+    pub request: String,
+    pub docs: Vec<String>,
+    pub deprecated: Option<String>,
+    /// `Signal`, `PushCall` or `Command`: a `MessageType` variant.
+    pub message_type: &'static str,
+    /// "signal", "pushcall", "command", for docs.
+    pub kind_doc: &'static str,
+    pub params: Vec<FieldView>,
+    /// The handler's success type: the response type or `()`.
+    pub response_type: String,
+    /// An `Option<String>` expression over `request` giving the correlation key.
+    pub correlation_expr: String,
+    pub max_retries: Option<u32>,
+    pub ttl_ms: Option<u64>,
+}
+
+/// Filters the templates use.
+mod filters {
+    /// A Rust string literal with the value's text (escaped as `{:?}` does).
+    #[askama::filter_fn]
+    pub fn rust_str(
+        value: impl std::fmt::Display,
+        _: &dyn askama::Values,
+    ) -> askama::Result<String> {
+        Ok(format!("{:?}", value.to_string()))
+    }
+
+    /// A raw string literal `r#"…"#` with enough `#` to hold the value as is.
+    #[askama::filter_fn]
+    pub fn rust_raw_str(
+        value: impl std::fmt::Display,
+        _: &dyn askama::Values,
+    ) -> askama::Result<String> {
+        let text = value.to_string();
+        let mut hashes = 1;
+        while text.contains(&format!("\"{}", "#".repeat(hashes))) {
+            hashes += 1;
+        }
+        let fence = "#".repeat(hashes);
+        Ok(format!("r{fence}\"{text}\"{fence}"))
+    }
+}
