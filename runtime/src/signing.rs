@@ -21,6 +21,13 @@ pub const HEADER_SIGNATURE: &str = "webhook-signature";
 
 const SECRET_PREFIX: &str = "whsec_";
 
+/// Standard alphabet, padding optional: secrets are often pasted unpadded.
+const LENIENT: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    base64::engine::GeneralPurposeConfig::new()
+        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+);
+
 /// A signing key, parsed from its `whsec_<base64>` form.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret {
@@ -51,7 +58,7 @@ impl Secret {
             .trim()
             .strip_prefix(SECRET_PREFIX)
             .ok_or(SecretError::MissingPrefix)?;
-        let key = STANDARD
+        let key = LENIENT
             .decode(encoded)
             .map_err(|e| SecretError::Base64(e.to_string()))?;
         if key.len() < 16 {
@@ -380,7 +387,9 @@ mod tests {
     #[test]
     fn secrets_parse_strictly() {
         let secret = Secret::generate();
-        assert_eq!(Secret::parse(&secret.to_whsec()), Ok(secret));
+        assert_eq!(Secret::parse(&secret.to_whsec()), Ok(secret.clone()));
+        let unpadded = secret.to_whsec().trim_end_matches('=').to_owned();
+        assert_eq!(Secret::parse(&unpadded), Ok(secret));
         assert_eq!(
             Secret::parse("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
             Err(SecretError::MissingPrefix)

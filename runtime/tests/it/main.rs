@@ -1,1 +1,2 @@
 //! Integration tests for rfidl-runtime (one binary: see house style).
+mod interop;
