@@ -4,4 +4,6 @@
 //! diagnostics) -> `model` (resolved, immutable) -> `generate` / `manifest`.
 //! Each stage reads only the output of the one before it.
 
+pub mod builder;
 pub mod generate;
+pub mod manifest;

@@ -26,3 +26,33 @@ pub use serde_json;
 
 pub use config::{Config, Durability};
 pub use envelope::{Envelope, MessageType};
+
+/// Includes the code that `rfidl_codegen::Builder` generated for one contract
+/// package into the current module, e.g. inside `pub mod employees { … }`:
+///
+/// ```ignore
+/// pub mod hr {
+///     pub mod employees {
+///         rfidl_runtime::include_contract!("hr.employees");
+///     }
+/// }
+/// ```
+///
+/// Types from other packages are referred to through `super::` paths, so nest
+/// modules like the package names (or use [`include_contracts!`], which does it
+/// for you).
+#[macro_export]
+macro_rules! include_contract {
+    ($package:literal) => {
+        include!(concat!(env!("OUT_DIR"), "/", $package, ".rs"));
+    };
+}
+
+/// Includes every package the build script generated, nested by package name
+/// (`hr.employees` becomes `hr::employees`).
+#[macro_export]
+macro_rules! include_contracts {
+    () => {
+        include!(concat!(env!("OUT_DIR"), "/rfidl_contracts.rs"));
+    };
+}

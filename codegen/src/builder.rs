@@ -1,0 +1,149 @@
+//! The `build.rs` API, in the spirit of prost-build and tonic-build.
+//!
+//! ```no_run
+//! // build.rs
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     rfidl_codegen::Builder::new().compile(&["schemas/hr.rfidl"])?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! Output goes to `OUT_DIR` (or [`Builder::out_dir`]); a file is written only
+//! when its content changed, so an unchanged contract costs no rebuild of the
+//! crate. Every file read is announced with `cargo:rerun-if-changed`.
+//! Contract errors fail the build with the same rustc-style diagnostics as
+//! `rfidl check`.
+
+use std::path::{Path, PathBuf};
+
+/// Which side(s) of each service version to generate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Sides {
+    /// Both: clients, handler traits and receivers for every direction.
+    #[default]
+    Both,
+    /// What a service implementation needs: a client to send its signals and
+    /// pushcalls to the engine, and the handler trait + receiver for commands.
+    Service,
+    /// What the engine needs: a client to send commands, and the handler
+    /// trait + receiver for signals and pushcalls.
+    Engine,
+}
+
+impl Sides {
+    pub(crate) fn service(self) -> bool {
+        matches!(self, Sides::Both | Sides::Service)
+    }
+    pub(crate) fn engine(self) -> bool {
+        matches!(self, Sides::Both | Sides::Engine)
+    }
+}
+
+/// Extra derives or attributes for generated types, matched by the type's
+/// fully qualified contract name (`hr.employees.Employee`), a package prefix
+/// (`hr.employees`), or `.` for every type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TypeRule {
+    pub(crate) path: String,
+    pub(crate) kind: TypeRuleKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TypeRuleKind {
+    Derive(String),
+    Attribute(String),
+}
+
+impl TypeRule {
+    pub(crate) fn matches(&self, qualified_name: &str) -> bool {
+        self.path == "."
+            || self.path == qualified_name
+            || qualified_name
+                .strip_prefix(self.path.as_str())
+                .is_some_and(|rest| rest.starts_with('.'))
+    }
+}
+
+/// Generation options shared by [`Builder`] and the `rfidl generate` CLI.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub(crate) sides: Sides,
+    pub(crate) type_rules: Vec<TypeRule>,
+}
+
+/// One generated file: a name relative to the output directory, and its text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GeneratedFile {
+    pub name: String,
+    pub contents: String,
+}
+
+/// Writes `contents` to `path` unless the file already holds exactly that.
+/// Returns whether it wrote.
+pub fn write_if_changed(path: &Path, contents: &str) -> std::io::Result<bool> {
+    if std::fs::read(path).is_ok_and(|old| old == contents.as_bytes()) {
+        return Ok(false);
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(path, contents)?;
+    Ok(true)
+}
+
+/// Configures and runs code generation from a `build.rs`.
+#[derive(Debug, Clone, Default)]
+#[must_use]
+pub struct Builder {
+    options: Options,
+    out_dir: Option<PathBuf>,
+    emit_rerun_if_changed: bool,
+}
+
+impl Builder {
+    /// Defaults: both sides, output to `OUT_DIR`, `rerun-if-changed` printed.
+    pub fn new() -> Self {
+        Self {
+            options: Options::default(),
+            out_dir: None,
+            emit_rerun_if_changed: true,
+        }
+    }
+
+    /// Generates only one side (default: both).
+    pub fn sides(mut self, sides: Sides) -> Self {
+        self.options.sides = sides;
+        self
+    }
+
+    /// Writes into `dir` instead of `OUT_DIR`.
+    pub fn out_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.out_dir = Some(dir.into());
+        self
+    }
+
+    /// Adds `#[derive(<derive>)]` items (e.g. `"Eq, Hash"`) to the matching types.
+    pub fn type_derive(mut self, path: impl Into<String>, derive: impl Into<String>) -> Self {
+        self.options.type_rules.push(TypeRule {
+            path: path.into(),
+            kind: TypeRuleKind::Derive(derive.into()),
+        });
+        self
+    }
+
+    /// Adds an attribute (e.g. `"#[non_exhaustive]"`) to the matching types.
+    pub fn type_attribute(mut self, path: impl Into<String>, attribute: impl Into<String>) -> Self {
+        self.options.type_rules.push(TypeRule {
+            path: path.into(),
+            kind: TypeRuleKind::Attribute(attribute.into()),
+        });
+        self
+    }
+
+    /// Stops printing `cargo:rerun-if-changed` lines (for use outside build scripts).
+    pub fn skip_rerun_if_changed(mut self) -> Self {
+        self.emit_rerun_if_changed = false;
+        self
+    }
+}

@@ -1,0 +1,409 @@
+//! Decides what the generated code looks like: Rust names, Rust types, which
+//! side gets which client or handler, where `Box` breaks a recursive type.
+//! Produces the template views; the templates only lay them out.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use heck::{ToSnakeCase, ToUpperCamelCase};
+
+use super::templates::{
+    EnumView, FieldView, GroupView, MethodView, PackageTemplate, RecordView, ServiceView,
+    VariantView,
+};
+use crate::builder::{Options, TypeRuleKind};
+use crate::manifest::{Field, Manifest, MethodKind, PackageContract, Scalar, TypeDef, TypeRef};
+
+/// Rust keywords that can be raw identifiers (`r#type`).
+const RAW_KEYWORDS: &[&str] = &[
+    "as", "async", "await", "break", "const", "continue", "dyn", "else", "enum", "extern", "false",
+    "fn", "for", "gen", "if", "impl", "in", "let", "loop", "match", "mod", "move", "mut", "pub",
+    "ref", "return", "static", "struct", "trait", "true", "type", "unsafe", "use", "where",
+    "while", "abstract", "become", "box", "do", "final", "macro", "override", "priv", "try",
+    "typeof", "unsized", "virtual", "yield",
+];
+/// Keywords that cannot be raw identifiers: they get a trailing underscore.
+const RESERVED: &[&str] = &["self", "Self", "super", "crate", "_"];
+
+/// A contract name as a Rust identifier: raw for keywords, `_`-suffixed for
+/// the few that cannot be raw.
+pub fn rust_ident(name: &str) -> String {
+    if RESERVED.contains(&name) {
+        format!("{name}_")
+    } else if RAW_KEYWORDS.contains(&name) {
+        format!("r#{name}")
+    } else {
+        name.to_owned()
+    }
+}
+
+/// Where generated code refers to a type from: the package module itself,
+/// or a service-version module one level below it.
+#[derive(Debug, Clone, Copy)]
+struct Scope<'a> {
+    package: &'a str,
+    nested: usize,
+}
+
+impl Scope<'_> {
+    fn path_to(&self, qualified: &str) -> String {
+        let (package, name) = qualified.rsplit_once('.').unwrap_or(("", qualified));
+        let name = rust_ident(name);
+        if package == self.package {
+            return format!("{}{name}", "super::".repeat(self.nested));
+        }
+        let ups = self.package.split('.').count() + self.nested;
+        let path: Vec<String> = package.split('.').map(rust_ident).collect();
+        format!("{}{}::{name}", "super::".repeat(ups), path.join("::"))
+    }
+
+    fn rust_type(&self, ty: &TypeRef, boxed: bool) -> String {
+        match ty {
+            TypeRef::Scalar(scalar) => scalar_type(*scalar).to_owned(),
+            TypeRef::Named(name) if boxed => format!("::std::boxed::Box<{}>", self.path_to(name)),
+            TypeRef::Named(name) => self.path_to(name),
+            TypeRef::List(inner) => format!("::std::vec::Vec<{}>", self.rust_type(inner, false)),
+            TypeRef::Map(inner) => format!(
+                "::std::collections::BTreeMap<::std::string::String, {}>",
+                self.rust_type(inner, false)
+            ),
+            TypeRef::Optional(inner) => {
+                format!("::std::option::Option<{}>", self.rust_type(inner, boxed))
+            }
+        }
+    }
+}
+
+fn scalar_type(scalar: Scalar) -> &'static str {
+    match scalar {
+        Scalar::Bool => "bool",
+        Scalar::I32 => "i32",
+        Scalar::I64 => "i64",
+        Scalar::U32 => "u32",
+        Scalar::U64 => "u64",
+        Scalar::F64 => "f64",
+        Scalar::String => "::std::string::String",
+        Scalar::Bytes => "::rfidl_runtime::types::Bytes",
+        Scalar::Uuid => "::rfidl_runtime::types::Uuid",
+        Scalar::Timestamp => "::rfidl_runtime::types::Timestamp",
+        Scalar::Date => "::rfidl_runtime::types::Date",
+        Scalar::Duration => "::rfidl_runtime::types::Duration",
+        Scalar::Decimal => "::rfidl_runtime::types::Decimal",
+        Scalar::Json => "::rfidl_runtime::types::Json",
+    }
+}
+
+/// Record fields that must be boxed: an optional reference to a record that
+/// can reach the containing record again without passing a list or map
+/// (those already live on the heap). The checker has rejected cycles of
+/// required fields alone, so boxing these breaks every infinite-size cycle.
+fn boxed_fields(records: &BTreeMap<&str, &[Field]>) -> BTreeSet<(String, String)> {
+    let edges = |fields: &[Field]| -> Vec<String> {
+        fields
+            .iter()
+            .filter_map(|f| match &f.ty {
+                TypeRef::Named(n) => Some(n.clone()),
+                TypeRef::Optional(inner) => match inner.as_ref() {
+                    TypeRef::Named(n) => Some(n.clone()),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect()
+    };
+    let reaches = |from: &str, target: &str| -> bool {
+        let mut stack = vec![from.to_owned()];
+        let mut seen = BTreeSet::new();
+        while let Some(node) = stack.pop() {
+            if node == target {
+                return true;
+            }
+            if seen.insert(node.clone())
+                && let Some(fields) = records.get(node.as_str())
+            {
+                stack.extend(edges(fields));
+            }
+        }
+        false
+    };
+    let mut boxed = BTreeSet::new();
+    for (record, fields) in records {
+        for field in fields.iter() {
+            if let TypeRef::Optional(inner) = &field.ty
+                && let TypeRef::Named(target) = inner.as_ref()
+                && reaches(target, record)
+            {
+                boxed.insert((record.to_string(), field.name.clone()));
+            }
+        }
+    }
+    boxed
+}
+
+/// Builds the template view of one package.
+pub fn plan_package(contract: &PackageContract, options: &Options) -> PackageTemplate {
+    // Recursion can run through other packages' records: look at all known types.
+    let mut all_records: BTreeMap<&str, &[Field]> = BTreeMap::new();
+    let declared = contract.types.iter().map(|(n, d)| (n, d));
+    for (name, def) in declared.chain(contract.services.iter().flat_map(|m| m.types.iter())) {
+        if let TypeDef::Record { fields, .. } = def {
+            all_records.insert(name.as_str(), fields.as_slice());
+        }
+    }
+    let boxed = boxed_fields(&all_records);
+    let scope = Scope {
+        package: &contract.package,
+        nested: 0,
+    };
+    let mut records = Vec::new();
+    let mut enums = Vec::new();
+    for (qualified, def) in &contract.types {
+        let name = rust_ident(qualified.rsplit('.').next().unwrap_or(qualified));
+        let (extra_derives, extra_attributes) = type_rules(options, qualified);
+        match def {
+            TypeDef::Record {
+                docs,
+                deprecated,
+                fields,
+            } => records.push(RecordView {
+                name,
+                docs: docs.clone(),
+                deprecated: deprecated.clone(),
+                extra_derives,
+                extra_attributes,
+                fields: fields
+                    .iter()
+                    .map(|f| {
+                        field_view(
+                            f,
+                            scope,
+                            boxed.contains(&(qualified.clone(), f.name.clone())),
+                        )
+                    })
+                    .collect(),
+            }),
+            TypeDef::Enum {
+                docs,
+                deprecated,
+                variants,
+            } => enums.push(EnumView {
+                name,
+                docs: docs.clone(),
+                deprecated: deprecated.clone(),
+                extra_derives,
+                extra_attributes,
+                variants: variants
+                    .iter()
+                    .map(|v| VariantView {
+                        name: rust_ident(&v.name),
+                        docs: v.docs.clone(),
+                        deprecated: v.deprecated.clone(),
+                    })
+                    .collect(),
+            }),
+        }
+    }
+    let services = contract
+        .services
+        .iter()
+        .map(|m| service_view(m, options))
+        .collect();
+    PackageTemplate {
+        docs: vec![format!("Contract package `{}`.", contract.package)],
+        records,
+        enums,
+        services,
+    }
+}
+
+fn type_rules(options: &Options, qualified: &str) -> (Vec<String>, Vec<String>) {
+    let mut derives = Vec::new();
+    let mut attributes = Vec::new();
+    for rule in options.type_rules.iter().filter(|r| r.matches(qualified)) {
+        match &rule.kind {
+            TypeRuleKind::Derive(d) => derives.extend(
+                d.split(',')
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty()),
+            ),
+            TypeRuleKind::Attribute(a) => attributes.push(a.clone()),
+        }
+    }
+    (derives, attributes)
+}
+
+fn field_view(field: &Field, scope: Scope<'_>, boxed: bool) -> FieldView {
+    FieldView {
+        rust_name: rust_ident(&field.name),
+        json_name: field.name.clone(),
+        docs: field.docs.clone(),
+        deprecated: field.deprecated.clone(),
+        rust_type: scope.rust_type(&field.ty, boxed),
+        optional: matches!(field.ty, TypeRef::Optional(_)),
+    }
+}
+
+/// `EmpService` v1 -> `emp_service_v1`.
+pub fn service_module(service: &str, version: u32) -> String {
+    format!("{}_v{version}", service.to_snake_case())
+}
+
+fn service_view(manifest: &Manifest, options: &Options) -> ServiceView {
+    let scope = Scope {
+        package: &manifest.package,
+        nested: 1,
+    };
+    let methods: Vec<MethodView> = manifest
+        .methods
+        .iter()
+        .map(|m| method_view(manifest, m, scope))
+        .collect();
+    let of_kind = |to_engine: bool| -> Vec<MethodView> {
+        manifest
+            .methods
+            .iter()
+            .zip(&methods)
+            .filter(|(m, _)| m.kind.to_engine() == to_engine)
+            .map(|(_, v)| v.clone())
+            .collect()
+    };
+    let mut groups = Vec::new();
+    let to_engine = of_kind(true);
+    if !to_engine.is_empty() {
+        groups.push(GroupView {
+            peer: "engine",
+            client: "EngineClient",
+            handler: "EngineHandler",
+            receiver: "EngineReceiver",
+            hosted_const: "ENGINE_HOSTED",
+            kinds_doc: "signals and pushcalls",
+            client_enabled: options.sides.service(),
+            handler_enabled: options.sides.engine(),
+            methods: to_engine,
+        });
+    }
+    let to_service = of_kind(false);
+    if !to_service.is_empty() {
+        groups.push(GroupView {
+            peer: "service",
+            client: "ServiceClient",
+            handler: "ServiceHandler",
+            receiver: "ServiceReceiver",
+            hosted_const: "SERVICE_HOSTED",
+            kinds_doc: "commands",
+            client_enabled: options.sides.engine(),
+            handler_enabled: options.sides.service(),
+            methods: to_service,
+        });
+    }
+    ServiceView {
+        module: service_module(&manifest.service, manifest.version),
+        interface: manifest.interface.clone(),
+        version: manifest.version,
+        fingerprint: manifest.fingerprint.clone(),
+        manifest_json: manifest.to_pretty_json(),
+        docs: manifest.docs.clone(),
+        deprecated: manifest.deprecated.clone(),
+        methods,
+        groups,
+    }
+}
+
+fn method_view(
+    manifest: &Manifest,
+    method: &crate::manifest::Method,
+    scope: Scope<'_>,
+) -> MethodView {
+    let (message_type, kind_doc) = match method.kind {
+        MethodKind::Signal => ("Signal", "signal"),
+        MethodKind::Pushcall => ("PushCall", "pushcall"),
+        MethodKind::Command => ("Command", "command"),
+    };
+    MethodView {
+        name: method.name.clone(),
+        fn_name: rust_ident(&method.name.to_snake_case()),
+        request: format!("{}Request", method.name.to_upper_camel_case()),
+        docs: method.docs.clone(),
+        deprecated: method.deprecated.clone(),
+        message_type,
+        kind_doc,
+        params: method
+            .params
+            .iter()
+            .map(|p| field_view(p, scope, false))
+            .collect(),
+        response_type: method
+            .response
+            .as_ref()
+            .map_or_else(|| "()".to_owned(), |t| scope.rust_type(t, false)),
+        correlation_expr: correlation_expr(manifest, method),
+        max_retries: method.delivery.as_ref().and_then(|d| d.max_retries),
+        ttl_ms: method.delivery.as_ref().and_then(|d| d.ttl_ms),
+    }
+}
+
+/// An `Option<String>` expression reading the `@correlate` path from the
+/// local `request`, stepping through optional fields with `Option` combinators.
+fn correlation_expr(manifest: &Manifest, method: &crate::manifest::Method) -> String {
+    let Some(path) = &method.correlate else {
+        return "None".to_owned();
+    };
+    let mut fields: &[Field] = &method.params;
+    let mut expr = "request".to_owned();
+    let mut in_option = false;
+    for segment in path {
+        let Some(field) = fields.iter().find(|f| &f.name == segment) else {
+            // The checker resolved the path; a manifest from elsewhere may not.
+            return "None".to_owned();
+        };
+        let ident = rust_ident(&field.name);
+        let optional = matches!(field.ty, TypeRef::Optional(_));
+        expr = match (in_option, optional) {
+            (false, false) => format!("{expr}.{ident}"),
+            (false, true) => format!("{expr}.{ident}.as_ref()"),
+            (true, false) => format!("{expr}.map(|v| &v.{ident})"),
+            (true, true) => format!("{expr}.and_then(|v| v.{ident}.as_ref())"),
+        };
+        in_option |= optional;
+        let named = field.ty.named();
+        fields = match named.first().and_then(|n| manifest.types.get(*n)) {
+            Some(TypeDef::Record { fields, .. }) => fields,
+            _ => &[],
+        };
+    }
+    if in_option {
+        format!("{expr}.map(|v| v.to_string())")
+    } else {
+        format!("Some({expr}.to_string())")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_escape_keywords() {
+        assert_eq!(rust_ident("type"), "r#type");
+        assert_eq!(rust_ident("self"), "self_");
+        assert_eq!(rust_ident("name"), "name");
+    }
+
+    #[test]
+    fn paths_cross_packages_from_each_scope() {
+        let top = Scope {
+            package: "hr.employees",
+            nested: 0,
+        };
+        let inner = Scope {
+            package: "hr.employees",
+            nested: 1,
+        };
+        assert_eq!(top.path_to("hr.employees.Employee"), "Employee");
+        assert_eq!(inner.path_to("hr.employees.Employee"), "super::Employee");
+        assert_eq!(top.path_to("common.Money"), "super::super::common::Money");
+        assert_eq!(
+            inner.path_to("common.Money"),
+            "super::super::super::common::Money"
+        );
+    }
+}

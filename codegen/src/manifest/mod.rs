@@ -1,0 +1,204 @@
+//! Interface manifests: the canonical, self-contained description of one
+//! service version, and its fingerprint.
+//!
+//! A manifest holds the interface id, version, methods, and the closure of
+//! every record and enum they use (fully qualified names), so it can be
+//! published, fetched and turned into code without the contract files. The
+//! code generator works from manifests for that reason: a local contract and
+//! one fetched from a registry take the same path.
+//!
+//! **Canonical form**: the manifest serialised as compact JSON with struct
+//! members in declaration order, maps sorted by key, methods, fields, params
+//! and variants in source order, empty lists and absent options omitted.
+//! **Fingerprint**: `sha256:` + hex of the canonical form of the manifest
+//! with every doc comment and the fingerprint itself removed, so editing a
+//! doc comment or reformatting a contract keeps the identity, and any change
+//! of a name, type, kind, order or annotation changes it.
+
+pub mod types;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+pub use types::{Scalar, TypeRef};
+
+/// The manifest format version; bumped only for incompatible format changes.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One service version, self-contained.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Manifest {
+    pub format: u32,
+    /// `package.Service`.
+    pub interface: String,
+    pub package: String,
+    pub service: String,
+    pub version: u32,
+    /// `sha256:<hex>`; see the module docs.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub fingerprint: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub docs: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deprecated: Option<String>,
+    pub methods: Vec<Method>,
+    /// Every record and enum the methods use, directly or through other types.
+    pub types: BTreeMap<String, TypeDef>,
+}
+
+/// The three method kinds and their direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MethodKind {
+    /// Service -> engine, no response.
+    Signal,
+    /// Service -> engine, optional response.
+    Pushcall,
+    /// Engine -> service, optional response.
+    Command,
+}
+
+impl MethodKind {
+    /// Whether the service sends it to the engine (signals, pushcalls).
+    pub fn to_engine(self) -> bool {
+        matches!(self, MethodKind::Signal | MethodKind::Pushcall)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Method {
+    pub name: String,
+    pub kind: MethodKind,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub docs: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deprecated: Option<String>,
+    pub params: Vec<Field>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<TypeRef>,
+    /// `@correlate(a.b.c)`: the path through the parameters to a scalar.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlate: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<Delivery>,
+}
+
+/// `@delivery(max_retries = N, ttl = "D")`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Delivery {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retries: Option<u32>,
+    /// Milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+}
+
+/// A record field or a method parameter. Optional ones have a `T?` type.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Field {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub ty: TypeRef,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub docs: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deprecated: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum TypeDef {
+    Record {
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        docs: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deprecated: Option<String>,
+        fields: Vec<Field>,
+    },
+    Enum {
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        docs: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deprecated: Option<String>,
+        variants: Vec<Variant>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Variant {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub docs: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deprecated: Option<String>,
+}
+
+/// One contract package: every type it declares, in source order, and its
+/// service versions as manifests. The unit of code generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackageContract {
+    pub package: String,
+    pub docs: Vec<String>,
+    /// Fully qualified name and definition, in source order.
+    pub types: Vec<(String, TypeDef)>,
+    pub services: Vec<Manifest>,
+}
+
+impl Manifest {
+    /// The fingerprint of this manifest's content (see the module docs).
+    pub fn compute_fingerprint(&self) -> String {
+        let mut bare = self.clone();
+        bare.fingerprint.clear();
+        bare.strip_docs();
+        let canonical = serde_json::to_vec(&bare).expect("manifests always serialise");
+        format!("sha256:{}", hex::encode(Sha256::digest(&canonical)))
+    }
+
+    /// Sets [`Manifest::fingerprint`] from the content.
+    pub fn with_fingerprint(mut self) -> Self {
+        self.fingerprint = self.compute_fingerprint();
+        self
+    }
+
+    /// The canonical compact JSON.
+    pub fn to_canonical_json(&self) -> String {
+        serde_json::to_string(self).expect("manifests always serialise")
+    }
+
+    /// Indented JSON for files and humans (same content as the canonical form).
+    pub fn to_pretty_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("manifests always serialise")
+    }
+
+    /// YAML for files and humans (same content as the canonical form).
+    pub fn to_yaml(&self) -> String {
+        serde_yaml::to_string(self).expect("manifests always serialise")
+    }
+
+    fn strip_docs(&mut self) {
+        self.docs.clear();
+        for method in &mut self.methods {
+            method.docs.clear();
+            method.params.iter_mut().for_each(|p| p.docs.clear());
+        }
+        for def in self.types.values_mut() {
+            match def {
+                TypeDef::Record { docs, fields, .. } => {
+                    docs.clear();
+                    fields.iter_mut().for_each(|f| f.docs.clear());
+                }
+                TypeDef::Enum { docs, variants, .. } => {
+                    docs.clear();
+                    variants.iter_mut().for_each(|v| v.docs.clear());
+                }
+            }
+        }
+    }
+}

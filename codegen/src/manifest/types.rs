@@ -1,0 +1,186 @@
+//! Type references in their canonical text form: `uuid`, `list<common.Money>`,
+//! `map<string, hr.employees.Employee>`, `string?`. Named types are always
+//! fully qualified (`package.Name`), so a manifest stands on its own.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// The contract language's scalar types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scalar {
+    Bool,
+    I32,
+    I64,
+    U32,
+    U64,
+    F64,
+    String,
+    Bytes,
+    Uuid,
+    Timestamp,
+    Date,
+    Duration,
+    Decimal,
+    Json,
+}
+
+impl Scalar {
+    pub const ALL: [Scalar; 14] = [
+        Scalar::Bool,
+        Scalar::I32,
+        Scalar::I64,
+        Scalar::U32,
+        Scalar::U64,
+        Scalar::F64,
+        Scalar::String,
+        Scalar::Bytes,
+        Scalar::Uuid,
+        Scalar::Timestamp,
+        Scalar::Date,
+        Scalar::Duration,
+        Scalar::Decimal,
+        Scalar::Json,
+    ];
+
+    /// The keyword as written in contracts.
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Scalar::Bool => "bool",
+            Scalar::I32 => "i32",
+            Scalar::I64 => "i64",
+            Scalar::U32 => "u32",
+            Scalar::U64 => "u64",
+            Scalar::F64 => "f64",
+            Scalar::String => "string",
+            Scalar::Bytes => "bytes",
+            Scalar::Uuid => "uuid",
+            Scalar::Timestamp => "timestamp",
+            Scalar::Date => "date",
+            Scalar::Duration => "duration",
+            Scalar::Decimal => "decimal",
+            Scalar::Json => "json",
+        }
+    }
+
+    pub fn from_keyword(word: &str) -> Option<Scalar> {
+        Scalar::ALL.into_iter().find(|s| s.keyword() == word)
+    }
+}
+
+/// A resolved type reference.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TypeRef {
+    Scalar(Scalar),
+    /// A record or enum, fully qualified: `common.Money`.
+    Named(String),
+    List(Box<TypeRef>),
+    /// `map<string, T>`: keys are always strings.
+    Map(Box<TypeRef>),
+    Optional(Box<TypeRef>),
+}
+
+impl TypeRef {
+    /// Named types this reference mentions, in order.
+    pub fn named(&self) -> Vec<&str> {
+        match self {
+            TypeRef::Scalar(_) => Vec::new(),
+            TypeRef::Named(name) => vec![name.as_str()],
+            TypeRef::List(inner) | TypeRef::Map(inner) | TypeRef::Optional(inner) => inner.named(),
+        }
+    }
+}
+
+impl fmt::Display for TypeRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TypeRef::Scalar(scalar) => f.write_str(scalar.keyword()),
+            TypeRef::Named(name) => f.write_str(name),
+            TypeRef::List(inner) => write!(f, "list<{inner}>"),
+            TypeRef::Map(inner) => write!(f, "map<string, {inner}>"),
+            TypeRef::Optional(inner) => write!(f, "{inner}?"),
+        }
+    }
+}
+
+/// A type text that is not in canonical form.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid type reference `{0}`")]
+pub struct TypeRefError(String);
+
+impl FromStr for TypeRef {
+    type Err = TypeRefError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let err = || TypeRefError(text.to_owned());
+        let text = text.trim();
+        if let Some(inner) = text.strip_suffix('?') {
+            return Ok(TypeRef::Optional(Box::new(
+                inner.parse().map_err(|_| err())?,
+            )));
+        }
+        if let Some(inner) = text.strip_prefix("list<").and_then(|t| t.strip_suffix('>')) {
+            return Ok(TypeRef::List(Box::new(inner.parse().map_err(|_| err())?)));
+        }
+        if let Some(inner) = text.strip_prefix("map<").and_then(|t| t.strip_suffix('>')) {
+            let value = inner
+                .trim_start()
+                .strip_prefix("string")
+                .and_then(|t| t.trim_start().strip_prefix(','));
+            let value = value.ok_or_else(err)?;
+            return Ok(TypeRef::Map(Box::new(value.parse().map_err(|_| err())?)));
+        }
+        if let Some(scalar) = Scalar::from_keyword(text) {
+            return Ok(TypeRef::Scalar(scalar));
+        }
+        let is_name = !text.is_empty()
+            && text.split('.').all(|part| {
+                part.chars()
+                    .next()
+                    .is_some_and(|c| c.is_alphabetic() || c == '_')
+                    && part.chars().all(|c| c.is_alphanumeric() || c == '_')
+            });
+        if is_name && text.contains('.') {
+            Ok(TypeRef::Named(text.to_owned()))
+        } else {
+            Err(err())
+        }
+    }
+}
+
+impl Serialize for TypeRef {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for TypeRef {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_form_round_trips() {
+        for text in [
+            "uuid",
+            "common.Money",
+            "list<string>",
+            "map<string, hr.employees.Employee>",
+            "list<map<string, list<date>?>>?",
+            "string?",
+        ] {
+            let parsed: TypeRef = text.parse().expect(text);
+            assert_eq!(parsed.to_string(), text);
+        }
+        for bad in ["", "Money", "map<i32, string>", "list<", "str ing", "1x.Y"] {
+            assert!(bad.parse::<TypeRef>().is_err(), "{bad}");
+        }
+    }
+}
