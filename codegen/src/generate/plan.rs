@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use heck::{ToSnakeCase, ToUpperCamelCase};
 
 use super::templates::{
-    EnumView, FieldView, GroupView, MethodView, PackageTemplate, RecordView, ServiceView,
+    EnumView, FieldView, GroupView, MethodView, PackageTemplate, RecordView, ServiceView, TreeStep,
     VariantView,
 };
 use crate::builder::{Options, TypeRuleKind};
@@ -208,7 +208,6 @@ pub fn plan_package(contract: &PackageContract, options: &Options) -> PackageTem
         .map(|m| service_view(m, options))
         .collect();
     PackageTemplate {
-        docs: vec![format!("Contract package `{}`.", contract.package)],
         records,
         enums,
         services,
@@ -240,6 +239,40 @@ fn field_view(field: &Field, scope: Scope<'_>, boxed: bool) -> FieldView {
         rust_type: scope.rust_type(&field.ty, boxed),
         optional: matches!(field.ty, TypeRef::Optional(_)),
     }
+}
+
+/// The module tree over `packages` (sorted, deduplicated dotted names).
+pub fn plan_tree(packages: &[&str]) -> Vec<TreeStep> {
+    let mut steps = Vec::new();
+    let mut open: Vec<&str> = Vec::new();
+    let mut sorted: Vec<&str> = packages.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    for package in sorted {
+        let segments: Vec<&str> = package.split('.').collect();
+        let common = open
+            .iter()
+            .zip(&segments)
+            .take_while(|(a, b)| a == b)
+            .count();
+        for _ in common..open.len() {
+            steps.push(TreeStep::Close);
+        }
+        open.truncate(common);
+        for (index, segment) in segments.iter().enumerate().skip(common) {
+            let ends_here = index + 1 == segments.len();
+            steps.push(TreeStep::Open {
+                module: rust_ident(segment),
+                package: ends_here.then(|| package.to_owned()),
+            });
+            open.push(segment);
+        }
+        steps.push(TreeStep::Include {
+            package: package.to_owned(),
+        });
+    }
+    steps.extend(open.iter().map(|_| TreeStep::Close));
+    steps
 }
 
 /// `EmpService` v1 -> `emp_service_v1`.

@@ -11,8 +11,6 @@ use askama::Template;
 #[derive(Debug, Template)]
 #[template(path = "package.rs.askama", escape = "none")]
 pub struct PackageTemplate {
-    /// Module-level docs (`//!` lines).
-    pub docs: Vec<String>,
     pub records: Vec<RecordView>,
     pub enums: Vec<EnumView>,
     pub services: Vec<ServiceView>,
@@ -111,6 +109,32 @@ pub struct MethodView {
     pub correlation_expr: String,
     pub max_retries: Option<u32>,
     pub ttl_ms: Option<u64>,
+}
+
+/// `templates/contracts.rs.askama`: the module tree that nests every package
+/// by its dotted name and includes its file.
+#[derive(Debug, Template)]
+#[template(path = "contracts.rs.askama", escape = "none")]
+pub struct ContractsTemplate {
+    pub steps: Vec<TreeStep>,
+    /// Include with `concat!(env!("OUT_DIR"), …)` (build scripts) rather than
+    /// a path relative to the tree file (checked-in output).
+    pub from_out_dir: bool,
+}
+
+/// One step of a depth-first walk over the package tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TreeStep {
+    /// Open `pub mod <module> {`; `package` is set when a package ends here.
+    Open {
+        module: String,
+        package: Option<String>,
+    },
+    /// Include the file of `package` (`<package>.rs`).
+    Include {
+        package: String,
+    },
+    Close,
 }
 
 /// Filters the templates use.
