@@ -68,7 +68,7 @@ impl TypeRule {
 /// Generation options shared by [`Builder`] and the `rfidl generate` CLI.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
-    pub(crate) sides: Sides,
+    pub sides: Sides,
     pub(crate) type_rules: Vec<TypeRule>,
 }
 

@@ -5,5 +5,13 @@
 //! Each stage reads only the output of the one before it.
 
 pub mod builder;
+pub mod check;
+pub mod cli;
+pub mod diagnostics;
 pub mod generate;
 pub mod manifest;
+pub mod model;
+pub mod syntax;
+
+pub use builder::{Builder, GeneratedFile, Options, Sides};
+pub use diagnostics::{Diagnostic, ErrorCode, SourceMap};

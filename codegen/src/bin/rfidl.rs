@@ -1,5 +1,97 @@
-//! The `rfidl` command-line tool: a thin clap front over the library.
+//! The `rfidl` command-line tool: parses flags with clap and calls the
+//! library. Exit codes: 0 success, 1 contract errors, 2 usage or I/O errors.
 
-fn main() {
-    println!("rfidl: not yet implemented");
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use rfidl_codegen::cli::{self, DiagnosticFormat, ManifestFormat};
+
+#[derive(Parser)]
+#[command(
+    name = "rfidl",
+    version,
+    about = "Check .rfidl contracts and generate Rust code from them"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check contracts and report every problem (a directory means every .rfidl under it).
+    Check {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// `human` (rustc-style) or `json` (one object per line).
+        #[arg(long, value_enum, default_value = "human")]
+        format: FormatArg,
+    },
+    /// Generate Rust code and manifests into a folder (the same code as build.rs).
+    Generate {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Output folder; it becomes a Rust module (`mod.rs` nests the packages).
+        #[arg(long)]
+        out: PathBuf,
+        /// Which side(s) to generate.
+        #[arg(long, value_enum, default_value = "both")]
+        sides: SidesArg,
+    },
+    /// Print the manifest of every service version.
+    Manifest {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value = "json")]
+        format: ManifestArg,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum FormatArg {
+    Human,
+    Json,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum SidesArg {
+    Both,
+    Service,
+    Engine,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ManifestArg {
+    Json,
+    Yaml,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Check { paths, format } => {
+            let format = match format {
+                FormatArg::Human => DiagnosticFormat::Human,
+                FormatArg::Json => DiagnosticFormat::Json,
+            };
+            cli::check(&paths, format)
+        }
+        Command::Generate { paths, out, sides } => {
+            let sides = match sides {
+                SidesArg::Both => rfidl_codegen::Sides::Both,
+                SidesArg::Service => rfidl_codegen::Sides::Service,
+                SidesArg::Engine => rfidl_codegen::Sides::Engine,
+            };
+            cli::generate(&paths, &out, sides)
+        }
+        Command::Manifest { paths, format } => {
+            let format = match format {
+                ManifestArg::Json => ManifestFormat::Json,
+                ManifestArg::Yaml => ManifestFormat::Yaml,
+            };
+            cli::manifest(&paths, format)
+        }
+    };
+    ExitCode::from(outcome.exit_code())
 }

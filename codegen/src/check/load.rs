@@ -1,0 +1,200 @@
+//! Loading: reads the root files and, transitively, what they import
+//! (paths relative to the importing file), parses each once.
+//!
+//! Owns import errors (missing file, cycle) and input errors (not UTF-8,
+//! syntax). Never applies language rules.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::diagnostics::{Diagnostic, ErrorCode, FileId, SourceMap, Span};
+use crate::syntax::{self, ast};
+
+/// A root path that could not be read at all: an I/O problem, not a contract error.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read {path}: {source}")]
+pub struct LoadError {
+    pub path: PathBuf,
+    pub source: std::io::Error,
+}
+
+/// Everything loaded for one run.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub sources: SourceMap,
+    /// Parsed files, by file id; files that failed to parse are absent.
+    pub files: BTreeMap<FileId, ast::File>,
+    /// Direct imports of each file that loaded (cycle edges excluded).
+    pub imports: BTreeMap<FileId, Vec<FileId>>,
+    pub diagnostics: Vec<Diagnostic>,
+    /// Every file read, for `cargo:rerun-if-changed`.
+    pub read_paths: Vec<PathBuf>,
+}
+
+/// Every `.rfidl` file under `dir`, recursively, sorted.
+pub fn contract_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|source| LoadError {
+            path: dir.clone(),
+            source,
+        })?;
+        for entry in entries {
+            let path = entry
+                .map_err(|source| LoadError {
+                    path: dir.clone(),
+                    source,
+                })?
+                .path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == "rfidl") {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Loads `roots` (files, or directories meaning every `.rfidl` below them).
+pub fn load(roots: &[PathBuf]) -> Result<Loaded, LoadError> {
+    let mut loaded = Loaded::default();
+    let mut files = Vec::new();
+    for root in roots {
+        if root.is_dir() {
+            files.extend(contract_files(root)?);
+        } else {
+            files.push(root.clone());
+        }
+    }
+    for file in files {
+        let canonical = std::fs::canonicalize(&file).map_err(|source| LoadError {
+            path: file.clone(),
+            source,
+        })?;
+        if loaded.sources.find(&canonical).is_some() {
+            continue;
+        }
+        let bytes = std::fs::read(&file).map_err(|source| LoadError {
+            path: file.clone(),
+            source,
+        })?;
+        let mut stack = Vec::new();
+        load_file(
+            &mut loaded,
+            display_name(&file),
+            canonical,
+            bytes,
+            &mut stack,
+        );
+    }
+    Ok(loaded)
+}
+
+fn display_name(path: &Path) -> String {
+    let text = path.display().to_string();
+    text.strip_prefix("./").unwrap_or(&text).to_owned()
+}
+
+/// Loads one file and its imports depth-first; `stack` holds the files being
+/// loaded, to detect cycles.
+fn load_file(
+    loaded: &mut Loaded,
+    name: String,
+    path: PathBuf,
+    bytes: Vec<u8>,
+    stack: &mut Vec<FileId>,
+) -> FileId {
+    loaded.read_paths.push(path.clone());
+    let (text, utf8_error) = match String::from_utf8(bytes) {
+        Ok(text) => (text, None),
+        Err(error) => {
+            let at = error.utf8_error().valid_up_to();
+            (
+                String::from_utf8_lossy(error.as_bytes()).into_owned(),
+                Some(at),
+            )
+        }
+    };
+    let id = loaded.sources.add(name, path.clone(), text);
+    if let Some(at) = utf8_error {
+        loaded.diagnostics.push(
+            Diagnostic::error(
+                ErrorCode::InvalidUtf8,
+                Span::new(id, at, at + 1),
+                "this file is not valid UTF-8",
+            )
+            .with_label("invalid byte sequence here")
+            .with_help("save the contract as UTF-8"),
+        );
+        return id;
+    }
+    let parsed = match syntax::parse_file(id, loaded.sources.text(id)) {
+        Ok(file) => file,
+        Err(diagnostic) => {
+            loaded.diagnostics.push(*diagnostic);
+            return id;
+        }
+    };
+    stack.push(id);
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut direct = Vec::new();
+    for item in &parsed.items {
+        let ast::Item::Import(import) = item else {
+            continue;
+        };
+        let target = base.join(&import.path);
+        let Ok(canonical) = std::fs::canonicalize(&target) else {
+            loaded.diagnostics.push(
+                Diagnostic::error(
+                    ErrorCode::ImportNotFound,
+                    import.path_span,
+                    format!("cannot find imported file `{}`", import.path),
+                )
+                .with_label(format!("looked for {}", target.display()))
+                .with_help("import paths are relative to the importing file"),
+            );
+            continue;
+        };
+        if let Some(existing) = loaded.sources.find(&canonical) {
+            if let Some(position) = stack.iter().position(|f| *f == existing) {
+                let mut chain: Vec<&str> = stack[position..]
+                    .iter()
+                    .map(|f| loaded.sources.name(*f))
+                    .collect();
+                chain.push(loaded.sources.name(existing));
+                loaded.diagnostics.push(
+                    Diagnostic::error(ErrorCode::ImportCycle, import.span, "import cycle")
+                        .with_label(format!(
+                            "this import closes the cycle {}",
+                            chain.join(" -> ")
+                        ))
+                        .with_help("move the shared types into a package that both files import"),
+                );
+            } else {
+                direct.push(existing);
+            }
+            continue;
+        }
+        match std::fs::read(&canonical) {
+            Ok(bytes) => {
+                let name = display_name(&target);
+                direct.push(load_file(loaded, name, canonical, bytes, stack));
+            }
+            Err(error) => loaded.diagnostics.push(
+                Diagnostic::error(
+                    ErrorCode::ImportNotFound,
+                    import.path_span,
+                    format!("cannot read imported file `{}`: {error}", import.path),
+                )
+                .with_label("imported here"),
+            ),
+        }
+    }
+    stack.pop();
+    loaded.imports.insert(id, direct);
+    loaded.files.insert(id, parsed);
+    id
+}

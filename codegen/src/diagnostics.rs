@@ -1,0 +1,317 @@
+//! Diagnostics: stable error codes, spans into loaded sources, and rendering
+//! as rustc-style text (codespan-reporting) or JSON lines.
+//!
+//! Every contract error the toolchain can report has an [`ErrorCode`]; the
+//! codes are documented in `docs/errors.md` and never reused for another
+//! meaning.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use codespan_reporting::diagnostic::{Diagnostic as CsDiagnostic, Label, Severity as CsSeverity};
+use codespan_reporting::files::{Files, SimpleFiles};
+use codespan_reporting::term::{self, Chars};
+use serde::Serialize;
+
+/// Index of a loaded source in a [`SourceMap`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileId(pub(crate) usize);
+
+/// A byte range in one source file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Span {
+    pub file: FileId,
+    pub start: usize,
+    pub end: usize,
+}
+
+impl Span {
+    pub fn new(file: FileId, start: usize, end: usize) -> Self {
+        Self { file, start, end }
+    }
+}
+
+/// The sources of one run, with the names diagnostics show for them.
+#[derive(Default)]
+pub struct SourceMap {
+    files: SimpleFiles<String, String>,
+    paths: Vec<PathBuf>,
+}
+
+impl fmt::Debug for SourceMap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SourceMap")
+            .field("paths", &self.paths)
+            .finish()
+    }
+}
+
+impl SourceMap {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a source; `name` is what diagnostics print (usually the path as given).
+    pub fn add(
+        &mut self,
+        name: impl Into<String>,
+        path: impl Into<PathBuf>,
+        text: impl Into<String>,
+    ) -> FileId {
+        self.paths.push(path.into());
+        FileId(self.files.add(name.into(), text.into()))
+    }
+
+    pub fn text(&self, file: FileId) -> &str {
+        self.files
+            .get(file.0)
+            .map(|f| f.source().as_str())
+            .unwrap_or("")
+    }
+
+    pub fn name(&self, file: FileId) -> &str {
+        self.files
+            .get(file.0)
+            .map(|f| f.name().as_str())
+            .unwrap_or("<unknown>")
+    }
+
+    pub fn path(&self, file: FileId) -> &Path {
+        &self.paths[file.0]
+    }
+
+    /// Every loaded file, in load order.
+    pub fn ids(&self) -> impl Iterator<Item = FileId> + '_ {
+        (0..self.paths.len()).map(FileId)
+    }
+
+    /// The file loaded from `path`, if any.
+    pub fn find(&self, path: &Path) -> Option<FileId> {
+        self.paths.iter().position(|p| p == path).map(FileId)
+    }
+
+    /// 1-based line and column (in characters) of a byte offset.
+    pub fn line_column(&self, file: FileId, byte: usize) -> (usize, usize) {
+        match self.files.location(file.0, byte) {
+            Ok(location) => (location.line_number, location.column_number),
+            Err(_) => (1, 1),
+        }
+    }
+}
+
+/// How bad a diagnostic is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Error,
+    Warning,
+}
+
+macro_rules! error_codes {
+    ($($variant:ident = $code:literal, $title:literal;)*) => {
+        /// Every stable diagnostic code. See `docs/errors.md`.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[non_exhaustive]
+        pub enum ErrorCode { $($variant,)* }
+
+        impl ErrorCode {
+            /// All codes, in numeric order.
+            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant,)*];
+
+            /// `E0001`-style code.
+            pub fn code(self) -> &'static str {
+                match self { $(ErrorCode::$variant => $code,)* }
+            }
+
+            /// One line saying what the code means.
+            pub fn title(self) -> &'static str {
+                match self { $(ErrorCode::$variant => $title,)* }
+            }
+        }
+    };
+}
+
+error_codes! {
+    Syntax = "E0001", "syntax error";
+    InvalidUtf8 = "E0002", "source is not valid UTF-8";
+    NestingTooDeep = "E0003", "type nesting too deep";
+    InvalidString = "E0004", "invalid string literal";
+    UnknownType = "E0010", "unknown type";
+    UnknownPackage = "E0011", "unknown package or name not in that package";
+    DuplicateType = "E0020", "duplicate type name";
+    DuplicateField = "E0021", "duplicate field";
+    DuplicateVariant = "E0022", "duplicate enum variant";
+    DuplicateMethod = "E0023", "duplicate method";
+    DuplicateParam = "E0024", "duplicate parameter";
+    DuplicateServiceVersion = "E0025", "duplicate service version";
+    RequiredCycle = "E0030", "record contains itself through required fields";
+    MapKeyNotString = "E0040", "map key is not `string`";
+    SignalWithResponse = "E0041", "signal declares a response";
+    InvalidVersion = "E0042", "service version must be at least 1";
+    NotUpperCamelCase = "E0050", "name should be UpperCamelCase";
+    NotSnakeCase = "E0051", "name should be snake_case";
+    InvalidPackageName = "E0052", "package name should be lowercase dotted segments";
+    ImportNotFound = "E0060", "imported file not found";
+    ImportCycle = "E0061", "import cycle";
+    UnknownAnnotation = "E0070", "unknown annotation";
+    AnnotationTarget = "E0071", "annotation not allowed here";
+    AnnotationArguments = "E0072", "invalid annotation arguments";
+    CorrelatePath = "E0073", "`@correlate` path does not resolve to a scalar";
+    DuplicateAnnotation = "E0074", "duplicate annotation";
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
+/// One finding, with where it is and how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    pub code: ErrorCode,
+    pub severity: Severity,
+    pub message: String,
+    /// The primary location; `None` for file-less problems.
+    pub span: Option<Span>,
+    /// Text under the primary caret.
+    pub label: String,
+    pub secondary: Vec<(Span, String)>,
+    pub help: Option<String>,
+    pub notes: Vec<String>,
+}
+
+impl Diagnostic {
+    pub fn error(code: ErrorCode, span: Span, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            severity: Severity::Error,
+            message: message.into(),
+            span: Some(span),
+            label: String::new(),
+            secondary: Vec::new(),
+            help: None,
+            notes: Vec::new(),
+        }
+    }
+
+    #[must_use]
+    pub fn with_label(mut self, label: impl Into<String>) -> Self {
+        self.label = label.into();
+        self
+    }
+
+    #[must_use]
+    pub fn with_secondary(mut self, span: Span, label: impl Into<String>) -> Self {
+        self.secondary.push((span, label.into()));
+        self
+    }
+
+    #[must_use]
+    pub fn with_help(mut self, help: impl Into<String>) -> Self {
+        self.help = Some(help.into());
+        self
+    }
+
+    #[must_use]
+    pub fn with_note(mut self, note: impl Into<String>) -> Self {
+        self.notes.push(note.into());
+        self
+    }
+
+    pub fn is_error(&self) -> bool {
+        self.severity == Severity::Error
+    }
+}
+
+/// Renders diagnostics like rustc: `error[E0010]: …`, ` --> file:line:col`,
+/// the source line, a caret under the span, then `= help: …`.
+pub fn render_human(sources: &SourceMap, diagnostic: &Diagnostic) -> String {
+    let severity = match diagnostic.severity {
+        Severity::Error => CsSeverity::Error,
+        Severity::Warning => CsSeverity::Warning,
+    };
+    let mut labels = Vec::new();
+    if let Some(span) = diagnostic.span {
+        labels.push(
+            Label::primary(span.file.0, span.start..span.end).with_message(&diagnostic.label),
+        );
+    }
+    for (span, text) in &diagnostic.secondary {
+        labels.push(Label::secondary(span.file.0, span.start..span.end).with_message(text));
+    }
+    let mut notes: Vec<String> = diagnostic
+        .help
+        .iter()
+        .map(|h| format!("help: {h}"))
+        .collect();
+    notes.extend(diagnostic.notes.iter().map(|n| format!("note: {n}")));
+    let cs = CsDiagnostic::new(severity)
+        .with_code(diagnostic.code.code())
+        .with_message(&diagnostic.message)
+        .with_labels(labels)
+        .with_notes(notes);
+    let config = term::Config {
+        chars: Chars::ascii(),
+        ..term::Config::default()
+    };
+    term::emit_into_string(&config, &sources.files, &cs)
+        .unwrap_or_else(|_| format!("error[{}]: {}\n", diagnostic.code, diagnostic.message))
+}
+
+/// One diagnostic as a JSON object (one line), for editors and CI.
+pub fn render_json(sources: &SourceMap, diagnostic: &Diagnostic) -> String {
+    #[derive(Serialize)]
+    struct Json<'a> {
+        code: &'static str,
+        severity: Severity,
+        message: &'a str,
+        file: Option<&'a str>,
+        line: Option<usize>,
+        column: Option<usize>,
+        end_line: Option<usize>,
+        end_column: Option<usize>,
+        label: &'a str,
+        help: Option<&'a str>,
+        notes: &'a [String],
+    }
+    let (start, end) = match diagnostic.span {
+        Some(span) => (
+            Some(sources.line_column(span.file, span.start)),
+            Some(sources.line_column(span.file, span.end)),
+        ),
+        None => (None, None),
+    };
+    let json = Json {
+        code: diagnostic.code.code(),
+        severity: diagnostic.severity,
+        message: &diagnostic.message,
+        file: diagnostic.span.map(|s| sources.name(s.file)),
+        line: start.map(|p| p.0),
+        column: start.map(|p| p.1),
+        end_line: end.map(|p| p.0),
+        end_column: end.map(|p| p.1),
+        label: &diagnostic.label,
+        help: diagnostic.help.as_deref(),
+        notes: &diagnostic.notes,
+    };
+    serde_json::to_string(&json).expect("diagnostics always serialise")
+}
+
+/// The closest candidate to `name` by edit distance, if close enough to be a
+/// plausible typo ("did you mean").
+pub fn suggest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let limit = (name.chars().count() / 3).max(1);
+    candidates
+        .into_iter()
+        .filter(|c| *c != name)
+        .map(|c| {
+            (
+                strsim::damerau_levenshtein(&name.to_lowercase(), &c.to_lowercase()),
+                c,
+            )
+        })
+        .filter(|(distance, _)| *distance <= limit)
+        .min_by_key(|(distance, c)| (*distance, *c))
+        .map(|(_, c)| c)
+}

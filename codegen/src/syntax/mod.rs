@@ -1,0 +1,565 @@
+//! Text -> syntax tree. Owns the pest grammar (`rfidl.pest`) and the
+//! conversion of pest pairs into [`ast`] nodes with spans.
+//!
+//! Never resolves names or applies language rules: that is `check`'s job.
+//! Input that pest could only handle by deep recursion (types nested more
+//! than [`MAX_TYPE_DEPTH`] levels) is refused before parsing, so hostile
+//! input cannot overflow the stack.
+
+pub mod ast;
+
+use pest::Parser as _;
+use pest::iterators::Pair;
+
+use crate::diagnostics::{Diagnostic, ErrorCode, FileId, Span};
+use ast::*;
+
+#[derive(pest_derive::Parser)]
+#[grammar = "syntax/rfidl.pest"]
+struct RfidlParser;
+
+/// Deepest allowed nesting of `list<…>`/`map<…>` and parentheses.
+pub const MAX_TYPE_DEPTH: usize = 64;
+
+/// Parses one source file.
+pub fn parse_file(file: FileId, text: &str) -> Result<File, Box<Diagnostic>> {
+    check_depth(file, text)?;
+    pest::set_error_detail(true);
+    let mut pairs =
+        RfidlParser::parse(Rule::file, text).map_err(|e| Box::new(syntax_error(file, text, e)))?;
+    let root = pairs.next().expect("the file rule always yields one pair");
+    Builder { file }.file(root)
+}
+
+/// Refuses nesting deeper than [`MAX_TYPE_DEPTH`] before pest recurses into it.
+fn check_depth(file: FileId, text: &str) -> Result<(), Box<Diagnostic>> {
+    let bytes = text.as_bytes();
+    let mut depth = 0usize;
+    let mut index = 0;
+    while index < bytes.len() {
+        match bytes[index] {
+            b'/' if bytes.get(index + 1) == Some(&b'/') => {
+                while index < bytes.len() && bytes[index] != b'\n' {
+                    index += 1;
+                }
+            }
+            b'"' => {
+                index += 1;
+                while index < bytes.len() && bytes[index] != b'"' && bytes[index] != b'\n' {
+                    index += if bytes[index] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'<' | b'(' | b'{' => {
+                depth += 1;
+                if depth > MAX_TYPE_DEPTH {
+                    let span = Span::new(file, index, index + 1);
+                    return Err(Box::new(
+                        Diagnostic::error(
+                            ErrorCode::NestingTooDeep,
+                            span,
+                            format!("nesting deeper than {MAX_TYPE_DEPTH} levels"),
+                        )
+                        .with_label("too deep here")
+                        .with_help(
+                            "flatten the type: give an inner part a name with its own `record`",
+                        ),
+                    ));
+                }
+            }
+            b'>' | b')' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        index += 1;
+    }
+    Ok(())
+}
+
+fn syntax_error(file: FileId, text: &str, error: pest::error::Error<Rule>) -> Diagnostic {
+    let position = match error.location {
+        pest::error::InputLocation::Pos(p) => p,
+        pest::error::InputLocation::Span((start, _)) => start,
+    };
+    let mut expected: Vec<String> = Vec::new();
+    if let Some(attempts) = error.parse_attempts() {
+        // Literal tokens the grammar tried here (`;`, `}`, `->`, keywords);
+        // whitespace, comment starts and character ranges say nothing useful.
+        for token in attempts.expected_tokens() {
+            let token = token.to_string();
+            let useful = !token.trim().is_empty()
+                && token != "BUILTIN_RULE"
+                && !token.contains("..")
+                && !token.starts_with("//")
+                && !matches!(token.as_str(), "\"" | "\\" | "v" | "-" | "_" | "\u{feff}");
+            if useful {
+                expected.push(format!("`{token}`"));
+            }
+        }
+    }
+    if let pest::error::ErrorVariant::ParsingError { positives, .. } = &error.variant {
+        expected.extend(
+            positives
+                .iter()
+                .filter_map(|r| describe_rule(*r))
+                .map(str::to_owned),
+        );
+    }
+    expected.sort();
+    expected.dedup();
+    let found = describe_found(text, position);
+    let message = match expected.len() {
+        0 => format!("unexpected {found}"),
+        1 => format!("expected {}, found {found}", expected[0]),
+        _ => {
+            let (last, rest) = expected.split_last().expect("non-empty");
+            format!("expected {} or {last}, found {found}", rest.join(", "))
+        }
+    };
+    let end = (position + text[position..].chars().next().map_or(0, char::len_utf8)).max(position);
+    let mut diagnostic =
+        Diagnostic::error(ErrorCode::Syntax, Span::new(file, position, end), message)
+            .with_label("unexpected here");
+    if position == 0
+        && !text.trim_start().starts_with("package")
+        && !text.trim_start().starts_with("///")
+    {
+        diagnostic =
+            diagnostic.with_help("a contract starts with its package: `package hr.employees;`");
+    }
+    diagnostic
+}
+
+fn describe_found(text: &str, position: usize) -> String {
+    let rest = &text[position..];
+    match rest.chars().next() {
+        None => "end of file".to_owned(),
+        Some(c) if c.is_alphanumeric() || c == '_' => {
+            let word: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            format!("`{word}`")
+        }
+        Some('\n') | Some('\r') => "end of line".to_owned(),
+        Some(c) => format!("`{c}`"),
+    }
+}
+
+fn describe_rule(rule: Rule) -> Option<&'static str> {
+    Some(match rule {
+        Rule::ident | Rule::dotted_name => "a name",
+        Rule::type_expr | Rule::named_type | Rule::list_type | Rule::map_type => "a type",
+        Rule::string => "a string",
+        Rule::version => "a version like `v1`",
+        Rule::field => "a field",
+        Rule::variant => "a variant",
+        Rule::method | Rule::method_kind => "a method (`signal`, `pushcall` or `command`)",
+        Rule::annotation => "an annotation",
+        Rule::value | Rule::integer => "a value",
+        Rule::kw_package | Rule::package_decl => "`package`",
+        Rule::import_decl | Rule::kw_import => "`import`",
+        Rule::record_decl | Rule::kw_record => "`record`",
+        Rule::enum_decl | Rule::kw_enum => "`enum`",
+        Rule::service_decl | Rule::kw_service => "`service`",
+        Rule::response => "`->`",
+        Rule::optional => "`?`",
+        Rule::doc => "a doc comment",
+        Rule::EOI => "end of file",
+        _ => return None,
+    })
+}
+
+struct Builder {
+    file: FileId,
+}
+
+impl Builder {
+    fn span(&self, pair: &Pair<'_, Rule>) -> Span {
+        let s = pair.as_span();
+        Span::new(self.file, s.start(), s.end())
+    }
+
+    fn ident(&self, pair: Pair<'_, Rule>) -> Ident {
+        Ident {
+            text: pair.as_str().to_owned(),
+            span: self.span(&pair),
+        }
+    }
+
+    fn file(&self, pair: Pair<'_, Rule>) -> Result<File, Box<Diagnostic>> {
+        let span = self.span(&pair);
+        let mut package = None;
+        let mut items = Vec::new();
+        let mut trailing_docs = Vec::new();
+        for child in pair.into_inner() {
+            match child.as_rule() {
+                Rule::package_decl => package = Some(self.package(child)),
+                Rule::import_decl => items.push(Item::Import(self.import(child)?)),
+                Rule::record_decl => items.push(Item::Record(self.record(child))),
+                Rule::enum_decl => items.push(Item::Enum(self.enumeration(child))),
+                Rule::service_decl => items.push(Item::Service(self.service(child))),
+                Rule::trailing_docs => {
+                    trailing_docs = child
+                        .into_inner()
+                        .map(|d| (doc_text(&d), self.span(&d)))
+                        .collect();
+                }
+                _ => {}
+            }
+        }
+        let package = package.expect("the grammar requires a package declaration");
+        Ok(File {
+            package,
+            items,
+            trailing_docs,
+            span,
+        })
+    }
+
+    fn package(&self, pair: Pair<'_, Rule>) -> PackageDecl {
+        let span = self.span(&pair);
+        let mut docs = Vec::new();
+        let mut name = None;
+        for child in pair.into_inner() {
+            match child.as_rule() {
+                Rule::doc => docs.push(doc_text(&child)),
+                Rule::dotted_name => name = Some(self.ident(child)),
+                _ => {}
+            }
+        }
+        PackageDecl {
+            docs,
+            name: name.expect("grammar"),
+            span,
+        }
+    }
+
+    fn import(&self, pair: Pair<'_, Rule>) -> Result<Import, Box<Diagnostic>> {
+        let span = self.span(&pair);
+        let mut docs = Vec::new();
+        let mut path = None;
+        for child in pair.into_inner() {
+            match child.as_rule() {
+                Rule::doc => docs.push(doc_text(&child)),
+                Rule::string => path = Some((self.string(child.clone())?, self.span(&child))),
+                _ => {}
+            }
+        }
+        let (path, path_span) = path.expect("grammar");
+        Ok(Import {
+            docs,
+            path,
+            path_span,
+            span,
+        })
+    }
+
+    fn string(&self, pair: Pair<'_, Rule>) -> Result<String, Box<Diagnostic>> {
+        let span = self.span(&pair);
+        let inner = pair.into_inner().next().map_or("", |p| p.as_str());
+        unescape(inner).map_err(|(offset, problem)| {
+            let at = span.start + 1 + offset;
+            Box::new(
+                Diagnostic::error(
+                    ErrorCode::InvalidString,
+                    Span::new(self.file, at, at + 2),
+                    problem,
+                )
+                .with_label("here")
+                .with_help("strings allow the escapes \\\" \\\\ \\n \\t \\r and \\u{…}"),
+            )
+        })
+    }
+
+    fn annotations_and_docs(&self, pair: &Pair<'_, Rule>) -> (Docs, Vec<Annotation>) {
+        let mut docs = Vec::new();
+        let mut annotations = Vec::new();
+        for child in pair.clone().into_inner() {
+            match child.as_rule() {
+                Rule::doc => docs.push(doc_text(&child)),
+                Rule::annotation => annotations.push(self.annotation(child)),
+                _ => {}
+            }
+        }
+        (docs, annotations)
+    }
+
+    fn annotation(&self, pair: Pair<'_, Rule>) -> Annotation {
+        let span = self.span(&pair);
+        let mut name = None;
+        let mut args = None;
+        for child in pair.into_inner() {
+            match child.as_rule() {
+                Rule::ident => name = Some(self.ident(child)),
+                Rule::annotation_args => {
+                    args = Some(
+                        child
+                            .into_inner()
+                            .map(|arg| self.annotation_arg(arg))
+                            .collect(),
+                    );
+                }
+                _ => {}
+            }
+        }
+        Annotation {
+            name: name.expect("grammar"),
+            args,
+            span,
+        }
+    }
+
+    fn annotation_arg(&self, pair: Pair<'_, Rule>) -> AnnotationArg {
+        let span = self.span(&pair);
+        let mut name = None;
+        let mut value = Value::Path(String::new());
+        for child in pair.into_inner() {
+            match child.as_rule() {
+                Rule::ident => name = Some(self.ident(child)),
+                Rule::value => {
+                    let inner = child.into_inner().next().expect("grammar");
+                    value = match inner.as_rule() {
+                        Rule::string => Value::String(
+                            unescape(inner.into_inner().next().map_or("", |p| p.as_str()))
+                                .unwrap_or_default(),
+                        ),
+                        Rule::integer => Value::Integer(inner.as_str().to_owned()),
+                        _ => Value::Path(inner.as_str().to_owned()),
+                    };
+                }
+                _ => {}
+            }
+        }
+        AnnotationArg { name, value, span }
+    }
+
+    fn record(&self, pair: Pair<'_, Rule>) -> Record {
+        let span = self.span(&pair);
+        let (docs, annotations) = self.annotations_and_docs(&pair);
+        let mut name = None;
+        let mut fields = Vec::new();
+        for child in pair.into_inner() {
+            match child.as_rule() {
+                Rule::ident => name = Some(self.ident(child)),
+                Rule::fields => fields = child.into_inner().map(|f| self.field(f)).collect(),
+                _ => {}
+            }
+        }
+        Record {
+            docs,
+            annotations,
+            name: name.expect("grammar"),
+            fields,
+            span,
+        }
+    }
+
+    fn field(&self, pair: Pair<'_, Rule>) -> Field {
+        let span = self.span(&pair);
+        let (docs, annotations) = self.annotations_and_docs(&pair);
+        let mut name = None;
+        let mut ty = None;
+        for child in pair.into_inner() {
+            match child.as_rule() {
+                Rule::ident => name = Some(self.ident(child)),
+                Rule::type_expr => ty = Some(self.type_expr(child)),
+                _ => {}
+            }
+        }
+        Field {
+            docs,
+            annotations,
+            name: name.expect("grammar"),
+            ty: ty.expect("grammar"),
+            span,
+        }
+    }
+
+    fn type_expr(&self, pair: Pair<'_, Rule>) -> TypeExpr {
+        let span = self.span(&pair);
+        let mut optional = false;
+        let mut kind = None;
+        for child in pair.into_inner() {
+            match child.as_rule() {
+                Rule::optional => optional = true,
+                Rule::named_type => {
+                    kind = Some(TypeKind::Named(
+                        self.ident(child.into_inner().next().expect("grammar")),
+                    ));
+                }
+                Rule::list_type => {
+                    let inner = child
+                        .into_inner()
+                        .find(|p| p.as_rule() == Rule::type_expr)
+                        .expect("grammar");
+                    kind = Some(TypeKind::List(Box::new(self.type_expr(inner))));
+                }
+                Rule::map_type => {
+                    let mut parts = child
+                        .into_inner()
+                        .filter(|p| p.as_rule() == Rule::type_expr);
+                    let key = self.type_expr(parts.next().expect("grammar"));
+                    let value = self.type_expr(parts.next().expect("grammar"));
+                    kind = Some(TypeKind::Map(Box::new(key), Box::new(value)));
+                }
+                _ => {}
+            }
+        }
+        TypeExpr {
+            kind: kind.expect("grammar"),
+            optional,
+            span,
+        }
+    }
+
+    fn enumeration(&self, pair: Pair<'_, Rule>) -> Enum {
+        let span = self.span(&pair);
+        let (docs, annotations) = self.annotations_and_docs(&pair);
+        let mut name = None;
+        let mut variants = Vec::new();
+        for child in pair.into_inner() {
+            match child.as_rule() {
+                Rule::ident => name = Some(self.ident(child)),
+                Rule::variants => {
+                    variants = child
+                        .into_inner()
+                        .map(|v| {
+                            let span = self.span(&v);
+                            let (docs, annotations) = self.annotations_and_docs(&v);
+                            let name = v
+                                .into_inner()
+                                .find(|p| p.as_rule() == Rule::ident)
+                                .expect("grammar");
+                            Variant {
+                                docs,
+                                annotations,
+                                name: self.ident(name),
+                                span,
+                            }
+                        })
+                        .collect();
+                }
+                _ => {}
+            }
+        }
+        Enum {
+            docs,
+            annotations,
+            name: name.expect("grammar"),
+            variants,
+            span,
+        }
+    }
+
+    fn service(&self, pair: Pair<'_, Rule>) -> Service {
+        let span = self.span(&pair);
+        let (docs, annotations) = self.annotations_and_docs(&pair);
+        let mut name = None;
+        let mut version = None;
+        let mut version_span = span;
+        let mut methods = Vec::new();
+        for child in pair.into_inner() {
+            match child.as_rule() {
+                Rule::ident => name = Some(self.ident(child)),
+                Rule::version => {
+                    version_span = self.span(&child);
+                    version = child.as_str()[1..].parse().ok();
+                }
+                Rule::method => methods.push(self.method(child)),
+                _ => {}
+            }
+        }
+        Service {
+            docs,
+            annotations,
+            name: name.expect("grammar"),
+            version,
+            version_span,
+            methods,
+            span,
+        }
+    }
+
+    fn method(&self, pair: Pair<'_, Rule>) -> Method {
+        let span = self.span(&pair);
+        let (docs, annotations) = self.annotations_and_docs(&pair);
+        let mut kind = MethodKind::Signal;
+        let mut kind_span = span;
+        let mut name = None;
+        let mut params = Vec::new();
+        let mut response = None;
+        for child in pair.into_inner() {
+            match child.as_rule() {
+                Rule::method_kind => {
+                    kind_span = self.span(&child);
+                    kind = match child.as_str() {
+                        "pushcall" => MethodKind::Pushcall,
+                        "command" => MethodKind::Command,
+                        _ => MethodKind::Signal,
+                    };
+                }
+                Rule::ident => name = Some(self.ident(child)),
+                Rule::params => params = child.into_inner().map(|p| self.field(p)).collect(),
+                Rule::response => {
+                    response = Some(self.type_expr(child.into_inner().next().expect("grammar")));
+                }
+                _ => {}
+            }
+        }
+        Method {
+            docs,
+            annotations,
+            kind,
+            kind_span,
+            name: name.expect("grammar"),
+            params,
+            response,
+            span,
+        }
+    }
+}
+
+/// `/// text` -> `text` (one leading space removed, trailing `\r` dropped).
+fn doc_text(pair: &Pair<'_, Rule>) -> String {
+    let text = pair.clone().into_inner().next().map_or("", |p| p.as_str());
+    let text = text.strip_suffix('\r').unwrap_or(text);
+    text.strip_prefix(' ').unwrap_or(text).to_owned()
+}
+
+/// Resolves string escapes; on error, the byte offset in `raw` and a message.
+pub fn unescape(raw: &str) -> Result<String, (usize, String)> {
+    let mut out = String::with_capacity(raw.len());
+    let mut chars = raw.char_indices();
+    while let Some((offset, c)) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some((_, '"')) => out.push('"'),
+            Some((_, '\\')) => out.push('\\'),
+            Some((_, 'n')) => out.push('\n'),
+            Some((_, 't')) => out.push('\t'),
+            Some((_, 'r')) => out.push('\r'),
+            Some((_, 'u')) => {
+                let rest = &raw[offset + 2..];
+                let code = rest
+                    .strip_prefix('{')
+                    .and_then(|r| r.split_once('}'))
+                    .and_then(|(hex, _)| u32::from_str_radix(hex, 16).ok())
+                    .and_then(char::from_u32)
+                    .ok_or((
+                        offset,
+                        "invalid unicode escape: expected `\\u{hex}`".to_owned(),
+                    ))?;
+                out.push(code);
+                let consumed = rest.find('}').map_or(0, |i| i + 1);
+                for _ in 0..rest[..consumed].chars().count() {
+                    chars.next();
+                }
+            }
+            Some((_, other)) => return Err((offset, format!("unknown escape `\\{other}`"))),
+            None => return Err((offset, "a string cannot end with `\\`".to_owned())),
+        }
+    }
+    Ok(out)
+}
