@@ -147,3 +147,70 @@ impl Builder {
         self
     }
 }
+
+/// Why a build script's generation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// The contracts have errors; the rendered diagnostics are in the message
+    /// (and were printed to stderr, where cargo shows them).
+    #[error("contract errors:\n{0}")]
+    Contract(String),
+    #[error(transparent)]
+    Load(#[from] crate::check::LoadError),
+    #[error(transparent)]
+    Generate(#[from] crate::generate::GenerateError),
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("OUT_DIR is not set: call compile from a build script, or set Builder::out_dir")]
+    NoOutDir,
+}
+
+impl Builder {
+    /// Checks `paths` (files or directories) and writes the generated code
+    /// and manifests into the output directory.
+    pub fn compile(&self, paths: &[impl AsRef<Path>]) -> Result<Vec<GeneratedFile>, BuildError> {
+        let roots: Vec<PathBuf> = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
+        if self.emit_rerun_if_changed {
+            for root in &roots {
+                // A directory: new files in it must trigger a rerun too.
+                println!("cargo:rerun-if-changed={}", root.display());
+            }
+        }
+        let outcome = crate::check::check_paths(&roots)?;
+        if self.emit_rerun_if_changed {
+            for path in &outcome.read_paths {
+                println!("cargo:rerun-if-changed={}", path.display());
+            }
+        }
+        let rendered = outcome.render_human();
+        if outcome.has_errors() {
+            eprint!("{rendered}");
+            return Err(BuildError::Contract(rendered));
+        }
+        for line in rendered.lines() {
+            println!("cargo:warning={line}");
+        }
+        let model = outcome.model.expect("no errors means a model");
+        let out_dir = match &self.out_dir {
+            Some(dir) => dir.clone(),
+            None => std::env::var_os("OUT_DIR")
+                .map(PathBuf::from)
+                .ok_or(BuildError::NoOutDir)?,
+        };
+        let files = crate::generate::generate_files(
+            &model.packages,
+            &self.options,
+            crate::generate::Layout::OutDir,
+        )?;
+        for file in &files {
+            let path = out_dir.join(&file.name);
+            write_if_changed(&path, &file.contents)
+                .map_err(|source| BuildError::Write { path, source })?;
+        }
+        Ok(files)
+    }
+}

@@ -93,6 +93,21 @@ pub fn load(roots: &[PathBuf]) -> Result<Loaded, LoadError> {
     Ok(loaded)
 }
 
+/// Removes `.` and folds `dir/..` without touching the file system.
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir if out.file_name().is_some() => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
 fn display_name(path: &Path) -> String {
     let text = path.display().to_string();
     text.strip_prefix("./").unwrap_or(&text).to_owned()
@@ -180,7 +195,12 @@ fn load_file(
         }
         match std::fs::read(&canonical) {
             Ok(bytes) => {
-                let name = display_name(&target);
+                // Shown relative to how the importing file was named, not absolute.
+                let shown_base = Path::new(loaded.sources.name(id))
+                    .parent()
+                    .map(Path::to_path_buf)
+                    .unwrap_or_default();
+                let name = display_name(&normalize(&shown_base.join(&import.path)));
                 direct.push(load_file(loaded, name, canonical, bytes, stack));
             }
             Err(error) => loaded.diagnostics.push(

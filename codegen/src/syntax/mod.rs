@@ -28,7 +28,15 @@ pub fn parse_file(file: FileId, text: &str) -> Result<File, Box<Diagnostic>> {
     let mut pairs =
         RfidlParser::parse(Rule::file, text).map_err(|e| Box::new(syntax_error(file, text, e)))?;
     let root = pairs.next().expect("the file rule always yields one pair");
-    Builder { file }.file(root)
+    let builder = Builder {
+        file,
+        string_errors: Default::default(),
+    };
+    let parsed = builder.file(root)?;
+    match builder.string_errors.into_inner().into_iter().next() {
+        Some(error) => Err(Box::new(error)),
+        None => Ok(parsed),
+    }
 }
 
 /// Refuses nesting deeper than [`MAX_TYPE_DEPTH`] before pest recurses into it.
@@ -170,6 +178,8 @@ fn describe_rule(rule: Rule) -> Option<&'static str> {
 
 struct Builder {
     file: FileId,
+    /// Bad escapes found in string literals (reported after the walk).
+    string_errors: std::cell::RefCell<Vec<Diagnostic>>,
 }
 
 impl Builder {
@@ -318,10 +328,13 @@ impl Builder {
                 Rule::value => {
                     let inner = child.into_inner().next().expect("grammar");
                     value = match inner.as_rule() {
-                        Rule::string => Value::String(
-                            unescape(inner.into_inner().next().map_or("", |p| p.as_str()))
-                                .unwrap_or_default(),
-                        ),
+                        Rule::string => match self.string(inner) {
+                            Ok(text) => Value::String(text),
+                            Err(error) => {
+                                self.string_errors.borrow_mut().push(*error);
+                                Value::String(String::new())
+                            }
+                        },
                         Rule::integer => Value::Integer(inner.as_str().to_owned()),
                         _ => Value::Path(inner.as_str().to_owned()),
                     };

@@ -1,0 +1,85 @@
+//! End-to-end runs of the `rfidl` binary: exit codes and output streams.
+
+use std::process::Command;
+
+fn rfidl(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_rfidl"))
+        .args(args)
+        .output()
+        .expect("run rfidl")
+}
+
+#[test]
+fn check_passes_on_the_example_schemas() {
+    let output = rfidl(&["check", "../schemas"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("no errors"), "{stderr}");
+}
+
+#[test]
+fn check_exits_1_on_contract_errors_and_2_on_io_or_usage() {
+    let output = rfidl(&["check", "tests/ui/e0010_unknown_type.rfidl"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("error[E0010]: unknown type `strin`"));
+    assert_eq!(
+        rfidl(&["check", "no/such/file.rfidl"]).status.code(),
+        Some(2)
+    );
+    assert_eq!(rfidl(&["check"]).status.code(), Some(2));
+    assert_eq!(rfidl(&["frobnicate"]).status.code(), Some(2));
+}
+
+#[test]
+fn json_format_prints_one_object_per_diagnostic() {
+    let output = rfidl(&[
+        "check",
+        "--format",
+        "json",
+        "tests/ui/e0010_unknown_type.rfidl",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8(output.stdout).expect("utf-8");
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    assert_eq!(lines[0]["code"], "E0010");
+    assert_eq!(lines[0]["file"], "tests/ui/e0010_unknown_type.rfidl");
+    assert_eq!(lines[0]["line"], 5);
+    assert_eq!(lines[0]["column"], 11);
+    assert_eq!(lines[0]["end_column"], 16);
+    assert_eq!(lines[0]["help"], "did you mean `string`?");
+}
+
+#[test]
+fn manifest_prints_every_service_version() {
+    let output = rfidl(&["manifest", "../schemas"]);
+    assert_eq!(output.status.code(), Some(0));
+    let manifests: Vec<serde_json::Value> =
+        serde_json::from_slice(&output.stdout).expect("JSON array");
+    let ids: Vec<String> = manifests
+        .iter()
+        .map(|m| {
+            format!(
+                "{} v{}",
+                m["interface"].as_str().unwrap_or(""),
+                m["version"]
+            )
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "hr.employees.EmpService v1",
+            "hr.employees.EmpService v2",
+            "shop.orders.OrderService v1"
+        ]
+    );
+    assert!(manifests.iter().all(|m| {
+        m["fingerprint"]
+            .as_str()
+            .is_some_and(|f| f.starts_with("sha256:"))
+    }));
+}
