@@ -164,3 +164,66 @@ pub fn manifest(paths: &[PathBuf], format: ManifestFormat) -> Outcome {
     };
     Outcome::Success
 }
+
+/// What `rfidl fmt` does with a file whose layout is not canonical.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FmtMode {
+    /// Rewrite it in place.
+    Write,
+    /// List it and exit 1 (`--check`).
+    Check,
+}
+
+/// `rfidl fmt [--check]`.
+pub fn fmt(paths: &[PathBuf], mode: FmtMode) -> Outcome {
+    let mut files = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            match check::load::contract_files(path) {
+                Ok(found) => files.extend(found),
+                Err(error) => {
+                    eprintln!("error: {error}");
+                    return Outcome::UsageOrIo;
+                }
+            }
+        } else {
+            files.push(path.clone());
+        }
+    }
+    let mut outcome = Outcome::Success;
+    for path in files {
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(error) => {
+                eprintln!("error: cannot read {}: {error}", path.display());
+                return Outcome::UsageOrIo;
+            }
+        };
+        let formatted = match crate::format::format_source(&text) {
+            Ok(formatted) => formatted,
+            Err(diagnostic) => {
+                let mut sources = diagnostics::SourceMap::new();
+                sources.add(path.display().to_string(), &path, text);
+                eprint!("{}", diagnostics::render_human(&sources, &diagnostic));
+                outcome = Outcome::ContractErrors;
+                continue;
+            }
+        };
+        if formatted == text {
+            continue;
+        }
+        match mode {
+            FmtMode::Check => {
+                println!("{}", path.display());
+                outcome = Outcome::ContractErrors;
+            }
+            FmtMode::Write => {
+                if let Err(error) = std::fs::write(&path, formatted) {
+                    eprintln!("error: cannot write {}: {error}", path.display());
+                    return Outcome::UsageOrIo;
+                }
+            }
+        }
+    }
+    outcome
+}

@@ -14,7 +14,7 @@ use codespan_reporting::term::{self, Chars};
 use serde::Serialize;
 
 /// Index of a loaded source in a [`SourceMap`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FileId(pub(crate) usize);
 
 /// A byte range in one source file.

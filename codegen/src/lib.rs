@@ -8,6 +8,7 @@ pub mod builder;
 pub mod check;
 pub mod cli;
 pub mod diagnostics;
+pub mod format;
 pub mod generate;
 pub mod manifest;
 pub mod model;

@@ -39,6 +39,14 @@ enum Command {
         #[arg(long, value_enum, default_value = "both")]
         sides: SidesArg,
     },
+    /// Format contracts in the canonical layout, keeping comments.
+    Fmt {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Do not write: list files that are not formatted and exit 1.
+        #[arg(long)]
+        check: bool,
+    },
     /// Print the manifest of every service version.
     Manifest {
         #[arg(required = true)]
@@ -85,6 +93,14 @@ fn main() -> ExitCode {
             };
             cli::generate(&paths, &out, sides)
         }
+        Command::Fmt { paths, check } => cli::fmt(
+            &paths,
+            if check {
+                cli::FmtMode::Check
+            } else {
+                cli::FmtMode::Write
+            },
+        ),
         Command::Manifest { paths, format } => {
             let format = match format {
                 ManifestArg::Json => ManifestFormat::Json,

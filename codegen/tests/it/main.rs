@@ -1,4 +1,6 @@
 //! Integration tests for rfidl-codegen (one binary: see house style).
 
 mod cli;
+mod format;
+mod robustness;
 mod ui;
