@@ -309,11 +309,11 @@ pub(crate) mod tests {
             "keyword field is a raw identifier"
         );
         assert!(
-            hr.contains("pub manager: ::std::option::Option<::std::boxed::Box<Employee>>,"),
+            hr.contains("pub manager: Option<Box<Employee>>,"),
             "recursion boxed"
         );
         assert!(
-            hr.contains("pub reports: ::std::vec::Vec<Employee>,"),
+            hr.contains("pub reports: Vec<Employee>,"),
             "lists need no box"
         );
         assert!(hr.contains("pub salary: super::common::Money,"));

@@ -42,6 +42,20 @@ pub fn rust_ident(name: &str) -> String {
 struct Scope<'a> {
     package: &'a str,
     nested: usize,
+    /// Write `::std::string::String` etc. because the package declares a type
+    /// that would shadow the prelude name.
+    qualify_std: bool,
+}
+
+/// Prelude names generated code uses unqualified unless a contract type takes them.
+const PRELUDE_TYPES: &[&str] = &["String", "Option", "Vec", "Box", "Result"];
+
+fn shadows_prelude(contract: &PackageContract) -> bool {
+    contract.types.iter().any(|(name, _)| {
+        PRELUDE_TYPES
+            .iter()
+            .any(|p| name.rsplit('.').next() == Some(*p))
+    })
 }
 
 impl Scope<'_> {
@@ -56,19 +70,41 @@ impl Scope<'_> {
         format!("{}{}::{name}", "super::".repeat(ups), path.join("::"))
     }
 
+    fn std(&self, short: &'static str, full: &'static str) -> &'static str {
+        if self.qualify_std { full } else { short }
+    }
+
     fn rust_type(&self, ty: &TypeRef, boxed: bool) -> String {
+        let string = self.std("String", "::std::string::String");
         match ty {
+            TypeRef::Scalar(Scalar::String) => string.to_owned(),
             TypeRef::Scalar(scalar) => scalar_type(*scalar).to_owned(),
-            TypeRef::Named(name) if boxed => format!("::std::boxed::Box<{}>", self.path_to(name)),
-            TypeRef::Named(name) => self.path_to(name),
-            TypeRef::List(inner) => format!("::std::vec::Vec<{}>", self.rust_type(inner, false)),
-            TypeRef::Map(inner) => format!(
-                "::std::collections::BTreeMap<::std::string::String, {}>",
-                self.rust_type(inner, false)
-            ),
-            TypeRef::Optional(inner) => {
-                format!("::std::option::Option<{}>", self.rust_type(inner, boxed))
+            TypeRef::Named(name) if boxed => {
+                format!(
+                    "{}<{}>",
+                    self.std("Box", "::std::boxed::Box"),
+                    self.path_to(name)
+                )
             }
+            TypeRef::Named(name) => self.path_to(name),
+            TypeRef::List(inner) => {
+                format!(
+                    "{}<{}>",
+                    self.std("Vec", "::std::vec::Vec"),
+                    self.rust_type(inner, false)
+                )
+            }
+            TypeRef::Map(inner) => {
+                format!(
+                    "::std::collections::BTreeMap<{string}, {}>",
+                    self.rust_type(inner, false)
+                )
+            }
+            TypeRef::Optional(inner) => format!(
+                "{}<{}>",
+                self.std("Option", "::std::option::Option"),
+                self.rust_type(inner, boxed)
+            ),
         }
     }
 }
@@ -81,7 +117,7 @@ fn scalar_type(scalar: Scalar) -> &'static str {
         Scalar::U32 => "u32",
         Scalar::U64 => "u64",
         Scalar::F64 => "f64",
-        Scalar::String => "::std::string::String",
+        Scalar::String => "String",
         Scalar::Bytes => "::rfidl_runtime::types::Bytes",
         Scalar::Uuid => "::rfidl_runtime::types::Uuid",
         Scalar::Timestamp => "::rfidl_runtime::types::Timestamp",
@@ -150,9 +186,11 @@ pub fn plan_package(contract: &PackageContract, options: &Options) -> PackageTem
         }
     }
     let boxed = boxed_fields(&all_records);
+    let qualify_std = shadows_prelude(contract);
     let scope = Scope {
         package: &contract.package,
         nested: 0,
+        qualify_std,
     };
     let mut records = Vec::new();
     let mut enums = Vec::new();
@@ -205,7 +243,7 @@ pub fn plan_package(contract: &PackageContract, options: &Options) -> PackageTem
     let services = contract
         .services
         .iter()
-        .map(|m| service_view(m, options))
+        .map(|m| service_view(m, options, qualify_std))
         .collect();
     PackageTemplate {
         records,
@@ -280,10 +318,11 @@ pub fn service_module(service: &str, version: u32) -> String {
     format!("{}_v{version}", service.to_snake_case())
 }
 
-fn service_view(manifest: &Manifest, options: &Options) -> ServiceView {
+fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> ServiceView {
     let scope = Scope {
         package: &manifest.package,
         nested: 1,
+        qualify_std,
     };
     let methods: Vec<MethodView> = manifest
         .methods
@@ -333,7 +372,7 @@ fn service_view(manifest: &Manifest, options: &Options) -> ServiceView {
         interface: manifest.interface.clone(),
         version: manifest.version,
         fingerprint: manifest.fingerprint.clone(),
-        manifest_json: manifest.to_pretty_json(),
+        manifest_json: manifest.to_canonical_json(),
         docs: manifest.docs.clone(),
         deprecated: manifest.deprecated.clone(),
         methods,
@@ -426,10 +465,12 @@ mod tests {
         let top = Scope {
             package: "hr.employees",
             nested: 0,
+            qualify_std: false,
         };
         let inner = Scope {
             package: "hr.employees",
             nested: 1,
+            qualify_std: false,
         };
         assert_eq!(top.path_to("hr.employees.Employee"), "Employee");
         assert_eq!(inner.path_to("hr.employees.Employee"), "super::Employee");

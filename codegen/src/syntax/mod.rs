@@ -24,9 +24,19 @@ pub const MAX_TYPE_DEPTH: usize = 64;
 /// Parses one source file.
 pub fn parse_file(file: FileId, text: &str) -> Result<File, Box<Diagnostic>> {
     check_depth(file, text)?;
-    pest::set_error_detail(true);
-    let mut pairs =
-        RfidlParser::parse(Rule::file, text).map_err(|e| Box::new(syntax_error(file, text, e)))?;
+    // Parse-attempt tracking (for "expected `;`" messages) costs time on
+    // every token, so it is turned on only to explain a failure.
+    pest::set_error_detail(false);
+    let mut pairs = match RfidlParser::parse(Rule::file, text) {
+        Ok(pairs) => pairs,
+        Err(_) => {
+            pest::set_error_detail(true);
+            let error =
+                RfidlParser::parse(Rule::file, text).expect_err("the same input fails again");
+            pest::set_error_detail(false);
+            return Err(Box::new(syntax_error(file, text, error)));
+        }
+    };
     let root = pairs.next().expect("the file rule always yields one pair");
     let builder = Builder {
         file,

@@ -2,5 +2,6 @@
 
 mod cli;
 mod format;
+mod generate;
 mod robustness;
 mod ui;
