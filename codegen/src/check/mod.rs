@@ -189,10 +189,12 @@ impl Checker<'_> {
 
     fn check_items(&self) {
         let loaded = self.loaded;
+        // (package, service, version) -> where it was first declared: a
+        // package may spread its service versions over several files.
+        let mut versions: BTreeMap<(String, String, u32), Span> = BTreeMap::new();
         for (file_id, file) in loaded.files.iter() {
             self.check_package_name(&file.package.name);
             let scope = Scope::new(self, *file_id, file);
-            let mut versions: BTreeMap<(String, u32), Span> = BTreeMap::new();
             for item in &file.items {
                 match item {
                     ast::Item::Import(_) => {}
@@ -201,7 +203,11 @@ impl Checker<'_> {
                     ast::Item::Service(service) => {
                         self.check_service(&scope, service);
                         if let Some(version) = service.version {
-                            let key = (service.name.text.clone(), version);
+                            let key = (
+                                file.package.name.text.clone(),
+                                service.name.text.clone(),
+                                version,
+                            );
                             if let Some(first) = versions.get(&key) {
                                 let first = *first;
                                 self.report(
@@ -227,14 +233,16 @@ impl Checker<'_> {
                     }
                 }
             }
-            for (text, span) in &file.trailing_docs {
-                let _ = text;
-                self.report(Diagnostic {
-                    severity: crate::diagnostics::Severity::Warning,
-                    ..Diagnostic::error(ErrorCode::Syntax, *span, "doc comment documents nothing")
-                        .with_label("nothing follows this doc comment")
-                        .with_help("use `//` for a plain comment")
-                });
+            for (_, span) in &file.trailing_docs {
+                self.report(
+                    Diagnostic::warning(
+                        ErrorCode::DanglingDocComment,
+                        *span,
+                        "doc comment documents nothing",
+                    )
+                    .with_label("nothing follows this doc comment")
+                    .with_help("use `//` for a plain comment"),
+                );
             }
         }
     }
@@ -416,7 +424,17 @@ impl Checker<'_> {
         match &ty.kind {
             ast::TypeKind::Named(name) => {
                 if let Err(diagnostic) = scope.resolve(name) {
-                    self.report(*diagnostic);
+                    // A name from an import that failed (missing file, cycle,
+                    // syntax error) is a consequence of that error, already
+                    // reported: do not bury it under follow-up errors.
+                    let follow_up = scope.has_failed_imports
+                        && matches!(
+                            diagnostic.code,
+                            ErrorCode::UnknownPackage | ErrorCode::UnknownType
+                        );
+                    if !follow_up {
+                        self.report(*diagnostic);
+                    }
                 }
             }
             ast::TypeKind::List(inner) => self.check_type(scope, inner),
@@ -869,32 +887,61 @@ struct Scope<'a> {
     package: String,
     /// qualifier (last segment or full package name) -> package.
     qualifiers: BTreeMap<String, String>,
+    /// Last segments shared by two imported packages: usable only in full.
+    ambiguous: BTreeMap<String, Vec<String>>,
+    /// Some import of this file did not load (missing, cycle, syntax error).
+    has_failed_imports: bool,
     types: &'a BTreeMap<String, BTreeMap<String, Decl>>,
     file: &'a ast::File,
 }
 
 impl<'a> Scope<'a> {
     fn new(checker: &'a Checker<'_>, id: FileId, file: &'a ast::File) -> Self {
-        let mut qualifiers = BTreeMap::new();
+        let mut qualifiers: BTreeMap<String, String> = BTreeMap::new();
+        let mut ambiguous: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let own = file.package.name.text.clone();
-        for imported in checker
+        let imported = checker
             .loaded
             .imports
             .get(&id)
             .map(Vec::as_slice)
-            .unwrap_or_default()
-        {
+            .unwrap_or_default();
+        let import_count = file
+            .items
+            .iter()
+            .filter(|item| matches!(item, ast::Item::Import(_)))
+            .count();
+        let mut loaded_imports = 0;
+        for imported in imported {
             if let Some(other) = checker.loaded.files.get(imported) {
+                loaded_imports += 1;
                 let package = other.package.name.text.clone();
                 let last = package.rsplit('.').next().unwrap_or(&package).to_owned();
-                qualifiers.insert(last, package.clone());
+                if last != package && last != own {
+                    match qualifiers.get(&last) {
+                        Some(existing) if *existing != package => {
+                            ambiguous
+                                .entry(last.clone())
+                                .or_insert_with(|| vec![existing.clone()])
+                                .push(package.clone());
+                        }
+                        _ => {
+                            qualifiers.insert(last, package.clone());
+                        }
+                    }
+                }
                 qualifiers.insert(package.clone(), package);
             }
+        }
+        for short in ambiguous.keys() {
+            qualifiers.remove(short);
         }
         qualifiers.insert(own.clone(), own.clone());
         Self {
             package: own,
             qualifiers,
+            ambiguous,
+            has_failed_imports: loaded_imports < import_count,
             types: &checker.types,
             file,
         }
@@ -945,6 +992,24 @@ impl<'a> Scope<'a> {
                 Err(Box::new(diagnostic))
             }
             Some((qualifier, type_name)) => {
+                if let Some(packages) = self.ambiguous.get(qualifier) {
+                    let full: Vec<String> = packages
+                        .iter()
+                        .map(|p| format!("`{p}.{type_name}`"))
+                        .collect();
+                    return Err(Box::new(
+                        Diagnostic::error(
+                            ErrorCode::AmbiguousPackage,
+                            name.span,
+                            format!("`{qualifier}` could mean more than one imported package"),
+                        )
+                        .with_label("ambiguous qualifier")
+                        .with_help(format!(
+                            "write the full package name: {}",
+                            full.join(" or ")
+                        )),
+                    ));
+                }
                 let Some(package) = self.qualifiers.get(qualifier) else {
                     let mut diagnostic = Diagnostic::error(
                         ErrorCode::UnknownPackage,
