@@ -161,6 +161,13 @@ fn load_file(
             continue;
         };
         let target = base.join(&import.path);
+        // Shown relative to how the importing file was named, never absolute,
+        // so messages (and the UI tests) do not depend on the machine.
+        let shown_base = Path::new(loaded.sources.name(id))
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let shown = display_name(&normalize(&shown_base.join(&import.path)));
         let Ok(canonical) = std::fs::canonicalize(&target) else {
             loaded.diagnostics.push(
                 Diagnostic::error(
@@ -168,7 +175,7 @@ fn load_file(
                     import.path_span,
                     format!("cannot find imported file `{}`", import.path),
                 )
-                .with_label(format!("looked for {}", target.display()))
+                .with_label(format!("looked for {shown}"))
                 .with_help("import paths are relative to the importing file"),
             );
             continue;
@@ -195,13 +202,7 @@ fn load_file(
         }
         match std::fs::read(&canonical) {
             Ok(bytes) => {
-                // Shown relative to how the importing file was named, not absolute.
-                let shown_base = Path::new(loaded.sources.name(id))
-                    .parent()
-                    .map(Path::to_path_buf)
-                    .unwrap_or_default();
-                let name = display_name(&normalize(&shown_base.join(&import.path)));
-                direct.push(load_file(loaded, name, canonical, bytes, stack));
+                direct.push(load_file(loaded, shown, canonical, bytes, stack));
             }
             Err(error) => loaded.diagnostics.push(
                 Diagnostic::error(
