@@ -98,6 +98,7 @@ pub fn write_if_changed(path: &Path, contents: &str) -> std::io::Result<bool> {
 pub struct Builder {
     options: Options,
     out_dir: Option<PathBuf>,
+    include_paths: Vec<PathBuf>,
     emit_rerun_if_changed: bool,
 }
 
@@ -107,6 +108,7 @@ impl Builder {
         Self {
             options: Options::default(),
             out_dir: None,
+            include_paths: Vec::new(),
             emit_rerun_if_changed: true,
         }
     }
@@ -120,6 +122,12 @@ impl Builder {
     /// Writes into `dir` instead of `OUT_DIR`.
     pub fn out_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.out_dir = Some(dir.into());
+        self
+    }
+
+    /// Also looks for imported files in `dir` (after the importing file's own folder).
+    pub fn include_path(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.include_paths.push(dir.into());
         self
     }
 
@@ -180,7 +188,7 @@ impl Builder {
                 println!("cargo:rerun-if-changed={}", root.display());
             }
         }
-        let outcome = crate::check::check_paths(&roots)?;
+        let outcome = crate::check::check_paths_with_includes(&roots, &self.include_paths)?;
         if self.emit_rerun_if_changed {
             for path in &outcome.read_paths {
                 println!("cargo:rerun-if-changed={}", path.display());

@@ -29,6 +29,8 @@ pub struct Loaded {
     pub diagnostics: Vec<Diagnostic>,
     /// Every file read, for `cargo:rerun-if-changed`.
     pub read_paths: Vec<PathBuf>,
+    /// Folders searched for an import not found beside the importing file.
+    pub include_paths: Vec<PathBuf>,
 }
 
 /// Every `.rfidl` file under `dir`, recursively, sorted.
@@ -60,7 +62,19 @@ pub fn contract_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
 
 /// Loads `roots` (files, or directories meaning every `.rfidl` below them).
 pub fn load(roots: &[PathBuf]) -> Result<Loaded, LoadError> {
-    let mut loaded = Loaded::default();
+    load_with_includes(roots, &[])
+}
+
+/// Like [`load`]; an import not found beside the importing file is looked
+/// for in each of `include_paths`, in order.
+pub fn load_with_includes(
+    roots: &[PathBuf],
+    include_paths: &[PathBuf],
+) -> Result<Loaded, LoadError> {
+    let mut loaded = Loaded {
+        include_paths: include_paths.to_vec(),
+        ..Loaded::default()
+    };
     let mut files = Vec::new();
     for root in roots {
         if root.is_dir() {
@@ -167,8 +181,17 @@ fn load_file(
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_default();
-        let shown = display_name(&normalize(&shown_base.join(&import.path)));
-        let Ok(canonical) = std::fs::canonicalize(&target) else {
+        let mut shown = display_name(&normalize(&shown_base.join(&import.path)));
+        let beside = std::fs::canonicalize(&target).ok();
+        let found = beside.or_else(|| {
+            loaded.include_paths.iter().find_map(|dir| {
+                let candidate = dir.join(&import.path);
+                let canonical = std::fs::canonicalize(&candidate).ok()?;
+                shown = display_name(&normalize(&candidate));
+                Some(canonical)
+            })
+        });
+        let Some(canonical) = found else {
             loaded.diagnostics.push(
                 Diagnostic::error(
                     ErrorCode::ImportNotFound,

@@ -45,7 +45,15 @@ impl CheckOutcome {
 
 /// Loads, parses and checks `roots` (files or directories).
 pub fn check_paths(roots: &[PathBuf]) -> Result<CheckOutcome, LoadError> {
-    let loaded = load::load(roots)?;
+    check_paths_with_includes(roots, &[])
+}
+
+/// Like [`check_paths`], also searching `include_paths` for imports.
+pub fn check_paths_with_includes(
+    roots: &[PathBuf],
+    include_paths: &[PathBuf],
+) -> Result<CheckOutcome, LoadError> {
+    let loaded = load::load_with_includes(roots, include_paths)?;
     let mut checker = Checker {
         loaded: &loaded,
         diagnostics: Default::default(),

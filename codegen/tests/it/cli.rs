@@ -83,3 +83,51 @@ fn manifest_prints_every_service_version() {
             .is_some_and(|f| f.starts_with("sha256:"))
     }));
 }
+
+#[test]
+fn builder_finds_imports_in_include_paths_and_writes_only_changes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let contracts = dir.path().join("contracts");
+    let shared = dir.path().join("shared");
+    std::fs::create_dir_all(&contracts).expect("mkdir");
+    std::fs::create_dir_all(&shared).expect("mkdir");
+    std::fs::write(
+        shared.join("money.rfidl"),
+        "package common;\nrecord Money { amount: decimal }\n",
+    )
+    .expect("write");
+    std::fs::write(
+        contracts.join("shop.rfidl"),
+        "package shop;\nimport \"money.rfidl\";\nservice Shop v1 { signal Paid(amount: common.Money); }\n",
+    )
+    .expect("write");
+    let out = dir.path().join("out");
+    let build = || {
+        rfidl_codegen::Builder::new()
+            .out_dir(&out)
+            .include_path(&shared)
+            .skip_rerun_if_changed()
+            .compile(&[contracts.join("shop.rfidl")])
+    };
+    let without = rfidl_codegen::Builder::new()
+        .out_dir(&out)
+        .skip_rerun_if_changed()
+        .compile(&[contracts.join("shop.rfidl")]);
+    assert!(
+        matches!(without, Err(rfidl_codegen::builder::BuildError::Contract(ref text)) if text.contains("E0060"))
+    );
+    let files = build().expect("include path resolves the import");
+    assert!(files.iter().any(|f| f.name == "shop.rs"));
+    let written = std::fs::metadata(out.join("shop.rs"))
+        .and_then(|m| m.modified())
+        .expect("written");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    build().expect("second build");
+    let again = std::fs::metadata(out.join("shop.rs"))
+        .and_then(|m| m.modified())
+        .expect("still there");
+    assert_eq!(
+        written, again,
+        "an unchanged contract must not rewrite the output"
+    );
+}
