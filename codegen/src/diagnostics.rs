@@ -18,7 +18,7 @@ use serde::Serialize;
 pub struct FileId(pub(crate) usize);
 
 /// A byte range in one source file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Span {
     pub file: FileId,
     pub start: usize,
@@ -151,6 +151,7 @@ error_codes! {
     MapKeyNotString = "E0040", "map key is not `string`";
     SignalWithResponse = "E0041", "signal declares a response";
     InvalidVersion = "E0042", "service version must be at least 1";
+    EmptyEnum = "E0043", "enum has no variants";
     NotUpperCamelCase = "E0050", "name should be UpperCamelCase";
     NotSnakeCase = "E0051", "name should be snake_case";
     InvalidPackageName = "E0052", "package name should be lowercase dotted segments";

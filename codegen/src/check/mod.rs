@@ -353,6 +353,17 @@ impl Checker<'_> {
     fn check_enum(&self, enumeration: &ast::Enum) {
         self.check_upper_camel(&enumeration.name, "enum");
         self.check_annotations(&enumeration.annotations, Target::Enum, None);
+        if enumeration.variants.is_empty() {
+            self.report(
+                Diagnostic::error(
+                    ErrorCode::EmptyEnum,
+                    enumeration.name.span,
+                    format!("enum `{}` has no variants", enumeration.name.text),
+                )
+                .with_label("no value of this type can exist")
+                .with_help("add a variant, or use an empty `record` for a value without content"),
+            );
+        }
         let mut seen: BTreeMap<&str, Span> = BTreeMap::new();
         for variant in &enumeration.variants {
             if let Some(first) = seen.get(variant.name.text.as_str()) {
@@ -599,14 +610,15 @@ impl Checker<'_> {
                     )
                     .with_label(format!("found {}", arg.value.describe())),
                 ),
-                ("ttl", ast::Value::String(text)) if parse_duration_ms(text).is_some() => {}
+                ("ttl", ast::Value::String(text))
+                    if parse_duration_ms(text).is_some_and(|ms| ms > 0) => {}
                 ("ttl", _) => self.report(
                     Diagnostic::error(
                         ErrorCode::AnnotationArguments,
                         arg.span,
-                        "`ttl` must be a duration string such as \"48h\"",
+                        "`ttl` must be a positive duration string such as \"48h\"",
                     )
-                    .with_label("not a duration")
+                    .with_label("not a positive duration")
                     .with_help("units are `d`, `h`, `m`, `s` and `ms`, combinable: \"1h30m\""),
                 ),
                 (other, _) => {
@@ -654,7 +666,7 @@ impl Checker<'_> {
     fn check_required_cycles(&self) {
         let loaded = self.loaded;
         // record (qualified) -> required record-typed fields (target, field span).
-        let mut edges: BTreeMap<String, Vec<(String, Span)>> = BTreeMap::new();
+        let mut edges: RequiredEdges = BTreeMap::new();
         let mut record_spans: BTreeMap<String, Span> = BTreeMap::new();
         for (file_id, file) in loaded.files.iter() {
             let scope = Scope::new(self, *file_id, file);
@@ -678,27 +690,21 @@ impl Checker<'_> {
                 }
             }
         }
-        let mut reported: BTreeSet<String> = BTreeSet::new();
-        for start in edges.keys() {
-            if reported.contains(start) {
-                continue;
+        for cycle in required_cycles(&edges) {
+            let start = &cycle[0].0;
+            let names: Vec<&str> = cycle.iter().map(|(r, _)| r.as_str()).collect();
+            let mut diagnostic = Diagnostic::error(
+                ErrorCode::RequiredCycle,
+                record_spans[start],
+                format!("record `{start}` contains itself through required fields"),
+            )
+            .with_label("this record can never be built")
+            .with_note(format!("cycle: {} -> {start}", names.join(" -> ")))
+            .with_help("make one field of the cycle optional (`T?`) or a `list<T>`");
+            for (_, span) in &cycle {
+                diagnostic = diagnostic.with_secondary(*span, "required field in the cycle");
             }
-            if let Some(cycle) = find_cycle(&edges, start) {
-                reported.extend(cycle.iter().map(|(record, _)| record.clone()));
-                let names: Vec<&str> = cycle.iter().map(|(r, _)| r.as_str()).collect();
-                let mut diagnostic = Diagnostic::error(
-                    ErrorCode::RequiredCycle,
-                    record_spans[start],
-                    format!("record `{start}` contains itself through required fields"),
-                )
-                .with_label("this record can never be built")
-                .with_note(format!("cycle: {} -> {start}", names.join(" -> ")))
-                .with_help("make one field of the cycle optional (`T?`) or a `list<T>`");
-                for (_, span) in &cycle {
-                    diagnostic = diagnostic.with_secondary(*span, "required field in the cycle");
-                }
-                self.report(diagnostic);
-            }
+            self.report(diagnostic);
         }
     }
 
@@ -788,33 +794,123 @@ impl Checker<'_> {
     }
 }
 
-/// A cycle of required record fields reachable from `start` back to it.
-fn find_cycle(
-    edges: &BTreeMap<String, Vec<(String, Span)>>,
-    start: &str,
-) -> Option<Vec<(String, Span)>> {
-    fn visit(
-        edges: &BTreeMap<String, Vec<(String, Span)>>,
-        node: &str,
-        start: &str,
-        path: &mut Vec<(String, Span)>,
-        seen: &mut BTreeSet<String>,
-    ) -> bool {
-        for (target, span) in edges.get(node).map(Vec::as_slice).unwrap_or_default() {
-            path.push((node.to_owned(), *span));
-            if target == start {
-                return true;
-            }
-            if seen.insert(target.clone()) && visit(edges, target, start, path, seen) {
-                return true;
-            }
-            path.pop();
+/// Required-field edges: record -> (record a required field holds, that field's span).
+type RequiredEdges = BTreeMap<String, Vec<(String, Span)>>;
+
+/// One cycle of required record fields per strongly connected group of
+/// records, starting at the group's first record by name: each step is the
+/// record and the span of its field that leads to the next. Iterative, so a
+/// long chain of records cannot overflow the stack, and linear in the graph.
+fn required_cycles(edges: &RequiredEdges) -> Vec<Vec<(String, Span)>> {
+    strongly_connected(edges)
+        .into_iter()
+        .filter_map(|mut component| {
+            component.sort_unstable();
+            let start = *component.first()?;
+            shortest_cycle(edges, start, &component)
+        })
+        .collect()
+}
+
+/// Strongly connected components (Tarjan), iteratively.
+fn strongly_connected(edges: &RequiredEdges) -> Vec<Vec<&str>> {
+    const UNVISITED: usize = usize::MAX;
+    let nodes: Vec<&str> = edges.keys().map(String::as_str).collect();
+    let index_of: BTreeMap<&str, usize> = nodes.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let successors: Vec<Vec<usize>> = nodes
+        .iter()
+        .map(|node| {
+            edges[*node]
+                .iter()
+                .filter_map(|(target, _)| index_of.get(target.as_str()).copied())
+                .collect()
+        })
+        .collect();
+    let mut index = vec![UNVISITED; nodes.len()];
+    let mut lowlink = vec![0; nodes.len()];
+    let mut on_stack = vec![false; nodes.len()];
+    let mut stack = Vec::new();
+    let mut next_index = 0;
+    let mut components = Vec::new();
+    for root in 0..nodes.len() {
+        if index[root] != UNVISITED {
+            continue;
         }
-        false
+        index[root] = next_index;
+        lowlink[root] = next_index;
+        next_index += 1;
+        stack.push(root);
+        on_stack[root] = true;
+        // (node, position of the next successor to look at)
+        let mut work = vec![(root, 0usize)];
+        while let Some((node, position)) = work.last().copied() {
+            if let Some(&next) = successors[node].get(position) {
+                if let Some(top) = work.last_mut() {
+                    top.1 += 1;
+                }
+                if index[next] == UNVISITED {
+                    index[next] = next_index;
+                    lowlink[next] = next_index;
+                    next_index += 1;
+                    stack.push(next);
+                    on_stack[next] = true;
+                    work.push((next, 0));
+                } else if on_stack[next] {
+                    lowlink[node] = lowlink[node].min(index[next]);
+                }
+                continue;
+            }
+            work.pop();
+            if let Some(&(parent, _)) = work.last() {
+                lowlink[parent] = lowlink[parent].min(lowlink[node]);
+            }
+            if lowlink[node] == index[node] {
+                let mut component = Vec::new();
+                while let Some(member) = stack.pop() {
+                    on_stack[member] = false;
+                    component.push(nodes[member]);
+                    if member == node {
+                        break;
+                    }
+                }
+                components.push(component);
+            }
+        }
     }
-    let mut path = Vec::new();
-    let mut seen = BTreeSet::new();
-    visit(edges, start, start, &mut path, &mut seen).then_some(path)
+    components
+}
+
+/// The shortest path of required fields from `start` back to itself within
+/// `component` (breadth first); `None` for a lone record without a self-edge.
+fn shortest_cycle(
+    edges: &RequiredEdges,
+    start: &str,
+    component: &[&str],
+) -> Option<Vec<(String, Span)>> {
+    // record -> (record before it on the path, the field leading here)
+    let mut previous: BTreeMap<&str, (&str, Span)> = BTreeMap::new();
+    let mut queue = std::collections::VecDeque::from([start]);
+    while let Some(node) = queue.pop_front() {
+        for (target, span) in edges.get(node).map(Vec::as_slice).unwrap_or_default() {
+            let target = target.as_str();
+            if target == start {
+                let mut path = vec![(node.to_owned(), *span)];
+                let mut at = node;
+                while at != start {
+                    let (before, field) = previous[at];
+                    path.push((before.to_owned(), field));
+                    at = before;
+                }
+                path.reverse();
+                return Some(path);
+            }
+            if component.binary_search(&target).is_ok() && !previous.contains_key(target) {
+                previous.insert(target, (node, *span));
+                queue.push_back(target);
+            }
+        }
+    }
+    None
 }
 
 /// Every record and enum reachable from the methods' parameters and responses.
@@ -1233,4 +1329,68 @@ fn record_fields(checker: &Checker<'_>, scope: &Scope, qualified: &str) -> Vec<(
                 .collect()
         })
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_combine_units() {
+        assert_eq!(parse_duration_ms("48h"), Some(48 * 3_600_000));
+        assert_eq!(parse_duration_ms("1h30m"), Some(90 * 60_000));
+        assert_eq!(parse_duration_ms("1d2h3m4s5ms"), Some(93_784_005));
+        assert_eq!(parse_duration_ms("250ms"), Some(250));
+        for bad in ["", "h", "10", "1x", "1.5h", "-1h", "99999999999999999999d"] {
+            assert_eq!(parse_duration_ms(bad), None, "{bad}");
+        }
+    }
+
+    fn span(start: usize) -> Span {
+        Span::new(FileId::default(), start, start + 1)
+    }
+
+    #[test]
+    fn required_cycles_are_found_once_per_group_without_deep_recursion() {
+        // A chain of 50,000 records closing on itself: one cycle, and no
+        // stack overflow (the search is iterative).
+        let count = 50_000;
+        let name = |i: usize| format!("p.R{i:06}");
+        let mut edges: RequiredEdges = (0..count)
+            .map(|i| (name(i), vec![(name((i + 1) % count), span(i))]))
+            .collect();
+        let cycles = required_cycles(&edges);
+        assert_eq!(cycles.len(), 1);
+        assert_eq!(cycles[0].len(), count);
+        assert_eq!(cycles[0][0].0, name(0));
+        // Open the chain: no cycle at all.
+        edges.insert(name(count - 1), Vec::new());
+        assert!(required_cycles(&edges).is_empty());
+    }
+
+    #[test]
+    fn required_cycles_report_the_shortest_loop_and_self_references() {
+        let edges: RequiredEdges = [
+            ("p.A", vec![("p.B", span(1)), ("p.C", span(2))]),
+            ("p.B", vec![("p.C", span(3))]),
+            ("p.C", vec![("p.A", span(4))]),
+            ("p.Selfish", vec![("p.Selfish", span(5))]),
+            ("p.Leaf", vec![]),
+        ]
+        .into_iter()
+        .map(|(from, to)| {
+            (
+                from.to_owned(),
+                to.into_iter().map(|(t, s)| (t.to_owned(), s)).collect(),
+            )
+        })
+        .collect();
+        let mut cycles = required_cycles(&edges);
+        cycles.sort();
+        let names: Vec<Vec<&str>> = cycles
+            .iter()
+            .map(|c| c.iter().map(|(r, _)| r.as_str()).collect())
+            .collect();
+        assert_eq!(names, vec![vec!["p.A", "p.C"], vec!["p.Selfish"]]);
+    }
 }
