@@ -286,18 +286,23 @@ impl Checker<'_> {
 
     fn check_upper_camel(&self, name: &ast::Ident, what: &str) {
         let text = &name.text;
-        let first_upper = text.chars().next().is_some_and(char::is_uppercase);
-        if !first_upper || text.contains('_') {
+        // Letters without case (東京) are accepted, as rustc's lint does.
+        let first_fine = text
+            .chars()
+            .next()
+            .is_some_and(|c| c != '_' && !c.is_lowercase());
+        if !first_fine || text.contains('_') {
             let fixed = heck::ToUpperCamelCase::to_upper_camel_case(text.as_str());
-            self.report(
-                Diagnostic::error(
-                    ErrorCode::NotUpperCamelCase,
-                    name.span,
-                    format!("{what} `{text}` should have an UpperCamelCase name"),
-                )
-                .with_label("not UpperCamelCase")
-                .with_help(format!("rename it to `{fixed}`")),
-            );
+            let mut diagnostic = Diagnostic::error(
+                ErrorCode::NotUpperCamelCase,
+                name.span,
+                format!("{what} `{text}` should have an UpperCamelCase name"),
+            )
+            .with_label("not UpperCamelCase");
+            if !fixed.is_empty() && fixed != *text {
+                diagnostic = diagnostic.with_help(format!("rename it to `{fixed}`"));
+            }
+            self.report(diagnostic);
         }
     }
 
@@ -305,15 +310,16 @@ impl Checker<'_> {
         let text = &name.text;
         if text.chars().any(char::is_uppercase) || text.contains("__") {
             let fixed = heck::ToSnakeCase::to_snake_case(text.as_str());
-            self.report(
-                Diagnostic::error(
-                    ErrorCode::NotSnakeCase,
-                    name.span,
-                    format!("{what} `{text}` should have a snake_case name"),
-                )
-                .with_label("not snake_case")
-                .with_help(format!("rename it to `{fixed}`")),
-            );
+            let mut diagnostic = Diagnostic::error(
+                ErrorCode::NotSnakeCase,
+                name.span,
+                format!("{what} `{text}` should have a snake_case name"),
+            )
+            .with_label("not snake_case");
+            if !fixed.is_empty() && fixed != *text {
+                diagnostic = diagnostic.with_help(format!("rename it to `{fixed}`"));
+            }
+            self.report(diagnostic);
         }
     }
 
@@ -1155,6 +1161,21 @@ impl<'a> Scope<'a> {
         }
     }
 
+    /// The resolved type, or `None` when a name in it does not resolve (an
+    /// error already reported by `check_type`).
+    fn try_resolve_type(&self, ty: &ast::TypeExpr) -> Option<TypeRef> {
+        let inner = match &ty.kind {
+            ast::TypeKind::Named(name) => self.resolve(name).ok()?,
+            ast::TypeKind::List(inner) => TypeRef::List(Box::new(self.try_resolve_type(inner)?)),
+            ast::TypeKind::Map(_, value) => TypeRef::Map(Box::new(self.try_resolve_type(value)?)),
+        };
+        Some(if ty.optional {
+            TypeRef::Optional(Box::new(inner))
+        } else {
+            inner
+        })
+    }
+
     fn resolve_type(&self, ty: &ast::TypeExpr) -> TypeRef {
         let inner = match &ty.kind {
             ast::TypeKind::Named(name) => {
@@ -1243,10 +1264,10 @@ impl<'a> Scope<'a> {
         span: Span,
     ) -> Result<(), Box<Diagnostic>> {
         let segments: Vec<&str> = path.split('.').collect();
-        let mut candidates: Vec<(String, TypeRef)> = method
+        let mut candidates: Vec<(String, Option<TypeRef>)> = method
             .params
             .iter()
-            .map(|p| (p.name.text.clone(), self.resolve_type(&p.ty)))
+            .map(|p| (p.name.text.clone(), self.try_resolve_type(&p.ty)))
             .collect();
         let mut walked = String::new();
         for (index, segment) in segments.iter().enumerate() {
@@ -1266,6 +1287,10 @@ impl<'a> Scope<'a> {
                     diagnostic = diagnostic.with_help(format!("did you mean `{close}`?"));
                 }
                 return Err(Box::new(diagnostic));
+            };
+            let Some(ty) = ty else {
+                // The type did not resolve: that error is reported already.
+                return Ok(());
             };
             if !walked.is_empty() {
                 walked.push('.');
@@ -1300,7 +1325,11 @@ impl<'a> Scope<'a> {
 }
 
 /// The fields (name, resolved type) of a record, for walking `@correlate` paths.
-fn record_fields(checker: &Checker<'_>, scope: &Scope, qualified: &str) -> Vec<(String, TypeRef)> {
+fn record_fields(
+    checker: &Checker<'_>,
+    scope: &Scope,
+    qualified: &str,
+) -> Vec<(String, Option<TypeRef>)> {
     let Some((package, name)) = qualified.rsplit_once('.') else {
         return Vec::new();
     };
@@ -1325,7 +1354,7 @@ fn record_fields(checker: &Checker<'_>, scope: &Scope, qualified: &str) -> Vec<(
             record
                 .fields
                 .iter()
-                .map(|f| (f.name.text.clone(), owner.resolve_type(&f.ty)))
+                .map(|f| (f.name.text.clone(), owner.try_resolve_type(&f.ty)))
                 .collect()
         })
         .unwrap_or_default()
