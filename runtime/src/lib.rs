@@ -15,6 +15,10 @@ pub mod config;
 pub mod db;
 pub mod duration;
 pub mod envelope;
+// Receiver side (inbox, receiver): rt2.
+pub mod inbox;
+pub mod receiver;
+// End of receiver side.
 pub mod metrics;
 pub mod signing;
 pub mod types;
