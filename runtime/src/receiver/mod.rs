@@ -22,7 +22,7 @@
 //! configuration says otherwise).
 
 mod answer;
-mod service;
+pub mod handler;
 mod writer;
 
 use std::collections::{BTreeMap, HashMap};
@@ -43,7 +43,7 @@ use tracing::{error, warn};
 use uuid::Uuid;
 
 pub use answer::{Answer, ReceiveError};
-pub use service::{
+pub use handler::{
     HandlerError, HostedInterface, HostedService, IncomingCall, decode_payload, encode_response,
 };
 
@@ -538,7 +538,7 @@ impl Shared {
         let serde_json::Value::Object(members) = &value else {
             return Err(ReceiveError::MalformedEnvelope(format!(
                 "the envelope must be a JSON object, found {}",
-                service::json_kind(&value)
+                handler::json_kind(&value)
             )));
         };
         let Some(source) = members.get("sourceServiceId").and_then(|v| v.as_str()) else {
@@ -574,7 +574,7 @@ impl Shared {
         if !envelope.payload.is_object() {
             return Err(ReceiveError::MalformedEnvelope(format!(
                 "`payload` must be a JSON object, found {}",
-                service::json_kind(&envelope.payload)
+                handler::json_kind(&envelope.payload)
             )));
         }
         let raw_message_id = raw_message_id.unwrap_or_default();

@@ -29,7 +29,7 @@ use crate::envelope::Envelope;
 use crate::inbox::{self, PayloadDigest, ProcessedMessage};
 use crate::metrics::Metrics;
 use crate::receiver::answer::{Answer, ReceiveError};
-use crate::receiver::service::{HandlerError, HostedService, IncomingCall};
+use crate::receiver::handler::{HandlerError, HostedService, IncomingCall};
 
 /// A verified, routed message waiting for the writer.
 #[derive(Debug)]

@@ -2,5 +2,5 @@
 mod interop;
 // Receiver side (rt2).
 mod exactly_once;
-mod receiver;
+mod receiver_wire;
 mod receiver_fixture;
