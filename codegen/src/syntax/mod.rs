@@ -252,7 +252,7 @@ fn unterminated_string(text: &str, position: usize) -> Option<usize> {
         return None;
     }
     let line_start = text[..position].rfind('\n').map_or(0, |n| n + 1);
-    let line = text[line_start..position].as_bytes();
+    let line = &text.as_bytes()[line_start..position];
     let mut open = None;
     let mut index = 0;
     while index < line.len() {
