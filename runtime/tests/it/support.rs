@@ -84,17 +84,21 @@ pub struct TestReceiver {
     pub ledger: Arc<Ledger>,
     pub secret: Secret,
     pub receiver: Receiver,
-    pub server: tokio::task::JoinHandle<()>,
+    /// The server task; aborted when the test drops it.
+    pub _server: tokio::task::JoinHandle<()>,
 }
 
 pub fn receiver_config(secrets: &[&Secret]) -> Config {
-    let mut config = Config::default();
-    config.service_id = "ledger-service".into();
-    config.peers.insert(
-        SOURCE.into(),
+    let peers = [(
+        SOURCE.to_owned(),
         secrets.iter().map(|s| s.to_whsec()).collect(),
-    );
-    config
+    )]
+    .into();
+    Config {
+        service_id: "ledger-service".into(),
+        peers,
+        ..Config::default()
+    }
 }
 
 pub fn create_ledger_table(db: &Path) {
@@ -119,7 +123,7 @@ pub async fn start_receiver(dir: &Path, config: Config) -> TestReceiver {
         ledger,
         secret,
         receiver,
-        server,
+        _server: server,
     }
 }
 
