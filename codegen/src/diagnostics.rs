@@ -141,6 +141,7 @@ error_codes! {
     UnknownType = "E0010", "unknown type";
     UnknownPackage = "E0011", "unknown package or name not in that package";
     AmbiguousPackage = "E0012", "package qualifier matches more than one import";
+    NotImported = "E0013", "type declared in a file that is not imported";
     DuplicateType = "E0020", "duplicate type name";
     DuplicateField = "E0021", "duplicate field";
     DuplicateVariant = "E0022", "duplicate enum variant";
