@@ -18,7 +18,7 @@ use serde::Serialize;
 pub struct FileId(pub(crate) usize);
 
 /// A byte range in one source file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Span {
     pub file: FileId,
     pub start: usize,
@@ -136,8 +136,11 @@ error_codes! {
     InvalidUtf8 = "E0002", "source is not valid UTF-8";
     NestingTooDeep = "E0003", "type nesting too deep";
     InvalidString = "E0004", "invalid string literal";
+    MissingPackage = "E0005", "missing or misplaced package declaration";
+    DuplicatePackage = "E0006", "more than one package declaration";
     UnknownType = "E0010", "unknown type";
     UnknownPackage = "E0011", "unknown package or name not in that package";
+    AmbiguousPackage = "E0012", "package qualifier matches more than one import";
     DuplicateType = "E0020", "duplicate type name";
     DuplicateField = "E0021", "duplicate field";
     DuplicateVariant = "E0022", "duplicate enum variant";
@@ -148,6 +151,7 @@ error_codes! {
     MapKeyNotString = "E0040", "map key is not `string`";
     SignalWithResponse = "E0041", "signal declares a response";
     InvalidVersion = "E0042", "service version must be at least 1";
+    EmptyEnum = "E0043", "enum has no variants";
     NotUpperCamelCase = "E0050", "name should be UpperCamelCase";
     NotSnakeCase = "E0051", "name should be snake_case";
     InvalidPackageName = "E0052", "package name should be lowercase dotted segments";
@@ -158,6 +162,7 @@ error_codes! {
     AnnotationArguments = "E0072", "invalid annotation arguments";
     CorrelatePath = "E0073", "`@correlate` path does not resolve to a scalar";
     DuplicateAnnotation = "E0074", "duplicate annotation";
+    DanglingDocComment = "W0001", "doc comment documents nothing";
 }
 
 impl fmt::Display for ErrorCode {
@@ -192,6 +197,14 @@ impl Diagnostic {
             secondary: Vec::new(),
             help: None,
             notes: Vec::new(),
+        }
+    }
+
+    /// A finding that does not stop checking or generation.
+    pub fn warning(code: ErrorCode, span: Span, message: impl Into<String>) -> Self {
+        Self {
+            severity: Severity::Warning,
+            ..Self::error(code, span, message)
         }
     }
 

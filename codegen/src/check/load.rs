@@ -78,7 +78,17 @@ pub fn load_with_includes(
     let mut files = Vec::new();
     for root in roots {
         if root.is_dir() {
-            files.extend(contract_files(root)?);
+            let found = contract_files(root)?;
+            if found.is_empty() {
+                return Err(LoadError {
+                    path: root.clone(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "no .rfidl files in this directory",
+                    ),
+                });
+            }
+            files.extend(found);
         } else {
             files.push(root.clone());
         }

@@ -197,10 +197,12 @@ impl Checker<'_> {
 
     fn check_items(&self) {
         let loaded = self.loaded;
+        // (package, service, version) -> where it was first declared: a
+        // package may spread its service versions over several files.
+        let mut versions: BTreeMap<(String, String, u32), Span> = BTreeMap::new();
         for (file_id, file) in loaded.files.iter() {
             self.check_package_name(&file.package.name);
             let scope = Scope::new(self, *file_id, file);
-            let mut versions: BTreeMap<(String, u32), Span> = BTreeMap::new();
             for item in &file.items {
                 match item {
                     ast::Item::Import(_) => {}
@@ -209,7 +211,11 @@ impl Checker<'_> {
                     ast::Item::Service(service) => {
                         self.check_service(&scope, service);
                         if let Some(version) = service.version {
-                            let key = (service.name.text.clone(), version);
+                            let key = (
+                                file.package.name.text.clone(),
+                                service.name.text.clone(),
+                                version,
+                            );
                             if let Some(first) = versions.get(&key) {
                                 let first = *first;
                                 self.report(
@@ -235,14 +241,16 @@ impl Checker<'_> {
                     }
                 }
             }
-            for (text, span) in &file.trailing_docs {
-                let _ = text;
-                self.report(Diagnostic {
-                    severity: crate::diagnostics::Severity::Warning,
-                    ..Diagnostic::error(ErrorCode::Syntax, *span, "doc comment documents nothing")
-                        .with_label("nothing follows this doc comment")
-                        .with_help("use `//` for a plain comment")
-                });
+            for (_, span) in &file.trailing_docs {
+                self.report(
+                    Diagnostic::warning(
+                        ErrorCode::DanglingDocComment,
+                        *span,
+                        "doc comment documents nothing",
+                    )
+                    .with_label("nothing follows this doc comment")
+                    .with_help("use `//` for a plain comment"),
+                );
             }
         }
     }
@@ -278,18 +286,23 @@ impl Checker<'_> {
 
     fn check_upper_camel(&self, name: &ast::Ident, what: &str) {
         let text = &name.text;
-        let first_upper = text.chars().next().is_some_and(char::is_uppercase);
-        if !first_upper || text.contains('_') {
+        // Letters without case (東京) are accepted, as rustc's lint does.
+        let first_fine = text
+            .chars()
+            .next()
+            .is_some_and(|c| c != '_' && !c.is_lowercase());
+        if !first_fine || text.contains('_') {
             let fixed = heck::ToUpperCamelCase::to_upper_camel_case(text.as_str());
-            self.report(
-                Diagnostic::error(
-                    ErrorCode::NotUpperCamelCase,
-                    name.span,
-                    format!("{what} `{text}` should have an UpperCamelCase name"),
-                )
-                .with_label("not UpperCamelCase")
-                .with_help(format!("rename it to `{fixed}`")),
-            );
+            let mut diagnostic = Diagnostic::error(
+                ErrorCode::NotUpperCamelCase,
+                name.span,
+                format!("{what} `{text}` should have an UpperCamelCase name"),
+            )
+            .with_label("not UpperCamelCase");
+            if !fixed.is_empty() && fixed != *text {
+                diagnostic = diagnostic.with_help(format!("rename it to `{fixed}`"));
+            }
+            self.report(diagnostic);
         }
     }
 
@@ -297,15 +310,16 @@ impl Checker<'_> {
         let text = &name.text;
         if text.chars().any(char::is_uppercase) || text.contains("__") {
             let fixed = heck::ToSnakeCase::to_snake_case(text.as_str());
-            self.report(
-                Diagnostic::error(
-                    ErrorCode::NotSnakeCase,
-                    name.span,
-                    format!("{what} `{text}` should have a snake_case name"),
-                )
-                .with_label("not snake_case")
-                .with_help(format!("rename it to `{fixed}`")),
-            );
+            let mut diagnostic = Diagnostic::error(
+                ErrorCode::NotSnakeCase,
+                name.span,
+                format!("{what} `{text}` should have a snake_case name"),
+            )
+            .with_label("not snake_case");
+            if !fixed.is_empty() && fixed != *text {
+                diagnostic = diagnostic.with_help(format!("rename it to `{fixed}`"));
+            }
+            self.report(diagnostic);
         }
     }
 
@@ -345,6 +359,17 @@ impl Checker<'_> {
     fn check_enum(&self, enumeration: &ast::Enum) {
         self.check_upper_camel(&enumeration.name, "enum");
         self.check_annotations(&enumeration.annotations, Target::Enum, None);
+        if enumeration.variants.is_empty() {
+            self.report(
+                Diagnostic::error(
+                    ErrorCode::EmptyEnum,
+                    enumeration.name.span,
+                    format!("enum `{}` has no variants", enumeration.name.text),
+                )
+                .with_label("no value of this type can exist")
+                .with_help("add a variant, or use an empty `record` for a value without content"),
+            );
+        }
         let mut seen: BTreeMap<&str, Span> = BTreeMap::new();
         for variant in &enumeration.variants {
             if let Some(first) = seen.get(variant.name.text.as_str()) {
@@ -424,7 +449,17 @@ impl Checker<'_> {
         match &ty.kind {
             ast::TypeKind::Named(name) => {
                 if let Err(diagnostic) = scope.resolve(name) {
-                    self.report(*diagnostic);
+                    // A name from an import that failed (missing file, cycle,
+                    // syntax error) is a consequence of that error, already
+                    // reported: do not bury it under follow-up errors.
+                    let follow_up = scope.has_failed_imports
+                        && matches!(
+                            diagnostic.code,
+                            ErrorCode::UnknownPackage | ErrorCode::UnknownType
+                        );
+                    if !follow_up {
+                        self.report(*diagnostic);
+                    }
                 }
             }
             ast::TypeKind::List(inner) => self.check_type(scope, inner),
@@ -581,14 +616,15 @@ impl Checker<'_> {
                     )
                     .with_label(format!("found {}", arg.value.describe())),
                 ),
-                ("ttl", ast::Value::String(text)) if parse_duration_ms(text).is_some() => {}
+                ("ttl", ast::Value::String(text))
+                    if parse_duration_ms(text).is_some_and(|ms| ms > 0) => {}
                 ("ttl", _) => self.report(
                     Diagnostic::error(
                         ErrorCode::AnnotationArguments,
                         arg.span,
-                        "`ttl` must be a duration string such as \"48h\"",
+                        "`ttl` must be a positive duration string such as \"48h\"",
                     )
-                    .with_label("not a duration")
+                    .with_label("not a positive duration")
                     .with_help("units are `d`, `h`, `m`, `s` and `ms`, combinable: \"1h30m\""),
                 ),
                 (other, _) => {
@@ -636,7 +672,7 @@ impl Checker<'_> {
     fn check_required_cycles(&self) {
         let loaded = self.loaded;
         // record (qualified) -> required record-typed fields (target, field span).
-        let mut edges: BTreeMap<String, Vec<(String, Span)>> = BTreeMap::new();
+        let mut edges: RequiredEdges = BTreeMap::new();
         let mut record_spans: BTreeMap<String, Span> = BTreeMap::new();
         for (file_id, file) in loaded.files.iter() {
             let scope = Scope::new(self, *file_id, file);
@@ -660,27 +696,21 @@ impl Checker<'_> {
                 }
             }
         }
-        let mut reported: BTreeSet<String> = BTreeSet::new();
-        for start in edges.keys() {
-            if reported.contains(start) {
-                continue;
+        for cycle in required_cycles(&edges) {
+            let start = &cycle[0].0;
+            let names: Vec<&str> = cycle.iter().map(|(r, _)| r.as_str()).collect();
+            let mut diagnostic = Diagnostic::error(
+                ErrorCode::RequiredCycle,
+                record_spans[start],
+                format!("record `{start}` contains itself through required fields"),
+            )
+            .with_label("this record can never be built")
+            .with_note(format!("cycle: {} -> {start}", names.join(" -> ")))
+            .with_help("make one field of the cycle optional (`T?`) or a `list<T>`");
+            for (_, span) in &cycle {
+                diagnostic = diagnostic.with_secondary(*span, "required field in the cycle");
             }
-            if let Some(cycle) = find_cycle(&edges, start) {
-                reported.extend(cycle.iter().map(|(record, _)| record.clone()));
-                let names: Vec<&str> = cycle.iter().map(|(r, _)| r.as_str()).collect();
-                let mut diagnostic = Diagnostic::error(
-                    ErrorCode::RequiredCycle,
-                    record_spans[start],
-                    format!("record `{start}` contains itself through required fields"),
-                )
-                .with_label("this record can never be built")
-                .with_note(format!("cycle: {} -> {start}", names.join(" -> ")))
-                .with_help("make one field of the cycle optional (`T?`) or a `list<T>`");
-                for (_, span) in &cycle {
-                    diagnostic = diagnostic.with_secondary(*span, "required field in the cycle");
-                }
-                self.report(diagnostic);
-            }
+            self.report(diagnostic);
         }
     }
 
@@ -770,33 +800,123 @@ impl Checker<'_> {
     }
 }
 
-/// A cycle of required record fields reachable from `start` back to it.
-fn find_cycle(
-    edges: &BTreeMap<String, Vec<(String, Span)>>,
-    start: &str,
-) -> Option<Vec<(String, Span)>> {
-    fn visit(
-        edges: &BTreeMap<String, Vec<(String, Span)>>,
-        node: &str,
-        start: &str,
-        path: &mut Vec<(String, Span)>,
-        seen: &mut BTreeSet<String>,
-    ) -> bool {
-        for (target, span) in edges.get(node).map(Vec::as_slice).unwrap_or_default() {
-            path.push((node.to_owned(), *span));
-            if target == start {
-                return true;
-            }
-            if seen.insert(target.clone()) && visit(edges, target, start, path, seen) {
-                return true;
-            }
-            path.pop();
+/// Required-field edges: record -> (record a required field holds, that field's span).
+type RequiredEdges = BTreeMap<String, Vec<(String, Span)>>;
+
+/// One cycle of required record fields per strongly connected group of
+/// records, starting at the group's first record by name: each step is the
+/// record and the span of its field that leads to the next. Iterative, so a
+/// long chain of records cannot overflow the stack, and linear in the graph.
+fn required_cycles(edges: &RequiredEdges) -> Vec<Vec<(String, Span)>> {
+    strongly_connected(edges)
+        .into_iter()
+        .filter_map(|mut component| {
+            component.sort_unstable();
+            let start = *component.first()?;
+            shortest_cycle(edges, start, &component)
+        })
+        .collect()
+}
+
+/// Strongly connected components (Tarjan), iteratively.
+fn strongly_connected(edges: &RequiredEdges) -> Vec<Vec<&str>> {
+    const UNVISITED: usize = usize::MAX;
+    let nodes: Vec<&str> = edges.keys().map(String::as_str).collect();
+    let index_of: BTreeMap<&str, usize> = nodes.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let successors: Vec<Vec<usize>> = nodes
+        .iter()
+        .map(|node| {
+            edges[*node]
+                .iter()
+                .filter_map(|(target, _)| index_of.get(target.as_str()).copied())
+                .collect()
+        })
+        .collect();
+    let mut index = vec![UNVISITED; nodes.len()];
+    let mut lowlink = vec![0; nodes.len()];
+    let mut on_stack = vec![false; nodes.len()];
+    let mut stack = Vec::new();
+    let mut next_index = 0;
+    let mut components = Vec::new();
+    for root in 0..nodes.len() {
+        if index[root] != UNVISITED {
+            continue;
         }
-        false
+        index[root] = next_index;
+        lowlink[root] = next_index;
+        next_index += 1;
+        stack.push(root);
+        on_stack[root] = true;
+        // (node, position of the next successor to look at)
+        let mut work = vec![(root, 0usize)];
+        while let Some((node, position)) = work.last().copied() {
+            if let Some(&next) = successors[node].get(position) {
+                if let Some(top) = work.last_mut() {
+                    top.1 += 1;
+                }
+                if index[next] == UNVISITED {
+                    index[next] = next_index;
+                    lowlink[next] = next_index;
+                    next_index += 1;
+                    stack.push(next);
+                    on_stack[next] = true;
+                    work.push((next, 0));
+                } else if on_stack[next] {
+                    lowlink[node] = lowlink[node].min(index[next]);
+                }
+                continue;
+            }
+            work.pop();
+            if let Some(&(parent, _)) = work.last() {
+                lowlink[parent] = lowlink[parent].min(lowlink[node]);
+            }
+            if lowlink[node] == index[node] {
+                let mut component = Vec::new();
+                while let Some(member) = stack.pop() {
+                    on_stack[member] = false;
+                    component.push(nodes[member]);
+                    if member == node {
+                        break;
+                    }
+                }
+                components.push(component);
+            }
+        }
     }
-    let mut path = Vec::new();
-    let mut seen = BTreeSet::new();
-    visit(edges, start, start, &mut path, &mut seen).then_some(path)
+    components
+}
+
+/// The shortest path of required fields from `start` back to itself within
+/// `component` (breadth first); `None` for a lone record without a self-edge.
+fn shortest_cycle(
+    edges: &RequiredEdges,
+    start: &str,
+    component: &[&str],
+) -> Option<Vec<(String, Span)>> {
+    // record -> (record before it on the path, the field leading here)
+    let mut previous: BTreeMap<&str, (&str, Span)> = BTreeMap::new();
+    let mut queue = std::collections::VecDeque::from([start]);
+    while let Some(node) = queue.pop_front() {
+        for (target, span) in edges.get(node).map(Vec::as_slice).unwrap_or_default() {
+            let target = target.as_str();
+            if target == start {
+                let mut path = vec![(node.to_owned(), *span)];
+                let mut at = node;
+                while at != start {
+                    let (before, field) = previous[at];
+                    path.push((before.to_owned(), field));
+                    at = before;
+                }
+                path.reverse();
+                return Some(path);
+            }
+            if component.binary_search(&target).is_ok() && !previous.contains_key(target) {
+                previous.insert(target, (node, *span));
+                queue.push_back(target);
+            }
+        }
+    }
+    None
 }
 
 /// Every record and enum reachable from the methods' parameters and responses.
@@ -877,32 +997,61 @@ struct Scope<'a> {
     package: String,
     /// qualifier (last segment or full package name) -> package.
     qualifiers: BTreeMap<String, String>,
+    /// Last segments shared by two imported packages: usable only in full.
+    ambiguous: BTreeMap<String, Vec<String>>,
+    /// Some import of this file did not load (missing, cycle, syntax error).
+    has_failed_imports: bool,
     types: &'a BTreeMap<String, BTreeMap<String, Decl>>,
     file: &'a ast::File,
 }
 
 impl<'a> Scope<'a> {
     fn new(checker: &'a Checker<'_>, id: FileId, file: &'a ast::File) -> Self {
-        let mut qualifiers = BTreeMap::new();
+        let mut qualifiers: BTreeMap<String, String> = BTreeMap::new();
+        let mut ambiguous: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let own = file.package.name.text.clone();
-        for imported in checker
+        let imported = checker
             .loaded
             .imports
             .get(&id)
             .map(Vec::as_slice)
-            .unwrap_or_default()
-        {
+            .unwrap_or_default();
+        let import_count = file
+            .items
+            .iter()
+            .filter(|item| matches!(item, ast::Item::Import(_)))
+            .count();
+        let mut loaded_imports = 0;
+        for imported in imported {
             if let Some(other) = checker.loaded.files.get(imported) {
+                loaded_imports += 1;
                 let package = other.package.name.text.clone();
                 let last = package.rsplit('.').next().unwrap_or(&package).to_owned();
-                qualifiers.insert(last, package.clone());
+                if last != package && last != own {
+                    match qualifiers.get(&last) {
+                        Some(existing) if *existing != package => {
+                            ambiguous
+                                .entry(last.clone())
+                                .or_insert_with(|| vec![existing.clone()])
+                                .push(package.clone());
+                        }
+                        _ => {
+                            qualifiers.insert(last, package.clone());
+                        }
+                    }
+                }
                 qualifiers.insert(package.clone(), package);
             }
+        }
+        for short in ambiguous.keys() {
+            qualifiers.remove(short);
         }
         qualifiers.insert(own.clone(), own.clone());
         Self {
             package: own,
             qualifiers,
+            ambiguous,
+            has_failed_imports: loaded_imports < import_count,
             types: &checker.types,
             file,
         }
@@ -953,6 +1102,24 @@ impl<'a> Scope<'a> {
                 Err(Box::new(diagnostic))
             }
             Some((qualifier, type_name)) => {
+                if let Some(packages) = self.ambiguous.get(qualifier) {
+                    let full: Vec<String> = packages
+                        .iter()
+                        .map(|p| format!("`{p}.{type_name}`"))
+                        .collect();
+                    return Err(Box::new(
+                        Diagnostic::error(
+                            ErrorCode::AmbiguousPackage,
+                            name.span,
+                            format!("`{qualifier}` could mean more than one imported package"),
+                        )
+                        .with_label("ambiguous qualifier")
+                        .with_help(format!(
+                            "write the full package name: {}",
+                            full.join(" or ")
+                        )),
+                    ));
+                }
                 let Some(package) = self.qualifiers.get(qualifier) else {
                     let mut diagnostic = Diagnostic::error(
                         ErrorCode::UnknownPackage,
@@ -992,6 +1159,21 @@ impl<'a> Scope<'a> {
                 Err(Box::new(diagnostic))
             }
         }
+    }
+
+    /// The resolved type, or `None` when a name in it does not resolve (an
+    /// error already reported by `check_type`).
+    fn try_resolve_type(&self, ty: &ast::TypeExpr) -> Option<TypeRef> {
+        let inner = match &ty.kind {
+            ast::TypeKind::Named(name) => self.resolve(name).ok()?,
+            ast::TypeKind::List(inner) => TypeRef::List(Box::new(self.try_resolve_type(inner)?)),
+            ast::TypeKind::Map(_, value) => TypeRef::Map(Box::new(self.try_resolve_type(value)?)),
+        };
+        Some(if ty.optional {
+            TypeRef::Optional(Box::new(inner))
+        } else {
+            inner
+        })
     }
 
     fn resolve_type(&self, ty: &ast::TypeExpr) -> TypeRef {
@@ -1082,10 +1264,10 @@ impl<'a> Scope<'a> {
         span: Span,
     ) -> Result<(), Box<Diagnostic>> {
         let segments: Vec<&str> = path.split('.').collect();
-        let mut candidates: Vec<(String, TypeRef)> = method
+        let mut candidates: Vec<(String, Option<TypeRef>)> = method
             .params
             .iter()
-            .map(|p| (p.name.text.clone(), self.resolve_type(&p.ty)))
+            .map(|p| (p.name.text.clone(), self.try_resolve_type(&p.ty)))
             .collect();
         let mut walked = String::new();
         for (index, segment) in segments.iter().enumerate() {
@@ -1105,6 +1287,10 @@ impl<'a> Scope<'a> {
                     diagnostic = diagnostic.with_help(format!("did you mean `{close}`?"));
                 }
                 return Err(Box::new(diagnostic));
+            };
+            let Some(ty) = ty else {
+                // The type did not resolve: that error is reported already.
+                return Ok(());
             };
             if !walked.is_empty() {
                 walked.push('.');
@@ -1139,7 +1325,11 @@ impl<'a> Scope<'a> {
 }
 
 /// The fields (name, resolved type) of a record, for walking `@correlate` paths.
-fn record_fields(checker: &Checker<'_>, scope: &Scope, qualified: &str) -> Vec<(String, TypeRef)> {
+fn record_fields(
+    checker: &Checker<'_>,
+    scope: &Scope,
+    qualified: &str,
+) -> Vec<(String, Option<TypeRef>)> {
     let Some((package, name)) = qualified.rsplit_once('.') else {
         return Vec::new();
     };
@@ -1164,8 +1354,72 @@ fn record_fields(checker: &Checker<'_>, scope: &Scope, qualified: &str) -> Vec<(
             record
                 .fields
                 .iter()
-                .map(|f| (f.name.text.clone(), owner.resolve_type(&f.ty)))
+                .map(|f| (f.name.text.clone(), owner.try_resolve_type(&f.ty)))
                 .collect()
         })
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_combine_units() {
+        assert_eq!(parse_duration_ms("48h"), Some(48 * 3_600_000));
+        assert_eq!(parse_duration_ms("1h30m"), Some(90 * 60_000));
+        assert_eq!(parse_duration_ms("1d2h3m4s5ms"), Some(93_784_005));
+        assert_eq!(parse_duration_ms("250ms"), Some(250));
+        for bad in ["", "h", "10", "1x", "1.5h", "-1h", "99999999999999999999d"] {
+            assert_eq!(parse_duration_ms(bad), None, "{bad}");
+        }
+    }
+
+    fn span(start: usize) -> Span {
+        Span::new(FileId::default(), start, start + 1)
+    }
+
+    #[test]
+    fn required_cycles_are_found_once_per_group_without_deep_recursion() {
+        // A chain of 50,000 records closing on itself: one cycle, and no
+        // stack overflow (the search is iterative).
+        let count = 50_000;
+        let name = |i: usize| format!("p.R{i:06}");
+        let mut edges: RequiredEdges = (0..count)
+            .map(|i| (name(i), vec![(name((i + 1) % count), span(i))]))
+            .collect();
+        let cycles = required_cycles(&edges);
+        assert_eq!(cycles.len(), 1);
+        assert_eq!(cycles[0].len(), count);
+        assert_eq!(cycles[0][0].0, name(0));
+        // Open the chain: no cycle at all.
+        edges.insert(name(count - 1), Vec::new());
+        assert!(required_cycles(&edges).is_empty());
+    }
+
+    #[test]
+    fn required_cycles_report_the_shortest_loop_and_self_references() {
+        let edges: RequiredEdges = [
+            ("p.A", vec![("p.B", span(1)), ("p.C", span(2))]),
+            ("p.B", vec![("p.C", span(3))]),
+            ("p.C", vec![("p.A", span(4))]),
+            ("p.Selfish", vec![("p.Selfish", span(5))]),
+            ("p.Leaf", vec![]),
+        ]
+        .into_iter()
+        .map(|(from, to)| {
+            (
+                from.to_owned(),
+                to.into_iter().map(|(t, s)| (t.to_owned(), s)).collect(),
+            )
+        })
+        .collect();
+        let mut cycles = required_cycles(&edges);
+        cycles.sort();
+        let names: Vec<Vec<&str>> = cycles
+            .iter()
+            .map(|c| c.iter().map(|(r, _)| r.as_str()).collect())
+            .collect();
+        assert_eq!(names, vec![vec!["p.A", "p.C"], vec!["p.Selfish"]]);
+    }
 }

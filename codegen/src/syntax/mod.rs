@@ -40,6 +40,7 @@ pub fn parse_file(file: FileId, text: &str) -> Result<File, Box<Diagnostic>> {
     let root = pairs.next().expect("the file rule always yields one pair");
     let builder = Builder {
         file,
+        text,
         string_errors: Default::default(),
     };
     let parsed = builder.file(root)?;
@@ -93,10 +94,17 @@ fn check_depth(file: FileId, text: &str) -> Result<(), Box<Diagnostic>> {
 }
 
 fn syntax_error(file: FileId, text: &str, error: pest::error::Error<Rule>) -> Diagnostic {
-    let position = match error.location {
+    let reported = match error.location {
         pest::error::InputLocation::Pos(p) => p,
         pest::error::InputLocation::Span((start, _)) => start,
     };
+    // pest places the error where the last alternative failed, which after
+    // backtracking out of `(package_decl | item)*` is the start of the item;
+    // the furthest position any token was tried at is where the user erred.
+    let furthest = error
+        .parse_attempts()
+        .map_or(reported, |attempts| attempts.max_position);
+    let position = furthest.max(reported);
     let mut expected: Vec<String> = Vec::new();
     if let Some(attempts) = error.parse_attempts() {
         // Literal tokens the grammar tried here (`;`, `}`, `->`, keywords);
@@ -113,7 +121,9 @@ fn syntax_error(file: FileId, text: &str, error: pest::error::Error<Rule>) -> Di
             }
         }
     }
-    if let pest::error::ErrorVariant::ParsingError { positives, .. } = &error.variant {
+    if position == reported
+        && let pest::error::ErrorVariant::ParsingError { positives, .. } = &error.variant
+    {
         expected.extend(
             positives
                 .iter()
@@ -132,10 +142,35 @@ fn syntax_error(file: FileId, text: &str, error: pest::error::Error<Rule>) -> Di
             format!("expected {} or {last}, found {found}", rest.join(", "))
         }
     };
-    let end = (position + text[position..].chars().next().map_or(0, char::len_utf8)).max(position);
-    let mut diagnostic =
-        Diagnostic::error(ErrorCode::Syntax, Span::new(file, position, end), message)
-            .with_label("unexpected here");
+    let end = position + text[position..].chars().next().map_or(0, char::len_utf8);
+    let word_end = text[position..]
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .map_or(text.len(), |length| position + length)
+        .max(end);
+    let found_span = Span::new(file, position, word_end);
+    // When the problem is a missing token at the end of a line (`package
+    // shop` without `;`), point where it belongs, like rustc, rather than at
+    // whatever starts the next line.
+    let before = text[..position].trim_end_matches([' ', '\t', '\r', '\n']);
+    let mut diagnostic = match before.chars().next_back() {
+        Some(last) if text[before.len()..position].contains('\n') => {
+            let at = before.len() - last.len_utf8();
+            let diagnostic = Diagnostic::error(
+                ErrorCode::Syntax,
+                Span::new(file, at, before.len()),
+                message,
+            )
+            .with_label("expected after this");
+            if end > position {
+                diagnostic.with_secondary(found_span, "found this")
+            } else {
+                diagnostic
+            }
+        }
+        _ => {
+            Diagnostic::error(ErrorCode::Syntax, found_span, message).with_label("unexpected here")
+        }
+    };
     if position == 0
         && !text.trim_start().starts_with("package")
         && !text.trim_start().starts_with("///")
@@ -186,16 +221,26 @@ fn describe_rule(rule: Rule) -> Option<&'static str> {
     })
 }
 
-struct Builder {
+struct Builder<'t> {
     file: FileId,
+    text: &'t str,
     /// Bad escapes found in string literals (reported after the walk).
     string_errors: std::cell::RefCell<Vec<Diagnostic>>,
 }
 
-impl Builder {
+impl Builder<'_> {
     fn span(&self, pair: &Pair<'_, Rule>) -> Span {
         let s = pair.as_span();
         Span::new(self.file, s.start(), s.end())
+    }
+
+    /// The first line of an item (its keyword, or its first doc comment),
+    /// for diagnostics about the item as a whole.
+    fn start_of(&self, item: &Item) -> Span {
+        let span = item.span();
+        let text = &self.text[span.start..span.end];
+        let first_line = text.find(['\r', '\n']).unwrap_or(text.len());
+        Span::new(self.file, span.start, span.start + first_line)
     }
 
     fn ident(&self, pair: Pair<'_, Rule>) -> Ident {
@@ -207,12 +252,42 @@ impl Builder {
 
     fn file(&self, pair: Pair<'_, Rule>) -> Result<File, Box<Diagnostic>> {
         let span = self.span(&pair);
-        let mut package = None;
+        let mut package: Option<PackageDecl> = None;
         let mut items = Vec::new();
         let mut trailing_docs = Vec::new();
         for child in pair.into_inner() {
             match child.as_rule() {
-                Rule::package_decl => package = Some(self.package(child)),
+                Rule::package_decl => {
+                    let declared = self.package(child);
+                    if let Some(first) = &package {
+                        return Err(Box::new(
+                            Diagnostic::error(
+                                ErrorCode::DuplicatePackage,
+                                declared.span,
+                                "a contract declares its package only once",
+                            )
+                            .with_label("second package declaration")
+                            .with_secondary(first.span, "the package is declared here")
+                            .with_help("one file holds one package: move the items into a file of their own"),
+                        ));
+                    }
+                    if let Some(first_item) = items.first().map(|item| self.start_of(item)) {
+                        return Err(Box::new(
+                            Diagnostic::error(
+                                ErrorCode::MissingPackage,
+                                first_item,
+                                "the package declaration must come first",
+                            )
+                            .with_label("this comes before the package declaration")
+                            .with_secondary(declared.span, "the package is declared here")
+                            .with_help(format!(
+                                "move `package {};` to the top of the file",
+                                declared.name.text
+                            )),
+                        ));
+                    }
+                    package = Some(declared);
+                }
                 Rule::import_decl => items.push(Item::Import(self.import(child)?)),
                 Rule::record_decl => items.push(Item::Record(self.record(child))),
                 Rule::enum_decl => items.push(Item::Enum(self.enumeration(child))),
@@ -226,7 +301,16 @@ impl Builder {
                 _ => {}
             }
         }
-        let package = package.expect("the grammar requires a package declaration");
+        let Some(package) = package else {
+            let at = items
+                .first()
+                .map_or(Span::new(self.file, 0, 0), |item| self.start_of(item));
+            return Err(Box::new(
+                Diagnostic::error(ErrorCode::MissingPackage, at, "missing package declaration")
+                    .with_label("expected `package …;` before this")
+                    .with_help("a contract starts with its package: `package hr.employees;`"),
+            ));
+        };
         Ok(File {
             package,
             items,

@@ -31,6 +31,51 @@ fn check_exits_1_on_contract_errors_and_2_on_io_or_usage() {
 }
 
 #[test]
+fn check_of_a_folder_without_contracts_is_an_io_error() {
+    let empty = tempfile::tempdir().expect("temp dir");
+    let output = rfidl(&["check", empty.path().to_str().expect("utf-8 temp path")]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no .rfidl files"), "{stderr}");
+}
+
+#[test]
+fn check_of_a_folder_reports_every_file_in_sorted_order() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(dir.path().join("nested")).expect("mkdir");
+    std::fs::write(
+        dir.path().join("b.rfidl"),
+        "package b;\nrecord B { x: Nope }\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("nested/a.rfidl"),
+        "package a;\nrecord A { x: Nah }\n",
+    )
+    .expect("write");
+    std::fs::write(dir.path().join("notes.txt"), "not a contract").expect("write");
+    let output = rfidl(&[
+        "check",
+        "--format",
+        "json",
+        dir.path().to_str().expect("utf-8"),
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let files: Vec<String> = stdout
+        .lines()
+        .map(|line| {
+            let value: serde_json::Value =
+                serde_json::from_str(line).expect("one JSON object a line");
+            value["file"].as_str().expect("file").replace('\\', "/")
+        })
+        .collect();
+    assert_eq!(files.len(), 2, "{stdout}");
+    assert!(files[0].ends_with("/b.rfidl"), "{files:?}");
+    assert!(files[1].ends_with("/nested/a.rfidl"), "{files:?}");
+}
+
+#[test]
 fn json_format_prints_one_object_per_diagnostic() {
     let output = rfidl(&[
         "check",

@@ -69,7 +69,8 @@ fn diagnostics_match_expectations() {
     );
 }
 
-/// A case named `eXXXX_…` must report that code; an `ok_…` case nothing.
+/// A case named `eXXXX_…` (or `wXXXX_…`) must report that code; an `ok_…`
+/// case nothing at all.
 #[test]
 fn each_case_reports_the_code_in_its_name() {
     for (name, root, _) in cases() {
@@ -77,7 +78,7 @@ fn each_case_reports_the_code_in_its_name() {
         if let Some(code) = name
             .split('_')
             .next()
-            .filter(|c| c.starts_with('e') && c.len() == 5)
+            .filter(|c| (c.starts_with('e') || c.starts_with('w')) && c.len() == 5)
         {
             let code = code.to_uppercase();
             assert!(
