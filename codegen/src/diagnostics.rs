@@ -150,7 +150,7 @@ error_codes! {
     RequiredCycle = "E0030", "record contains itself through required fields";
     MapKeyNotString = "E0040", "map key is not `string`";
     SignalWithResponse = "E0041", "signal declares a response";
-    InvalidVersion = "E0042", "service version must be at least 1";
+    InvalidVersion = "E0042", "service version out of range (1 up to 4294967295)";
     EmptyEnum = "E0043", "enum has no variants";
     NotUpperCamelCase = "E0050", "name should be UpperCamelCase";
     NotSnakeCase = "E0051", "name should be snake_case";

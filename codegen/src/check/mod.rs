@@ -394,8 +394,8 @@ impl Checker<'_> {
     fn check_service(&self, scope: &Scope, service: &ast::Service) {
         self.check_upper_camel(&service.name, "service");
         self.check_annotations(&service.annotations, Target::Service, None);
-        if service.version.is_none_or(|v| v < 1) {
-            self.report(
+        match service.version {
+            Some(0) => self.report(
                 Diagnostic::error(
                     ErrorCode::InvalidVersion,
                     service.version_span,
@@ -403,7 +403,17 @@ impl Checker<'_> {
                 )
                 .with_label("invalid version")
                 .with_help("versions count from `v1`"),
-            );
+            ),
+            None => self.report(
+                Diagnostic::error(
+                    ErrorCode::InvalidVersion,
+                    service.version_span,
+                    format!("a service version must be at most {}", u32::MAX),
+                )
+                .with_label("too large")
+                .with_help("versions count up from `v1`, one per breaking change"),
+            ),
+            Some(_) => {}
         }
         let mut seen: BTreeMap<&str, Span> = BTreeMap::new();
         for method in &service.methods {

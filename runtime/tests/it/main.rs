@@ -1,2 +1,6 @@
-//! Integration tests for rfidl-runtime (one binary: see house style).
+//! Integration tests for rfidl-runtime (one binary: see house style). Real
+//! SQLite files in temp dirs, real HTTP on 127.0.0.1.
+
 mod interop;
+mod receiver;
+mod support;
