@@ -163,6 +163,7 @@ error_codes! {
     CorrelatePath = "E0073", "`@correlate` path does not resolve to a scalar";
     DuplicateAnnotation = "E0074", "duplicate annotation";
     DanglingDocComment = "W0001", "doc comment documents nothing";
+    DeprecatedUse = "W0002", "use of a deprecated type";
 }
 
 impl fmt::Display for ErrorCode {

@@ -62,6 +62,7 @@ pub fn check_paths_with_includes(
     checker.types = checker.collect_types();
     checker.check_items();
     checker.check_required_cycles();
+    checker.check_deprecated_uses();
     let mut diagnostics = loaded.diagnostics.clone();
     diagnostics.append(&mut checker.diagnostics.borrow_mut());
     diagnostics.sort_by_key(|d| d.span.map(|s| (s.file, s.start)));
@@ -113,6 +114,8 @@ struct Decl {
     kind: DeclKind,
     span: Span,
     file: FileId,
+    /// The `@deprecated` reason, if the type is deprecated.
+    deprecated: Option<String>,
 }
 
 /// Where an annotation sits, for the wrong-target rule.
@@ -159,9 +162,9 @@ impl Checker<'_> {
         for (file_id, file) in loaded.files.iter() {
             let package = file.package.name.text.clone();
             for item in &file.items {
-                let (name, kind) = match item {
-                    ast::Item::Record(r) => (&r.name, DeclKind::Record),
-                    ast::Item::Enum(e) => (&e.name, DeclKind::Enum),
+                let (name, kind, annotations) = match item {
+                    ast::Item::Record(r) => (&r.name, DeclKind::Record, &r.annotations),
+                    ast::Item::Enum(e) => (&e.name, DeclKind::Enum, &e.annotations),
                     _ => continue,
                 };
                 let table = types.entry(package.clone()).or_default();
@@ -188,6 +191,7 @@ impl Checker<'_> {
                         kind,
                         span: name.span,
                         file: *file_id,
+                        deprecated: deprecation(annotations),
                     },
                 );
             }
@@ -721,6 +725,71 @@ impl Checker<'_> {
                 diagnostic = diagnostic.with_secondary(*span, "required field in the cycle");
             }
             self.report(diagnostic);
+        }
+    }
+
+    /// W0002: a deprecated record or enum used by an item that is not
+    /// itself deprecated (inside deprecated items the use is expected).
+    fn check_deprecated_uses(&self) {
+        for (file_id, file) in self.loaded.files.iter() {
+            let scope = Scope::new(self, *file_id, file);
+            let current = |annotations: &[ast::Annotation]| deprecation(annotations).is_none();
+            for item in &file.items {
+                match item {
+                    ast::Item::Record(record) if current(&record.annotations) => {
+                        for field in &record.fields {
+                            if current(&field.annotations) {
+                                self.warn_deprecated(&scope, &field.ty);
+                            }
+                        }
+                    }
+                    ast::Item::Service(service) if current(&service.annotations) => {
+                        for method in &service.methods {
+                            if !current(&method.annotations) {
+                                continue;
+                            }
+                            for param in &method.params {
+                                if current(&param.annotations) {
+                                    self.warn_deprecated(&scope, &param.ty);
+                                }
+                            }
+                            if let Some(response) = &method.response {
+                                self.warn_deprecated(&scope, response);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn warn_deprecated(&self, scope: &Scope, ty: &ast::TypeExpr) {
+        match &ty.kind {
+            ast::TypeKind::Named(name) => {
+                let Ok(TypeRef::Named(qualified)) = scope.resolve(name) else {
+                    return;
+                };
+                let Some(decl) = qualified
+                    .rsplit_once('.')
+                    .and_then(|(package, short)| self.types.get(package)?.get(short))
+                else {
+                    return;
+                };
+                if let Some(reason) = &decl.deprecated {
+                    self.report(
+                        Diagnostic::warning(
+                            ErrorCode::DeprecatedUse,
+                            name.span,
+                            format!("`{}` is deprecated: {reason}", name.text),
+                        )
+                        .with_label("deprecated type used here")
+                        .with_help("move to its replacement, or mark this item `@deprecated` too"),
+                    );
+                }
+            }
+            ast::TypeKind::List(inner) => self.warn_deprecated(scope, inner),
+            ast::TypeKind::Map(_, value) => self.warn_deprecated(scope, value),
         }
     }
 
