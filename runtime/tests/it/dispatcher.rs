@@ -335,13 +335,14 @@ async fn two_dispatchers_on_one_database_never_send_a_message_twice() {
     for id in &ids {
         wait_for(&db, id, Status::Sent).await;
     }
-    let deliveries = script.deliveries.lock().expect("lock");
-    assert_eq!(deliveries.len(), 300);
-    assert!(
-        deliveries.values().all(|n| *n == 1),
-        "a message was sent twice"
-    );
-    drop(deliveries);
+    {
+        let deliveries = script.deliveries.lock().expect("lock");
+        assert_eq!(deliveries.len(), 300);
+        assert!(
+            deliveries.values().all(|n| *n == 1),
+            "a message was sent twice"
+        );
+    }
     first.shutdown().await;
     second.shutdown().await;
 }
