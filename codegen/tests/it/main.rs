@@ -2,6 +2,8 @@
 
 mod cli;
 mod format;
+mod format_properties;
 mod generate;
 mod robustness;
+mod schemas;
 mod ui;
