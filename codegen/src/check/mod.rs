@@ -420,6 +420,8 @@ impl Checker<'_> {
             Some(_) => {}
         }
         let mut seen: BTreeMap<&str, Span> = BTreeMap::new();
+        // Generated clients and handlers name methods in snake_case.
+        let mut rust_names: BTreeMap<String, (&str, Span)> = BTreeMap::new();
         for method in &service.methods {
             if let Some(first) = seen.get(method.name.text.as_str()) {
                 let first = *first;
@@ -437,6 +439,25 @@ impl Checker<'_> {
                 );
             } else {
                 seen.insert(&method.name.text, method.name.span);
+                let rust_name = heck::ToSnakeCase::to_snake_case(method.name.text.as_str());
+                match rust_names.get(&rust_name) {
+                    Some((other, first)) => self.report(
+                        Diagnostic::error(
+                            ErrorCode::MethodRustNameClash,
+                            method.name.span,
+                            format!(
+                                "methods `{other}` and `{}` would both be `{rust_name}` in Rust",
+                                method.name.text
+                            ),
+                        )
+                        .with_label(format!("becomes `{rust_name}`"))
+                        .with_secondary(*first, format!("also becomes `{rust_name}`"))
+                        .with_help("rename one of them so the names differ by more than case"),
+                    ),
+                    None => {
+                        rust_names.insert(rust_name, (method.name.text.as_str(), method.name.span));
+                    }
+                }
             }
             self.check_upper_camel(&method.name, "method");
             self.check_fields(scope, &method.params, Target::Param);
