@@ -141,16 +141,18 @@ error_codes! {
     UnknownType = "E0010", "unknown type";
     UnknownPackage = "E0011", "unknown package or name not in that package";
     AmbiguousPackage = "E0012", "package qualifier matches more than one import";
+    NotImported = "E0013", "type declared in a file that is not imported";
     DuplicateType = "E0020", "duplicate type name";
     DuplicateField = "E0021", "duplicate field";
     DuplicateVariant = "E0022", "duplicate enum variant";
     DuplicateMethod = "E0023", "duplicate method";
     DuplicateParam = "E0024", "duplicate parameter";
     DuplicateServiceVersion = "E0025", "duplicate service version";
+    MethodRustNameClash = "E0026", "two methods map to the same Rust name";
     RequiredCycle = "E0030", "record contains itself through required fields";
     MapKeyNotString = "E0040", "map key is not `string`";
     SignalWithResponse = "E0041", "signal declares a response";
-    InvalidVersion = "E0042", "service version must be at least 1";
+    InvalidVersion = "E0042", "service version out of range (1 up to 4294967295)";
     EmptyEnum = "E0043", "enum has no variants";
     NotUpperCamelCase = "E0050", "name should be UpperCamelCase";
     NotSnakeCase = "E0051", "name should be snake_case";
@@ -163,6 +165,7 @@ error_codes! {
     CorrelatePath = "E0073", "`@correlate` path does not resolve to a scalar";
     DuplicateAnnotation = "E0074", "duplicate annotation";
     DanglingDocComment = "W0001", "doc comment documents nothing";
+    DeprecatedUse = "W0002", "use of a deprecated type";
 }
 
 impl fmt::Display for ErrorCode {

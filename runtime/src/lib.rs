@@ -13,14 +13,15 @@
 
 pub mod config;
 pub mod db;
+pub mod dispatcher;
 pub mod duration;
 pub mod envelope;
-// Receiver side (inbox, receiver): rt2.
 pub mod inbox;
-pub mod receiver;
-// End of receiver side.
 pub mod metrics;
+pub mod outbox;
+pub mod receiver;
 pub mod signing;
+pub mod transport;
 pub mod types;
 
 // Re-exported for generated code, so user crates need no direct dependency.

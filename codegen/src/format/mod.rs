@@ -23,6 +23,9 @@ pub fn format_source(text: &str) -> Result<String, Box<Diagnostic>> {
         out: Vec::new(),
         comments: comments(text),
         next_comment: 0,
+        line_starts: std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(index, _)| index + 1))
+            .collect(),
         text,
     };
     printer.file(&file);
@@ -95,13 +98,15 @@ struct Printer<'a> {
     out: Vec<String>,
     comments: Vec<Comment>,
     next_comment: usize,
+    /// Byte offset where each line starts, for [`Printer::line_of`].
+    line_starts: Vec<usize>,
     text: &'a str,
 }
 
 impl Printer<'_> {
+    /// The 1-based line of `byte` (a binary search: formatting stays linear).
     fn line_of(&self, byte: usize) -> usize {
-        let bytes = &self.text.as_bytes()[..byte.min(self.text.len())];
-        bytes.iter().filter(|b| **b == b'\n').count() + 1
+        self.line_starts.partition_point(|start| *start <= byte)
     }
 
     fn push(&mut self, depth: usize, line: impl AsRef<str>) {
@@ -242,6 +247,7 @@ impl Printer<'_> {
     fn record(&mut self, record: &ast::Record) {
         self.docs(0, &record.docs);
         self.annotations(0, &record.annotations);
+        self.comments_before(0, record.name.span.start);
         self.block(
             format!("record {}", record.name.text),
             record.name.span.end,
@@ -258,6 +264,7 @@ impl Printer<'_> {
         self.comments_before(depth, field.span.start);
         self.docs(depth, &field.docs);
         self.annotations(depth, &field.annotations);
+        self.comments_before(depth, field.name.span.start);
         self.push(
             depth,
             format!("{}: {}{terminator}", field.name.text, type_text(&field.ty)),
@@ -268,6 +275,7 @@ impl Printer<'_> {
     fn enumeration(&mut self, enumeration: &ast::Enum) {
         self.docs(0, &enumeration.docs);
         self.annotations(0, &enumeration.annotations);
+        self.comments_before(0, enumeration.name.span.start);
         self.block(
             format!("enum {}", enumeration.name.text),
             enumeration.name.span.end,
@@ -277,6 +285,7 @@ impl Printer<'_> {
                     p.comments_before(1, variant.span.start);
                     p.docs(1, &variant.docs);
                     p.annotations(1, &variant.annotations);
+                    p.comments_before(1, variant.name.span.start);
                     p.push(1, format!("{},", variant.name.text));
                     p.trailing_comment(variant.span.end);
                 }
@@ -287,7 +296,12 @@ impl Printer<'_> {
     fn service(&mut self, service: &ast::Service) {
         self.docs(0, &service.docs);
         self.annotations(0, &service.annotations);
-        let version = &self.text[service.version_span.start..service.version_span.end];
+        self.comments_before(0, service.name.span.start);
+        // `v01` is printed `v1`; a number too large for a version is kept as written.
+        let version = match service.version {
+            Some(number) => format!("v{number}"),
+            None => self.text[service.version_span.start..service.version_span.end].to_owned(),
+        };
         let header = format!("service {} {version}", service.name.text);
         self.block(header, service.version_span.end, service.span.end, |p| {
             for (index, method) in service.methods.iter().enumerate() {
@@ -303,18 +317,25 @@ impl Printer<'_> {
         self.comments_before(1, method.span.start);
         self.docs(1, &method.docs);
         self.annotations(1, &method.annotations);
+        // Comments before the name go above the signature.
+        self.comments_before(1, method.name.span.start);
         let response = method
             .response
             .as_ref()
             .map(|r| format!(" -> {}", type_text(r)))
             .unwrap_or_default();
-        let simple_params = method.params.iter().all(|p| {
-            p.docs.is_empty()
-                && p.annotations.is_empty()
-                && !self.comments[self.next_comment..]
-                    .iter()
-                    .any(|c| c.start < method.span.end && c.start > p.span.start)
-        });
+        // Any comment left inside the method (in or after the parameter
+        // list, before `;`) forces one parameter per line, and is printed
+        // before the closing `)`: where the next run finds it again.
+        let comment_inside = self
+            .comments
+            .get(self.next_comment)
+            .is_some_and(|c| c.start < method.span.end);
+        let simple_params = !comment_inside
+            && method
+                .params
+                .iter()
+                .all(|p| p.docs.is_empty() && p.annotations.is_empty());
         let inline: Vec<String> = method
             .params
             .iter()
@@ -336,6 +357,7 @@ impl Printer<'_> {
             for param in &method.params {
                 self.field(2, param, ",");
             }
+            self.comments_before(2, method.span.end);
             self.push(1, format!("){response};"));
         }
         self.trailing_comment(method.span.end);

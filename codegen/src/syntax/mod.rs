@@ -104,7 +104,19 @@ fn syntax_error(file: FileId, text: &str, error: pest::error::Error<Rule>) -> Di
     let furthest = error
         .parse_attempts()
         .map_or(reported, |attempts| attempts.max_position);
-    let position = furthest.max(reported);
+    let mut position = furthest.max(reported);
+    if let Some(open) = unterminated_string(text, position) {
+        let line_end = text[open..]
+            .find(['\r', '\n'])
+            .map_or(text.len(), |n| open + n);
+        return Diagnostic::error(
+            ErrorCode::InvalidString,
+            Span::new(file, open, line_end),
+            "unterminated string",
+        )
+        .with_label("this string is not closed")
+        .with_help("close it with `\"` on the same line: strings cannot span lines");
+    }
     let mut expected: Vec<String> = Vec::new();
     if let Some(attempts) = error.parse_attempts() {
         // Literal tokens the grammar tried here (`;`, `}`, `->`, keywords);
@@ -121,6 +133,11 @@ fn syntax_error(file: FileId, text: &str, error: pest::error::Error<Rule>) -> Di
             }
         }
     }
+    // No literal token explains the furthest point (a character class was
+    // expected, as in `v` without digits): explain where pest stopped instead.
+    if expected.is_empty() {
+        position = reported;
+    }
     if position == reported
         && let pest::error::ErrorVariant::ParsingError { positives, .. } = &error.variant
     {
@@ -133,6 +150,17 @@ fn syntax_error(file: FileId, text: &str, error: pest::error::Error<Rule>) -> Di
     }
     expected.sort();
     expected.dedup();
+    // `a type` covers `list` and `map`; a field, variant or method may start
+    // with an annotation, which says nothing the user needs to hear.
+    if expected.iter().any(|e| e == "a type") {
+        expected.retain(|e| e != "`list`" && e != "`map`");
+    }
+    if expected
+        .iter()
+        .any(|e| matches!(e.as_str(), "a field" | "a variant") || e.starts_with("a method"))
+    {
+        expected.retain(|e| e != "`@`");
+    }
     let found = describe_found(text, position);
     let message = match expected.len() {
         0 => format!("unexpected {found}"),
@@ -142,7 +170,11 @@ fn syntax_error(file: FileId, text: &str, error: pest::error::Error<Rule>) -> Di
             format!("expected {} or {last}, found {found}", rest.join(", "))
         }
     };
-    let end = position + text[position..].chars().next().map_or(0, char::len_utf8);
+    // A line break is shown as the end of its line, not as a span onto the next.
+    let end = match text[position..].chars().next() {
+        Some('\r' | '\n') | None => position,
+        Some(c) => position + c.len_utf8(),
+    };
     let word_end = text[position..]
         .find(|c: char| !(c.is_alphanumeric() || c == '_'))
         .map_or(text.len(), |length| position + length)
@@ -151,7 +183,7 @@ fn syntax_error(file: FileId, text: &str, error: pest::error::Error<Rule>) -> Di
     // When the problem is a missing token at the end of a line (`package
     // shop` without `;`), point where it belongs, like rustc, rather than at
     // whatever starts the next line.
-    let before = text[..position].trim_end_matches([' ', '\t', '\r', '\n']);
+    let before = &text[..end_of_last_token(text, position)];
     let mut diagnostic = match before.chars().next_back() {
         Some(last) if text[before.len()..position].contains('\n') => {
             let at = before.len() - last.len_utf8();
@@ -179,6 +211,61 @@ fn syntax_error(file: FileId, text: &str, error: pest::error::Error<Rule>) -> Di
             diagnostic.with_help("a contract starts with its package: `package hr.employees;`");
     }
     diagnostic
+}
+
+/// Where the last token before `position` ends, skipping whitespace and
+/// `//` comments.
+fn end_of_last_token(text: &str, position: usize) -> usize {
+    let mut end = position;
+    loop {
+        let trimmed = text[..end].trim_end_matches([' ', '\t', '\r', '\n']);
+        let line_start = trimmed.rfind('\n').map_or(0, |n| n + 1);
+        match comment_start(&trimmed[line_start..]) {
+            Some(offset) => end = line_start + offset,
+            None => return trimmed.len(),
+        }
+    }
+}
+
+/// Byte offset of a `//` comment in one line, outside string literals.
+fn comment_start(line: &str) -> Option<usize> {
+    let bytes = line.as_bytes();
+    let mut in_string = false;
+    let mut index = 0;
+    while index < bytes.len() {
+        match (in_string, bytes[index]) {
+            (false, b'/') if bytes.get(index + 1) == Some(&b'/') => return Some(index),
+            (false, b'"') => in_string = true,
+            (true, b'\\') => index += 1,
+            (true, b'"') => in_string = false,
+            _ => {}
+        }
+        index += 1;
+    }
+    None
+}
+
+/// If `position` (where parsing failed) is inside a string literal opened on
+/// its line and the line ends there, the byte offset of the opening quote.
+fn unterminated_string(text: &str, position: usize) -> Option<usize> {
+    if !matches!(text[position..].chars().next(), None | Some('\r' | '\n')) {
+        return None;
+    }
+    let line_start = text[..position].rfind('\n').map_or(0, |n| n + 1);
+    let line = &text.as_bytes()[line_start..position];
+    let mut open = None;
+    let mut index = 0;
+    while index < line.len() {
+        match (open, line[index]) {
+            (None, b'/') if line.get(index + 1) == Some(&b'/') => return None,
+            (None, b'"') => open = Some(line_start + index),
+            (Some(_), b'\\') => index += 1,
+            (Some(_), b'"') => open = None,
+            _ => {}
+        }
+        index += 1;
+    }
+    open
 }
 
 fn describe_found(text: &str, position: usize) -> String {

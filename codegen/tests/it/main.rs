@@ -1,7 +1,10 @@
 //! Integration tests for rfidl-codegen (one binary: see house style).
 
+mod check;
 mod cli;
 mod format;
+mod format_properties;
 mod generate;
 mod robustness;
+mod schemas;
 mod ui;

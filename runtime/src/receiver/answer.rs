@@ -54,8 +54,10 @@ pub enum ReceiveError {
     HandlerFailed(String),
     #[error("a copy of this message is still being processed; retry later")]
     InProgress,
-    #[error("receiver unavailable: {0}")]
+    #[error("storage unavailable: {0}")]
     Unavailable(String),
+    #[error("the receiver is shutting down")]
+    ShuttingDown,
     #[error("no route for {0}")]
     NotFound(String),
     #[error("method {method} is not allowed on {path}")]
@@ -77,7 +79,9 @@ impl ReceiveError {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
             Self::HandlerFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::InProgress | Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::InProgress | Self::Unavailable(_) | Self::ShuttingDown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
@@ -98,7 +102,8 @@ impl ReceiveError {
             Self::Poison(_) => "poison",
             Self::HandlerFailed(_) => "handler_failed",
             Self::InProgress => "in_progress",
-            Self::Unavailable(_) => "unavailable",
+            Self::Unavailable(_) => "storage_unavailable",
+            Self::ShuttingDown => "shutting_down",
             Self::NotFound(_) => "not_found",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
         }
@@ -107,7 +112,7 @@ impl ReceiveError {
     /// `Retry-After` seconds for the refusals that ask for a later retry.
     pub fn retry_after_secs(&self) -> Option<u32> {
         match self {
-            Self::InProgress | Self::Unavailable(_) => Some(1),
+            Self::InProgress | Self::Unavailable(_) | Self::ShuttingDown => Some(1),
             _ => None,
         }
     }

@@ -11,7 +11,6 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use uuid::Uuid;
 
 use crate::envelope::MessageType;
 
@@ -40,13 +39,14 @@ pub struct HostedInterface {
 /// Every field comes from the envelope; `source` is authenticated (its
 /// signature matched one of that source's secrets) unless verification was
 /// turned off with
-/// [`ReceiverBuilder::danger_accept_unsigned_messages`](crate::receiver::ReceiverBuilder::danger_accept_unsigned_messages).
+/// [`ReceiverBuilder::danger_accept_unsigned_for_local_development`](crate::receiver::ReceiverBuilder::danger_accept_unsigned_for_local_development).
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct IncomingCall<'a> {
     /// `sourceServiceId`: the sending service.
     pub source: &'a str,
-    pub message_id: Uuid,
+    /// `messageId`, lower-case hyphenated UUID (the inbox key; store it as TEXT).
+    pub message_id: &'a str,
     pub correlation_id: Option<&'a str>,
     pub message_type: MessageType,
     pub interface: &'a str,
@@ -63,7 +63,7 @@ pub struct IncomingCall<'a> {
 
 /// Why a handler did not process a message. Its effects are rolled back in
 /// every case; the variant decides what the sender is told.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum HandlerError {
     /// The payload does not fit the method's parameters: 422
@@ -82,25 +82,37 @@ pub enum HandlerError {
     /// its `handle` does not route: 404 `unknown_endpoint`.
     #[error("endpoint `{0}` is not routed by this service")]
     UnknownEndpoint(String),
-    /// A database error from the handler's own statements: retryable (500).
-    #[error("database error in handler: {0}")]
-    Database(#[from] rusqlite::Error),
+}
+
+/// A database error in a handler is worth retrying (busy, locked, I/O), so
+/// handlers can `?` their statements.
+impl From<rusqlite::Error> for HandlerError {
+    fn from(error: rusqlite::Error) -> Self {
+        HandlerError::Retryable(format!("database: {error}"))
+    }
+}
+
+/// A handler that enqueues follow-up messages can `?` outbox errors.
+impl From<crate::outbox::OutboxError> for HandlerError {
+    fn from(error: crate::outbox::OutboxError) -> Self {
+        HandlerError::Retryable(format!("outbox: {error}"))
+    }
 }
 
 impl HandlerError {
     /// A failure worth retrying (500 `handler_failed`).
-    pub fn retryable(message: impl Into<String>) -> Self {
-        Self::Retryable(message.into())
+    pub fn retryable(message: impl std::fmt::Display) -> Self {
+        Self::Retryable(message.to_string())
     }
 
     /// A message that can never succeed (422 `poison`).
-    pub fn poison(message: impl Into<String>) -> Self {
-        Self::Poison(message.into())
+    pub fn poison(message: impl std::fmt::Display) -> Self {
+        Self::Poison(message.to_string())
     }
 
     /// A payload that does not fit the contract (422 `payload_mismatch`).
-    pub fn payload_mismatch(message: impl Into<String>) -> Self {
-        Self::PayloadMismatch(message.into())
+    pub fn payload_mismatch(message: impl std::fmt::Display) -> Self {
+        Self::PayloadMismatch(message.to_string())
     }
 
     /// An endpoint the service does not route (404 `unknown_endpoint`).

@@ -166,7 +166,7 @@ impl ReceiverBuilder {
     /// `webhook-*` header is checked. Anyone who can reach the receiver can
     /// then make it run handlers. For local development only; logged as a
     /// warning at build time.
-    pub fn danger_accept_unsigned_messages(mut self) -> Self {
+    pub fn danger_accept_unsigned_for_local_development(mut self) -> Self {
         self.verification = Verification::DisabledForLocalDevelopment;
         self
     }
@@ -259,7 +259,7 @@ impl ReceiverBuilder {
                 verification: self.verification,
                 secrets,
                 routes,
-                metadata: serde_json::Value::Array(metadata),
+                metadata: serde_json::json!({ "interfaces": metadata }),
                 reader: Arc::new(reader),
                 commands,
                 metrics,
@@ -294,7 +294,7 @@ pub struct Receiver {
 impl std::fmt::Debug for Receiver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Receiver")
-            .field("hosted", &self.shared.metadata.as_array().map(Vec::len))
+            .field("routes", &self.shared.routes.len())
             .finish_non_exhaustive()
     }
 }
@@ -320,9 +320,10 @@ impl Receiver {
         }
     }
 
-    /// The receiver's routes, ready to serve or to merge into an application
-    /// router. Paths under `/_rf/` that are not routes answer a JSON 404, and
-    /// wrong methods a JSON 405; other paths are left to the application.
+    /// The receiver's routes, ready to merge into an application router (or
+    /// to serve: see also [`standalone_router`](Self::standalone_router)).
+    /// Paths under `/_rf/` that are not routes answer a JSON 404 and wrong
+    /// methods a JSON 405; other paths are left to the application.
     pub fn router(&self) -> Router {
         Router::new()
             .route(RECEIVE_PATH, post(receive_one).fallback(method_not_allowed))
@@ -339,11 +340,20 @@ impl Receiver {
     }
 
     /// The metrics this receiver counts into.
-    pub fn metrics(&self) -> Arc<Metrics> {
-        Arc::clone(&self.shared.metrics)
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.shared.metrics
     }
 
-    /// The hosted interfaces, as served by `GET /_rf/metadata`.
+    /// The same routes plus a JSON 404 for every other path: for a server
+    /// whose only job is receiving. (Axum refuses to merge two routers that
+    /// both have a fallback, so [`router`](Self::router) leaves the
+    /// application's own fallback alone.)
+    pub fn standalone_router(&self) -> Router {
+        self.router().fallback(not_found)
+    }
+
+    /// `{"interfaces": [{interface, version, fingerprint, endpoints, manifest}]}`,
+    /// as served by `GET /_rf/metadata`.
     pub fn metadata(&self) -> &serde_json::Value {
         &self.shared.metadata
     }
@@ -719,21 +729,11 @@ impl Shared {
         let job = Job { deliveries, reply };
         let wait = async {
             if self.commands.send(Command::Deliver(job)).await.is_err() {
-                return vec![
-                    Answer::Refused(ReceiveError::Unavailable(
-                        "the receiver is shutting down".to_owned()
-                    ));
-                    count
-                ];
+                return vec![Answer::Refused(ReceiveError::ShuttingDown); count];
             }
-            answered.await.unwrap_or_else(|_| {
-                vec![
-                    Answer::Refused(ReceiveError::Unavailable(
-                        "the writer stopped before answering".to_owned()
-                    ));
-                    count
-                ]
-            })
+            answered
+                .await
+                .unwrap_or_else(|_| vec![Answer::Refused(ReceiveError::ShuttingDown); count])
         };
         match tokio::time::timeout(self.in_progress_wait, wait).await {
             Ok(answers) => answers,

@@ -243,7 +243,7 @@ impl Handlers {
         }
         let call = IncomingCall {
             source,
-            message_id: envelope.message_id,
+            message_id: &delivery.message_id,
             correlation_id: envelope.correlation_id.as_deref(),
             message_type: envelope.message_type,
             interface: &envelope.interface,
@@ -317,7 +317,6 @@ fn refusal_of(handler_error: HandlerError, envelope: &Envelope) -> ReceiveError 
             version: envelope.version,
             endpoint,
         },
-        HandlerError::Database(e) => ReceiveError::HandlerFailed(format!("database error: {e}")),
     }
 }
 

@@ -148,7 +148,7 @@ async fn shutdown_finishes_and_later_requests_are_retryable() {
         .assert_acknowledged(false);
     fixture.receiver.shutdown().await;
     let after = fixture.post(&Message::hired("after shutdown")).await;
-    after.assert_error(503, "unavailable");
+    after.assert_error(503, "shutting_down");
     assert_eq!(after.retry_after.as_deref(), Some("1"));
     assert_eq!(fixture.count("inbox_messages"), 1);
 }

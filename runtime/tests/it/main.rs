@@ -1,6 +1,11 @@
-//! Integration tests for rfidl-runtime (one binary: see house style).
+//! Integration tests for rfidl-runtime (one binary: see house style). Real
+//! SQLite files in temp dirs, real HTTP on 127.0.0.1.
+
+mod dispatcher;
 mod interop;
-// Receiver side (rt2).
+mod receiver;
+mod support;
+// Receiver side (rt2): exactly-once, the wire's order of checks, batches.
 mod exactly_once;
-mod receiver_wire;
 mod receiver_fixture;
+mod receiver_wire;

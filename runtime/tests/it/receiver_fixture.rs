@@ -92,7 +92,7 @@ impl HostedService for Employees {
                     rusqlite::params![
                         hired.employee.id,
                         hired.employee.name,
-                        call.message_id.to_string(),
+                        call.message_id,
                         call.version
                     ],
                 )?;
@@ -223,7 +223,7 @@ impl Fixture {
     }
 
     pub fn metrics(&self) -> Arc<Metrics> {
-        self.receiver.metrics()
+        Arc::clone(self.receiver.metrics())
     }
 
     /// Posts `body` with the given headers to `/_rf/receive`.

@@ -423,7 +423,7 @@ async fn metadata_lists_hosted_interfaces_with_manifests() {
     )
     .await;
     assert_eq!(reply.status, 200);
-    let list = reply.body.as_array().expect("array");
+    let list = reply.body["interfaces"].as_array().expect("array");
     assert_eq!(list.len(), 2);
     assert_eq!(list[0]["interface"], INTERFACE);
     assert_eq!(list[0]["version"], 1);
@@ -521,7 +521,7 @@ async fn batch_answers_each_item_in_order() {
 
 #[tokio::test]
 async fn verification_is_off_only_when_asked_loudly() {
-    let fixture = Fixture::start_with(|b| b.danger_accept_unsigned_messages()).await;
+    let fixture = Fixture::start_with(|b| b.danger_accept_unsigned_for_local_development()).await;
     let message = Message::hired("unsigned");
     fixture
         .post_raw(&[], message.body())

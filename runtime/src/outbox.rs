@@ -1,0 +1,339 @@
+//! The sending side's storage: messages are written to `outbox_messages` in
+//! the caller's own transaction, so a business change and its message commit
+//! or roll back together.
+//!
+//! **Waking the dispatcher.** `enqueue` runs before the caller commits, so
+//! the row is not visible yet when the dispatcher is told about it. The
+//! outbox therefore notifies the dispatcher and the dispatcher, when a
+//! wake-up finds nothing due, looks again a few times over a short backoff
+//! (1, 2, 4 … 64 ms) before it falls back to its poll interval. A committed
+//! message is thus sent within milliseconds; a rolled-back one costs a few
+//! cheap index look-ups. The poll (default 1 s) remains the safety net for
+//! rows written by other processes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rusqlite::{Transaction, params};
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+use crate::config::Config;
+use crate::db;
+use crate::envelope::MessageType;
+use crate::metrics::Metrics;
+
+/// A message to send, as generated clients build it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutgoingMessage {
+    /// A destination name, mapped to a transport and URL by the dispatcher.
+    pub destination: String,
+    pub message_type: MessageType,
+    pub interface: String,
+    pub version: u32,
+    pub fingerprint: String,
+    pub endpoint: String,
+    pub correlation_id: Option<String>,
+    /// One member per method parameter.
+    pub payload: serde_json::Value,
+    pub headers: BTreeMap<String, String>,
+    /// `@delivery(max_retries)`; the configured default when `None`.
+    pub max_retries: Option<u32>,
+    /// `@delivery(ttl)`; the configured default when `None`.
+    pub ttl: Option<Duration>,
+}
+
+/// Why a message could not be written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutboxError {
+    #[error("outbox database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("cannot encode the payload: {0}")]
+    Encode(#[from] serde_json::Error),
+    #[error(transparent)]
+    Db(#[from] db::DbError),
+    #[error("the outbox writer stopped")]
+    Stopped,
+    /// A shared commit failed; no message of that group was written.
+    #[error("outbox write failed: {0}")]
+    Write(String),
+}
+
+/// A handle to write messages. Cheap to clone.
+#[derive(Clone)]
+pub struct Outbox {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Config,
+    metrics: Arc<Metrics>,
+    wake: Arc<Notify>,
+    db_path: Option<PathBuf>,
+    sender: std::sync::Mutex<Option<tokio::sync::mpsc::Sender<SendJob>>>,
+}
+
+impl std::fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbox")
+            .field("db_path", &self.inner.db_path)
+            .finish()
+    }
+}
+
+type SendJob = (
+    OutgoingMessage,
+    tokio::sync::oneshot::Sender<Result<Uuid, OutboxError>>,
+);
+
+impl Outbox {
+    /// An outbox for `enqueue` in the caller's transactions. `db_path` is the
+    /// database the caller writes to (and the dispatcher reads); it is needed
+    /// only by [`Outbox::send`].
+    pub fn new(config: Config, db_path: impl AsRef<Path>) -> Self {
+        Self::with_metrics(config, db_path, Arc::new(Metrics::default()))
+    }
+
+    pub fn with_metrics(config: Config, db_path: impl AsRef<Path>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                config,
+                metrics,
+                wake: Arc::new(Notify::new()),
+                db_path: Some(db_path.as_ref().to_path_buf()),
+                sender: std::sync::Mutex::new(None),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// The dispatcher waits on this.
+    pub(crate) fn wake_handle(&self) -> Arc<Notify> {
+        self.inner.wake.clone()
+    }
+
+    /// Writes `message` in `tx`; it is sent if and only if `tx` commits.
+    pub fn enqueue(
+        &self,
+        tx: &Transaction<'_>,
+        message: OutgoingMessage,
+    ) -> Result<Uuid, OutboxError> {
+        let id = insert(tx, &self.inner.config, &message)?;
+        self.inner.metrics.outbox_enqueued.inc();
+        self.inner.wake.notify_one();
+        Ok(id)
+    }
+
+    /// Writes `message` in a transaction of its own and commits it.
+    /// Concurrent calls share commits (one writer thread, group commit), so
+    /// many callers together go much faster than one commit each.
+    pub async fn send(&self, message: OutgoingMessage) -> Result<Uuid, OutboxError> {
+        let sender = self.send_writer()?;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        sender
+            .send((message, reply))
+            .await
+            .map_err(|_| OutboxError::Stopped)?;
+        let id = answer.await.map_err(|_| OutboxError::Stopped)??;
+        self.inner.metrics.outbox_enqueued.inc();
+        self.inner.wake.notify_one();
+        Ok(id)
+    }
+
+    fn send_writer(&self) -> Result<tokio::sync::mpsc::Sender<SendJob>, OutboxError> {
+        let mut guard = self.inner.sender.lock().map_err(|_| OutboxError::Stopped)?;
+        if let Some(sender) = guard.as_ref() {
+            return Ok(sender.clone());
+        }
+        let path = self.inner.db_path.clone().ok_or(OutboxError::Stopped)?;
+        let mut conn = db::open(&path, self.inner.config.outbox.durability)?;
+        let config = self.inner.config.clone();
+        let (sender, mut receiver) = tokio::sync::mpsc::channel::<SendJob>(1024);
+        std::thread::Builder::new()
+            .name("rfidl-outbox-send".into())
+            .spawn(move || {
+                let mut group = Vec::new();
+                while let Some(first) = receiver.blocking_recv() {
+                    group.push(first);
+                    while group.len() < 512 {
+                        match receiver.try_recv() {
+                            Ok(job) => group.push(job),
+                            Err(_) => break,
+                        }
+                    }
+                    let results = write_group(&mut conn, &config, &group);
+                    for ((_, reply), result) in group.drain(..).zip(results) {
+                        let _ = reply.send(result);
+                    }
+                }
+            })
+            .map_err(|_| OutboxError::Stopped)?;
+        *guard = Some(sender.clone());
+        Ok(sender)
+    }
+}
+
+fn write_group(
+    conn: &mut rusqlite::Connection,
+    config: &Config,
+    group: &[SendJob],
+) -> Vec<Result<Uuid, OutboxError>> {
+    let tx = match conn.transaction() {
+        Ok(tx) => tx,
+        Err(error) => {
+            return group
+                .iter()
+                .map(|_| Err(OutboxError::Write(error.to_string())))
+                .collect();
+        }
+    };
+    let mut ids = Vec::with_capacity(group.len());
+    for (message, _) in group {
+        match insert(&tx, config, message) {
+            Ok(id) => ids.push(id),
+            Err(error) => {
+                let text = error.to_string();
+                drop(tx);
+                return group
+                    .iter()
+                    .map(|_| Err(OutboxError::Write(text.clone())))
+                    .collect();
+            }
+        }
+    }
+    match tx.commit() {
+        Ok(()) => ids.into_iter().map(Ok).collect(),
+        Err(error) => group
+            .iter()
+            .map(|_| Err(OutboxError::Write(error.to_string())))
+            .collect(),
+    }
+}
+
+/// The INSERT itself, shared by `enqueue` and `send`.
+fn insert(
+    conn: &rusqlite::Connection,
+    config: &Config,
+    message: &OutgoingMessage,
+) -> Result<Uuid, OutboxError> {
+    let id = Uuid::now_v7();
+    let now = db::now_ms();
+    let ttl = message.ttl.unwrap_or(config.outbox.ttl);
+    let max_retries = message.max_retries.unwrap_or(config.outbox.max_retries);
+    let mut statement = conn.prepare_cached(
+        "INSERT INTO outbox_messages (message_id, correlation_id, message_type, destination, interface, version, \
+         fingerprint, endpoint, payload, headers, status, max_retries, next_retry_at, created_at, expires_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'Pending', ?11, ?12, ?12, ?13)",
+    )?;
+    statement.execute(params![
+        id.to_string(),
+        message.correlation_id,
+        message.message_type.as_str(),
+        message.destination,
+        message.interface,
+        message.version,
+        message.fingerprint,
+        message.endpoint,
+        serde_json::to_string(&message.payload)?,
+        serde_json::to_string(&message.headers)?,
+        max_retries,
+        now,
+        now + ttl.as_millis() as i64,
+    ])?;
+    Ok(id)
+}
+
+/// The statuses of the `outbox_messages.status` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Status {
+    Pending,
+    Sending,
+    Sent,
+    Failed,
+    DeadLetter,
+    Expired,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "Pending",
+            Status::Sending => "Sending",
+            Status::Sent => "Sent",
+            Status::Failed => "Failed",
+            Status::DeadLetter => "DeadLetter",
+            Status::Expired => "Expired",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        [
+            Status::Pending,
+            Status::Sending,
+            Status::Sent,
+            Status::Failed,
+            Status::DeadLetter,
+            Status::Expired,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == text)
+    }
+}
+
+/// One row, for diagnostics and tests.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct OutboxRow {
+    pub message_id: String,
+    pub destination: String,
+    pub endpoint: String,
+    pub status: Status,
+    pub retry_count: u32,
+    pub max_retries: u32,
+    pub last_error: Option<String>,
+    pub response: Option<serde_json::Value>,
+}
+
+/// Reads one row.
+pub fn row(conn: &rusqlite::Connection, message_id: &Uuid) -> rusqlite::Result<Option<OutboxRow>> {
+    use rusqlite::OptionalExtension as _;
+    conn.query_row(
+        "SELECT message_id, destination, endpoint, status, retry_count, max_retries, last_error, response \
+         FROM outbox_messages WHERE message_id = ?1",
+        params![message_id.to_string()],
+        |r| {
+            let status: String = r.get(3)?;
+            let response: Option<String> = r.get(7)?;
+            Ok(OutboxRow {
+                message_id: r.get(0)?,
+                destination: r.get(1)?,
+                endpoint: r.get(2)?,
+                status: Status::parse(&status).unwrap_or(Status::Pending),
+                retry_count: r.get(4)?,
+                max_retries: r.get(5)?,
+                last_error: r.get(6)?,
+                response: response.and_then(|t| serde_json::from_str(&t).ok()),
+            })
+        },
+    )
+    .optional()
+}
+
+/// Row counts per status.
+pub fn counts(conn: &rusqlite::Connection) -> rusqlite::Result<BTreeMap<String, u64>> {
+    let mut statement =
+        conn.prepare("SELECT status, COUNT(*) FROM outbox_messages GROUP BY status")?;
+    let rows = statement.query_map([], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
+    })?;
+    rows.collect()
+}

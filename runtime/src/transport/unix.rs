@@ -1,0 +1,83 @@
+//! HTTP/1.1 over a Unix domain socket (`unix:///run/rfidl/engine.sock`), for
+//! peers on the same machine. A fresh connection per request keeps it simple;
+//! a socket connect costs microseconds.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http_body_util::{BodyExt as _, Full};
+use hyper::Request;
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+
+use super::{
+    OutgoingRequest, SendFuture, Transport, TransportError, TransportResponse, retry_after,
+};
+
+#[derive(Debug, Clone)]
+pub struct UnixSocketTransport {
+    path: PathBuf,
+    timeout: Duration,
+}
+
+impl UnixSocketTransport {
+    pub fn new(path: impl Into<PathBuf>, timeout: Duration) -> Self {
+        Self {
+            path: path.into(),
+            timeout,
+        }
+    }
+}
+
+impl Transport for UnixSocketTransport {
+    fn send(&self, request: OutgoingRequest) -> SendFuture<'_> {
+        Box::pin(async move {
+            let exchange = async {
+                let stream = tokio::net::UnixStream::connect(&self.path)
+                    .await
+                    .map_err(|e| {
+                        TransportError::Connect(format!("{}: {e}", self.path.display()))
+                    })?;
+                let (mut sender, connection) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                        .await
+                        .map_err(|e| TransportError::Connect(e.to_string()))?;
+                let driver = tokio::spawn(connection);
+                let mut builder = Request::post(request.path)
+                    .header("host", "localhost")
+                    .header("content-type", "application/json");
+                for (name, value) in request.headers {
+                    builder = builder.header(name, value);
+                }
+                let http_request = builder
+                    .body(Full::new(Bytes::from(request.body)))
+                    .map_err(|e| TransportError::Other(e.to_string()))?;
+                let response = sender
+                    .send_request(http_request)
+                    .await
+                    .map_err(|e| TransportError::Other(e.to_string()))?;
+                let status = response.status().as_u16();
+                let retry_after = retry_after(
+                    response
+                        .headers()
+                        .get("retry-after")
+                        .and_then(|v| v.to_str().ok()),
+                );
+                let body = response
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| TransportError::Other(e.to_string()))?;
+                driver.abort();
+                Ok(TransportResponse {
+                    status,
+                    body: body.to_bytes().to_vec(),
+                    retry_after,
+                })
+            };
+            tokio::time::timeout(self.timeout, exchange)
+                .await
+                .map_err(|_| TransportError::Timeout)?
+        })
+    }
+}

@@ -1,0 +1,489 @@
+//! The sender side over real HTTP: outbox rows move to the status the wire
+//! protocol's response table names; retries, TTL, leases, fencing, the
+//! enqueue fast path, every transport, and sender -> receiver exactly once.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use rfidl_runtime::Config;
+use rfidl_runtime::dispatcher::Dispatcher;
+use rfidl_runtime::outbox::{Outbox, OutgoingMessage, Status};
+use rfidl_runtime::signing::Secret;
+use rfidl_runtime::transport::{HttpTransport, InProcessTransport, UnixSocketTransport};
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::support::{self, count, serve};
+
+/// Fast settings: 10 ms backoff, no jitter, 2 retries, 200 ms request timeout.
+fn sender_config(poll: Duration) -> Config {
+    let mut config = Config {
+        service_id: support::SOURCE.into(),
+        ..Config::default()
+    };
+    config.outbox.poll_interval = poll;
+    config.outbox.backoff_base = Duration::from_millis(10);
+    config.outbox.backoff_max = Duration::from_millis(40);
+    config.outbox.jitter = Duration::ZERO;
+    config.outbox.max_retries = 2;
+    config.outbox.request_timeout = Duration::from_millis(300);
+    config.outbox.lease_timeout = Duration::from_secs(30);
+    config
+}
+
+fn message(destination: &str, endpoint: &str, payload: serde_json::Value) -> OutgoingMessage {
+    OutgoingMessage {
+        destination: destination.into(),
+        message_type: rfidl_runtime::MessageType::Command,
+        interface: support::INTERFACE.into(),
+        version: 1,
+        fingerprint: support::FINGERPRINT.into(),
+        endpoint: endpoint.into(),
+        correlation_id: Some("c-1".into()),
+        payload,
+        headers: Default::default(),
+        max_retries: None,
+        ttl: None,
+    }
+}
+
+fn enqueue(outbox: &Outbox, db: &Path, message: OutgoingMessage) -> Uuid {
+    let mut conn = rfidl_runtime::db::open(db, rfidl_runtime::Durability::Normal).expect("open");
+    let tx = conn.transaction().expect("tx");
+    let id = outbox.enqueue(&tx, message).expect("enqueue");
+    tx.commit().expect("commit");
+    id
+}
+
+fn status_of(db: &Path, id: &Uuid) -> rfidl_runtime::outbox::OutboxRow {
+    let conn = rusqlite::Connection::open(db).expect("open");
+    rfidl_runtime::outbox::row(&conn, id)
+        .expect("query")
+        .expect("row exists")
+}
+
+async fn wait_for(db: &Path, id: &Uuid, wanted: Status) -> rfidl_runtime::outbox::OutboxRow {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let row = status_of(db, id);
+        if row.status == wanted || Instant::now() > deadline {
+            assert_eq!(row.status, wanted, "{row:?}");
+            return row;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Answers by endpoint name: `S200`, `S409`, `S503`, … ; `Slow` never in time.
+#[derive(Clone, Default)]
+struct Scripted {
+    deliveries: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+async fn scripted(
+    State(script): State<Scripted>,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
+    let envelope: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let id = envelope["messageId"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    *script
+        .deliveries
+        .lock()
+        .expect("lock")
+        .entry(id)
+        .or_default() += 1;
+    let endpoint = envelope["endpoint"].as_str().unwrap_or_default();
+    match endpoint {
+        "S200" => {
+            axum::Json(json!({"acknowledged": true, "duplicate": false, "payload": {"ok": 1}}))
+                .into_response()
+        }
+        "S200dup" => {
+            axum::Json(json!({"acknowledged": true, "duplicate": true, "payload": {"ok": 2}}))
+                .into_response()
+        }
+        "Slow" => {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            StatusCode::OK.into_response()
+        }
+        other => {
+            let code: u16 = other.trim_start_matches('S').parse().unwrap_or(500);
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            (
+                status,
+                axum::Json(json!({"error": "scripted", "message": other})),
+            )
+                .into_response()
+        }
+    }
+}
+
+async fn scripted_server() -> (String, Scripted) {
+    let script = Scripted::default();
+    let router = axum::Router::new()
+        .route("/_rf/receive", axum::routing::post(scripted))
+        .with_state(script.clone());
+    let (url, _server) = serve(router).await;
+    (url, script)
+}
+
+#[tokio::test]
+async fn enqueue_follows_the_callers_transaction() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("sender.db");
+    let outbox = Outbox::new(sender_config(Duration::from_secs(1)), &db);
+    let mut conn = rfidl_runtime::db::open(&db, rfidl_runtime::Durability::Normal).expect("open");
+    conn.execute_batch("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+        .expect("table");
+    {
+        let tx = conn.transaction().expect("tx");
+        tx.execute("INSERT INTO orders DEFAULT VALUES", [])
+            .expect("business row");
+        outbox
+            .enqueue(&tx, message("x", "S200", json!({})))
+            .expect("enqueue");
+        tx.rollback().expect("rollback");
+    }
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM outbox_messages"), 0);
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM orders"), 0);
+    let tx = conn.transaction().expect("tx");
+    tx.execute("INSERT INTO orders DEFAULT VALUES", [])
+        .expect("business row");
+    outbox
+        .enqueue(&tx, message("x", "S200", json!({})))
+        .expect("enqueue");
+    tx.commit().expect("commit");
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM outbox_messages"), 1);
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM orders"), 1);
+}
+
+#[tokio::test]
+async fn each_answer_drives_the_row_to_the_status_the_wire_protocol_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("sender.db");
+    let (url, script) = scripted_server().await;
+    let outbox = Outbox::new(sender_config(Duration::from_millis(20)), &db);
+    let secret = Secret::generate();
+    let handle = Dispatcher::builder(&outbox, &db)
+        .route(
+            "peer",
+            HttpTransport::new(&url, Duration::from_millis(300)).expect("client"),
+            secret.clone(),
+        )
+        .route(
+            "nobody",
+            HttpTransport::new("http://127.0.0.1:9", Duration::from_millis(300)).expect("client"),
+            secret,
+        )
+        .start()
+        .expect("dispatcher");
+    let cases = [
+        ("peer", "S200", Status::Sent, 1),
+        ("peer", "S200dup", Status::Sent, 1),
+        ("peer", "S409", Status::Sent, 1),
+        ("peer", "S400", Status::DeadLetter, 1),
+        ("peer", "S404", Status::DeadLetter, 1),
+        ("peer", "S413", Status::DeadLetter, 1),
+        ("peer", "S422", Status::DeadLetter, 1),
+        ("peer", "S401", Status::DeadLetter, 3),
+        ("peer", "S429", Status::Failed, 3),
+        ("peer", "S500", Status::Failed, 3),
+        ("peer", "S503", Status::Failed, 3),
+        ("peer", "Slow", Status::Failed, 3),
+        ("nobody", "S200", Status::Failed, 0),
+    ];
+    let ids: Vec<Uuid> = cases
+        .iter()
+        .map(|(to, endpoint, _, _)| enqueue(&outbox, &db, message(to, endpoint, json!({}))))
+        .collect();
+    for ((to, endpoint, wanted, attempts), id) in cases.iter().zip(&ids) {
+        let row = wait_for(&db, id, *wanted).await;
+        let seen = script
+            .deliveries
+            .lock()
+            .expect("lock")
+            .get(&id.to_string())
+            .copied()
+            .unwrap_or(0);
+        assert_eq!(seen, *attempts, "{to}/{endpoint}: attempts");
+        if *wanted == Status::Failed {
+            assert_eq!(row.retry_count, 2, "{endpoint}: retried max_retries times");
+            assert!(row.last_error.is_some());
+        }
+    }
+    assert_eq!(
+        status_of(&db, &ids[0]).response,
+        Some(json!({"ok": 1})),
+        "the response is stored"
+    );
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn messages_past_their_ttl_expire_instead_of_being_sent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("sender.db");
+    let (url, script) = scripted_server().await;
+    let outbox = Outbox::new(sender_config(Duration::from_millis(20)), &db);
+    let id = enqueue(
+        &outbox,
+        &db,
+        OutgoingMessage {
+            ttl: Some(Duration::ZERO),
+            ..message("peer", "S200", json!({}))
+        },
+    );
+    let retrying = enqueue(
+        &outbox,
+        &db,
+        OutgoingMessage {
+            ttl: Some(Duration::from_millis(150)),
+            max_retries: Some(1000),
+            ..message("peer", "S503", json!({}))
+        },
+    );
+    let handle = Dispatcher::builder(&outbox, &db)
+        .route(
+            "peer",
+            HttpTransport::new(&url, Duration::from_millis(300)).expect("client"),
+            Secret::generate(),
+        )
+        .start()
+        .expect("dispatcher");
+    wait_for(&db, &id, Status::Expired).await;
+    assert_eq!(
+        script.deliveries.lock().expect("lock").get(&id.to_string()),
+        None,
+        "never sent"
+    );
+    let row = wait_for(&db, &retrying, Status::Expired).await;
+    assert!(
+        row.retry_count >= 1,
+        "it was retried until its TTL ran out: {row:?}"
+    );
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_crashed_dispatchers_lease_expires_and_its_stale_update_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("sender.db");
+    let (url, script) = scripted_server().await;
+    let outbox = Outbox::new(sender_config(Duration::from_millis(20)), &db);
+    let id = enqueue(&outbox, &db, message("peer", "S200", json!({})));
+    // A dispatcher claimed the row and died: Sending, with a lease already expired.
+    let conn = rusqlite::Connection::open(&db).expect("open");
+    conn.execute(
+        "UPDATE outbox_messages SET status = 'Sending', lease_token = 'crashed', next_retry_at = ?1",
+        [rfidl_runtime::db::now_ms() - 1],
+    )
+    .expect("simulate crash");
+    let handle = Dispatcher::builder(&outbox, &db)
+        .route(
+            "peer",
+            HttpTransport::new(&url, Duration::from_millis(300)).expect("client"),
+            Secret::generate(),
+        )
+        .start()
+        .expect("dispatcher");
+    wait_for(&db, &id, Status::Sent).await;
+    assert_eq!(
+        script.deliveries.lock().expect("lock").get(&id.to_string()),
+        Some(&1),
+        "re-sent once"
+    );
+    // The crashed dispatcher wakes up and tries to record its old attempt: fenced out.
+    let changed = conn
+        .execute(
+            "UPDATE outbox_messages SET status = 'Failed' WHERE message_id = ?1 AND lease_token = 'crashed' AND status = 'Sending'",
+            [id.to_string()],
+        )
+        .expect("update");
+    assert_eq!(changed, 0);
+    assert_eq!(status_of(&db, &id).status, Status::Sent);
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn two_dispatchers_on_one_database_never_send_a_message_twice() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("sender.db");
+    let (url, script) = scripted_server().await;
+    let outbox = Outbox::new(sender_config(Duration::from_millis(5)), &db);
+    let ids: Vec<Uuid> = (0..300)
+        .map(|_| enqueue(&outbox, &db, message("peer", "S200", json!({}))))
+        .collect();
+    let start = || {
+        Dispatcher::builder(&outbox, &db)
+            .route(
+                "peer",
+                HttpTransport::new(&url, Duration::from_secs(2)).expect("client"),
+                Secret::generate(),
+            )
+            .start()
+            .expect("dispatcher")
+    };
+    let (first, second) = (start(), start());
+    for id in &ids {
+        wait_for(&db, id, Status::Sent).await;
+    }
+    {
+        let deliveries = script.deliveries.lock().expect("lock");
+        assert_eq!(deliveries.len(), 300);
+        assert!(
+            deliveries.values().all(|n| *n == 1),
+            "a message was sent twice"
+        );
+    }
+    first.shutdown().await;
+    second.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_committed_enqueue_wakes_the_dispatcher_without_waiting_for_the_poll() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("sender.db");
+    let (url, _script) = scripted_server().await;
+    let outbox = Outbox::new(sender_config(Duration::from_secs(60)), &db);
+    let handle = Dispatcher::builder(&outbox, &db)
+        .route(
+            "peer",
+            HttpTransport::new(&url, Duration::from_secs(2)).expect("client"),
+            Secret::generate(),
+        )
+        .start()
+        .expect("dispatcher");
+    tokio::time::sleep(Duration::from_millis(200)).await; // the dispatcher is idle, polling every 60 s
+    let started = Instant::now();
+    let id = enqueue(&outbox, &db, message("peer", "S200", json!({})));
+    wait_for(&db, &id, Status::Sent).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+    // `send` (its own transaction) is just as fast.
+    let started = Instant::now();
+    let id = outbox
+        .send(message("peer", "S200", json!({})))
+        .await
+        .expect("send");
+    wait_for(&db, &id, Status::Sent).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+    handle.shutdown().await;
+}
+
+async fn end_to_end(transport_for: impl FnOnce(&support::TestReceiver, &Path) -> TransportChoice) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sender_secret = Secret::generate();
+    let receiver =
+        support::start_receiver(dir.path(), support::receiver_config(&[&sender_secret])).await;
+    let db: PathBuf = dir.path().join("sender.db");
+    let outbox = Outbox::new(sender_config(Duration::from_millis(50)), &db);
+    let builder = Dispatcher::builder(&outbox, &db);
+    let builder = match transport_for(&receiver, dir.path()) {
+        TransportChoice::Http(url) => builder.route(
+            "ledger",
+            HttpTransport::new(url, Duration::from_secs(2)).expect("client"),
+            sender_secret,
+        ),
+        TransportChoice::InProcess(router) => {
+            builder.route("ledger", InProcessTransport::new(router), sender_secret)
+        }
+        TransportChoice::Unix(path) => builder.route(
+            "ledger",
+            UnixSocketTransport::new(path, Duration::from_secs(2)),
+            sender_secret,
+        ),
+    };
+    let handle = builder.start().expect("dispatcher");
+    let ids: Vec<Uuid> = (0..20)
+        .map(|i| {
+            enqueue(
+                &outbox,
+                &db,
+                message("ledger", "Credit", json!({"account": "e2e", "amount": i})),
+            )
+        })
+        .collect();
+    for id in &ids {
+        wait_for(&db, id, Status::Sent).await;
+    }
+    assert_eq!(count(&receiver.db, "SELECT COUNT(*) FROM ledger"), 20);
+    assert_eq!(
+        count(&receiver.db, "SELECT SUM(amount) FROM ledger"),
+        (0..20).sum::<i64>()
+    );
+    // Responses come back into the sender's outbox.
+    let last = status_of(&db, ids.last().expect("ids"));
+    assert_eq!(
+        last.response,
+        Some(json!({"balance": (0..20).sum::<i64>()}))
+    );
+    // A lost acknowledgement: the sender re-sends Sent rows; the receiver answers duplicate.
+    let conn = rusqlite::Connection::open(&db).expect("open");
+    conn.execute(
+        "UPDATE outbox_messages SET status = 'Pending', next_retry_at = 0",
+        [],
+    )
+    .expect("reset");
+    outbox
+        .send(message(
+            "ledger",
+            "Credit",
+            json!({"account": "e2e", "amount": 0}),
+        ))
+        .await
+        .expect("send");
+    for id in &ids {
+        wait_for(&db, id, Status::Sent).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        count(&receiver.db, "SELECT COUNT(*) FROM ledger"),
+        21,
+        "re-sent messages had no second effect"
+    );
+    assert!(receiver.receiver.metrics().inbox_duplicates.get() >= 20);
+    handle.shutdown().await;
+}
+
+enum TransportChoice {
+    Http(String),
+    InProcess(axum::Router),
+    Unix(PathBuf),
+}
+
+#[tokio::test]
+async fn sender_to_receiver_over_http_processes_each_message_once() {
+    end_to_end(|receiver, _| TransportChoice::Http(receiver.url.clone())).await;
+}
+
+#[tokio::test]
+async fn sender_to_receiver_in_process() {
+    end_to_end(|receiver, _| TransportChoice::InProcess(receiver.receiver.router())).await;
+}
+
+#[tokio::test]
+async fn sender_to_receiver_over_a_unix_socket() {
+    end_to_end(|receiver, dir| {
+        let path = dir.join("ledger.sock");
+        let listener = tokio::net::UnixListener::bind(&path).expect("bind unix socket");
+        let router = receiver.receiver.router();
+        tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
+        TransportChoice::Unix(path)
+    })
+    .await;
+}
