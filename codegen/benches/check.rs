@@ -3,8 +3,9 @@
 //!
 //! Builds a contract set of 100 services x 20 methods and 500 records in 10
 //! files of 10 packages (importing a shared one), then measures, each as the
-//! median of several runs: load + parse + check; code generation from the
-//! checked model; and a build script's re-run on unchanged contracts.
+//! median of several runs: load + parse + check; `rfidl fmt`'s formatting;
+//! code generation from the checked model; and a build script's re-run on
+//! unchanged contracts.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -98,6 +99,28 @@ fn main() {
         check_median.as_secs_f64() * 1e3,
         check_min.as_secs_f64() * 1e3,
         lines as f64 / check_median.as_secs_f64()
+    );
+
+    // `rfidl fmt` over the same files (text already in memory).
+    let texts: Vec<String> = roots
+        .iter()
+        .map(|root| std::fs::read_to_string(root).expect("read"))
+        .collect();
+    let mut format_times = Vec::new();
+    for _ in 0..RUNS {
+        let started = Instant::now();
+        for text in &texts {
+            rfidl_codegen::format::format_source(text).expect("formats");
+        }
+        format_times.push(started.elapsed());
+    }
+    let (format_median, format_min) = median(format_times);
+    println!(
+        "{:<44} median {:>8.1} ms   min {:>8.1} ms   {:>10.0} lines/s",
+        "fmt (format_source, every file)",
+        format_median.as_secs_f64() * 1e3,
+        format_min.as_secs_f64() * 1e3,
+        lines as f64 / format_median.as_secs_f64()
     );
 
     let options = rfidl_codegen::Options::default();

@@ -141,12 +141,14 @@ error_codes! {
     UnknownType = "E0010", "unknown type";
     UnknownPackage = "E0011", "unknown package or name not in that package";
     AmbiguousPackage = "E0012", "package qualifier matches more than one import";
+    NotImported = "E0013", "type declared in a file that is not imported";
     DuplicateType = "E0020", "duplicate type name";
     DuplicateField = "E0021", "duplicate field";
     DuplicateVariant = "E0022", "duplicate enum variant";
     DuplicateMethod = "E0023", "duplicate method";
     DuplicateParam = "E0024", "duplicate parameter";
     DuplicateServiceVersion = "E0025", "duplicate service version";
+    MethodRustNameClash = "E0026", "two methods map to the same Rust name";
     RequiredCycle = "E0030", "record contains itself through required fields";
     MapKeyNotString = "E0040", "map key is not `string`";
     SignalWithResponse = "E0041", "signal declares a response";

@@ -420,6 +420,8 @@ impl Checker<'_> {
             Some(_) => {}
         }
         let mut seen: BTreeMap<&str, Span> = BTreeMap::new();
+        // Generated clients and handlers name methods in snake_case.
+        let mut rust_names: BTreeMap<String, (&str, Span)> = BTreeMap::new();
         for method in &service.methods {
             if let Some(first) = seen.get(method.name.text.as_str()) {
                 let first = *first;
@@ -437,6 +439,25 @@ impl Checker<'_> {
                 );
             } else {
                 seen.insert(&method.name.text, method.name.span);
+                let rust_name = heck::ToSnakeCase::to_snake_case(method.name.text.as_str());
+                match rust_names.get(&rust_name) {
+                    Some((other, first)) => self.report(
+                        Diagnostic::error(
+                            ErrorCode::MethodRustNameClash,
+                            method.name.span,
+                            format!(
+                                "methods `{other}` and `{}` would both be `{rust_name}` in Rust",
+                                method.name.text
+                            ),
+                        )
+                        .with_label(format!("becomes `{rust_name}`"))
+                        .with_secondary(*first, format!("also becomes `{rust_name}`"))
+                        .with_help("rename one of them so the names differ by more than case"),
+                    ),
+                    None => {
+                        rust_names.insert(rust_name, (method.name.text.as_str(), method.name.span));
+                    }
+                }
             }
             self.check_upper_camel(&method.name, "method");
             self.check_fields(scope, &method.params, Target::Param);
@@ -1070,8 +1091,36 @@ pub fn parse_duration_ms(text: &str) -> Option<u64> {
     Some(total)
 }
 
-/// Name resolution as seen from one file: its own package, and the packages
-/// of the files it imports (by last segment or full name).
+/// The path of file `to` relative to the folder of file `from`, with `/`
+/// separators, as an `import` in `from` would spell it.
+fn relative_path(from: &std::path::Path, to: &std::path::Path) -> String {
+    let from: Vec<_> = from
+        .parent()
+        .map(|p| p.components().collect())
+        .unwrap_or_default();
+    let to: Vec<_> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut parts: Vec<String> = vec!["..".to_owned(); from.len() - common];
+    parts.extend(
+        to[common..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
+    parts.join("/")
+}
+
+/// Whether a file sees a type.
+enum Lookup<'a> {
+    Visible,
+    /// Declared in a loaded file that this file does not import.
+    NotImported(&'a Decl),
+    Missing,
+}
+
+/// Name resolution as seen from one file: types of its own file and of the
+/// files it imports directly (its own package unqualified, other packages by
+/// last segment or full name). The result does not depend on which other
+/// files happen to be loaded in the same run.
 struct Scope<'a> {
     package: String,
     /// qualifier (last segment or full package name) -> package.
@@ -1080,6 +1129,9 @@ struct Scope<'a> {
     ambiguous: BTreeMap<String, Vec<String>>,
     /// Some import of this file did not load (missing, cycle, syntax error).
     has_failed_imports: bool,
+    /// The files whose types this file sees: itself and its direct imports.
+    visible_files: BTreeSet<FileId>,
+    loaded: &'a load::Loaded,
     types: &'a BTreeMap<String, BTreeMap<String, Decl>>,
     file: &'a ast::File,
 }
@@ -1101,6 +1153,8 @@ impl<'a> Scope<'a> {
             .filter(|item| matches!(item, ast::Item::Import(_)))
             .count();
         let mut loaded_imports = 0;
+        let mut visible_files: BTreeSet<FileId> = imported.iter().copied().collect();
+        visible_files.insert(id);
         for imported in imported {
             if let Some(other) = checker.loaded.files.get(imported) {
                 loaded_imports += 1;
@@ -1131,9 +1185,38 @@ impl<'a> Scope<'a> {
             qualifiers,
             ambiguous,
             has_failed_imports: loaded_imports < import_count,
+            visible_files,
+            loaded: checker.loaded,
             types: &checker.types,
             file,
         }
+    }
+
+    /// A declared type, if this file sees it.
+    fn lookup(&self, package: &str, name: &str) -> Lookup<'a> {
+        match self.types.get(package).and_then(|t| t.get(name)) {
+            Some(decl) if self.visible_files.contains(&decl.file) => Lookup::Visible,
+            Some(decl) => Lookup::NotImported(decl),
+            None => Lookup::Missing,
+        }
+    }
+
+    /// E0013: the type exists, in a file this file does not import.
+    fn not_imported(&self, name: &ast::Ident, decl: &Decl) -> Box<Diagnostic> {
+        let sources = &self.loaded.sources;
+        let import = relative_path(sources.path(name.span.file), sources.path(decl.file));
+        Box::new(
+            Diagnostic::error(
+                ErrorCode::NotImported,
+                name.span,
+                format!(
+                    "`{}` is declared in `{import}`, which this file does not import",
+                    name.text
+                ),
+            )
+            .with_label("not imported here")
+            .with_help(format!("add `import \"{import}\";`")),
+        )
     }
 
     fn kind_of(&self, qualified: &str) -> Option<DeclKind> {
@@ -1148,12 +1231,12 @@ impl<'a> Scope<'a> {
         }
         match text.rsplit_once('.') {
             None => {
-                if self
-                    .types
-                    .get(&self.package)
-                    .is_some_and(|t| t.contains_key(text))
-                {
-                    return Ok(TypeRef::Named(format!("{}.{text}", self.package)));
+                match self.lookup(&self.package, text) {
+                    Lookup::Visible => {
+                        return Ok(TypeRef::Named(format!("{}.{text}", self.package)));
+                    }
+                    Lookup::NotImported(decl) => return Err(self.not_imported(name, decl)),
+                    Lookup::Missing => {}
                 }
                 let mut candidates: Vec<String> = SCALARS.iter().map(|s| s.to_string()).collect();
                 if let Some(local) = self.types.get(&self.package) {
@@ -1213,12 +1296,12 @@ impl<'a> Scope<'a> {
                     };
                     return Err(Box::new(diagnostic));
                 };
-                if self
-                    .types
-                    .get(package)
-                    .is_some_and(|t| t.contains_key(type_name))
-                {
-                    return Ok(TypeRef::Named(format!("{package}.{type_name}")));
+                match self.lookup(package, type_name) {
+                    Lookup::Visible => {
+                        return Ok(TypeRef::Named(format!("{package}.{type_name}")));
+                    }
+                    Lookup::NotImported(decl) => return Err(self.not_imported(name, decl)),
+                    Lookup::Missing => {}
                 }
                 let mut diagnostic = Diagnostic::error(
                     ErrorCode::UnknownPackage,

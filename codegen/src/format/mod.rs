@@ -297,7 +297,11 @@ impl Printer<'_> {
         self.docs(0, &service.docs);
         self.annotations(0, &service.annotations);
         self.comments_before(0, service.name.span.start);
-        let version = &self.text[service.version_span.start..service.version_span.end];
+        // `v01` is printed `v1`; a number too large for a version is kept as written.
+        let version = match service.version {
+            Some(number) => format!("v{number}"),
+            None => self.text[service.version_span.start..service.version_span.end].to_owned(),
+        };
         let header = format!("service {} {version}", service.name.text);
         self.block(header, service.version_span.end, service.span.end, |p| {
             for (index, method) in service.methods.iter().enumerate() {

@@ -108,7 +108,8 @@ impl Writer {
                 "///no space",
             ]);
             self.text.push_str(body);
-            self.text.push('\n');
+            let line_end = if self.random.chance(20) { "\r\n" } else { "\n" };
+            self.text.push_str(line_end);
         }
     }
 
@@ -276,7 +277,9 @@ impl Writer {
         self.token("service");
         let name = self.name(true);
         self.token(&name);
-        let version = self.random.pick(&["v1", "v2", "v0", "v007"]);
+        let version = self
+            .random
+            .pick(&["v1", "v2", "v0", "v007", "v99999999999"]);
         self.token(version);
         self.token("{");
         for _ in 0..self.random.below(4) {
@@ -493,4 +496,14 @@ fn comments_inside_a_parameter_list_keep_it_split() {
     let once = format_source(input).expect("parses");
     assert_eq!(once, expected);
     assert_eq!(format_source(&once).expect("parses"), once);
+}
+
+#[test]
+fn versions_are_printed_without_leading_zeros() {
+    let once = format_source("package a;\nservice S v007 {}\nservice S v99999999999 {}\n")
+        .expect("parses");
+    assert_eq!(
+        once,
+        "package a;\n\nservice S v7 {}\n\nservice S v99999999999 {}\n"
+    );
 }
