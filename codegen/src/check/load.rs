@@ -170,10 +170,10 @@ fn load_file(
         );
         return id;
     }
-    let parsed = match syntax::parse_file(id, loaded.sources.text(id)) {
+    let parsed = match syntax::parse_file_all_errors(id, loaded.sources.text(id)) {
         Ok(file) => file,
-        Err(diagnostic) => {
-            loaded.diagnostics.push(*diagnostic);
+        Err(mut diagnostics) => {
+            loaded.diagnostics.append(&mut diagnostics);
             return id;
         }
     };
