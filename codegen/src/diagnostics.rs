@@ -148,6 +148,7 @@ error_codes! {
     DuplicateMethod = "E0023", "duplicate method";
     DuplicateParam = "E0024", "duplicate parameter";
     DuplicateServiceVersion = "E0025", "duplicate service version";
+    MethodRustNameClash = "E0026", "two methods map to the same Rust name";
     RequiredCycle = "E0030", "record contains itself through required fields";
     MapKeyNotString = "E0040", "map key is not `string`";
     SignalWithResponse = "E0041", "signal declares a response";

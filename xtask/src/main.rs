@@ -21,9 +21,10 @@ fn main() -> ExitCode {
         "test" => test(rest),
         "ci" => ci(),
         "bench" => bench(rest),
+        "regen" => regen(),
         _ => {
             eprintln!(
-                "usage: cargo xtask <task>\n\n  test [cargo test args]  set up .venv (Python interop deps) and run all tests\n  ci                      fmt --check, clippy -D warnings, then test\n  bench [name]            run the benchmarks (release)"
+                "usage: cargo xtask <task>\n\n  test [cargo test args]  set up .venv (Python interop deps) and run all tests\n  ci                      fmt --check, clippy -D warnings, then test\n  bench [name]            run the benchmarks (release)\n  regen                   regenerate generated-examples/src/generated from schemas/"
             );
             return if task == "help" {
                 ExitCode::SUCCESS
@@ -120,6 +121,22 @@ fn ci() -> Result<(), String> {
         "warnings",
     ]))?;
     test(&[])
+}
+
+fn regen() -> Result<(), String> {
+    run(cargo().args([
+        "run",
+        "--quiet",
+        "-p",
+        "rfidl-codegen",
+        "--bin",
+        "rfidl",
+        "--",
+        "generate",
+        "schemas",
+        "--out",
+        "generated-examples/src/generated",
+    ]))
 }
 
 fn bench(extra: &[String]) -> Result<(), String> {

@@ -420,6 +420,8 @@ impl Checker<'_> {
             Some(_) => {}
         }
         let mut seen: BTreeMap<&str, Span> = BTreeMap::new();
+        // Generated clients and handlers name methods in snake_case.
+        let mut rust_names: BTreeMap<String, (&str, Span)> = BTreeMap::new();
         for method in &service.methods {
             if let Some(first) = seen.get(method.name.text.as_str()) {
                 let first = *first;
@@ -437,6 +439,25 @@ impl Checker<'_> {
                 );
             } else {
                 seen.insert(&method.name.text, method.name.span);
+                let rust_name = heck::ToSnakeCase::to_snake_case(method.name.text.as_str());
+                match rust_names.get(&rust_name) {
+                    Some((other, first)) => self.report(
+                        Diagnostic::error(
+                            ErrorCode::MethodRustNameClash,
+                            method.name.span,
+                            format!(
+                                "methods `{other}` and `{}` would both be `{rust_name}` in Rust",
+                                method.name.text
+                            ),
+                        )
+                        .with_label(format!("becomes `{rust_name}`"))
+                        .with_secondary(*first, format!("also becomes `{rust_name}`"))
+                        .with_help("rename one of them so the names differ by more than case"),
+                    ),
+                    None => {
+                        rust_names.insert(rust_name, (method.name.text.as_str(), method.name.span));
+                    }
+                }
             }
             self.check_upper_camel(&method.name, "method");
             self.check_fields(scope, &method.params, Target::Param);
@@ -1041,6 +1062,27 @@ fn deprecation(annotations: &[ast::Annotation]) -> Option<String> {
     }
 }
 
+/// What other languages' type names are called here (`int`, `float`, `DateTime`).
+fn scalar_hint(name: &str) -> Option<&'static str> {
+    Some(match name.to_lowercase().as_str() {
+        "int" | "integer" | "long" | "short" | "i8" | "i16" | "i128" | "isize" | "u8" | "u16"
+        | "u128" | "usize" | "int32" | "int64" | "uint32" | "uint64" => {
+            "the integer types are `i32`, `i64`, `u32` and `u64`"
+        }
+        "float" | "double" | "f32" | "number" | "real" => "the floating-point type is `f64`",
+        "boolean" => "the boolean type is `bool`",
+        "str" | "text" | "char" => "the text type is `string`",
+        "datetime" | "instant" | "time" | "offsetdatetime" | "systemtime" => {
+            "a point in time is a `timestamp` (RFC 3339, UTC); a calendar day is a `date`"
+        }
+        "byte" | "blob" | "binary" => "binary data is `bytes` (base64 in JSON)",
+        "guid" => "the identifier type is `uuid`",
+        "bigdecimal" | "money" | "numeric" => "an exact number is a `decimal`",
+        "value" | "any" | "object" | "dynamic" => "any JSON value is `json`",
+        _ => return None,
+    })
+}
+
 /// `"1h30m"`-style durations in milliseconds (units d, h, m, s, ms).
 pub fn parse_duration_ms(text: &str) -> Option<u64> {
     let mut rest = text.trim();
@@ -1237,6 +1279,8 @@ impl<'a> Scope<'a> {
                 .with_label("not a scalar, nor a type of this package");
                 if let Some(close) = suggest(text, candidates.iter().map(String::as_str)) {
                     diagnostic = diagnostic.with_help(format!("did you mean `{close}`?"));
+                } else if let Some(hint) = scalar_hint(text) {
+                    diagnostic = diagnostic.with_help(hint);
                 } else if self.types.values().any(|t| t.contains_key(text)) {
                     diagnostic = diagnostic.with_help("a type of another package is written qualified: `package.Name`, after importing its file");
                 }

@@ -403,6 +403,7 @@ fn method_view(
             .iter()
             .map(|p| field_view(p, scope, false))
             .collect(),
+        has_response: method.response.is_some(),
         response_type: method
             .response
             .as_ref()

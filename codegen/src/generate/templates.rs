@@ -105,6 +105,8 @@ pub struct MethodView {
     pub params: Vec<FieldView>,
     /// The handler's success type: the response type or `()`.
     pub response_type: String,
+    /// Whether the method declares a response (`-> T`).
+    pub has_response: bool,
     /// An `Option<String>` expression over `request` giving the correlation key.
     pub correlation_expr: String,
     pub max_retries: Option<u32>,

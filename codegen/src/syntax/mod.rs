@@ -11,7 +11,7 @@ pub mod ast;
 use pest::Parser as _;
 use pest::iterators::Pair;
 
-use crate::diagnostics::{Diagnostic, ErrorCode, FileId, Span};
+use crate::diagnostics::{Diagnostic, ErrorCode, FileId, Span, suggest};
 use ast::*;
 
 #[derive(pest_derive::Parser)]
@@ -148,19 +148,7 @@ fn syntax_error(file: FileId, text: &str, error: pest::error::Error<Rule>) -> Di
                 .map(str::to_owned),
         );
     }
-    expected.sort();
-    expected.dedup();
-    // `a type` covers `list` and `map`; a field, variant or method may start
-    // with an annotation, which says nothing the user needs to hear.
-    if expected.iter().any(|e| e == "a type") {
-        expected.retain(|e| e != "`list`" && e != "`map`");
-    }
-    if expected
-        .iter()
-        .any(|e| matches!(e.as_str(), "a field" | "a variant") || e.starts_with("a method"))
-    {
-        expected.retain(|e| e != "`@`");
-    }
+    tidy_expected(&mut expected);
     let found = describe_found(text, position);
     let message = match expected.len() {
         0 => format!("unexpected {found}"),
@@ -184,8 +172,12 @@ fn syntax_error(file: FileId, text: &str, error: pest::error::Error<Rule>) -> Di
     // shop` without `;`), point where it belongs, like rustc, rather than at
     // whatever starts the next line.
     let before = &text[..end_of_last_token(text, position)];
+    let terminator_expected = end == position
+        || expected
+            .iter()
+            .any(|e| matches!(e.as_str(), "`;`" | "`,`" | "`)`" | "`>`" | "`}`" | "`->`"));
     let mut diagnostic = match before.chars().next_back() {
-        Some(last) if text[before.len()..position].contains('\n') => {
+        Some(last) if terminator_expected && text[before.len()..position].contains('\n') => {
             let at = before.len() - last.len_utf8();
             let diagnostic = Diagnostic::error(
                 ErrorCode::Syntax,
@@ -203,14 +195,73 @@ fn syntax_error(file: FileId, text: &str, error: pest::error::Error<Rule>) -> Di
             Diagnostic::error(ErrorCode::Syntax, found_span, message).with_label("unexpected here")
         }
     };
-    if position == 0
-        && !text.trim_start().starts_with("package")
-        && !text.trim_start().starts_with("///")
+    let found_word = &text[position..word_end];
+    let keywords = expected
+        .iter()
+        .flat_map(|e| {
+            KEYWORDS
+                .iter()
+                .filter(move |k| e.contains(&format!("`{k}`")))
+        })
+        .copied();
+    if let Some(keyword) = found_word
+        .chars()
+        .next()
+        .filter(|c| c.is_alphabetic())
+        .and_then(|_| suggest(found_word, keywords))
     {
+        diagnostic = diagnostic.with_help(format!("did you mean `{keyword}`?"));
+    } else if text[position..].starts_with('<') {
+        let name_before = before
+            .rsplit(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .next()
+            .unwrap_or("");
+        if !matches!(name_before, "list" | "map") && !name_before.is_empty() {
+            diagnostic = diagnostic.with_help(
+                "the containers are `list<T>` and `map<string, T>`; an optional value is `T?`",
+            );
+        }
+    } else if text[before.len()..position]
+        .lines()
+        .any(|line| comment_start(line).is_some_and(|at| line[at..].starts_with("///")))
+    {
+        diagnostic = diagnostic.with_help(
+            "a `///` doc comment documents what follows it; use `//` for a plain comment",
+        );
+    } else if position == 0 {
         diagnostic =
             diagnostic.with_help("a contract starts with its package: `package hr.employees;`");
     }
     diagnostic
+}
+
+/// The keywords a misspelt word is compared with ("did you mean").
+const KEYWORDS: [&str; 10] = [
+    "package", "import", "record", "enum", "service", "signal", "pushcall", "command", "list",
+    "map",
+];
+
+/// Sorts the expectations and drops the ones that only add noise.
+fn tidy_expected(expected: &mut Vec<String>) {
+    expected.sort();
+    expected.dedup();
+    let has = |expected: &[String], what: &str| expected.iter().any(|e| e.starts_with(what));
+    // `a type` covers `list` and `map`; `a method (…)` names its keywords.
+    if has(expected, "a type") {
+        expected.retain(|e| e != "`list`" && e != "`map`");
+    }
+    if has(expected, "a method") {
+        expected.retain(|e| !matches!(e.as_str(), "`signal`" | "`pushcall`" | "`command`"));
+    }
+    // Annotations and doc comments may start almost anything: naming them
+    // says nothing the user needs to hear. The package is accepted anywhere
+    // by the grammar only to report a misplaced one well.
+    expected.retain(|e| {
+        !matches!(
+            e.as_str(),
+            "`@`" | "an annotation" | "a doc comment" | "`package`"
+        )
+    });
 }
 
 /// Where the last token before `position` ends, skipping whitespace and

@@ -1,5 +1,6 @@
 //! Integration tests for rfidl-codegen (one binary: see house style).
 
+mod check;
 mod cli;
 mod format;
 mod format_properties;

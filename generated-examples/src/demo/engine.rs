@@ -1,0 +1,185 @@
+//! The stand-in workflow engine: records hires as workflows (exactly once)
+//! and asks HR for a laptop, in the same transaction, through the outbox.
+
+// EmpService v1 is deprecated in the contract, and this demo serves and
+// sends it on purpose: old clients keep using v1 while new ones move to v2.
+#![allow(deprecated)]
+
+use std::path::PathBuf;
+
+use rfidl_runtime::dispatcher::{Dispatcher, DispatcherHandle};
+use rfidl_runtime::outbox::Outbox;
+use rfidl_runtime::receiver::{HandlerError, IncomingCall, Receiver};
+use rfidl_runtime::rusqlite::{Transaction, params};
+use rfidl_runtime::types::{Duration, Timestamp, Uuid};
+
+use super::Settings;
+use crate::generated::common;
+use crate::generated::hr::employees::{Employee, HireAck, OrgUnit, emp_service_v1, emp_service_v2};
+
+/// The destination name the engine's outbox uses for HR.
+pub const HR: &str = "hr";
+
+pub const SCHEMA: &str = "
+    CREATE TABLE IF NOT EXISTS workflows (
+        id TEXT PRIMARY KEY, employee_id TEXT NOT NULL, version INTEGER NOT NULL, state TEXT NOT NULL
+    );
+";
+
+/// Handles the pushcalls and signals of both versions.
+pub struct Workflows {
+    v1: emp_service_v1::ServiceClient,
+    v2: emp_service_v2::ServiceClient,
+}
+
+impl Workflows {
+    fn start_workflow(
+        &self,
+        tx: &Transaction<'_>,
+        employee: &Employee,
+        version: u32,
+    ) -> Result<HireAck, HandlerError> {
+        let workflow_id = Uuid::now_v7();
+        tx.execute(
+            "INSERT INTO workflows (id, employee_id, version, state) VALUES (?1, ?2, ?3, 'provisioning')",
+            params![workflow_id.to_string(), employee.id.to_string(), version],
+        )?;
+        // The command to HR commits with the workflow row, or not at all.
+        if version == 1 {
+            self.v1
+                .provision_laptop(tx, employee.id, "ThinkPad T14".into())?;
+        } else {
+            self.v2.provision_laptop(
+                tx,
+                employee.id,
+                "ThinkPad T14".into(),
+                employee.home.clone(),
+            )?;
+        }
+        Ok(HireAck { workflow_id })
+    }
+}
+
+impl emp_service_v1::EngineHandler for std::sync::Arc<Workflows> {
+    fn employee_hired(
+        &self,
+        _call: &IncomingCall<'_>,
+        tx: &Transaction<'_>,
+        employee: Employee,
+    ) -> Result<HireAck, HandlerError> {
+        self.start_workflow(tx, &employee, 1)
+    }
+
+    fn onboarding_completed(
+        &self,
+        _call: &IncomingCall<'_>,
+        tx: &Transaction<'_>,
+        employee_id: Uuid,
+        _at: Timestamp,
+    ) -> Result<(), HandlerError> {
+        tx.execute(
+            "UPDATE workflows SET state = 'done' WHERE employee_id = ?1",
+            [employee_id.to_string()],
+        )?;
+        Ok(())
+    }
+}
+
+impl emp_service_v2::EngineHandler for std::sync::Arc<Workflows> {
+    fn employee_hired(
+        &self,
+        _call: &IncomingCall<'_>,
+        tx: &Transaction<'_>,
+        employee: Employee,
+        _channel: common::Channel,
+        _referral_code: Option<String>,
+    ) -> Result<HireAck, HandlerError> {
+        self.start_workflow(tx, &employee, 2)
+    }
+
+    fn onboarding_completed(
+        &self,
+        _call: &IncomingCall<'_>,
+        tx: &Transaction<'_>,
+        employee_id: Uuid,
+        _at: Timestamp,
+    ) -> Result<(), HandlerError> {
+        tx.execute(
+            "UPDATE workflows SET state = 'done' WHERE employee_id = ?1",
+            [employee_id.to_string()],
+        )?;
+        Ok(())
+    }
+
+    fn leave_started(
+        &self,
+        _call: &IncomingCall<'_>,
+        _tx: &Transaction<'_>,
+        _employee_id: Uuid,
+        _length: Duration,
+        _reason: Option<String>,
+    ) -> Result<(), HandlerError> {
+        Ok(())
+    }
+
+    fn org_chart_changed(
+        &self,
+        _call: &IncomingCall<'_>,
+        _tx: &Transaction<'_>,
+        _root: OrgUnit,
+        _version: u32,
+    ) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+/// A running engine.
+pub struct Engine {
+    pub db: PathBuf,
+    pub url: String,
+    pub addr: std::net::SocketAddr,
+    pub receiver: Receiver,
+    pub dispatcher: DispatcherHandle,
+    pub server: tokio::task::JoinHandle<()>,
+}
+
+impl Engine {
+    pub async fn start(settings: &Settings) -> anyhow::Result<Self> {
+        let config = settings.runtime_config(HR);
+        rfidl_runtime::db::open(&settings.db, config.outbox.durability)?.execute_batch(SCHEMA)?;
+        let outbox = Outbox::new(config.clone(), &settings.db);
+        let workflows = std::sync::Arc::new(Workflows {
+            v1: emp_service_v1::ServiceClient::new(outbox.clone(), HR),
+            v2: emp_service_v2::ServiceClient::new(outbox.clone(), HR),
+        });
+        // One receiver serves EmpService v1 and v2 side by side.
+        let receiver = Receiver::builder(config, &settings.db)
+            .service(emp_service_v1::EngineReceiver(workflows.clone()))
+            .service(emp_service_v2::EngineReceiver(workflows))
+            .build()?;
+        let listener = tokio::net::TcpListener::bind(settings.listen).await?;
+        let addr = listener.local_addr()?;
+        let server = super::serve(listener, receiver.router());
+        let dispatcher = Dispatcher::builder(&outbox, &settings.db).start()?;
+        Ok(Self {
+            db: settings.db.clone(),
+            url: format!("http://{addr}"),
+            addr,
+            receiver,
+            dispatcher,
+            server,
+        })
+    }
+
+    /// Stops answering HTTP (the process stays up): an outage as HR sees it.
+    pub fn take_down(&self) {
+        self.server.abort();
+    }
+
+    /// Listens again on the same address.
+    pub async fn bring_up(&mut self) -> anyhow::Result<()> {
+        let listener = tokio::net::TcpListener::bind(self.addr).await?;
+        self.server = super::serve(listener, self.receiver.router());
+        Ok(())
+    }
+}

@@ -1,0 +1,79 @@
+//! Two small services built only on generated code and the runtime: an HR
+//! service and a stand-in workflow engine, each with its own SQLite file and
+//! HTTP receiver on loopback.
+//!
+//! HR hires employees: the employee row and the `EmployeeHired` pushcall are
+//! written in one transaction. The engine handles the pushcall (a workflow
+//! row, exactly once) and, in the same transaction, enqueues the
+//! `ProvisionLaptop` command back to HR, whose handler stores the ticket.
+
+pub mod engine;
+pub mod hr;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rfidl_runtime::Config;
+use rfidl_runtime::config::DestinationConfig;
+
+/// How one service is started; both demo binaries take these as flags.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// This service's id (`sourceServiceId` of what it sends).
+    pub service_id: String,
+    /// Where its receiver listens (`127.0.0.1:0` picks a free port).
+    pub listen: SocketAddr,
+    /// Its SQLite file (business rows, outbox and inbox).
+    pub db: PathBuf,
+    /// The peer's id, base URL, and the secret this service signs with.
+    pub peer_id: String,
+    pub peer_url: String,
+    pub signing_secret: String,
+    /// The secret the peer signs with (accepted by this service's receiver).
+    pub peer_secret: String,
+}
+
+impl Settings {
+    /// The runtime configuration: quick retries so the demo's outage heals fast.
+    pub fn runtime_config(&self, destination: &str) -> Config {
+        let mut config = Config {
+            service_id: self.service_id.clone(),
+            ..Config::default()
+        };
+        config.outbox.backoff_base = Duration::from_millis(100);
+        config.outbox.backoff_max = Duration::from_secs(1);
+        config.outbox.jitter = Duration::from_millis(50);
+        config.outbox.max_retries = 50;
+        config.outbox.request_timeout = Duration::from_secs(2);
+        config.destinations.insert(
+            destination.to_owned(),
+            DestinationConfig {
+                url: self.peer_url.clone(),
+                secret: self.signing_secret.clone(),
+            },
+        );
+        config
+            .peers
+            .insert(self.peer_id.clone(), vec![self.peer_secret.clone()]);
+        config
+    }
+}
+
+/// Counts rows with one query (the demo's numbers all come from the databases).
+pub fn count(db: &std::path::Path, sql: &str) -> anyhow::Result<i64> {
+    let conn = rusqlite::Connection::open(db)?;
+    Ok(conn.query_row(sql, [], |r| r.get(0))?)
+}
+
+/// Serves `router` on `listener` until the task is aborted.
+pub fn serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, router).await {
+            tracing::error!(%error, "server stopped");
+        }
+    })
+}

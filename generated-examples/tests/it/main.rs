@@ -1,0 +1,3 @@
+//! Tests of the checked-in generated code and the demo services.
+
+mod drift;
