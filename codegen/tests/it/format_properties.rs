@@ -549,10 +549,10 @@ proptest! {
                 .map(|path| std::fs::read_to_string(path).expect("read"))
                 .collect();
         let text = edit_lines(&schemas[which % schemas.len()], &edits);
-        if shape(&text).is_ok() {
-            if let Err(failure) = check_formatting(&text) {
-                prop_assert!(false, "{}", failure);
-            }
+        if shape(&text).is_ok()
+            && let Err(failure) = check_formatting(&text)
+        {
+            prop_assert!(false, "{}", failure);
         }
     }
 
