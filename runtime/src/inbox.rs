@@ -1,98 +1,335 @@
-//! Inbox queries: the record of every processed message, keyed on
-//! (`source_service_id`, `message_id`), with the SHA-256 of its payload and
-//! the cached response.
+//! The inbox: which messages this receiver has processed, and what it answered.
 //!
-//! Reads here are for the fast duplicate check outside the writer; the
-//! authoritative check happens again inside the writer's transaction.
+//! Owns every query on `inbox_messages` (schema in [`crate::db`]): the
+//! duplicate look-up keyed on (`sourceServiceId`, `messageId`), the insert
+//! that the receiver's writer makes in the handler's own transaction, and the
+//! deletion of expired rows (called by retention).
+//!
+//! This module never decides what to answer: the receiver does. It also never
+//! opens a write transaction of its own: [`record_processed`] runs in the
+//! caller's transaction, so the row commits or rolls back with the handler's
+//! effects.
+//!
+//! The duplicate check is the receiver's hottest read. [`InboxReader`] keeps a
+//! few read-only connections, each with the look-up statement prepared and
+//! cached, so a check is one primary-key probe of the `WITHOUT ROWID` table.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use sha2::{Digest, Sha256};
 
-/// What the inbox knows about one message.
+use crate::db::BUSY_TIMEOUT;
+
+/// SHA-256 of a payload, as stored in `payload_sha256`.
+pub type PayloadDigest = [u8; 32];
+
+/// The digest the inbox keeps of a payload: SHA-256 of its compact JSON text.
+///
+/// Object members are serialised in sorted order (serde_json's default map),
+/// so two encodings of the same value, however their members were ordered on
+/// the wire, get the same digest.
+pub fn payload_digest(payload: &serde_json::Value) -> PayloadDigest {
+    let mut hasher = Sha256::new();
+    // Writing a `Value` into a hasher cannot fail: no I/O, and every key is a string.
+    let _ = serde_json::to_writer(HashWriter(&mut hasher), payload);
+    hasher.finalize().into()
+}
+
+struct HashWriter<'a>(&'a mut Sha256);
+
+impl std::io::Write for HashWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A processed message, as the inbox remembers it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct InboxRecord {
-    pub payload_sha256: [u8; 32],
-    pub response: serde_json::Value,
+pub struct InboxEntry {
+    pub endpoint: String,
+    pub payload_sha256: PayloadDigest,
+    pub processed_at_ms: i64,
+    /// The answer payload given when the message was processed (JSON text).
+    pub response: Option<String>,
+    pub expires_at_ms: i64,
 }
 
-/// SHA-256 of a payload's canonical JSON text (serde_json's map order is
-/// sorted, so equal payloads hash equal whatever their member order).
-pub fn payload_digest(payload: &serde_json::Value) -> [u8; 32] {
-    let text = serde_json::to_vec(payload).expect("a JSON value always serialises");
-    Sha256::digest(&text).into()
+impl InboxEntry {
+    /// The cached answer payload as JSON (`null` when none was stored or it
+    /// no longer parses).
+    pub fn response_value(&self) -> serde_json::Value {
+        self.response
+            .as_deref()
+            .and_then(|text| serde_json::from_str(text).ok())
+            .unwrap_or(serde_json::Value::Null)
+    }
 }
 
-const LOOKUP: &str = "SELECT payload_sha256, response FROM inbox_messages WHERE source_service_id = ?1 AND message_id = ?2";
+/// The row written when a message has been processed.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessedMessage<'a> {
+    pub source_service_id: &'a str,
+    pub message_id: &'a str,
+    pub endpoint: &'a str,
+    pub payload_sha256: &'a PayloadDigest,
+    /// The answer payload (JSON text).
+    pub response: &'a str,
+    pub processed_at_ms: i64,
+    pub expires_at_ms: i64,
+}
 
-/// Looks a message up (a prepared, cached statement).
+/// An inbox query that failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InboxError {
+    #[error("inbox database {path}: {source}")]
+    Sqlite {
+        path: String,
+        source: rusqlite::Error,
+    },
+    #[error(
+        "inbox row for {source_service_id}/{message_id} has a payload digest of {len} bytes, not 32"
+    )]
+    CorruptDigest {
+        source_service_id: String,
+        message_id: String,
+        len: usize,
+    },
+}
+
+const LOOKUP_SQL: &str = "SELECT endpoint, payload_sha256, processed_at, response, expires_at \
+     FROM inbox_messages WHERE source_service_id = ?1 AND message_id = ?2";
+
+const INSERT_SQL: &str = "INSERT INTO inbox_messages \
+     (source_service_id, message_id, endpoint, payload_sha256, processed_at, response, expires_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+
+/// Looks a message up on any connection (inside a transaction, it sees that
+/// transaction's own uncommitted rows). The statement is prepared once per
+/// connection and cached.
 pub fn lookup(
     conn: &Connection,
-    source: &str,
+    source_service_id: &str,
     message_id: &str,
-) -> rusqlite::Result<Option<InboxRecord>> {
-    let mut statement = conn.prepare_cached(LOOKUP)?;
+) -> rusqlite::Result<Option<RawEntry>> {
+    let mut statement = conn.prepare_cached(LOOKUP_SQL)?;
     statement
-        .query_row(params![source, message_id], |row| {
-            let digest: Vec<u8> = row.get(0)?;
-            let response: Option<String> = row.get(1)?;
-            let mut payload_sha256 = [0u8; 32];
-            if digest.len() == 32 {
-                payload_sha256.copy_from_slice(&digest);
-            }
-            let response = response
-                .and_then(|r| serde_json::from_str(&r).ok())
-                .unwrap_or(serde_json::Value::Null);
-            Ok(InboxRecord {
-                payload_sha256,
-                response,
+        .query_row(params![source_service_id, message_id], |row| {
+            Ok(RawEntry {
+                endpoint: row.get(0)?,
+                payload_sha256: row.get(1)?,
+                processed_at_ms: row.get(2)?,
+                response: row.get(3)?,
+                expires_at_ms: row.get(4)?,
             })
         })
         .optional()
 }
 
-/// A processed message, as the writer records it.
-#[derive(Debug, Clone, Copy)]
-pub struct Processed<'a> {
-    pub source: &'a str,
-    pub message_id: &'a str,
-    pub endpoint: &'a str,
-    pub payload_sha256: &'a [u8; 32],
-    pub response: &'a serde_json::Value,
+/// An inbox row as read, before its digest length is checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawEntry {
+    pub endpoint: String,
+    pub payload_sha256: Vec<u8>,
     pub processed_at_ms: i64,
+    pub response: Option<String>,
     pub expires_at_ms: i64,
 }
 
-/// Records a processed message (inside the handler's transaction).
-pub fn insert(conn: &Connection, record: &Processed<'_>) -> rusqlite::Result<()> {
-    let mut statement = conn.prepare_cached(
-        "INSERT INTO inbox_messages \
-         (source_service_id, message_id, endpoint, payload_sha256, processed_at, response, expires_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )?;
+impl RawEntry {
+    /// Checks the stored digest is 32 bytes.
+    pub fn into_entry(
+        self,
+        source_service_id: &str,
+        message_id: &str,
+    ) -> Result<InboxEntry, InboxError> {
+        let len = self.payload_sha256.len();
+        let payload_sha256: PayloadDigest =
+            self.payload_sha256
+                .try_into()
+                .map_err(|_| InboxError::CorruptDigest {
+                    source_service_id: source_service_id.to_owned(),
+                    message_id: message_id.to_owned(),
+                    len,
+                })?;
+        Ok(InboxEntry {
+            endpoint: self.endpoint,
+            payload_sha256,
+            processed_at_ms: self.processed_at_ms,
+            response: self.response,
+            expires_at_ms: self.expires_at_ms,
+        })
+    }
+}
+
+/// Records a processed message. Call it in the transaction that holds the
+/// handler's effects; a second row for the same (source, id) is a
+/// primary-key error.
+pub fn record_processed(conn: &Connection, message: &ProcessedMessage<'_>) -> rusqlite::Result<()> {
+    let mut statement = conn.prepare_cached(INSERT_SQL)?;
     statement.execute(params![
-        record.source,
-        record.message_id,
-        record.endpoint,
-        &record.payload_sha256[..],
-        record.processed_at_ms,
-        serde_json::to_string(record.response).expect("a JSON value always serialises"),
-        record.expires_at_ms
+        message.source_service_id,
+        message.message_id,
+        message.endpoint,
+        &message.payload_sha256[..],
+        message.processed_at_ms,
+        message.response,
+        message.expires_at_ms,
     ])?;
     Ok(())
 }
 
-/// Deletes records past their expiry; returns how many.
-pub fn delete_expired(conn: &Connection, now_ms: i64) -> rusqlite::Result<usize> {
-    conn.execute(
-        "DELETE FROM inbox_messages WHERE expires_at < ?1",
-        params![now_ms],
-    )
+/// Deletes at most `limit` rows whose `expires_at` is at or before `now_ms`;
+/// returns how many went. Small batches keep each write transaction short, so
+/// the receiver's writer never waits long behind a clean-up: call it in a loop
+/// until it returns less than `limit`.
+pub fn delete_expired(conn: &Connection, now_ms: i64, limit: u32) -> rusqlite::Result<usize> {
+    let mut statement = conn.prepare_cached(
+        "DELETE FROM inbox_messages WHERE (source_service_id, message_id) IN \
+         (SELECT source_service_id, message_id FROM inbox_messages \
+          WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)",
+    )?;
+    statement.execute(params![now_ms, limit])
 }
 
-/// Number of records (the `rf_inbox_size` gauge).
+/// Current number of inbox rows (the `rf_inbox_size` gauge).
 pub fn count(conn: &Connection) -> rusqlite::Result<u64> {
-    conn.query_row("SELECT COUNT(*) FROM inbox_messages", [], |row| {
+    conn.query_row("SELECT count(*) FROM inbox_messages", [], |row| {
         row.get::<_, i64>(0)
     })
-    .map(|n| n as u64)
+    .map(|n| n.max(0) as u64)
+}
+
+/// How many idle read connections [`InboxReader`] keeps.
+const READ_POOL_SIZE: usize = 8;
+
+/// Read-only connections for the duplicate check, each with its look-up
+/// statement cached. Blocking: call it from `spawn_blocking` or a thread of
+/// your own, never on an async executor.
+#[derive(Debug)]
+pub struct InboxReader {
+    path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl InboxReader {
+    /// A reader of the database at `path` (which must exist and be migrated:
+    /// open it with [`crate::db::open`] first). Opens one connection now, so a
+    /// wrong path fails here rather than on the first request.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, InboxError> {
+        let reader = Self {
+            path: path.as_ref().to_path_buf(),
+            idle: Mutex::new(Vec::new()),
+        };
+        let conn = reader.connect()?;
+        reader.give_back(conn);
+        Ok(reader)
+    }
+
+    fn wrap(&self, source: rusqlite::Error) -> InboxError {
+        InboxError::Sqlite {
+            path: self.path.display().to_string(),
+            source,
+        }
+    }
+
+    fn connect(&self) -> Result<Connection, InboxError> {
+        let conn = Connection::open_with_flags(
+            &self.path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_URI,
+        )
+        .map_err(|e| self.wrap(e))?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| self.wrap(e))?;
+        conn.set_prepared_statement_cache_capacity(16);
+        // Prepare now so the first look-up on this connection is as fast as the rest.
+        conn.prepare_cached(LOOKUP_SQL).map_err(|e| self.wrap(e))?;
+        Ok(conn)
+    }
+
+    fn take(&self) -> Result<Connection, InboxError> {
+        let idle = self.idle.lock().map(|mut idle| idle.pop()).ok().flatten();
+        match idle {
+            Some(conn) => Ok(conn),
+            None => self.connect(),
+        }
+    }
+
+    fn give_back(&self, conn: Connection) {
+        if let Ok(mut idle) = self.idle.lock()
+            && idle.len() < READ_POOL_SIZE
+        {
+            idle.push(conn);
+        }
+    }
+
+    /// The committed inbox entry of (source, id), if any.
+    pub fn lookup(
+        &self,
+        source_service_id: &str,
+        message_id: &str,
+    ) -> Result<Option<InboxEntry>, InboxError> {
+        let conn = self.take()?;
+        let found = lookup(&conn, source_service_id, message_id);
+        self.give_back(conn);
+        match found.map_err(|e| self.wrap(e))? {
+            Some(raw) => raw.into_entry(source_service_id, message_id).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Durability;
+
+    fn processed<'a>(id: &'a str, digest: &'a PayloadDigest, expires: i64) -> ProcessedMessage<'a> {
+        ProcessedMessage {
+            source_service_id: "hr",
+            message_id: id,
+            endpoint: "EmployeeHired",
+            payload_sha256: digest,
+            response: "{\"ok\":true}",
+            processed_at_ms: 1,
+            expires_at_ms: expires,
+        }
+    }
+
+    #[test]
+    fn digest_ignores_member_order() {
+        let a: serde_json::Value = serde_json::from_str(r#"{"a":1,"b":[1,2]}"#).expect("json");
+        let b: serde_json::Value = serde_json::from_str(r#"{ "b":[1,2], "a":1 }"#).expect("json");
+        let c: serde_json::Value = serde_json::from_str(r#"{"a":2,"b":[1,2]}"#).expect("json");
+        assert_eq!(payload_digest(&a), payload_digest(&b));
+        assert_ne!(payload_digest(&a), payload_digest(&c));
+    }
+
+    #[test]
+    fn insert_lookup_and_expire() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("inbox.db");
+        let conn = crate::db::open(&path, Durability::Normal).expect("open");
+        let reader = InboxReader::open(&path).expect("reader");
+        let digest = [7u8; 32];
+        assert_eq!(reader.lookup("hr", "m1").expect("lookup"), None);
+        record_processed(&conn, &processed("m1", &digest, 100)).expect("insert");
+        record_processed(&conn, &processed("m2", &digest, 200)).expect("insert");
+        assert!(record_processed(&conn, &processed("m1", &digest, 100)).is_err());
+        let entry = reader.lookup("hr", "m1").expect("lookup").expect("found");
+        assert_eq!(entry.payload_sha256, digest);
+        assert_eq!(entry.response_value(), serde_json::json!({"ok": true}));
+        assert_eq!(reader.lookup("other", "m1").expect("lookup"), None);
+        assert_eq!(delete_expired(&conn, 150, 10).expect("delete"), 1);
+        assert_eq!(reader.lookup("hr", "m1").expect("lookup"), None);
+        assert!(reader.lookup("hr", "m2").expect("lookup").is_some());
+        assert_eq!(count(&conn).expect("count"), 1);
+    }
 }

@@ -1,71 +1,91 @@
-//! The contract between the receiver and the code that handles messages:
-//! generated receivers implement [`HostedService`] with a static `match` on
-//! endpoint names and call the user's handler trait.
+//! The handler contract between the receiver and the code it hosts.
+//!
+//! Generated code implements [`HostedService`] (one implementation per
+//! handler trait of a contract); hand-written services may too. The receiver
+//! owns everything around it: signature, routing to a hosted
+//! (interface, version, endpoint), the inbox and the transaction. A hosted
+//! service only decodes the payload, does its work in the transaction it is
+//! given, and returns the answer payload.
+
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-/// One interface version a [`HostedService`] answers for.
+use crate::envelope::MessageType;
+
+/// One interface version a service hosts, as generated (`HOSTED` constant of a
+/// generated interface module).
+///
+/// The receiver reads these once, when it is built, to answer 404
+/// `unknown_interface` / `unknown_version` / `unknown_endpoint` before the
+/// inbox is touched, to notice a sender's differing `fingerprint`, and to
+/// serve `GET /_rf/metadata`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostedInterface {
-    /// `package.Service`.
+    /// `package.Service`, e.g. `hr.employees.EmpService`.
     pub interface: &'static str,
     pub version: u32,
-    /// The fingerprint of the manifest the code was generated from.
+    /// `sha256:<hex>` of the canonical manifest.
     pub fingerprint: &'static str,
-    /// The endpoints (method names) this service handles for that version.
+    /// The endpoints (method names) that [`HostedService::handle`] routes.
     pub endpoints: &'static [&'static str],
-    /// The canonical manifest, served at `GET /_rf/metadata`.
+    /// The canonical manifest, compact JSON; served as-is by `/_rf/metadata`.
     pub manifest_json: &'static str,
 }
 
-/// A delivery, as a handler sees it. The signature was verified and the
-/// message was not processed before.
+/// A verified, routed delivery, as a handler sees it.
+///
+/// Every field comes from the envelope; `source` is authenticated (its
+/// signature matched one of that source's secrets) unless verification was
+/// turned off with
+/// [`ReceiverBuilder::danger_accept_unsigned_for_local_development`](crate::receiver::ReceiverBuilder::danger_accept_unsigned_for_local_development).
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct IncomingCall<'a> {
+    /// `sourceServiceId`: the sending service.
     pub source: &'a str,
+    /// `messageId`, lower-case hyphenated UUID (the inbox key; store it as TEXT).
     pub message_id: &'a str,
     pub correlation_id: Option<&'a str>,
+    pub message_type: MessageType,
     pub interface: &'a str,
     pub version: u32,
+    /// The sender's fingerprint (it may differ from the hosted one during a
+    /// rolling deploy of a compatible revision).
+    pub fingerprint: &'a str,
     pub endpoint: &'a str,
+    /// The envelope's `payload`: one member per method parameter.
     pub payload: &'a serde_json::Value,
+    /// The envelope's free-form `headers`.
+    pub headers: &'a BTreeMap<String, String>,
 }
 
-/// Why a handler did not produce a response. Its transaction (savepoint) is
-/// rolled back in every case, so nothing of the attempt persists.
+/// Why a handler did not process a message. Its effects are rolled back in
+/// every case; the variant decides what the sender is told.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum HandlerError {
-    /// The payload does not decode into the method's parameters: 422
-    /// `payload_mismatch`; the sender dead-letters it.
-    #[error("payload does not fit the contract: {0}")]
+    /// The payload does not fit the method's parameters: 422
+    /// `payload_mismatch`, the sender dead-letters the message.
+    #[error("payload does not match the contract: {0}")]
     PayloadMismatch(String),
-    /// The message can never succeed (the handler says so): 422 `poison`.
-    #[error("message refused as poison: {0}")]
+    /// The message can never succeed (a business rule refuses it for good):
+    /// 422 `poison`, the sender dead-letters it.
+    #[error("message refused for good: {0}")]
     Poison(String),
-    /// A failure worth retrying (a dependency is down, a lock timed out):
-    /// 500 `handler_failed`; the sender retries with backoff.
+    /// A failure worth retrying (a resource is down, a lock timed out): 500
+    /// `handler_failed`, the sender retries with backoff.
     #[error("handler failed: {0}")]
     Retryable(String),
-    /// No such endpoint in this interface version: 404 `unknown_endpoint`.
-    #[error("unknown endpoint `{0}`")]
+    /// The service listed an endpoint in [`HostedInterface::endpoints`] that
+    /// its `handle` does not route: 404 `unknown_endpoint`.
+    #[error("endpoint `{0}` is not routed by this service")]
     UnknownEndpoint(String),
 }
 
-impl HandlerError {
-    pub fn retryable(message: impl std::fmt::Display) -> Self {
-        HandlerError::Retryable(message.to_string())
-    }
-    pub fn poison(message: impl std::fmt::Display) -> Self {
-        HandlerError::Poison(message.to_string())
-    }
-    pub fn unknown_endpoint(endpoint: &str) -> Self {
-        HandlerError::UnknownEndpoint(endpoint.to_owned())
-    }
-}
-
-/// A database error inside a handler is worth retrying (busy, locked, I/O).
+/// A database error in a handler is worth retrying (busy, locked, I/O), so
+/// handlers can `?` their statements.
 impl From<rusqlite::Error> for HandlerError {
     fn from(error: rusqlite::Error) -> Self {
         HandlerError::Retryable(format!("database: {error}"))
@@ -79,18 +99,91 @@ impl From<crate::outbox::OutboxError> for HandlerError {
     }
 }
 
-/// Code that handles the messages of one or more interface versions.
+impl HandlerError {
+    /// A failure worth retrying (500 `handler_failed`).
+    pub fn retryable(message: impl std::fmt::Display) -> Self {
+        Self::Retryable(message.to_string())
+    }
+
+    /// A message that can never succeed (422 `poison`).
+    pub fn poison(message: impl std::fmt::Display) -> Self {
+        Self::Poison(message.to_string())
+    }
+
+    /// A payload that does not fit the contract (422 `payload_mismatch`).
+    pub fn payload_mismatch(message: impl std::fmt::Display) -> Self {
+        Self::PayloadMismatch(message.to_string())
+    }
+
+    /// An endpoint the service does not route (404 `unknown_endpoint`).
+    pub fn unknown_endpoint(endpoint: &str) -> Self {
+        Self::UnknownEndpoint(endpoint.to_owned())
+    }
+}
+
+/// Decodes a payload into a method's request type. The payload must be a JSON
+/// object; unknown members are ignored (a newer compatible sender may add
+/// optional fields) and a missing required member is a
+/// [`HandlerError::PayloadMismatch`].
+pub fn decode_payload<T: DeserializeOwned>(payload: &serde_json::Value) -> Result<T, HandlerError> {
+    if !payload.is_object() {
+        return Err(HandlerError::PayloadMismatch(format!(
+            "payload must be a JSON object with one member per parameter, found {}",
+            json_kind(payload)
+        )));
+    }
+    T::deserialize(payload).map_err(|e| HandlerError::PayloadMismatch(e.to_string()))
+}
+
+/// Encodes a handler's answer as the response payload (`null` for `()`).
+pub fn encode_response<T: Serialize>(response: &T) -> Result<serde_json::Value, HandlerError> {
+    serde_json::to_value(response)
+        .map_err(|e| HandlerError::Retryable(format!("cannot encode the response: {e}")))
+}
+
+pub(crate) fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// A service the receiver hosts: one or more interface versions, each with its
+/// endpoints. Dyn-compatible; the receiver holds `Arc<dyn HostedService>`.
 ///
-/// `handle` runs on the receiver's database thread, inside the transaction
-/// that also records the message in the inbox (one savepoint per message):
-/// write effects through `tx` and they commit exactly once, with that record.
-/// It must not block on the network; to call another service, enqueue
-/// through the outbox in the same `tx`.
+/// # Contract
+///
+/// * [`interfaces`](Self::interfaces) is read once, when the receiver is
+///   built; return the same list every time. An (interface, version) may be
+///   hosted by one service only; one service, or several, may host v1 and v2
+///   of an interface side by side.
+/// * [`handle`](Self::handle) is called only for an (interface, version,
+///   endpoint) that `interfaces` lists, after the signature, the envelope and
+///   the inbox have been checked, and at most once to commit per message
+///   (source, id).
+/// * It runs on the receiver's single database-writer thread, inside a
+///   transaction (a savepoint of a group commit) that also inserts the inbox
+///   row. Write every effect through `tx` and it commits exactly once with
+///   that row. Do not `COMMIT`, `ROLLBACK` or `RELEASE` through `tx`, and do
+///   not block for long: every other delivery waits for this one. To send a
+///   message onward, enqueue it in the outbox through `tx`.
+/// * Return the answer payload (cached in the inbox and sent back, also to
+///   later duplicates). On `Err`, or on a panic, only this message's work is
+///   rolled back and the sender is told per [`HandlerError`]; a panic is
+///   answered 500 `handler_failed` and the writer keeps serving.
+///
+/// Generated code routes with a static `match` on `call.endpoint` (and on
+/// `call.interface` / `call.version` when one service hosts several), decodes
+/// with [`decode_payload`] and encodes with [`encode_response`].
 pub trait HostedService: Send + Sync + 'static {
-    /// The interface versions and endpoints handled.
+    /// The interface versions this service hosts.
     fn interfaces(&self) -> &[HostedInterface];
 
-    /// Handles one message; returns the response payload (`null` for none).
+    /// Processes one message in `tx`; returns the answer payload.
     fn handle(
         &self,
         call: &IncomingCall<'_>,
@@ -98,14 +191,43 @@ pub trait HostedService: Send + Sync + 'static {
     ) -> Result<serde_json::Value, HandlerError>;
 }
 
-/// Decodes a payload into a method's request type; a mismatch is
-/// [`HandlerError::PayloadMismatch`] (unknown members are ignored).
-pub fn decode_payload<T: DeserializeOwned>(payload: &serde_json::Value) -> Result<T, HandlerError> {
-    T::deserialize(payload).map_err(|e| HandlerError::PayloadMismatch(e.to_string()))
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Encodes a handler's response.
-pub fn encode_response<T: Serialize>(response: &T) -> Result<serde_json::Value, HandlerError> {
-    serde_json::to_value(response)
-        .map_err(|e| HandlerError::Retryable(format!("cannot encode the response: {e}")))
+    #[derive(Debug, serde::Deserialize, PartialEq)]
+    struct Hired {
+        name: String,
+        #[serde(default)]
+        team: Option<String>,
+    }
+
+    #[test]
+    fn decode_ignores_unknown_members_and_refuses_missing_ones() {
+        let ok: Hired =
+            decode_payload(&serde_json::json!({"name": "Ada", "extra": 1})).expect("decodes");
+        assert_eq!(
+            ok,
+            Hired {
+                name: "Ada".into(),
+                team: None
+            }
+        );
+        assert!(matches!(
+            decode_payload::<Hired>(&serde_json::json!({"team": "x"})),
+            Err(HandlerError::PayloadMismatch(_))
+        ));
+        assert!(matches!(
+            decode_payload::<Hired>(&serde_json::json!(["Ada", null])),
+            Err(HandlerError::PayloadMismatch(_))
+        ));
+    }
+
+    #[test]
+    fn unit_responses_encode_as_null() {
+        assert_eq!(
+            encode_response(&()).expect("encodes"),
+            serde_json::Value::Null
+        );
+    }
 }

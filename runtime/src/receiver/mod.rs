@@ -1,607 +1,783 @@
-//! The receiving side: an axum [`Router`] for `POST /_rf/receive` (and
-//! `/_rf/receive/batch`, `GET /_rf/metadata`) that verifies signatures,
-//! de-duplicates on the inbox and runs each handler together with its inbox
-//! row in one transaction, which makes processing exactly-once.
+//! The receiver: an axum [`Router`] that takes signed envelopes, processes
+//! each exactly once, and answers as `wire-protocol.md` prescribes.
 //!
-//! Checks run in the order of the wire protocol, and each answers and stops
-//! at the first failure; nothing before the writer's transaction writes.
-//! The router can be merged into the user's own axum app.
+//! Owns the routes `POST /_rf/receive`, `POST /_rf/receive/batch` and
+//! `GET /_rf/metadata` (plus JSON 404/405 answers for anything else under
+//! `/_rf/`), the order of checks before a handler runs, and the writer thread
+//! that runs handlers and group-commits (see [`writer`]).
+//!
+//! ```no_run
+//! # use rfidl_runtime::{Config, receiver::{Receiver, HostedService}};
+//! # async fn demo(config: Config, service: impl HostedService) -> Result<(), Box<dyn std::error::Error>> {
+//! let receiver = Receiver::builder(config, "service.db").service(service).build()?;
+//! let app = axum::Router::new().merge(receiver.router()); // beside your own routes
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! axum::serve(listener, app).await?;
+//! receiver.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! Nothing before the handler's transaction writes anything; nothing is
+//! acknowledged before its commit is durable (`synchronous=FULL` unless the
+//! configuration says otherwise).
 
+mod answer;
 pub mod handler;
 mod writer;
 
-use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::body::{Body, Bytes};
+use axum::extract::{OriginalUri, State};
+use axum::http::{HeaderMap, Method};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{error, warn};
+use uuid::Uuid;
+
+pub use answer::{Answer, ReceiveError};
 pub use handler::{
     HandlerError, HostedInterface, HostedService, IncomingCall, decode_payload, encode_response,
 };
-use tokio::sync::oneshot;
 
 use crate::config::Config;
-use crate::envelope::{Acknowledgement, BatchItem, BatchResult, Envelope, ErrorBody};
+use crate::envelope::{BatchItem, BatchResult, Envelope};
+use crate::inbox::{InboxReader, payload_digest};
 use crate::metrics::Metrics;
-use crate::signing::{self, Secret};
-use crate::{db, inbox};
+use crate::signing::{self, HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP, Secret};
+use writer::{Command, Delivery, Handlers, Job, Writer};
+
+/// Path of the single-message endpoint.
+pub const RECEIVE_PATH: &str = "/_rf/receive";
+/// Path of the batch endpoint.
+pub const RECEIVE_BATCH_PATH: &str = "/_rf/receive/batch";
+/// Path of the hosted-interfaces listing.
+pub const METADATA_PATH: &str = "/_rf/metadata";
+
+/// Default most deliveries per group commit.
+pub const DEFAULT_GROUP_COMMIT_LIMIT: usize = 512;
+/// Default largest batch request body (each item is still held to `inbox.body_limit`).
+pub const DEFAULT_BATCH_BODY_LIMIT: usize = 32 * 1024 * 1024;
+/// Requests queued for the writer before new ones wait for room.
+const QUEUE_CAPACITY: usize = 4096;
 
 /// Why a receiver could not be built.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReceiverError {
     #[error(transparent)]
-    Db(#[from] db::DbError),
-    #[error("secret #{index} for peer `{peer}`: {source}")]
-    Secret {
+    Database(#[from] crate::db::DbError),
+    #[error(transparent)]
+    Inbox(#[from] crate::inbox::InboxError),
+    #[error("secret #{index} of peer `{peer}` is invalid: {source}")]
+    InvalidSecret {
         peer: String,
         index: usize,
-        source: signing::SecretError,
+        source: crate::signing::SecretError,
     },
-    #[error("two services host {interface} v{version}")]
+    #[error("interface `{interface}` v{version} is hosted twice")]
     DuplicateInterface { interface: String, version: u32 },
-    #[error("cannot start the inbox writer thread: {0}")]
-    Thread(std::io::Error),
+    #[error("the manifest of `{interface}` v{version} is not valid JSON: {source}")]
+    InvalidManifest {
+        interface: String,
+        version: u32,
+        source: serde_json::Error,
+    },
+    #[error("cannot start the receiver's writer thread: {0}")]
+    WriterThread(std::io::Error),
 }
 
-/// Builds a [`Receiver`].
-#[must_use]
+/// Where a hosted (interface, version) is routed.
+#[derive(Debug)]
+struct Route {
+    service: usize,
+    hosted: HostedInterface,
+}
+
+/// Whether the receiver checks signatures (see
+/// [`ReceiverBuilder::danger_accept_unsigned_messages`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verification {
+    Required,
+    DisabledForLocalDevelopment,
+}
+
+/// Builds a [`Receiver`]. Created by [`Receiver::builder`].
+#[must_use = "call .build() to get a Receiver"]
 pub struct ReceiverBuilder {
     config: Config,
-    db_path: std::path::PathBuf,
+    db_path: PathBuf,
     services: Vec<Arc<dyn HostedService>>,
-    metrics: Arc<Metrics>,
-    verify_signatures: bool,
+    metrics: Option<Arc<Metrics>>,
+    group_commit_limit: usize,
+    batch_body_limit: usize,
+    verification: Verification,
+}
+
+impl std::fmt::Debug for ReceiverBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReceiverBuilder")
+            .field("db_path", &self.db_path)
+            .field("services", &self.services.len())
+            .field("verification", &self.verification)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ReceiverBuilder {
-    /// Hosts a service (generated receivers: `EmpServiceV1::ServiceReceiver(handler)`).
-    pub fn service(mut self, service: impl HostedService) -> Self {
-        self.services.push(Arc::new(service));
+    /// Hosts a service (generated `…Receiver(handler)` or hand-written).
+    pub fn service(self, service: impl HostedService) -> Self {
+        self.shared_service(Arc::new(service))
+    }
+
+    /// Hosts a service that is shared with other parts of the program.
+    pub fn shared_service(mut self, service: Arc<dyn HostedService>) -> Self {
+        self.services.push(service);
         self
     }
 
-    /// Shares a metrics registry (e.g. with the dispatcher of the same process).
+    /// Counts into these metrics (e.g. the ones the outbox side also uses, so
+    /// one `/_rf/metrics` page shows both). Default: a fresh set.
     pub fn metrics(mut self, metrics: Arc<Metrics>) -> Self {
-        self.metrics = metrics;
+        self.metrics = Some(metrics);
         self
     }
 
-    /// Accepts unsigned requests from any source. For local development only:
-    /// anyone who can reach the port can then inject messages.
+    /// Most deliveries the writer commits in one transaction (one fsync).
+    pub fn group_commit_limit(mut self, deliveries: usize) -> Self {
+        self.group_commit_limit = deliveries.max(1);
+        self
+    }
+
+    /// Largest body of `POST /_rf/receive/batch`.
+    pub fn batch_body_limit(mut self, bytes: usize) -> Self {
+        self.batch_body_limit = bytes;
+        self
+    }
+
+    /// Turns signature verification OFF: any source is accepted and no
+    /// `webhook-*` header is checked. Anyone who can reach the receiver can
+    /// then make it run handlers. For local development only; logged as a
+    /// warning at build time.
     pub fn danger_accept_unsigned_for_local_development(mut self) -> Self {
-        self.verify_signatures = false;
+        self.verification = Verification::DisabledForLocalDevelopment;
         self
     }
 
-    /// Opens the inbox database (creating and migrating it) and starts the writer.
+    /// Opens (and migrates) the database, starts the writer thread.
     pub fn build(self) -> Result<Receiver, ReceiverError> {
-        let mut routes = BTreeMap::new();
+        let mut secrets = HashMap::new();
+        for (peer, texts) in &self.config.peers {
+            let mut parsed = Vec::with_capacity(texts.len());
+            for (index, text) in texts.iter().enumerate() {
+                let secret =
+                    Secret::parse(text).map_err(|source| ReceiverError::InvalidSecret {
+                        peer: peer.clone(),
+                        index,
+                        source,
+                    })?;
+                parsed.push(secret);
+            }
+            secrets.insert(peer.clone(), parsed);
+        }
+
+        let mut routes: HashMap<&'static str, BTreeMap<u32, Route>> = HashMap::new();
+        let mut metadata = Vec::new();
         for (index, service) in self.services.iter().enumerate() {
             for hosted in service.interfaces() {
-                let key = (hosted.interface.to_owned(), hosted.version);
-                if routes.insert(key, (index, *hosted)).is_some() {
+                let versions = routes.entry(hosted.interface).or_default();
+                if versions.contains_key(&hosted.version) {
                     return Err(ReceiverError::DuplicateInterface {
                         interface: hosted.interface.to_owned(),
                         version: hosted.version,
                     });
                 }
+                let manifest: serde_json::Value = serde_json::from_str(hosted.manifest_json)
+                    .map_err(|source| ReceiverError::InvalidManifest {
+                        interface: hosted.interface.to_owned(),
+                        version: hosted.version,
+                        source,
+                    })?;
+                metadata.push(serde_json::json!({
+                    "interface": hosted.interface,
+                    "version": hosted.version,
+                    "fingerprint": hosted.fingerprint,
+                    "endpoints": hosted.endpoints,
+                    "manifest": manifest,
+                }));
+                versions.insert(
+                    hosted.version,
+                    Route {
+                        service: index,
+                        hosted: *hosted,
+                    },
+                );
             }
         }
-        let mut peers = BTreeMap::new();
-        for (peer, texts) in &self.config.peers {
-            let mut secrets = Vec::new();
-            for (index, text) in texts.iter().enumerate() {
-                let secret = Secret::parse(text).map_err(|source| ReceiverError::Secret {
-                    peer: peer.clone(),
-                    index,
-                    source,
-                })?;
-                secrets.push(secret);
-            }
-            peers.insert(peer.clone(), secrets);
-        }
-        if !self.verify_signatures {
-            tracing::warn!(
-                "signature verification is OFF: this receiver accepts unsigned messages from anyone"
+
+        if self.verification == Verification::DisabledForLocalDevelopment {
+            warn!(
+                db = %self.db_path.display(),
+                "SIGNATURE VERIFICATION IS OFF: this receiver accepts unsigned messages from anyone. \
+                 Never run it like this outside local development."
             );
         }
-        let write_conn = db::open(&self.db_path, self.config.inbox.durability)?;
-        let read_conn = db::open(&self.db_path, self.config.inbox.durability)?;
-        let services = Arc::new(self.services);
-        let writer = writer::start(
-            write_conn,
-            services.clone(),
-            self.metrics.clone(),
-            self.config.inbox.retention,
-        )
-        .map_err(ReceiverError::Thread)?;
+
+        let conn = crate::db::open(&self.db_path, self.config.inbox.durability)?;
+        let reader = InboxReader::open(&self.db_path)?;
+        let metrics = self.metrics.unwrap_or_default();
+        let services: Arc<[Arc<dyn HostedService>]> = self.services.into();
+        let (commands, receiver) = mpsc::channel(QUEUE_CAPACITY);
+        let writer = Writer {
+            conn,
+            commands: receiver,
+            handlers: Handlers {
+                services,
+                metrics: Arc::clone(&metrics),
+            },
+            retention: self.config.inbox.retention,
+            group_limit: self.group_commit_limit,
+        };
+        let thread = std::thread::Builder::new()
+            .name("rfidl-receiver-writer".to_owned())
+            .spawn(move || writer.run())
+            .map_err(ReceiverError::WriterThread)?;
+
         Ok(Receiver {
-            inner: Arc::new(Inner {
-                config: self.config,
+            shared: Arc::new(Shared {
+                body_limit: self.config.inbox.body_limit,
+                batch_body_limit: self.batch_body_limit,
+                tolerance: self.config.inbox.signature_tolerance,
+                in_progress_wait: self.config.inbox.in_progress_wait,
+                verification: self.verification,
+                secrets,
                 routes,
-                peers,
-                verify_signatures: self.verify_signatures,
-                read_conn: std::sync::Mutex::new(read_conn),
-                writer: writer.sender,
-                writer_thread: std::sync::Mutex::new(Some(writer.thread)),
-                metrics: self.metrics,
+                metadata: serde_json::json!({ "interfaces": metadata }),
+                reader: Arc::new(reader),
+                commands,
+                metrics,
+                writer_thread: Mutex::new(Some(thread)),
             }),
         })
     }
 }
 
-/// A running receiver: its writer thread and the router that feeds it.
-/// Cheap to clone.
-#[derive(Clone)]
-pub struct Receiver {
-    inner: Arc<Inner>,
+struct Shared {
+    body_limit: usize,
+    batch_body_limit: usize,
+    tolerance: Duration,
+    in_progress_wait: Duration,
+    verification: Verification,
+    secrets: HashMap<String, Vec<Secret>>,
+    routes: HashMap<&'static str, BTreeMap<u32, Route>>,
+    metadata: serde_json::Value,
+    reader: Arc<InboxReader>,
+    commands: mpsc::Sender<Command>,
+    metrics: Arc<Metrics>,
+    writer_thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-struct Inner {
-    config: Config,
-    /// (interface, version) -> (service index, what it hosts).
-    routes: BTreeMap<(String, u32), (usize, HostedInterface)>,
-    peers: BTreeMap<String, Vec<Secret>>,
-    verify_signatures: bool,
-    /// For the duplicate fast path; the writer checks again in its transaction.
-    read_conn: std::sync::Mutex<rusqlite::Connection>,
-    writer: tokio::sync::mpsc::Sender<writer::Job>,
-    writer_thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
-    metrics: Arc<Metrics>,
+/// A running receiver: verification, routing, the inbox and the writer
+/// thread. Cheap to clone; every clone is the same receiver.
+#[derive(Clone)]
+pub struct Receiver {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Receiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Receiver")
+            .field("routes", &self.shared.routes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A message after the checks that need no database (steps 2 to 6).
+struct Admitted {
+    delivery: Delivery,
 }
 
 impl Receiver {
-    /// Starts building a receiver whose inbox lives in `db_path`.
+    /// Starts building a receiver that stores its inbox in the SQLite file
+    /// `db_path` (created and migrated if needed; it may be the service's own
+    /// database, so handlers write business rows next to the inbox).
     pub fn builder(config: Config, db_path: impl AsRef<Path>) -> ReceiverBuilder {
         ReceiverBuilder {
             config,
             db_path: db_path.as_ref().to_path_buf(),
             services: Vec::new(),
-            metrics: Arc::new(Metrics::default()),
-            verify_signatures: true,
+            metrics: None,
+            group_commit_limit: DEFAULT_GROUP_COMMIT_LIMIT,
+            batch_body_limit: DEFAULT_BATCH_BODY_LIMIT,
+            verification: Verification::Required,
         }
     }
 
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.inner.metrics
-    }
-
-    /// The routes: `POST /_rf/receive`, `POST /_rf/receive/batch`,
-    /// `GET /_rf/metadata`; every other path or method answers a JSON error.
+    /// The receiver's routes, ready to merge into an application router (or
+    /// to serve: see also [`standalone_router`](Self::standalone_router)).
+    /// Paths under `/_rf/` that are not routes answer a JSON 404 and wrong
+    /// methods a JSON 405; other paths are left to the application.
     pub fn router(&self) -> Router {
         Router::new()
-            .route("/_rf/receive", post(receive))
-            .route("/_rf/receive/batch", post(receive_batch))
-            .route("/_rf/metadata", get(metadata))
-            .fallback(not_found)
-            .method_not_allowed_fallback(method_not_allowed)
-            .with_state(self.clone())
+            .route(RECEIVE_PATH, post(receive_one).fallback(method_not_allowed))
+            .route(
+                RECEIVE_BATCH_PATH,
+                post(receive_batch).fallback(method_not_allowed),
+            )
+            .route(
+                METADATA_PATH,
+                get(serve_metadata).fallback(method_not_allowed),
+            )
+            .route("/_rf/{*rest}", any(not_found))
+            .with_state(Arc::clone(&self.shared))
     }
 
-    /// Stops the writer after the deliveries already queued. Requests that
-    /// arrive afterwards are answered 503.
-    pub async fn shutdown(self) {
+    /// The metrics this receiver counts into.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.shared.metrics
+    }
+
+    /// The same routes plus a JSON 404 for every other path: for a server
+    /// whose only job is receiving. (Axum refuses to merge two routers that
+    /// both have a fallback, so [`router`](Self::router) leaves the
+    /// application's own fallback alone.)
+    pub fn standalone_router(&self) -> Router {
+        self.router().fallback(not_found)
+    }
+
+    /// `{"interfaces": [{interface, version, fingerprint, endpoints, manifest}]}`,
+    /// as served by `GET /_rf/metadata`.
+    pub fn metadata(&self) -> &serde_json::Value {
+        &self.shared.metadata
+    }
+
+    /// Processes one envelope as `POST /_rf/receive` would, without HTTP (for
+    /// in-process transports and tests).
+    pub async fn receive(&self, headers: &HeaderMap, body: Bytes) -> Answer {
+        self.shared.receive_one(headers, body).await
+    }
+
+    /// Stops taking messages, lets the writer finish what is queued, and waits
+    /// for its thread to end. Requests after this answer 503 `unavailable`.
+    pub async fn shutdown(&self) {
+        let (done, finished) = oneshot::channel();
+        if self
+            .shared
+            .commands
+            .send(Command::Stop { done })
+            .await
+            .is_ok()
+        {
+            let _ = finished.await;
+        }
         let thread = self
-            .inner
+            .shared
             .writer_thread
             .lock()
             .ok()
-            .and_then(|mut t| t.take());
-        drop(self);
+            .and_then(|mut slot| slot.take());
         if let Some(thread) = thread {
-            // The thread ends once every sender (router clones included) is gone.
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
     }
 }
 
-/// An answer with the wire protocol's JSON error body.
-fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    let body = ErrorBody {
-        error: code.to_owned(),
-        message: message.into(),
-    };
-    (status, axum::Json(body)).into_response()
+/// A JSON 404 for any path: use it as your application's fallback if you
+/// want every unknown path to answer like the receiver does.
+pub async fn not_found(OriginalUri(uri): OriginalUri) -> Response {
+    ReceiveError::NotFound(uri.path().to_owned()).into_response()
 }
 
-fn retry_later(code: &str, message: impl Into<String>) -> Response {
-    let mut response = error(StatusCode::SERVICE_UNAVAILABLE, code, message);
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    response
+async fn method_not_allowed(method: Method, OriginalUri(uri): OriginalUri) -> Response {
+    ReceiveError::MethodNotAllowed {
+        method: method.to_string(),
+        path: uri.path().to_owned(),
+    }
+    .into_response()
 }
 
-async fn not_found() -> Response {
-    error(
-        StatusCode::NOT_FOUND,
-        "not_found",
-        "no such path; messages go to POST /_rf/receive",
-    )
+async fn serve_metadata(State(shared): State<Arc<Shared>>) -> Response {
+    axum::Json(shared.metadata.clone()).into_response()
 }
 
-async fn method_not_allowed() -> Response {
-    error(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        "method not allowed on this path",
-    )
-}
-
-async fn metadata(State(receiver): State<Receiver>) -> Response {
-    let hosted: Vec<serde_json::Value> = receiver
-        .inner
-        .routes
-        .values()
-        .map(|(_, hosted)| {
-            serde_json::json!({
-                "interface": hosted.interface,
-                "version": hosted.version,
-                "fingerprint": hosted.fingerprint,
-                "endpoints": hosted.endpoints,
-                "manifest": serde_json::from_str::<serde_json::Value>(hosted.manifest_json).unwrap_or_default(),
-            })
-        })
-        .collect();
-    axum::Json(serde_json::json!({ "interfaces": hosted })).into_response()
-}
-
-async fn receive(State(receiver): State<Receiver>, request: Request) -> Response {
-    let limit = receiver.inner.config.inbox.body_limit;
-    let (parts, body) = request.into_parts();
-    let Ok(body) = axum::body::to_bytes(body, limit).await else {
-        receiver.inner.metrics.inbox_rejected.inc();
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!("the body exceeds {limit} bytes"),
-        );
-    };
-    let header = |name: &str| {
-        parts
-            .headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
-    let signature = SignedHeaders {
-        id: header(signing::HEADER_ID),
-        timestamp: header(signing::HEADER_TIMESTAMP),
-        signature: header(signing::HEADER_SIGNATURE),
-    };
-    match receiver.admit(&signature, &body) {
-        Ok(admitted) => {
-            let pending = receiver.enqueue(admitted).await;
-            receiver.finish(pending).await
+async fn receive_one(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let bytes = match read_limited(&headers, body, shared.body_limit).await {
+        Ok(bytes) => bytes,
+        Err(refusal) => {
+            shared.count_refusal(&refusal);
+            return refusal.into_response();
         }
-        Err(rejection) => rejection.into_response(),
-    }
+    };
+    shared.receive_one(&headers, bytes).await.into_response()
 }
 
-async fn receive_batch(State(receiver): State<Receiver>, request: Request) -> Response {
-    let limit = receiver.inner.config.inbox.body_limit;
-    let Ok(body) = axum::body::to_bytes(request.into_body(), limit.saturating_mul(64)).await else {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            "the batch is too large",
-        );
+async fn receive_batch(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let bytes = match read_limited(&headers, body, shared.batch_body_limit).await {
+        Ok(bytes) => bytes,
+        Err(refusal) => {
+            shared.count_refusal(&refusal);
+            return refusal.into_response();
+        }
     };
-    let Ok(items) = serde_json::from_slice::<Vec<BatchItem>>(&body) else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "malformed_envelope",
-            "a batch is a JSON array of {headers, body} items",
-        );
+    let items: Vec<BatchItem> = match serde_json::from_slice(&bytes) {
+        Ok(items) => items,
+        Err(e) => {
+            let refusal = ReceiveError::MalformedEnvelope(format!(
+                "a batch is a JSON array of {{\"headers\": {{…}}, \"body\": \"<envelope JSON>\"}}: {e}"
+            ));
+            shared.count_refusal(&refusal);
+            return refusal.into_response();
+        }
     };
-    // Admit every item first, so all admitted ones reach the writer together
-    // and share one commit.
-    let admitted: Vec<Result<Admitted, Rejection>> = items
-        .iter()
-        .map(|item| {
-            if item.body.len() > limit {
-                return Err(Rejection {
-                    status: StatusCode::PAYLOAD_TOO_LARGE,
-                    code: "payload_too_large",
-                    message: format!("the item exceeds {limit} bytes"),
-                });
-            }
-            let get = |name: &str| item.headers.get(name).cloned();
-            let signature = SignedHeaders {
-                id: get(signing::HEADER_ID),
-                timestamp: get(signing::HEADER_TIMESTAMP),
-                signature: get(signing::HEADER_SIGNATURE),
-            };
-            receiver.admit(&signature, item.body.as_bytes())
-        })
+    let results: Vec<BatchResult> = shared
+        .receive_batch(items)
+        .await
+        .into_iter()
+        .map(Answer::into_batch_result)
         .collect();
-    // Queue every admitted delivery before awaiting any, so they share commits.
-    let mut pending = Vec::with_capacity(admitted.len());
-    for admitted in admitted {
-        pending.push(match admitted {
-            Ok(admitted) => receiver.enqueue(admitted).await,
-            Err(rejection) => Pending::Done(rejection.into_response()),
-        });
-    }
-    let mut results = Vec::with_capacity(pending.len());
-    for pending in pending {
-        let response = receiver.finish(pending).await;
-        let status = response.status().as_u16();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .unwrap_or_default();
-        let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
-        results.push(BatchResult { status, body });
-    }
     axum::Json(results).into_response()
 }
 
-/// A delivery handed to the writer, or already answered.
-enum Pending {
-    Done(Response),
-    Waiting(oneshot::Receiver<writer::Outcome>),
-}
-
-/// A refused delivery: status, stable code, human message.
-struct Rejection {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-}
-
-impl Rejection {
-    fn into_response(self) -> Response {
-        error(self.status, self.code, self.message)
+/// Reads a body, refusing (413) one larger than `limit`, early when
+/// `Content-Length` already says so.
+async fn read_limited(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<Bytes, ReceiveError> {
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(ReceiveError::PayloadTooLarge { limit });
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => Err(ReceiveError::PayloadTooLarge { limit }),
+        Err(e) => Err(ReceiveError::MalformedEnvelope(format!(
+            "cannot read the request body: {e}"
+        ))),
     }
 }
 
-struct SignedHeaders {
-    id: Option<String>,
-    timestamp: Option<String>,
-    signature: Option<String>,
-}
-
-/// A delivery that passed every check before the inbox.
-enum Admitted {
-    /// Answered from the inbox without the writer.
-    Known(Response),
-    Job(Box<writer::Job>, oneshot::Receiver<writer::Outcome>),
-}
-
-impl Receiver {
-    /// Steps 2–7 of the wire protocol's order of checks.
-    fn admit(&self, headers: &SignedHeaders, body: &[u8]) -> Result<Admitted, Rejection> {
-        let inner = &self.inner;
-        let rejected = |status: StatusCode, code: &'static str, message: String| {
-            if status == StatusCode::UNAUTHORIZED {
-                inner.metrics.inbox_signature_failures.inc();
-            } else {
-                inner.metrics.inbox_rejected.inc();
+impl Shared {
+    async fn receive_one(&self, headers: &HeaderMap, body: Bytes) -> Answer {
+        let answer = match self.admit(headers, &body) {
+            Ok(admitted) => {
+                let mut answers = self.process(vec![admitted]).await;
+                answers
+                    .pop()
+                    .unwrap_or(Answer::Refused(ReceiveError::Unavailable(
+                        "the writer gave no answer".to_owned(),
+                    )))
             }
-            Rejection {
-                status,
-                code,
-                message,
-            }
+            Err(refusal) => Answer::Refused(refusal),
         };
-        // 2. A JSON object with a string sourceServiceId (read unverified, only to pick secrets).
-        let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
-            rejected(
-                StatusCode::BAD_REQUEST,
-                "malformed_envelope",
-                format!("the body is not JSON: {e}"),
-            )
-        })?;
-        let Some(source) = value
-            .get("sourceServiceId")
-            .and_then(|s| s.as_str())
-            .map(str::to_owned)
-        else {
-            return Err(rejected(
-                StatusCode::BAD_REQUEST,
-                "malformed_envelope",
-                "the body must be a JSON object with a string `sourceServiceId`".to_owned(),
+        self.count(&answer);
+        answer
+    }
+
+    async fn receive_batch(&self, items: Vec<BatchItem>) -> Vec<Answer> {
+        let mut answers: Vec<Option<Answer>> = Vec::with_capacity(items.len());
+        let mut admitted = Vec::new();
+        let mut positions = Vec::new();
+        for item in &items {
+            if item.body.len() > self.body_limit {
+                answers.push(Some(Answer::Refused(ReceiveError::PayloadTooLarge {
+                    limit: self.body_limit,
+                })));
+                continue;
+            }
+            match self.admit(&item.headers, item.body.as_bytes()) {
+                Ok(message) => {
+                    positions.push(answers.len());
+                    answers.push(None);
+                    admitted.push(message);
+                }
+                Err(refusal) => answers.push(Some(Answer::Refused(refusal))),
+            }
+        }
+        if !admitted.is_empty() {
+            let processed = self.process(admitted).await;
+            for (position, answer) in positions.into_iter().zip(processed) {
+                answers[position] = Some(answer);
+            }
+        }
+        let answers: Vec<Answer> = answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or(Answer::Refused(ReceiveError::Unavailable(
+                    "the writer gave no answer".to_owned(),
+                )))
+            })
+            .collect();
+        for answer in &answers {
+            self.count(answer);
+        }
+        answers
+    }
+
+    /// Steps 2 to 6 of the order of checks: envelope, source, signature,
+    /// fields, route. Pure CPU work; nothing is read or written.
+    fn admit(
+        &self,
+        headers: &impl SignatureHeaderSource,
+        body: &[u8],
+    ) -> Result<Admitted, ReceiveError> {
+        let header = |name: &'static str| headers.header(name);
+        // 2. A JSON object with a string `sourceServiceId` (read unverified,
+        //    only to choose the secret set).
+        let value: serde_json::Value = serde_json::from_slice(body)
+            .map_err(|e| ReceiveError::MalformedEnvelope(format!("body is not JSON: {e}")))?;
+        let serde_json::Value::Object(members) = &value else {
+            return Err(ReceiveError::MalformedEnvelope(format!(
+                "the envelope must be a JSON object, found {}",
+                handler::json_kind(&value)
+            )));
+        };
+        let Some(source) = members.get("sourceServiceId").and_then(|v| v.as_str()) else {
+            return Err(ReceiveError::MalformedEnvelope(
+                "`sourceServiceId` is missing or not a string".to_owned(),
             ));
         };
-        // 3 + 4. Secrets for that source, then the Standard Webhooks signature.
-        if inner.verify_signatures {
-            let Some(secrets) = inner.peers.get(&source) else {
-                return Err(rejected(
-                    StatusCode::UNAUTHORIZED,
-                    "unknown_source",
-                    format!("no secret is configured for source `{source}`"),
-                ));
+
+        // 3 and 4. Source known, signature valid.
+        if self.verification == Verification::Required {
+            let Some(secrets) = self.secrets.get(source) else {
+                return Err(ReceiveError::UnknownSource(source.to_owned()));
             };
             signing::verify(
-                headers.id.as_deref(),
-                headers.timestamp.as_deref(),
-                headers.signature.as_deref(),
+                header(HEADER_ID),
+                header(HEADER_TIMESTAMP),
+                header(HEADER_SIGNATURE),
                 body,
                 secrets,
                 signing::unix_now(),
-                inner.config.inbox.signature_tolerance,
+                self.tolerance,
             )
-            .map_err(|e| {
-                tracing::warn!(source = %source, "signature verification failed: {e}");
-                rejected(StatusCode::UNAUTHORIZED, e.code(), e.to_string())
-            })?;
+            .map_err(ReceiveError::Signature)?;
         }
-        // 5. The whole envelope, and the id the signature covered.
-        let envelope: Envelope = serde_json::from_value(value).map_err(|e| {
-            rejected(
-                StatusCode::BAD_REQUEST,
-                "malformed_envelope",
-                format!("invalid envelope: {e}"),
-            )
-        })?;
-        let message_id = envelope.message_id.to_string();
-        if inner.verify_signatures && headers.id.as_deref() != Some(message_id.as_str()) {
-            return Err(rejected(
-                StatusCode::BAD_REQUEST,
-                "id_mismatch",
-                "`webhook-id` differs from the envelope's `messageId`".to_owned(),
-            ));
+
+        // 5. Envelope fields, and webhook-id = messageId.
+        let raw_message_id = members
+            .get("messageId")
+            .and_then(|v| v.as_str())
+            .map(str::to_owned);
+        let envelope: Envelope = serde_json::from_value(value)
+            .map_err(|e| ReceiveError::MalformedEnvelope(e.to_string()))?;
+        if !envelope.payload.is_object() {
+            return Err(ReceiveError::MalformedEnvelope(format!(
+                "`payload` must be a JSON object, found {}",
+                handler::json_kind(&envelope.payload)
+            )));
         }
-        // 6. Routing.
-        let route = inner
-            .routes
-            .get(&(envelope.interface.clone(), envelope.version));
-        let Some((service, hosted)) = route else {
-            let known_interface = inner
-                .routes
+        let raw_message_id = raw_message_id.unwrap_or_default();
+        match header(HEADER_ID) {
+            Some(id) if id != raw_message_id => {
+                return Err(ReceiveError::IdMismatch {
+                    header: id.to_owned(),
+                    body: raw_message_id,
+                });
+            }
+            _ => {}
+        }
+
+        // 6. A hosted interface, version and endpoint.
+        let Some(versions) = self.routes.get(envelope.interface.as_str()) else {
+            return Err(ReceiveError::UnknownInterface(envelope.interface));
+        };
+        let Some(route) = versions.get(&envelope.version) else {
+            let hosted = versions
                 .keys()
-                .any(|(interface, _)| *interface == envelope.interface);
-            let (code, message) = if known_interface {
+                .map(|v| format!("v{v}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(ReceiveError::UnknownVersion {
+                interface: envelope.interface,
+                version: envelope.version,
+                hosted,
+            });
+        };
+        if !route.hosted.endpoints.contains(&envelope.endpoint.as_str()) {
+            return Err(ReceiveError::UnknownEndpoint {
+                interface: envelope.interface,
+                version: envelope.version,
+                endpoint: envelope.endpoint,
+            });
+        }
+        let hosted_fingerprint_differs =
+            (envelope.fingerprint != route.hosted.fingerprint).then_some(route.hosted.fingerprint);
+        Ok(Admitted {
+            delivery: Delivery {
+                message_id: canonical_id(envelope.message_id),
+                payload_sha256: payload_digest(&envelope.payload),
+                service: route.service,
+                hosted_fingerprint_differs,
+                envelope,
+            },
+        })
+    }
+
+    /// Step 7 (the committed-inbox look-up, off the executor), then the
+    /// writer for whatever is new (steps 8 and 9 run there).
+    async fn process(&self, admitted: Vec<Admitted>) -> Vec<Answer> {
+        let keys: Vec<(String, String)> = admitted
+            .iter()
+            .map(|a| {
                 (
-                    "unknown_version",
-                    format!(
-                        "{} v{} is not hosted here",
-                        envelope.interface, envelope.version
-                    ),
+                    a.delivery.envelope.source_service_id.clone(),
+                    a.delivery.message_id.clone(),
                 )
+            })
+            .collect();
+        let reader = Arc::clone(&self.reader);
+        let found = tokio::task::spawn_blocking(move || {
+            keys.iter()
+                .map(|(source, id)| reader.lookup(source, id))
+                .collect::<Vec<_>>()
+        })
+        .await;
+        let found = match found {
+            Ok(found) => found,
+            Err(e) => {
+                error!(error = %e, "inbox look-up task failed");
+                let refusal = ReceiveError::Unavailable("inbox look-up failed".to_owned());
+                return vec![Answer::Refused(refusal); admitted.len()];
+            }
+        };
+
+        let mut answers: Vec<Option<Answer>> = Vec::with_capacity(admitted.len());
+        let mut fresh = Vec::new();
+        let mut positions = Vec::new();
+        for (message, entry) in admitted.into_iter().zip(found) {
+            let delivery = message.delivery;
+            match entry {
+                Ok(Some(entry)) if entry.payload_sha256 == delivery.payload_sha256 => {
+                    self.metrics.inbox_duplicates.inc();
+                    answers.push(Some(Answer::Acknowledged {
+                        duplicate: true,
+                        payload: entry.response_value(),
+                    }));
+                }
+                Ok(Some(_)) => {
+                    answers.push(Some(Answer::Refused(ReceiveError::MessageIdReused {
+                        source_service_id: delivery.envelope.source_service_id.clone(),
+                        message_id: delivery.message_id.clone(),
+                    })));
+                }
+                Ok(None) => {
+                    positions.push(answers.len());
+                    answers.push(None);
+                    fresh.push(delivery);
+                }
+                Err(e) => {
+                    error!(error = %e, "inbox look-up failed");
+                    answers.push(Some(Answer::Refused(ReceiveError::Unavailable(format!(
+                        "inbox look-up failed: {e}"
+                    )))));
+                }
+            }
+        }
+
+        if !fresh.is_empty() {
+            let count = fresh.len();
+            let written = self.write(fresh).await;
+            let written = if written.len() == count {
+                written
             } else {
-                (
-                    "unknown_interface",
-                    format!("interface `{}` is not hosted here", envelope.interface),
-                )
+                vec![
+                    Answer::Refused(ReceiveError::Unavailable(
+                        "the writer gave no answer".to_owned()
+                    ));
+                    count
+                ]
             };
-            return Err(rejected(StatusCode::NOT_FOUND, code, message));
-        };
-        if !hosted.endpoints.contains(&envelope.endpoint.as_str()) {
-            return Err(rejected(
-                StatusCode::NOT_FOUND,
-                "unknown_endpoint",
-                format!(
-                    "{} v{} has no endpoint `{}`",
-                    envelope.interface, envelope.version, envelope.endpoint
-                ),
-            ));
-        }
-        if envelope.fingerprint != hosted.fingerprint {
-            inner.metrics.inbox_fingerprint_mismatches.inc();
-            tracing::info!(
-                interface = %envelope.interface, version = envelope.version,
-                sender = %envelope.fingerprint, hosted = %hosted.fingerprint,
-                "fingerprint differs from the hosted one; decoding decides"
-            );
-        }
-        // 7. Inbox fast path (the writer checks again inside its transaction).
-        let digest = inbox::payload_digest(&envelope.payload);
-        let known = inner
-            .read_conn
-            .lock()
-            .ok()
-            .and_then(|conn| inbox::lookup(&conn, &source, &message_id).ok().flatten());
-        if let Some(record) = known {
-            if record.payload_sha256 == digest {
-                inner.metrics.inbox_duplicates.inc();
-                return Ok(Admitted::Known(acknowledged(true, record.response)));
+            for (position, answer) in positions.into_iter().zip(written) {
+                answers[position] = Some(answer);
             }
-            return Err(rejected(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "message_id_reused",
-                format!("message {message_id} was processed before with a different payload"),
-            ));
         }
-        let (reply, outcome) = oneshot::channel();
-        let job = writer::Job {
-            service: *service,
-            source,
-            message_id,
-            correlation_id: envelope.correlation_id,
-            interface: envelope.interface,
-            version: envelope.version,
-            endpoint: envelope.endpoint,
-            payload: envelope.payload,
-            payload_sha256: digest,
-            reply,
-        };
-        Ok(Admitted::Job(Box::new(job), outcome))
+        answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or(Answer::Refused(ReceiveError::Unavailable(
+                    "no answer".to_owned(),
+                )))
+            })
+            .collect()
     }
 
-    /// Hands an admitted delivery to the writer (steps 8–9 run there: decode,
-    /// handler and inbox row in one transaction).
-    async fn enqueue(&self, admitted: Admitted) -> Pending {
-        let (job, outcome) = match admitted {
-            Admitted::Known(response) => return Pending::Done(response),
-            Admitted::Job(job, outcome) => (job, outcome),
+    /// Hands deliveries to the writer and waits (bounded) for their answers.
+    async fn write(&self, deliveries: Vec<Delivery>) -> Vec<Answer> {
+        let count = deliveries.len();
+        let (reply, answered) = oneshot::channel();
+        let job = Job { deliveries, reply };
+        let wait = async {
+            if self.commands.send(Command::Deliver(job)).await.is_err() {
+                return vec![Answer::Refused(ReceiveError::ShuttingDown); count];
+            }
+            answered
+                .await
+                .unwrap_or_else(|_| vec![Answer::Refused(ReceiveError::ShuttingDown); count])
         };
-        if self.inner.writer.send(*job).await.is_err() {
-            return Pending::Done(retry_later(
-                "shutting_down",
-                "the receiver is shutting down",
-            ));
+        match tokio::time::timeout(self.in_progress_wait, wait).await {
+            Ok(answers) => answers,
+            // The writer may still commit it: the sender's retry then gets a duplicate.
+            Err(_) => vec![Answer::Refused(ReceiveError::InProgress); count],
         }
-        Pending::Waiting(outcome)
     }
 
-    /// Waits for the writer's verdict (given only after the commit) and answers.
-    async fn finish(&self, pending: Pending) -> Response {
-        let outcome = match pending {
-            Pending::Done(response) => return response,
-            Pending::Waiting(outcome) => outcome,
-        };
-        let wait = self.inner.config.inbox.in_progress_wait;
-        let outcome = match tokio::time::timeout(wait, outcome).await {
-            Ok(Ok(outcome)) => outcome,
-            Ok(Err(_)) => return retry_later("shutting_down", "the receiver is shutting down"),
-            Err(_) => {
-                return retry_later(
-                    "in_progress",
-                    "the message is still being processed; retry later",
-                );
-            }
-        };
-        let metrics = &self.inner.metrics;
-        match outcome {
-            writer::Outcome::Processed(payload) => acknowledged(false, payload),
-            writer::Outcome::Duplicate(payload) => acknowledged(true, payload),
-            writer::Outcome::IdReused => {
-                metrics.inbox_rejected.inc();
-                error(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "message_id_reused",
-                    "this message id was processed with a different payload",
-                )
-            }
-            writer::Outcome::Failed(HandlerError::PayloadMismatch(message)) => {
-                metrics.inbox_rejected.inc();
-                error(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "payload_mismatch",
-                    message,
-                )
-            }
-            writer::Outcome::Failed(HandlerError::Poison(message)) => {
-                metrics.inbox_rejected.inc();
-                error(StatusCode::UNPROCESSABLE_ENTITY, "poison", message)
-            }
-            writer::Outcome::Failed(HandlerError::UnknownEndpoint(endpoint)) => {
-                metrics.inbox_rejected.inc();
-                error(
-                    StatusCode::NOT_FOUND,
-                    "unknown_endpoint",
-                    format!("no endpoint `{endpoint}`"),
-                )
-            }
-            writer::Outcome::Failed(HandlerError::Retryable(message)) => {
-                error(StatusCode::INTERNAL_SERVER_ERROR, "handler_failed", message)
-            }
-            writer::Outcome::Storage(message) => retry_later("storage_unavailable", message),
+    fn count_refusal(&self, refusal: &ReceiveError) {
+        if refusal.status() == axum::http::StatusCode::UNAUTHORIZED {
+            self.metrics.inbox_signature_failures.inc();
+        } else if refusal.status().is_client_error() {
+            self.metrics.inbox_rejected.inc();
+        }
+    }
+
+    fn count(&self, answer: &Answer) {
+        if let Answer::Refused(refusal) = answer {
+            self.count_refusal(refusal);
         }
     }
 }
 
-fn acknowledged(duplicate: bool, payload: serde_json::Value) -> Response {
-    axum::Json(Acknowledgement {
-        acknowledged: true,
-        duplicate,
-        payload,
-    })
-    .into_response()
+/// Where the `webhook-*` headers of a message are read from: the request's
+/// headers, or a batch item's `headers` map (names compared without case).
+trait SignatureHeaderSource {
+    fn header(&self, name: &str) -> Option<&str>;
+}
+
+impl SignatureHeaderSource for HeaderMap {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+impl SignatureHeaderSource for BTreeMap<String, String> {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// The inbox key of a message id: lower-case, hyphenated.
+fn canonical_id(id: Uuid) -> String {
+    id.hyphenated().to_string()
 }

@@ -1,207 +1,331 @@
-//! The receiver's single writer: one thread owns the write connection and
-//! group-commits.
+//! The receiver's single database writer: one thread that owns the write
+//! connection, runs every handler, and group-commits.
 //!
-//! A durable (`synchronous=FULL`) commit costs an fsync, so committing each
-//! delivery alone caps a receiver at a few thousand messages per second. The
-//! writer drains every delivery waiting in its queue, runs each in its own
-//! savepoint inside one transaction (a failing handler rolls back alone),
-//! commits once, and only then answers every waiting request: an answer is
-//! never sent for an effect that is not on disk.
+//! A `synchronous=FULL` commit costs one fsync (a few hundred microseconds),
+//! which would cap a receiver that commits once per message at a few thousand
+//! messages a second. So the writer drains every delivery queued at that
+//! moment (up to a cap), opens one `BEGIN IMMEDIATE` transaction, and gives
+//! each message its own savepoint: re-check the inbox (a copy of the same id
+//! processed earlier in this group, or committed since the request's own
+//! look-up, is seen here and answered as a duplicate, so two copies can never
+//! both run the handler to commit), run the handler, insert the inbox row,
+//! `RELEASE`; or `ROLLBACK TO` when the handler fails or panics, so only that
+//! message's work is undone. One `COMMIT` (one fsync) covers the group; only
+//! then is any request of the group answered.
 //!
-//! Because one thread processes deliveries one after another, two copies of
-//! one message can never both run the handler: the second finds the first's
-//! inbox row (same transaction) and is answered as a duplicate.
+//! Handlers run on this thread because `rusqlite::Transaction` is neither
+//! `Send` nor `Sync`. This thread never touches the network.
 
-use std::panic::AssertUnwindSafe;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rusqlite::Connection;
+use rusqlite::{Connection, Transaction, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
+use tracing::{error, warn};
 
-use super::handler::{HandlerError, HostedService, IncomingCall};
-use crate::inbox;
+use crate::db::now_ms;
+use crate::envelope::Envelope;
+use crate::inbox::{self, PayloadDigest, ProcessedMessage};
 use crate::metrics::Metrics;
+use crate::receiver::answer::{Answer, ReceiveError};
+use crate::receiver::handler::{HandlerError, HostedService, IncomingCall};
 
-/// Most deliveries one transaction takes.
-const MAX_GROUP: usize = 512;
-
-/// A verified, routed delivery waiting for the writer.
+/// A verified, routed message waiting for the writer.
 #[derive(Debug)]
-pub struct Job {
-    pub service: usize,
-    pub source: String,
+pub(crate) struct Delivery {
+    pub envelope: Envelope,
+    /// The inbox key: the canonical (lower-case, hyphenated) `messageId`.
     pub message_id: String,
-    pub correlation_id: Option<String>,
-    pub interface: String,
-    pub version: u32,
-    pub endpoint: String,
-    pub payload: serde_json::Value,
-    pub payload_sha256: [u8; 32],
-    pub reply: oneshot::Sender<Outcome>,
+    pub payload_sha256: PayloadDigest,
+    /// Index of the hosting service in the receiver's list.
+    pub service: usize,
+    /// The hosted fingerprint, when the sender's differs from it.
+    pub hosted_fingerprint_differs: Option<&'static str>,
 }
 
-/// What became of a delivery.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    /// Processed now; committed.
-    Processed(serde_json::Value),
-    /// Processed before with the same payload; the cached response.
-    Duplicate(serde_json::Value),
-    /// Processed before with a different payload.
-    IdReused,
-    /// The handler refused or failed; rolled back.
-    Failed(HandlerError),
-    /// The transaction could not be committed (storage problem); retryable.
-    Storage(String),
+/// Deliveries answered together (one request: one, or a whole batch).
+#[derive(Debug)]
+pub(crate) struct Job {
+    pub deliveries: Vec<Delivery>,
+    pub reply: oneshot::Sender<Vec<Answer>>,
 }
 
-pub struct Writer {
-    pub sender: mpsc::Sender<Job>,
-    pub thread: std::thread::JoinHandle<()>,
+#[derive(Debug)]
+pub(crate) enum Command {
+    Deliver(Job),
+    /// Finish what is queued, then stop; `done` fires when the connection is closed.
+    Stop {
+        done: oneshot::Sender<()>,
+    },
 }
 
-/// Starts the writer thread on `conn`.
-pub fn start(
-    mut conn: Connection,
-    services: Arc<Vec<Arc<dyn HostedService>>>,
-    metrics: Arc<Metrics>,
-    retention: Duration,
-) -> std::io::Result<Writer> {
-    let (sender, mut receiver) = mpsc::channel::<Job>(4 * MAX_GROUP);
-    let thread = std::thread::Builder::new()
-        .name("rfidl-inbox-writer".into())
-        .spawn(move || {
-            let mut group = Vec::with_capacity(MAX_GROUP);
-            while let Some(first) = receiver.blocking_recv() {
-                group.push(first);
-                while group.len() < MAX_GROUP {
-                    match receiver.try_recv() {
-                        Ok(job) => group.push(job),
-                        Err(_) => break,
+pub(crate) struct Writer {
+    pub conn: Connection,
+    pub commands: mpsc::Receiver<Command>,
+    pub handlers: Handlers,
+    pub retention: Duration,
+    /// Most deliveries per group commit (a bigger single batch still goes whole).
+    pub group_limit: usize,
+}
+
+/// What runs one message: the hosted services and the metrics they count into.
+pub(crate) struct Handlers {
+    pub services: Arc<[Arc<dyn HostedService>]>,
+    pub metrics: Arc<Metrics>,
+}
+
+const SAVEPOINT: &str = "SAVEPOINT rf_message";
+const RELEASE: &str = "RELEASE rf_message";
+const ROLLBACK_TO: &str = "ROLLBACK TO rf_message; RELEASE rf_message";
+
+impl Writer {
+    /// Runs until stopped or until every sender is gone.
+    pub fn run(mut self) {
+        let mut stopped = Vec::new();
+        while let Some(first) = self.commands.blocking_recv() {
+            let mut group = Vec::new();
+            let mut queued = 0;
+            let mut next = Some(first);
+            while let Some(command) = next.take() {
+                match command {
+                    Command::Deliver(job) => {
+                        queued += job.deliveries.len();
+                        group.push(job);
+                    }
+                    Command::Stop { done } => {
+                        // Refuse new work; what is already queued is still processed.
+                        self.commands.close();
+                        stopped.push(done);
                     }
                 }
-                let outcomes = process_group(&mut conn, &services, &metrics, retention, &group);
-                for (job, outcome) in group.drain(..).zip(outcomes) {
-                    let _ = job.reply.send(outcome);
+                if queued < self.group_limit {
+                    next = self.commands.try_recv().ok();
                 }
             }
-        })?;
-    Ok(Writer { sender, thread })
-}
-
-fn process_group(
-    conn: &mut Connection,
-    services: &[Arc<dyn HostedService>],
-    metrics: &Metrics,
-    retention: Duration,
-    group: &[Job],
-) -> Vec<Outcome> {
-    let started = Instant::now();
-    let tx = match conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate) {
-        Ok(tx) => tx,
-        Err(error) => {
-            return group
-                .iter()
-                .map(|_| Outcome::Storage(error.to_string()))
-                .collect();
-        }
-    };
-    let mut outcomes = Vec::with_capacity(group.len());
-    for job in group {
-        outcomes.push(process_one(&tx, services, retention, job));
-    }
-    if let Err(error) = tx.commit() {
-        tracing::error!(%error, "inbox commit failed; every delivery of the group is answered as retryable");
-        return group
-            .iter()
-            .map(|_| Outcome::Storage(error.to_string()))
-            .collect();
-    }
-    let elapsed = started.elapsed();
-    for outcome in &outcomes {
-        match outcome {
-            Outcome::Processed(_) => {
-                metrics.inbox_processed.inc();
-                metrics.inbox_process_duration.observe(elapsed);
+            if !group.is_empty() {
+                self.commit_group(group);
             }
-            Outcome::Duplicate(_) => metrics.inbox_duplicates.inc(),
-            _ => {}
+        }
+        drop(self.conn);
+        for done in stopped {
+            let _ = done.send(());
         }
     }
-    outcomes
+
+    fn commit_group(&mut self, group: Vec<Job>) {
+        let started = Instant::now();
+        let tx = match self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+        {
+            Ok(tx) => tx,
+            Err(e) => {
+                error!(error = %e, "receiver cannot begin a write transaction");
+                let refusal = ReceiveError::Unavailable(format!("cannot begin a transaction: {e}"));
+                for job in group {
+                    let answers = vec![Answer::Refused(refusal.clone()); job.deliveries.len()];
+                    let _ = job.reply.send(answers);
+                }
+                return;
+            }
+        };
+        let now = now_ms();
+        let expires_at = now.saturating_add(self.retention.as_millis() as i64);
+        let mut answered: Vec<(oneshot::Sender<Vec<Answer>>, Vec<Answer>)> =
+            Vec::with_capacity(group.len());
+        let mut lost: Option<String> = None;
+        let mut processed = 0u64;
+        let mut duplicates = 0u64;
+        for job in group {
+            let mut answers = Vec::with_capacity(job.deliveries.len());
+            for delivery in &job.deliveries {
+                if let Some(reason) = &lost {
+                    answers.push(Answer::Refused(ReceiveError::Unavailable(reason.clone())));
+                    continue;
+                }
+                let answer = self.handlers.process(&tx, delivery, now, expires_at);
+                if tx.is_autocommit() {
+                    // SQLite rolled the whole transaction back (I/O error,
+                    // disk full, a handler's stray COMMIT/ROLLBACK): nothing of
+                    // this group will persist, so nothing may be acknowledged.
+                    let reason = "the write transaction was lost; retry".to_owned();
+                    error!("receiver transaction rolled back by SQLite mid-group");
+                    lost = Some(reason);
+                }
+                answers.push(answer);
+            }
+            answered.push((job.reply, answers));
+        }
+        let failure = match lost {
+            Some(reason) => {
+                let _ = tx.rollback();
+                Some(reason)
+            }
+            None => tx.commit().err().map(|e| {
+                error!(error = %e, "receiver group commit failed");
+                format!("commit failed: {e}")
+            }),
+        };
+        for (_, answers) in &mut answered {
+            if let Some(reason) = &failure {
+                // Acknowledgements and id-reuse verdicts of this group may rest
+                // on rows that never committed: the sender must retry.
+                for answer in answers.iter_mut() {
+                    *answer = Answer::Refused(ReceiveError::Unavailable(reason.clone()));
+                }
+                continue;
+            }
+            for answer in answers.iter() {
+                match answer {
+                    Answer::Acknowledged {
+                        duplicate: false, ..
+                    } => processed += 1,
+                    Answer::Acknowledged {
+                        duplicate: true, ..
+                    } => duplicates += 1,
+                    Answer::Refused(_) => {}
+                }
+            }
+        }
+        // Count before answering, so a caller that saw its answer sees the count.
+        let metrics = &self.handlers.metrics;
+        metrics.inbox_processed.add(processed);
+        metrics.inbox_duplicates.add(duplicates);
+        metrics.inbox_process_duration.observe(started.elapsed());
+        for (reply, answers) in answered {
+            let _ = reply.send(answers);
+        }
+    }
 }
 
-fn process_one(
-    tx: &rusqlite::Transaction<'_>,
-    services: &[Arc<dyn HostedService>],
-    retention: Duration,
-    job: &Job,
-) -> Outcome {
-    if let Err(error) = tx.execute_batch("SAVEPOINT delivery") {
-        return Outcome::Storage(error.to_string());
-    }
-    let outcome = run_in_savepoint(tx, services, retention, job);
-    let end = match outcome {
-        Outcome::Processed(_) | Outcome::Duplicate(_) | Outcome::IdReused => "RELEASE delivery",
-        _ => "ROLLBACK TO delivery; RELEASE delivery",
-    };
-    match tx.execute_batch(end) {
-        Ok(()) => outcome,
-        Err(error) => Outcome::Storage(error.to_string()),
+impl Handlers {
+    /// One message inside the group's transaction.
+    fn process(
+        &self,
+        tx: &Transaction<'_>,
+        delivery: &Delivery,
+        now: i64,
+        expires_at: i64,
+    ) -> Answer {
+        let envelope = &delivery.envelope;
+        let source = envelope.source_service_id.as_str();
+        match inbox::lookup(tx, source, &delivery.message_id) {
+            Ok(Some(entry)) => {
+                return if entry.payload_sha256 == delivery.payload_sha256 {
+                    Answer::Acknowledged {
+                        duplicate: true,
+                        payload: entry_response(entry.response.as_deref()),
+                    }
+                } else {
+                    Answer::Refused(ReceiveError::MessageIdReused {
+                        source_service_id: source.to_owned(),
+                        message_id: delivery.message_id.clone(),
+                    })
+                };
+            }
+            Ok(None) => {}
+            Err(e) => return unavailable("inbox look-up failed", &e),
+        }
+        if let Err(e) = tx.execute_batch(SAVEPOINT) {
+            return unavailable("cannot open a savepoint", &e);
+        }
+        if let Some(hosted) = delivery.hosted_fingerprint_differs {
+            self.metrics.inbox_fingerprint_mismatches.inc();
+            warn!(
+                source,
+                interface = %envelope.interface,
+                version = envelope.version,
+                sender_fingerprint = %envelope.fingerprint,
+                hosted_fingerprint = hosted,
+                "accepting a message whose contract fingerprint differs from the hosted one"
+            );
+        }
+        let call = IncomingCall {
+            source,
+            message_id: &delivery.message_id,
+            correlation_id: envelope.correlation_id.as_deref(),
+            message_type: envelope.message_type,
+            interface: &envelope.interface,
+            version: envelope.version,
+            fingerprint: &envelope.fingerprint,
+            endpoint: &envelope.endpoint,
+            payload: &envelope.payload,
+            headers: &envelope.headers,
+        };
+        let service = &self.services[delivery.service];
+        let outcome = catch_unwind(AssertUnwindSafe(|| service.handle(&call, tx)));
+        let refusal = match outcome {
+            Ok(Ok(response)) => {
+                let response_text = response.to_string();
+                let row = ProcessedMessage {
+                    source_service_id: source,
+                    message_id: &delivery.message_id,
+                    endpoint: &envelope.endpoint,
+                    payload_sha256: &delivery.payload_sha256,
+                    response: &response_text,
+                    processed_at_ms: now,
+                    expires_at_ms: expires_at,
+                };
+                match inbox::record_processed(tx, &row).and_then(|()| tx.execute_batch(RELEASE)) {
+                    Ok(()) => {
+                        return Answer::Acknowledged {
+                            duplicate: false,
+                            payload: response,
+                        };
+                    }
+                    Err(e) => {
+                        error!(error = %e, source, message_id = %delivery.message_id, "cannot record an inbox row");
+                        ReceiveError::Unavailable(format!("cannot record the message: {e}"))
+                    }
+                }
+            }
+            Ok(Err(handler_error)) => refusal_of(handler_error, envelope),
+            Err(panic) => {
+                let what = panic_message(panic.as_ref());
+                error!(source, message_id = %delivery.message_id, endpoint = %envelope.endpoint, panic = %what, "handler panicked; its work is rolled back");
+                ReceiveError::HandlerFailed(format!("handler panicked: {what}"))
+            }
+        };
+        if let Err(e) = tx.execute_batch(ROLLBACK_TO) {
+            error!(error = %e, "cannot roll back a failed message's savepoint");
+        }
+        Answer::Refused(refusal)
     }
 }
 
-fn run_in_savepoint(
-    tx: &rusqlite::Transaction<'_>,
-    services: &[Arc<dyn HostedService>],
-    retention: Duration,
-    job: &Job,
-) -> Outcome {
-    match inbox::lookup(tx, &job.source, &job.message_id) {
-        Ok(Some(record)) if record.payload_sha256 == job.payload_sha256 => {
-            return Outcome::Duplicate(record.response);
-        }
-        Ok(Some(_)) => return Outcome::IdReused,
-        Ok(None) => {}
-        Err(error) => return Outcome::Storage(error.to_string()),
+fn entry_response(text: Option<&str>) -> serde_json::Value {
+    text.and_then(|t| serde_json::from_str(t).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+fn unavailable(what: &str, error: &rusqlite::Error) -> Answer {
+    error!(error = %error, "{what}");
+    Answer::Refused(ReceiveError::Unavailable(format!("{what}: {error}")))
+}
+
+fn refusal_of(handler_error: HandlerError, envelope: &Envelope) -> ReceiveError {
+    match handler_error {
+        HandlerError::PayloadMismatch(message) => ReceiveError::PayloadMismatch(format!(
+            "payload of {} v{} {} does not match the contract: {message}",
+            envelope.interface, envelope.version, envelope.endpoint
+        )),
+        HandlerError::Poison(message) => ReceiveError::Poison(message),
+        HandlerError::Retryable(message) => ReceiveError::HandlerFailed(message),
+        HandlerError::UnknownEndpoint(endpoint) => ReceiveError::UnknownEndpoint {
+            interface: envelope.interface.clone(),
+            version: envelope.version,
+            endpoint,
+        },
     }
-    let call = IncomingCall {
-        source: &job.source,
-        message_id: &job.message_id,
-        correlation_id: job.correlation_id.as_deref(),
-        interface: &job.interface,
-        version: job.version,
-        endpoint: &job.endpoint,
-        payload: &job.payload,
-    };
-    let service = &services[job.service];
-    let result = std::panic::catch_unwind(AssertUnwindSafe(|| service.handle(&call, tx)));
-    let response = match result {
-        Ok(Ok(response)) => response,
-        Ok(Err(error)) => return Outcome::Failed(error),
-        Err(panic) => {
-            let text = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "handler panicked".to_owned());
-            tracing::error!(message_id = %job.message_id, endpoint = %job.endpoint, "handler panicked: {text}");
-            return Outcome::Failed(HandlerError::Retryable(format!("handler panicked: {text}")));
-        }
-    };
-    let now = crate::db::now_ms();
-    let record = inbox::Processed {
-        source: &job.source,
-        message_id: &job.message_id,
-        endpoint: &job.endpoint,
-        payload_sha256: &job.payload_sha256,
-        response: &response,
-        processed_at_ms: now,
-        expires_at_ms: now + retention.as_millis() as i64,
-    };
-    match inbox::insert(tx, &record) {
-        Ok(()) => Outcome::Processed(response),
-        Err(error) => Outcome::Storage(error.to_string()),
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "(non-string panic payload)".to_owned()
     }
 }

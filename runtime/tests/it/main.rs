@@ -5,3 +5,7 @@ mod dispatcher;
 mod interop;
 mod receiver;
 mod support;
+// Receiver side (rt2): exactly-once, the wire's order of checks, batches.
+mod exactly_once;
+mod receiver_fixture;
+mod receiver_wire;

@@ -434,7 +434,7 @@ async fn every_step_of_the_order_of_checks_answers_its_code() {
 
     // Framework errors are JSON too.
     let response = client
-        .get(format!("{url}/nope"))
+        .get(format!("{url}/_rf/nope"))
         .send()
         .await
         .expect("send");

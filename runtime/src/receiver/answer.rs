@@ -1,0 +1,196 @@
+//! What the receiver answers: one [`Answer`] per message, rendered either as
+//! an HTTP response (single endpoint) or as a [`BatchResult`] (batch endpoint).
+//!
+//! Every refusal is a [`ReceiveError`] with a fixed status and wire code
+//! (`wire-protocol.md`, order of checks); its body is always
+//! `{"error": code, "message": text}`.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use crate::envelope::{Acknowledgement, BatchResult, ErrorBody};
+use crate::signing::VerifyError;
+
+/// Why a delivery was not acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReceiveError {
+    #[error("request body is larger than the {limit}-byte limit")]
+    PayloadTooLarge { limit: usize },
+    #[error("malformed envelope: {0}")]
+    MalformedEnvelope(String),
+    #[error("no secret is configured for source service `{0}`")]
+    UnknownSource(String),
+    #[error("{0}")]
+    Signature(VerifyError),
+    #[error("webhook-id `{header}` differs from the envelope's messageId `{body}`")]
+    IdMismatch { header: String, body: String },
+    #[error("interface `{0}` is not hosted here")]
+    UnknownInterface(String),
+    #[error("interface `{interface}` is hosted, but not version {version} (hosted: {hosted})")]
+    UnknownVersion {
+        interface: String,
+        version: u32,
+        hosted: String,
+    },
+    #[error("interface `{interface}` v{version} has no endpoint `{endpoint}`")]
+    UnknownEndpoint {
+        interface: String,
+        version: u32,
+        endpoint: String,
+    },
+    #[error(
+        "message `{message_id}` from `{source_service_id}` was processed before with a different payload"
+    )]
+    MessageIdReused {
+        source_service_id: String,
+        message_id: String,
+    },
+    #[error("{0}")]
+    PayloadMismatch(String),
+    #[error("{0}")]
+    Poison(String),
+    #[error("{0}")]
+    HandlerFailed(String),
+    #[error("a copy of this message is still being processed; retry later")]
+    InProgress,
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+    #[error("the receiver is shutting down")]
+    ShuttingDown,
+    #[error("no route for {0}")]
+    NotFound(String),
+    #[error("method {method} is not allowed on {path}")]
+    MethodNotAllowed { method: String, path: String },
+}
+
+impl ReceiveError {
+    /// The HTTP status of this refusal.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::MalformedEnvelope(_) | Self::IdMismatch { .. } => StatusCode::BAD_REQUEST,
+            Self::UnknownSource(_) | Self::Signature(_) => StatusCode::UNAUTHORIZED,
+            Self::UnknownInterface(_)
+            | Self::UnknownVersion { .. }
+            | Self::UnknownEndpoint { .. }
+            | Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::MessageIdReused { .. } | Self::PayloadMismatch(_) | Self::Poison(_) => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
+            Self::HandlerFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::InProgress | Self::Unavailable(_) | Self::ShuttingDown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+        }
+    }
+
+    /// The wire error code (`error` member of the body).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::MalformedEnvelope(_) => "malformed_envelope",
+            Self::UnknownSource(_) => "unknown_source",
+            Self::Signature(e) => e.code(),
+            Self::IdMismatch { .. } => "id_mismatch",
+            Self::UnknownInterface(_) => "unknown_interface",
+            Self::UnknownVersion { .. } => "unknown_version",
+            Self::UnknownEndpoint { .. } => "unknown_endpoint",
+            Self::MessageIdReused { .. } => "message_id_reused",
+            Self::PayloadMismatch(_) => "payload_mismatch",
+            Self::Poison(_) => "poison",
+            Self::HandlerFailed(_) => "handler_failed",
+            Self::InProgress => "in_progress",
+            Self::Unavailable(_) => "storage_unavailable",
+            Self::ShuttingDown => "shutting_down",
+            Self::NotFound(_) => "not_found",
+            Self::MethodNotAllowed { .. } => "method_not_allowed",
+        }
+    }
+
+    /// `Retry-After` seconds for the refusals that ask for a later retry.
+    pub fn retry_after_secs(&self) -> Option<u32> {
+        match self {
+            Self::InProgress | Self::Unavailable(_) | Self::ShuttingDown => Some(1),
+            _ => None,
+        }
+    }
+
+    /// The JSON error body.
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: self.code().to_owned(),
+            message: self.to_string(),
+        }
+    }
+}
+
+impl IntoResponse for ReceiveError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status(), axum::Json(self.body())).into_response();
+        if let Some(secs) = self.retry_after_secs() {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+/// The outcome of one delivery.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// 200: processed now (`duplicate: false`) or before (`duplicate: true`).
+    Acknowledged {
+        duplicate: bool,
+        payload: serde_json::Value,
+    },
+    Refused(ReceiveError),
+}
+
+impl Answer {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Answer::Acknowledged { .. } => StatusCode::OK,
+            Answer::Refused(error) => error.status(),
+        }
+    }
+
+    /// This answer as one entry of a batch's result array.
+    pub fn into_batch_result(self) -> BatchResult {
+        let status = self.status().as_u16();
+        let body = match self {
+            Answer::Acknowledged { duplicate, payload } => serde_json::to_value(Acknowledgement {
+                acknowledged: true,
+                duplicate,
+                payload,
+            }),
+            Answer::Refused(error) => serde_json::to_value(error.body()),
+        };
+        BatchResult {
+            status,
+            body: body.unwrap_or(serde_json::Value::Null),
+        }
+    }
+}
+
+impl From<ReceiveError> for Answer {
+    fn from(error: ReceiveError) -> Self {
+        Answer::Refused(error)
+    }
+}
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        match self {
+            Answer::Acknowledged { duplicate, payload } => axum::Json(Acknowledgement {
+                acknowledged: true,
+                duplicate,
+                payload,
+            })
+            .into_response(),
+            Answer::Refused(error) => error.into_response(),
+        }
+    }
+}
