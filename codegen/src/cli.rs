@@ -89,8 +89,13 @@ pub fn check(paths: &[PathBuf], format: DiagnosticFormat) -> Outcome {
             if format == DiagnosticFormat::Human {
                 let files = outcome.read_paths.len();
                 let services = outcome.model.as_ref().map_or(0, |m| m.manifests().count());
+                let warnings = outcome.diagnostics.len();
+                let warnings = match warnings {
+                    0 => String::new(),
+                    n => format!(", {n} warning{}", plural(n)),
+                };
                 eprintln!(
-                    "checked {files} file{} ({services} service version{}): no errors",
+                    "checked {files} file{} ({services} service version{}): no errors{warnings}",
                     plural(files),
                     plural(services)
                 );

@@ -275,7 +275,10 @@ pub fn render_human(sources: &SourceMap, diagnostic: &Diagnostic) -> String {
         .unwrap_or_else(|_| format!("error[{}]: {}\n", diagnostic.code, diagnostic.message))
 }
 
-/// One diagnostic as a JSON object (one line), for editors and CI.
+/// One diagnostic as a JSON object (one line), for editors and CI: `code`,
+/// `severity`, `message`, `file`, `line`, `column`, `end_line`, `end_column`
+/// (1-based; columns count characters), `label`, `help`, `notes` and
+/// `related` (the secondary places, each with file, lines, columns, label).
 pub fn render_json(sources: &SourceMap, diagnostic: &Diagnostic) -> String {
     #[derive(Serialize)]
     struct Json<'a> {
@@ -290,6 +293,17 @@ pub fn render_json(sources: &SourceMap, diagnostic: &Diagnostic) -> String {
         label: &'a str,
         help: Option<&'a str>,
         notes: &'a [String],
+        /// The other places the diagnostic points at.
+        related: Vec<Related<'a>>,
+    }
+    #[derive(Serialize)]
+    struct Related<'a> {
+        file: &'a str,
+        line: usize,
+        column: usize,
+        end_line: usize,
+        end_column: usize,
+        label: &'a str,
     }
     let (start, end) = match diagnostic.span {
         Some(span) => (
@@ -310,6 +324,22 @@ pub fn render_json(sources: &SourceMap, diagnostic: &Diagnostic) -> String {
         label: &diagnostic.label,
         help: diagnostic.help.as_deref(),
         notes: &diagnostic.notes,
+        related: diagnostic
+            .secondary
+            .iter()
+            .map(|(span, label)| {
+                let (line, column) = sources.line_column(span.file, span.start);
+                let (end_line, end_column) = sources.line_column(span.file, span.end);
+                Related {
+                    file: sources.name(span.file),
+                    line,
+                    column,
+                    end_line,
+                    end_column,
+                    label,
+                }
+            })
+            .collect(),
     };
     serde_json::to_string(&json).expect("diagnostics always serialise")
 }

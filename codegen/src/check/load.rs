@@ -170,10 +170,10 @@ fn load_file(
         );
         return id;
     }
-    let parsed = match syntax::parse_file(id, loaded.sources.text(id)) {
+    let parsed = match syntax::parse_file_all_errors(id, loaded.sources.text(id)) {
         Ok(file) => file,
-        Err(diagnostic) => {
-            loaded.diagnostics.push(*diagnostic);
+        Err(mut diagnostics) => {
+            loaded.diagnostics.append(&mut diagnostics);
             return id;
         }
     };
@@ -220,14 +220,23 @@ fn load_file(
                     .map(|f| loaded.sources.name(*f))
                     .collect();
                 chain.push(loaded.sources.name(existing));
-                loaded.diagnostics.push(
+                let diagnostic = if chain.len() == 2 {
+                    Diagnostic::error(
+                        ErrorCode::ImportCycle,
+                        import.span,
+                        "a file cannot import itself",
+                    )
+                    .with_label("imports the file it is in")
+                    .with_help("remove this import: a file always sees its own types")
+                } else {
                     Diagnostic::error(ErrorCode::ImportCycle, import.span, "import cycle")
-                        .with_label(format!(
-                            "this import closes the cycle {}",
-                            chain.join(" -> ")
-                        ))
-                        .with_help("move the shared types into a package that both files import"),
-                );
+                        .with_label("this import closes a cycle")
+                        .with_note(format!("cycle: {}", chain.join(" -> ")))
+                        .with_help(
+                            "move the types the files share into another file that each of them imports",
+                        )
+                };
+                loaded.diagnostics.push(diagnostic);
             } else {
                 direct.push(existing);
             }

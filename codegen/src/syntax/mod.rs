@@ -24,18 +24,9 @@ pub const MAX_TYPE_DEPTH: usize = 64;
 /// Parses one source file.
 pub fn parse_file(file: FileId, text: &str) -> Result<File, Box<Diagnostic>> {
     check_depth(file, text)?;
-    // Parse-attempt tracking (for "expected `;`" messages) costs time on
-    // every token, so it is turned on only to explain a failure.
-    pest::set_error_detail(false);
     let mut pairs = match RfidlParser::parse(Rule::file, text) {
         Ok(pairs) => pairs,
-        Err(_) => {
-            pest::set_error_detail(true);
-            let error =
-                RfidlParser::parse(Rule::file, text).expect_err("the same input fails again");
-            pest::set_error_detail(false);
-            return Err(Box::new(syntax_error(file, text, error)));
-        }
+        Err(_) => return Err(Box::new(explain_failure(file, text))),
     };
     let root = pairs.next().expect("the file rule always yields one pair");
     let builder = Builder {
@@ -47,6 +38,156 @@ pub fn parse_file(file: FileId, text: &str) -> Result<File, Box<Diagnostic>> {
     match builder.string_errors.into_inner().into_iter().next() {
         Some(error) => Err(Box::new(error)),
         None => Ok(parsed),
+    }
+}
+
+/// Like [`parse_file`], but on a syntax error keeps looking for more: the
+/// failing item is skipped up to the next line that plainly starts an item
+/// (`record Name {`, `enum Name {`, `service Name v…`, `import "…"` at the
+/// start of a line) and parsing resumes there. Only errors after that point
+/// are kept, so skipping never invents an error. At most
+/// [`MAX_SYNTAX_ERRORS`] are reported.
+pub fn parse_file_all_errors(file: FileId, text: &str) -> Result<File, Vec<Diagnostic>> {
+    let first = match parse_file(file, text) {
+        Ok(parsed) => return Ok(parsed),
+        Err(first) => *first,
+    };
+    let syntax_error =
+        |d: &Diagnostic| matches!(d.code, ErrorCode::Syntax | ErrorCode::InvalidString);
+    let mut errors = vec![first];
+    let mut blanked = text.to_owned();
+    while errors.len() < MAX_SYNTAX_ERRORS {
+        let last = errors.last().expect("at least the first error");
+        let Some(failed_at) = last.span.map(|s| s.start.max(last_error_point(last))) else {
+            break;
+        };
+        if !syntax_error(last) {
+            break;
+        }
+        let Some(resume) = next_item_start(&blanked, failed_at) else {
+            break;
+        };
+        let skip_from = item_start_before(&blanked, failed_at);
+        blank(&mut blanked, skip_from, resume);
+        if RfidlParser::parse(Rule::file, &blanked).is_ok() {
+            break;
+        }
+        let next = explain_failure(file, &blanked);
+        match next.span {
+            Some(span) if span.start >= resume && syntax_error(&next) => errors.push(next),
+            _ => break,
+        }
+    }
+    Err(errors)
+}
+
+/// Most syntax errors reported for one file.
+pub const MAX_SYNTAX_ERRORS: usize = 20;
+
+/// The furthest point a diagnostic covers (its primary and secondary spans):
+/// for "expected `;` after this, found `record`" that is the found token.
+fn last_error_point(diagnostic: &Diagnostic) -> usize {
+    diagnostic
+        .secondary
+        .iter()
+        .map(|(span, _)| span.start)
+        .chain(diagnostic.span.map(|s| s.start))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Replaces `text[from..to]` with spaces, keeping line breaks, so byte
+/// offsets and line numbers after it do not move.
+fn blank(text: &mut String, from: usize, to: usize) {
+    let replaced: String = text[from..to]
+        .chars()
+        .map(|c| {
+            if c == '\n' || c == '\r' {
+                c.to_string()
+            } else {
+                " ".repeat(c.len_utf8())
+            }
+        })
+        .collect();
+    text.replace_range(from..to, &replaced);
+}
+
+/// Whether a line plainly starts a new item.
+fn starts_item(line: &str) -> bool {
+    let word_then = |keyword: &str| {
+        line.strip_prefix(keyword)
+            .filter(|rest| rest.starts_with([' ', '\t']))
+            .map(str::trim_start)
+    };
+    let name_then = |rest: &str| {
+        let name_end = rest
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        (name_end > 0).then(|| rest[name_end..].trim_start().to_owned())
+    };
+    if let Some(rest) = word_then("record").or_else(|| word_then("enum")) {
+        return name_then(rest).is_some_and(|after| after.starts_with('{'));
+    }
+    if let Some(rest) = word_then("service") {
+        return name_then(rest).is_some_and(|after| {
+            after.starts_with('v') && after[1..].starts_with(|c: char| c.is_ascii_digit())
+        });
+    }
+    word_then("import").is_some_and(|rest| rest.starts_with('"'))
+}
+
+/// The start of the first line after `position` that plainly starts an item.
+fn next_item_start(text: &str, position: usize) -> Option<usize> {
+    let mut line_start = text[position..].find('\n').map(|n| position + n + 1)?;
+    while line_start < text.len() {
+        let line_end = text[line_start..]
+            .find('\n')
+            .map_or(text.len(), |n| line_start + n);
+        if starts_item(&text[line_start..line_end]) {
+            return Some(line_start);
+        }
+        line_start = line_end + 1;
+    }
+    None
+}
+
+/// The start of the item `position` is in: the last line at or before it
+/// that plainly starts an item, else the start of `position`'s line.
+fn item_start_before(text: &str, position: usize) -> usize {
+    let own_line = text[..position].rfind('\n').map_or(0, |n| n + 1);
+    let mut line_start = own_line;
+    loop {
+        let line_end = text[line_start..]
+            .find('\n')
+            .map_or(text.len(), |n| line_start + n);
+        if starts_item(&text[line_start..line_end]) {
+            return line_start;
+        }
+        if line_start == 0 {
+            return own_line;
+        }
+        line_start = text[..line_start - 1].rfind('\n').map_or(0, |n| n + 1);
+    }
+}
+
+/// Re-parses a failed input with pest's parse-attempt tracking on, to say
+/// what was expected. Tracking costs time on every token, so the first parse
+/// runs without it. The switch is process-wide: a lock keeps concurrent
+/// explanations (parallel tests, several build scripts in one process) from
+/// turning it off under each other.
+fn explain_failure(file: FileId, text: &str) -> Diagnostic {
+    static DETAIL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let guard = DETAIL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    pest::set_error_detail(true);
+    let result = RfidlParser::parse(Rule::file, text);
+    pest::set_error_detail(false);
+    drop(guard);
+    match result {
+        Err(error) => syntax_error(file, text, error),
+        // Only reachable if the input parses after all: say so rather than panic.
+        Ok(_) => Diagnostic::error(ErrorCode::Syntax, Span::new(file, 0, 0), "syntax error"),
     }
 }
 
@@ -807,4 +948,74 @@ pub fn unescape(raw: &str) -> Result<String, (usize, String)> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn codes_and_lines(text: &str) -> Vec<(ErrorCode, usize)> {
+        match parse_file_all_errors(FileId::default(), text) {
+            Ok(_) => Vec::new(),
+            Err(errors) => errors
+                .iter()
+                .map(|d| {
+                    let start = d.span.map_or(0, |s| s.start);
+                    (d.code, text[..start].matches('\n').count() + 1)
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn recovery_resumes_at_the_next_item_and_invents_nothing() {
+        // A field called `record` at the start of a line is not an item
+        // start; the error after it is the only one.
+        let text = "package a;\nrecord A {\nrecord: string,\nx y\n}\nrecord B {}\n";
+        assert_eq!(codes_and_lines(text), vec![(ErrorCode::Syntax, 4)]);
+
+        let text = "package a;\nrecord A { x y }\nrecord B { ok: u32 }\nenum C { D E }\n";
+        assert_eq!(
+            codes_and_lines(text),
+            vec![(ErrorCode::Syntax, 2), (ErrorCode::Syntax, 4)]
+        );
+
+        // Valid input has no errors; an error in the last item is the only one.
+        assert!(codes_and_lines("package a;\nrecord A {}\n").is_empty());
+        assert_eq!(
+            codes_and_lines("package a;\nrecord A {}\nrecord B {\n"),
+            vec![(ErrorCode::Syntax, 3)]
+        );
+    }
+
+    #[test]
+    fn recovery_stops_at_the_limit() {
+        let mut text = String::from("package a;\n");
+        for i in 0..(MAX_SYNTAX_ERRORS + 10) {
+            text.push_str(&format!("record R{i} {{ broken field }}\n"));
+        }
+        assert_eq!(codes_and_lines(&text).len(), MAX_SYNTAX_ERRORS);
+    }
+
+    #[test]
+    fn item_starts_are_recognised_only_in_plain_form() {
+        for line in [
+            "record Order {",
+            "enum Status{",
+            "service Shop v1 {",
+            "import \"common.rfidl\";",
+        ] {
+            assert!(starts_item(line), "{line}");
+        }
+        for line in [
+            "record: string,",
+            "  record Order {",
+            "record Order",
+            "service Shop {",
+            "enum_field: u32,",
+            "import common;",
+        ] {
+            assert!(!starts_item(line), "{line}");
+        }
+    }
 }

@@ -60,7 +60,7 @@ impl Workflows {
     }
 }
 
-impl emp_service_v1::EngineHandler for std::sync::Arc<Workflows> {
+impl emp_service_v1::EngineHandler for Workflows {
     fn employee_hired(
         &self,
         _call: &IncomingCall<'_>,
@@ -85,7 +85,7 @@ impl emp_service_v1::EngineHandler for std::sync::Arc<Workflows> {
     }
 }
 
-impl emp_service_v2::EngineHandler for std::sync::Arc<Workflows> {
+impl emp_service_v2::EngineHandler for Workflows {
     fn employee_hired(
         &self,
         _call: &IncomingCall<'_>,

@@ -53,7 +53,7 @@ impl LaptopDesk {
     }
 }
 
-impl emp_service_v1::ServiceHandler for std::sync::Arc<LaptopDesk> {
+impl emp_service_v1::ServiceHandler for LaptopDesk {
     fn provision_laptop(
         &self,
         call: &IncomingCall<'_>,
@@ -65,7 +65,7 @@ impl emp_service_v1::ServiceHandler for std::sync::Arc<LaptopDesk> {
     }
 }
 
-impl emp_service_v2::ServiceHandler for std::sync::Arc<LaptopDesk> {
+impl emp_service_v2::ServiceHandler for LaptopDesk {
     fn provision_laptop(
         &self,
         call: &IncomingCall<'_>,

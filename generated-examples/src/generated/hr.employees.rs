@@ -241,6 +241,31 @@ pub mod emp_service_v1 {
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
     }
 
+    /// A shared handler handles too, so one value can serve several receivers.
+    impl<T: EngineHandler + ?Sized> EngineHandler for ::std::sync::Arc<T> {
+        fn employee_hired(
+            &self,
+            call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            employee: super::Employee,
+        ) -> ::std::result::Result<
+            super::HireAck,
+            ::rfidl_runtime::receiver::HandlerError,
+        > {
+            (**self).employee_hired(call, tx, employee)
+        }
+
+        fn onboarding_completed(
+            &self,
+            call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            employee_id: ::rfidl_runtime::types::Uuid,
+            completed_at: ::rfidl_runtime::types::Timestamp,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            (**self).onboarding_completed(call, tx, employee_id, completed_at)
+        }
+    }
+
     /// Hosts a [`EngineHandler`] in an `rfidl_runtime` receiver: decodes
     /// each payload into its request type (422 `payload_mismatch` when it does
     /// not fit) and routes by endpoint name with a static `match`.
@@ -375,6 +400,22 @@ pub mod emp_service_v1 {
             super::LaptopTicket,
             ::rfidl_runtime::receiver::HandlerError,
         >;
+    }
+
+    /// A shared handler handles too, so one value can serve several receivers.
+    impl<T: ServiceHandler + ?Sized> ServiceHandler for ::std::sync::Arc<T> {
+        fn provision_laptop(
+            &self,
+            call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            employee_id: ::rfidl_runtime::types::Uuid,
+            model: String,
+        ) -> ::std::result::Result<
+            super::LaptopTicket,
+            ::rfidl_runtime::receiver::HandlerError,
+        > {
+            (**self).provision_laptop(call, tx, employee_id, model)
+        }
     }
 
     /// Hosts a [`ServiceHandler`] in an `rfidl_runtime` receiver: decodes
@@ -726,6 +767,54 @@ pub mod emp_service_v2 {
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
     }
 
+    /// A shared handler handles too, so one value can serve several receivers.
+    impl<T: EngineHandler + ?Sized> EngineHandler for ::std::sync::Arc<T> {
+        fn employee_hired(
+            &self,
+            call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            employee: super::Employee,
+            channel: super::super::super::common::Channel,
+            referral_code: Option<String>,
+        ) -> ::std::result::Result<
+            super::HireAck,
+            ::rfidl_runtime::receiver::HandlerError,
+        > {
+            (**self).employee_hired(call, tx, employee, channel, referral_code)
+        }
+
+        fn onboarding_completed(
+            &self,
+            call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            employee_id: ::rfidl_runtime::types::Uuid,
+            completed_at: ::rfidl_runtime::types::Timestamp,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            (**self).onboarding_completed(call, tx, employee_id, completed_at)
+        }
+
+        fn leave_started(
+            &self,
+            call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            employee_id: ::rfidl_runtime::types::Uuid,
+            expected_length: ::rfidl_runtime::types::Duration,
+            reason: Option<String>,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            (**self).leave_started(call, tx, employee_id, expected_length, reason)
+        }
+
+        fn org_chart_changed(
+            &self,
+            call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            root: super::OrgUnit,
+            version: u32,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            (**self).org_chart_changed(call, tx, root, version)
+        }
+    }
+
     /// Hosts a [`EngineHandler`] in an `rfidl_runtime` receiver: decodes
     /// each payload into its request type (422 `payload_mismatch` when it does
     /// not fit) and routes by endpoint name with a static `match`.
@@ -897,6 +986,23 @@ pub mod emp_service_v2 {
             super::LaptopTicket,
             ::rfidl_runtime::receiver::HandlerError,
         >;
+    }
+
+    /// A shared handler handles too, so one value can serve several receivers.
+    impl<T: ServiceHandler + ?Sized> ServiceHandler for ::std::sync::Arc<T> {
+        fn provision_laptop(
+            &self,
+            call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            employee_id: ::rfidl_runtime::types::Uuid,
+            model: String,
+            ship_to: Option<super::super::super::common::Address>,
+        ) -> ::std::result::Result<
+            super::LaptopTicket,
+            ::rfidl_runtime::receiver::HandlerError,
+        > {
+            (**self).provision_laptop(call, tx, employee_id, model, ship_to)
+        }
     }
 
     /// Hosts a [`ServiceHandler`] in an `rfidl_runtime` receiver: decodes

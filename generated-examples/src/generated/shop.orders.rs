@@ -257,6 +257,28 @@ pub mod order_service_v1 {
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
     }
 
+    /// A shared handler handles too, so one value can serve several receivers.
+    impl<T: EngineHandler + ?Sized> EngineHandler for ::std::sync::Arc<T> {
+        fn order_placed(
+            &self,
+            call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            order: super::Order,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            (**self).order_placed(call, tx, order)
+        }
+
+        fn order_cancelled(
+            &self,
+            call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            order_id: ::rfidl_runtime::types::Uuid,
+            reason: String,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            (**self).order_cancelled(call, tx, order_id, reason)
+        }
+    }
+
     /// Hosts a [`EngineHandler`] in an `rfidl_runtime` receiver: decodes
     /// each payload into its request type (422 `payload_mismatch` when it does
     /// not fit) and routes by endpoint name with a static `match`.
@@ -474,6 +496,47 @@ pub mod order_service_v1 {
             super::StockLevel,
             ::rfidl_runtime::receiver::HandlerError,
         >;
+    }
+
+    /// A shared handler handles too, so one value can serve several receivers.
+    impl<T: ServiceHandler + ?Sized> ServiceHandler for ::std::sync::Arc<T> {
+        fn reserve_stock(
+            &self,
+            call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            order_id: ::rfidl_runtime::types::Uuid,
+            lines: Vec<super::OrderLine>,
+        ) -> ::std::result::Result<
+            super::Reservation,
+            ::rfidl_runtime::receiver::HandlerError,
+        > {
+            (**self).reserve_stock(call, tx, order_id, lines)
+        }
+
+        fn capture_payment(
+            &self,
+            call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            order_id: ::rfidl_runtime::types::Uuid,
+            amount: super::super::super::common::Money,
+        ) -> ::std::result::Result<
+            super::PaymentReceipt,
+            ::rfidl_runtime::receiver::HandlerError,
+        > {
+            (**self).capture_payment(call, tx, order_id, amount)
+        }
+
+        fn check_stock(
+            &self,
+            call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            sku: String,
+        ) -> ::std::result::Result<
+            super::StockLevel,
+            ::rfidl_runtime::receiver::HandlerError,
+        > {
+            (**self).check_stock(call, tx, sku)
+        }
     }
 
     /// Hosts a [`ServiceHandler`] in an `rfidl_runtime` receiver: decodes
