@@ -2,6 +2,7 @@
 
 mod check;
 mod cli;
+mod docs;
 mod format;
 mod format_properties;
 mod generate;
