@@ -21,6 +21,10 @@ fn check_passes_on_the_example_schemas() {
 fn check_exits_1_on_contract_errors_and_2_on_io_or_usage() {
     let output = rfidl(&["check", "tests/ui/e0010_unknown_type.rfidl"]);
     assert_eq!(output.status.code(), Some(1));
+    assert!(
+        !output.stderr.contains(&0x1b),
+        "no ANSI escapes when stderr is not a terminal"
+    );
     assert!(String::from_utf8_lossy(&output.stderr).contains("error[E0010]: unknown type `strin`"));
     assert_eq!(
         rfidl(&["check", "no/such/file.rfidl"]).status.code(),
