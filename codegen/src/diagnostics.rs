@@ -240,9 +240,75 @@ impl Diagnostic {
     }
 }
 
+/// Whether rustc-style diagnostics are coloured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ColorChoice {
+    /// Colour when stderr is a terminal and `NO_COLOR` is not set.
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+impl ColorChoice {
+    /// Whether output to stderr gets colour.
+    pub fn colors_stderr(self) -> bool {
+        use std::io::IsTerminal as _;
+        match self {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => {
+                std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+            }
+        }
+    }
+}
+
+/// Writes diagnostics rustc-style to stderr, coloured if `color` says so;
+/// the text is the same as [`render_human`]'s.
+pub fn emit_human_to_stderr(
+    sources: &SourceMap,
+    diagnostics: &[Diagnostic],
+    color: ColorChoice,
+) -> std::io::Result<()> {
+    use std::io::Write as _;
+    if !color.colors_stderr() {
+        let mut stderr = std::io::stderr().lock();
+        for diagnostic in diagnostics {
+            stderr.write_all(render_human(sources, diagnostic).as_bytes())?;
+        }
+        return Ok(());
+    }
+    use term::termcolor::{ColorChoice as Colors, StandardStream};
+    let stream = StandardStream::stderr(Colors::Always);
+    let mut stderr = stream.lock();
+    for diagnostic in diagnostics {
+        term::emit_to_write_style(
+            &mut stderr,
+            &human_config(),
+            &sources.files,
+            &to_codespan(diagnostic),
+        )
+        .map_err(std::io::Error::other)?;
+    }
+    Ok(())
+}
+
+fn human_config() -> term::Config {
+    term::Config {
+        chars: Chars::ascii(),
+        ..term::Config::default()
+    }
+}
+
 /// Renders diagnostics like rustc: `error[E0010]: …`, ` --> file:line:col`,
 /// the source line, a caret under the span, then `= help: …`.
 pub fn render_human(sources: &SourceMap, diagnostic: &Diagnostic) -> String {
+    term::emit_into_string(&human_config(), &sources.files, &to_codespan(diagnostic))
+        .unwrap_or_else(|_| format!("error[{}]: {}\n", diagnostic.code, diagnostic.message))
+}
+
+fn to_codespan(diagnostic: &Diagnostic) -> CsDiagnostic<usize> {
     let severity = match diagnostic.severity {
         Severity::Error => CsSeverity::Error,
         Severity::Warning => CsSeverity::Warning,
@@ -262,17 +328,11 @@ pub fn render_human(sources: &SourceMap, diagnostic: &Diagnostic) -> String {
         .map(|h| format!("help: {h}"))
         .collect();
     notes.extend(diagnostic.notes.iter().map(|n| format!("note: {n}")));
-    let cs = CsDiagnostic::new(severity)
+    CsDiagnostic::new(severity)
         .with_code(diagnostic.code.code())
         .with_message(&diagnostic.message)
         .with_labels(labels)
-        .with_notes(notes);
-    let config = term::Config {
-        chars: Chars::ascii(),
-        ..term::Config::default()
-    };
-    term::emit_into_string(&config, &sources.files, &cs)
-        .unwrap_or_else(|_| format!("error[{}]: {}\n", diagnostic.code, diagnostic.message))
+        .with_notes(notes)
 }
 
 /// One diagnostic as a JSON object (one line), for editors and CI: `code`,

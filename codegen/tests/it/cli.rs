@@ -180,3 +180,33 @@ fn builder_finds_imports_in_include_paths_and_writes_only_changes() {
         "an unchanged contract must not rewrite the output"
     );
 }
+
+#[test]
+fn check_colours_only_when_asked_or_on_a_terminal() {
+    let input = "tests/ui/e0021_duplicate_field.rfidl";
+    let coloured = rfidl(&["check", "--color", "always", input]);
+    assert_eq!(coloured.status.code(), Some(1));
+    assert!(coloured.stderr.contains(&0x1b), "--color always colours");
+    let plain = rfidl(&["check", "--color", "never", input]);
+    assert!(!plain.stderr.contains(&0x1b));
+    // Same text once the escapes are gone.
+    let stripped = strip_ansi(&String::from_utf8_lossy(&coloured.stderr));
+    assert_eq!(stripped, String::from_utf8_lossy(&plain.stderr));
+}
+
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
