@@ -361,6 +361,13 @@ impl Receiver {
     /// Processes one envelope as `POST /_rf/receive` would, without HTTP (for
     /// in-process transports and tests).
     pub async fn receive(&self, headers: &HeaderMap, body: Bytes) -> Answer {
+        if body.len() > self.shared.body_limit {
+            let refusal = ReceiveError::PayloadTooLarge {
+                limit: self.shared.body_limit,
+            };
+            self.shared.count_refusal(&refusal);
+            return Answer::Refused(refusal);
+        }
         self.shared.receive_one(headers, body).await
     }
 

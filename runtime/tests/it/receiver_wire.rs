@@ -585,3 +585,40 @@ async fn a_client_signed_by_the_reference_library_is_accepted() {
     assert_eq!(results[2].1["error"], "bad_signature");
     assert_eq!(fixture.count("employees"), 1);
 }
+
+#[tokio::test]
+async fn receive_without_http_follows_the_same_checks() {
+    use rfidl_runtime::receiver::{Answer, ReceiveError};
+    let fixture = Fixture::start().await;
+    let message = Message::hired("direct");
+    let body = message.body();
+    let mut headers = axum::http::HeaderMap::new();
+    for (name, value) in sign(&message.id.to_string(), unix_now(), &body, &fixture.secret) {
+        headers.insert(name, value.parse().expect("header value"));
+    }
+    let answer = fixture
+        .receiver
+        .receive(&headers, body.clone().into())
+        .await;
+    assert!(
+        matches!(&answer, Answer::Acknowledged { duplicate: false, payload } if payload["welcomed"] == "direct"),
+        "{answer:?}"
+    );
+    let again = fixture.receiver.receive(&headers, body.into()).await;
+    assert!(
+        matches!(
+            again,
+            Answer::Acknowledged {
+                duplicate: true,
+                ..
+            }
+        ),
+        "{again:?}"
+    );
+    let huge = vec![b' '; 1024 * 1024 + 1];
+    let refused = fixture.receiver.receive(&headers, huge.into()).await;
+    assert_eq!(
+        refused,
+        Answer::Refused(ReceiveError::PayloadTooLarge { limit: 1024 * 1024 })
+    );
+}
