@@ -876,10 +876,11 @@ impl Builder<'_> {
     }
 }
 
-/// `/// text` -> `text` (one leading space removed, trailing `\r` dropped).
+/// `/// text` -> `text` (one leading space removed, trailing white space and
+/// `\r` dropped, so `rfidl fmt` never prints trailing white space).
 fn doc_text(pair: &Pair<'_, Rule>) -> String {
     let text = pair.clone().into_inner().next().map_or("", |p| p.as_str());
-    let text = text.strip_suffix('\r').unwrap_or(text);
+    let text = text.trim_end_matches([' ', '\t', '\r']);
     text.strip_prefix(' ').unwrap_or(text).to_owned()
 }
 

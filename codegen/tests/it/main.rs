@@ -3,6 +3,7 @@
 mod check;
 mod cli;
 mod docs;
+mod fmt_cli;
 mod format;
 mod format_properties;
 mod generate;
