@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::builder::{Options, Sides, write_if_changed};
 use crate::check::{self, CheckOutcome};
-use crate::diagnostics;
+use crate::diagnostics::{self, ColorChoice};
 use crate::generate::{self, Layout};
 
 /// How a command ended; maps to the process exit code.
@@ -43,27 +43,32 @@ pub enum ManifestFormat {
 }
 
 /// Checks and prints diagnostics; `Err` carries the outcome to return.
-fn checked(paths: &[PathBuf], format: DiagnosticFormat) -> Result<CheckOutcome, Outcome> {
+fn checked(
+    paths: &[PathBuf],
+    format: DiagnosticFormat,
+    color: ColorChoice,
+) -> Result<CheckOutcome, Outcome> {
     let outcome = check::check_paths(paths).map_err(|error| {
         eprintln!("error: {error}");
         Outcome::UsageOrIo
     })?;
-    let mut stderr = std::io::stderr().lock();
-    let mut stdout = std::io::stdout().lock();
-    for diagnostic in &outcome.diagnostics {
-        let _ = match format {
-            DiagnosticFormat::Human => write!(
-                stderr,
-                "{}",
-                diagnostics::render_human(&outcome.sources, diagnostic)
-            ),
-            DiagnosticFormat::Json => writeln!(
-                stdout,
-                "{}",
-                diagnostics::render_json(&outcome.sources, diagnostic)
-            ),
-        };
+    match format {
+        DiagnosticFormat::Human => {
+            let _ =
+                diagnostics::emit_human_to_stderr(&outcome.sources, &outcome.diagnostics, color);
+        }
+        DiagnosticFormat::Json => {
+            let mut stdout = std::io::stdout().lock();
+            for diagnostic in &outcome.diagnostics {
+                let _ = writeln!(
+                    stdout,
+                    "{}",
+                    diagnostics::render_json(&outcome.sources, diagnostic)
+                );
+            }
+        }
     }
+    let mut stderr = std::io::stderr().lock();
     if outcome.has_errors() {
         let errors = outcome.diagnostics.iter().filter(|d| d.is_error()).count();
         if format == DiagnosticFormat::Human {
@@ -83,8 +88,8 @@ fn plural(n: usize) -> &'static str {
 }
 
 /// `rfidl check`.
-pub fn check(paths: &[PathBuf], format: DiagnosticFormat) -> Outcome {
-    match checked(paths, format) {
+pub fn check(paths: &[PathBuf], format: DiagnosticFormat, color: ColorChoice) -> Outcome {
+    match checked(paths, format, color) {
         Ok(outcome) => {
             if format == DiagnosticFormat::Human {
                 let files = outcome.read_paths.len();
@@ -108,7 +113,7 @@ pub fn check(paths: &[PathBuf], format: DiagnosticFormat) -> Outcome {
 
 /// `rfidl generate --out DIR`.
 pub fn generate(paths: &[PathBuf], out: &Path, sides: Sides) -> Outcome {
-    let outcome = match checked(paths, DiagnosticFormat::Human) {
+    let outcome = match checked(paths, DiagnosticFormat::Human, ColorChoice::Auto) {
         Ok(outcome) => outcome,
         Err(outcome) => return outcome,
     };
@@ -148,7 +153,7 @@ pub fn generate(paths: &[PathBuf], out: &Path, sides: Sides) -> Outcome {
 
 /// `rfidl manifest`.
 pub fn manifest(paths: &[PathBuf], format: ManifestFormat) -> Outcome {
-    let outcome = match checked(paths, DiagnosticFormat::Human) {
+    let outcome = match checked(paths, DiagnosticFormat::Human, ColorChoice::Auto) {
         Ok(outcome) => outcome,
         Err(outcome) => return outcome,
     };

@@ -240,9 +240,75 @@ impl Diagnostic {
     }
 }
 
+/// Whether rustc-style diagnostics are coloured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ColorChoice {
+    /// Colour when stderr is a terminal and `NO_COLOR` is not set.
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+impl ColorChoice {
+    /// Whether output to stderr gets colour.
+    pub fn colors_stderr(self) -> bool {
+        use std::io::IsTerminal as _;
+        match self {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => {
+                std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+            }
+        }
+    }
+}
+
+/// Writes diagnostics rustc-style to stderr, coloured if `color` says so;
+/// the text is the same as [`render_human`]'s.
+pub fn emit_human_to_stderr(
+    sources: &SourceMap,
+    diagnostics: &[Diagnostic],
+    color: ColorChoice,
+) -> std::io::Result<()> {
+    use std::io::Write as _;
+    if !color.colors_stderr() {
+        let mut stderr = std::io::stderr().lock();
+        for diagnostic in diagnostics {
+            stderr.write_all(render_human(sources, diagnostic).as_bytes())?;
+        }
+        return Ok(());
+    }
+    use term::termcolor::{ColorChoice as Colors, StandardStream};
+    let stream = StandardStream::stderr(Colors::Always);
+    let mut stderr = stream.lock();
+    for diagnostic in diagnostics {
+        term::emit_to_write_style(
+            &mut stderr,
+            &human_config(),
+            &sources.files,
+            &to_codespan(diagnostic),
+        )
+        .map_err(std::io::Error::other)?;
+    }
+    Ok(())
+}
+
+fn human_config() -> term::Config {
+    term::Config {
+        chars: Chars::ascii(),
+        ..term::Config::default()
+    }
+}
+
 /// Renders diagnostics like rustc: `error[E0010]: …`, ` --> file:line:col`,
 /// the source line, a caret under the span, then `= help: …`.
 pub fn render_human(sources: &SourceMap, diagnostic: &Diagnostic) -> String {
+    term::emit_into_string(&human_config(), &sources.files, &to_codespan(diagnostic))
+        .unwrap_or_else(|_| format!("error[{}]: {}\n", diagnostic.code, diagnostic.message))
+}
+
+fn to_codespan(diagnostic: &Diagnostic) -> CsDiagnostic<usize> {
     let severity = match diagnostic.severity {
         Severity::Error => CsSeverity::Error,
         Severity::Warning => CsSeverity::Warning,
@@ -262,20 +328,17 @@ pub fn render_human(sources: &SourceMap, diagnostic: &Diagnostic) -> String {
         .map(|h| format!("help: {h}"))
         .collect();
     notes.extend(diagnostic.notes.iter().map(|n| format!("note: {n}")));
-    let cs = CsDiagnostic::new(severity)
+    CsDiagnostic::new(severity)
         .with_code(diagnostic.code.code())
         .with_message(&diagnostic.message)
         .with_labels(labels)
-        .with_notes(notes);
-    let config = term::Config {
-        chars: Chars::ascii(),
-        ..term::Config::default()
-    };
-    term::emit_into_string(&config, &sources.files, &cs)
-        .unwrap_or_else(|_| format!("error[{}]: {}\n", diagnostic.code, diagnostic.message))
+        .with_notes(notes)
 }
 
-/// One diagnostic as a JSON object (one line), for editors and CI.
+/// One diagnostic as a JSON object (one line), for editors and CI: `code`,
+/// `severity`, `message`, `file`, `line`, `column`, `end_line`, `end_column`
+/// (1-based; columns count characters), `label`, `help`, `notes` and
+/// `related` (the secondary places, each with file, lines, columns, label).
 pub fn render_json(sources: &SourceMap, diagnostic: &Diagnostic) -> String {
     #[derive(Serialize)]
     struct Json<'a> {
@@ -290,6 +353,17 @@ pub fn render_json(sources: &SourceMap, diagnostic: &Diagnostic) -> String {
         label: &'a str,
         help: Option<&'a str>,
         notes: &'a [String],
+        /// The other places the diagnostic points at.
+        related: Vec<Related<'a>>,
+    }
+    #[derive(Serialize)]
+    struct Related<'a> {
+        file: &'a str,
+        line: usize,
+        column: usize,
+        end_line: usize,
+        end_column: usize,
+        label: &'a str,
     }
     let (start, end) = match diagnostic.span {
         Some(span) => (
@@ -310,6 +384,22 @@ pub fn render_json(sources: &SourceMap, diagnostic: &Diagnostic) -> String {
         label: &diagnostic.label,
         help: diagnostic.help.as_deref(),
         notes: &diagnostic.notes,
+        related: diagnostic
+            .secondary
+            .iter()
+            .map(|(span, label)| {
+                let (line, column) = sources.line_column(span.file, span.start);
+                let (end_line, end_column) = sources.line_column(span.file, span.end);
+                Related {
+                    file: sources.name(span.file),
+                    line,
+                    column,
+                    end_line,
+                    end_column,
+                    label,
+                }
+            })
+            .collect(),
     };
     serde_json::to_string(&json).expect("diagnostics always serialise")
 }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use rfidl_codegen::cli::{self, DiagnosticFormat, ManifestFormat};
+use rfidl_codegen::diagnostics::ColorChoice;
 
 #[derive(Parser)]
 #[command(
@@ -27,6 +28,10 @@ enum Command {
         /// `human` (rustc-style) or `json` (one object per line).
         #[arg(long, value_enum, default_value = "human")]
         format: FormatArg,
+        /// Colour human output: `auto` (when stderr is a terminal and
+        /// `NO_COLOR` is unset), `always` or `never`.
+        #[arg(long, value_enum, default_value = "auto")]
+        color: ColorArg,
     },
     /// Generate Rust code and manifests into a folder (the same code as build.rs).
     Generate {
@@ -57,6 +62,13 @@ enum Command {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum ColorArg {
+    Auto,
+    Always,
+    Never,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum FormatArg {
     Human,
     Json,
@@ -78,12 +90,21 @@ enum ManifestArg {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::Check { paths, format } => {
+        Command::Check {
+            paths,
+            format,
+            color,
+        } => {
             let format = match format {
                 FormatArg::Human => DiagnosticFormat::Human,
                 FormatArg::Json => DiagnosticFormat::Json,
             };
-            cli::check(&paths, format)
+            let color = match color {
+                ColorArg::Auto => ColorChoice::Auto,
+                ColorArg::Always => ColorChoice::Always,
+                ColorArg::Never => ColorChoice::Never,
+            };
+            cli::check(&paths, format, color)
         }
         Command::Generate { paths, out, sides } => {
             let sides = match sides {

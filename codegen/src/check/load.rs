@@ -159,10 +159,17 @@ fn load_file(
     };
     let id = loaded.sources.add(name, path.clone(), text);
     if let Some(at) = utf8_error {
+        // The bad bytes became one U+FFFD in the stored text: mark all of it,
+        // so the span ends on a character boundary.
+        let end = at
+            + loaded.sources.text(id)[at..]
+                .chars()
+                .next()
+                .map_or(0, char::len_utf8);
         loaded.diagnostics.push(
             Diagnostic::error(
                 ErrorCode::InvalidUtf8,
-                Span::new(id, at, at + 1),
+                Span::new(id, at, end),
                 "this file is not valid UTF-8",
             )
             .with_label("invalid byte sequence here")

@@ -21,6 +21,10 @@ fn check_passes_on_the_example_schemas() {
 fn check_exits_1_on_contract_errors_and_2_on_io_or_usage() {
     let output = rfidl(&["check", "tests/ui/e0010_unknown_type.rfidl"]);
     assert_eq!(output.status.code(), Some(1));
+    assert!(
+        !output.stderr.contains(&0x1b),
+        "no ANSI escapes when stderr is not a terminal"
+    );
     assert!(String::from_utf8_lossy(&output.stderr).contains("error[E0010]: unknown type `strin`"));
     assert_eq!(
         rfidl(&["check", "no/such/file.rfidl"]).status.code(),
@@ -175,4 +179,34 @@ fn builder_finds_imports_in_include_paths_and_writes_only_changes() {
         written, again,
         "an unchanged contract must not rewrite the output"
     );
+}
+
+#[test]
+fn check_colours_only_when_asked_or_on_a_terminal() {
+    let input = "tests/ui/e0021_duplicate_field.rfidl";
+    let coloured = rfidl(&["check", "--color", "always", input]);
+    assert_eq!(coloured.status.code(), Some(1));
+    assert!(coloured.stderr.contains(&0x1b), "--color always colours");
+    let plain = rfidl(&["check", "--color", "never", input]);
+    assert!(!plain.stderr.contains(&0x1b));
+    // Same text once the escapes are gone.
+    let stripped = strip_ansi(&String::from_utf8_lossy(&coloured.stderr));
+    assert_eq!(stripped, String::from_utf8_lossy(&plain.stderr));
+}
+
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }

@@ -106,6 +106,8 @@ impl Writer {
                 "///",
                 "///   indented, with `code` and \"quotes\"",
                 "///no space",
+                "/// trailing white space \t ",
+                "///   ",
             ]);
             self.text.push_str(body);
             let line_end = if self.random.chance(20) { "\r\n" } else { "\n" };

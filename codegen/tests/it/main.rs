@@ -2,6 +2,8 @@
 
 mod check;
 mod cli;
+mod docs;
+mod fmt_cli;
 mod format;
 mod format_properties;
 mod generate;
