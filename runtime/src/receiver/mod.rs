@@ -4,7 +4,7 @@
 //! Owns the routes `POST /_rf/receive`, `POST /_rf/receive/batch` and
 //! `GET /_rf/metadata` (plus JSON 404/405 answers for anything else under
 //! `/_rf/`), the order of checks before a handler runs, and the writer thread
-//! that runs handlers and group-commits (see [`writer`]).
+//! that runs handlers and group-commits (module `writer`).
 //!
 //! ```no_run
 //! # use rfidl_runtime::{Config, receiver::{Receiver, HostedService}};

@@ -75,6 +75,14 @@ pub(crate) struct Handlers {
     pub metrics: Arc<Metrics>,
 }
 
+/// Whether the group's transaction can still be committed after a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TransactionState {
+    Intact,
+    /// A failed message's work could not be rolled back to its savepoint.
+    Compromised,
+}
+
 const SAVEPOINT: &str = "SAVEPOINT rf_message";
 const RELEASE: &str = "RELEASE rf_message";
 const ROLLBACK_TO: &str = "ROLLBACK TO rf_message; RELEASE rf_message";
@@ -144,14 +152,16 @@ impl Writer {
                     answers.push(Answer::Refused(ReceiveError::Unavailable(reason.clone())));
                     continue;
                 }
-                let answer = self.handlers.process(&tx, delivery, now, expires_at);
-                if tx.is_autocommit() {
-                    // SQLite rolled the whole transaction back (I/O error,
-                    // disk full, a handler's stray COMMIT/ROLLBACK): nothing of
-                    // this group will persist, so nothing may be acknowledged.
-                    let reason = "the write transaction was lost; retry".to_owned();
-                    error!("receiver transaction rolled back by SQLite mid-group");
-                    lost = Some(reason);
+                let (answer, state) = self.handlers.process(&tx, delivery, now, expires_at);
+                if tx.is_autocommit() || state == TransactionState::Compromised {
+                    // SQLite ended the transaction (I/O error, disk full, a
+                    // handler's stray COMMIT/ROLLBACK), or a failed message's
+                    // work could not be undone: roll the whole group back and
+                    // acknowledge nothing of it.
+                    error!(
+                        "receiver transaction lost or compromised mid-group; rolling the group back"
+                    );
+                    lost = Some("the write transaction was lost; retry".to_owned());
                 }
                 answers.push(answer);
             }
@@ -207,12 +217,13 @@ impl Handlers {
         delivery: &Delivery,
         now: i64,
         expires_at: i64,
-    ) -> Answer {
+    ) -> (Answer, TransactionState) {
+        let intact = |answer| (answer, TransactionState::Intact);
         let envelope = &delivery.envelope;
         let source = envelope.source_service_id.as_str();
         match inbox::lookup(tx, source, &delivery.message_id) {
             Ok(Some(entry)) => {
-                return if entry.payload_sha256 == delivery.payload_sha256 {
+                return intact(if entry.payload_sha256 == delivery.payload_sha256 {
                     Answer::Acknowledged {
                         duplicate: true,
                         payload: entry_response(entry.response.as_deref()),
@@ -222,13 +233,13 @@ impl Handlers {
                         source_service_id: source.to_owned(),
                         message_id: delivery.message_id.clone(),
                     })
-                };
+                });
             }
             Ok(None) => {}
-            Err(e) => return unavailable("inbox look-up failed", &e),
+            Err(e) => return intact(unavailable("inbox look-up failed", &e)),
         }
         if let Err(e) = tx.execute_batch(SAVEPOINT) {
-            return unavailable("cannot open a savepoint", &e);
+            return intact(unavailable("cannot open a savepoint", &e));
         }
         if let Some(hosted) = delivery.hosted_fingerprint_differs {
             self.metrics.inbox_fingerprint_mismatches.inc();
@@ -269,10 +280,10 @@ impl Handlers {
                 };
                 match inbox::record_processed(tx, &row).and_then(|()| tx.execute_batch(RELEASE)) {
                     Ok(()) => {
-                        return Answer::Acknowledged {
+                        return intact(Answer::Acknowledged {
                             duplicate: false,
                             payload: response,
-                        };
+                        });
                     }
                     Err(e) => {
                         error!(error = %e, source, message_id = %delivery.message_id, "cannot record an inbox row");
@@ -289,8 +300,9 @@ impl Handlers {
         };
         if let Err(e) = tx.execute_batch(ROLLBACK_TO) {
             error!(error = %e, "cannot roll back a failed message's savepoint");
+            return (Answer::Refused(refusal), TransactionState::Compromised);
         }
-        Answer::Refused(refusal)
+        (Answer::Refused(refusal), TransactionState::Intact)
     }
 }
 

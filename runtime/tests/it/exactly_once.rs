@@ -180,3 +180,32 @@ async fn inbox_rows_expire_after_the_retention() {
     // this is why retention must exceed the sender's retry window.
     assert_eq!(fixture.count("inbox_messages"), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_that_waits_too_long_is_told_in_progress_never_409() {
+    let fixture = Arc::new(
+        Fixture::start_with_config(|config| {
+            config.inbox.in_progress_wait = std::time::Duration::from_millis(200);
+        })
+        .await,
+    );
+    let message = Message::hired("slow Sam");
+    let first = {
+        let fixture = Arc::clone(&fixture);
+        let message = message.clone();
+        tokio::spawn(async move { fixture.post(&message).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let second = fixture.post(&message).await;
+    second.assert_error(503, "in_progress");
+    assert_eq!(second.retry_after.as_deref(), Some("1"));
+    let first = first.await.expect("task");
+    first.assert_error(503, "in_progress");
+    // The writer finishes and commits; the sender's retry is a duplicate.
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    let retried = fixture.post(&message).await;
+    retried.assert_acknowledged(true);
+    assert_eq!(retried.body["payload"]["welcomed"], "slow Sam");
+    assert_eq!(fixture.handler_runs.load(Ordering::SeqCst), 1);
+    assert_eq!(fixture.count("employees"), 1);
+}

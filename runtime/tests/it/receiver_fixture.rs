@@ -64,7 +64,7 @@ struct Welcome {
 }
 
 /// Writes one `employees` row per processed `EmployeeHired`. Names steer
-/// failures: `poison…` is refused for good, `panic…` panics, `flaky…` fails
+/// failures: `poison…` is refused for good, `panic…` panics, `slow…` takes 600 ms, `flaky…` fails
 /// (retryably) while the shared failure budget lasts, `broken…` always fails;
 /// each failing case writes its business row first, so a leak would show.
 #[derive(Debug, Default)]
@@ -103,6 +103,9 @@ impl HostedService for Employees {
                 }
                 if name.starts_with("panic") {
                     panic!("handler panics on purpose");
+                }
+                if name.starts_with("slow") {
+                    std::thread::sleep(std::time::Duration::from_millis(600));
                 }
                 if name.starts_with("broken") {
                     return Err(HandlerError::retryable("always broken"));
@@ -158,6 +161,17 @@ impl Fixture {
     }
 
     pub async fn start_with(customize: impl FnOnce(ReceiverBuilder) -> ReceiverBuilder) -> Self {
+        Self::start_custom(|_| {}, customize).await
+    }
+
+    pub async fn start_with_config(configure: impl FnOnce(&mut Config)) -> Self {
+        Self::start_custom(configure, |builder| builder).await
+    }
+
+    pub async fn start_custom(
+        configure: impl FnOnce(&mut Config),
+        customize: impl FnOnce(ReceiverBuilder) -> ReceiverBuilder,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let db_path = dir.path().join("receiver.db");
         let conn =
@@ -178,6 +192,7 @@ impl Fixture {
             SOURCE.to_owned(),
             vec![old_secret.to_whsec(), secret.to_whsec()],
         );
+        configure(&mut config);
         let employees = Employees::default();
         let service_failures = Arc::clone(&employees.failures_left);
         let handler_runs = Arc::clone(&employees.handler_runs);

@@ -531,3 +531,57 @@ async fn verification_is_off_only_when_asked_loudly() {
     let body = message.body().replace(SOURCE, "anyone");
     fixture.post_raw(&[], body).await.assert_acknowledged(false);
 }
+
+/// A client the project did not write: Python's `standardwebhooks` signs the
+/// envelope and `urllib` posts it; the receiver must accept it, answer a
+/// duplicate for the same bytes again, and refuse a tampered copy.
+const PYTHON_CLIENT: &str = r#"
+import json, sys, time, urllib.request, urllib.error
+from datetime import datetime, timezone
+from standardwebhooks.webhooks import Webhook
+url, secret, msg_id, body = sys.argv[1:5]
+results = []
+for tamper in (False, False, True):
+    now = datetime.fromtimestamp(int(time.time()), tz=timezone.utc)
+    signature = Webhook(secret).sign(msg_id, now, body)
+    sent = body.replace("Ada", "Eve") if tamper else body
+    request = urllib.request.Request(url, data=sent.encode("utf-8"), method="POST", headers={
+        "content-type": "application/json",
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(int(now.timestamp())),
+        "webhook-signature": signature,
+    })
+    try:
+        with urllib.request.urlopen(request) as response:
+            results.append([response.status, json.loads(response.read())])
+    except urllib.error.HTTPError as error:
+        results.append([error.code, json.loads(error.read())])
+print(json.dumps(results))
+"#;
+
+#[tokio::test]
+async fn a_client_signed_by_the_reference_library_is_accepted() {
+    let Some(python) = crate::interop::python() else {
+        return;
+    };
+    let fixture = Fixture::start().await;
+    let message = Message::hired("Ada Lovelace ✓");
+    let url = fixture.url("/_rf/receive");
+    let secret = fixture.secret.to_whsec();
+    let id = message.id.to_string();
+    let body = message.body();
+    let output = tokio::task::spawn_blocking(move || {
+        crate::interop::run_python(&python, PYTHON_CLIENT, &[&url, &secret, &id, &body])
+    })
+    .await
+    .expect("python");
+    let results: Vec<(u16, serde_json::Value)> = serde_json::from_str(&output).expect("json");
+    assert_eq!(results[0].0, 200, "{results:?}");
+    assert_eq!(results[0].1["duplicate"], false);
+    assert_eq!(results[0].1["payload"]["welcomed"], "Ada Lovelace ✓");
+    assert_eq!(results[1].0, 200, "{results:?}");
+    assert_eq!(results[1].1["duplicate"], true);
+    assert_eq!(results[2].0, 401, "{results:?}");
+    assert_eq!(results[2].1["error"], "bad_signature");
+    assert_eq!(fixture.count("employees"), 1);
+}
