@@ -421,3 +421,43 @@ pub fn suggest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) ->
         .min_by_key(|(distance, c)| (*distance, *c))
         .map(|(_, c)| c)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggestions_are_close_and_deterministic() {
+        let types = ["Employee", "EmploymentStatus", "HireAck"];
+        assert_eq!(suggest("Employe", types), Some("Employee"));
+        assert_eq!(suggest("employee", types), Some("Employee"), "case-blind");
+        assert_eq!(suggest("Ack", types), None, "too far");
+        assert_eq!(suggest("Employee", types), None, "never the name itself");
+        // Ties go to the alphabetically first candidate.
+        assert_eq!(suggest("ab", ["ac", "aa"]), Some("aa"));
+    }
+
+    #[test]
+    fn json_lines_carry_positions_in_characters() {
+        let mut sources = SourceMap::new();
+        let file = sources.add("x.rfidl", "x.rfidl", "package ä;\nrecord Ö { a: Nope }\n");
+        let start = sources.text(file).find("Nope").expect("present");
+        let diagnostic = Diagnostic::error(
+            ErrorCode::UnknownType,
+            Span::new(file, start, start + 4),
+            "unknown type `Nope`",
+        )
+        .with_secondary(Span::new(file, 8, 10), "package");
+        let json: serde_json::Value =
+            serde_json::from_str(&render_json(&sources, &diagnostic)).expect("valid JSON");
+        assert_eq!(json["code"], "E0010");
+        assert_eq!(json["file"], "x.rfidl");
+        assert_eq!(
+            (json["line"].as_u64(), json["column"].as_u64()),
+            (Some(2), Some(15))
+        );
+        assert_eq!(json["end_column"], 19);
+        assert_eq!(json["related"][0]["column"], 9);
+        assert_eq!(json["related"][0]["end_column"], 10, "`ä` is one character");
+    }
+}

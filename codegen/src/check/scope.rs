@@ -463,3 +463,29 @@ fn scalar_hint(name: &str) -> Option<&'static str> {
         _ => return None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn import_paths_are_relative_to_the_importing_file() {
+        let rel = |from: &str, to: &str| relative_path(Path::new(from), Path::new(to));
+        assert_eq!(
+            rel("/c/hr.rfidl", "/c/common/money.rfidl"),
+            "common/money.rfidl"
+        );
+        assert_eq!(rel("/c/org/desk.rfidl", "/c/main.rfidl"), "../main.rfidl");
+        assert_eq!(rel("/c/a/b/x.rfidl", "/c/d/y.rfidl"), "../../d/y.rfidl");
+        assert_eq!(rel("/c/x.rfidl", "/c/y.rfidl"), "y.rfidl");
+    }
+
+    #[test]
+    fn scalar_hints_cover_common_foreign_names() {
+        assert!(scalar_hint("int").is_some_and(|h| h.contains("i64")));
+        assert!(scalar_hint("Double").is_some_and(|h| h.contains("f64")));
+        assert!(scalar_hint("DateTime").is_some_and(|h| h.contains("timestamp")));
+        assert_eq!(scalar_hint("Employee"), None);
+    }
+}

@@ -26,7 +26,12 @@ pub fn parse_file(file: FileId, text: &str) -> Result<File, Box<Diagnostic>> {
     check_depth(file, text)?;
     let mut pairs = match RfidlParser::parse(Rule::file, text) {
         Ok(pairs) => pairs,
-        Err(_) => return Err(Box::new(explain_failure(file, text))),
+        Err(_) => {
+            let explained = explain_failure(file, text).unwrap_or_else(|| {
+                Diagnostic::error(ErrorCode::Syntax, Span::new(file, 0, 0), "syntax error")
+            });
+            return Err(Box::new(explained));
+        }
     };
     let root = pairs.next().expect("the file rule always yields one pair");
     let builder = Builder {
@@ -41,44 +46,49 @@ pub fn parse_file(file: FileId, text: &str) -> Result<File, Box<Diagnostic>> {
     }
 }
 
-/// Like [`parse_file`], but on a syntax error keeps looking for more: the
-/// failing item is skipped up to the next line that plainly starts an item
+/// Like [`parse_file`], but on a syntax error keeps looking for more. The
+/// rest of the file is cut at the lines that plainly start an item
 /// (`record Name {`, `enum Name {`, `service Name v…`, `import "…"` at the
-/// start of a line) and parsing resumes there. Only errors after that point
-/// are kept, so skipping never invents an error. At most
+/// start of a line) and each piece is parsed on its own. In valid text such
+/// a line is always a real item start, so a piece fails only where the text
+/// really does, and the whole search is linear in the file. At most
 /// [`MAX_SYNTAX_ERRORS`] are reported.
 pub fn parse_file_all_errors(file: FileId, text: &str) -> Result<File, Vec<Diagnostic>> {
     let first = match parse_file(file, text) {
         Ok(parsed) => return Ok(parsed),
         Err(first) => *first,
     };
-    let syntax_error =
-        |d: &Diagnostic| matches!(d.code, ErrorCode::Syntax | ErrorCode::InvalidString);
+    let resumable = matches!(first.code, ErrorCode::Syntax | ErrorCode::InvalidString);
+    let mut piece_start = next_item_start(text, last_error_point(&first)).filter(|_| resumable);
     let mut errors = vec![first];
-    let mut blanked = text.to_owned();
-    while errors.len() < MAX_SYNTAX_ERRORS {
-        let last = errors.last().expect("at least the first error");
-        let Some(failed_at) = last.span.map(|s| s.start.max(last_error_point(last))) else {
-            break;
-        };
-        if !syntax_error(last) {
+    while let Some(start) = piece_start {
+        if errors.len() >= MAX_SYNTAX_ERRORS {
             break;
         }
-        let Some(resume) = next_item_start(&blanked, failed_at) else {
-            break;
-        };
-        let skip_from = item_start_before(&blanked, failed_at);
-        blank(&mut blanked, skip_from, resume);
-        if RfidlParser::parse(Rule::file, &blanked).is_ok() {
-            break;
+        let end = next_item_start(text, start).unwrap_or(text.len());
+        let piece = &text[start..end];
+        let fails =
+            check_depth(file, piece).is_ok() && RfidlParser::parse(Rule::file, piece).is_err();
+        if let Some(mut error) = fails.then(|| explain_failure(file, piece)).flatten() {
+            if error.help.as_deref() == Some(PACKAGE_FIRST_HELP) {
+                // A piece of a file does not start with its package, of course.
+                error.help = None;
+            }
+            shift(&mut error, start);
+            errors.push(error);
         }
-        let next = explain_failure(file, &blanked);
-        match next.span {
-            Some(span) if span.start >= resume && syntax_error(&next) => errors.push(next),
-            _ => break,
-        }
+        piece_start = (end < text.len()).then_some(end);
     }
     Err(errors)
+}
+
+/// Moves a diagnostic made for `text[offset..]` onto `text`.
+fn shift(diagnostic: &mut Diagnostic, offset: usize) {
+    let moved = |span: Span| Span::new(span.file, span.start + offset, span.end + offset);
+    diagnostic.span = diagnostic.span.map(moved);
+    for (span, _) in &mut diagnostic.secondary {
+        *span = moved(*span);
+    }
 }
 
 /// Most syntax errors reported for one file.
@@ -94,22 +104,6 @@ fn last_error_point(diagnostic: &Diagnostic) -> usize {
         .chain(diagnostic.span.map(|s| s.start))
         .max()
         .unwrap_or(0)
-}
-
-/// Replaces `text[from..to]` with spaces, keeping line breaks, so byte
-/// offsets and line numbers after it do not move.
-fn blank(text: &mut String, from: usize, to: usize) {
-    let replaced: String = text[from..to]
-        .chars()
-        .map(|c| {
-            if c == '\n' || c == '\r' {
-                c.to_string()
-            } else {
-                " ".repeat(c.len_utf8())
-            }
-        })
-        .collect();
-    text.replace_range(from..to, &replaced);
 }
 
 /// Whether a line plainly starts a new item.
@@ -151,31 +145,12 @@ fn next_item_start(text: &str, position: usize) -> Option<usize> {
     None
 }
 
-/// The start of the item `position` is in: the last line at or before it
-/// that plainly starts an item, else the start of `position`'s line.
-fn item_start_before(text: &str, position: usize) -> usize {
-    let own_line = text[..position].rfind('\n').map_or(0, |n| n + 1);
-    let mut line_start = own_line;
-    loop {
-        let line_end = text[line_start..]
-            .find('\n')
-            .map_or(text.len(), |n| line_start + n);
-        if starts_item(&text[line_start..line_end]) {
-            return line_start;
-        }
-        if line_start == 0 {
-            return own_line;
-        }
-        line_start = text[..line_start - 1].rfind('\n').map_or(0, |n| n + 1);
-    }
-}
-
 /// Re-parses a failed input with pest's parse-attempt tracking on, to say
-/// what was expected. Tracking costs time on every token, so the first parse
+/// what was expected (`None` if it parses after all). Tracking costs time on every token, so the first parse
 /// runs without it. The switch is process-wide: a lock keeps concurrent
 /// explanations (parallel tests, several build scripts in one process) from
 /// turning it off under each other.
-fn explain_failure(file: FileId, text: &str) -> Diagnostic {
+fn explain_failure(file: FileId, text: &str) -> Option<Diagnostic> {
     static DETAIL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let guard = DETAIL
         .lock()
@@ -184,11 +159,7 @@ fn explain_failure(file: FileId, text: &str) -> Diagnostic {
     let result = RfidlParser::parse(Rule::file, text);
     pest::set_error_detail(false);
     drop(guard);
-    match result {
-        Err(error) => syntax_error(file, text, error),
-        // Only reachable if the input parses after all: say so rather than panic.
-        Ok(_) => Diagnostic::error(ErrorCode::Syntax, Span::new(file, 0, 0), "syntax error"),
-    }
+    result.err().map(|error| syntax_error(file, text, error))
 }
 
 /// Refuses nesting deeper than [`MAX_TYPE_DEPTH`] before pest recurses into it.
@@ -370,11 +341,12 @@ fn syntax_error(file: FileId, text: &str, error: pest::error::Error<Rule>) -> Di
             "a `///` doc comment documents what follows it; use `//` for a plain comment",
         );
     } else if position == 0 {
-        diagnostic =
-            diagnostic.with_help("a contract starts with its package: `package hr.employees;`");
+        diagnostic = diagnostic.with_help(PACKAGE_FIRST_HELP);
     }
     diagnostic
 }
+
+const PACKAGE_FIRST_HELP: &str = "a contract starts with its package: `package hr.employees;`";
 
 /// The keywords a misspelt word is compared with ("did you mean").
 const KEYWORDS: [&str; 10] = [
@@ -587,7 +559,7 @@ impl Builder<'_> {
             return Err(Box::new(
                 Diagnostic::error(ErrorCode::MissingPackage, at, "missing package declaration")
                     .with_label("expected `package …;` before this")
-                    .with_help("a contract starts with its package: `package hr.employees;`"),
+                    .with_help(PACKAGE_FIRST_HELP),
             ));
         };
         Ok(File {
