@@ -116,7 +116,7 @@ struct Decl {
     kind: DeclKind,
     span: Span,
     file: FileId,
-    /// The `@deprecated` reason, if the type is deprecated.
+    /// `Some` if the type is deprecated: the reason, empty when none is given.
     deprecated: Option<String>,
 }
 
@@ -193,7 +193,10 @@ impl Checker<'_> {
                         kind,
                         span: name.span,
                         file: *file_id,
-                        deprecated: deprecation(annotations),
+                        deprecated: annotations
+                            .iter()
+                            .any(|a| a.name.text == "deprecated")
+                            .then(|| deprecation_reason(annotations)),
                     },
                 );
             }
@@ -804,7 +807,10 @@ impl Checker<'_> {
                         Diagnostic::warning(
                             ErrorCode::DeprecatedUse,
                             name.span,
-                            format!("`{}` is deprecated: {reason}", name.text),
+                            match reason.as_str() {
+                                "" => format!("`{}` is deprecated", name.text),
+                                reason => format!("`{}` is deprecated: {reason}", name.text),
+                            },
                         )
                         .with_label("deprecated type used here")
                         .with_help("move to its replacement, or mark this item `@deprecated` too"),
@@ -928,6 +934,25 @@ fn type_closure(
         closure.insert(name, def.clone());
     }
     closure
+}
+
+/// The reason given to `@deprecated("…")`, empty when none is given.
+fn deprecation_reason(annotations: &[ast::Annotation]) -> String {
+    annotations
+        .iter()
+        .filter(|a| a.name.text == "deprecated")
+        .find_map(|a| match a.args.as_deref() {
+            Some(
+                [
+                    ast::AnnotationArg {
+                        value: ast::Value::String(why),
+                        ..
+                    },
+                ],
+            ) => Some(why.clone()),
+            _ => None,
+        })
+        .unwrap_or_default()
 }
 
 fn deprecation(annotations: &[ast::Annotation]) -> Option<String> {
