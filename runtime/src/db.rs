@@ -43,7 +43,7 @@ pub const MIGRATIONS: &[&str] = &[
         created_at      INTEGER NOT NULL,
         expires_at      INTEGER NOT NULL,
         sent_at         INTEGER
-    ) STRICT;
+    ) STRICT, WITHOUT ROWID;  -- one b-tree keyed on the time-ordered id: appends stay sequential
     -- The dispatcher's claim query: due rows that are Pending or whose lease ran out.
     CREATE INDEX outbox_due ON outbox_messages (next_retry_at)
         WHERE status IN ('Pending', 'Sending');
