@@ -452,6 +452,8 @@ async fn batch_answers_each_item_in_order() {
         serde_json::json!({"headers": headers, "body": body})
     };
     let fresh = Message::hired("fresh");
+    let mut fresh_reused = fresh.clone();
+    fresh_reused.payload = serde_json::json!({"employee": {"id": "e-other", "name": "other"}});
     let stranger = rfidl_runtime::signing::Secret::generate();
     let mut mismatch = Message::hired("mismatch");
     mismatch.payload = serde_json::json!({"employee": {}});
@@ -464,6 +466,7 @@ async fn batch_answers_each_item_in_order() {
         item(&Message::hired("broken"), &fixture.secret),
         {"headers": {}, "body": "not json"},
         item(&Message::hired("second fresh"), &fixture.old_secret),
+        item(&fresh_reused, &fixture.secret),
     ]);
     let reply = Reply::from(
         fixture
@@ -499,6 +502,7 @@ async fn batch_answers_each_item_in_order() {
             (500, "handler_failed".to_owned()),
             (400, "malformed_envelope".to_owned()),
             (200, "duplicate=false".to_owned()),
+            (422, "message_id_reused".to_owned()),
         ]
     );
     assert_eq!(results[0]["body"]["payload"], results[4]["body"]["payload"]);
