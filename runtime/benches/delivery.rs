@@ -1,45 +1,109 @@
-//! Runtime benchmarks, side by side in one run (see BENCHMARKS.md).
-//!
+//! Runtime benchmarks, side by side in one run (see BENCHMARKS.md):
 //! `cargo bench -p rfidl-runtime --bench delivery` (or `cargo xtask bench delivery`).
-//! Every figure is measured on real SQLite files in a temp dir and, where a
-//! network is involved, real HTTP on 127.0.0.1.
+//!
+//! Real SQLite files in a temp dir; real HTTP on 127.0.0.1 where a network
+//! is involved. Figures:
+//! (ref) raw rusqlite insert rate, one row per transaction;
+//! (a) `Outbox::enqueue`, one message per caller transaction;
+//! (b) `Outbox::send` with many concurrent callers;
+//! (c) messages delivered and processed exactly once per second, outbox ->
+//!     dispatcher -> HTTP -> receiver -> inbox, receiver FULL and NORMAL;
+//! (d) inbox duplicate-check latency with 1,000,000 inbox rows;
+//! (e) latency from the sender's commit to the handler's effect, low load.
 
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rfidl_runtime::Durability;
-use rfidl_runtime::db;
+use rfidl_runtime::config::{Config, DestinationConfig, Durability};
+use rfidl_runtime::dispatcher::Dispatcher;
+use rfidl_runtime::outbox::{Outbox, OutgoingMessage};
+use rfidl_runtime::receiver::{
+    HandlerError, HostedInterface, HostedService, IncomingCall, Receiver,
+};
+use rfidl_runtime::signing::Secret;
+use rfidl_runtime::{MessageType, db, inbox};
 
-/// How many single-row transactions the rate figures use.
 const ROWS: usize = 20_000;
+const DELIVERIES: usize = 20_000;
+const INBOX_ROWS: usize = 1_000_000;
 
 fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
-    println!(
-        "rfidl-runtime delivery benchmarks ({} cores)",
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    );
-    println!("{:<58} {:>14}", "figure", "value");
-    let raw_normal = raw_insert_rate(&dir.path().join("raw-normal.db"), Durability::Normal);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!("rfidl-runtime delivery benchmarks ({cores} cores)");
+    println!("{:<66} {:>16}", "figure", "value");
+
+    let raw = raw_insert_rate(&dir.path().join("raw-normal.db"), Durability::Normal);
     report(
-        "reference: raw rusqlite insert, 1 row/txn, NORMAL",
-        raw_normal,
-        "rows/s",
+        "(ref) raw rusqlite insert, 1 row/txn, NORMAL",
+        format!("{raw:.0} rows/s"),
     );
     let raw_full = raw_insert_rate(&dir.path().join("raw-full.db"), Durability::Full);
     report(
-        "reference: raw rusqlite insert, 1 row/txn, FULL",
-        raw_full,
-        "rows/s",
+        "(ref) raw rusqlite insert, 1 row/txn, FULL",
+        format!("{raw_full:.0} rows/s"),
     );
+
+    let enqueue = enqueue_rate(&dir.path().join("enqueue.db"));
+    report(
+        "(a) Outbox::enqueue, 1 message/caller txn, NORMAL",
+        format!("{enqueue:.0} msg/s"),
+    );
+    report(
+        "    ... as a share of the raw insert rate",
+        format!("{:.0} %", 100.0 * enqueue / raw),
+    );
+
+    let send = runtime.block_on(send_rate(&dir.path().join("send.db"), 64));
+    report(
+        "(b) Outbox::send, 64 concurrent callers",
+        format!("{send:.0} msg/s"),
+    );
+
+    for durability in [Durability::Full, Durability::Normal] {
+        let rate = runtime.block_on(delivery_rate(dir.path(), durability));
+        let label = format!("(c) exactly-once deliveries, HTTP loopback, receiver {durability:?}");
+        report(&label, format!("{rate:.0} msg/s"));
+    }
+
+    let (p50, p99, p999) = dedupe_latency(&dir.path().join("inbox.db"));
+    report(
+        "(d) inbox duplicate check, 1,000,000 rows: p50",
+        format!("{:.1} µs", p50),
+    );
+    report("    p99", format!("{:.1} µs", p99));
+    report("    p99.9", format!("{:.1} µs", p999));
+
+    let (p50, p99) = runtime.block_on(commit_to_effect(dir.path()));
+    report(
+        "(e) sender commit -> handler effect, low load: p50",
+        format!("{:.2} ms", p50),
+    );
+    report("    p99", format!("{:.2} ms", p99));
 }
 
-fn report(name: &str, value: f64, unit: &str) {
-    println!("{name:<58} {value:>10.0} {unit}");
+fn report(name: &str, value: String) {
+    println!("{name:<66} {value:>16}");
+}
+
+fn rate(count: usize, elapsed: Duration) -> f64 {
+    count as f64 / elapsed.as_secs_f64()
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index]
 }
 
 /// The ceiling the outbox is measured against: one INSERT of a row the size
 /// of an outbox row per transaction, nothing else.
-fn raw_insert_rate(path: &std::path::Path, durability: Durability) -> f64 {
+fn raw_insert_rate(path: &Path, durability: Durability) -> f64 {
     let mut conn = rusqlite::Connection::open(path).expect("open");
     db::configure(&conn, durability).expect("pragmas");
     conn.execute_batch(
@@ -60,6 +124,254 @@ fn raw_insert_rate(path: &std::path::Path, durability: Durability) -> f64 {
     rate(ROWS, started.elapsed())
 }
 
-fn rate(count: usize, elapsed: Duration) -> f64 {
-    count as f64 / elapsed.as_secs_f64()
+fn message(destination: &str, n: usize) -> OutgoingMessage {
+    OutgoingMessage {
+        destination: destination.into(),
+        message_type: MessageType::Signal,
+        interface: "bench.Ledger".into(),
+        version: 1,
+        fingerprint: "sha256:bench".into(),
+        endpoint: "Credit".into(),
+        correlation_id: Some(format!("order-{n}")),
+        payload: serde_json::json!({"account": format!("acct-{}", n % 100), "amount": n, "note": "x".repeat(200)}),
+        headers: BTreeMap::new(),
+        max_retries: None,
+        ttl: None,
+    }
+}
+
+fn enqueue_rate(path: &Path) -> f64 {
+    let outbox = Outbox::new(Config::default(), path);
+    let mut conn = db::open(path, Durability::Normal).expect("open");
+    let started = Instant::now();
+    for n in 0..ROWS {
+        let tx = conn.transaction().expect("tx");
+        outbox.enqueue(&tx, message("peer", n)).expect("enqueue");
+        tx.commit().expect("commit");
+    }
+    rate(ROWS, started.elapsed())
+}
+
+async fn send_rate(path: &Path, callers: usize) -> f64 {
+    let outbox = Outbox::new(Config::default(), path);
+    let per_caller = ROWS / callers;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for caller in 0..callers {
+        let outbox = outbox.clone();
+        tasks.spawn(async move {
+            for n in 0..per_caller {
+                outbox
+                    .send(message("peer", caller * per_caller + n))
+                    .await
+                    .expect("send");
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    rate(per_caller * callers, started.elapsed())
+}
+
+/// Writes one ledger row per credit, in the delivery's transaction.
+struct Ledger {
+    effects: Arc<Mutex<Vec<Instant>>>,
+}
+
+const HOSTED: &[HostedInterface] = &[HostedInterface {
+    interface: "bench.Ledger",
+    version: 1,
+    fingerprint: "sha256:bench",
+    endpoints: &["Credit"],
+    manifest_json: "{}",
+}];
+
+impl HostedService for Ledger {
+    fn interfaces(&self) -> &[HostedInterface] {
+        HOSTED
+    }
+
+    fn handle(
+        &self,
+        call: &IncomingCall<'_>,
+        tx: &rusqlite::Transaction<'_>,
+    ) -> Result<serde_json::Value, HandlerError> {
+        tx.execute(
+            "INSERT INTO ledger (message_id, amount) VALUES (?1, ?2)",
+            rusqlite::params![
+                call.message_id,
+                call.payload["amount"].as_i64().unwrap_or(0)
+            ],
+        )?;
+        if let Ok(mut effects) = self.effects.lock() {
+            effects.push(Instant::now());
+        }
+        Ok(serde_json::Value::Null)
+    }
+}
+
+struct Pair {
+    outbox: Outbox,
+    sender_db: std::path::PathBuf,
+    receiver_db: std::path::PathBuf,
+    effects: Arc<Mutex<Vec<Instant>>>,
+    url: String,
+}
+
+async fn pair(dir: &Path, name: &str, durability: Durability) -> Pair {
+    let secret = Secret::generate();
+    let receiver_db = dir.join(format!("{name}-receiver.db"));
+    let mut config = Config {
+        service_id: "ledger".into(),
+        ..Config::default()
+    };
+    config.inbox.durability = durability;
+    config.peers.insert("bench".into(), vec![secret.to_whsec()]);
+    db::open(&receiver_db, durability)
+        .expect("open")
+        .execute_batch("CREATE TABLE ledger (message_id TEXT NOT NULL, amount INTEGER NOT NULL)")
+        .expect("table");
+    let effects = Arc::new(Mutex::new(Vec::new()));
+    let receiver = Receiver::builder(config, &receiver_db)
+        .service(Ledger {
+            effects: effects.clone(),
+        })
+        .build()
+        .expect("receiver");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let router = receiver.router();
+    tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
+    let sender_db = dir.join(format!("{name}-sender.db"));
+    let mut sender = Config {
+        service_id: "bench".into(),
+        ..Config::default()
+    };
+    sender.outbox.max_in_flight = 64;
+    sender.outbox.batch_size = 256;
+    sender.destinations.insert(
+        "ledger".into(),
+        DestinationConfig {
+            url: url.clone(),
+            secret: secret.to_whsec(),
+        },
+    );
+    let outbox = Outbox::new(sender, &sender_db);
+    Pair {
+        outbox,
+        sender_db,
+        receiver_db,
+        effects,
+        url,
+    }
+}
+
+fn count(path: &Path, sql: &str) -> i64 {
+    rusqlite::Connection::open(path)
+        .and_then(|c| c.query_row(sql, [], |r| r.get(0)))
+        .expect("count")
+}
+
+async fn delivery_rate(dir: &Path, durability: Durability) -> f64 {
+    let pair = pair(dir, &format!("c-{durability:?}"), durability).await;
+    let mut conn = db::open(&pair.sender_db, Durability::Normal).expect("open");
+    let tx = conn.transaction().expect("tx");
+    for n in 0..DELIVERIES {
+        pair.outbox
+            .enqueue(&tx, message("ledger", n))
+            .expect("enqueue");
+    }
+    tx.commit().expect("commit");
+    let started = Instant::now();
+    let dispatcher = Dispatcher::builder(&pair.outbox, &pair.sender_db)
+        .start()
+        .expect("dispatcher");
+    loop {
+        let sent = count(
+            &pair.sender_db,
+            "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'",
+        );
+        if sent as usize == DELIVERIES {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let elapsed = started.elapsed();
+    dispatcher.shutdown().await;
+    let effects = count(&pair.receiver_db, "SELECT COUNT(*) FROM ledger");
+    assert_eq!(effects as usize, DELIVERIES, "exactly once at {}", pair.url);
+    rate(DELIVERIES, elapsed)
+}
+
+fn dedupe_latency(path: &Path) -> (f64, f64, f64) {
+    let mut conn = db::open(path, Durability::Normal).expect("open");
+    let mut ids = Vec::with_capacity(INBOX_ROWS);
+    let tx = conn.transaction().expect("tx");
+    let digest = [7u8; 32];
+    for _ in 0..INBOX_ROWS {
+        let id = uuid::Uuid::now_v7().to_string();
+        inbox::record_processed(
+            &tx,
+            &inbox::ProcessedMessage {
+                source_service_id: "bench",
+                message_id: &id,
+                endpoint: "Credit",
+                payload_sha256: &digest,
+                response: r#"{"ok":true}"#,
+                processed_at_ms: 0,
+                expires_at_ms: i64::MAX,
+            },
+        )
+        .expect("insert");
+        ids.push(id);
+    }
+    tx.commit().expect("commit");
+    let mut samples = Vec::with_capacity(100_000);
+    let mut seed: u64 = 42;
+    for _ in 0..100_000 {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let id = &ids[(seed >> 33) as usize % ids.len()];
+        let started = Instant::now();
+        let found = inbox::lookup(&conn, "bench", id).expect("lookup");
+        samples.push(started.elapsed().as_secs_f64() * 1e6);
+        assert!(found.is_some());
+    }
+    samples.sort_by(f64::total_cmp);
+    (
+        percentile(&samples, 0.5),
+        percentile(&samples, 0.99),
+        percentile(&samples, 0.999),
+    )
+}
+
+async fn commit_to_effect(dir: &Path) -> (f64, f64) {
+    let pair = pair(dir, "e", Durability::Full).await;
+    let dispatcher = Dispatcher::builder(&pair.outbox, &pair.sender_db)
+        .start()
+        .expect("dispatcher");
+    let mut conn = db::open(&pair.sender_db, Durability::Normal).expect("open");
+    let mut samples = Vec::new();
+    for n in 0..300 {
+        let before = pair.effects.lock().expect("lock").len();
+        let tx = conn.transaction().expect("tx");
+        pair.outbox
+            .enqueue(&tx, message("ledger", n))
+            .expect("enqueue");
+        tx.commit().expect("commit");
+        let committed = Instant::now();
+        let effect = loop {
+            if let Some(at) = pair.effects.lock().expect("lock").get(before).copied() {
+                break at;
+            }
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        };
+        samples.push(effect.duration_since(committed).as_secs_f64() * 1e3);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    dispatcher.shutdown().await;
+    samples.sort_by(f64::total_cmp);
+    (percentile(&samples, 0.5), percentile(&samples, 0.99))
 }

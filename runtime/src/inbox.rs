@@ -198,6 +198,23 @@ pub fn delete_expired(conn: &Connection, now_ms: i64, limit: u32) -> rusqlite::R
     statement.execute(params![now_ms, limit])
 }
 
+/// Rows deleted per statement by [`delete_all_expired`].
+pub const EXPIRY_BATCH: u32 = 1000;
+
+/// Deletes every row expired at `now_ms`, [`EXPIRY_BATCH`] rows per
+/// statement. Run it outside a transaction (each batch then commits on its
+/// own, and the receiver's writer waits at most one batch); returns the total.
+pub fn delete_all_expired(conn: &Connection, now_ms: i64) -> rusqlite::Result<usize> {
+    let mut total = 0;
+    loop {
+        let deleted = delete_expired(conn, now_ms, EXPIRY_BATCH)?;
+        total += deleted;
+        if deleted < EXPIRY_BATCH as usize {
+            return Ok(total);
+        }
+    }
+}
+
 /// Current number of inbox rows (the `rf_inbox_size` gauge).
 pub fn count(conn: &Connection) -> rusqlite::Result<u64> {
     conn.query_row("SELECT count(*) FROM inbox_messages", [], |row| {
@@ -328,8 +345,27 @@ mod tests {
         assert_eq!(entry.response_value(), serde_json::json!({"ok": true}));
         assert_eq!(reader.lookup("other", "m1").expect("lookup"), None);
         assert_eq!(delete_expired(&conn, 150, 10).expect("delete"), 1);
+        assert_eq!(delete_all_expired(&conn, 150).expect("delete"), 0);
         assert_eq!(reader.lookup("hr", "m1").expect("lookup"), None);
         assert!(reader.lookup("hr", "m2").expect("lookup").is_some());
+        assert_eq!(count(&conn).expect("count"), 1);
+    }
+
+    #[test]
+    fn delete_all_expired_goes_batch_by_batch_to_the_end() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut conn =
+            crate::db::open(dir.path().join("inbox.db"), Durability::Normal).expect("open");
+        let digest = [1u8; 32];
+        let tx = conn.transaction().expect("tx");
+        let rows = EXPIRY_BATCH as usize * 2 + 500;
+        for i in 0..rows {
+            let id = format!("m{i}");
+            record_processed(&tx, &processed(&id, &digest, 10)).expect("insert");
+        }
+        record_processed(&tx, &processed("keep", &digest, 1000)).expect("insert");
+        tx.commit().expect("commit");
+        assert_eq!(delete_all_expired(&conn, 10).expect("delete"), rows);
         assert_eq!(count(&conn).expect("count"), 1);
     }
 }

@@ -13,7 +13,7 @@ use crate::diagnostics::{Diagnostic, FileId};
 use crate::syntax::{self, ast};
 
 const INDENT: &str = "    ";
-/// A method whose one-line form is longer than this is split, one parameter per line.
+/// A method whose one-line form is longer than this (in characters) is split, one parameter per line.
 const MAX_WIDTH: usize = 100;
 
 /// Formats one source text.
@@ -347,7 +347,7 @@ impl Printer<'_> {
             method.name.text,
             inline.join(", ")
         );
-        if simple_params && INDENT.len() + one_line.len() <= MAX_WIDTH {
+        if simple_params && INDENT.len() + one_line.chars().count() <= MAX_WIDTH {
             self.push(1, one_line);
         } else {
             self.push(

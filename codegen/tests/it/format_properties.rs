@@ -594,3 +594,18 @@ fn versions_are_printed_without_leading_zeros() {
         "package a;\n\nservice S v7 {}\n\nservice S v99999999999 {}\n"
     );
 }
+
+/// The 100-column limit counts characters, not UTF-8 bytes.
+#[test]
+fn the_line_limit_counts_characters() {
+    // 96 characters with the indent, 171 bytes.
+    let name = format!("Ä{}", "ä".repeat(74));
+    let input = format!("package a;\nservice S v1 {{\n    signal Ping(x: {name});\n}}\n");
+    let once = format_source(&input).expect("parses");
+    let line = once
+        .lines()
+        .find(|l| l.contains("signal"))
+        .expect("method line");
+    assert!(line.chars().count() <= 100 && line.len() > 100, "{line}");
+    assert!(line.ends_with(");"), "split although it fits: {once}");
+}

@@ -77,3 +77,37 @@ pub fn serve(
         }
     })
 }
+
+/// Flags shared by the `hr-service` and `engine` binaries.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServiceArgs {
+    /// Address the receiver listens on.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// SQLite file for business rows, outbox and inbox.
+    #[arg(long)]
+    pub db: PathBuf,
+    /// Base URL of the peer's receiver, e.g. http://127.0.0.1:7001.
+    #[arg(long)]
+    pub peer_url: String,
+    /// Secret this service signs with (`whsec_…`).
+    #[arg(long, env = "RFIDL_SECRET")]
+    pub secret: String,
+    /// Secret the peer signs with (`whsec_…`).
+    #[arg(long, env = "RFIDL_PEER_SECRET")]
+    pub peer_secret: String,
+}
+
+impl ServiceArgs {
+    pub fn settings(&self, service_id: &str, peer_id: &str) -> Settings {
+        Settings {
+            service_id: service_id.into(),
+            listen: self.listen,
+            db: self.db.clone(),
+            peer_id: peer_id.into(),
+            peer_url: self.peer_url.clone(),
+            signing_secret: self.secret.clone(),
+            peer_secret: self.peer_secret.clone(),
+        }
+    }
+}

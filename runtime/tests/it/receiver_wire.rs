@@ -452,6 +452,8 @@ async fn batch_answers_each_item_in_order() {
         serde_json::json!({"headers": headers, "body": body})
     };
     let fresh = Message::hired("fresh");
+    let mut fresh_reused = fresh.clone();
+    fresh_reused.payload = serde_json::json!({"employee": {"id": "e-other", "name": "other"}});
     let stranger = rfidl_runtime::signing::Secret::generate();
     let mut mismatch = Message::hired("mismatch");
     mismatch.payload = serde_json::json!({"employee": {}});
@@ -464,6 +466,7 @@ async fn batch_answers_each_item_in_order() {
         item(&Message::hired("broken"), &fixture.secret),
         {"headers": {}, "body": "not json"},
         item(&Message::hired("second fresh"), &fixture.old_secret),
+        item(&fresh_reused, &fixture.secret),
     ]);
     let reply = Reply::from(
         fixture
@@ -499,6 +502,7 @@ async fn batch_answers_each_item_in_order() {
             (500, "handler_failed".to_owned()),
             (400, "malformed_envelope".to_owned()),
             (200, "duplicate=false".to_owned()),
+            (422, "message_id_reused".to_owned()),
         ]
     );
     assert_eq!(results[0]["body"]["payload"], results[4]["body"]["payload"]);
@@ -584,4 +588,41 @@ async fn a_client_signed_by_the_reference_library_is_accepted() {
     assert_eq!(results[2].0, 401, "{results:?}");
     assert_eq!(results[2].1["error"], "bad_signature");
     assert_eq!(fixture.count("employees"), 1);
+}
+
+#[tokio::test]
+async fn receive_without_http_follows_the_same_checks() {
+    use rfidl_runtime::receiver::{Answer, ReceiveError};
+    let fixture = Fixture::start().await;
+    let message = Message::hired("direct");
+    let body = message.body();
+    let mut headers = axum::http::HeaderMap::new();
+    for (name, value) in sign(&message.id.to_string(), unix_now(), &body, &fixture.secret) {
+        headers.insert(name, value.parse().expect("header value"));
+    }
+    let answer = fixture
+        .receiver
+        .receive(&headers, body.clone().into())
+        .await;
+    assert!(
+        matches!(&answer, Answer::Acknowledged { duplicate: false, payload } if payload["welcomed"] == "direct"),
+        "{answer:?}"
+    );
+    let again = fixture.receiver.receive(&headers, body.into()).await;
+    assert!(
+        matches!(
+            again,
+            Answer::Acknowledged {
+                duplicate: true,
+                ..
+            }
+        ),
+        "{again:?}"
+    );
+    let huge = vec![b' '; 1024 * 1024 + 1];
+    let refused = fixture.receiver.receive(&headers, huge.into()).await;
+    assert_eq!(
+        refused,
+        Answer::Refused(ReceiveError::PayloadTooLarge { limit: 1024 * 1024 })
+    );
 }

@@ -1,0 +1,29 @@
+//! The stand-in workflow engine as a process of its own:
+//! `engine --listen 127.0.0.1:7002 --db engine.db --peer-url http://127.0.0.1:7001 --secret whsec_… --peer-secret whsec_…`.
+//! Runs until killed; safe to kill at any moment (SIGKILL included).
+
+use clap::Parser;
+use rfidl_examples::demo::ServiceArgs;
+use rfidl_examples::demo::engine::Engine;
+
+#[derive(Parser)]
+#[command(
+    about = "Stand-in workflow engine: handles EmpService v1 and v2 hires, sends ProvisionLaptop commands"
+)]
+struct Args {
+    #[command(flatten)]
+    service: ServiceArgs,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+    let args = Args::parse();
+    let engine = Engine::start(&args.service.settings("engine", "hr-service")).await?;
+    println!("engine listening on {}", engine.url);
+    tokio::signal::ctrl_c().await?;
+    engine.dispatcher.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,53 @@
+//! The HR service as a process of its own:
+//! `hr-service --listen 127.0.0.1:7001 --db hr.db --peer-url http://127.0.0.1:7002 --secret whsec_… --peer-secret whsec_… [--hire 100] [--exit-when-done]`.
+
+use std::time::Duration;
+
+use clap::Parser;
+use rfidl_examples::demo::hr::HrService;
+use rfidl_examples::demo::{ServiceArgs, count};
+
+#[derive(Parser)]
+#[command(
+    about = "HR service: hires employees (EmployeeHired to the engine) and handles ProvisionLaptop commands"
+)]
+struct Args {
+    #[command(flatten)]
+    service: ServiceArgs,
+    /// Hire this many employees at start.
+    #[arg(long, default_value_t = 0)]
+    hire: u32,
+    /// Exit 0 once every hire has its laptop ticket (every message both ways processed).
+    #[arg(long)]
+    exit_when_done: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+    let args = Args::parse();
+    let hr = HrService::start(&args.service.settings("hr-service", "engine")).await?;
+    println!("hr-service listening on {}", hr.url);
+    let mut conn = hr.connection()?;
+    let already = count(&hr.db, "SELECT COUNT(*) FROM employees")? as u32;
+    for number in already..args.hire {
+        hr.hire(&mut conn, number)?;
+    }
+    if args.exit_when_done {
+        loop {
+            let tickets = count(&hr.db, "SELECT COUNT(*) FROM laptop_tickets")?;
+            let hired = count(&hr.db, "SELECT COUNT(*) FROM employees")?;
+            if tickets >= hired {
+                println!("done: {hired} hired, {tickets} laptop tickets");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    } else {
+        tokio::signal::ctrl_c().await?;
+    }
+    hr.dispatcher.shutdown().await;
+    Ok(())
+}
