@@ -45,7 +45,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tokio::sync::{mpsc, oneshot};
-use tracing::{error, warn};
+use tracing::{debug, error, warn};
 use uuid::Uuid;
 
 pub use answer::{Answer, ReceiveError};
@@ -742,11 +742,22 @@ impl Shared {
         }
     }
 
+    /// Counts a refusal and logs it: 401s at `warn` (a peer's secret may be
+    /// wrong or rotating), other refusals at `debug`.
     fn count_refusal(&self, refusal: &ReceiveError) {
-        if refusal.status() == axum::http::StatusCode::UNAUTHORIZED {
+        let status = refusal.status();
+        if status == axum::http::StatusCode::UNAUTHORIZED {
             self.metrics.inbox_signature_failures.inc();
-        } else if refusal.status().is_client_error() {
-            self.metrics.inbox_rejected.inc();
+            warn!(code = refusal.code(), "delivery refused: {refusal}");
+        } else {
+            if status.is_client_error() {
+                self.metrics.inbox_rejected.inc();
+            }
+            debug!(
+                status = status.as_u16(),
+                code = refusal.code(),
+                "delivery refused: {refusal}"
+            );
         }
     }
 
