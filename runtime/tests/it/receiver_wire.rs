@@ -622,3 +622,45 @@ async fn receive_without_http_follows_the_same_checks() {
         Answer::Refused(ReceiveError::PayloadTooLarge { limit: 1024 * 1024 })
     );
 }
+
+#[tokio::test]
+async fn the_router_merges_into_an_app_with_its_own_fallback() {
+    use tower::ServiceExt as _;
+    let fixture = Fixture::start().await;
+    let app = axum::Router::new()
+        .route("/hello", axum::routing::get(|| async { "hi" }))
+        .fallback(|| async { (axum::http::StatusCode::NOT_FOUND, "app's own 404") })
+        .merge(fixture.receiver.router());
+    let get = |path: &str| {
+        axum::http::Request::get(path)
+            .body(axum::body::Body::empty())
+            .expect("request")
+    };
+    let body = |response: axum::response::Response| async move {
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    let response = app.clone().oneshot(get("/elsewhere")).await.expect("call");
+    assert_eq!(body(response).await, "app's own 404");
+    let response = app
+        .clone()
+        .oneshot(get("/_rf/elsewhere"))
+        .await
+        .expect("call");
+    assert_eq!(response.status(), 404);
+    assert!(body(response).await.contains(r#""error":"not_found""#));
+    let response = app.oneshot(get("/_rf/metadata")).await.expect("call");
+    assert_eq!(response.status(), 200);
+
+    // Standalone: every unknown path answers the JSON 404.
+    let response = fixture
+        .receiver
+        .standalone_router()
+        .oneshot(get("/elsewhere"))
+        .await
+        .expect("call");
+    assert_eq!(response.status(), 404);
+    assert!(body(response).await.contains(r#""error":"not_found""#));
+}
