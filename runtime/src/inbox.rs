@@ -224,7 +224,7 @@ pub fn count(conn: &Connection) -> rusqlite::Result<u64> {
 }
 
 /// How many idle read connections [`InboxReader`] keeps.
-const READ_POOL_SIZE: usize = 8;
+const READ_POOL_SIZE: usize = 32;
 
 /// Read-only connections for the duplicate check, each with its look-up
 /// statement cached. Blocking: call it from `spawn_blocking` or a thread of

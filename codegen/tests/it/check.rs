@@ -133,3 +133,128 @@ fn warnings_alone_still_build_the_model() {
     assert_eq!(outcome.diagnostics[0].code, ErrorCode::DeprecatedUse);
     assert!(outcome.model.is_some());
 }
+
+mod spans {
+    //! Every diagnostic of any input points inside its file, on character
+    //! boundaries, so rendering can never fail or slice a character: checked
+    //! on line-level mutations of the UI inputs (which exercise syntax-error
+    //! recovery across items).
+
+    use proptest::prelude::*;
+    use rfidl_codegen::diagnostics::{FileId, render_human, render_json};
+    use rfidl_codegen::syntax::parse_file_all_errors;
+
+    fn ui_inputs() -> Vec<String> {
+        let mut inputs: Vec<String> = std::fs::read_dir("tests/ui")
+            .expect("tests/ui")
+            .filter_map(|entry| {
+                let path = entry.ok()?.path();
+                (path.extension()? == "rfidl")
+                    .then(|| std::fs::read_to_string(&path).ok())
+                    .flatten()
+            })
+            .collect();
+        inputs.sort();
+        inputs
+    }
+
+    #[derive(Debug, Clone)]
+    enum Edit {
+        Delete(usize),
+        Duplicate(usize),
+        Swap(usize, usize),
+        Insert(usize, &'static str),
+        CutLine(usize, usize),
+    }
+
+    fn edit() -> impl Strategy<Value = Edit> {
+        let fragments = prop::sample::select(vec![
+            "record",
+            "}",
+            "{",
+            "enum E {",
+            "service S v1 {",
+            "import \"",
+            "\"",
+            "///",
+            "@",
+            "->",
+            "list<",
+            "map<string,",
+            "?",
+            "ä€😀",
+            "\t",
+            "\r",
+            "package x;",
+        ]);
+        prop_oneof![
+            any::<usize>().prop_map(Edit::Delete),
+            any::<usize>().prop_map(Edit::Duplicate),
+            (any::<usize>(), any::<usize>()).prop_map(|(a, b)| Edit::Swap(a, b)),
+            (any::<usize>(), fragments).prop_map(|(at, text)| Edit::Insert(at, text)),
+            (any::<usize>(), any::<usize>()).prop_map(|(line, at)| Edit::CutLine(line, at)),
+        ]
+    }
+
+    fn apply(text: &str, edits: &[Edit]) -> String {
+        let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        for edit in edits {
+            if lines.is_empty() {
+                break;
+            }
+            let n = lines.len();
+            match edit {
+                Edit::Delete(i) => {
+                    lines.remove(i % n);
+                }
+                Edit::Duplicate(i) => lines.insert(i % n, lines[i % n].clone()),
+                Edit::Swap(a, b) => lines.swap(a % n, b % n),
+                Edit::Insert(i, fragment) => lines.insert(i % (n + 1), (*fragment).to_owned()),
+                Edit::CutLine(i, at) => {
+                    let line = &mut lines[i % n];
+                    let cut = line
+                        .char_indices()
+                        .map(|(i, _)| i)
+                        .nth(at % (line.chars().count() + 1))
+                        .unwrap_or(line.len());
+                    line.truncate(cut);
+                }
+            }
+        }
+        lines.join("\n")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        #[test]
+        fn diagnostics_point_inside_the_text(
+            index in any::<prop::sample::Index>(),
+            edits in prop::collection::vec(edit(), 1..6),
+        ) {
+            let inputs = ui_inputs();
+            let input: &String = index.get(&inputs);
+            let text = apply(input, &edits);
+            let Err(errors) = parse_file_all_errors(FileId::default(), &text) else {
+                return Ok(());
+            };
+            prop_assert!(!errors.is_empty());
+            prop_assert!(errors.len() <= rfidl_codegen::syntax::MAX_SYNTAX_ERRORS);
+            let mut sources = rfidl_codegen::SourceMap::new();
+            sources.add("x.rfidl", "x.rfidl", text.clone());
+            let mut previous_start = 0;
+            for error in &errors {
+                let spans = error.span.iter().chain(error.secondary.iter().map(|(s, _)| s));
+                for span in spans {
+                    prop_assert!(span.start <= span.end && span.end <= text.len(), "{span:?}");
+                    prop_assert!(text.is_char_boundary(span.start) && text.is_char_boundary(span.end));
+                }
+                let start = error.span.map_or(0, |s| s.start);
+                prop_assert!(start >= previous_start, "errors come in text order");
+                previous_start = start;
+                prop_assert!(!render_human(&sources, error).is_empty());
+                prop_assert!(!render_json(&sources, error).is_empty());
+            }
+        }
+    }
+}

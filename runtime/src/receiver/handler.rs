@@ -61,6 +61,51 @@ pub struct IncomingCall<'a> {
     pub headers: &'a BTreeMap<String, String>,
 }
 
+impl<'a> IncomingCall<'a> {
+    /// A call as the receiver would make it, for testing a handler without a
+    /// receiver: source `"test"`, a nil message id, no correlation id,
+    /// `Command`, empty fingerprint and headers. Adjust with the `with_*`
+    /// methods.
+    pub fn new(
+        interface: &'a str,
+        version: u32,
+        endpoint: &'a str,
+        payload: &'a serde_json::Value,
+    ) -> Self {
+        static NO_HEADERS: BTreeMap<String, String> = BTreeMap::new();
+        Self {
+            source: "test",
+            message_id: "00000000-0000-0000-0000-000000000000",
+            correlation_id: None,
+            message_type: MessageType::Command,
+            interface,
+            version,
+            fingerprint: "",
+            endpoint,
+            payload,
+            headers: &NO_HEADERS,
+        }
+    }
+
+    /// The same call from another source service.
+    pub fn with_source(self, source: &'a str) -> Self {
+        Self { source, ..self }
+    }
+
+    /// The same call with another message id.
+    pub fn with_message_id(self, message_id: &'a str) -> Self {
+        Self { message_id, ..self }
+    }
+
+    /// The same call with a correlation id.
+    pub fn with_correlation_id(self, correlation_id: &'a str) -> Self {
+        Self {
+            correlation_id: Some(correlation_id),
+            ..self
+        }
+    }
+}
+
 /// Why a handler did not process a message. Its effects are rolled back in
 /// every case; the variant decides what the sender is told.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -221,6 +266,26 @@ mod tests {
             decode_payload::<Hired>(&serde_json::json!(["Ada", null])),
             Err(HandlerError::PayloadMismatch(_))
         ));
+    }
+
+    #[test]
+    fn calls_can_be_made_for_handler_tests() {
+        let payload = serde_json::json!({"name": "Ada"});
+        let call = IncomingCall::new("hr.X", 2, "Hired", &payload)
+            .with_source("hr")
+            .with_message_id("m-1")
+            .with_correlation_id("c-1");
+        assert_eq!(
+            (
+                call.source,
+                call.message_id,
+                call.correlation_id,
+                call.version
+            ),
+            ("hr", "m-1", Some("c-1"), 2)
+        );
+        let hired: Hired = decode_payload(call.payload).expect("decodes");
+        assert_eq!(hired.name, "Ada");
     }
 
     #[test]

@@ -20,6 +20,12 @@
 //! Nothing before the handler's transaction writes anything; nothing is
 //! acknowledged before its commit is durable (`synchronous=FULL` unless the
 //! configuration says otherwise).
+//!
+//! A request waits for the writer at most `inbox.in_progress_wait` (5 s by
+//! default); past it, it is answered 503 `in_progress` with `Retry-After`
+//! (never 409: the message may still roll back). The writer still finishes
+//! the message, so the sender's retry gets the duplicate answer, or, if it
+//! rolled back, processes it then.
 
 mod answer;
 pub mod handler;
@@ -39,7 +45,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tokio::sync::{mpsc, oneshot};
-use tracing::{error, warn};
+use tracing::{debug, error, warn};
 use uuid::Uuid;
 
 pub use answer::{Answer, ReceiveError};
@@ -299,11 +305,6 @@ impl std::fmt::Debug for Receiver {
     }
 }
 
-/// A message after the checks that need no database (steps 2 to 6).
-struct Admitted {
-    delivery: Delivery,
-}
-
 impl Receiver {
     /// Starts building a receiver that stores its inbox in the SQLite file
     /// `db_path` (created and migrated if needed; it may be the service's own
@@ -546,7 +547,7 @@ impl Shared {
         &self,
         headers: &impl SignatureHeaderSource,
         body: &[u8],
-    ) -> Result<Admitted, ReceiveError> {
+    ) -> Result<Delivery, ReceiveError> {
         let header = |name: &'static str| headers.header(name);
         // 2. A JSON object with a string `sourceServiceId` (read unverified,
         //    only to choose the secret set).
@@ -630,28 +631,21 @@ impl Shared {
         }
         let hosted_fingerprint_differs =
             (envelope.fingerprint != route.hosted.fingerprint).then_some(route.hosted.fingerprint);
-        Ok(Admitted {
-            delivery: Delivery {
-                message_id: canonical_id(envelope.message_id),
-                payload_sha256: payload_digest(&envelope.payload),
-                service: route.service,
-                hosted_fingerprint_differs,
-                envelope,
-            },
+        Ok(Delivery {
+            message_id: canonical_id(envelope.message_id),
+            payload_sha256: payload_digest(&envelope.payload),
+            service: route.service,
+            hosted_fingerprint_differs,
+            envelope,
         })
     }
 
     /// Step 7 (the committed-inbox look-up, off the executor), then the
     /// writer for whatever is new (steps 8 and 9 run there).
-    async fn process(&self, admitted: Vec<Admitted>) -> Vec<Answer> {
+    async fn process(&self, admitted: Vec<Delivery>) -> Vec<Answer> {
         let keys: Vec<(String, String)> = admitted
             .iter()
-            .map(|a| {
-                (
-                    a.delivery.envelope.source_service_id.clone(),
-                    a.delivery.message_id.clone(),
-                )
-            })
+            .map(|a| (a.envelope.source_service_id.clone(), a.message_id.clone()))
             .collect();
         let reader = Arc::clone(&self.reader);
         let found = tokio::task::spawn_blocking(move || {
@@ -672,8 +666,7 @@ impl Shared {
         let mut answers: Vec<Option<Answer>> = Vec::with_capacity(admitted.len());
         let mut fresh = Vec::new();
         let mut positions = Vec::new();
-        for (message, entry) in admitted.into_iter().zip(found) {
-            let delivery = message.delivery;
+        for (delivery, entry) in admitted.into_iter().zip(found) {
             match entry {
                 Ok(Some(entry)) if entry.payload_sha256 == delivery.payload_sha256 => {
                     self.metrics.inbox_duplicates.inc();
@@ -749,11 +742,22 @@ impl Shared {
         }
     }
 
+    /// Counts a refusal and logs it: 401s at `warn` (a peer's secret may be
+    /// wrong or rotating), other refusals at `debug`.
     fn count_refusal(&self, refusal: &ReceiveError) {
-        if refusal.status() == axum::http::StatusCode::UNAUTHORIZED {
+        let status = refusal.status();
+        if status == axum::http::StatusCode::UNAUTHORIZED {
             self.metrics.inbox_signature_failures.inc();
-        } else if refusal.status().is_client_error() {
-            self.metrics.inbox_rejected.inc();
+            warn!(code = refusal.code(), "delivery refused: {refusal}");
+        } else {
+            if status.is_client_error() {
+                self.metrics.inbox_rejected.inc();
+            }
+            debug!(
+                status = status.as_u16(),
+                code = refusal.code(),
+                "delivery refused: {refusal}"
+            );
         }
     }
 

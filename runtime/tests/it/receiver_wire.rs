@@ -10,7 +10,7 @@ type Headers = Vec<(&'static str, String)>;
 use crate::receiver_fixture::{FINGERPRINT_V1, Fixture, INTERFACE, Message, SOURCE, sign};
 
 #[tokio::test]
-async fn processes_a_signed_message_and_answers_after_a_durable_commit() {
+async fn processes_a_signed_message_and_answers_only_after_its_commit() {
     let fixture = Fixture::start().await;
     let message = Message::hired("Ada");
     let reply = fixture.post(&message).await;
@@ -33,10 +33,6 @@ async fn processes_a_signed_message_and_answers_after_a_durable_commit() {
     );
     assert_eq!(fixture.count("employees"), 1);
     assert_eq!(fixture.metrics().inbox_processed.get(), 1);
-    let sync: i64 = conn
-        .query_row("PRAGMA synchronous", [], |r| r.get(0))
-        .expect("pragma");
-    assert!(sync >= 1, "fresh connection pragma readable");
 }
 
 #[tokio::test]
@@ -452,6 +448,8 @@ async fn batch_answers_each_item_in_order() {
         serde_json::json!({"headers": headers, "body": body})
     };
     let fresh = Message::hired("fresh");
+    let mut fresh_reused = fresh.clone();
+    fresh_reused.payload = serde_json::json!({"employee": {"id": "e-other", "name": "other"}});
     let stranger = rfidl_runtime::signing::Secret::generate();
     let mut mismatch = Message::hired("mismatch");
     mismatch.payload = serde_json::json!({"employee": {}});
@@ -464,6 +462,7 @@ async fn batch_answers_each_item_in_order() {
         item(&Message::hired("broken"), &fixture.secret),
         {"headers": {}, "body": "not json"},
         item(&Message::hired("second fresh"), &fixture.old_secret),
+        item(&fresh_reused, &fixture.secret),
     ]);
     let reply = Reply::from(
         fixture
@@ -499,6 +498,7 @@ async fn batch_answers_each_item_in_order() {
             (500, "handler_failed".to_owned()),
             (400, "malformed_envelope".to_owned()),
             (200, "duplicate=false".to_owned()),
+            (422, "message_id_reused".to_owned()),
         ]
     );
     assert_eq!(results[0]["body"]["payload"], results[4]["body"]["payload"]);
@@ -621,4 +621,46 @@ async fn receive_without_http_follows_the_same_checks() {
         refused,
         Answer::Refused(ReceiveError::PayloadTooLarge { limit: 1024 * 1024 })
     );
+}
+
+#[tokio::test]
+async fn the_router_merges_into_an_app_with_its_own_fallback() {
+    use tower::ServiceExt as _;
+    let fixture = Fixture::start().await;
+    let app = axum::Router::new()
+        .route("/hello", axum::routing::get(|| async { "hi" }))
+        .fallback(|| async { (axum::http::StatusCode::NOT_FOUND, "app's own 404") })
+        .merge(fixture.receiver.router());
+    let get = |path: &str| {
+        axum::http::Request::get(path)
+            .body(axum::body::Body::empty())
+            .expect("request")
+    };
+    let body = |response: axum::response::Response| async move {
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    let response = app.clone().oneshot(get("/elsewhere")).await.expect("call");
+    assert_eq!(body(response).await, "app's own 404");
+    let response = app
+        .clone()
+        .oneshot(get("/_rf/elsewhere"))
+        .await
+        .expect("call");
+    assert_eq!(response.status(), 404);
+    assert!(body(response).await.contains(r#""error":"not_found""#));
+    let response = app.oneshot(get("/_rf/metadata")).await.expect("call");
+    assert_eq!(response.status(), 200);
+
+    // Standalone: every unknown path answers the JSON 404.
+    let response = fixture
+        .receiver
+        .standalone_router()
+        .oneshot(get("/elsewhere"))
+        .await
+        .expect("call");
+    assert_eq!(response.status(), 404);
+    assert!(body(response).await.contains(r#""error":"not_found""#));
 }
