@@ -284,8 +284,7 @@ pub fn backoff(retry: u32, base: Duration, max: Duration, jitter: Duration) -> D
 const RECHECK_DELAYS_MS: [u64; 7] = [1, 2, 4, 8, 16, 32, 64];
 
 async fn run(state: Arc<State>, wake: Arc<tokio::sync::Notify>, cancel: CancellationToken) {
-    let mut in_flight: JoinSet<(Claimed, Result<TransportResponse, TransportError>, Duration)> =
-        JoinSet::new();
+    let mut in_flight: JoinSet<Vec<Attempt>> = JoinSet::new();
     let mut recheck = RECHECK_DELAYS_MS.len();
     loop {
         if cancel.is_cancelled() {
@@ -306,13 +305,18 @@ async fn run(state: Arc<State>, wake: Arc<tokio::sync::Notify>, cancel: Cancella
             Vec::new()
         };
         let got_rows = !claimed.is_empty();
+        // Several due messages for one destination travel as one batch
+        // request (`/_rf/receive/batch`); a lone message uses the single endpoint.
+        let mut by_destination: BTreeMap<String, Vec<Claimed>> = BTreeMap::new();
         for row in claimed {
+            by_destination
+                .entry(row.destination.clone())
+                .or_default()
+                .push(row);
+        }
+        for rows in by_destination.into_values() {
             let state = state.clone();
-            in_flight.spawn(async move {
-                let started = std::time::Instant::now();
-                let result = send(&state, &row).await;
-                (row, result, started.elapsed())
-            });
+            in_flight.spawn(async move { send_group(&state, rows).await });
         }
         if got_rows {
             recheck = 0;
@@ -339,10 +343,10 @@ async fn run(state: Arc<State>, wake: Arc<tokio::sync::Notify>, cancel: Cancella
             done = in_flight.join_next() => {
                 let mut results = Vec::new();
                 if let Some(Ok(done)) = done {
-                    results.push(done);
+                    results.extend(done);
                 }
                 while let Some(Ok(done)) = in_flight.try_join_next() {
-                    results.push(done);
+                    results.extend(done);
                 }
                 record(&state, results).await;
             }
@@ -353,7 +357,7 @@ async fn run(state: Arc<State>, wake: Arc<tokio::sync::Notify>, cancel: Cancella
     let mut results = Vec::new();
     while let Some(done) = in_flight.join_next().await {
         if let Ok(done) = done {
-            results.push(done);
+            results.extend(done);
         }
     }
     record(&state, results).await;
@@ -410,13 +414,58 @@ async fn claim(state: &Arc<State>, limit: usize) -> Vec<Claimed> {
     }
 }
 
-async fn send(state: &State, row: &Claimed) -> Result<TransportResponse, TransportError> {
-    let Some(route) = state.routes.get(&row.destination) else {
-        return Err(TransportError::Connect(format!(
+/// One send attempt and what came of it.
+type Attempt = (Claimed, Result<TransportResponse, TransportError>, Duration);
+
+/// Sends rows that share a destination: alone, or as one batch request.
+async fn send_group(state: &State, rows: Vec<Claimed>) -> Vec<Attempt> {
+    let started = std::time::Instant::now();
+    let Some(route) = rows
+        .first()
+        .and_then(|row| state.routes.get(&row.destination))
+    else {
+        let error = TransportError::Connect(format!(
             "no route for destination `{}`",
-            row.destination
-        )));
+            rows.first().map_or("", |row| row.destination.as_str())
+        ));
+        return rows
+            .into_iter()
+            .map(|row| (row, Err(error.clone()), started.elapsed()))
+            .collect();
     };
+    let mut requests = Vec::with_capacity(rows.len());
+    let mut ready = Vec::with_capacity(rows.len());
+    let mut attempts = Vec::with_capacity(rows.len());
+    for row in rows {
+        match signed_request(state, route, &row) {
+            Ok(request) => {
+                requests.push(request);
+                ready.push(row);
+            }
+            Err(error) => attempts.push((row, Err(error), started.elapsed())),
+        }
+    }
+    let answers = match requests.len() {
+        0 => Vec::new(),
+        1 => vec![route.transport.send(requests.remove(0)).await],
+        _ => route.transport.send_batch(requests).await,
+    };
+    let elapsed = started.elapsed();
+    attempts.extend(
+        ready
+            .into_iter()
+            .zip(answers)
+            .map(|(row, answer)| (row, answer, elapsed)),
+    );
+    attempts
+}
+
+/// The signed single-message request for a claimed row.
+fn signed_request(
+    state: &State,
+    route: &Route,
+    row: &Claimed,
+) -> Result<OutgoingRequest, TransportError> {
     let envelope = Envelope {
         message_id: row
             .message_id
@@ -435,18 +484,14 @@ async fn send(state: &State, row: &Claimed) -> Result<TransportResponse, Transpo
     let body = serde_json::to_vec(&envelope).map_err(|e| TransportError::Other(e.to_string()))?;
     let signature =
         SignatureHeaders::sign(&row.message_id, signing::unix_now(), &body, &route.secrets);
-    let request = OutgoingRequest {
+    Ok(OutgoingRequest {
         path: RECEIVE_PATH,
         headers: signature.to_pairs().to_vec(),
         body,
-    };
-    route.transport.send(request).await
+    })
 }
 
-async fn record(
-    state: &Arc<State>,
-    results: Vec<(Claimed, Result<TransportResponse, TransportError>, Duration)>,
-) {
+async fn record(state: &Arc<State>, results: Vec<Attempt>) {
     if results.is_empty() {
         return;
     }

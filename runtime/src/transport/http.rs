@@ -3,13 +3,17 @@
 use std::time::Duration;
 
 use super::{
-    OutgoingRequest, SendFuture, Transport, TransportError, TransportResponse, retry_after,
+    BatchFuture, OutgoingRequest, RECEIVE_BATCH_PATH, SendFuture, Transport, TransportError,
+    TransportResponse, batch_body, retry_after, split_batch_answer,
 };
 
 /// Sends to `{base_url}{path}`.
 #[derive(Debug, Clone)]
 pub struct HttpTransport {
     client: reqwest::Client,
+    /// Set once the receiver answered the batch path with 404/405: it is
+    /// not an rfidl receiver with batches, so send one by one from then on.
+    no_batches: std::sync::Arc<std::sync::atomic::AtomicBool>,
     base_url: String,
 }
 
@@ -24,6 +28,7 @@ impl HttpTransport {
             .map_err(|e| TransportError::Other(e.to_string()))?;
         Ok(Self {
             client,
+            no_batches: Default::default(),
             base_url: base_url.into().trim_end_matches('/').to_owned(),
         })
     }
@@ -67,6 +72,31 @@ impl Transport for HttpTransport {
                 body: body.to_vec(),
                 retry_after,
             })
+        })
+    }
+
+    fn send_batch(&self, requests: Vec<OutgoingRequest>) -> BatchFuture<'_> {
+        use std::sync::atomic::Ordering;
+        Box::pin(async move {
+            if !self.no_batches.load(Ordering::Relaxed) {
+                let batch = OutgoingRequest {
+                    path: RECEIVE_BATCH_PATH,
+                    headers: Vec::new(),
+                    body: batch_body(&requests),
+                };
+                match self.send(batch).await {
+                    Ok(answer) if answer.status == 404 || answer.status == 405 => {
+                        tracing::info!(url = %self.base_url, "receiver has no batch endpoint; sending one by one");
+                        self.no_batches.store(true, Ordering::Relaxed);
+                    }
+                    answer => return split_batch_answer(requests.len(), answer),
+                }
+            }
+            let mut answers = Vec::with_capacity(requests.len());
+            for request in requests {
+                answers.push(self.send(request).await);
+            }
+            answers
         })
     }
 }

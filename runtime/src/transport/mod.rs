@@ -56,9 +56,77 @@ pub enum TransportError {
 pub type SendFuture<'a> =
     Pin<Box<dyn Future<Output = Result<TransportResponse, TransportError>> + Send + 'a>>;
 
-/// Moves one request to a receiver.
+/// The answers to a batch, one per request, in order.
+pub type BatchFuture<'a> =
+    Pin<Box<dyn Future<Output = Vec<Result<TransportResponse, TransportError>>> + Send + 'a>>;
+
+/// The receiver path for batches (`wire-protocol.md`, "Batches").
+pub const RECEIVE_BATCH_PATH: &str = "/_rf/receive/batch";
+
+/// Moves requests to a receiver.
 pub trait Transport: Send + Sync + 'static {
     fn send(&self, request: OutgoingRequest) -> SendFuture<'_>;
+
+    /// Sends several requests to the same receiver. The default sends them
+    /// one by one; transports that can reach `/_rf/receive/batch` send one
+    /// request and split its per-message answers.
+    fn send_batch(&self, requests: Vec<OutgoingRequest>) -> BatchFuture<'_> {
+        Box::pin(async move {
+            let mut answers = Vec::with_capacity(requests.len());
+            for request in requests {
+                answers.push(self.send(request).await);
+            }
+            answers
+        })
+    }
+}
+
+/// Splits a batch answer into per-message answers. Anything but a 200 with
+/// one result per item fails every item alike (retryable).
+pub(crate) fn split_batch_answer(
+    count: usize,
+    answer: Result<TransportResponse, TransportError>,
+) -> Vec<Result<TransportResponse, TransportError>> {
+    let all = |error: TransportError| (0..count).map(|_| Err(error.clone())).collect();
+    let response = match answer {
+        Ok(response) => response,
+        Err(error) => return all(error),
+    };
+    if response.status != 200 {
+        return all(TransportError::Other(format!(
+            "batch answered {}",
+            response.status
+        )));
+    }
+    match serde_json::from_slice::<Vec<crate::envelope::BatchResult>>(&response.body) {
+        Ok(results) if results.len() == count => results
+            .into_iter()
+            .map(|result| {
+                Ok(TransportResponse {
+                    status: result.status,
+                    body: serde_json::to_vec(&result.body).unwrap_or_default(),
+                    retry_after: None,
+                })
+            })
+            .collect(),
+        _ => all(TransportError::Other("malformed batch answer".to_owned())),
+    }
+}
+
+/// The JSON body of a batch request: one `{headers, body}` item per request.
+pub(crate) fn batch_body(requests: &[OutgoingRequest]) -> Vec<u8> {
+    let items: Vec<crate::envelope::BatchItem> = requests
+        .iter()
+        .map(|request| crate::envelope::BatchItem {
+            headers: request
+                .headers
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), value.clone()))
+                .collect(),
+            body: String::from_utf8_lossy(&request.body).into_owned(),
+        })
+        .collect();
+    serde_json::to_vec(&items).unwrap_or_default()
 }
 
 /// Parses a `Retry-After` value given in seconds.
