@@ -86,22 +86,6 @@ pub fn check_paths_with_includes(
     })
 }
 
-const SCALARS: [&str; 14] = [
-    "bool",
-    "i32",
-    "i64",
-    "u32",
-    "u64",
-    "f64",
-    "string",
-    "bytes",
-    "uuid",
-    "timestamp",
-    "date",
-    "duration",
-    "decimal",
-    "json",
-];
 const ANNOTATIONS: [&str; 3] = ["correlate", "delivery", "deprecated"];
 const DELIVERY_ARGS: [&str; 2] = ["max_retries", "ttl"];
 

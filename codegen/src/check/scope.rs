@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Checker, Decl, DeclKind, SCALARS, deprecation, load, parse_duration_ms};
+use super::{Checker, Decl, DeclKind, deprecation, load, parse_duration_ms};
 use crate::diagnostics::{Diagnostic, ErrorCode, FileId, Span, suggest};
 use crate::manifest::{self, Delivery, MethodKind, Scalar, TypeRef};
 use crate::syntax::ast;
@@ -157,7 +157,8 @@ impl<'a> Scope<'a> {
                     Lookup::NotImported(decl) => return Err(self.not_imported(name, decl)),
                     Lookup::Missing => {}
                 }
-                let mut candidates: Vec<String> = SCALARS.iter().map(|s| s.to_string()).collect();
+                let mut candidates: Vec<String> =
+                    Scalar::ALL.iter().map(|s| s.keyword().to_owned()).collect();
                 if let Some(local) = self.types.get(&self.package) {
                     candidates.extend(local.keys().cloned());
                 }

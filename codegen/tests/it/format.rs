@@ -2,9 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rfidl_codegen::diagnostics::FileId;
 use rfidl_codegen::format::format_source;
-use rfidl_codegen::syntax::parse_file;
 
 /// Every contract we have: the example schemas and the UI test inputs.
 fn corpus() -> Vec<PathBuf> {
@@ -16,21 +14,9 @@ fn corpus() -> Vec<PathBuf> {
     files
 }
 
-/// The syntax tree's debug form with every span removed.
+/// The syntax tree with spans removed, or `None` when `text` does not parse.
 fn shape(text: &str) -> Option<String> {
-    let file = parse_file(FileId::default(), text).ok()?;
-    let debug = format!("{file:?}");
-    let mut out = String::with_capacity(debug.len());
-    let mut rest = debug.as_str();
-    while let Some(start) = rest.find("Span {") {
-        out.push_str(&rest[..start]);
-        let end = rest[start..]
-            .find('}')
-            .map_or(rest.len(), |e| start + e + 1);
-        rest = &rest[end..];
-    }
-    out.push_str(rest);
-    Some(out)
+    crate::format_properties::shape(text).ok()
 }
 
 #[test]

@@ -354,7 +354,7 @@ impl Writer {
 }
 
 /// The syntax tree's debug form with every span removed.
-fn shape(text: &str) -> Result<String, String> {
+pub(crate) fn shape(text: &str) -> Result<String, String> {
     let file = parse_file(FileId::default(), text).map_err(|d| format!("{d:?}"))?;
     let debug = format!("{file:?}");
     let mut out = String::with_capacity(debug.len());

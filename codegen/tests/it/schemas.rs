@@ -133,22 +133,10 @@ fn the_example_schemas_use_every_construct() {
 
     assert!(usage.packages.len() >= 2, "{:?}", usage.packages);
     assert!(usage.imports >= 2);
-    let scalars = [
-        "bool",
-        "i32",
-        "i64",
-        "u32",
-        "u64",
-        "f64",
-        "string",
-        "bytes",
-        "uuid",
-        "timestamp",
-        "date",
-        "duration",
-        "decimal",
-        "json",
-    ];
+    let scalars: Vec<&str> = rfidl_codegen::manifest::Scalar::ALL
+        .iter()
+        .map(|s| s.keyword())
+        .collect();
     let missing: Vec<_> = scalars
         .iter()
         .filter(|s| !usage.type_names.contains(**s))
