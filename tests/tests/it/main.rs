@@ -4,3 +4,4 @@
 //! HTTP on 127.0.0.1.
 
 mod orders;
+mod versions;
