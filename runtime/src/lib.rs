@@ -8,11 +8,15 @@
 //!   on the inbox and runs the handler and the inbox insert in one transaction,
 //!   which makes processing exactly-once.
 //! * [`signing`]: Standard Webhooks HMAC-SHA256.
+//! * [`retention`]: the scheduled clean-up of sent outbox rows and expired
+//!   inbox rows; [`diagnostics`]: health, statistics, the failed list, manual
+//!   retry and `/_rf/metrics` for operators.
 //!
 //! The runtime never depends on the code generator; generated code depends on it.
 
 pub mod config;
 pub mod db;
+pub mod diagnostics;
 pub mod dispatcher;
 pub mod duration;
 pub mod envelope;
@@ -20,6 +24,7 @@ pub mod inbox;
 pub mod metrics;
 pub mod outbox;
 pub mod receiver;
+pub mod retention;
 pub mod signing;
 pub mod transport;
 pub mod types;

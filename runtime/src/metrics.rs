@@ -84,6 +84,8 @@ pub struct Metrics {
     pub outbox_dead_lettered: Counter,
     /// Messages past their TTL (`Expired`).
     pub outbox_expired: Counter,
+    /// `Sent` rows deleted by the retention clean-up.
+    pub outbox_sent_deleted: Counter,
     /// Transport latency of each attempt.
     pub outbox_send_duration: DurationHistogram,
     /// Deliveries processed for the first time.
@@ -96,6 +98,8 @@ pub struct Metrics {
     pub inbox_rejected: Counter,
     /// Accepted deliveries whose fingerprint differs from the hosted one.
     pub inbox_fingerprint_mismatches: Counter,
+    /// Inbox rows deleted by the retention clean-up.
+    pub inbox_deleted: Counter,
     /// Handler + inbox commit time.
     pub inbox_process_duration: DurationHistogram,
 }
@@ -111,7 +115,7 @@ impl Metrics {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self, gauges: Gauges) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &Counter); 11] = [
+        let counters: [(&str, &str, &Counter); 13] = [
             (
                 "rf_outbox_enqueued_total",
                 "Messages written to the outbox.",
@@ -143,6 +147,11 @@ impl Metrics {
                 &self.outbox_expired,
             ),
             (
+                "rf_outbox_sent_deleted_total",
+                "Sent messages deleted after their retention.",
+                &self.outbox_sent_deleted,
+            ),
+            (
                 "rf_inbox_processed_total",
                 "Messages processed for the first time.",
                 &self.inbox_processed,
@@ -166,6 +175,11 @@ impl Metrics {
                 "rf_inbox_fingerprint_mismatch_count",
                 "Accepted deliveries whose fingerprint differs from the hosted one.",
                 &self.inbox_fingerprint_mismatches,
+            ),
+            (
+                "rf_inbox_deleted_total",
+                "Inbox rows deleted after their retention.",
+                &self.inbox_deleted,
             ),
         ];
         for (name, help, counter) in counters {

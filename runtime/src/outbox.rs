@@ -254,7 +254,7 @@ fn insert(
 }
 
 /// The statuses of the `outbox_messages.status` column.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub enum Status {
     Pending,
     Sending,

@@ -126,6 +126,18 @@ async fn main() -> anyhow::Result<()> {
     println!("  engine outbox -> HR (ProvisionLaptop)     {engine_outbox:?}");
     println!("  laptop tickets (HR effects of commands)   {tickets}");
     println!("  duplicate deliveries suppressed           {duplicates}");
+    let health = |url: String| async move {
+        let health: serde_json::Value = reqwest::get(format!("{url}/_rf/health"))
+            .await?
+            .json()
+            .await?;
+        anyhow::Ok(health["status"].as_str().unwrap_or("?").to_owned())
+    };
+    println!(
+        "  GET /_rf/health                           hr: {}, engine: {}",
+        health(hr.url.clone()).await?,
+        health(engine.url.clone()).await?
+    );
     let exactly_once = hired == workflows && workflows == tickets;
     println!(
         "  exactly once                              {}",
@@ -134,6 +146,8 @@ async fn main() -> anyhow::Result<()> {
 
     hr.dispatcher.shutdown().await;
     engine.dispatcher.shutdown().await;
+    hr.operations.retention.shutdown().await;
+    engine.operations.retention.shutdown().await;
     if args.dir.is_none() {
         let _ = std::fs::remove_dir_all(&temp);
     }

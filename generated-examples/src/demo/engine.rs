@@ -13,7 +13,7 @@ use rfidl_runtime::receiver::{HandlerError, IncomingCall, Receiver};
 use rfidl_runtime::rusqlite::{Transaction, params};
 use rfidl_runtime::types::{Duration, Timestamp, Uuid};
 
-use super::Settings;
+use super::{Operations, Settings};
 use crate::generated::common;
 use crate::generated::hr::employees::{Employee, HireAck, OrgUnit, emp_service_v1, emp_service_v2};
 
@@ -141,6 +141,7 @@ pub struct Engine {
     pub receiver: Receiver,
     pub dispatcher: DispatcherHandle,
     pub server: tokio::task::JoinHandle<()>,
+    pub operations: Operations,
 }
 
 impl Engine {
@@ -153,13 +154,15 @@ impl Engine {
             v2: emp_service_v2::ServiceClient::new(outbox.clone(), HR),
         });
         // One receiver serves EmpService v1 and v2 side by side.
-        let receiver = Receiver::builder(config, &settings.db)
+        let receiver = Receiver::builder(config.clone(), &settings.db)
             .service(emp_service_v1::EngineReceiver(workflows.clone()))
             .service(emp_service_v2::EngineReceiver(workflows))
+            .metrics(outbox.metrics().clone())
             .build()?;
+        let operations = Operations::start(&config, &settings.db, &outbox, &receiver)?;
         let listener = tokio::net::TcpListener::bind(settings.listen).await?;
         let addr = listener.local_addr()?;
-        let server = super::serve(listener, receiver.router());
+        let server = super::serve(listener, operations.router.clone());
         let dispatcher = Dispatcher::builder(&outbox, &settings.db).start()?;
         Ok(Self {
             db: settings.db.clone(),
@@ -168,6 +171,7 @@ impl Engine {
             receiver,
             dispatcher,
             server,
+            operations,
         })
     }
 
@@ -179,7 +183,7 @@ impl Engine {
     /// Listens again on the same address.
     pub async fn bring_up(&mut self) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(self.addr).await?;
-        self.server = super::serve(listener, self.receiver.router());
+        self.server = super::serve(listener, self.operations.router.clone());
         Ok(())
     }
 }

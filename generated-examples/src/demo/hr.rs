@@ -14,7 +14,7 @@ use rfidl_runtime::receiver::{HandlerError, IncomingCall, Receiver};
 use rfidl_runtime::rusqlite::{self, Transaction, params};
 use rfidl_runtime::types::{Date, Uuid};
 
-use super::Settings;
+use super::{Operations, Settings};
 use crate::generated::common;
 use crate::generated::hr::employees::{
     Employee, EmploymentStatus, LaptopTicket, emp_service_v1, emp_service_v2,
@@ -85,6 +85,7 @@ pub struct HrService {
     pub receiver: Receiver,
     pub dispatcher: DispatcherHandle,
     pub server: tokio::task::JoinHandle<()>,
+    pub operations: Operations,
     v1: emp_service_v1::EngineClient,
     v2: emp_service_v2::EngineClient,
 }
@@ -98,14 +99,16 @@ impl HrService {
         let desk = std::sync::Arc::new(LaptopDesk {
             next_ticket: AtomicU64::new(1),
         });
+        let outbox = Outbox::new(config.clone(), &settings.db);
         let receiver = Receiver::builder(config.clone(), &settings.db)
             .service(emp_service_v1::ServiceReceiver(desk.clone()))
             .service(emp_service_v2::ServiceReceiver(desk))
+            .metrics(outbox.metrics().clone())
             .build()?;
+        let operations = Operations::start(&config, &settings.db, &outbox, &receiver)?;
         let listener = tokio::net::TcpListener::bind(settings.listen).await?;
         let url = format!("http://{}", listener.local_addr()?);
-        let server = super::serve(listener, receiver.router());
-        let outbox = Outbox::new(config, &settings.db);
+        let server = super::serve(listener, operations.router.clone());
         let dispatcher = Dispatcher::builder(&outbox, &settings.db).start()?;
         Ok(Self {
             db: settings.db.clone(),
@@ -113,6 +116,7 @@ impl HrService {
             receiver,
             dispatcher,
             server,
+            operations,
             v1: emp_service_v1::EngineClient::new(outbox.clone(), ENGINE),
             v2: emp_service_v2::EngineClient::new(outbox, ENGINE),
         })

@@ -16,6 +16,10 @@ use std::time::Duration;
 
 use rfidl_runtime::Config;
 use rfidl_runtime::config::DestinationConfig;
+use rfidl_runtime::diagnostics::Diagnostics;
+use rfidl_runtime::outbox::Outbox;
+use rfidl_runtime::receiver::Receiver;
+use rfidl_runtime::retention::{Retention, RetentionHandle};
 
 /// How one service is started; both demo binaries take these as flags.
 #[derive(Debug, Clone)]
@@ -64,6 +68,33 @@ impl Settings {
 pub fn count(db: &std::path::Path, sql: &str) -> anyhow::Result<i64> {
     let conn = rusqlite::Connection::open(db)?;
     Ok(conn.query_row(sql, [], |r| r.get(0))?)
+}
+
+/// What every demo service serves besides its contracts: the receiver's
+/// routes merged with the diagnostics routes (`/_rf/health`, outbox and inbox
+/// statistics, failed list, manual retry, `/_rf/metrics`), and the retention
+/// clean-up task. See docs/operations.md.
+pub struct Operations {
+    pub router: axum::Router,
+    pub retention: RetentionHandle,
+}
+
+impl Operations {
+    /// `receiver` and `outbox` must count into the same metrics (build the
+    /// receiver with `.metrics(outbox.metrics().clone())`).
+    pub fn start(
+        config: &Config,
+        db: &std::path::Path,
+        outbox: &Outbox,
+        receiver: &Receiver,
+    ) -> anyhow::Result<Self> {
+        let diagnostics = Diagnostics::builder(db).outbox(outbox).build()?;
+        let retention = Retention::spawn(config.clone(), db, outbox.metrics().clone())?;
+        Ok(Self {
+            router: receiver.router().merge(diagnostics.router()),
+            retention,
+        })
+    }
 }
 
 /// Serves `router` on `listener` until the task is aborted.

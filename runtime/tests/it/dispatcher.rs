@@ -21,7 +21,7 @@ use uuid::Uuid;
 use crate::support::{self, count, serve};
 
 /// Fast settings: 10 ms backoff, no jitter, 2 retries, 200 ms request timeout.
-fn sender_config(poll: Duration) -> Config {
+pub(crate) fn sender_config(poll: Duration) -> Config {
     let mut config = Config {
         service_id: support::SOURCE.into(),
         ..Config::default()
@@ -36,7 +36,11 @@ fn sender_config(poll: Duration) -> Config {
     config
 }
 
-fn message(destination: &str, endpoint: &str, payload: serde_json::Value) -> OutgoingMessage {
+pub(crate) fn message(
+    destination: &str,
+    endpoint: &str,
+    payload: serde_json::Value,
+) -> OutgoingMessage {
     OutgoingMessage {
         destination: destination.into(),
         message_type: rfidl_runtime::MessageType::Command,
@@ -52,7 +56,7 @@ fn message(destination: &str, endpoint: &str, payload: serde_json::Value) -> Out
     }
 }
 
-fn enqueue(outbox: &Outbox, db: &Path, message: OutgoingMessage) -> Uuid {
+pub(crate) fn enqueue(outbox: &Outbox, db: &Path, message: OutgoingMessage) -> Uuid {
     let mut conn = rfidl_runtime::db::open(db, rfidl_runtime::Durability::Normal).expect("open");
     let tx = conn.transaction().expect("tx");
     let id = outbox.enqueue(&tx, message).expect("enqueue");
@@ -60,14 +64,18 @@ fn enqueue(outbox: &Outbox, db: &Path, message: OutgoingMessage) -> Uuid {
     id
 }
 
-fn status_of(db: &Path, id: &Uuid) -> rfidl_runtime::outbox::OutboxRow {
+pub(crate) fn status_of(db: &Path, id: &Uuid) -> rfidl_runtime::outbox::OutboxRow {
     let conn = rusqlite::Connection::open(db).expect("open");
     rfidl_runtime::outbox::row(&conn, id)
         .expect("query")
         .expect("row exists")
 }
 
-async fn wait_for(db: &Path, id: &Uuid, wanted: Status) -> rfidl_runtime::outbox::OutboxRow {
+pub(crate) async fn wait_for(
+    db: &Path,
+    id: &Uuid,
+    wanted: Status,
+) -> rfidl_runtime::outbox::OutboxRow {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let row = status_of(db, id);

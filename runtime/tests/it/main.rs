@@ -3,6 +3,7 @@
 
 mod dispatcher;
 mod interop;
+mod operations;
 mod receiver;
 mod support;
 // Receiver side (rt2): exactly-once, the wire's order of checks, batches.

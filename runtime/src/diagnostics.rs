@@ -1,0 +1,771 @@
+//! Diagnostics: what an operator asks a running service, as an axum router.
+//!
+//! | route | answer |
+//! | --- | --- |
+//! | `GET /_rf/health` | traffic light `healthy` / `warning` / `critical` with its reasons and the outbox counts |
+//! | `GET /_rf/outbox/stats` | rows per status, per destination, oldest pending age, last send |
+//! | `GET /_rf/outbox/failed` | messages that need a human (`Failed`, `DeadLetter`, `Expired`), metadata only |
+//! | `POST /_rf/outbox/{messageId}/retry` | puts one such message back to `Pending` |
+//! | `POST /_rf/outbox/retry` | the same for every one matching `?status=` and `?destination=` |
+//! | `GET /_rf/inbox/stats` | inbox size, processed and duplicate counts, duplicate rate |
+//! | `GET /_rf/metrics` | Prometheus text format ([`crate::metrics`]) |
+//!
+//! Payloads are never shown (they may hold personal data): the failed list
+//! gives ids, routing, status, retries and the last error. Errors have the
+//! wire's body `{"error": code, "message": text}` with the codes of
+//! [`DiagnosticsError`]. Set [`DiagnosticsBuilder::bearer_token`] to require
+//! `Authorization: Bearer <token>` on every route; without it, serve the
+//! router on an internal address only.
+//!
+//! Every query runs on the blocking pool against one connection of its own,
+//! and reads only through the partial indexes of [`crate::db`], so a large
+//! table of `Sent` rows does not slow the health check down.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path as UrlPath, Query, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use rusqlite::{Connection, OptionalExtension as _, params};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+use crate::config::Config;
+use crate::db::{self, DbError};
+use crate::envelope::ErrorBody;
+use crate::inbox;
+use crate::metrics::{Gauges, Metrics};
+use crate::outbox::{Outbox, Status};
+
+/// The statuses that need a human; the only ones a retry accepts.
+const ATTENTION: [Status; 3] = [Status::Failed, Status::DeadLetter, Status::Expired];
+
+/// Most rows one `GET /_rf/outbox/failed` returns.
+pub const MAX_LIST_LIMIT: u32 = 1000;
+
+/// When `GET /_rf/health` turns from `healthy` to `warning`. Any `Failed`,
+/// `DeadLetter` or `Expired` row makes it `critical`: a message is not
+/// getting through, and only a human can decide what to do with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthThresholds {
+    /// Pending + sending rows at or above this are a backlog (default 500).
+    pub backlog: u64,
+    /// A pending row older than this is a stuck peer (default 2 minutes).
+    pub oldest_pending_age: Duration,
+}
+
+impl Default for HealthThresholds {
+    fn default() -> Self {
+        Self {
+            backlog: 500,
+            oldest_pending_age: Duration::from_secs(120),
+        }
+    }
+}
+
+/// A refused diagnostics request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DiagnosticsError {
+    /// 401 `unauthorized`: the bearer token is missing or wrong.
+    #[error("a valid `Authorization: Bearer` token is required")]
+    Unauthorized,
+    /// 400 `bad_request`: a malformed id or query parameter.
+    #[error("{0}")]
+    BadRequest(String),
+    /// 404 `not_found`: no outbox message has this id.
+    #[error("no outbox message `{0}`")]
+    NotFound(String),
+    /// 409 `not_retryable`: the message is not `Failed`, `DeadLetter` or `Expired`.
+    #[error(
+        "message `{message_id}` is {status:?}; only Failed, DeadLetter and Expired messages can be retried"
+    )]
+    NotRetryable { message_id: String, status: Status },
+    /// 503 `unavailable`: the database could not be read (locked, corrupt, gone).
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl DiagnosticsError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            DiagnosticsError::Unauthorized => StatusCode::UNAUTHORIZED,
+            DiagnosticsError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            DiagnosticsError::NotFound(_) => StatusCode::NOT_FOUND,
+            DiagnosticsError::NotRetryable { .. } => StatusCode::CONFLICT,
+            DiagnosticsError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The `error` member of the body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            DiagnosticsError::Unauthorized => "unauthorized",
+            DiagnosticsError::BadRequest(_) => "bad_request",
+            DiagnosticsError::NotFound(_) => "not_found",
+            DiagnosticsError::NotRetryable { .. } => "not_retryable",
+            DiagnosticsError::Unavailable(_) => "unavailable",
+        }
+    }
+}
+
+impl IntoResponse for DiagnosticsError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: self.code().to_owned(),
+            message: self.to_string(),
+        };
+        let mut response = (self.status(), Json(body)).into_response();
+        if matches!(self, DiagnosticsError::Unauthorized) {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
+    }
+}
+
+impl From<rusqlite::Error> for DiagnosticsError {
+    fn from(error: rusqlite::Error) -> Self {
+        DiagnosticsError::Unavailable(error.to_string())
+    }
+}
+
+/// Outbox rows of one destination, by status (only statuses with rows).
+pub type StatusCounts = BTreeMap<Status, u64>;
+
+/// `GET /_rf/outbox/stats`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboxStats {
+    pub pending: u64,
+    pub sending: u64,
+    pub sent: u64,
+    pub failed: u64,
+    pub dead_letter: u64,
+    pub expired: u64,
+    /// Age of the oldest `Pending` or `Sending` row, if any.
+    pub oldest_pending_age_ms: Option<i64>,
+    /// When the last message was acknowledged (RFC 3339), if any is kept.
+    pub last_sent_at: Option<String>,
+    /// Unsent rows per destination (`Sent` rows are not broken down).
+    pub destinations: BTreeMap<String, StatusCounts>,
+}
+
+impl OutboxStats {
+    /// Rows that need a human.
+    pub fn attention(&self) -> u64 {
+        self.failed + self.dead_letter + self.expired
+    }
+}
+
+/// The traffic light of `GET /_rf/health`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HealthStatus {
+    Healthy,
+    Warning,
+    Critical,
+}
+
+/// `GET /_rf/health`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Health {
+    pub status: HealthStatus,
+    /// Why the status is not `healthy`, one sentence each.
+    pub reasons: Vec<String>,
+    pub outbox: OutboxStats,
+}
+
+/// One message of `GET /_rf/outbox/failed`: everything but the payload.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttentionMessage {
+    pub message_id: String,
+    pub correlation_id: Option<String>,
+    pub message_type: String,
+    pub destination: String,
+    pub interface: String,
+    pub version: u32,
+    pub endpoint: String,
+    pub status: Status,
+    pub retry_count: u32,
+    pub max_retries: u32,
+    pub last_error: Option<String>,
+    pub created_at: String,
+    pub last_attempt_at: Option<String>,
+    pub expires_at: String,
+}
+
+/// `GET /_rf/inbox/stats`. The counts are this process's since it started.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InboxStats {
+    /// Rows in the inbox now.
+    pub size: u64,
+    pub processed: u64,
+    pub duplicates: u64,
+    /// `duplicates / (processed + duplicates)`; 0 before the first delivery.
+    pub duplicate_rate: f64,
+    pub signature_failures: u64,
+    pub rejected: u64,
+}
+
+/// The outbox counts, read through the partial indexes only.
+pub fn outbox_stats(conn: &Connection, now_ms: i64) -> rusqlite::Result<OutboxStats> {
+    let mut stats = OutboxStats::default();
+    let mut oldest_pending: Option<i64> = None;
+    // The two `status IN (…)` conditions repeat those of the partial indexes
+    // `outbox_due` and `outbox_attention`, so neither query scans the table.
+    for sql in [
+        "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
+         WHERE status IN ('Pending', 'Sending') GROUP BY destination, status",
+        "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
+         WHERE status IN ('Failed', 'DeadLetter', 'Expired') GROUP BY destination, status",
+    ] {
+        let mut statement = conn.prepare_cached(sql)?;
+        let mut rows = statement.query([])?;
+        while let Some(row) = rows.next()? {
+            let destination: String = row.get(0)?;
+            let status: String = row.get(1)?;
+            let count = row.get::<_, i64>(2)?.max(0) as u64;
+            let oldest: i64 = row.get(3)?;
+            let Some(status) = Status::parse(&status) else {
+                continue;
+            };
+            match status {
+                Status::Pending | Status::Sending => {
+                    oldest_pending = Some(oldest_pending.map_or(oldest, |o| o.min(oldest)));
+                }
+                _ => {}
+            }
+            *status_total(&mut stats, status) += count;
+            *stats
+                .destinations
+                .entry(destination)
+                .or_default()
+                .entry(status)
+                .or_default() += count;
+        }
+    }
+    let (sent, last_sent): (i64, Option<i64>) = conn
+        .prepare_cached("SELECT COUNT(*), MAX(sent_at) FROM outbox_messages WHERE status = 'Sent'")?
+        .query_row([], |row| Ok((row.get(0)?, row.get(1)?)))?;
+    stats.sent = sent.max(0) as u64;
+    stats.last_sent_at = last_sent.map(rfc3339);
+    stats.oldest_pending_age_ms = oldest_pending.map(|created| (now_ms - created).max(0));
+    Ok(stats)
+}
+
+fn status_total(stats: &mut OutboxStats, status: Status) -> &mut u64 {
+    match status {
+        Status::Pending => &mut stats.pending,
+        Status::Sending => &mut stats.sending,
+        Status::Sent => &mut stats.sent,
+        Status::Failed => &mut stats.failed,
+        Status::DeadLetter => &mut stats.dead_letter,
+        Status::Expired => &mut stats.expired,
+    }
+}
+
+/// The traffic light for `stats`.
+pub fn health(stats: OutboxStats, thresholds: HealthThresholds) -> Health {
+    let mut reasons = Vec::new();
+    let mut status = HealthStatus::Healthy;
+    if stats.attention() > 0 {
+        status = HealthStatus::Critical;
+        reasons.push(format!(
+            "{} outbox message(s) need attention ({} failed, {} dead-lettered, {} expired); \
+             see GET /_rf/outbox/failed",
+            stats.attention(),
+            stats.failed,
+            stats.dead_letter,
+            stats.expired
+        ));
+    }
+    let backlog = stats.pending + stats.sending;
+    let mut warn = |reason: String| {
+        if status == HealthStatus::Healthy {
+            status = HealthStatus::Warning;
+        }
+        reasons.push(reason);
+    };
+    if backlog >= thresholds.backlog {
+        warn(format!(
+            "{backlog} outbox message(s) waiting (threshold {})",
+            thresholds.backlog
+        ));
+    }
+    if let Some(age) = stats.oldest_pending_age_ms
+        && age >= thresholds.oldest_pending_age.as_millis() as i64
+    {
+        warn(format!(
+            "the oldest waiting message is {} old (threshold {})",
+            crate::duration::format_duration(Duration::from_millis(age as u64)),
+            crate::duration::format_duration(thresholds.oldest_pending_age),
+        ));
+    }
+    Health {
+        status,
+        reasons,
+        outbox: stats,
+    }
+}
+
+/// Filters of the failed list and of the bulk retry.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttentionFilter {
+    /// One of `Failed`, `DeadLetter`, `Expired`; all three when absent.
+    pub status: Option<String>,
+    pub destination: Option<String>,
+    /// At most this many rows (default 100, at most [`MAX_LIST_LIMIT`]).
+    pub limit: Option<u32>,
+}
+
+impl AttentionFilter {
+    fn status(&self) -> Result<Option<Status>, DiagnosticsError> {
+        let Some(text) = &self.status else {
+            return Ok(None);
+        };
+        ATTENTION
+            .into_iter()
+            .find(|status| status.as_str() == text)
+            .map(Some)
+            .ok_or_else(|| {
+                DiagnosticsError::BadRequest(format!(
+                    "status `{text}` is not one of Failed, DeadLetter, Expired"
+                ))
+            })
+    }
+}
+
+/// The messages that need a human, oldest first.
+pub fn attention_messages(
+    conn: &Connection,
+    filter: &AttentionFilter,
+) -> Result<Vec<AttentionMessage>, DiagnosticsError> {
+    let status = filter.status()?.map(Status::as_str);
+    let limit = filter.limit.unwrap_or(100).clamp(1, MAX_LIST_LIMIT);
+    let mut statement = conn.prepare_cached(
+        "SELECT message_id, correlation_id, message_type, destination, interface, version, \
+                endpoint, status, retry_count, max_retries, last_error, created_at, \
+                last_attempt_at, expires_at \
+         FROM outbox_messages \
+         WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
+           AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2) \
+         ORDER BY created_at LIMIT ?3",
+    )?;
+    let rows = statement.query_map(params![status, filter.destination, limit], |row| {
+        let status: String = row.get(7)?;
+        Ok(AttentionMessage {
+            message_id: row.get(0)?,
+            correlation_id: row.get(1)?,
+            message_type: row.get(2)?,
+            destination: row.get(3)?,
+            interface: row.get(4)?,
+            version: row.get(5)?,
+            endpoint: row.get(6)?,
+            status: Status::parse(&status).unwrap_or(Status::Failed),
+            retry_count: row.get(8)?,
+            max_retries: row.get(9)?,
+            last_error: row.get(10)?,
+            created_at: rfc3339(row.get(11)?),
+            last_attempt_at: row.get::<_, Option<i64>>(12)?.map(rfc3339),
+            expires_at: rfc3339(row.get(13)?),
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Puts one `Failed`, `DeadLetter` or `Expired` message back to `Pending`,
+/// due now, with its retry count reset and its TTL renewed from now.
+pub fn retry_message(
+    conn: &Connection,
+    message_id: &Uuid,
+    ttl: Duration,
+    now_ms: i64,
+) -> Result<(), DiagnosticsError> {
+    let id = message_id.to_string();
+    let updated = conn
+        .prepare_cached(
+            "UPDATE outbox_messages \
+             SET status = 'Pending', retry_count = 0, next_retry_at = ?2, lease_token = NULL, \
+                 expires_at = MAX(expires_at, ?3) \
+             WHERE message_id = ?1 AND status IN ('Failed', 'DeadLetter', 'Expired')",
+        )?
+        .execute(params![id, now_ms, now_ms + ttl.as_millis() as i64])?;
+    if updated == 1 {
+        return Ok(());
+    }
+    let status: Option<String> = conn
+        .query_row(
+            "SELECT status FROM outbox_messages WHERE message_id = ?1",
+            params![id],
+            |row| row.get(0),
+        )
+        .optional()?;
+    match status.as_deref().and_then(Status::parse) {
+        None => Err(DiagnosticsError::NotFound(id)),
+        Some(status) => Err(DiagnosticsError::NotRetryable {
+            message_id: id,
+            status,
+        }),
+    }
+}
+
+/// [`retry_message`] for every message matching `filter` (its `limit` is
+/// ignored); returns how many were put back.
+pub fn retry_matching(
+    conn: &Connection,
+    filter: &AttentionFilter,
+    ttl: Duration,
+    now_ms: i64,
+) -> Result<usize, DiagnosticsError> {
+    let status = filter.status()?.map(Status::as_str);
+    Ok(conn
+        .prepare_cached(
+            "UPDATE outbox_messages \
+             SET status = 'Pending', retry_count = 0, next_retry_at = ?3, lease_token = NULL, \
+                 expires_at = MAX(expires_at, ?4) \
+             WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
+               AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2)",
+        )?
+        .execute(params![
+            status,
+            filter.destination,
+            now_ms,
+            now_ms + ttl.as_millis() as i64
+        ])?)
+}
+
+fn rfc3339(ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(ms)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| ms.to_string())
+}
+
+/// Builds a [`Diagnostics`]; see [`Diagnostics::builder`].
+pub struct DiagnosticsBuilder {
+    db_path: std::path::PathBuf,
+    metrics: Arc<Metrics>,
+    wake: Option<Arc<Notify>>,
+    ttl: Duration,
+    token: Option<String>,
+    thresholds: HealthThresholds,
+}
+
+impl DiagnosticsBuilder {
+    /// Takes the outbox's metrics and TTL, and wakes its dispatcher when a
+    /// message is retried by hand.
+    pub fn outbox(mut self, outbox: &Outbox) -> Self {
+        self.metrics = Arc::clone(outbox.metrics());
+        self.wake = Some(outbox.wake_handle());
+        self.ttl = outbox.config().outbox.ttl;
+        self
+    }
+
+    /// The counters `GET /_rf/metrics` and `GET /_rf/inbox/stats` report
+    /// (share one `Arc<Metrics>` between the outbox and the receiver).
+    pub fn metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Requires `Authorization: Bearer <token>` on every route.
+    pub fn bearer_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    pub fn thresholds(mut self, thresholds: HealthThresholds) -> Self {
+        self.thresholds = thresholds;
+        self
+    }
+
+    /// Opens the database (creating and migrating it if needed).
+    pub fn build(self) -> Result<Diagnostics, DbError> {
+        let conn = db::open(&self.db_path, crate::config::Durability::Normal)?;
+        Ok(Diagnostics {
+            shared: Arc::new(Shared {
+                conn: Mutex::new(conn),
+                metrics: self.metrics,
+                wake: self.wake,
+                ttl: self.ttl,
+                token: self.token,
+                thresholds: self.thresholds,
+            }),
+        })
+    }
+}
+
+/// The diagnostics routes of one service database. Cheap to clone.
+#[derive(Clone)]
+pub struct Diagnostics {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    conn: Mutex<Connection>,
+    metrics: Arc<Metrics>,
+    wake: Option<Arc<Notify>>,
+    ttl: Duration,
+    token: Option<String>,
+    thresholds: HealthThresholds,
+}
+
+impl Diagnostics {
+    /// Diagnostics of the service database at `db_path`.
+    pub fn builder(db_path: impl AsRef<Path>) -> DiagnosticsBuilder {
+        DiagnosticsBuilder {
+            db_path: db_path.as_ref().to_path_buf(),
+            metrics: Arc::new(Metrics::default()),
+            wake: None,
+            ttl: Config::default().outbox.ttl,
+            token: None,
+            thresholds: HealthThresholds::default(),
+        }
+    }
+
+    /// The routes, ready to merge with [`crate::receiver::Receiver::router`]
+    /// (which answers a JSON 404 for other paths under `/_rf/`) or into an
+    /// application router.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/_rf/health", get(serve_health))
+            .route("/_rf/outbox/stats", get(serve_outbox_stats))
+            .route("/_rf/outbox/failed", get(serve_failed))
+            .route("/_rf/outbox/retry", post(serve_retry_matching))
+            .route("/_rf/outbox/{message_id}/retry", post(serve_retry))
+            .route("/_rf/inbox/stats", get(serve_inbox_stats))
+            .route("/_rf/metrics", get(serve_metrics))
+            .route_layer(middleware::from_fn_with_state(
+                Arc::clone(&self.shared),
+                require_token,
+            ))
+            .with_state(Arc::clone(&self.shared))
+    }
+
+    /// Runs `query` on the diagnostics connection, on the blocking pool.
+    async fn query<T: Send + 'static>(
+        shared: &Arc<Shared>,
+        query: impl FnOnce(&Connection) -> Result<T, DiagnosticsError> + Send + 'static,
+    ) -> Result<T, DiagnosticsError> {
+        let shared = Arc::clone(shared);
+        tokio::task::spawn_blocking(move || {
+            let conn = shared
+                .conn
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            query(&conn)
+        })
+        .await
+        .map_err(|error| DiagnosticsError::Unavailable(error.to_string()))?
+    }
+}
+
+async fn require_token(
+    State(shared): State<Arc<Shared>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(token) = &shared.token {
+        let presented = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(presented.as_bytes(), token.as_bytes()) {
+            return DiagnosticsError::Unauthorized.into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// Compares without an early exit, so the time taken says nothing about
+/// how much of the token matched.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn serve_health(State(shared): State<Arc<Shared>>) -> Result<Json<Health>, DiagnosticsError> {
+    let thresholds = shared.thresholds;
+    let stats = Diagnostics::query(&shared, |conn| Ok(outbox_stats(conn, db::now_ms())?)).await?;
+    Ok(Json(health(stats, thresholds)))
+}
+
+async fn serve_outbox_stats(
+    State(shared): State<Arc<Shared>>,
+) -> Result<Json<OutboxStats>, DiagnosticsError> {
+    let stats = Diagnostics::query(&shared, |conn| Ok(outbox_stats(conn, db::now_ms())?)).await?;
+    Ok(Json(stats))
+}
+
+#[derive(Serialize)]
+struct AttentionList {
+    messages: Vec<AttentionMessage>,
+}
+
+async fn serve_failed(
+    State(shared): State<Arc<Shared>>,
+    filter: Result<Query<AttentionFilter>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<impl Serialize>, DiagnosticsError> {
+    let Query(filter) = filter.map_err(|e| DiagnosticsError::BadRequest(e.body_text()))?;
+    let messages =
+        Diagnostics::query(&shared, move |conn| attention_messages(conn, &filter)).await?;
+    Ok(Json(AttentionList { messages }))
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Retried {
+    retried: usize,
+}
+
+async fn serve_retry(
+    State(shared): State<Arc<Shared>>,
+    UrlPath(message_id): UrlPath<String>,
+) -> Result<Json<impl Serialize>, DiagnosticsError> {
+    let id = Uuid::parse_str(&message_id).map_err(|_| {
+        DiagnosticsError::BadRequest(format!("`{message_id}` is not a message id (a UUID)"))
+    })?;
+    let ttl = shared.ttl;
+    Diagnostics::query(&shared, move |conn| {
+        retry_message(conn, &id, ttl, db::now_ms())
+    })
+    .await?;
+    wake_dispatcher(&shared);
+    Ok(Json(Retried { retried: 1 }))
+}
+
+async fn serve_retry_matching(
+    State(shared): State<Arc<Shared>>,
+    filter: Result<Query<AttentionFilter>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<impl Serialize>, DiagnosticsError> {
+    let Query(filter) = filter.map_err(|e| DiagnosticsError::BadRequest(e.body_text()))?;
+    let ttl = shared.ttl;
+    let retried = Diagnostics::query(&shared, move |conn| {
+        retry_matching(conn, &filter, ttl, db::now_ms())
+    })
+    .await?;
+    if retried > 0 {
+        wake_dispatcher(&shared);
+    }
+    Ok(Json(Retried { retried }))
+}
+
+fn wake_dispatcher(shared: &Shared) {
+    if let Some(wake) = &shared.wake {
+        wake.notify_one();
+    }
+}
+
+async fn serve_inbox_stats(
+    State(shared): State<Arc<Shared>>,
+) -> Result<Json<InboxStats>, DiagnosticsError> {
+    let size = Diagnostics::query(&shared, |conn| Ok(inbox::count(conn)?)).await?;
+    let metrics = &shared.metrics;
+    let processed = metrics.inbox_processed.get();
+    let duplicates = metrics.inbox_duplicates.get();
+    let seen = processed + duplicates;
+    Ok(Json(InboxStats {
+        size,
+        processed,
+        duplicates,
+        duplicate_rate: if seen == 0 {
+            0.0
+        } else {
+            duplicates as f64 / seen as f64
+        },
+        signature_failures: metrics.inbox_signature_failures.get(),
+        rejected: metrics.inbox_rejected.get(),
+    }))
+}
+
+async fn serve_metrics(State(shared): State<Arc<Shared>>) -> Result<Response, DiagnosticsError> {
+    let (pending, inbox_size) = Diagnostics::query(&shared, |conn| {
+        let pending: i64 = conn
+            .prepare_cached(
+                "SELECT COUNT(*) FROM outbox_messages WHERE status IN ('Pending', 'Sending')",
+            )?
+            .query_row([], |row| row.get(0))?;
+        Ok((pending.max(0) as u64, inbox::count(conn)?))
+    })
+    .await?;
+    let text = shared.metrics.render(Gauges {
+        outbox_pending: Some(pending),
+        inbox_size: Some(inbox_size),
+    });
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats() -> OutboxStats {
+        OutboxStats::default()
+    }
+
+    #[test]
+    fn health_is_a_traffic_light() {
+        let thresholds = HealthThresholds::default();
+        assert_eq!(health(stats(), thresholds).status, HealthStatus::Healthy);
+
+        let backlog = OutboxStats {
+            pending: 499,
+            sending: 1,
+            ..stats()
+        };
+        let verdict = health(backlog, thresholds);
+        assert_eq!(verdict.status, HealthStatus::Warning);
+        assert!(verdict.reasons[0].contains("500 outbox message(s) waiting"));
+
+        let stuck = OutboxStats {
+            pending: 1,
+            oldest_pending_age_ms: Some(180_000),
+            ..stats()
+        };
+        let verdict = health(stuck, thresholds);
+        assert_eq!(verdict.status, HealthStatus::Warning);
+        assert!(
+            verdict.reasons[0].contains("3m old"),
+            "{:?}",
+            verdict.reasons
+        );
+
+        let dead = OutboxStats {
+            pending: 600,
+            dead_letter: 1,
+            ..stats()
+        };
+        let verdict = health(dead, thresholds);
+        assert_eq!(verdict.status, HealthStatus::Critical);
+        assert_eq!(verdict.reasons.len(), 2, "{:?}", verdict.reasons);
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"secret"));
+    }
+}

@@ -1,0 +1,213 @@
+//! Retention: removes rows that have served their purpose, on a schedule.
+//!
+//! One clean-up pass ([`cleanup`]) does three things, each in short
+//! transactions of at most [`CLEANUP_BATCH`] rows so the dispatcher and the
+//! receiver's writer never wait long behind it:
+//!
+//! 1. deletes `Sent` outbox rows older than `outbox.sent_retention` (7 days);
+//! 2. marks `Pending` outbox rows past their TTL as `Expired` (the dispatcher
+//!    also does this when it finds them due; the pass makes the counts right
+//!    for rows whose next retry lies further ahead);
+//! 3. deletes inbox rows past their `expires_at` (processed + `inbox.retention`).
+//!
+//! Rows that need a human (`Failed`, `DeadLetter`, `Expired`) are never
+//! deleted: they stay until an operator retries them
+//! (`POST /_rf/outbox/{id}/retry`, see [`crate::diagnostics`]) or removes
+//! them. Rows `Sending` under a lease are never touched: the dispatcher owns
+//! them.
+//!
+//! **The inbox must outlive the sender's retries.** A copy that arrives after
+//! its inbox row was deleted is processed again. The inbox row expires
+//! `inbox.retention` after processing and the sender stops retrying at
+//! `outbox.ttl` after enqueueing, so `inbox.retention >= outbox.ttl` of every
+//! sender is enough; [`retention_warnings`] says when a config breaks that.
+//!
+//! [`Retention::spawn`] runs a pass at start and then every
+//! `cleanup_interval` (5 minutes) on the blocking pool.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::{Connection, params};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::db::{self, DbError};
+use crate::inbox;
+use crate::metrics::Metrics;
+
+/// Rows deleted or updated per statement (each statement commits on its own).
+pub const CLEANUP_BATCH: u32 = 1000;
+
+/// What one clean-up pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CleanupReport {
+    /// `Sent` outbox rows deleted after their retention.
+    pub sent_deleted: usize,
+    /// `Pending` outbox rows marked `Expired`.
+    pub expired: usize,
+    /// Inbox rows deleted after their retention.
+    pub inbox_deleted: usize,
+}
+
+/// Runs one clean-up pass at `now_ms` on `conn`, which must not be inside a
+/// transaction (each batch commits on its own). Blocking.
+pub fn cleanup(conn: &Connection, config: &Config, now_ms: i64) -> rusqlite::Result<CleanupReport> {
+    let sent_before = now_ms.saturating_sub(config.outbox.sent_retention.as_millis() as i64);
+    let sent_deleted = repeat_in_batches(|| {
+        conn.prepare_cached(
+            "DELETE FROM outbox_messages WHERE message_id IN \
+             (SELECT message_id FROM outbox_messages \
+              WHERE status = 'Sent' AND sent_at < ?1 ORDER BY sent_at LIMIT ?2)",
+        )?
+        .execute(params![sent_before, CLEANUP_BATCH])
+    })?;
+    // `status IN ('Pending', 'Sending')` repeats the condition of the partial
+    // index `outbox_due`, so SQLite uses it instead of scanning the table.
+    let expired = repeat_in_batches(|| {
+        conn.prepare_cached(
+            "UPDATE outbox_messages \
+             SET status = 'Expired', last_error = 'time to live exceeded' \
+             WHERE message_id IN \
+             (SELECT message_id FROM outbox_messages \
+              WHERE status IN ('Pending', 'Sending') AND status = 'Pending' \
+              AND expires_at <= ?1 LIMIT ?2)",
+        )?
+        .execute(params![now_ms, CLEANUP_BATCH])
+    })?;
+    let inbox_deleted = inbox::delete_all_expired(conn, now_ms)?;
+    Ok(CleanupReport {
+        sent_deleted,
+        expired,
+        inbox_deleted,
+    })
+}
+
+fn repeat_in_batches(
+    mut batch: impl FnMut() -> rusqlite::Result<usize>,
+) -> rusqlite::Result<usize> {
+    let mut total = 0;
+    loop {
+        let done = batch()?;
+        total += done;
+        if done < CLEANUP_BATCH as usize {
+            return Ok(total);
+        }
+    }
+}
+
+/// Settings that let the inbox forget a message while its sender may still
+/// retry it, one sentence each. Empty when the config is safe.
+///
+/// A service's own config describes its inbox and its outbox; pass the
+/// largest `outbox.ttl` of the services that send to it if they differ.
+pub fn retention_warnings(inbox_retention: Duration, sender_ttl: Duration) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if inbox_retention < sender_ttl {
+        warnings.push(format!(
+            "inbox.retention ({}) is shorter than the senders' outbox.ttl ({}): a retry that \
+             arrives after its inbox row was cleaned up is processed a second time",
+            crate::duration::format_duration(inbox_retention),
+            crate::duration::format_duration(sender_ttl),
+        ));
+    }
+    warnings
+}
+
+/// The running clean-up task; [`shutdown`](Self::shutdown) stops it.
+#[derive(Debug)]
+pub struct RetentionHandle {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RetentionHandle {
+    /// Stops the task after the pass in progress, if any.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// The scheduled clean-up of one database.
+pub struct Retention;
+
+impl Retention {
+    /// Opens `db_path` (creating and migrating it if needed) and starts a task
+    /// that runs [`cleanup`] now and then every `config.cleanup_interval`.
+    /// What each pass removes is counted in `metrics`
+    /// (`rf_outbox_sent_deleted_total`, `rf_outbox_expired_count`,
+    /// `rf_inbox_deleted_total`); a pass that fails is logged and retried at
+    /// the next interval, never fatal.
+    pub fn spawn(
+        config: Config,
+        db_path: impl AsRef<Path>,
+        metrics: Arc<Metrics>,
+    ) -> Result<RetentionHandle, DbError> {
+        for warning in retention_warnings(config.inbox.retention, config.outbox.ttl) {
+            tracing::warn!("{warning}");
+        }
+        let conn = Arc::new(Mutex::new(db::open(db_path, config.outbox.durability)?));
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run(config, conn, metrics, cancel.clone()));
+        Ok(RetentionHandle { cancel, task })
+    }
+}
+
+async fn run(
+    config: Config,
+    conn: Arc<Mutex<Connection>>,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) {
+    let interval = config.cleanup_interval.max(Duration::from_millis(10));
+    let config = Arc::new(config);
+    loop {
+        let pass = {
+            let conn = Arc::clone(&conn);
+            let config = Arc::clone(&config);
+            tokio::task::spawn_blocking(move || {
+                let conn = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                cleanup(&conn, &config, db::now_ms())
+            })
+        };
+        match pass.await {
+            Ok(Ok(report)) => {
+                metrics.outbox_sent_deleted.add(report.sent_deleted as u64);
+                metrics.outbox_expired.add(report.expired as u64);
+                metrics.inbox_deleted.add(report.inbox_deleted as u64);
+                if report != CleanupReport::default() {
+                    tracing::info!(
+                        sent_deleted = report.sent_deleted,
+                        expired = report.expired,
+                        inbox_deleted = report.inbox_deleted,
+                        "retention clean-up"
+                    );
+                }
+            }
+            Ok(Err(error)) => tracing::warn!("retention clean-up failed: {error}"),
+            Err(error) => tracing::warn!("retention clean-up task failed: {error}"),
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warns_when_the_inbox_forgets_before_the_sender_gives_up() {
+        let hour = Duration::from_secs(3600);
+        assert!(retention_warnings(24 * hour, 24 * hour).is_empty());
+        let warnings = retention_warnings(hour, 24 * hour);
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("1h"), "{}", warnings[0]);
+        assert!(warnings[0].contains("(1d)"), "{}", warnings[0]);
+    }
+}
