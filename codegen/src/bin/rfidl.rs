@@ -52,6 +52,20 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Report changes that break peers of an interface version already published:
+    /// compares each version of the baseline with the same version in the contracts.
+    Breaking {
+        /// The contracts as they are now.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// The baseline: a manifest `.json` (one, or the array `rfidl manifest`
+        /// prints), a folder of them, or `.rfidl` contracts.
+        #[arg(long)]
+        against: PathBuf,
+        /// `human` or `json` (one change per line).
+        #[arg(long, value_enum, default_value = "human")]
+        format: FormatArg,
+    },
     /// Print the manifest of every service version.
     Manifest {
         #[arg(required = true)]
@@ -87,6 +101,13 @@ enum ManifestArg {
     Yaml,
 }
 
+fn diagnostic_format(format: FormatArg) -> DiagnosticFormat {
+    match format {
+        FormatArg::Human => DiagnosticFormat::Human,
+        FormatArg::Json => DiagnosticFormat::Json,
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
@@ -95,10 +116,7 @@ fn main() -> ExitCode {
             format,
             color,
         } => {
-            let format = match format {
-                FormatArg::Human => DiagnosticFormat::Human,
-                FormatArg::Json => DiagnosticFormat::Json,
-            };
+            let format = diagnostic_format(format);
             let color = match color {
                 ColorArg::Auto => ColorChoice::Auto,
                 ColorArg::Always => ColorChoice::Always,
@@ -122,6 +140,11 @@ fn main() -> ExitCode {
                 cli::FmtMode::Write
             },
         ),
+        Command::Breaking {
+            paths,
+            against,
+            format,
+        } => cli::breaking(&against, &paths, diagnostic_format(format)),
         Command::Manifest { paths, format } => {
             let format = match format {
                 ManifestArg::Json => ManifestFormat::Json,

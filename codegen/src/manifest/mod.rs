@@ -15,6 +15,7 @@
 //! doc comment or reformatting a contract keeps the identity, and any change
 //! of a name, type, kind, order or annotation changes it.
 
+pub mod compat;
 pub mod types;
 
 use std::collections::BTreeMap;

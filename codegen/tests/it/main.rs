@@ -1,5 +1,6 @@
 //! Integration tests for rfidl-codegen (one binary: see house style).
 
+mod breaking;
 mod check;
 mod cli;
 mod docs;
