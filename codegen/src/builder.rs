@@ -13,8 +13,17 @@
 //! crate. Every file read is announced with `cargo:rerun-if-changed`.
 //! Contract errors fail the build with the same rustc-style diagnostics as
 //! `rfidl check`.
+//!
+//! **Remote interfaces** ([`Builder::remote`]) come from a registry instead of
+//! a contract file: the build reads the fingerprint pinned in `rfidl.lock`
+//! and the manifest from the offline cache, and touches the network only for
+//! what those lack (with the cargo feature `registry` and a registry URL from
+//! [`Builder::registry`] or `RFIDL_REGISTRY`). With the lock committed and
+//! the cache filled (`rfidl fetch`), the build works with the registry down.
 
 use std::path::{Path, PathBuf};
+
+use crate::registry::{self, Cache, LockFile, LockPolicy, RegistryError, Remote};
 
 /// Which side(s) of each service version to generate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -100,6 +109,10 @@ pub struct Builder {
     out_dir: Option<PathBuf>,
     include_paths: Vec<PathBuf>,
     emit_rerun_if_changed: bool,
+    remotes: Vec<Remote>,
+    registry: Option<String>,
+    lock_file: Option<PathBuf>,
+    cache_dir: Option<PathBuf>,
 }
 
 impl Builder {
@@ -110,7 +123,41 @@ impl Builder {
             out_dir: None,
             include_paths: Vec::new(),
             emit_rerun_if_changed: true,
+            remotes: Vec::new(),
+            registry: None,
+            lock_file: None,
+            cache_dir: None,
         }
+    }
+
+    /// Also generates code for `interface` (`package.Service`) version
+    /// `version`, published to a registry: see the module docs.
+    pub fn remote(mut self, interface: impl Into<String>, version: u32) -> Self {
+        self.remotes.push(Remote {
+            interface: interface.into(),
+            version,
+        });
+        self
+    }
+
+    /// The registry to fetch remote interfaces from when the lock or the
+    /// cache lacks them (default: `$RFIDL_REGISTRY`). Needs the cargo feature
+    /// `registry`; without it, the build reads only the lock and the cache.
+    pub fn registry(mut self, url: impl Into<String>) -> Self {
+        self.registry = Some(url.into());
+        self
+    }
+
+    /// The lock file (default: `rfidl.lock` in `CARGO_MANIFEST_DIR`).
+    pub fn lock_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.lock_file = Some(path.into());
+        self
+    }
+
+    /// The offline cache (default: [`Cache::default_dir`]).
+    pub fn cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cache_dir = Some(dir.into());
+        self
     }
 
     /// Generates only one side (default: both).
@@ -175,6 +222,8 @@ pub enum BuildError {
     },
     #[error("OUT_DIR is not set: call compile from a build script, or set Builder::out_dir")]
     NoOutDir,
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
 }
 
 impl Builder {
@@ -188,7 +237,41 @@ impl Builder {
                 println!("cargo:rerun-if-changed={}", root.display());
             }
         }
-        let outcome = crate::check::check_paths_with_includes(&roots, &self.include_paths)?;
+        let mut packages = if roots.is_empty() {
+            Vec::new()
+        } else {
+            self.check_local(&roots)?
+        };
+        for manifest in self.resolve_remotes()? {
+            registry::merge_remote(&mut packages, &manifest)?;
+        }
+        let out_dir = match &self.out_dir {
+            Some(dir) => dir.clone(),
+            None => std::env::var_os("OUT_DIR")
+                .map(PathBuf::from)
+                .ok_or(BuildError::NoOutDir)?,
+        };
+        let files = crate::generate::generate_files(
+            &packages,
+            &self.options,
+            crate::generate::Layout::OutDir,
+        )?;
+        for file in &files {
+            let path = out_dir.join(&file.name);
+            write_if_changed(&path, &file.contents)
+                .map_err(|source| BuildError::Write { path, source })?;
+        }
+        Ok(files)
+    }
+}
+
+impl Builder {
+    /// Checks the local contracts; their packages, or the rendered errors.
+    fn check_local(
+        &self,
+        roots: &[PathBuf],
+    ) -> Result<Vec<crate::manifest::PackageContract>, BuildError> {
+        let outcome = crate::check::check_paths_with_includes(roots, &self.include_paths)?;
         if self.emit_rerun_if_changed {
             for path in &outcome.read_paths {
                 println!("cargo:rerun-if-changed={}", path.display());
@@ -202,23 +285,60 @@ impl Builder {
         for line in rendered.lines() {
             println!("cargo:warning={line}");
         }
-        let model = outcome.model.expect("no errors means a model");
-        let out_dir = match &self.out_dir {
-            Some(dir) => dir.clone(),
-            None => std::env::var_os("OUT_DIR")
-                .map(PathBuf::from)
-                .ok_or(BuildError::NoOutDir)?,
-        };
-        let files = crate::generate::generate_files(
-            &model.packages,
-            &self.options,
-            crate::generate::Layout::OutDir,
-        )?;
-        for file in &files {
-            let path = out_dir.join(&file.name);
-            write_if_changed(&path, &file.contents)
-                .map_err(|source| BuildError::Write { path, source })?;
+        Ok(outcome.model.expect("no errors means a model").packages)
+    }
+
+    /// The manifests of the remote interfaces: lock + cache, then the
+    /// registry for what they lack; new pins are written to the lock file.
+    fn resolve_remotes(&self) -> Result<Vec<crate::manifest::Manifest>, BuildError> {
+        if self.remotes.is_empty() {
+            return Ok(Vec::new());
         }
-        Ok(files)
+        let lock_path = self.lock_file.clone().unwrap_or_else(|| {
+            std::env::var_os("CARGO_MANIFEST_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_default()
+                .join("rfidl.lock")
+        });
+        if self.emit_rerun_if_changed {
+            println!("cargo:rerun-if-changed={}", lock_path.display());
+            println!("cargo:rerun-if-env-changed=RFIDL_REGISTRY");
+        }
+        let mut lock = LockFile::load(&lock_path)?;
+        let cache = Cache::new(self.cache_dir.clone().unwrap_or_else(Cache::default_dir));
+        let source = self.source()?;
+        let manifests = registry::resolve(
+            &self.remotes,
+            &mut lock,
+            &cache,
+            source.as_deref(),
+            LockPolicy::Keep,
+        )?;
+        lock.save(&lock_path)?;
+        Ok(manifests)
+    }
+
+    #[cfg(feature = "registry")]
+    fn source(&self) -> Result<Option<Box<dyn registry::Source>>, BuildError> {
+        let url = self.registry.clone().or_else(|| {
+            std::env::var("RFIDL_REGISTRY")
+                .ok()
+                .filter(|u| !u.is_empty())
+        });
+        match url {
+            Some(url) => Ok(Some(Box::new(registry::client::RegistryClient::new(&url)?))),
+            None => Ok(None),
+        }
+    }
+
+    #[cfg(not(feature = "registry"))]
+    fn source(&self) -> Result<Option<Box<dyn registry::Source>>, BuildError> {
+        if self.registry.is_some() {
+            println!(
+                "cargo:warning=rfidl: Builder::registry is ignored: rfidl-codegen was built \
+                 without the `registry` feature, so only rfidl.lock and the cache are read"
+            );
+        }
+        Ok(None)
     }
 }

@@ -362,17 +362,7 @@ pub fn breaking(against: &Path, paths: &[PathBuf], format: DiagnosticFormat) -> 
         }
         DiagnosticFormat::Human => {
             let mut stderr = std::io::stderr().lock();
-            for change in &changes {
-                let _ = writeln!(
-                    stderr,
-                    "error[{}]: {}: {}\n  = in {} v{}",
-                    change.change.code,
-                    change.change.path,
-                    change.change.message,
-                    change.interface,
-                    change.version
-                );
-            }
+            print_changes(&mut stderr, &changes);
             let versions: std::collections::BTreeSet<_> = changes
                 .iter()
                 .map(|c| (c.interface.as_str(), c.version))
@@ -401,5 +391,155 @@ pub fn breaking(against: &Path, paths: &[PathBuf], format: DiagnosticFormat) -> 
         Outcome::Success
     } else {
         Outcome::ContractErrors
+    }
+}
+
+/// Prints breaking changes the way `rfidl breaking` does.
+fn print_changes(stderr: &mut impl std::io::Write, changes: &[VersionChange]) {
+    for change in changes {
+        let _ = writeln!(
+            stderr,
+            "error[{}]: {}: {}\n  = in {} v{}",
+            change.change.code,
+            change.change.path,
+            change.change.message,
+            change.interface,
+            change.version
+        );
+    }
+}
+
+/// `rfidl publish --registry URL PATHS…`: publishes every service version
+/// of the contracts. Exit 1 when the registry refuses a breaking revision of
+/// a published version (the changes are listed), 2 when it cannot be reached
+/// or refuses for another reason.
+#[cfg(feature = "registry")]
+pub fn publish(registry_url: &str, token: Option<&str>, paths: &[PathBuf]) -> Outcome {
+    use crate::registry::RegistryError;
+    use crate::registry::client::RegistryClient;
+
+    let outcome = match checked(paths, DiagnosticFormat::Human, ColorChoice::Auto) {
+        Ok(outcome) => outcome,
+        Err(outcome) => return outcome,
+    };
+    let model = outcome.model.expect("no errors means a model");
+    let client = match RegistryClient::new(registry_url) {
+        Ok(client) => match token {
+            Some(token) => client.with_token(token),
+            None => client,
+        },
+        Err(error) => {
+            eprintln!("error: {error}");
+            return Outcome::UsageOrIo;
+        }
+    };
+    let mut result = Outcome::Success;
+    let mut stderr = std::io::stderr().lock();
+    for manifest in model.manifests() {
+        match client.publish(manifest) {
+            Ok(published) => {
+                let _ = writeln!(
+                    stderr,
+                    "published {} v{} {}: revision {}{}",
+                    published.interface,
+                    published.version,
+                    published.fingerprint,
+                    published.revision,
+                    if published.created {
+                        ""
+                    } else {
+                        " (already published)"
+                    }
+                );
+            }
+            Err(RegistryError::Breaking {
+                interface,
+                version,
+                changes,
+                ..
+            }) => {
+                let changes: Vec<VersionChange> = changes
+                    .into_iter()
+                    .map(|change| VersionChange {
+                        interface: interface.clone(),
+                        version,
+                        change,
+                    })
+                    .collect();
+                print_changes(&mut stderr, &changes);
+                let _ = writeln!(
+                    stderr,
+                    "error: the registry refused {interface} v{version}: {} breaking change{} \
+                     to a published version; declare them in a new version",
+                    changes.len(),
+                    plural(changes.len())
+                );
+                if result == Outcome::Success {
+                    result = Outcome::ContractErrors;
+                }
+            }
+            Err(error) => {
+                let _ = writeln!(stderr, "error: {error}");
+                return Outcome::UsageOrIo;
+            }
+        }
+    }
+    result
+}
+
+/// `rfidl fetch [REMOTES…]`: pins each remote interface version in the lock
+/// file and stores its manifest in the offline cache. Without remotes, it
+/// does so for everything already in the lock (filling the cache). Without
+/// a registry it only checks that the lock and the cache agree.
+#[cfg(feature = "registry")]
+pub fn fetch(
+    registry_url: Option<&str>,
+    lock_path: &Path,
+    cache: &crate::registry::Cache,
+    remotes: &[crate::registry::Remote],
+    policy: crate::registry::LockPolicy,
+) -> Outcome {
+    use crate::registry::client::RegistryClient;
+    use crate::registry::{LockFile, Source, resolve};
+
+    let run = || -> Result<Vec<Manifest>, crate::registry::RegistryError> {
+        let mut lock = LockFile::load(lock_path)?;
+        let remotes = if remotes.is_empty() {
+            lock.remotes()
+        } else {
+            remotes.to_vec()
+        };
+        let client = registry_url.map(RegistryClient::new).transpose()?;
+        let source = client.as_ref().map(|c| c as &dyn Source);
+        let manifests = resolve(&remotes, &mut lock, cache, source, policy)?;
+        lock.save(lock_path)?;
+        Ok(manifests)
+    };
+    match run() {
+        Ok(manifests) if manifests.is_empty() => {
+            eprintln!(
+                "error: nothing to fetch: name interface versions (`package.Service@vN`) or add them to {}",
+                lock_path.display()
+            );
+            Outcome::UsageOrIo
+        }
+        Ok(manifests) => {
+            for manifest in manifests {
+                eprintln!(
+                    "locked {} v{} at {} ({})",
+                    manifest.interface,
+                    manifest.version,
+                    manifest.fingerprint,
+                    cache
+                        .path_of(&manifest.interface, manifest.version, &manifest.fingerprint)
+                        .display()
+                );
+            }
+            Outcome::Success
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            Outcome::UsageOrIo
+        }
     }
 }

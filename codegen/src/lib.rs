@@ -23,6 +23,7 @@ pub mod format;
 pub mod generate;
 pub mod manifest;
 pub mod model;
+pub mod registry;
 pub mod syntax;
 
 pub use builder::{Builder, GeneratedFile, Options, Sides};

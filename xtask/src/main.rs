@@ -103,7 +103,8 @@ fn test(extra: &[String]) -> Result<(), String> {
     let python = python_venv()?;
     run(cargo()
         // Not --all-targets: that would run the harness-less benchmarks too.
-        .args(["test", "--workspace"])
+        // --all-features: the registry client of rfidl-codegen is a feature.
+        .args(["test", "--workspace", "--all-features"])
         .args(extra)
         .env("RFIDL_PYTHON", &python)
         // Interop tests skip (loudly) without Python; here they must run.
@@ -115,6 +116,17 @@ fn ci() -> Result<(), String> {
     run(cargo().args([
         "clippy",
         "--workspace",
+        "--all-targets",
+        "--all-features",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    // The default build of the build-dependency, without the registry client.
+    run(cargo().args([
+        "clippy",
+        "-p",
+        "rfidl-codegen",
         "--all-targets",
         "--",
         "-D",

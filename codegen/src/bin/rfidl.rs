@@ -66,6 +66,35 @@ enum Command {
         #[arg(long, value_enum, default_value = "human")]
         format: FormatArg,
     },
+    /// Publish every service version of the contracts to a registry. A new
+    /// revision of a published version must be compatible (exit 1 if not).
+    Publish {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// The registry's base URL, e.g. http://127.0.0.1:7300.
+        #[arg(long, env = "RFIDL_REGISTRY")]
+        registry: String,
+        /// Bearer token, if the registry requires one to publish.
+        #[arg(long, env = "RFIDL_REGISTRY_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
+    /// Pin remote interface versions in the lock file and store their
+    /// manifests in the offline cache (without REMOTES: everything locked).
+    Fetch {
+        /// `package.Service@vN`, e.g. hr.employees.EmpService@v2.
+        remotes: Vec<rfidl_codegen::registry::Remote>,
+        /// The registry's base URL; without it, only the lock and cache are checked.
+        #[arg(long, env = "RFIDL_REGISTRY")]
+        registry: Option<String>,
+        #[arg(long, default_value = "rfidl.lock")]
+        lock: PathBuf,
+        /// Offline cache (default: $RFIDL_CACHE_DIR, else ~/.cache/rfidl).
+        #[arg(long)]
+        cache: Option<PathBuf>,
+        /// Move every pin to the latest revision instead of keeping it.
+        #[arg(long)]
+        update: bool,
+    },
     /// Print the manifest of every service version.
     Manifest {
         #[arg(required = true)]
@@ -145,6 +174,18 @@ fn main() -> ExitCode {
             against,
             format,
         } => cli::breaking(&against, &paths, diagnostic_format(format)),
+        Command::Publish {
+            paths,
+            registry,
+            token,
+        } => publish(&registry, token.as_deref(), &paths),
+        Command::Fetch {
+            remotes,
+            registry,
+            lock,
+            cache,
+            update,
+        } => fetch(registry.as_deref(), &lock, cache, &remotes, update),
         Command::Manifest { paths, format } => {
             let format = match format {
                 ManifestArg::Json => ManifestFormat::Json,
@@ -154,4 +195,53 @@ fn main() -> ExitCode {
         }
     };
     ExitCode::from(outcome.exit_code())
+}
+
+#[cfg(feature = "registry")]
+fn publish(registry: &str, token: Option<&str>, paths: &[PathBuf]) -> cli::Outcome {
+    cli::publish(registry, token, paths)
+}
+
+#[cfg(feature = "registry")]
+fn fetch(
+    registry: Option<&str>,
+    lock: &std::path::Path,
+    cache: Option<PathBuf>,
+    remotes: &[rfidl_codegen::registry::Remote],
+    update: bool,
+) -> cli::Outcome {
+    use rfidl_codegen::registry::{Cache, LockPolicy};
+    let cache = Cache::new(cache.unwrap_or_else(Cache::default_dir));
+    let policy = if update {
+        LockPolicy::Update
+    } else {
+        LockPolicy::Keep
+    };
+    cli::fetch(registry, lock, &cache, remotes, policy)
+}
+
+#[cfg(not(feature = "registry"))]
+fn publish(_: &str, _: Option<&str>, _: &[PathBuf]) -> cli::Outcome {
+    without_registry_feature()
+}
+
+#[cfg(not(feature = "registry"))]
+fn fetch(
+    _: Option<&str>,
+    _: &std::path::Path,
+    _: Option<PathBuf>,
+    _: &[rfidl_codegen::registry::Remote],
+    _: bool,
+) -> cli::Outcome {
+    without_registry_feature()
+}
+
+#[cfg(not(feature = "registry"))]
+fn without_registry_feature() -> cli::Outcome {
+    eprintln!(
+        "error: this rfidl was built without the `registry` feature; \
+         run it with `cargo run -p rfidl-codegen --features registry --bin rfidl -- …` \
+         or install it with `cargo install rfidl-codegen --features registry`"
+    );
+    cli::Outcome::UsageOrIo
 }

@@ -1,0 +1,198 @@
+//! The HTTP client of an rfidl registry (`docs/registry.md`), blocking, for
+//! the CLI and build scripts (cargo feature `registry`). Every manifest it
+//! receives is verified (interface, version, fingerprint against content)
+//! before anyone uses it: the registry is not trusted to be right.
+
+use std::time::Duration;
+
+use super::{RegistryError, Remote, Source, verify};
+use crate::manifest::Manifest;
+use crate::manifest::compat::BreakingChange;
+
+/// What a publish did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct Published {
+    pub interface: String,
+    pub version: u32,
+    pub fingerprint: String,
+    pub revision: u32,
+    /// False when this exact fingerprint was published before.
+    pub created: bool,
+}
+
+/// A registry at a base URL such as `http://registry.internal:7300`.
+#[derive(Debug, Clone)]
+pub struct RegistryClient {
+    base: String,
+    token: Option<String>,
+    http: reqwest::blocking::Client,
+}
+
+#[derive(serde::Deserialize)]
+struct ErrorBody {
+    error: String,
+    message: String,
+    #[serde(default)]
+    changes: Vec<WireChange>,
+}
+
+#[derive(serde::Deserialize)]
+struct WireChange {
+    code: String,
+    path: String,
+    message: String,
+}
+
+impl RegistryClient {
+    pub fn new(base_url: &str) -> Result<Self, RegistryError> {
+        let http = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| RegistryError::Unreachable {
+                url: base_url.to_owned(),
+                message: e.to_string(),
+            })?;
+        Ok(Self {
+            base: base_url.trim_end_matches('/').to_owned(),
+            token: None,
+            http,
+        })
+    }
+
+    /// Sends `Authorization: Bearer <token>` with publishes.
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    fn url_of(&self, interface: &str, version: u32) -> String {
+        format!("{}/v1/interfaces/{interface}/v{version}", self.base)
+    }
+
+    fn unreachable(&self, url: &str, error: reqwest::Error) -> RegistryError {
+        RegistryError::Unreachable {
+            url: url.to_owned(),
+            message: error.to_string(),
+        }
+    }
+
+    fn refused(&self, url: &str, response: reqwest::blocking::Response) -> RegistryError {
+        let status = response.status().as_u16();
+        let text = response.text().unwrap_or_default();
+        match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(body) => RegistryError::Refused {
+                url: url.to_owned(),
+                status,
+                code: body.error,
+                message: body.message,
+            },
+            Err(_) => RegistryError::Refused {
+                url: url.to_owned(),
+                status,
+                code: "unexpected_answer".to_owned(),
+                message: text.chars().take(200).collect(),
+            },
+        }
+    }
+
+    /// Publishes `manifest`. A new revision of a published version that is
+    /// not compatible comes back as [`RegistryError::Breaking`].
+    pub fn publish(&self, manifest: &Manifest) -> Result<Published, RegistryError> {
+        let url = self.url_of(&manifest.interface, manifest.version);
+        let mut request = self
+            .http
+            .put(&url)
+            .header("content-type", "application/json")
+            .body(manifest.to_pretty_json());
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().map_err(|e| self.unreachable(&url, e))?;
+        if response.status().is_success() {
+            return response.json().map_err(|e| RegistryError::BadManifest {
+                url,
+                reason: format!("unreadable publish answer: {e}"),
+            });
+        }
+        if response.status() == reqwest::StatusCode::CONFLICT {
+            let text = response.text().unwrap_or_default();
+            if let Ok(body) = serde_json::from_str::<ErrorBody>(&text)
+                && body.error == "breaking_change"
+            {
+                return Err(RegistryError::Breaking {
+                    url,
+                    interface: manifest.interface.clone(),
+                    version: manifest.version,
+                    changes: body
+                        .changes
+                        .into_iter()
+                        .map(|c| BreakingChange {
+                            code: known_code(&c.code),
+                            path: c.path,
+                            message: c.message,
+                        })
+                        .collect(),
+                });
+            }
+            return Err(RegistryError::Refused {
+                url,
+                status: 409,
+                code: "conflict".to_owned(),
+                message: text,
+            });
+        }
+        Err(self.refused(&url, response))
+    }
+
+    fn get_manifest(
+        &self,
+        url: String,
+        remote: &Remote,
+        fingerprint: Option<&str>,
+    ) -> Result<Manifest, RegistryError> {
+        let response = self
+            .http
+            .get(&url)
+            .send()
+            .map_err(|e| self.unreachable(&url, e))?;
+        if !response.status().is_success() {
+            return Err(self.refused(&url, response));
+        }
+        let text = response.text().map_err(|e| self.unreachable(&url, e))?;
+        let manifest: Manifest =
+            serde_json::from_str(&text).map_err(|e| RegistryError::BadManifest {
+                url: url.clone(),
+                reason: format!("not a manifest: {e}"),
+            })?;
+        verify(&manifest, &remote.interface, remote.version, fingerprint)
+            .map_err(|reason| RegistryError::BadManifest { url, reason })?;
+        Ok(manifest)
+    }
+}
+
+/// Codes are `&'static str` in [`BreakingChange`]; map the registry's to ours.
+fn known_code(code: &str) -> &'static str {
+    crate::manifest::compat::CODES
+        .iter()
+        .find(|(known, _)| *known == code)
+        .map_or("B0000", |(known, _)| known)
+}
+
+impl Source for RegistryClient {
+    fn name(&self) -> String {
+        self.base.clone()
+    }
+
+    fn latest(&self, remote: &Remote) -> Result<Manifest, RegistryError> {
+        self.get_manifest(self.url_of(&remote.interface, remote.version), remote, None)
+    }
+
+    fn exact(&self, remote: &Remote, fingerprint: &str) -> Result<Manifest, RegistryError> {
+        let url = format!(
+            "{}/{fingerprint}",
+            self.url_of(&remote.interface, remote.version)
+        );
+        self.get_manifest(url, remote, Some(fingerprint))
+    }
+}
