@@ -148,7 +148,34 @@ fn regen() -> Result<(), String> {
         "schemas",
         "--out",
         "generated-examples/src/generated",
-    ]))
+    ]))?;
+    repin_e2e_remote()
+}
+
+/// The e2e crate generates `shop.orders.OrderService v1` as a remote
+/// interface from `tests/rfidl.lock` + `tests/remote-cache/` (what
+/// `rfidl fetch` would write); re-pins it to the manifest just generated.
+fn repin_e2e_remote() -> Result<(), String> {
+    let interface = "shop.orders.OrderService";
+    let manifest_path = format!("generated-examples/src/generated/manifests/{interface}.v1.json");
+    let manifest = std::fs::read_to_string(&manifest_path)
+        .map_err(|e| format!("cannot read {manifest_path}: {e}"))?;
+    let fingerprint = manifest
+        .split("\"fingerprint\": \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .ok_or_else(|| format!("{manifest_path} has no fingerprint"))?;
+    let hex = fingerprint.trim_start_matches("sha256:");
+    let cache_dir = format!("tests/remote-cache/{interface}/v1");
+    let _ = std::fs::remove_dir_all(&cache_dir);
+    std::fs::create_dir_all(&cache_dir).map_err(|e| format!("cannot create {cache_dir}: {e}"))?;
+    let cached = format!("{cache_dir}/{hex}.json");
+    std::fs::write(&cached, &manifest).map_err(|e| format!("cannot write {cached}: {e}"))?;
+    let lock = format!(
+        "{{\n  \"format\": 1,\n  \"interfaces\": [\n    {{\n      \"interface\": \"{interface}\",\n      \"version\": 1,\n      \"fingerprint\": \"{fingerprint}\"\n    }}\n  ]\n}}\n"
+    );
+    std::fs::write("tests/rfidl.lock", lock)
+        .map_err(|e| format!("cannot write tests/rfidl.lock: {e}"))
 }
 
 fn bench(extra: &[String]) -> Result<(), String> {

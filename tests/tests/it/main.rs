@@ -4,4 +4,5 @@
 //! HTTP on 127.0.0.1.
 
 mod orders;
+mod remote;
 mod versions;
