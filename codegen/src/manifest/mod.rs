@@ -189,16 +189,21 @@ impl Manifest {
             method.docs.clear();
             method.params.iter_mut().for_each(|p| p.docs.clear());
         }
-        for def in self.types.values_mut() {
-            match def {
-                TypeDef::Record { docs, fields, .. } => {
-                    docs.clear();
-                    fields.iter_mut().for_each(|f| f.docs.clear());
-                }
-                TypeDef::Enum { docs, variants, .. } => {
-                    docs.clear();
-                    variants.iter_mut().for_each(|v| v.docs.clear());
-                }
+        self.types.values_mut().for_each(TypeDef::strip_docs);
+    }
+}
+
+impl TypeDef {
+    /// Removes every doc comment (of the type and of its fields or variants).
+    pub fn strip_docs(&mut self) {
+        match self {
+            TypeDef::Record { docs, fields, .. } => {
+                docs.clear();
+                fields.iter_mut().for_each(|f| f.docs.clear());
+            }
+            TypeDef::Enum { docs, variants, .. } => {
+                docs.clear();
+                variants.iter_mut().for_each(|v| v.docs.clear());
             }
         }
     }

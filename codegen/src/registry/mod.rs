@@ -454,16 +454,7 @@ fn package_mut<'a>(packages: &'a mut Vec<PackageContract>, name: &str) -> &'a mu
 
 fn without_docs(def: &TypeDef) -> TypeDef {
     let mut bare = def.clone();
-    match &mut bare {
-        TypeDef::Record { docs, fields, .. } => {
-            docs.clear();
-            fields.iter_mut().for_each(|f| f.docs.clear());
-        }
-        TypeDef::Enum { docs, variants, .. } => {
-            docs.clear();
-            variants.iter_mut().for_each(|v| v.docs.clear());
-        }
-    }
+    bare.strip_docs();
     bare
 }
 

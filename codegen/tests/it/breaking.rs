@@ -4,31 +4,17 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rfidl_codegen::check::check_paths;
 use rfidl_codegen::cli::breaking_between;
 use rfidl_codegen::manifest::Manifest;
 use rfidl_codegen::manifest::compat::{CODES, breaking_changes};
 
+use crate::support::{manifests_of, write_hr};
+
 const HR: &str = include_str!("../../../schemas/hr.rfidl");
 
-/// Writes `hr` (with the real common package next to it) into `dir` and
-/// returns its manifests.
+/// The manifests of `hr` written into `dir` (with the real common package).
 fn manifests(dir: &Path, hr: &str) -> Vec<Manifest> {
-    std::fs::create_dir_all(dir.join("common")).expect("mkdir");
-    std::fs::copy(
-        "../schemas/common/common.rfidl",
-        dir.join("common/common.rfidl"),
-    )
-    .expect("copy");
-    std::fs::write(dir.join("hr.rfidl"), hr).expect("write");
-    let outcome = check_paths(&[dir.join("hr.rfidl")]).expect("readable");
-    assert!(!outcome.has_errors(), "{}", outcome.render_human());
-    outcome
-        .model
-        .expect("no errors")
-        .manifests()
-        .cloned()
-        .collect()
+    manifests_of(&[write_hr(dir, hr)])
 }
 
 /// The breaking changes of `hr` edited by `edit` (which must change it), as

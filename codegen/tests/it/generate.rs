@@ -4,15 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use rfidl_codegen::check::check_paths;
 use rfidl_codegen::generate::{Layout, generate_files};
-use rfidl_codegen::model::Model;
 
-fn model_of(roots: &[PathBuf]) -> Model {
-    let outcome = check_paths(roots).expect("readable");
-    assert!(!outcome.has_errors(), "{}", outcome.render_human());
-    outcome.model.expect("no errors")
-}
+use crate::support::{model_of, write_hr};
 
 #[test]
 fn generated_code_and_manifests_for_the_schemas() {
@@ -30,14 +24,7 @@ fn generated_code_and_manifests_for_the_schemas() {
 }
 
 fn fingerprints(dir: &Path, hr: &str) -> Vec<(String, String)> {
-    std::fs::create_dir_all(dir.join("common")).expect("mkdir");
-    std::fs::copy(
-        "../schemas/common/common.rfidl",
-        dir.join("common/common.rfidl"),
-    )
-    .expect("copy");
-    std::fs::write(dir.join("hr.rfidl"), hr).expect("write");
-    model_of(&[dir.join("hr.rfidl")])
+    model_of(&[write_hr(dir, hr)])
         .manifests()
         .map(|m| {
             (

@@ -11,4 +11,5 @@ mod generate;
 mod remote;
 mod robustness;
 mod schemas;
+mod support;
 mod ui;
