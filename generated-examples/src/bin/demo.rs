@@ -50,6 +50,7 @@ async fn main() -> anyhow::Result<()> {
         peer_url: format!("http://{hr_listen}"),
         signing_secret: engine_secret.clone(),
         peer_secret: hr_secret.clone(),
+        base_config: None,
     };
     let hr_settings = Settings {
         service_id: "hr-service".into(),
@@ -59,6 +60,7 @@ async fn main() -> anyhow::Result<()> {
         peer_url: format!("http://{engine_listen}"),
         signing_secret: hr_secret,
         peer_secret: engine_secret,
+        base_config: None,
     };
     let mut engine = Engine::start(&engine_settings).await?;
     let hr = HrService::start(&hr_settings).await?;

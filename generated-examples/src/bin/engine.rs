@@ -21,7 +21,7 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();
     let args = Args::parse();
-    let engine = Engine::start(&args.service.settings("engine", "hr-service")).await?;
+    let engine = Engine::start(&args.service.settings("engine", "hr-service")?).await?;
     println!("engine listening on {}", engine.url);
     tokio::signal::ctrl_c().await?;
     engine.dispatcher.shutdown().await;

@@ -17,7 +17,8 @@ struct Args {
     /// Hire this many employees at start.
     #[arg(long, default_value_t = 0)]
     hire: u32,
-    /// Exit 0 once every hire has its laptop ticket (every message both ways processed).
+    /// Exit 0 once every hire has its laptop ticket and every message this
+    /// service sent is acknowledged.
     #[arg(long)]
     exit_when_done: bool,
 }
@@ -28,7 +29,7 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();
     let args = Args::parse();
-    let hr = HrService::start(&args.service.settings("hr-service", "engine")).await?;
+    let hr = HrService::start(&args.service.settings("hr-service", "engine")?).await?;
     println!("hr-service listening on {}", hr.url);
     let mut conn = hr.connection()?;
     let already = count(&hr.db, "SELECT COUNT(*) FROM employees")? as u32;
@@ -39,7 +40,13 @@ async fn main() -> anyhow::Result<()> {
         loop {
             let tickets = count(&hr.db, "SELECT COUNT(*) FROM laptop_tickets")?;
             let hired = count(&hr.db, "SELECT COUNT(*) FROM employees")?;
-            if tickets >= hired {
+            // Rows a killed predecessor left `Sending` count too: they are
+            // re-sent once their lease runs out, and acknowledged as duplicates.
+            let unacknowledged = count(
+                &hr.db,
+                "SELECT COUNT(*) FROM outbox_messages WHERE status IN ('Pending', 'Sending')",
+            )?;
+            if tickets >= hired && unacknowledged == 0 {
                 println!("done: {hired} hired, {tickets} laptop tickets");
                 break;
             }

@@ -36,20 +36,26 @@ pub struct Settings {
     pub signing_secret: String,
     /// The secret the peer signs with (accepted by this service's receiver).
     pub peer_secret: String,
+    /// Runtime settings read from a YAML file (`--config`); `None`: the
+    /// demo's quick-retry defaults.
+    pub base_config: Option<Config>,
 }
 
 impl Settings {
-    /// The runtime configuration: quick retries so the demo's outage heals fast.
+    /// The runtime configuration: the `--config` file if given, else quick
+    /// retries so the demo's outage heals fast; then this service's id, peer
+    /// and secrets from the flags.
     pub fn runtime_config(&self, destination: &str) -> Config {
-        let mut config = Config {
-            service_id: self.service_id.clone(),
-            ..Config::default()
-        };
-        config.outbox.backoff_base = Duration::from_millis(100);
-        config.outbox.backoff_max = Duration::from_secs(1);
-        config.outbox.jitter = Duration::from_millis(50);
-        config.outbox.max_retries = 50;
-        config.outbox.request_timeout = Duration::from_secs(2);
+        let mut config = self.base_config.clone().unwrap_or_else(|| {
+            let mut config = Config::default();
+            config.outbox.backoff_base = Duration::from_millis(100);
+            config.outbox.backoff_max = Duration::from_secs(1);
+            config.outbox.jitter = Duration::from_millis(50);
+            config.outbox.max_retries = 50;
+            config.outbox.request_timeout = Duration::from_secs(2);
+            config
+        });
+        config.service_id = self.service_id.clone();
         config.destinations.insert(
             destination.to_owned(),
             DestinationConfig {
@@ -127,11 +133,20 @@ pub struct ServiceArgs {
     /// Secret the peer signs with (`whsec_…`).
     #[arg(long, env = "RFIDL_PEER_SECRET")]
     pub peer_secret: String,
+    /// Runtime settings in YAML (retries, TTL, lease, retention, …; see
+    /// `rfidl_runtime::Config`); the flags above win over it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
 }
 
 impl ServiceArgs {
-    pub fn settings(&self, service_id: &str, peer_id: &str) -> Settings {
-        Settings {
+    pub fn settings(&self, service_id: &str, peer_id: &str) -> anyhow::Result<Settings> {
+        let base_config = self
+            .config
+            .as_deref()
+            .map(Config::from_yaml_file)
+            .transpose()?;
+        Ok(Settings {
             service_id: service_id.into(),
             listen: self.listen,
             db: self.db.clone(),
@@ -139,6 +154,7 @@ impl ServiceArgs {
             peer_url: self.peer_url.clone(),
             signing_secret: self.secret.clone(),
             peer_secret: self.peer_secret.clone(),
-        }
+            base_config,
+        })
     }
 }

@@ -1,6 +1,8 @@
-//! The demo services as separate processes; the engine is killed with
-//! SIGKILL mid-stream and restarted on the same database and port. Every
-//! hire must still produce exactly one workflow and one laptop ticket.
+//! The demo services as separate processes. One of them is killed with
+//! SIGKILL mid-stream and restarted on the same database and port: the
+//! engine (a receiver, with effects half done) or the HR service (a sender,
+//! with outbox rows claimed and in flight). Every hire must still produce
+//! exactly one workflow and one laptop ticket.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -28,6 +30,18 @@ struct Peers {
     engine_secret: String,
 }
 
+/// Quick retries, and a 3 s lease so rows a killed sender left `Sending`
+/// are claimed again soon after its restart.
+const CONFIG: &str = "
+outbox:
+  backoff_base: 100ms
+  backoff_max: 1s
+  jitter: 50ms
+  max_retries: 50
+  request_timeout: 2s
+  lease_timeout: 3s
+";
+
 fn engine(dir: &Path, peers: &Peers) -> Child {
     Command::new(env!("CARGO_BIN_EXE_engine"))
         .args(["--listen", &format!("127.0.0.1:{}", peers.engine_port)])
@@ -40,26 +54,20 @@ fn engine(dir: &Path, peers: &Peers) -> Child {
             "--peer-secret",
             &peers.hr_secret,
         ])
+        .arg("--config")
+        .arg(dir.join("config.yaml"))
         .stdout(Stdio::null())
         .spawn()
         .expect("start engine")
 }
 
-#[test]
-fn exactly_once_across_a_sigkilled_and_restarted_engine() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let peers = Peers {
-        hr_port: free_port(),
-        engine_port: free_port(),
-        hr_secret: Secret::generate().to_whsec(),
-        engine_secret: Secret::generate().to_whsec(),
-    };
-    let hires = 200;
-    let mut engine_process = engine(dir.path(), &peers);
-    let mut hr = Command::new(env!("CARGO_BIN_EXE_hr-service"))
+/// Hires until `hires` employees exist (counting those of an earlier run),
+/// and exits 0 once every hire has its laptop ticket.
+fn hr_service(dir: &Path, peers: &Peers, hires: i64) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_hr-service"))
         .args(["--listen", &format!("127.0.0.1:{}", peers.hr_port)])
         .arg("--db")
-        .arg(dir.path().join("hr.db"))
+        .arg(dir.join("hr.db"))
         .args([
             "--peer-url",
             &format!("http://127.0.0.1:{}", peers.engine_port),
@@ -70,24 +78,35 @@ fn exactly_once_across_a_sigkilled_and_restarted_engine() {
             "--peer-secret",
             &peers.engine_secret,
         ])
+        .arg("--config")
+        .arg(dir.join("config.yaml"))
         .args(["--hire", &hires.to_string(), "--exit-when-done"])
         .stdout(Stdio::null())
         .spawn()
-        .expect("start hr-service");
+        .expect("start hr-service")
+}
 
-    // Kill the engine as soon as it has processed some hires, mid-stream.
-    let engine_db = dir.path().join("engine.db");
+fn peers(dir: &Path) -> Peers {
+    std::fs::write(dir.join("config.yaml"), CONFIG).expect("config");
+    Peers {
+        hr_port: free_port(),
+        engine_port: free_port(),
+        hr_secret: Secret::generate().to_whsec(),
+        engine_secret: Secret::generate().to_whsec(),
+    }
+}
+
+/// Waits until `db` answers `sql` with at least `at_least`.
+fn wait_for_count(db: &Path, sql: &str, at_least: i64) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while count(&engine_db, "SELECT COUNT(*) FROM workflows") < 20 {
-        assert!(Instant::now() < deadline, "the engine processed nothing");
+    while count(db, sql) < at_least {
+        assert!(Instant::now() < deadline, "never reached {at_least}: {sql}");
         std::thread::sleep(Duration::from_millis(5));
     }
-    engine_process.kill().expect("SIGKILL the engine");
-    engine_process.wait().expect("reap");
-    let at_kill = count(&engine_db, "SELECT COUNT(*) FROM workflows");
-    std::thread::sleep(Duration::from_millis(500));
-    let mut engine_process = engine(dir.path(), &peers);
+}
 
+/// Waits for `hr` to exit (it does once every hire has its ticket).
+fn wait_done(hr: &mut Child, engine: &mut Child) {
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
         if let Some(status) = hr.try_wait().expect("poll hr") {
@@ -95,19 +114,19 @@ fn exactly_once_across_a_sigkilled_and_restarted_engine() {
         }
         if Instant::now() > deadline {
             let _ = hr.kill();
-            let _ = engine_process.kill();
+            let _ = engine.kill();
             panic!("not done in 60 s");
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    engine_process.kill().expect("stop engine");
-    let _ = engine_process.wait();
+    engine.kill().expect("stop engine");
+    let _ = engine.wait();
     assert!(status.success(), "hr-service failed: {status}");
-    assert!(
-        at_kill < hires,
-        "the kill happened mid-stream ({at_kill} of {hires})"
-    );
-    let hr_db = dir.path().join("hr.db");
+}
+
+/// One employee, one workflow, one ticket per hire; nothing twice.
+fn assert_exactly_once(dir: &Path, hires: i64) {
+    let (hr_db, engine_db) = (dir.join("hr.db"), dir.join("engine.db"));
     assert_eq!(count(&hr_db, "SELECT COUNT(*) FROM employees"), hires);
     assert_eq!(
         count(&engine_db, "SELECT COUNT(*) FROM workflows"),
@@ -132,5 +151,69 @@ fn exactly_once_across_a_sigkilled_and_restarted_engine() {
             "SELECT COUNT(DISTINCT employee_id) FROM laptop_tickets"
         ),
         hires
+    );
+}
+
+#[test]
+fn exactly_once_across_a_sigkilled_and_restarted_engine() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let peers = peers(dir.path());
+    let hires = 200;
+    let mut engine_process = engine(dir.path(), &peers);
+    let mut hr = hr_service(dir.path(), &peers, hires);
+
+    // Kill the engine as soon as it has processed some hires, mid-stream.
+    let engine_db = dir.path().join("engine.db");
+    wait_for_count(&engine_db, "SELECT COUNT(*) FROM workflows", 20);
+    engine_process.kill().expect("SIGKILL the engine");
+    engine_process.wait().expect("reap");
+    let at_kill = count(&engine_db, "SELECT COUNT(*) FROM workflows");
+    std::thread::sleep(Duration::from_millis(500));
+    let mut engine_process = engine(dir.path(), &peers);
+
+    wait_done(&mut hr, &mut engine_process);
+    assert!(
+        at_kill < hires,
+        "the kill happened mid-stream ({at_kill} of {hires})"
+    );
+    assert_exactly_once(dir.path(), hires);
+}
+
+#[test]
+fn exactly_once_across_a_sigkilled_and_restarted_sender() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let peers = peers(dir.path());
+    let hires = 200;
+    let mut engine_process = engine(dir.path(), &peers);
+    let mut hr = hr_service(dir.path(), &peers, hires);
+
+    // Kill HR while its outbox is still sending: some hires are through,
+    // others are pending or claimed (`Sending`) by the killed dispatcher.
+    let (hr_db, engine_db) = (dir.path().join("hr.db"), dir.path().join("engine.db"));
+    wait_for_count(&engine_db, "SELECT COUNT(*) FROM workflows", 20);
+    hr.kill().expect("SIGKILL hr-service");
+    hr.wait().expect("reap");
+    let sent_at_kill = count(
+        &hr_db,
+        "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'",
+    );
+    let hired_at_kill = count(&hr_db, "SELECT COUNT(*) FROM employees");
+
+    // The restarted HR hires the rest, re-sends what the dead one left
+    // behind (after its lease), and gets the engine's commands.
+    let mut hr = hr_service(dir.path(), &peers, hires);
+    wait_done(&mut hr, &mut engine_process);
+    assert!(
+        sent_at_kill < hires,
+        "the kill happened mid-stream ({sent_at_kill} of {hires} sent, {hired_at_kill} hired)"
+    );
+    assert_exactly_once(dir.path(), hires);
+    assert_eq!(
+        count(
+            &hr_db,
+            "SELECT COUNT(*) FROM outbox_messages WHERE status != 'Sent'"
+        ),
+        0,
+        "every message of both runs was acknowledged"
     );
 }
