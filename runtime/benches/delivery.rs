@@ -255,6 +255,7 @@ async fn pair(dir: &Path, name: &str, durability: Durability) -> Pair {
         DestinationConfig {
             url: url.clone(),
             secret: secret.to_whsec(),
+            ca_file: None,
         },
     );
     let outbox = Outbox::new(sender, &sender_db);

@@ -120,11 +120,17 @@ impl Default for InboxConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DestinationConfig {
-    /// `http://host:port` (base URL; `/_rf/receive` is appended), `unix:///path.sock`,
+    /// `http://host:port` or `https://host:port` (base URL; `/_rf/receive`
+    /// is appended; HTTPS needs the default cargo feature `tls`), `unix:///path.sock`,
     /// or `inproc://name` for a receiver registered in the same process.
     pub url: String,
     /// The secret this service signs with when sending there (`whsec_...`).
     pub secret: String,
+    /// For `https://` URLs: a PEM file of CA certificates to trust besides
+    /// the public web roots (an internal CA, or the peer's self-signed
+    /// certificate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 /// The whole runtime configuration.

@@ -95,11 +95,12 @@ impl DispatcherBuilder {
                     unix_transport(path, config.outbox.request_timeout)
                 } else {
                     Arc::new(
-                        HttpTransport::new(&destination.url, config.outbox.request_timeout)
-                            .map_err(|e| DispatcherError::Destination {
+                        http_transport(destination, config.outbox.request_timeout).map_err(
+                            |message| DispatcherError::Destination {
                                 name: name.clone(),
-                                message: e.to_string(),
-                            })?,
+                                message,
+                            },
+                        )?,
                     )
                 };
             self.routes.insert(
@@ -124,6 +125,34 @@ impl DispatcherBuilder {
         let task = tokio::spawn(run(state, self.outbox.wake_handle(), cancel.clone()));
         Ok(DispatcherHandle { cancel, task })
     }
+}
+
+/// The HTTP(S) transport of a configured destination, trusting its
+/// `ca_file` if it names one.
+fn http_transport(
+    destination: &crate::config::DestinationConfig,
+    timeout: Duration,
+) -> Result<HttpTransport, String> {
+    let Some(ca_file) = &destination.ca_file else {
+        return HttpTransport::new(&destination.url, timeout).map_err(|e| e.to_string());
+    };
+    let pem = std::fs::read(ca_file)
+        .map_err(|e| format!("cannot read CA file {}: {e}", ca_file.display()))?;
+    with_root_certificates(&destination.url, timeout, &pem)
+}
+
+#[cfg(feature = "tls")]
+fn with_root_certificates(
+    url: &str,
+    timeout: Duration,
+    pem: &[u8],
+) -> Result<HttpTransport, String> {
+    HttpTransport::with_root_certificates(url, timeout, pem).map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "tls"))]
+fn with_root_certificates(_: &str, _: Duration, _: &[u8]) -> Result<HttpTransport, String> {
+    Err("`ca_file` needs HTTPS: build rfidl-runtime with its `tls` feature".to_owned())
 }
 
 #[cfg(unix)]

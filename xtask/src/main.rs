@@ -122,12 +122,23 @@ fn ci() -> Result<(), String> {
         "-D",
         "warnings",
     ]))?;
-    // The default build of the build-dependency, without the registry client.
+    // The default build of the build-dependency, without the registry
+    // client, and the runtime without TLS.
     run(cargo().args([
         "clippy",
         "-p",
         "rfidl-codegen",
         "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    run(cargo().args([
+        "clippy",
+        "-p",
+        "rfidl-runtime",
+        "--lib",
+        "--no-default-features",
         "--",
         "-D",
         "warnings",

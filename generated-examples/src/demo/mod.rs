@@ -61,6 +61,7 @@ impl Settings {
             DestinationConfig {
                 url: self.peer_url.clone(),
                 secret: self.signing_secret.clone(),
+                ca_file: None,
             },
         );
         config

@@ -18,12 +18,49 @@ pub struct HttpTransport {
 }
 
 impl HttpTransport {
-    /// `base_url` like `http://127.0.0.1:8080` (no trailing `/_rf/receive`).
+    /// `base_url` like `http://127.0.0.1:8080` or `https://hr.internal`
+    /// (no trailing `/_rf/receive`). HTTPS trusts the public web roots
+    /// (cargo feature `tls`, on by default).
     pub fn new(base_url: impl Into<String>, timeout: Duration) -> Result<Self, TransportError> {
-        let client = reqwest::Client::builder()
+        Self::from_builder(base_url, Self::client_builder(timeout))
+    }
+
+    /// Like [`new`](Self::new), also trusting the CA certificates in `pem`
+    /// (one or more `-----BEGIN CERTIFICATE-----` blocks): an internal CA,
+    /// or a peer's self-signed certificate.
+    #[cfg(feature = "tls")]
+    pub fn with_root_certificates(
+        base_url: impl Into<String>,
+        timeout: Duration,
+        pem: &[u8],
+    ) -> Result<Self, TransportError> {
+        let certificates = reqwest::Certificate::from_pem_bundle(pem)
+            .map_err(|e| TransportError::Other(format!("invalid CA certificate PEM: {e}")))?;
+        if certificates.is_empty() {
+            return Err(TransportError::Other(
+                "the CA file holds no certificate".to_owned(),
+            ));
+        }
+        let builder = certificates
+            .into_iter()
+            .fold(Self::client_builder(timeout), |builder, certificate| {
+                builder.add_root_certificate(certificate)
+            });
+        Self::from_builder(base_url, builder)
+    }
+
+    fn client_builder(timeout: Duration) -> reqwest::ClientBuilder {
+        reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(5)))
             .pool_max_idle_per_host(64)
+    }
+
+    fn from_builder(
+        base_url: impl Into<String>,
+        builder: reqwest::ClientBuilder,
+    ) -> Result<Self, TransportError> {
+        let client = builder
             .build()
             .map_err(|e| TransportError::Other(e.to_string()))?;
         Ok(Self {
@@ -48,9 +85,9 @@ impl Transport for HttpTransport {
                 if e.is_timeout() {
                     TransportError::Timeout
                 } else if e.is_connect() {
-                    TransportError::Connect(e.to_string())
+                    TransportError::Connect(with_causes(&e))
                 } else {
-                    TransportError::Other(e.to_string())
+                    TransportError::Other(with_causes(&e))
                 }
             })?;
             let status = response.status().as_u16();
@@ -64,7 +101,7 @@ impl Transport for HttpTransport {
                 if e.is_timeout() {
                     TransportError::Timeout
                 } else {
-                    TransportError::Other(e.to_string())
+                    TransportError::Other(with_causes(&e))
                 }
             })?;
             Ok(TransportResponse {
@@ -99,4 +136,21 @@ impl Transport for HttpTransport {
             answers
         })
     }
+}
+
+/// `error: cause: cause …`: reqwest's own message names only the URL; the
+/// reason (connection refused, an untrusted certificate) is in its sources,
+/// and it is what an operator reading `last_error` needs.
+fn with_causes(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }

@@ -6,6 +6,7 @@ mod interop;
 mod operations;
 mod receiver;
 mod support;
+mod tls;
 // Receiver side (rt2): exactly-once, the wire's order of checks, batches.
 mod exactly_once;
 mod receiver_fixture;
