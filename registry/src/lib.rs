@@ -1,0 +1,347 @@
+//! `rfidl-registry`: a server that stores versioned, immutable interface
+//! manifests (`docs/registry.md`).
+//!
+//! ```no_run
+//! # async fn run() -> anyhow::Result<()> {
+//! let registry = rfidl_registry::Registry::open("registry.db".as_ref())?
+//!     .publish_token("s3cret");
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:7300").await?;
+//! axum::serve(listener, registry.router()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Order of checks on `PUT /v1/interfaces/{interface}/v{version}`: token
+//! (401) → body size (413) → the body is a manifest (422
+//! `invalid_manifest`) → it is the interface version the path names (422
+//! `path_mismatch`) → its fingerprint matches its content (422
+//! `fingerprint_mismatch`) → stored already (200) / first revision (201) /
+//! a compatible next revision (201) / a breaking one (409
+//! `breaking_change`, with the changes). Every error body is
+//! `{"error": code, "message": text}`. SQLite runs on the blocking pool.
+
+pub mod store;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{OriginalUri, Path as UrlPath, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use rfidl_codegen::manifest::Manifest;
+use rfidl_codegen::manifest::compat::BreakingChange;
+use rusqlite::Connection;
+use serde::Serialize;
+
+pub use store::StoreError;
+
+/// Largest manifest accepted by a publish.
+pub const BODY_LIMIT: usize = 1024 * 1024;
+
+/// A refused registry request; each has a status and a documented code.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApiError {
+    #[error("a valid `Authorization: Bearer` token is required to publish")]
+    Unauthorized,
+    #[error("the manifest is larger than the {BODY_LIMIT}-byte limit")]
+    PayloadTooLarge,
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("the body is not a manifest: {0}")]
+    InvalidManifest(String),
+    #[error("the path names {path}, the manifest is {manifest}")]
+    PathMismatch { path: String, manifest: String },
+    #[error("the manifest says {stated}, its content has {computed}")]
+    FingerprintMismatch { stated: String, computed: String },
+    #[error("{interface} v{version}: {} change(s) break the published revision", changes.len())]
+    BreakingChange {
+        interface: String,
+        version: u32,
+        changes: Vec<BreakingChange>,
+    },
+    #[error("{0} is not published")]
+    NotFound(String),
+    #[error("method {method} is not allowed on {path}")]
+    MethodNotAllowed { method: String, path: String },
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::InvalidManifest(_)
+            | ApiError::PathMismatch { .. }
+            | ApiError::FingerprintMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::BreakingChange { .. } => StatusCode::CONFLICT,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The `error` member of the body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::PayloadTooLarge => "payload_too_large",
+            ApiError::BadRequest(_) => "bad_request",
+            ApiError::InvalidManifest(_) => "invalid_manifest",
+            ApiError::PathMismatch { .. } => "path_mismatch",
+            ApiError::FingerprintMismatch { .. } => "fingerprint_mismatch",
+            ApiError::BreakingChange { .. } => "breaking_change",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
+            ApiError::Unavailable(_) => "unavailable",
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'static str,
+    message: String,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    changes: &'a [BreakingChange],
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let changes = match &self {
+            ApiError::BreakingChange { changes, .. } => changes.as_slice(),
+            _ => &[],
+        };
+        let body = ErrorBody {
+            error: self.code(),
+            message: self.to_string(),
+            changes,
+        };
+        let mut response = (self.status(), Json(&body)).into_response();
+        if matches!(self, ApiError::Unauthorized) {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
+    }
+}
+
+impl From<rusqlite::Error> for ApiError {
+    fn from(error: rusqlite::Error) -> Self {
+        ApiError::Unavailable(error.to_string())
+    }
+}
+
+/// A registry on one SQLite file. Cheap to clone.
+#[derive(Clone)]
+pub struct Registry {
+    conn: Arc<Mutex<Connection>>,
+    token: Option<String>,
+}
+
+struct Shared {
+    conn: Arc<Mutex<Connection>>,
+    token: Option<String>,
+}
+
+impl Registry {
+    /// Opens (creating and migrating if needed) the registry database.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Ok(Self {
+            conn: Arc::new(Mutex::new(store::open(path)?)),
+            token: None,
+        })
+    }
+
+    /// Requires `Authorization: Bearer <token>` to publish (reads stay open).
+    #[must_use]
+    pub fn publish_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// The HTTP API.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/health", get(health).fallback(method_not_allowed))
+            .route("/v1/interfaces", get(list).fallback(method_not_allowed))
+            .route(
+                "/v1/interfaces/{interface}/{version}",
+                get(latest).put(publish).fallback(method_not_allowed),
+            )
+            .route(
+                "/v1/interfaces/{interface}/{version}/{fingerprint}",
+                get(exact).fallback(method_not_allowed),
+            )
+            .fallback(not_found)
+            .with_state(Arc::new(Shared {
+                conn: Arc::clone(&self.conn),
+                token: self.token.clone(),
+            }))
+    }
+}
+
+/// Runs `query` on the connection, on the blocking pool.
+async fn with_db<T: Send + 'static>(
+    shared: &Arc<Shared>,
+    query: impl FnOnce(&mut Connection) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let shared = Arc::clone(shared);
+    tokio::task::spawn_blocking(move || {
+        let mut conn = shared
+            .conn
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        query(&mut conn)
+    })
+    .await
+    .map_err(|e| ApiError::Unavailable(e.to_string()))?
+}
+
+/// `v2` -> 2.
+fn version_of(segment: &str) -> Result<u32, ApiError> {
+    segment
+        .strip_prefix('v')
+        .and_then(|n| n.parse().ok())
+        .filter(|n| *n > 0)
+        .ok_or_else(|| ApiError::BadRequest(format!("`{segment}` is not a version like `v2`")))
+}
+
+async fn health() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+async fn not_found(OriginalUri(uri): OriginalUri) -> ApiError {
+    ApiError::NotFound(format!("no route for {}", uri.path()))
+}
+
+async fn method_not_allowed(method: Method, OriginalUri(uri): OriginalUri) -> ApiError {
+    ApiError::MethodNotAllowed {
+        method: method.to_string(),
+        path: uri.path().to_owned(),
+    }
+}
+
+async fn list(State(shared): State<Arc<Shared>>) -> Result<Response, ApiError> {
+    let interfaces = with_db(&shared, |conn| Ok(store::list(conn)?)).await?;
+    Ok(Json(serde_json::json!({ "interfaces": interfaces })).into_response())
+}
+
+fn manifest_response(text: String, fingerprint: &str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "application/json".to_owned()),
+            (header::ETAG, format!("\"{fingerprint}\"")),
+        ],
+        text,
+    )
+        .into_response()
+}
+
+async fn latest(
+    State(shared): State<Arc<Shared>>,
+    UrlPath((interface, version)): UrlPath<(String, String)>,
+) -> Result<Response, ApiError> {
+    let version = version_of(&version)?;
+    let name = format!("{interface} v{version}");
+    let found = with_db(&shared, move |conn| {
+        Ok(store::latest(conn, &interface, version)?)
+    })
+    .await?;
+    let (text, fingerprint) = found.ok_or(ApiError::NotFound(name))?;
+    Ok(manifest_response(text, &fingerprint))
+}
+
+async fn exact(
+    State(shared): State<Arc<Shared>>,
+    UrlPath((interface, version, fingerprint)): UrlPath<(String, String, String)>,
+) -> Result<Response, ApiError> {
+    let version = version_of(&version)?;
+    let name = format!("{interface} v{version} {fingerprint}");
+    let wanted = fingerprint.clone();
+    let found = with_db(&shared, move |conn| {
+        Ok(store::exact(conn, &interface, version, &wanted)?)
+    })
+    .await?;
+    let text = found.ok_or(ApiError::NotFound(name))?;
+    Ok(manifest_response(text, &fingerprint))
+}
+
+async fn publish(
+    State(shared): State<Arc<Shared>>,
+    UrlPath((interface, version)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    if let Some(token) = &shared.token {
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(presented.as_bytes(), token.as_bytes()) {
+            return Err(ApiError::Unauthorized);
+        }
+    }
+    let body: Bytes = axum::body::to_bytes(body, BODY_LIMIT)
+        .await
+        .map_err(|_| ApiError::PayloadTooLarge)?;
+    let version = version_of(&version)?;
+    let manifest: Manifest =
+        serde_json::from_slice(&body).map_err(|e| ApiError::InvalidManifest(e.to_string()))?;
+    if manifest.interface != interface || manifest.version != version {
+        return Err(ApiError::PathMismatch {
+            path: format!("{interface} v{version}"),
+            manifest: format!("{} v{}", manifest.interface, manifest.version),
+        });
+    }
+    let computed = manifest.compute_fingerprint();
+    if manifest.fingerprint != computed {
+        return Err(ApiError::FingerprintMismatch {
+            stated: manifest.fingerprint,
+            computed,
+        });
+    }
+    let published = with_db(&shared, move |conn| {
+        store::publish(conn, &manifest, now_ms()).map_err(|error| match error {
+            store::PublishError::Breaking(changes) => ApiError::BreakingChange {
+                interface: manifest.interface.clone(),
+                version: manifest.version,
+                changes,
+            },
+            other => ApiError::Unavailable(other.to_string()),
+        })
+    })
+    .await?;
+    let status = if published.created {
+        tracing::info!(
+            interface = %published.interface,
+            version = published.version,
+            revision = published.revision,
+            fingerprint = %published.fingerprint,
+            "published"
+        );
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(published)).into_response())
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

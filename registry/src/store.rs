@@ -1,0 +1,253 @@
+//! The registry's SQLite store: one row per published revision of an
+//! interface version. Rows are inserted, never updated or deleted: a
+//! published manifest is immutable, and a new revision of a version is
+//! accepted only if it is compatible with the latest one
+//! (`rfidl_codegen::manifest::compat`).
+//!
+//! Publishes of one database are serialised by an `IMMEDIATE` transaction,
+//! so two concurrent publishes cannot both become revision 2. Commits are
+//! `synchronous=FULL`: a 201 is a promise that the manifest is stored.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rfidl_codegen::manifest::Manifest;
+use rfidl_codegen::manifest::compat::{BreakingChange, breaking_changes};
+use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
+use serde::Serialize;
+
+/// Schema migrations, in order; `PRAGMA user_version` counts those applied.
+/// Never edit a released entry: append one.
+pub const MIGRATIONS: &[&str] = &[r#"
+    CREATE TABLE manifests (
+        interface     TEXT NOT NULL,     -- package.Service
+        version       INTEGER NOT NULL,
+        revision      INTEGER NOT NULL,  -- 1, 2, … per interface version
+        fingerprint   TEXT NOT NULL,
+        manifest      TEXT NOT NULL,     -- pretty JSON, as served
+        published_at  INTEGER NOT NULL,  -- ms since the Unix epoch
+        PRIMARY KEY (interface, version, revision),
+        UNIQUE (interface, version, fingerprint)
+    ) STRICT;
+"#];
+
+/// Errors opening the store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("registry database {path}: {source}")]
+    Sqlite {
+        path: String,
+        source: rusqlite::Error,
+    },
+    #[error(
+        "registry database {path} has schema version {found}, newer than the {supported} \
+         this build knows; refusing to touch it"
+    )]
+    TooNew {
+        path: String,
+        found: i64,
+        supported: i64,
+    },
+}
+
+/// Opens (creating and migrating if needed) the store at `path`.
+pub fn open(path: &Path) -> Result<Connection, StoreError> {
+    let shown = path.display().to_string();
+    let wrap = |source| StoreError::Sqlite {
+        path: shown.clone(),
+        source,
+    };
+    let mut conn = Connection::open(path).map_err(wrap)?;
+    conn.busy_timeout(Duration::from_secs(5)).map_err(wrap)?;
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(wrap)?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(wrap)?;
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(wrap)?;
+    let found: i64 = tx
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(wrap)?;
+    let supported = MIGRATIONS.len() as i64;
+    if found > supported {
+        return Err(StoreError::TooNew {
+            path: shown,
+            found,
+            supported,
+        });
+    }
+    for (index, script) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        tx.execute_batch(script).map_err(wrap)?;
+        tx.pragma_update(None, "user_version", index as i64 + 1)
+            .map_err(wrap)?;
+    }
+    tx.commit().map_err(wrap)?;
+    Ok(conn)
+}
+
+/// What a publish did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Published {
+    pub interface: String,
+    pub version: u32,
+    pub fingerprint: String,
+    pub revision: u32,
+    /// False when this fingerprint was published before (nothing written).
+    pub created: bool,
+}
+
+/// Why a publish was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("the revision breaks the published one")]
+    Breaking(Vec<BreakingChange>),
+    #[error("the stored revision {revision} is unreadable: {reason}")]
+    CorruptRevision { revision: u32, reason: String },
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+}
+
+/// Stores `manifest` (whose fingerprint the caller has verified) as the
+/// next revision of its interface version, unless that fingerprint is
+/// stored already or it breaks the latest revision.
+pub fn publish(
+    conn: &mut Connection,
+    manifest: &Manifest,
+    now_ms: i64,
+) -> Result<Published, PublishError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let published = |revision: u32, created: bool| Published {
+        interface: manifest.interface.clone(),
+        version: manifest.version,
+        fingerprint: manifest.fingerprint.clone(),
+        revision,
+        created,
+    };
+    let same: Option<u32> = tx
+        .query_row(
+            "SELECT revision FROM manifests WHERE interface = ?1 AND version = ?2 AND fingerprint = ?3",
+            params![manifest.interface, manifest.version, manifest.fingerprint],
+            |row| row.get(0),
+        )
+        .optional()?;
+    if let Some(revision) = same {
+        return Ok(published(revision, false));
+    }
+    let latest: Option<(u32, String)> = tx
+        .query_row(
+            "SELECT revision, manifest FROM manifests WHERE interface = ?1 AND version = ?2 \
+             ORDER BY revision DESC LIMIT 1",
+            params![manifest.interface, manifest.version],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .optional()?;
+    let revision = match latest {
+        None => 1,
+        Some((revision, text)) => {
+            let old: Manifest =
+                serde_json::from_str(&text).map_err(|e| PublishError::CorruptRevision {
+                    revision,
+                    reason: e.to_string(),
+                })?;
+            let changes = breaking_changes(&old, manifest);
+            if !changes.is_empty() {
+                return Err(PublishError::Breaking(changes));
+            }
+            revision + 1
+        }
+    };
+    tx.execute(
+        "INSERT INTO manifests (interface, version, revision, fingerprint, manifest, published_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            manifest.interface,
+            manifest.version,
+            revision,
+            manifest.fingerprint,
+            manifest.to_pretty_json(),
+            now_ms
+        ],
+    )?;
+    tx.commit()?;
+    Ok(published(revision, true))
+}
+
+/// The latest revision's manifest text and fingerprint.
+pub fn latest(
+    conn: &Connection,
+    interface: &str,
+    version: u32,
+) -> rusqlite::Result<Option<(String, String)>> {
+    conn.query_row(
+        "SELECT manifest, fingerprint FROM manifests WHERE interface = ?1 AND version = ?2 \
+         ORDER BY revision DESC LIMIT 1",
+        params![interface, version],
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    )
+    .optional()
+}
+
+/// One exact revision's manifest text.
+pub fn exact(
+    conn: &Connection,
+    interface: &str,
+    version: u32,
+    fingerprint: &str,
+) -> rusqlite::Result<Option<String>> {
+    conn.query_row(
+        "SELECT manifest FROM manifests WHERE interface = ?1 AND version = ?2 AND fingerprint = ?3",
+        params![interface, version, fingerprint],
+        |row| row.get(0),
+    )
+    .optional()
+}
+
+/// One interface and its versions, for `GET /v1/interfaces`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InterfaceSummary {
+    pub interface: String,
+    pub versions: Vec<VersionSummary>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionSummary {
+    pub version: u32,
+    pub latest_fingerprint: String,
+    pub revisions: u32,
+}
+
+/// Every interface, sorted, with each version's latest fingerprint.
+pub fn list(conn: &Connection) -> rusqlite::Result<Vec<InterfaceSummary>> {
+    let mut statement = conn.prepare(
+        "SELECT m.interface, m.version, m.fingerprint, m.revision FROM manifests m \
+         WHERE m.revision = (SELECT MAX(revision) FROM manifests \
+                             WHERE interface = m.interface AND version = m.version) \
+         ORDER BY m.interface, m.version",
+    )?;
+    let rows = statement.query_map([], |row| {
+        Ok((
+            row.get::<_, String>(0)?,
+            VersionSummary {
+                version: row.get(1)?,
+                latest_fingerprint: row.get(2)?,
+                revisions: row.get(3)?,
+            },
+        ))
+    })?;
+    let mut interfaces: Vec<InterfaceSummary> = Vec::new();
+    for row in rows {
+        let (interface, version) = row?;
+        match interfaces.last_mut() {
+            Some(last) if last.interface == interface => last.versions.push(version),
+            _ => interfaces.push(InterfaceSummary {
+                interface,
+                versions: vec![version],
+            }),
+        }
+    }
+    Ok(interfaces)
+}

@@ -1,0 +1,9 @@
+//! Integration tests for rfidl-registry (one binary): the HTTP API on a real
+//! SQLite file and real HTTP on 127.0.0.1, the `rfidl-codegen` client and
+//! CLI functions against it, and the registry as a process killed with
+//! SIGKILL while builds go on from the lock file and the offline cache.
+
+mod api;
+mod client;
+mod process;
+mod support;

@@ -1,0 +1,106 @@
+//! The registry as a process: published manifests survive SIGKILL, and a
+//! build goes on from `rfidl.lock` and the offline cache while it is dead.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use rfidl_codegen::Builder;
+use rfidl_codegen::builder::BuildError;
+use rfidl_codegen::cli::{self, Outcome};
+use rfidl_codegen::registry::client::RegistryClient;
+use rfidl_codegen::registry::{Cache, RegistryError, Remote, Source as _};
+
+use crate::support::schema_manifest;
+
+/// Starts `rfidl-registry serve` on a free port; returns it and its URL.
+fn start_registry(db: &Path) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rfidl-registry"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .arg(db)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start rfidl-registry");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("read");
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+        .to_owned();
+    (child, url)
+}
+
+fn build_hr_v2(registry: &str, lock: &Path, cache: &Path, out: &Path) -> Result<(), BuildError> {
+    Builder::new()
+        .skip_rerun_if_changed()
+        .remote("hr.employees.EmpService", 2)
+        .registry(registry)
+        .lock_file(lock)
+        .cache_dir(cache)
+        .out_dir(out)
+        .compile(&[] as &[&str])
+        .map(|_| ())
+}
+
+#[test]
+fn builds_go_on_while_the_registry_is_killed_and_its_data_survives() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("registry.db");
+    let (lock, cache_dir, out) = (
+        dir.path().join("rfidl.lock"),
+        dir.path().join("cache"),
+        dir.path().join("out"),
+    );
+    std::fs::create_dir_all(&out).expect("mkdir");
+    let (mut registry, url) = start_registry(&db);
+    assert_eq!(
+        cli::publish(&url, None, &[std::path::PathBuf::from("../schemas")]),
+        Outcome::Success
+    );
+    // The first build fetches, caches and pins.
+    build_hr_v2(&url, &lock, &cache_dir, &out).expect("online build");
+    let generated = std::fs::read_to_string(out.join("hr.employees.rs")).expect("generated");
+
+    registry.kill().expect("SIGKILL the registry");
+    registry.wait().expect("reap");
+
+    // Registry dead: the lock and the cache are enough, same code out.
+    std::fs::remove_dir_all(&out).expect("clean");
+    std::fs::create_dir_all(&out).expect("mkdir");
+    build_hr_v2(&url, &lock, &cache_dir, &out).expect("offline build");
+    assert_eq!(
+        std::fs::read_to_string(out.join("hr.employees.rs")).expect("generated"),
+        generated
+    );
+    // Without the cache, the dead registry is named in the error.
+    std::fs::remove_dir_all(&cache_dir).expect("empty cache");
+    match build_hr_v2(&url, &lock, &cache_dir, &out) {
+        Err(BuildError::Registry(RegistryError::Unreachable { url: named, .. })) => {
+            assert!(named.starts_with(&url), "{named}");
+        }
+        other => panic!("expected Unreachable, got {other:?}"),
+    }
+
+    // Restarted on the same file: everything published is still there.
+    let (mut registry, url) = start_registry(&db);
+    let client = RegistryClient::new(&url).expect("client");
+    let manifest = schema_manifest("hr.employees.EmpService", 2);
+    let remote: Remote = "hr.employees.EmpService@v2".parse().expect("remote");
+    assert_eq!(
+        client
+            .exact(&remote, &manifest.fingerprint)
+            .expect("fetch after restart"),
+        manifest
+    );
+    build_hr_v2(&url, &lock, &cache_dir, &out).expect("refills the cache");
+    assert!(
+        Cache::new(&cache_dir)
+            .get(&manifest.interface, 2, &manifest.fingerprint)
+            .expect("cache")
+            .is_some()
+    );
+    registry.kill().expect("stop");
+    let _ = registry.wait();
+}
