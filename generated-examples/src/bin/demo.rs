@@ -5,17 +5,25 @@
 //!
 //! `cargo run -p rfidl-examples --bin demo [-- --hires 300 --dir DIR]`
 
+// EmpService v1 is deprecated in the contract; the demo still publishes and
+// serves it on purpose, as a service does while old peers move to v2.
+#![allow(deprecated)]
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use rfidl_examples::demo::engine::Engine;
 use rfidl_examples::demo::hr::{HrService, outbox_counts};
+use rfidl_examples::demo::registry::DemoRegistry;
 use rfidl_examples::demo::{Settings, count};
+use rfidl_examples::generated::hr::employees::{emp_service_v1, emp_service_v2};
 use rfidl_runtime::signing::Secret;
 
 #[derive(Parser)]
-#[command(about = "Run the HR + engine demo on embedded defaults (SQLite files, loopback HTTP)")]
+#[command(
+    about = "Run the HR + engine demo on embedded defaults (SQLite files, loopback HTTP, an in-process registry)"
+)]
 struct Args {
     /// How many employees to hire.
     #[arg(long, default_value_t = 300)]
@@ -64,6 +72,29 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut engine = Engine::start(&engine_settings).await?;
     let hr = HrService::start(&hr_settings).await?;
+
+    // The contract's owner publishes; its peer checks what it was built against.
+    let registry = DemoRegistry::start(&dir.join("registry.db")).await?;
+    for (version, manifest) in [
+        (1, emp_service_v1::MANIFEST_JSON),
+        (2, emp_service_v2::MANIFEST_JSON),
+    ] {
+        registry
+            .publish(emp_service_v1::INTERFACE, version, manifest)
+            .await?;
+    }
+    for (version, compiled) in [
+        (1, emp_service_v1::FINGERPRINT),
+        (2, emp_service_v2::FINGERPRINT),
+    ] {
+        let published = registry
+            .latest_fingerprint(emp_service_v1::INTERFACE, version)
+            .await?;
+        anyhow::ensure!(
+            published == compiled,
+            "the engine was built against EmpService v{version} {compiled}, the registry has {published}"
+        );
+    }
     println!(
         "rfidl demo: HR at {}, engine at {}, databases in {}",
         hr.url,
@@ -140,6 +171,11 @@ async fn main() -> anyhow::Result<()> {
         health(hr.url.clone()).await?,
         health(engine.url.clone()).await?
     );
+    println!(
+        "  registry (in-process, SQLite)             EmpService v1 + v2 published by HR; \
+         the engine's compiled fingerprints match"
+    );
+    registry.server.abort();
     let exactly_once = hired == workflows && workflows == tickets;
     println!(
         "  exactly once                              {}",

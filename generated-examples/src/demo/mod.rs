@@ -9,6 +9,7 @@
 
 pub mod engine;
 pub mod hr;
+pub mod registry;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

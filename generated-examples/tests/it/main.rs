@@ -1,4 +1,5 @@
 //! Tests of the checked-in generated code and the demo services.
 
+mod demo;
 mod drift;
 mod processes;

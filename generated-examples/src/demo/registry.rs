@@ -1,0 +1,64 @@
+//! The demo's in-process registry (an `rfidl-registry` on a SQLite file and
+//! loopback HTTP): HR publishes the manifests its code was generated from,
+//! and the engine checks that the fingerprints it was compiled against are
+//! what the registry holds, before any message flows.
+
+use std::path::Path;
+
+use rfidl_registry::Registry;
+
+/// A registry served on a free loopback port until the task is aborted.
+pub struct DemoRegistry {
+    pub url: String,
+    pub server: tokio::task::JoinHandle<()>,
+}
+
+impl DemoRegistry {
+    pub async fn start(db: &Path) -> anyhow::Result<Self> {
+        let registry = Registry::open(db)?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let server = super::serve(listener, registry.router());
+        Ok(Self { url, server })
+    }
+
+    /// Publishes a manifest constant (`MANIFEST_JSON` of a generated
+    /// module); returns the revision it got.
+    pub async fn publish(
+        &self,
+        interface: &str,
+        version: u32,
+        manifest_json: &str,
+    ) -> anyhow::Result<u64> {
+        let response = reqwest::Client::new()
+            .put(format!("{}/v1/interfaces/{interface}/v{version}", self.url))
+            .header("content-type", "application/json")
+            .body(manifest_json.to_owned())
+            .send()
+            .await?;
+        let status = response.status();
+        let body: serde_json::Value = response.json().await?;
+        anyhow::ensure!(status.is_success(), "publish refused ({status}): {body}");
+        Ok(body["revision"].as_u64().unwrap_or_default())
+    }
+
+    /// The fingerprint of the latest published revision.
+    pub async fn latest_fingerprint(
+        &self,
+        interface: &str,
+        version: u32,
+    ) -> anyhow::Result<String> {
+        let response =
+            reqwest::get(format!("{}/v1/interfaces/{interface}/v{version}", self.url)).await?;
+        anyhow::ensure!(
+            response.status().is_success(),
+            "{interface} v{version} is not published"
+        );
+        let etag = response
+            .headers()
+            .get("etag")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        Ok(etag.trim_matches('"').to_owned())
+    }
+}
