@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use rfidl_codegen::manifest::Manifest;
 use rfidl_codegen::manifest::compat::{BreakingChange, breaking_changes};
+pub use rfidl_codegen::registry::Published;
 use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 use serde::Serialize;
 
@@ -85,17 +86,6 @@ pub fn open(path: &Path) -> Result<Connection, StoreError> {
     }
     tx.commit().map_err(wrap)?;
     Ok(conn)
-}
-
-/// What a publish did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Published {
-    pub interface: String,
-    pub version: u32,
-    pub fingerprint: String,
-    pub revision: u32,
-    /// False when this fingerprint was published before (nothing written).
-    pub created: bool,
 }
 
 /// Why a publish was refused.

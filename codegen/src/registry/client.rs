@@ -5,20 +5,9 @@
 
 use std::time::Duration;
 
-use super::{RegistryError, Remote, Source, verify};
+use super::{Published, RegistryError, Remote, Source, verify};
 use crate::manifest::Manifest;
 use crate::manifest::compat::BreakingChange;
-
-/// What a publish did.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
-pub struct Published {
-    pub interface: String,
-    pub version: u32,
-    pub fingerprint: String,
-    pub revision: u32,
-    /// False when this exact fingerprint was published before.
-    pub created: bool,
-}
 
 /// A registry at a base URL such as `http://registry.internal:7300`.
 #[derive(Debug, Clone)]

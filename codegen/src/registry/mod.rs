@@ -92,6 +92,18 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> RegistryError + '_ {
     }
 }
 
+/// What a publish did: the registry's answer to `PUT /v1/interfaces/…`
+/// (the server answers with this type, the client reads it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Published {
+    pub interface: String,
+    pub version: u32,
+    pub fingerprint: String,
+    pub revision: u32,
+    /// False when this exact fingerprint was published before (nothing written).
+    pub created: bool,
+}
+
 /// One interface version: `hr.employees.EmpService@v2` on the command line.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Remote {

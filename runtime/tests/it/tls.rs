@@ -64,17 +64,33 @@ fn https_config(url: &str, secret: &Secret, ca_file: Option<&Path>) -> Config {
     config
 }
 
-#[tokio::test]
-async fn a_receiver_behind_tls_with_a_trusted_certificate_gets_the_message_once() {
+/// A receiver behind TLS, and a sender whose `ledger` destination is it
+/// (trusting its certificate only if `trust` says so), with one Credit
+/// enqueued.
+struct Setup {
+    _dir: tempfile::TempDir,
+    receiver: support::TestReceiver,
+    db: std::path::PathBuf,
+    dispatcher: rfidl_runtime::dispatcher::DispatcherHandle,
+    id: uuid::Uuid,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Trust {
+    PeerCertificate,
+    PublicRootsOnly,
+}
+
+async fn setup(trust: Trust) -> Setup {
     let dir = tempfile::tempdir().expect("tempdir");
     let secret = Secret::generate();
     let receiver = support::start_receiver(dir.path(), support::receiver_config(&[&secret])).await;
     let (url, pem) = serve_tls(receiver.receiver.router()).await;
     let ca_file = dir.path().join("peer-ca.pem");
     std::fs::write(&ca_file, pem).expect("write CA file");
-
+    let trusted = (trust == Trust::PeerCertificate).then_some(ca_file.as_path());
     let db = dir.path().join("sender.db");
-    let outbox = Outbox::new(https_config(&url, &secret, Some(&ca_file)), &db);
+    let outbox = Outbox::new(https_config(&url, &secret, trusted), &db);
     let dispatcher = Dispatcher::builder(&outbox, &db)
         .start()
         .expect("dispatcher");
@@ -83,38 +99,39 @@ async fn a_receiver_behind_tls_with_a_trusted_certificate_gets_the_message_once(
         &db,
         message("ledger", "Credit", json!({"account": "tls", "amount": 7})),
     );
-    wait_for(&db, &id, Status::Sent).await;
-    assert_eq!(count(&receiver.db, "SELECT SUM(amount) FROM ledger"), 7);
-    dispatcher.shutdown().await;
+    Setup {
+        _dir: dir,
+        receiver,
+        db,
+        dispatcher,
+        id,
+    }
+}
+
+#[tokio::test]
+async fn a_receiver_behind_tls_with_a_trusted_certificate_gets_the_message_once() {
+    let setup = setup(Trust::PeerCertificate).await;
+    wait_for(&setup.db, &setup.id, Status::Sent).await;
+    assert_eq!(
+        count(&setup.receiver.db, "SELECT SUM(amount) FROM ledger"),
+        7
+    );
+    setup.dispatcher.shutdown().await;
 }
 
 #[tokio::test]
 async fn an_untrusted_certificate_is_refused_and_the_message_waits() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let secret = Secret::generate();
-    let receiver = support::start_receiver(dir.path(), support::receiver_config(&[&secret])).await;
-    let (url, _pem) = serve_tls(receiver.receiver.router()).await;
-
-    let db = dir.path().join("sender.db");
-    let outbox = Outbox::new(https_config(&url, &secret, None), &db);
-    let dispatcher = Dispatcher::builder(&outbox, &db)
-        .start()
-        .expect("dispatcher");
-    let id = enqueue(
-        &outbox,
-        &db,
-        message("ledger", "Credit", json!({"account": "tls", "amount": 7})),
-    );
+    let setup = setup(Trust::PublicRootsOnly).await;
     let deadline = Instant::now() + Duration::from_secs(5);
     let row = loop {
-        let row = status_of(&db, &id);
+        let row = status_of(&setup.db, &setup.id);
         if row.retry_count >= 2 {
             break row;
         }
         assert!(Instant::now() < deadline, "no attempt failed: {row:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    dispatcher.shutdown().await;
+    setup.dispatcher.shutdown().await;
     assert!(
         matches!(row.status, Status::Pending | Status::Sending),
         "a transport failure is retried: {row:?}"
@@ -124,7 +141,7 @@ async fn an_untrusted_certificate_is_refused_and_the_message_waits() {
         error.contains("certificate"),
         "last_error names the cause: {error}"
     );
-    assert_eq!(count(&receiver.db, "SELECT COUNT(*) FROM ledger"), 0);
+    assert_eq!(count(&setup.receiver.db, "SELECT COUNT(*) FROM ledger"), 0);
 }
 
 #[test]
