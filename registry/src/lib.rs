@@ -161,6 +161,7 @@ impl Registry {
     }
 
     /// Requires `Authorization: Bearer <token>` to publish (reads stay open).
+    /// An empty token fails closed: nothing can be published.
     #[must_use]
     pub fn publish_token(mut self, token: impl Into<String>) -> Self {
         self.token = Some(token.into());
@@ -206,11 +207,13 @@ async fn with_db<T: Send + 'static>(
 }
 
 /// `v2` -> 2.
+/// Only the canonical form: `v+2` and `v02` are refused, so one version has
+/// one URL.
 fn version_of(segment: &str) -> Result<u32, ApiError> {
     segment
         .strip_prefix('v')
+        .filter(|n| n.bytes().all(|b| b.is_ascii_digit()) && !n.starts_with('0'))
         .and_then(|n| n.parse().ok())
-        .filter(|n| *n > 0)
         .ok_or_else(|| ApiError::BadRequest(format!("`{segment}` is not a version like `v2`")))
 }
 
@@ -284,9 +287,9 @@ async fn publish(
         let presented = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(bearer_token)
             .unwrap_or("");
-        if !constant_time_eq(presented.as_bytes(), token.as_bytes()) {
+        if token.is_empty() || !constant_time_eq(presented.as_bytes(), token.as_bytes()) {
             return Err(ApiError::Unauthorized);
         }
     }
@@ -333,6 +336,15 @@ async fn publish(
         StatusCode::OK
     };
     Ok((status, Json(published)).into_response())
+}
+
+/// The token of an `Authorization: Bearer <token>` value; the scheme is
+/// case-insensitive (RFC 9110, section 11.1), so `bearer <token>` counts too.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -46,6 +46,11 @@ async fn main() -> anyhow::Result<()> {
     } = Cli::parse().command;
     let mut registry = rfidl_registry::Registry::open(&db)?;
     if let Some(token) = publish_token {
+        anyhow::ensure!(
+            !token.is_empty(),
+            "the publish token is empty; give a non-empty --publish-token or RFIDL_REGISTRY_TOKEN, \
+             or neither for an open registry"
+        );
         registry = registry.publish_token(token);
     }
     let listener = tokio::net::TcpListener::bind(listen).await?;

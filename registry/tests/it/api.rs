@@ -152,6 +152,16 @@ fn each_refusal_has_its_code_and_changes_nothing() {
             "bad_request",
         ),
     ];
+    let mut cases = cases;
+    for segment in ["v+1", "v01", "v0", "v", "V1"] {
+        cases.push((
+            "a version not in its one canonical form",
+            format!("/v1/interfaces/shop.orders.OrderService/{segment}"),
+            manifest.to_pretty_json(),
+            400,
+            "bad_request",
+        ));
+    }
     for (what, path, body, status, code) in cases {
         let (got, answer) = put(&server.url, &path, body, None);
         assert_eq!(
@@ -214,6 +224,44 @@ fn a_publish_token_guards_writes_only() {
     );
     assert_eq!(status, 201);
     assert_eq!(get(&server.url, &path).0, 200, "reads need no token");
+
+    // The scheme is case-insensitive (RFC 9110): curl users write `bearer`.
+    let revision = compatible_revision(&manifest, "note");
+    let response = reqwest::blocking::Client::new()
+        .put(format!("{}{path}", server.url))
+        .header("authorization", "bearer ops-token")
+        .body(revision.to_pretty_json())
+        .send()
+        .expect("put");
+    assert_eq!(response.status().as_u16(), 201);
+    for header in ["Bearer", "Bearer ", "Basic ops-token", "Bearerops-token"] {
+        let response = reqwest::blocking::Client::new()
+            .put(format!("{}{path}", server.url))
+            .header("authorization", header)
+            .body(revision.to_pretty_json())
+            .send()
+            .expect("put");
+        assert_eq!(response.status().as_u16(), 401, "{header:?}");
+    }
+}
+
+#[test]
+fn an_empty_publish_token_fails_closed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let registry = Registry::open(&dir.path().join("registry.db"))
+        .expect("open")
+        .publish_token("");
+    let server = Server::start(registry);
+    let manifest = schema_manifest("shop.orders.OrderService", 1);
+    let path = manifest_path(&manifest);
+    for token in [None, Some("")] {
+        let (status, body) = put(&server.url, &path, manifest.to_pretty_json(), token);
+        assert_eq!(
+            (status, body["error"].clone()),
+            (401, json!("unauthorized"))
+        );
+    }
+    assert_eq!(get(&server.url, &path).0, 404, "nothing stored");
 }
 
 #[test]
@@ -280,4 +328,84 @@ fn concurrent_publishes_of_one_revision_store_it_once() {
     let (_, text) = get(&server.url, "/v1/interfaces");
     let listed: serde_json::Value = serde_json::from_str(&text).expect("json");
     assert_eq!(listed["interfaces"][0]["versions"][0]["revisions"], 2);
+}
+
+/// `manifest` with a deprecation note: compatible with it and with every
+/// other such revision, in either order.
+fn deprecated_revision(manifest: &Manifest, note: &str) -> Manifest {
+    let mut revised = manifest.clone();
+    revised.deprecated = Some(note.to_owned());
+    revised.with_fingerprint()
+}
+
+#[test]
+fn concurrent_different_revisions_from_two_registries_on_one_file_get_distinct_numbers() {
+    // Two registries on one file have two connections, as two processes
+    // would: only the IMMEDIATE transaction serialises them, not the
+    // in-process connection lock.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("registry.db");
+    let servers = [Server::on_file(&db), Server::on_file(&db)];
+    let first = schema_manifest("hr.employees.EmpService", 2);
+    let path = manifest_path(&first);
+    assert_eq!(
+        put(&servers[0].url, &path, first.to_pretty_json(), None).0,
+        201
+    );
+
+    const ROUNDS: u32 = 5;
+    let mut published = vec![(1, first.fingerprint.clone())];
+    for round in 0..ROUNDS {
+        let revisions = [
+            deprecated_revision(&first, &format!("a{round}")),
+            deprecated_revision(&first, &format!("b{round}")),
+        ];
+        let start = std::sync::Barrier::new(2);
+        let answers: Vec<(u16, serde_json::Value)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = servers
+                .iter()
+                .zip(&revisions)
+                .map(|(server, revision)| {
+                    let (start, path) = (&start, &path);
+                    scope.spawn(move || {
+                        start.wait();
+                        put(&server.url, path, revision.to_pretty_json(), None)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("thread"))
+                .collect()
+        });
+        let mut numbers: Vec<u64> = Vec::new();
+        for ((status, body), revision) in answers.iter().zip(&revisions) {
+            assert_eq!(*status, 201, "round {round}: {answers:?}");
+            assert_eq!(body["fingerprint"], revision.fingerprint.as_str());
+            let number = body["revision"].as_u64().expect("revision number");
+            numbers.push(number);
+            published.push((number, revision.fingerprint.clone()));
+        }
+        numbers.sort_unstable();
+        let expected = u64::from(2 * round + 2);
+        assert_eq!(
+            numbers,
+            [expected, expected + 1],
+            "round {round}: {answers:?}"
+        );
+    }
+
+    let (_, text) = get(&servers[1].url, "/v1/interfaces");
+    let listed: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let version = &listed["interfaces"][0]["versions"][0];
+    assert_eq!(version["version"], 2, "{listed}");
+    assert_eq!(version["revisions"], 2 * ROUNDS + 1, "{listed}");
+    published.sort();
+    let (_, latest) = published.last().expect("revisions").clone();
+    assert_eq!(version["latestFingerprint"], latest.as_str(), "{listed}");
+    for (number, fingerprint) in &published {
+        let (status, text) = get(&servers[0].url, &format!("{path}/{fingerprint}"));
+        assert_eq!(status, 200, "revision {number}: {text}");
+        assert_eq!(&parse(&text).fingerprint, fingerprint);
+    }
 }

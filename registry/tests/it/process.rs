@@ -104,3 +104,25 @@ fn builds_go_on_while_the_registry_is_killed_and_its_data_survives() {
     registry.kill().expect("stop");
     let _ = registry.wait();
 }
+
+#[test]
+fn the_binary_refuses_an_empty_publish_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("registry.db");
+    let output = Command::new(env!("CARGO_BIN_EXE_rfidl-registry"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--publish-token",
+            "",
+            "--db",
+        ])
+        .arg(&db)
+        .output()
+        .expect("run rfidl-registry");
+    assert!(!output.status.success(), "started with an empty token");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("publish token is empty"), "{stderr}");
+    assert!(output.stdout.is_empty(), "it never listened");
+}
