@@ -7,6 +7,7 @@
 
 mod cycles;
 pub mod load;
+mod names;
 mod scope;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -63,6 +64,7 @@ pub fn check_paths_with_includes(
     };
     checker.types = checker.collect_types();
     checker.check_items();
+    checker.check_module_names();
     checker.check_required_cycles();
     checker.check_deprecated_uses();
     let mut diagnostics = loaded.diagnostics.clone();
@@ -347,6 +349,7 @@ impl Checker<'_> {
             self.check_annotations(&field.annotations, target, None);
             self.check_type(scope, &field.ty);
         }
+        self.check_field_names(fields, target);
     }
 
     fn check_enum(&self, enumeration: &ast::Enum) {
@@ -382,6 +385,7 @@ impl Checker<'_> {
             self.check_upper_camel(&variant.name, "variant");
             self.check_annotations(&variant.annotations, Target::Variant, None);
         }
+        self.check_variant_names(enumeration);
     }
 
     fn check_service(&self, scope: &Scope, service: &ast::Service) {
@@ -408,9 +412,8 @@ impl Checker<'_> {
             ),
             Some(_) => {}
         }
+        self.check_method_names(service);
         let mut seen: BTreeMap<&str, Span> = BTreeMap::new();
-        // Generated clients and handlers name methods in snake_case.
-        let mut rust_names: BTreeMap<String, (&str, Span)> = BTreeMap::new();
         for method in &service.methods {
             if let Some(first) = seen.get(method.name.text.as_str()) {
                 let first = *first;
@@ -428,25 +431,6 @@ impl Checker<'_> {
                 );
             } else {
                 seen.insert(&method.name.text, method.name.span);
-                let rust_name = heck::ToSnakeCase::to_snake_case(method.name.text.as_str());
-                match rust_names.get(&rust_name) {
-                    Some((other, first)) => self.report(
-                        Diagnostic::error(
-                            ErrorCode::MethodRustNameClash,
-                            method.name.span,
-                            format!(
-                                "methods `{other}` and `{}` would both be `{rust_name}` in Rust",
-                                method.name.text
-                            ),
-                        )
-                        .with_label(format!("becomes `{rust_name}`"))
-                        .with_secondary(*first, format!("also becomes `{rust_name}`"))
-                        .with_help("rename one of them so the names differ by more than case"),
-                    ),
-                    None => {
-                        rust_names.insert(rust_name, (method.name.text.as_str(), method.name.span));
-                    }
-                }
             }
             self.check_upper_camel(&method.name, "method");
             self.check_fields(scope, &method.params, Target::Param);
