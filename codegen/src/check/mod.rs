@@ -197,10 +197,13 @@ impl Checker<'_> {
         let mut versions: BTreeMap<(String, String, u32), Span> = BTreeMap::new();
         for (file_id, file) in loaded.files.iter() {
             self.check_package_name(&file.package.name);
+            self.refuse_annotations(&file.package.annotations, "the package declaration");
             let scope = Scope::new(self, *file_id, file);
             for item in &file.items {
                 match item {
-                    ast::Item::Import(_) => {}
+                    ast::Item::Import(import) => {
+                        self.refuse_annotations(&import.annotations, "an import");
+                    }
                     ast::Item::Record(record) => self.check_record(&scope, record),
                     ast::Item::Enum(enumeration) => self.check_enum(enumeration),
                     ast::Item::Service(service) => {
@@ -274,6 +277,28 @@ impl Checker<'_> {
                 .with_help(format!(
                     "try `{}`",
                     name.text.to_lowercase().replace('-', "_")
+                )),
+            );
+        }
+    }
+
+    /// E0071 for every annotation on a `package` or `import`: they describe
+    /// no generated code and no part of an interface.
+    fn refuse_annotations(&self, annotations: &[ast::Annotation], target: &str) {
+        for annotation in annotations {
+            self.report(
+                Diagnostic::error(
+                    ErrorCode::AnnotationTarget,
+                    annotation.span,
+                    format!("annotations are not allowed on {target}"),
+                )
+                .with_label("not allowed here")
+                .with_help(format!(
+                    "annotations go on records, enums, services and their members: {}",
+                    match target {
+                        "an import" => "annotate them in the imported file",
+                        _ => "to deprecate a package, mark its items `@deprecated`",
+                    }
                 )),
             );
         }

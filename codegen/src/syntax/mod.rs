@@ -572,17 +572,14 @@ impl Builder<'_> {
 
     fn package(&self, pair: Pair<'_, Rule>) -> PackageDecl {
         let span = self.span(&pair);
-        let mut docs = Vec::new();
-        let mut name = None;
-        for child in pair.into_inner() {
-            match child.as_rule() {
-                Rule::doc => docs.push(doc_text(&child)),
-                Rule::dotted_name => name = Some(self.ident(child)),
-                _ => {}
-            }
-        }
+        let (docs, annotations) = self.annotations_and_docs(&pair);
+        let name = pair
+            .into_inner()
+            .find(|child| child.as_rule() == Rule::dotted_name)
+            .map(|child| self.ident(child));
         PackageDecl {
             docs,
+            annotations,
             name: name.expect("grammar"),
             span,
         }
@@ -590,18 +587,16 @@ impl Builder<'_> {
 
     fn import(&self, pair: Pair<'_, Rule>) -> Result<Import, Box<Diagnostic>> {
         let span = self.span(&pair);
-        let mut docs = Vec::new();
-        let mut path = None;
-        for child in pair.into_inner() {
-            match child.as_rule() {
-                Rule::doc => docs.push(doc_text(&child)),
-                Rule::string => path = Some((self.string(child.clone())?, self.span(&child))),
-                _ => {}
-            }
-        }
-        let (path, path_span) = path.expect("grammar");
+        let (docs, annotations) = self.annotations_and_docs(&pair);
+        let string = pair
+            .into_inner()
+            .find(|child| child.as_rule() == Rule::string)
+            .expect("grammar");
+        let path_span = self.span(&string);
+        let path = self.string(string)?;
         Ok(Import {
             docs,
+            annotations,
             path,
             path_span,
             span,
@@ -639,10 +634,13 @@ impl Builder<'_> {
     }
 
     fn annotation(&self, pair: Pair<'_, Rule>) -> Annotation {
-        let span = self.span(&pair);
+        let mut span = self.span(&pair);
         let mut name = None;
         let mut args = None;
         for child in pair.into_inner() {
+            // The pair also holds the white space after `@name` when no
+            // arguments follow: end the span at the last token instead.
+            span.end = child.as_span().end();
             match child.as_rule() {
                 Rule::ident => name = Some(self.ident(child)),
                 Rule::annotation_args => {
