@@ -142,6 +142,8 @@ error_codes! {
     UnknownPackage = "E0011", "unknown package or name not in that package";
     AmbiguousPackage = "E0012", "package qualifier matches more than one import";
     NotImported = "E0013", "type declared in a file that is not imported";
+    GeneratedNameCollision = "E0014", "names collide in generated code";
+    ReservedGeneratedName = "E0015", "name is taken by generated code";
     DuplicateType = "E0020", "duplicate type name";
     DuplicateField = "E0021", "duplicate field";
     DuplicateVariant = "E0022", "duplicate enum variant";

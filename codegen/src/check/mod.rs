@@ -7,6 +7,7 @@
 
 mod cycles;
 pub mod load;
+mod names;
 mod scope;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -63,6 +64,7 @@ pub fn check_paths_with_includes(
     };
     checker.types = checker.collect_types();
     checker.check_items();
+    checker.check_module_names();
     checker.check_required_cycles();
     checker.check_deprecated_uses();
     let mut diagnostics = loaded.diagnostics.clone();
@@ -195,10 +197,13 @@ impl Checker<'_> {
         let mut versions: BTreeMap<(String, String, u32), Span> = BTreeMap::new();
         for (file_id, file) in loaded.files.iter() {
             self.check_package_name(&file.package.name);
+            self.refuse_annotations(&file.package.annotations, "the package declaration");
             let scope = Scope::new(self, *file_id, file);
             for item in &file.items {
                 match item {
-                    ast::Item::Import(_) => {}
+                    ast::Item::Import(import) => {
+                        self.refuse_annotations(&import.annotations, "an import");
+                    }
                     ast::Item::Record(record) => self.check_record(&scope, record),
                     ast::Item::Enum(enumeration) => self.check_enum(enumeration),
                     ast::Item::Service(service) => {
@@ -277,6 +282,28 @@ impl Checker<'_> {
         }
     }
 
+    /// E0071 for every annotation on a `package` or `import`: they describe
+    /// no generated code and no part of an interface.
+    fn refuse_annotations(&self, annotations: &[ast::Annotation], target: &str) {
+        for annotation in annotations {
+            self.report(
+                Diagnostic::error(
+                    ErrorCode::AnnotationTarget,
+                    annotation.span,
+                    format!("annotations are not allowed on {target}"),
+                )
+                .with_label("not allowed here")
+                .with_help(format!(
+                    "annotations go on records, enums, services and their members: {}",
+                    match target {
+                        "an import" => "annotate them in the imported file",
+                        _ => "to deprecate a package, mark its items `@deprecated`",
+                    }
+                )),
+            );
+        }
+    }
+
     fn check_upper_camel(&self, name: &ast::Ident, what: &str) {
         let text = &name.text;
         // Letters without case (東京) are accepted, as rustc's lint does.
@@ -347,6 +374,7 @@ impl Checker<'_> {
             self.check_annotations(&field.annotations, target, None);
             self.check_type(scope, &field.ty);
         }
+        self.check_field_names(fields, target);
     }
 
     fn check_enum(&self, enumeration: &ast::Enum) {
@@ -382,6 +410,7 @@ impl Checker<'_> {
             self.check_upper_camel(&variant.name, "variant");
             self.check_annotations(&variant.annotations, Target::Variant, None);
         }
+        self.check_variant_names(enumeration);
     }
 
     fn check_service(&self, scope: &Scope, service: &ast::Service) {
@@ -408,9 +437,8 @@ impl Checker<'_> {
             ),
             Some(_) => {}
         }
+        self.check_method_names(service);
         let mut seen: BTreeMap<&str, Span> = BTreeMap::new();
-        // Generated clients and handlers name methods in snake_case.
-        let mut rust_names: BTreeMap<String, (&str, Span)> = BTreeMap::new();
         for method in &service.methods {
             if let Some(first) = seen.get(method.name.text.as_str()) {
                 let first = *first;
@@ -428,25 +456,6 @@ impl Checker<'_> {
                 );
             } else {
                 seen.insert(&method.name.text, method.name.span);
-                let rust_name = heck::ToSnakeCase::to_snake_case(method.name.text.as_str());
-                match rust_names.get(&rust_name) {
-                    Some((other, first)) => self.report(
-                        Diagnostic::error(
-                            ErrorCode::MethodRustNameClash,
-                            method.name.span,
-                            format!(
-                                "methods `{other}` and `{}` would both be `{rust_name}` in Rust",
-                                method.name.text
-                            ),
-                        )
-                        .with_label(format!("becomes `{rust_name}`"))
-                        .with_secondary(*first, format!("also becomes `{rust_name}`"))
-                        .with_help("rename one of them so the names differ by more than case"),
-                    ),
-                    None => {
-                        rust_names.insert(rust_name, (method.name.text.as_str(), method.name.span));
-                    }
-                }
             }
             self.check_upper_camel(&method.name, "method");
             self.check_fields(scope, &method.params, Target::Param);

@@ -177,6 +177,7 @@ impl Printer<'_> {
             self.blank();
         }
         self.docs(0, &file.package.docs);
+        self.annotations(0, &file.package.annotations);
         self.push(0, format!("package {};", file.package.name.text));
         self.trailing_comment(file.package.span.end);
         let mut previous_was_import = false;
@@ -190,6 +191,7 @@ impl Printer<'_> {
             match item {
                 ast::Item::Import(import) => {
                     self.docs(0, &import.docs);
+                    self.annotations(0, &import.annotations);
                     self.push(0, format!("import {};", quote(&import.path)));
                     self.trailing_comment(import.span.end);
                 }

@@ -4,6 +4,7 @@
 //! gets a checked model and returns file names with their contents; writing
 //! them (only when changed) is the caller's job.
 
+pub mod names;
 pub mod plan;
 pub mod templates;
 

@@ -4,8 +4,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use heck::{ToSnakeCase, ToUpperCamelCase};
-
+use super::names::{
+    ENGINE_CLIENT, ENGINE_HANDLER, ENGINE_RECEIVER, SERVICE_CLIENT, SERVICE_HANDLER,
+    SERVICE_RECEIVER, field_name, method_fn_name, package_module, request_struct_name, type_name,
+    variant_name,
+};
 use super::templates::{
     EnumView, FieldView, GroupView, MethodView, PackageTemplate, RecordView, ServiceView, TreeStep,
     VariantView,
@@ -13,28 +16,7 @@ use super::templates::{
 use crate::builder::{Options, TypeRuleKind};
 use crate::manifest::{Field, Manifest, MethodKind, PackageContract, Scalar, TypeDef, TypeRef};
 
-/// Rust keywords that can be raw identifiers (`r#type`).
-const RAW_KEYWORDS: &[&str] = &[
-    "as", "async", "await", "break", "const", "continue", "dyn", "else", "enum", "extern", "false",
-    "fn", "for", "gen", "if", "impl", "in", "let", "loop", "match", "mod", "move", "mut", "pub",
-    "ref", "return", "static", "struct", "trait", "true", "type", "unsafe", "use", "where",
-    "while", "abstract", "become", "box", "do", "final", "macro", "override", "priv", "try",
-    "typeof", "unsized", "virtual", "yield",
-];
-/// Keywords that cannot be raw identifiers: they get a trailing underscore.
-const RESERVED: &[&str] = &["self", "Self", "super", "crate", "_"];
-
-/// A contract name as a Rust identifier: raw for keywords, `_`-suffixed for
-/// the few that cannot be raw.
-pub fn rust_ident(name: &str) -> String {
-    if RESERVED.contains(&name) {
-        format!("{name}_")
-    } else if RAW_KEYWORDS.contains(&name) {
-        format!("r#{name}")
-    } else {
-        name.to_owned()
-    }
-}
+pub use super::names::{rust_ident, service_module};
 
 /// Where generated code refers to a type from: the package module itself,
 /// or a service-version module one level below it.
@@ -61,12 +43,12 @@ fn shadows_prelude(contract: &PackageContract) -> bool {
 impl Scope<'_> {
     fn path_to(&self, qualified: &str) -> String {
         let (package, name) = qualified.rsplit_once('.').unwrap_or(("", qualified));
-        let name = rust_ident(name);
+        let name = type_name(name);
         if package == self.package {
             return format!("{}{name}", "super::".repeat(self.nested));
         }
         let ups = self.package.split('.').count() + self.nested;
-        let path: Vec<String> = package.split('.').map(rust_ident).collect();
+        let path: Vec<String> = package.split('.').map(package_module).collect();
         format!("{}{}::{name}", "super::".repeat(ups), path.join("::"))
     }
 
@@ -195,7 +177,7 @@ pub fn plan_package(contract: &PackageContract, options: &Options) -> PackageTem
     let mut records = Vec::new();
     let mut enums = Vec::new();
     for (qualified, def) in &contract.types {
-        let name = rust_ident(qualified.rsplit('.').next().unwrap_or(qualified));
+        let name = type_name(qualified.rsplit('.').next().unwrap_or(qualified));
         let (extra_derives, extra_attributes) = type_rules(options, qualified);
         match def {
             TypeDef::Record {
@@ -232,7 +214,7 @@ pub fn plan_package(contract: &PackageContract, options: &Options) -> PackageTem
                 variants: variants
                     .iter()
                     .map(|v| VariantView {
-                        name: rust_ident(&v.name),
+                        name: variant_name(&v.name),
                         docs: v.docs.clone(),
                         deprecated: v.deprecated.clone(),
                     })
@@ -270,12 +252,13 @@ fn type_rules(options: &Options, qualified: &str) -> (Vec<String>, Vec<String>) 
 
 fn field_view(field: &Field, scope: Scope<'_>, boxed: bool) -> FieldView {
     FieldView {
-        rust_name: rust_ident(&field.name),
+        rust_name: field_name(&field.name),
         json_name: field.name.clone(),
         docs: field.docs.clone(),
         deprecated: field.deprecated.clone(),
         rust_type: scope.rust_type(&field.ty, boxed),
         optional: matches!(field.ty, TypeRef::Optional(_)),
+        is_none: scope.std("Option::is_none", "::std::option::Option::is_none"),
     }
 }
 
@@ -300,7 +283,7 @@ pub fn plan_tree(packages: &[&str]) -> Vec<TreeStep> {
         for (index, segment) in segments.iter().enumerate().skip(common) {
             let ends_here = index + 1 == segments.len();
             steps.push(TreeStep::Open {
-                module: rust_ident(segment),
+                module: package_module(segment),
                 package: ends_here.then(|| package.to_owned()),
             });
             open.push(segment);
@@ -311,11 +294,6 @@ pub fn plan_tree(packages: &[&str]) -> Vec<TreeStep> {
     }
     steps.extend(open.iter().map(|_| TreeStep::Close));
     steps
-}
-
-/// `EmpService` v1 -> `emp_service_v1`.
-pub fn service_module(service: &str, version: u32) -> String {
-    format!("{}_v{version}", service.to_snake_case())
 }
 
 fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> ServiceView {
@@ -343,9 +321,9 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
     if !to_engine.is_empty() {
         groups.push(GroupView {
             peer: "engine",
-            client: "EngineClient",
-            handler: "EngineHandler",
-            receiver: "EngineReceiver",
+            client: ENGINE_CLIENT,
+            handler: ENGINE_HANDLER,
+            receiver: ENGINE_RECEIVER,
             hosted_const: "ENGINE_HOSTED",
             kinds_doc: "signals and pushcalls",
             client_enabled: options.sides.service(),
@@ -357,9 +335,9 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
     if !to_service.is_empty() {
         groups.push(GroupView {
             peer: "service",
-            client: "ServiceClient",
-            handler: "ServiceHandler",
-            receiver: "ServiceReceiver",
+            client: SERVICE_CLIENT,
+            handler: SERVICE_HANDLER,
+            receiver: SERVICE_RECEIVER,
             hosted_const: "SERVICE_HOSTED",
             kinds_doc: "commands",
             client_enabled: options.sides.engine(),
@@ -392,8 +370,8 @@ fn method_view(
     };
     MethodView {
         name: method.name.clone(),
-        fn_name: rust_ident(&method.name.to_snake_case()),
-        request: format!("{}Request", method.name.to_upper_camel_case()),
+        fn_name: method_fn_name(&method.name),
+        request: request_struct_name(&method.name),
         docs: method.docs.clone(),
         deprecated: method.deprecated.clone(),
         message_type,
@@ -428,7 +406,7 @@ fn correlation_expr(manifest: &Manifest, method: &crate::manifest::Method) -> St
             // The checker resolved the path; a manifest from elsewhere may not.
             return "None".to_owned();
         };
-        let ident = rust_ident(&field.name);
+        let ident = field_name(&field.name);
         let optional = matches!(field.ty, TypeRef::Optional(_));
         expr = match (in_option, optional) {
             (false, false) => format!("{expr}.{ident}"),
@@ -453,13 +431,6 @@ fn correlation_expr(manifest: &Manifest, method: &crate::manifest::Method) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn identifiers_escape_keywords() {
-        assert_eq!(rust_ident("type"), "r#type");
-        assert_eq!(rust_ident("self"), "self_");
-        assert_eq!(rust_ident("name"), "name");
-    }
 
     #[test]
     fn paths_cross_packages_from_each_scope() {

@@ -37,6 +37,9 @@ pub struct FieldView {
     pub deprecated: Option<String>,
     pub rust_type: String,
     pub optional: bool,
+    /// The path serde calls to leave out a `None`: `Option::is_none`, fully
+    /// qualified when a contract type shadows `Option`.
+    pub is_none: &'static str,
 }
 
 #[derive(Debug, Clone)]

@@ -28,6 +28,8 @@ pub struct File {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PackageDecl {
     pub docs: Docs,
+    /// Always refused by the checker (E0071); kept so it can say so.
+    pub annotations: Vec<Annotation>,
     pub name: Ident,
     pub span: Span,
 }
@@ -54,6 +56,8 @@ impl Item {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Import {
     pub docs: Docs,
+    /// Always refused by the checker (E0071); kept so it can say so.
+    pub annotations: Vec<Annotation>,
     /// The path as written, escapes resolved.
     pub path: String,
     pub path_span: Span,

@@ -27,7 +27,7 @@ pub fn parse_file(file: FileId, text: &str) -> Result<File, Box<Diagnostic>> {
     let mut pairs = match RfidlParser::parse(Rule::file, text) {
         Ok(pairs) => pairs,
         Err(_) => {
-            let explained = explain_failure(file, text).unwrap_or_else(|| {
+            let explained = explain_failure(file, text, Rule::file).unwrap_or_else(|| {
                 Diagnostic::error(ErrorCode::Syntax, Span::new(file, 0, 0), "syntax error")
             });
             return Err(Box::new(explained));
@@ -49,37 +49,186 @@ pub fn parse_file(file: FileId, text: &str) -> Result<File, Box<Diagnostic>> {
 /// Like [`parse_file`], but on a syntax error keeps looking for more. The
 /// rest of the file is cut at the lines that plainly start an item
 /// (`record Name {`, `enum Name {`, `service Name v…`, `import "…"` at the
-/// start of a line) and each piece is parsed on its own. In valid text such
-/// a line is always a real item start, so a piece fails only where the text
-/// really does, and the whole search is linear in the file. At most
-/// [`MAX_SYNTAX_ERRORS`] are reported.
+/// start of a line, with the `///` and `@` lines right above it) and each
+/// piece is parsed on its own. An error inside a record or a service body
+/// resumes at the next line there that plainly starts a field (`name:`) or a
+/// method (`signal Name(`, …), which is parsed as the rest of that body. In
+/// valid text such lines always are what they look like, so a piece fails
+/// only where the text really does. At most [`MAX_SYNTAX_ERRORS`] are
+/// reported, and each piece is parsed once.
 pub fn parse_file_all_errors(file: FileId, text: &str) -> Result<File, Vec<Diagnostic>> {
     let first = match parse_file(file, text) {
         Ok(parsed) => return Ok(parsed),
         Err(first) => *first,
     };
-    let resumable = matches!(first.code, ErrorCode::Syntax | ErrorCode::InvalidString);
-    let mut piece_start = next_item_start(text, last_error_point(&first)).filter(|_| resumable);
+    let resumable =
+        |error: &Diagnostic| matches!(error.code, ErrorCode::Syntax | ErrorCode::InvalidString);
+    let mut next = resumable(&first)
+        .then(|| resume_after(text, last_error_point(&first), text.len()))
+        .flatten();
     let mut errors = vec![first];
-    while let Some(start) = piece_start {
+    while let Some(piece) = next {
         if errors.len() >= MAX_SYNTAX_ERRORS {
             break;
         }
-        let end = next_item_start(text, start).unwrap_or(text.len());
-        let piece = &text[start..end];
-        let fails =
-            check_depth(file, piece).is_ok() && RfidlParser::parse(Rule::file, piece).is_err();
-        if let Some(mut error) = fails.then(|| explain_failure(file, piece)).flatten() {
+        let following = next_item(text, piece.search_from);
+        let end = following.map_or(text.len(), |item| item.start);
+        let text_of_piece = &text[piece.start..end];
+        let fails = check_depth(file, text_of_piece).is_ok()
+            && RfidlParser::parse(piece.rule, text_of_piece).is_err();
+        let error = fails
+            .then(|| explain_failure(file, text_of_piece, piece.rule))
+            .flatten();
+        next = following.map(|item| Piece {
+            start: item.start,
+            search_from: item.line,
+            rule: Rule::file,
+        });
+        if let Some(mut error) = error {
             if error.help.as_deref() == Some(PACKAGE_FIRST_HELP) {
                 // A piece of a file does not start with its package, of course.
                 error.help = None;
             }
-            shift(&mut error, start);
+            shift(&mut error, piece.start);
+            if resumable(&error)
+                && let Some(inside) = resume_after(text, last_error_point(&error), end)
+                && inside.start < end
+            {
+                next = Some(inside);
+            }
             errors.push(error);
         }
-        piece_start = (end < text.len()).then_some(end);
     }
     Err(errors)
+}
+
+/// A part of the text to parse on its own after a syntax error.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    start: usize,
+    /// Where to look for the item that ends the piece: a line after this.
+    search_from: usize,
+    rule: Rule,
+}
+
+/// An item start found by [`next_item`].
+#[derive(Debug, Clone, Copy)]
+struct ItemStart {
+    /// Its first line: the item line, or the `///` and `@` lines right above it.
+    start: usize,
+    /// The line that plainly starts the item.
+    line: usize,
+}
+
+/// Where parsing resumes after an error at `position`: the next line before
+/// `limit` that starts a field or a method of the record or service the
+/// error is in, else the next item.
+fn resume_after(text: &str, position: usize, limit: usize) -> Option<Piece> {
+    let line_after = text[position..]
+        .find('\n')
+        .map_or(text.len(), |n| position + n + 1);
+    if let Some((item_line, keyword)) = enclosing_item(text, position)
+        && body_depth(&text[item_line..position]) == 1
+    {
+        let (starts_member, rule): (fn(&str) -> bool, Rule) = match keyword {
+            "record" => (starts_field, Rule::record_rest),
+            "service" => (starts_method, Rule::service_rest),
+            _ => (|_| false, Rule::file),
+        };
+        let boundary = next_item(text, position).map_or(text.len(), |item| item.line);
+        let mut line_start = line_after;
+        while line_start < boundary.min(limit) {
+            let line_end = text[line_start..]
+                .find('\n')
+                .map_or(text.len(), |n| line_start + n);
+            if starts_member(&text[line_start..line_end]) {
+                return Some(Piece {
+                    start: line_start,
+                    search_from: line_start,
+                    rule,
+                });
+            }
+            line_start = line_end + 1;
+        }
+    }
+    next_item(text, position).map(|item| Piece {
+        start: item.start.max(line_after),
+        search_from: item.line,
+        rule: Rule::file,
+    })
+}
+
+/// The last line at or before `position` that plainly starts an item, and
+/// its keyword.
+fn enclosing_item(text: &str, position: usize) -> Option<(usize, &'static str)> {
+    let mut found = None;
+    let mut line_start = 0;
+    while line_start <= position && line_start < text.len() {
+        let line_end = text[line_start..]
+            .find('\n')
+            .map_or(text.len(), |n| line_start + n);
+        let line = &text[line_start..line_end];
+        if starts_item(line) {
+            let keyword = ["record", "enum", "service", "import"]
+                .into_iter()
+                .find(|k| line.starts_with(k))
+                .unwrap_or("import");
+            found = Some((line_start, keyword));
+        }
+        line_start = line_end + 1;
+    }
+    found
+}
+
+/// How many braces are open at the end of `text` (comments and strings skipped).
+fn body_depth(text: &str) -> usize {
+    let bytes = text.as_bytes();
+    let mut depth = 0usize;
+    let mut index = 0;
+    while index < bytes.len() {
+        match bytes[index] {
+            b'/' if bytes.get(index + 1) == Some(&b'/') => {
+                while index < bytes.len() && bytes[index] != b'\n' {
+                    index += 1;
+                }
+            }
+            b'"' => {
+                index += 1;
+                while index < bytes.len() && bytes[index] != b'"' && bytes[index] != b'\n' {
+                    index += if bytes[index] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'{' => depth += 1,
+            b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        index += 1;
+    }
+    depth
+}
+
+/// A name at the start of `line` (after indentation), and what follows it.
+fn leading_name(line: &str) -> Option<(&str, &str)> {
+    let line = line.trim_start();
+    let end = line
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(line.len());
+    (end > 0).then(|| (&line[..end], line[end..].trim_start()))
+}
+
+/// Whether a line plainly starts a record field: `name:`.
+fn starts_field(line: &str) -> bool {
+    leading_name(line).is_some_and(|(_, rest)| rest.starts_with(':'))
+}
+
+/// Whether a line plainly starts a method: `signal Name(`, `pushcall …`, `command …`.
+fn starts_method(line: &str) -> bool {
+    let Some((kind, rest)) = leading_name(line) else {
+        return false;
+    };
+    matches!(kind, "signal" | "pushcall" | "command")
+        && leading_name(rest).is_some_and(|(_, after)| after.starts_with('('))
+        && rest.starts_with(|c: char| c.is_alphabetic() || c == '_')
 }
 
 /// Moves a diagnostic made for `text[offset..]` onto `text`.
@@ -130,15 +279,30 @@ fn starts_item(line: &str) -> bool {
     word_then("import").is_some_and(|rest| rest.starts_with('"'))
 }
 
-/// The start of the first line after `position` that plainly starts an item.
-fn next_item_start(text: &str, position: usize) -> Option<usize> {
-    let mut line_start = text[position..].find('\n').map(|n| position + n + 1)?;
+/// The first item that starts on a line after the one holding `position`,
+/// with the `///` and `@` lines right above it (but none of the line holding
+/// `position`).
+fn next_item(text: &str, position: usize) -> Option<ItemStart> {
+    let first_line = text[position..].find('\n').map(|n| position + n + 1)?;
+    let mut line_start = first_line;
     while line_start < text.len() {
         let line_end = text[line_start..]
             .find('\n')
             .map_or(text.len(), |n| line_start + n);
         if starts_item(&text[line_start..line_end]) {
-            return Some(line_start);
+            let mut start = line_start;
+            while start > first_line {
+                let above_start = text[..start - 1].rfind('\n').map_or(0, |n| n + 1);
+                let above = text[above_start..start - 1].trim_start();
+                if !(above.starts_with('@') || above.starts_with("///")) {
+                    break;
+                }
+                start = above_start.max(first_line);
+            }
+            return Some(ItemStart {
+                start,
+                line: line_start,
+            });
         }
         line_start = line_end + 1;
     }
@@ -150,13 +314,13 @@ fn next_item_start(text: &str, position: usize) -> Option<usize> {
 /// runs without it. The switch is process-wide: a lock keeps concurrent
 /// explanations (parallel tests, several build scripts in one process) from
 /// turning it off under each other.
-fn explain_failure(file: FileId, text: &str) -> Option<Diagnostic> {
+fn explain_failure(file: FileId, text: &str, rule: Rule) -> Option<Diagnostic> {
     static DETAIL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let guard = DETAIL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     pest::set_error_detail(true);
-    let result = RfidlParser::parse(Rule::file, text);
+    let result = RfidlParser::parse(rule, text);
     pest::set_error_detail(false);
     drop(guard);
     result.err().map(|error| syntax_error(file, text, error))
@@ -572,17 +736,14 @@ impl Builder<'_> {
 
     fn package(&self, pair: Pair<'_, Rule>) -> PackageDecl {
         let span = self.span(&pair);
-        let mut docs = Vec::new();
-        let mut name = None;
-        for child in pair.into_inner() {
-            match child.as_rule() {
-                Rule::doc => docs.push(doc_text(&child)),
-                Rule::dotted_name => name = Some(self.ident(child)),
-                _ => {}
-            }
-        }
+        let (docs, annotations) = self.annotations_and_docs(&pair);
+        let name = pair
+            .into_inner()
+            .find(|child| child.as_rule() == Rule::dotted_name)
+            .map(|child| self.ident(child));
         PackageDecl {
             docs,
+            annotations,
             name: name.expect("grammar"),
             span,
         }
@@ -590,18 +751,16 @@ impl Builder<'_> {
 
     fn import(&self, pair: Pair<'_, Rule>) -> Result<Import, Box<Diagnostic>> {
         let span = self.span(&pair);
-        let mut docs = Vec::new();
-        let mut path = None;
-        for child in pair.into_inner() {
-            match child.as_rule() {
-                Rule::doc => docs.push(doc_text(&child)),
-                Rule::string => path = Some((self.string(child.clone())?, self.span(&child))),
-                _ => {}
-            }
-        }
-        let (path, path_span) = path.expect("grammar");
+        let (docs, annotations) = self.annotations_and_docs(&pair);
+        let string = pair
+            .into_inner()
+            .find(|child| child.as_rule() == Rule::string)
+            .expect("grammar");
+        let path_span = self.span(&string);
+        let path = self.string(string)?;
         Ok(Import {
             docs,
+            annotations,
             path,
             path_span,
             span,
@@ -639,10 +798,13 @@ impl Builder<'_> {
     }
 
     fn annotation(&self, pair: Pair<'_, Rule>) -> Annotation {
-        let span = self.span(&pair);
+        let mut span = self.span(&pair);
         let mut name = None;
         let mut args = None;
         for child in pair.into_inner() {
+            // The pair also holds the white space after `@name` when no
+            // arguments follow: end the span at the last token instead.
+            span.end = child.as_span().end();
             match child.as_rule() {
                 Rule::ident => name = Some(self.ident(child)),
                 Rule::annotation_args => {
@@ -959,6 +1121,62 @@ mod tests {
             codes_and_lines("package a;\nrecord A {}\nrecord B {\n"),
             vec![(ErrorCode::Syntax, 3)]
         );
+    }
+
+    #[test]
+    fn recovery_resumes_at_the_next_field_or_method_of_the_same_body() {
+        let text = "package a;\nrecord A {\n  x y,\n  ok: u32,\n  z w,\n}\nservice S v1 {\n  signal P(a: u32)\n  @deprecated\n  signal Q(b u32);\n  signal R();\n}\n";
+        assert_eq!(
+            codes_and_lines(text),
+            vec![
+                (ErrorCode::Syntax, 3),
+                (ErrorCode::Syntax, 5),
+                (ErrorCode::Syntax, 8),
+                (ErrorCode::Syntax, 10),
+            ]
+        );
+        // A line that looks like a field after the body closed is not resumed
+        // into the body; enums resume at the next item only.
+        let text = "package a;\nenum E {\n  A B\n  C,\n}\nrecord R { ok: u32 }\n";
+        assert_eq!(codes_and_lines(text), vec![(ErrorCode::Syntax, 3)]);
+    }
+
+    #[test]
+    fn the_prefix_of_the_next_item_stays_with_it() {
+        // `@deprecated` above `record C` belongs to C: the piece before it
+        // (record B) must not end in a dangling annotation.
+        let text = "package a;\nrecord A {\n  x y,\n}\nrecord B { z: u32 }\n/// C.\n@deprecated\nrecord C { z: u32 }\n";
+        assert_eq!(codes_and_lines(text), vec![(ErrorCode::Syntax, 3)]);
+        let text = "package a;\nrecord A {\n  x y,\n}\n@deprecated(\"x\"\nrecord C { z: u32 }\n";
+        assert_eq!(
+            codes_and_lines(text),
+            vec![(ErrorCode::Syntax, 3), (ErrorCode::Syntax, 5)]
+        );
+    }
+
+    #[test]
+    fn member_starts_are_recognised_only_in_plain_form() {
+        for line in ["  id: uuid,", "record: string", "\tx :u32"] {
+            assert!(starts_field(line), "{line}");
+        }
+        for line in ["  id uuid,", "/// id: the id", ": uuid", "@x(a: b)"] {
+            assert!(!starts_field(line), "{line}");
+        }
+        for line in [
+            "  signal Placed(",
+            "command Ship (id: uuid);",
+            "pushcall _P()",
+        ] {
+            assert!(starts_method(line), "{line}");
+        }
+        for line in [
+            "  signal: string,",
+            "signalPlaced(",
+            "command Ship;",
+            "event Ship(",
+        ] {
+            assert!(!starts_method(line), "{line}");
+        }
     }
 
     #[test]
