@@ -182,29 +182,41 @@ fn enclosing_item(text: &str, position: usize) -> Option<(usize, &'static str)> 
 
 /// How many braces are open at the end of `text` (comments and strings skipped).
 fn body_depth(text: &str) -> usize {
+    code_bytes(text).fold(0usize, |depth, (_, byte)| match byte {
+        b'{' => depth + 1,
+        b'}' => depth.saturating_sub(1),
+        _ => depth,
+    })
+}
+
+/// The bytes of `text` outside `//` comments and string literals, with
+/// their positions: what brace and bracket counting must look at.
+fn code_bytes(text: &str) -> impl Iterator<Item = (usize, u8)> + '_ {
     let bytes = text.as_bytes();
-    let mut depth = 0usize;
     let mut index = 0;
-    while index < bytes.len() {
-        match bytes[index] {
-            b'/' if bytes.get(index + 1) == Some(&b'/') => {
-                while index < bytes.len() && bytes[index] != b'\n' {
+    std::iter::from_fn(move || {
+        while index < bytes.len() {
+            match bytes[index] {
+                b'/' if bytes.get(index + 1) == Some(&b'/') => {
+                    while index < bytes.len() && bytes[index] != b'\n' {
+                        index += 1;
+                    }
+                }
+                b'"' => {
+                    index += 1;
+                    while index < bytes.len() && bytes[index] != b'"' && bytes[index] != b'\n' {
+                        index += if bytes[index] == b'\\' { 2 } else { 1 };
+                    }
                     index += 1;
                 }
-            }
-            b'"' => {
-                index += 1;
-                while index < bytes.len() && bytes[index] != b'"' && bytes[index] != b'\n' {
-                    index += if bytes[index] == b'\\' { 2 } else { 1 };
+                byte => {
+                    index += 1;
+                    return Some((index - 1, byte));
                 }
             }
-            b'{' => depth += 1,
-            b'}' => depth = depth.saturating_sub(1),
-            _ => {}
         }
-        index += 1;
-    }
-    depth
+        None
+    })
 }
 
 /// A name at the start of `line` (after indentation), and what follows it.
@@ -328,22 +340,9 @@ fn explain_failure(file: FileId, text: &str, rule: Rule) -> Option<Diagnostic> {
 
 /// Refuses nesting deeper than [`MAX_TYPE_DEPTH`] before pest recurses into it.
 fn check_depth(file: FileId, text: &str) -> Result<(), Box<Diagnostic>> {
-    let bytes = text.as_bytes();
     let mut depth = 0usize;
-    let mut index = 0;
-    while index < bytes.len() {
-        match bytes[index] {
-            b'/' if bytes.get(index + 1) == Some(&b'/') => {
-                while index < bytes.len() && bytes[index] != b'\n' {
-                    index += 1;
-                }
-            }
-            b'"' => {
-                index += 1;
-                while index < bytes.len() && bytes[index] != b'"' && bytes[index] != b'\n' {
-                    index += if bytes[index] == b'\\' { 2 } else { 1 };
-                }
-            }
+    for (index, byte) in code_bytes(text) {
+        match byte {
             b'<' | b'(' | b'{' => {
                 depth += 1;
                 if depth > MAX_TYPE_DEPTH {
@@ -364,7 +363,6 @@ fn check_depth(file: FileId, text: &str) -> Result<(), Box<Diagnostic>> {
             b'>' | b')' | b'}' => depth = depth.saturating_sub(1),
             _ => {}
         }
-        index += 1;
     }
     Ok(())
 }
