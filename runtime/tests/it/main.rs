@@ -11,3 +11,7 @@ mod tls;
 mod exactly_once;
 mod receiver_fixture;
 mod receiver_wire;
+// Faults under SQLite: power loss and a full disk (a fault-injecting VFS).
+mod disk_full;
+mod faultfs;
+mod powerloss;
