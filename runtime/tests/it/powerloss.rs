@@ -169,7 +169,10 @@ async fn trial(durability: Durability, before: usize, after: usize) -> (Vec<Uuid
     // The dead receiver can no longer acknowledge anything.
     let late = Uuid::now_v7();
     let (status, _) = receiver.credit(&late, 1).await;
-    assert_ne!(status, 200, "a receiver without power acknowledged a message");
+    assert_ne!(
+        status, 200,
+        "a receiver without power acknowledged a message"
+    );
     receiver.stop().await;
     (acknowledged, Rebooted::from(&cut))
 }
@@ -258,8 +261,10 @@ fn powerloss_outbox_row_shares_the_fate_of_the_business_row() {
         let fault = FaultDir::new();
         let uri = fault.db_uri("sender.db");
         let mut conn = rfidl_runtime::db::open(&uri, durability).expect("open");
-        conn.execute_batch("CREATE TABLE orders (id INTEGER PRIMARY KEY, message_id TEXT NOT NULL)")
-            .expect("business table");
+        conn.execute_batch(
+            "CREATE TABLE orders (id INTEGER PRIMARY KEY, message_id TEXT NOT NULL)",
+        )
+        .expect("business table");
         let mut config = crate::dispatcher::sender_config(std::time::Duration::from_secs(1));
         config.outbox.durability = durability;
         let outbox = Outbox::new(config, &uri);
@@ -348,7 +353,11 @@ async fn powerloss_receiver_restarts_on_the_restored_disk() {
             &format!("SELECT count(*) FROM ledger WHERE message_id = '{id}'"),
         )
     };
-    assert_eq!((effects(&kept), effects(&lost)), (1, 0), "before the retries");
+    assert_eq!(
+        (effects(&kept), effects(&lost)),
+        (1, 0),
+        "before the retries"
+    );
     let client = reqwest::Client::new();
     for (id, amount, duplicate) in [(kept, 5, true), (lost, 7, false)] {
         let body = support::envelope(
@@ -369,7 +378,11 @@ async fn powerloss_receiver_restarts_on_the_restored_disk() {
         assert_eq!(status, 200, "{answer}");
         assert_eq!(answer["duplicate"], duplicate, "{id}: {answer}");
     }
-    assert_eq!((effects(&kept), effects(&lost)), (1, 1), "after the retries");
+    assert_eq!(
+        (effects(&kept), effects(&lost)),
+        (1, 1),
+        "after the retries"
+    );
     assert_integrity(&rusqlite::Connection::open(&db).expect("open"));
     restarted.receiver.shutdown().await;
 }
