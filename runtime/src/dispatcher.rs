@@ -114,7 +114,14 @@ impl DispatcherBuilder {
         if let Some(error) = self.errors.pop() {
             return Err(error);
         }
-        let conn = db::open(&self.db_path, config.outbox.durability)?;
+        // FULL whatever `outbox.durability` says: the claim's commit then
+        // fsyncs the WAL, which makes every transaction before it durable,
+        // so no message leaves before the transaction that enqueued it is on
+        // disk (with NORMAL, a power cut could otherwise undo a transaction
+        // whose message the receiver already processed: test
+        // `powerloss_sender_normal_never_delivers_a_transaction_it_can_lose`).
+        // One fsync per claimed batch and per recorded batch, not per enqueue.
+        let conn = db::open(&self.db_path, crate::config::Durability::Full)?;
         let cancel = CancellationToken::new();
         let state = Arc::new(State {
             config,

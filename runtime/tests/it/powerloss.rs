@@ -386,3 +386,99 @@ async fn powerloss_receiver_restarts_on_the_restored_disk() {
     assert_integrity(&rusqlite::Connection::open(&db).expect("open"));
     restarted.receiver.shutdown().await;
 }
+
+/// What the sender's setting means for the receiver: with NORMAL, a
+/// committed transaction is not yet durable, yet the dispatcher may send its
+/// message. Cut the sender's power after the receiver acknowledged (and the
+/// row was recorded `Sent`): the sender must still have the business row and
+/// the outbox row, or the receiver would keep the effect of a transaction
+/// that, after the reboot, never happened. (It failed with NORMAL until the
+/// dispatcher's connection was made FULL: its claim's fsync of the WAL makes
+/// the enqueuing transaction durable before the send.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn powerloss_sender_normal_never_delivers_a_transaction_it_can_lose() {
+    for durability in [Durability::Normal, Durability::Full] {
+        let receiver_dir = tempfile::tempdir().expect("tempdir");
+        let secret = Secret::generate();
+        let receiver =
+            support::start_receiver(receiver_dir.path(), support::receiver_config(&[&secret]))
+                .await;
+        let fault = FaultDir::new();
+        let uri = fault.db_uri("sender.db");
+        let mut conn = rfidl_runtime::db::open(&uri, durability).expect("open");
+        conn.execute_batch(
+            "CREATE TABLE orders (id INTEGER PRIMARY KEY, message_id TEXT NOT NULL)",
+        )
+        .expect("business table");
+        // The schema is durable; only the message's transaction is at stake.
+        checkpoint(&fault, "sender.db");
+        let mut config = crate::dispatcher::sender_config(std::time::Duration::from_millis(20));
+        config.outbox.durability = durability;
+        let outbox = Outbox::new(config, &uri);
+        let dispatcher = rfidl_runtime::dispatcher::Dispatcher::builder(&outbox, &uri)
+            .route(
+                "ledger",
+                rfidl_runtime::transport::HttpTransport::new(
+                    &receiver.url,
+                    std::time::Duration::from_secs(2),
+                )
+                .expect("transport"),
+                secret.clone(),
+            )
+            .start()
+            .expect("dispatcher");
+        let tx = conn.transaction().expect("tx");
+        let id = outbox
+            .enqueue(
+                &tx,
+                crate::dispatcher::message(
+                    "ledger",
+                    "Credit",
+                    serde_json::json!({"account": "acme", "amount": 3}),
+                ),
+            )
+            .expect("enqueue");
+        tx.execute(
+            "INSERT INTO orders (message_id) VALUES (?1)",
+            [id.to_string()],
+        )
+        .expect("order");
+        tx.commit().expect("commit");
+        let row = crate::dispatcher::wait_for(
+            &fault.path().join("sender.db"),
+            &id,
+            rfidl_runtime::outbox::Status::Sent,
+        )
+        .await;
+        assert_eq!(row.status, rfidl_runtime::outbox::Status::Sent);
+        let cut = fault.cut_power();
+        dispatcher.abort();
+        drop(conn);
+
+        let after = tempfile::tempdir().expect("tempdir");
+        cut.restore_into(after.path());
+        let disk = rusqlite::Connection::open(after.path().join("sender.db")).expect("reopen");
+        assert_integrity(&disk);
+        let count = |sql: &str| -> i64 {
+            disk.query_row(sql, [id.to_string()], |r| r.get(0))
+                .expect("count")
+        };
+        let business = count("SELECT count(*) FROM orders WHERE message_id = ?1");
+        let message = count("SELECT count(*) FROM outbox_messages WHERE message_id = ?1");
+        let effect = support::count(
+            &receiver.db,
+            &format!("SELECT count(*) FROM ledger WHERE message_id = '{id}'"),
+        );
+        assert_eq!(effect, 1, "the receiver processed the message");
+        assert_eq!(business, message, "business row and outbox row split");
+        assert_eq!(
+            business, 1,
+            "{durability:?}: the receiver processed a message whose transaction the sender lost"
+        );
+        eprintln!(
+            "powerloss sender {durability:?} after delivery: sender keeps {business} \
+             (order + outbox row), receiver keeps {effect} effect"
+        );
+        receiver.receiver.shutdown().await;
+    }
+}
