@@ -35,7 +35,8 @@
 //!   as durable as they are.
 //! * **The cut** ([`FaultDir::cut_power`]) happens at one instant, under the
 //!   directory's lock: a sync that finished before it is recorded, one after
-//!   it is not. From then on, every read, write, truncate, sync, delete and
+//!   it is not, and reports failure (an `fsync` cannot return success on a
+//!   machine without power). From then on, every read, write, truncate, sync, delete and
 //!   open of the directory's files fails with an I/O error, so the still
 //!   running (now "dead") process can neither acknowledge anything more nor
 //!   touch the disk. [`PowerCut::restore_into`] then writes the durable images
@@ -443,9 +444,10 @@ unsafe extern "C" fn shim_delete(
         && let Some((_, target)) = &target
     {
         let mut state = target.lock();
-        if !state.powered_off {
-            state.sync_directory();
+        if state.powered_off {
+            return ffi::SQLITE_IOERR_DELETE;
         }
+        state.sync_directory();
     }
     rc
 }
@@ -647,14 +649,17 @@ unsafe extern "C" fn io_sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_in
     {
         // Read under the lock, so a cut is either wholly before or after this sync.
         let mut state = target.lock();
-        if !state.powered_off {
-            match std::fs::read(&info.path) {
-                Ok(bytes) => state.sync_file(&info.path, bytes),
-                Err(_) => return ffi::SQLITE_IOERR_FSYNC,
-            }
-            if info.new_entry.swap(false, Ordering::SeqCst) {
-                state.sync_directory();
-            }
+        if state.powered_off {
+            // The cut came while the fsync ran: a dead machine reports no
+            // success (SQLite must not go on to acknowledge anything).
+            return ffi::SQLITE_IOERR_FSYNC;
+        }
+        match std::fs::read(&info.path) {
+            Ok(bytes) => state.sync_file(&info.path, bytes),
+            Err(_) => return ffi::SQLITE_IOERR_FSYNC,
+        }
+        if info.new_entry.swap(false, Ordering::SeqCst) {
+            state.sync_directory();
         }
     }
     rc

@@ -204,6 +204,67 @@ async fn powerloss_full_keeps_every_acknowledged_message() {
     eprintln!("powerloss FULL: {total} acknowledged messages in 5 trials, {total} survived");
 }
 
+/// The cut lands while many requests are in flight (the writer group-commits
+/// them): every message answered 200, before or after the cut, is on the
+/// restored disk (a commit whose fsync came after the cut fails, so it is
+/// never acknowledged); a refused one may or may not be, but never half.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn powerloss_full_cut_mid_stream_keeps_every_acknowledged_message() {
+    let receiver = Arc::new(FaultyReceiver::start(Durability::Full).await);
+    // 8 concurrent senders, 10 messages each, one after the other.
+    let (workers, each) = (8, 10);
+    let senders = workers * each;
+    let cut_at = rand::rng().random_range(1..=senders / 2);
+    let acknowledged = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let cut: Arc<std::sync::Mutex<Option<PowerCut>>> = Arc::default();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..workers {
+        let receiver = Arc::clone(&receiver);
+        let acknowledged = Arc::clone(&acknowledged);
+        let cut = Arc::clone(&cut);
+        tasks.spawn(async move {
+            let mut answers = Vec::new();
+            for _ in 0..each {
+                let id = Uuid::now_v7();
+                let (status, body) = receiver.credit(&id, 1).await;
+                if status == 200 {
+                    assert_eq!(body["duplicate"], false, "{body}");
+                    let seen = acknowledged.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    if seen == cut_at {
+                        *cut.lock().expect("cut") = Some(receiver.fault.cut_power());
+                    }
+                }
+                answers.push((id, status));
+            }
+            answers
+        });
+    }
+    let answers: Vec<(Uuid, u16)> = tasks.join_all().await.into_iter().flatten().collect();
+    let cut = cut.lock().expect("cut").take().expect("the power was cut");
+    let disk = Rebooted::from(&cut);
+    let mut kept_refused = 0;
+    let acked = answers.iter().filter(|(_, status)| *status == 200).count();
+    for (id, status) in &answers {
+        let (inbox, effect) = disk.traces(id);
+        assert_eq!(inbox, effect, "{id}: inbox row and effect split by the cut");
+        if *status == 200 {
+            assert_eq!(inbox, 1, "FULL: {id} was acknowledged, then lost");
+        } else {
+            assert_eq!(*status, 503, "refusals after the cut are retryable");
+            kept_refused += inbox;
+        }
+    }
+    eprintln!(
+        "powerloss FULL mid-stream: {senders} messages from {workers} concurrent senders, cut after 2xx number {cut_at}; \
+         {acked} acknowledged (all kept), {} refused ({kept_refused} of them kept anyway)",
+        senders - acked
+    );
+    match Arc::try_unwrap(receiver) {
+        Ok(receiver) => receiver.stop().await,
+        Err(_) => panic!("receiver still shared"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn powerloss_normal_loses_acknowledged_messages_since_the_last_checkpoint() {
     let mut rng = rand::rng();
