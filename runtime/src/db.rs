@@ -91,6 +91,13 @@ pub enum DbError {
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Opens (creating if needed) a database file, sets the pragmas and migrates it.
+///
+/// `path` may also be a SQLite URI filename, e.g.
+/// `file:/srv/app/service.db?vfs=name` to open it through a registered VFS
+/// (the power-loss and disk-full tests open receivers and outboxes through a
+/// fault-injecting one this way). Every connection the runtime opens on a
+/// path it was given (receiver, inbox reader, outbox, dispatcher, retention,
+/// diagnostics) accepts the same URI.
 pub fn open(path: impl AsRef<Path>, durability: Durability) -> Result<Connection, DbError> {
     let path = path.as_ref();
     let shown = path.display().to_string();

@@ -194,6 +194,7 @@ async fn disk_full_outbox_enqueue_and_send_fail_cleanly() {
             // Spilling the page cache already needed room.
             Some(error) => {
                 assert!(error.contains("full"), "{error}");
+                eprintln!("disk_full enqueue: `enqueue` failed: {error}");
                 drop(tx);
             }
             None => {
@@ -203,12 +204,14 @@ async fn disk_full_outbox_enqueue_and_send_fail_cleanly() {
                     Some(rusqlite::ErrorCode::DiskFull),
                     "{error}"
                 );
+                eprintln!("disk_full enqueue: the caller's commit failed: {error}");
             }
         }
         failed
     };
     // Through the outbox's own writer thread.
     let sent = outbox.send(message("ledger", "Credit", payload())).await;
+    eprintln!("disk_full send: {sent:?}");
     match sent {
         Err(OutboxError::Write(text)) => assert!(text.contains("full"), "{text}"),
         Err(OutboxError::Sqlite(e)) => assert_eq!(
