@@ -95,6 +95,59 @@ async fn disk_full_receiver_answers_retryable_and_recovers_exactly_once() {
     receiver.stop().await;
 }
 
+/// The batch endpoint on a full disk: each new item is refused retryably,
+/// a duplicate of a stored message is still acknowledged; the same batch
+/// goes through once space returns, each effect once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_full_receiver_batch_refuses_each_new_item_retryably() {
+    let receiver = FaultyReceiver::start(Durability::Full).await;
+    let stored = Uuid::now_v7();
+    assert_eq!(receiver.credit(&stored, 1).await.0, 200);
+    receiver.fault.set_quota(Some(receiver.fault.usage()));
+    let mut ids = vec![stored];
+    ids.extend((0..4).map(|_| Uuid::now_v7()));
+    let results = receiver.credit_batch(&ids).await;
+    assert_eq!(results.len(), ids.len());
+    assert_eq!(
+        (&results[0]["status"], &results[0]["body"]["duplicate"]),
+        (&serde_json::json!(200), &serde_json::json!(true)),
+        "{results:?}"
+    );
+    for result in &results[1..] {
+        assert_eq!(
+            (&result["status"], &result["body"]["error"]),
+            (
+                &serde_json::json!(503),
+                &serde_json::json!("storage_unavailable")
+            ),
+            "{results:?}"
+        );
+    }
+    {
+        let live = peek(&receiver.live_db());
+        assert_integrity(&live);
+        for id in &ids[1..] {
+            assert_eq!(traces(&live, id), (0, 0), "half-written batch item {id}");
+        }
+    }
+    receiver.fault.set_quota(None);
+    let results = receiver.credit_batch(&ids).await;
+    for (result, duplicate) in results.iter().zip([true, false, false, false, false]) {
+        assert_eq!(
+            (&result["status"], &result["body"]["duplicate"]),
+            (&serde_json::json!(200), &serde_json::json!(duplicate)),
+            "{results:?}"
+        );
+    }
+    let live = peek(&receiver.live_db());
+    assert_integrity(&live);
+    for id in &ids {
+        assert_eq!(traces(&live, id), (1, 1), "{id} processed exactly once");
+    }
+    drop(live);
+    receiver.stop().await;
+}
+
 /// A quota a little above the usage: the receiver takes messages until it
 /// fills up mid-stream, refuses (retryably) from then on, never answers 2xx
 /// for something it did not keep, and takes the rest once space returns.

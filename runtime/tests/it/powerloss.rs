@@ -82,6 +82,44 @@ impl FaultyReceiver {
         .await
     }
 
+    /// Signs each `Credit` and posts them as one `/_rf/receive/batch`;
+    /// returns the per-item results (`{status, body}`).
+    pub async fn credit_batch(&self, ids: &[Uuid]) -> Vec<serde_json::Value> {
+        let now = unix_now();
+        let items: Vec<serde_json::Value> = ids
+            .iter()
+            .map(|id| {
+                let body = support::envelope(
+                    &id.to_string(),
+                    "Credit",
+                    serde_json::json!({"account": "acme", "amount": 1}),
+                )
+                .to_string();
+                let headers: std::collections::BTreeMap<String, String> =
+                    rfidl_runtime::signing::SignatureHeaders::sign(
+                        &id.to_string(),
+                        now,
+                        body.as_bytes(),
+                        std::slice::from_ref(&self.secret),
+                    )
+                    .to_pairs()
+                    .into_iter()
+                    .map(|(name, value)| (name.to_owned(), value))
+                    .collect();
+                serde_json::json!({"headers": headers, "body": body})
+            })
+            .collect();
+        let response = self
+            .client
+            .post(format!("{}/_rf/receive/batch", self.url))
+            .json(&items)
+            .send()
+            .await
+            .expect("send batch");
+        assert_eq!(response.status().as_u16(), 200, "a batch is answered 200");
+        response.json().await.expect("batch results")
+    }
+
     /// The live database file, for read-only checks with the ordinary VFS.
     pub fn live_db(&self) -> std::path::PathBuf {
         self.fault.path().join("receiver.db")
