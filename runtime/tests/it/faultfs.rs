@@ -825,6 +825,37 @@ mod tests {
         );
     }
 
+    /// The directory model against SQLite's documentation: in DELETE
+    /// journal mode, FULL does not sync the directory after unlinking the
+    /// journal, so a commit closely followed by a power loss can be rolled
+    /// back by the resurrected (hot) journal; EXTRA syncs it and keeps the
+    /// commit ("EXTRA provides additional durability if the commit is
+    /// followed closely by a power loss", PRAGMA synchronous).
+    #[test]
+    fn powerloss_shim_models_the_journal_unlink_like_sqlite_documents() {
+        for (sync, expected) in [("FULL", vec![1]), ("EXTRA", vec![1, 2])] {
+            let dir = FaultDir::new();
+            let conn = rusqlite::Connection::open(dir.db_uri("t.db")).expect("open");
+            conn.pragma_update(None, "journal_mode", "DELETE")
+                .expect("delete mode");
+            conn.pragma_update(None, "synchronous", sync).expect("sync");
+            conn.execute_batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1);")
+                .expect("first commits");
+            conn.execute("INSERT INTO t VALUES (2)", [])
+                .expect("last commit");
+            let cut = dir.cut_power();
+            let (_after, restored) = reopen(&cut);
+            let rows: Vec<i64> = restored
+                .prepare("SELECT x FROM t ORDER BY x")
+                .expect("prepare")
+                .query_map([], |r| r.get(0))
+                .expect("query")
+                .collect::<Result<_, _>>()
+                .expect("rows");
+            assert_eq!(rows, expected, "synchronous={sync}");
+        }
+    }
+
     #[test]
     fn disk_full_shim_answers_sqlite_full_and_recovers() {
         let dir = FaultDir::new();
