@@ -31,8 +31,6 @@
 //!   comes back with its last synced content until the next directory sync,
 //!   as on a POSIX file system.
 //! * **The `-shm` wal-index** is memory, never durable: it never has an image.
-//! * **Files already in the directory** when the [`FaultDir`] is created count
-//!   as durable as they are.
 //! * **The cut** ([`FaultDir::cut_power`]) happens at one instant, under the
 //!   directory's lock: a sync that finished before it is recorded, one after
 //!   it is not, and reports failure (an `fsync` cannot return success on a
@@ -70,7 +68,8 @@ pub const VFS_NAME: &str = "rfidl-faultfs";
 /// power or run out of space. Unregistered (faults stop applying) when
 /// dropped.
 pub struct FaultDir {
-    dir: tempfile::TempDir,
+    /// Deleted with the `FaultDir`.
+    _dir: tempfile::TempDir,
     target: Arc<Target>,
 }
 
@@ -107,7 +106,7 @@ struct Durable {
 }
 
 impl FaultDir {
-    /// A fresh temp directory under the shim's control.
+    /// A fresh (empty) temp directory under the shim's control.
     pub fn new() -> Self {
         register();
         let dir = tempfile::tempdir().expect("tempdir");
@@ -117,20 +116,12 @@ impl FaultDir {
             !text.contains(['?', '#', '%']),
             "temp dir {text} needs URI escaping"
         );
-        let mut state = TargetState::default();
-        for entry in std::fs::read_dir(&canonical).expect("read temp dir") {
-            let path = entry.expect("entry").path();
-            if path.is_file() {
-                let content = Some(std::fs::read(&path).expect("read"));
-                state.durable.insert(path, Durable { content });
-            }
-        }
         let target = Arc::new(Target {
             dir: canonical,
-            state: Mutex::new(state),
+            state: Mutex::new(TargetState::default()),
         });
         targets().push(Arc::clone(&target));
-        Self { dir, target }
+        Self { _dir: dir, target }
     }
 
     /// The directory (canonical).
@@ -185,8 +176,6 @@ impl FaultDir {
 impl Drop for FaultDir {
     fn drop(&mut self) {
         targets().retain(|t| !Arc::ptr_eq(t, &self.target));
-        // The temp dir goes with `self.dir`.
-        let _ = &self.dir;
     }
 }
 
