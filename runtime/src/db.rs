@@ -116,15 +116,19 @@ pub fn open(path: impl AsRef<Path>, durability: Durability) -> Result<Connection
 pub fn configure(conn: &Connection, durability: Durability) -> rusqlite::Result<()> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    let synchronous = match durability {
-        Durability::Normal => "NORMAL",
-        Durability::Full => "FULL",
-    };
-    conn.pragma_update(None, "synchronous", synchronous)?;
+    conn.pragma_update(None, "synchronous", synchronous(durability))?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     conn.pragma_update(None, "cache_size", -8000)?;
     Ok(())
+}
+
+/// The `PRAGMA synchronous` value of a durability setting.
+pub(crate) fn synchronous(durability: Durability) -> &'static str {
+    match durability {
+        Durability::Normal => "NORMAL",
+        Durability::Full => "FULL",
+    }
 }
 
 fn migrate(conn: &mut Connection, shown: &str) -> Result<(), DbError> {

@@ -114,14 +114,7 @@ impl DispatcherBuilder {
         if let Some(error) = self.errors.pop() {
             return Err(error);
         }
-        // FULL whatever `outbox.durability` says: the claim's commit then
-        // fsyncs the WAL, which makes every transaction before it durable,
-        // so no message leaves before the transaction that enqueued it is on
-        // disk (with NORMAL, a power cut could otherwise undo a transaction
-        // whose message the receiver already processed: test
-        // `powerloss_sender_normal_never_delivers_a_transaction_it_can_lose`).
-        // One fsync per claimed batch and per recorded batch, not per enqueue.
-        let conn = db::open(&self.db_path, crate::config::Durability::Full)?;
+        let conn = db::open(&self.db_path, config.outbox.durability)?;
         let cancel = CancellationToken::new();
         let state = Arc::new(State {
             config,
@@ -403,41 +396,25 @@ async fn claim(state: &Arc<State>, limit: usize) -> Vec<Claimed> {
     let store = state.store.clone();
     let lease_ms = state.config.outbox.lease_timeout.as_millis() as i64;
     let metrics = state.metrics.clone();
+    let durability = state.config.outbox.durability;
     let result = tokio::task::spawn_blocking(move || -> rusqlite::Result<Vec<Claimed>> {
         let conn = store.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
-        let now = db::now_ms();
-        let expired = conn.execute(
-            "UPDATE outbox_messages SET status = 'Expired', lease_token = NULL, last_error = 'time to live exceeded' \
-             WHERE status IN ('Pending', 'Sending') AND next_retry_at <= ?1 AND expires_at <= ?1",
-            params![now],
-        )?;
-        metrics.outbox_expired.add(expired as u64);
-        let lease = uuid::Uuid::now_v7().to_string();
-        let mut statement = conn.prepare_cached(
-            "UPDATE outbox_messages SET status = 'Sending', lease_token = ?1, next_retry_at = ?2, last_attempt_at = ?3 \
-             WHERE message_id IN (SELECT message_id FROM outbox_messages \
-                 WHERE status IN ('Pending', 'Sending') AND next_retry_at <= ?3 ORDER BY next_retry_at LIMIT ?4) \
-             RETURNING message_id, correlation_id, message_type, destination, interface, version, fingerprint, \
-                 endpoint, payload, headers, retry_count, max_retries",
-        )?;
-        let rows = statement.query_map(params![lease, now + lease_ms, now, limit as i64], |r| {
-            Ok(Claimed {
-                message_id: r.get(0)?,
-                lease: lease.clone(),
-                correlation_id: r.get(1)?,
-                message_type: r.get(2)?,
-                destination: r.get(3)?,
-                interface: r.get(4)?,
-                version: r.get(5)?,
-                fingerprint: r.get(6)?,
-                endpoint: r.get(7)?,
-                payload: r.get(8)?,
-                headers: r.get(9)?,
-                retry_count: r.get(10)?,
-                max_retries: r.get(11)?,
-            })
-        })?;
-        rows.collect()
+        // The claim commits with FULL whatever `outbox.durability` says: its
+        // fsync of the WAL makes every transaction committed before it
+        // durable, so no message leaves before the transaction that enqueued
+        // it is on disk. (With NORMAL, a power cut after the receiver's 2xx
+        // could undo the very transaction whose message the receiver
+        // processed: test
+        // `powerloss_sender_normal_never_delivers_a_transaction_it_can_lose`.)
+        // One fsync per claimed batch, none per enqueue. Recording results
+        // needs none of its own: a result lost in a power cut means a
+        // re-send, answered as a duplicate.
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        let claimed = claim_due(&conn, &metrics, lease_ms, limit);
+        let restored = conn.pragma_update(None, "synchronous", db::synchronous(durability));
+        let claimed = claimed?;
+        restored?;
+        Ok(claimed)
     })
     .await;
     match result {
@@ -448,6 +425,48 @@ async fn claim(state: &Arc<State>, limit: usize) -> Vec<Claimed> {
         }
         Err(_) => Vec::new(),
     }
+}
+
+/// Marks expired rows, then claims up to `limit` due rows with a fresh lease.
+fn claim_due(
+    conn: &Connection,
+    metrics: &Metrics,
+    lease_ms: i64,
+    limit: usize,
+) -> rusqlite::Result<Vec<Claimed>> {
+    let now = db::now_ms();
+    let expired = conn.execute(
+        "UPDATE outbox_messages SET status = 'Expired', lease_token = NULL, last_error = 'time to live exceeded' \
+         WHERE status IN ('Pending', 'Sending') AND next_retry_at <= ?1 AND expires_at <= ?1",
+        params![now],
+    )?;
+    metrics.outbox_expired.add(expired as u64);
+    let lease = uuid::Uuid::now_v7().to_string();
+    let mut statement = conn.prepare_cached(
+        "UPDATE outbox_messages SET status = 'Sending', lease_token = ?1, next_retry_at = ?2, last_attempt_at = ?3 \
+         WHERE message_id IN (SELECT message_id FROM outbox_messages \
+             WHERE status IN ('Pending', 'Sending') AND next_retry_at <= ?3 ORDER BY next_retry_at LIMIT ?4) \
+         RETURNING message_id, correlation_id, message_type, destination, interface, version, fingerprint, \
+             endpoint, payload, headers, retry_count, max_retries",
+    )?;
+    let rows = statement.query_map(params![lease, now + lease_ms, now, limit as i64], |r| {
+        Ok(Claimed {
+            message_id: r.get(0)?,
+            lease: lease.clone(),
+            correlation_id: r.get(1)?,
+            message_type: r.get(2)?,
+            destination: r.get(3)?,
+            interface: r.get(4)?,
+            version: r.get(5)?,
+            fingerprint: r.get(6)?,
+            endpoint: r.get(7)?,
+            payload: r.get(8)?,
+            headers: r.get(9)?,
+            retry_count: r.get(10)?,
+            max_retries: r.get(11)?,
+        })
+    })?;
+    rows.collect()
 }
 
 /// One send attempt and what came of it.

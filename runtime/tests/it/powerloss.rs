@@ -513,7 +513,8 @@ async fn powerloss_sender_normal_never_delivers_a_transaction_it_can_lose() {
         checkpoint(&fault, "sender.db");
         let mut config = crate::dispatcher::sender_config(std::time::Duration::from_millis(20));
         config.outbox.durability = durability;
-        let outbox = Outbox::new(config, &uri);
+        config.outbox.lease_timeout = std::time::Duration::from_millis(200);
+        let outbox = Outbox::new(config.clone(), &uri);
         let dispatcher = rfidl_runtime::dispatcher::Dispatcher::builder(&outbox, &uri)
             .route(
                 "ledger",
@@ -574,9 +575,48 @@ async fn powerloss_sender_normal_never_delivers_a_transaction_it_can_lose() {
             business, 1,
             "{durability:?}: the receiver processed a message whose transaction the sender lost"
         );
+        // The `Sent` record needs no fsync of its own (NORMAL): if the cut
+        // took it, the row is still `Sending`, and a dispatcher on the
+        // restored disk sends it again once the lease ran out; the receiver
+        // answers a duplicate, and the effect stays single.
+        let status = rfidl_runtime::outbox::row(&disk, &id)
+            .expect("query")
+            .expect("row")
+            .status;
+        assert!(
+            matches!(
+                status,
+                rfidl_runtime::outbox::Status::Sending | rfidl_runtime::outbox::Status::Sent
+            ),
+            "{status:?}"
+        );
+        drop(disk);
+        let restored = after.path().join("sender.db");
+        let outbox = Outbox::new(config, &restored);
+        let dispatcher = rfidl_runtime::dispatcher::Dispatcher::builder(&outbox, &restored)
+            .route(
+                "ledger",
+                rfidl_runtime::transport::HttpTransport::new(
+                    &receiver.url,
+                    std::time::Duration::from_secs(2),
+                )
+                .expect("transport"),
+                secret.clone(),
+            )
+            .start()
+            .expect("dispatcher");
+        crate::dispatcher::wait_for(&restored, &id, rfidl_runtime::outbox::Status::Sent).await;
+        dispatcher.shutdown().await;
+        let effect = support::count(
+            &receiver.db,
+            &format!("SELECT count(*) FROM ledger WHERE message_id = '{id}'"),
+        );
+        assert_eq!(effect, 1, "the effect happened once");
         eprintln!(
             "powerloss sender {durability:?} after delivery: sender keeps {business} \
-             (order + outbox row), receiver keeps {effect} effect"
+             (order + outbox row, {status:?}), receiver keeps {effect} effect, \
+             {} duplicate deliveries after the restart",
+            receiver.receiver.metrics().inbox_duplicates.get()
         );
         receiver.receiver.shutdown().await;
     }
