@@ -17,8 +17,8 @@ use crate::duration::serde_human;
 ///   consistent, but the transactions committed since the last WAL
 ///   checkpoint may be rolled back by a power loss (not by a process crash).
 ///   Right for a sender: its business rows and outbox rows live in the same
-///   database and share one fate, and the dispatcher (always `Full`) sends
-///   nothing that is not durable yet.
+///   database and share one fate, and the dispatcher (whose claims always
+///   commit with `Full`) sends nothing that is not durable yet.
 /// * `Full` (`synchronous=FULL`): every commit is fsynced before it returns.
 ///   Required for a receiver, whose 2xx answer is a promise that the effect is
 ///   stored: losing it after the answer would lose the message for good.
@@ -69,8 +69,8 @@ pub struct OutboxConfig {
     /// `normal` by default. With `normal` a power cut can undo the last
     /// commits since a WAL checkpoint, business rows and their outbox rows
     /// together; never a message already sent, because the dispatcher's
-    /// connection is always `full` (its claim makes the enqueuing
-    /// transaction durable first). See `docs/guarantees-durability.md`.
+    /// claim always commits with `full` (making the enqueuing transaction
+    /// durable first). See `docs/guarantees-durability.md`.
     pub durability: Durability,
 }
 
