@@ -31,6 +31,12 @@
 //!   comes back with its last synced content until the next directory sync,
 //!   as on a POSIX file system.
 //! * **The `-shm` wal-index** is memory, never durable: it never has an image.
+//! * **Write-back.** [`FaultDir::cut_power`] assumes the kernel wrote back
+//!   nothing unsynced (the pessimistic case);
+//!   [`FaultDir::cut_power_with_writeback`] lets a chosen subset of the
+//!   writes and truncations since each file's last sync reach the disk,
+//!   each whole or not at all, as a kernel flushing dirty pages on its own
+//!   would (a WAL frame's header may arrive without its page: torn frames).
 //! * **The cut** ([`FaultDir::cut_power`]) happens at one instant, under the
 //!   directory's lock: a sync that finished before it is recorded, one after
 //!   it is not, and reports failure (an `fsync` cannot return success on a
@@ -93,10 +99,34 @@ struct TargetState {
     durable: BTreeMap<PathBuf, Durable>,
     /// Last synced content of files whose entry is not durable yet.
     pending: BTreeMap<PathBuf, Vec<u8>>,
+    /// Writes and truncations since each file's last sync, in order (what
+    /// the kernel may or may not have written back when the power goes).
+    unsynced: BTreeMap<PathBuf, Vec<Unsynced>>,
     /// Every non-volatile file opened through the shim (for the quota).
     files: BTreeSet<PathBuf>,
     /// Successful syncs recorded (before the cut).
     syncs: u64,
+}
+
+/// A change not yet synced.
+enum Unsynced {
+    Write { offset: usize, bytes: Vec<u8> },
+    Truncate(usize),
+}
+
+impl Unsynced {
+    fn apply(&self, content: &mut Vec<u8>) {
+        match self {
+            Unsynced::Write { offset, bytes } => {
+                let end = offset + bytes.len();
+                if content.len() < end {
+                    content.resize(end, 0);
+                }
+                content[*offset..end].copy_from_slice(bytes);
+            }
+            Unsynced::Truncate(size) => content.resize(*size, 0),
+        }
+    }
 }
 
 /// A file with a durable directory entry.
@@ -153,22 +183,39 @@ impl FaultDir {
     }
 
     /// Cuts the power now: returns what is durable, and fails every later I/O
-    /// on this directory's files.
+    /// on this directory's files. No unsynced write reached the disk.
     pub fn cut_power(&self) -> PowerCut {
+        self.cut_power_with_writeback(|_, _, _| false)
+    }
+
+    /// Like [`cut_power`](Self::cut_power), but the kernel had written back
+    /// some of the unsynced changes on its own: change `index` of the
+    /// `count` writes and truncations made to file `name` since its last sync
+    /// reached the disk if `written_back(name, index, count)` says so (asked
+    /// once per change, in order; a write is kept or lost whole). Files whose
+    /// directory entry is not durable are still lost.
+    pub fn cut_power_with_writeback(
+        &self,
+        mut written_back: impl FnMut(&str, usize, usize) -> bool,
+    ) -> PowerCut {
         let mut state = self.target.lock();
         state.powered_off = true;
-        let images = state
-            .durable
-            .iter()
-            .map(|(path, file)| {
-                let name = path
-                    .file_name()
-                    .expect("file name")
-                    .to_string_lossy()
-                    .into_owned();
-                (name, file.content.clone().unwrap_or_default())
-            })
-            .collect();
+        let mut images = BTreeMap::new();
+        for (path, file) in &state.durable {
+            let name = path
+                .file_name()
+                .expect("file name")
+                .to_string_lossy()
+                .into_owned();
+            let mut content = file.content.clone().unwrap_or_default();
+            let changes = state.unsynced.get(path).map_or(&[][..], Vec::as_slice);
+            for (index, change) in changes.iter().enumerate() {
+                if written_back(&name, index, changes.len()) {
+                    change.apply(&mut content);
+                }
+            }
+            images.insert(name, content);
+        }
         PowerCut { images }
     }
 }
@@ -225,6 +272,7 @@ impl TargetState {
     /// A file fsync: its content as of now becomes durable (its entry only
     /// if it already was).
     fn sync_file(&mut self, path: &Path, content: Vec<u8>) {
+        self.unsynced.remove(path);
         match self.durable.get_mut(path) {
             Some(file) => file.content = Some(content),
             None => {
@@ -232,6 +280,16 @@ impl TargetState {
             }
         }
         self.syncs += 1;
+    }
+
+    /// Logs a change made while the power is on.
+    fn log(&mut self, path: &Path, change: Unsynced) {
+        if !self.powered_off {
+            self.unsynced
+                .entry(path.to_path_buf())
+                .or_default()
+                .push(change);
+        }
     }
 
     /// Whether a file now `current` bytes long may become `wanted` bytes long.
@@ -399,7 +457,12 @@ unsafe extern "C" fn shim_open(
         return rc;
     }
     if let (Some(target), Some(path)) = (&target, &path) {
-        target.lock().files.insert(path.clone());
+        let mut state = target.lock();
+        state.files.insert(path.clone());
+        if created {
+            // A new file: changes logged for an older one of that name are moot.
+            state.unsynced.remove(path);
+        }
     }
     let info = Box::new(FileInfo {
         path: path.unwrap_or_default(),
@@ -611,7 +674,22 @@ unsafe extern "C" fn io_write(
         return rc;
     }
     // SAFETY: forwarding.
-    unsafe { (real_methods(file).xWrite.expect("xWrite"))(real_file(file), buf, amount, offset) }
+    let rc = unsafe {
+        (real_methods(file).xWrite.expect("xWrite"))(real_file(file), buf, amount, offset)
+    };
+    let info = info(file);
+    if rc == ffi::SQLITE_OK
+        && let Some(target) = &info.target
+    {
+        // SAFETY: SQLite passes `amount` readable bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), amount.max(0) as usize) };
+        let change = Unsynced::Write {
+            offset: offset.max(0) as usize,
+            bytes: bytes.to_vec(),
+        };
+        target.lock().log(&info.path, change);
+    }
+    rc
 }
 
 unsafe extern "C" fn io_truncate(file: *mut ffi::sqlite3_file, size: ffi::sqlite3_int64) -> c_int {
@@ -623,7 +701,16 @@ unsafe extern "C" fn io_truncate(file: *mut ffi::sqlite3_file, size: ffi::sqlite
         return rc;
     }
     // SAFETY: forwarding.
-    unsafe { (real_methods(file).xTruncate.expect("xTruncate"))(real_file(file), size) }
+    let rc = unsafe { (real_methods(file).xTruncate.expect("xTruncate"))(real_file(file), size) };
+    let info = info(file);
+    if rc == ffi::SQLITE_OK
+        && let Some(target) = &info.target
+    {
+        target
+            .lock()
+            .log(&info.path, Unsynced::Truncate(size.max(0) as usize));
+    }
+    rc
 }
 
 unsafe extern "C" fn io_sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
@@ -812,6 +899,21 @@ mod tests {
             !cut.images.contains_key("t.db-shm"),
             "the wal-index is volatile"
         );
+    }
+
+    #[test]
+    fn powerloss_shim_writeback_keeps_what_the_kernel_flushed() {
+        let dir = FaultDir::new();
+        let conn = open(&dir, "NORMAL");
+        conn.execute_batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1);")
+            .expect("write");
+        // Everything unsynced was written back: the cut loses nothing.
+        let cut = dir.cut_power_with_writeback(|_, _, _| true);
+        let (_after, restored) = reopen(&cut);
+        let n: i64 = restored
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .expect("count");
+        assert_eq!(n, 1);
     }
 
     /// The directory model against SQLite's documentation: in DELETE
