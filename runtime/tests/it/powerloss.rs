@@ -445,7 +445,13 @@ async fn powerloss_with_random_writeback_keeps_prefixes_and_integrity() {
 /// before it durable; with FULL every commit is.
 #[test]
 fn powerloss_outbox_row_shares_the_fate_of_the_business_row() {
-    for durability in [Durability::Normal, Durability::Full] {
+    for (durability, writeback) in [
+        (Durability::Normal, Writeback::Nothing),
+        (Durability::Normal, Writeback::RandomPrefix),
+        (Durability::Normal, Writeback::RandomSubset),
+        (Durability::Full, Writeback::Nothing),
+        (Durability::Full, Writeback::RandomPrefix),
+    ] {
         let fault = FaultDir::new();
         let uri = fault.db_uri("sender.db");
         let mut conn = rfidl_runtime::db::open(&uri, durability).expect("open");
@@ -478,7 +484,7 @@ fn powerloss_outbox_row_shares_the_fate_of_the_business_row() {
             tx.commit().expect("commit");
             committed.push(id);
         }
-        let cut = fault.cut_power();
+        let cut = writeback.cut(&fault);
         drop(conn);
         let after = tempfile::tempdir().expect("tempdir");
         cut.restore_into(after.path());
@@ -499,17 +505,22 @@ fn powerloss_outbox_row_shares_the_fate_of_the_business_row() {
             if order < checkpoint_after || durability == Durability::Full {
                 assert_eq!(business, 1, "{durability:?}: order {order} lost");
             }
+            // Commits survive in order: none after one that was lost.
+            assert!(
+                business == 0 || kept == order as i64,
+                "{durability:?}: order {order} survived an earlier loss"
+            );
             kept += business;
         }
-        if durability == Durability::Normal {
+        if (durability, writeback) == (Durability::Normal, Writeback::Nothing) {
             assert!(
                 (kept as usize) < total,
                 "NORMAL: expected commits after the checkpoint to be at risk"
             );
         }
         eprintln!(
-            "powerloss sender {durability:?}: {kept} of {total} committed (order, outbox) pairs kept, \
-             checkpoint after {checkpoint_after}"
+            "powerloss sender {durability:?}, write-back {writeback:?}: {kept} of {total} \
+             committed (order, outbox) pairs kept, checkpoint after {checkpoint_after}"
         );
     }
 }
