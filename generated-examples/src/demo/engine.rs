@@ -20,9 +20,12 @@ use crate::generated::hr::employees::{Employee, HireAck, OrgUnit, emp_service_v1
 /// The destination name the engine's outbox uses for HR.
 pub const HR: &str = "hr";
 
+/// The engine's business table. `message_id` is the hire message that
+/// started the workflow (UNIQUE: one workflow per message, traceable).
 pub const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS workflows (
-        id TEXT PRIMARY KEY, employee_id TEXT NOT NULL, version INTEGER NOT NULL, state TEXT NOT NULL
+        id TEXT PRIMARY KEY, employee_id TEXT NOT NULL, version INTEGER NOT NULL, state TEXT NOT NULL,
+        message_id TEXT NOT NULL UNIQUE
     );
 ";
 
@@ -35,14 +38,22 @@ pub struct Workflows {
 impl Workflows {
     fn start_workflow(
         &self,
+        call: &IncomingCall<'_>,
         tx: &Transaction<'_>,
         employee: &Employee,
         version: u32,
     ) -> Result<HireAck, HandlerError> {
+        // A fresh random id; nothing in process memory decides what is stored.
         let workflow_id = Uuid::now_v7();
         tx.execute(
-            "INSERT INTO workflows (id, employee_id, version, state) VALUES (?1, ?2, ?3, 'provisioning')",
-            params![workflow_id.to_string(), employee.id.to_string(), version],
+            "INSERT INTO workflows (id, employee_id, version, state, message_id) \
+             VALUES (?1, ?2, ?3, 'provisioning', ?4)",
+            params![
+                workflow_id.to_string(),
+                employee.id.to_string(),
+                version,
+                call.message_id
+            ],
         )?;
         // The command to HR commits with the workflow row, or not at all.
         if version == 1 {
@@ -63,11 +74,11 @@ impl Workflows {
 impl emp_service_v1::EngineHandler for Workflows {
     fn employee_hired(
         &self,
-        _call: &IncomingCall<'_>,
+        call: &IncomingCall<'_>,
         tx: &Transaction<'_>,
         employee: Employee,
     ) -> Result<HireAck, HandlerError> {
-        self.start_workflow(tx, &employee, 1)
+        self.start_workflow(call, tx, &employee, 1)
     }
 
     fn onboarding_completed(
@@ -88,13 +99,13 @@ impl emp_service_v1::EngineHandler for Workflows {
 impl emp_service_v2::EngineHandler for Workflows {
     fn employee_hired(
         &self,
-        _call: &IncomingCall<'_>,
+        call: &IncomingCall<'_>,
         tx: &Transaction<'_>,
         employee: Employee,
         _channel: common::Channel,
         _referral_code: Option<String>,
     ) -> Result<HireAck, HandlerError> {
-        self.start_workflow(tx, &employee, 2)
+        self.start_workflow(call, tx, &employee, 2)
     }
 
     fn onboarding_completed(
