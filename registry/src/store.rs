@@ -50,6 +50,11 @@ pub enum StoreError {
         found: i64,
         supported: i64,
     },
+    #[error(
+        "registry database {path} is damaged ({detail}); refusing to start on it. The file was \
+         not changed: restore it from a backup"
+    )]
+    Corrupt { path: String, detail: String },
 }
 
 /// Opens (creating and migrating if needed) the store at `path`.
@@ -59,6 +64,27 @@ pub fn open(path: &Path) -> Result<Connection, StoreError> {
         path: shown.clone(),
         source,
     };
+    // Refuse a newer or damaged file before `journal_mode=WAL` can rewrite
+    // its header: the file stays byte-for-byte unchanged.
+    rfidl_runtime::db::preflight(path, MIGRATIONS.len() as i64).map_err(|error| match error {
+        rfidl_runtime::db::DbError::TooNew {
+            path,
+            found,
+            supported,
+        } => StoreError::TooNew {
+            path,
+            found,
+            supported,
+        },
+        rfidl_runtime::db::DbError::Corrupt { path, detail } => {
+            StoreError::Corrupt { path, detail }
+        }
+        rfidl_runtime::db::DbError::Sqlite { path, source } => StoreError::Sqlite { path, source },
+        other => StoreError::Corrupt {
+            path: shown.clone(),
+            detail: other.to_string(),
+        },
+    })?;
     let mut conn = Connection::open(path).map_err(wrap)?;
     conn.busy_timeout(Duration::from_secs(5)).map_err(wrap)?;
     conn.pragma_update(None, "journal_mode", "WAL")
