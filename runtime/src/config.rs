@@ -35,7 +35,10 @@ pub struct OutboxConfig {
     /// Safety-net poll interval; enqueues through the runtime wake the dispatcher at once.
     #[serde(with = "serde_human")]
     pub poll_interval: Duration,
-    /// Attempts after the first before a message becomes `Failed`.
+    /// Attempts after the first before a message becomes `Failed`, counting
+    /// only answers that say the message is at fault (handler failed, 401,
+    /// a 2xx without acknowledgement). An unreachable or overloaded
+    /// destination is retried until the TTL without counting.
     pub max_retries: u32,
     /// Time to live from enqueue; past it a message becomes `Expired`.
     #[serde(with = "serde_human")]
@@ -58,6 +61,11 @@ pub struct OutboxConfig {
     /// Per-request timeout of the transport.
     #[serde(with = "serde_human")]
     pub request_timeout: Duration,
+    /// Longest wait between two probes of an unreachable destination (its
+    /// circuit is open; see `rfidl_runtime::circuit`). Probes start at
+    /// `backoff_base` and double up to this.
+    #[serde(with = "serde_human")]
+    pub probe_interval_max: Duration,
     /// `Sent` rows are deleted this long after they were sent.
     #[serde(with = "serde_human")]
     pub sent_retention: Duration,
@@ -77,6 +85,7 @@ impl Default for OutboxConfig {
             max_in_flight: 16,
             lease_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(10),
+            probe_interval_max: Duration::from_secs(5),
             sent_retention: Duration::from_secs(7 * 24 * 3600),
             durability: Durability::Normal,
         }
