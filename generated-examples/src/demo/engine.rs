@@ -33,6 +33,25 @@ pub const SCHEMA: &str = "
 pub struct Workflows {
     v1: emp_service_v1::ServiceClient,
     v2: emp_service_v2::ServiceClient,
+    slow: SlowHandler,
+    hires: std::sync::atomic::AtomicU32,
+}
+
+/// A fault drill: makes one hire handler in `every` take `delay` (inside
+/// its transaction). The default, a zero delay, is the real engine.
+#[derive(Debug, Clone, Copy)]
+pub struct SlowHandler {
+    pub delay: std::time::Duration,
+    pub every: u32,
+}
+
+impl Default for SlowHandler {
+    fn default() -> Self {
+        Self {
+            delay: std::time::Duration::ZERO,
+            every: 1,
+        }
+    }
 }
 
 impl Workflows {
@@ -43,6 +62,14 @@ impl Workflows {
         employee: &Employee,
         version: u32,
     ) -> Result<HireAck, HandlerError> {
+        if !self.slow.delay.is_zero()
+            && self
+                .hires
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                .is_multiple_of(self.slow.every)
+        {
+            std::thread::sleep(self.slow.delay);
+        }
         // A fresh random id; nothing in process memory decides what is stored.
         let workflow_id = Uuid::now_v7();
         tx.execute(
@@ -157,12 +184,19 @@ pub struct Engine {
 
 impl Engine {
     pub async fn start(settings: &Settings) -> anyhow::Result<Self> {
+        Self::start_with(settings, SlowHandler::default()).await
+    }
+
+    /// [`Engine::start`] with a fault drill for its hire handler.
+    pub async fn start_with(settings: &Settings, slow: SlowHandler) -> anyhow::Result<Self> {
         let config = settings.runtime_config(HR);
         rfidl_runtime::db::open(&settings.db, config.outbox.durability)?.execute_batch(SCHEMA)?;
         let outbox = Outbox::new(config.clone(), &settings.db);
         let workflows = std::sync::Arc::new(Workflows {
             v1: emp_service_v1::ServiceClient::new(outbox.clone(), HR),
             v2: emp_service_v2::ServiceClient::new(outbox.clone(), HR),
+            slow,
+            hires: std::sync::atomic::AtomicU32::new(0),
         });
         // One receiver serves EmpService v1 and v2 side by side.
         let receiver = Receiver::builder(config.clone(), &settings.db)
