@@ -252,10 +252,7 @@ async fn method_not_allowed(method: Method, OriginalUri(uri): OriginalUri) -> Ap
     }
 }
 
-async fn list(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
+async fn list(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, ApiError> {
     let interfaces = with_db(&shared, |conn| Ok(store::list(conn)?)).await?;
     Ok(conditional::json_response(
         &headers,
@@ -266,7 +263,12 @@ async fn list(
 /// A manifest with `ETag: "<fingerprint>"`, or 304 if the client has it.
 /// An exact revision never changes, so it may be cached for a year; the
 /// latest revision must be revalidated.
-fn manifest_response(headers: &HeaderMap, text: String, fingerprint: &str, immutable: bool) -> Response {
+fn manifest_response(
+    headers: &HeaderMap,
+    text: String,
+    fingerprint: &str,
+    immutable: bool,
+) -> Response {
     let etag = format!("\"{fingerprint}\"");
     let cache_control = if immutable {
         "public, max-age=31536000, immutable"

@@ -139,7 +139,9 @@ async fn shutdown_signal() -> anyhow::Result<&'static str> {
 /// Ctrl-C where there are no Unix signals.
 #[cfg(not(unix))]
 async fn shutdown_signal() -> anyhow::Result<&'static str> {
-    tokio::signal::ctrl_c().await.context("cannot handle Ctrl-C")?;
+    tokio::signal::ctrl_c()
+        .await
+        .context("cannot handle Ctrl-C")?;
     Ok("Ctrl-C")
 }
 

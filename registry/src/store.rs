@@ -299,7 +299,8 @@ pub fn versions(conn: &Connection, interface: &str) -> rusqlite::Result<Vec<Vers
 
 /// The names of every published interface, sorted (for "did you mean").
 pub fn interface_names(conn: &Connection) -> rusqlite::Result<Vec<String>> {
-    let mut statement = conn.prepare("SELECT DISTINCT interface FROM manifests ORDER BY interface")?;
+    let mut statement =
+        conn.prepare("SELECT DISTINCT interface FROM manifests ORDER BY interface")?;
     statement
         .query_map([], |row| row.get(0))?
         .collect::<rusqlite::Result<_>>()
@@ -326,7 +327,10 @@ pub struct Against {
 
 /// Compares `manifest` with the latest revision of its interface version by
 /// the rules of [`publish`], reading only (nothing is stored).
-pub fn compatibility(conn: &Connection, manifest: &Manifest) -> Result<Compatibility, PublishError> {
+pub fn compatibility(
+    conn: &Connection,
+    manifest: &Manifest,
+) -> Result<Compatibility, PublishError> {
     let latest: Option<(u32, String, String)> = conn
         .query_row(
             "SELECT revision, fingerprint, manifest FROM manifests \

@@ -6,4 +6,5 @@
 mod api;
 mod client;
 mod process;
+mod routes;
 mod support;
