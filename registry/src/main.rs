@@ -83,6 +83,9 @@ async fn main() -> anyhow::Result<()> {
         );
         registry = registry.publish_token(token);
     }
+    // Handlers first: a signal that comes once `listening on` is out must
+    // find them in place.
+    let shutdown = shutdown_signal()?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -101,8 +104,7 @@ async fn main() -> anyhow::Result<()> {
             result??;
             return Ok(());
         }
-        signal = shutdown_signal() => {
-            let signal = signal?;
+        signal = shutdown => {
             tracing::info!(signal, "shutting down: finishing the requests in flight");
             let _ = signalled.send(true);
         }
@@ -124,25 +126,28 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The first of SIGTERM and SIGINT, by name.
+/// Installs the SIGTERM and SIGINT handlers now; the future names the
+/// first of them to arrive.
 #[cfg(unix)]
-async fn shutdown_signal() -> anyhow::Result<&'static str> {
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = &'static str>> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
     })
 }
 
 /// Ctrl-C where there are no Unix signals.
 #[cfg(not(unix))]
-async fn shutdown_signal() -> anyhow::Result<&'static str> {
-    tokio::signal::ctrl_c()
-        .await
-        .context("cannot handle Ctrl-C")?;
-    Ok("Ctrl-C")
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = &'static str>> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+        "Ctrl-C"
+    })
 }
 
 /// The token in `path`: its first line, without the line end. The error

@@ -7,4 +7,5 @@ mod api;
 mod client;
 mod process;
 mod routes;
+mod signals;
 mod support;
