@@ -482,6 +482,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn github_commands_escape_their_message_and_properties() {
+        let mut sources = SourceMap::new();
+        let file = sources.add(
+            "a:b,c.rfidl",
+            "a:b,c.rfidl",
+            "package x;\nrecord R { a: Nope }\n",
+        );
+        let start = sources.text(file).find("Nope").expect("present");
+        let diagnostic = Diagnostic::error(
+            ErrorCode::UnknownType,
+            Span::new(file, start, start + 4),
+            "100% wrong:\r\nreally",
+        )
+        .with_help("spell it");
+        assert_eq!(
+            render_github(&sources, &diagnostic),
+            "::error file=a%3Ab%2Cc.rfidl,line=2,col=15,endLine=2,endColumn=19,title=E0010::\
+             100%25 wrong:%0D%0Areally%0Ahelp: spell it"
+        );
+        assert_eq!(github_command("notice", &[], "a::b"), "::notice::a::b");
+    }
+
+    #[test]
     fn suggestions_are_close_and_deterministic() {
         let types = ["Employee", "EmploymentStatus", "HireAck"];
         assert_eq!(suggest("Employe", types), Some("Employee"));

@@ -272,7 +272,7 @@ fn man(out: Option<PathBuf>) -> cli::Outcome {
             .expect("rendering into memory cannot fail");
         return to_stdout(&roff, "the manual");
     };
-    match std::fs::create_dir_all(&dir).and_then(|()| clap_mangen::generate_to(command, &dir)) {
+    match std::fs::create_dir_all(&dir).and_then(|()| man_pages(command, &dir)) {
         Ok(()) => {
             eprintln!("wrote the manual pages into {}", dir.display());
             cli::Outcome::Success
@@ -285,6 +285,23 @@ fn man(out: Option<PathBuf>) -> cli::Outcome {
             cli::Outcome::UsageOrIo
         }
     }
+}
+
+/// `rfidl.1` and one page per subcommand (`rfidl-check.1`, …), each naming
+/// `rfidl VERSION` as its source.
+fn man_pages(command: clap::Command, dir: &std::path::Path) -> std::io::Result<()> {
+    let mut command = command.disable_help_subcommand(true);
+    command.build();
+    let source = format!("rfidl {}", env!("CARGO_PKG_VERSION"));
+    for sub in command.get_subcommands().filter(|s| !s.is_hide_set()) {
+        clap_mangen::Man::new(sub.clone())
+            .source(source.clone())
+            .generate_to(dir)?;
+    }
+    clap_mangen::Man::new(command)
+        .source(source)
+        .generate_to(dir)?;
+    Ok(())
 }
 
 /// Writes `bytes` to stdout; a reader that stops early (`| head`) is fine.
