@@ -101,7 +101,7 @@ impl RegistryClient {
         if response.status().is_success() {
             return response.json().map_err(|e| RegistryError::BadManifest {
                 url,
-                reason: format!("unreadable publish answer: {e}"),
+                reason: format!("unreadable publish answer: {}", error_chain(&e)),
             });
         }
         if response.status() == reqwest::StatusCode::CONFLICT {
