@@ -330,3 +330,35 @@ fn an_unreachable_registry_shows_the_cause() {
     let message = lines[0]["message"].as_str().expect("message");
     assert!(message.contains("Connection refused"), "{message}");
 }
+
+#[cfg(feature = "registry")]
+#[test]
+fn the_registry_token_never_shows_in_help_or_errors() {
+    const SECRET: &str = "cli-tok-5e1f-never-print";
+    let url = format!("http://127.0.0.1:{}", closed_port());
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_rfidl"))
+            .args(args)
+            .env("RFIDL_REGISTRY_TOKEN", SECRET)
+            .env_remove("RFIDL_REGISTRY")
+            .output()
+            .expect("run rfidl")
+    };
+    let help = run(&["publish", "--help"]);
+    assert!(help.status.success());
+    assert!(text(&help.stdout).contains("RFIDL_REGISTRY_TOKEN"));
+    for format in ["text", "json", "github"] {
+        let failed = run(&[
+            "publish",
+            "--format",
+            format,
+            "--registry",
+            &url,
+            "../schemas",
+        ]);
+        assert_eq!(failed.status.code(), Some(2), "{format}");
+        for output in [&help.stdout, &help.stderr, &failed.stdout, &failed.stderr] {
+            assert!(!text(output).contains(SECRET), "{format}: {}", text(output));
+        }
+    }
+}

@@ -134,6 +134,27 @@ fn a_404_names_what_is_missing_and_what_exists() {
             v2.fingerprint
         )
     );
+    for (method, path) in [
+        (
+            reqwest::Method::POST,
+            "/v1/interfaces/hr.employees.EmpService",
+        ),
+        (
+            reqwest::Method::GET,
+            "/v1/compatibility/interfaces/hr.employees.EmpService/v2",
+        ),
+        (reqwest::Method::PUT, "/readyz"),
+    ] {
+        let response = reqwest::blocking::Client::new()
+            .request(method.clone(), format!("{}{path}", server.url))
+            .send()
+            .expect("send");
+        assert_eq!(response.status().as_u16(), 405, "{method} {path}");
+        assert_eq!(
+            json(&response.text().expect("body"))["error"],
+            "method_not_allowed"
+        );
+    }
     let (status, text) = get(&server.url, "/v2/nothing");
     assert_eq!(status, 404);
     assert_eq!(
