@@ -53,16 +53,56 @@ pub enum DiagnosticFormat {
     Github,
 }
 
-/// How a subcommand reports: `--format` and `--color`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How a subcommand reports: `--format` and `--color`. What the `json`
+/// and `github` formats print goes to stdout, or into memory for a
+/// [`Report::capturing`] one.
+#[derive(Debug, Clone, Default)]
 pub struct Report {
     pub format: DiagnosticFormat,
     pub color: ColorChoice,
+    captured: Option<std::sync::Arc<std::sync::Mutex<String>>>,
 }
 
 impl Report {
     pub fn new(format: DiagnosticFormat, color: ColorChoice) -> Self {
-        Self { format, color }
+        Self {
+            format,
+            color,
+            captured: None,
+        }
+    }
+
+    /// A report that keeps its stdout lines in memory (see
+    /// [`Report::captured`]), so a program or a test can read what a
+    /// subcommand reported. Text on stderr still goes to stderr.
+    pub fn capturing(format: DiagnosticFormat) -> Self {
+        Self {
+            format,
+            color: ColorChoice::Never,
+            captured: Some(std::sync::Arc::default()),
+        }
+    }
+
+    /// The stdout lines of a [`Report::capturing`] report so far (empty
+    /// for another).
+    pub fn captured(&self) -> String {
+        self.captured.as_ref().map_or_else(String::new, |c| {
+            c.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        })
+    }
+
+    /// One line on stdout (or into the capture).
+    fn stdout_line(&self, line: &str) {
+        match &self.captured {
+            Some(captured) => {
+                let mut captured = captured.lock().unwrap_or_else(|p| p.into_inner());
+                captured.push_str(line);
+                captured.push('\n');
+            }
+            None => {
+                let _ = writeln!(std::io::stdout().lock(), "{line}");
+            }
+        }
     }
 
     /// `error` in red (bold) when text is coloured.
@@ -85,7 +125,7 @@ impl Report {
                 "message": message,
             })),
             DiagnosticFormat::Github => {
-                println!("{}", diagnostics::github_command("error", &[], message));
+                self.stdout_line(&diagnostics::github_command("error", &[], message));
             }
         }
     }
@@ -100,8 +140,7 @@ impl Report {
     }
 
     fn json_line(&self, value: &impl serde::Serialize) {
-        let line = serde_json::to_string(value).expect("reports always serialise");
-        let _ = writeln!(std::io::stdout().lock(), "{line}");
+        self.stdout_line(&serde_json::to_string(value).expect("reports always serialise"));
     }
 
     /// Diagnostics of `sources`, in the chosen format.
@@ -111,19 +150,13 @@ impl Report {
                 let _ = diagnostics::emit_human_to_stderr(sources, found, self.color);
             }
             DiagnosticFormat::Json => {
-                let mut stdout = std::io::stdout().lock();
                 for diagnostic in found {
-                    let _ = writeln!(stdout, "{}", diagnostics::render_json(sources, diagnostic));
+                    self.stdout_line(&diagnostics::render_json(sources, diagnostic));
                 }
             }
             DiagnosticFormat::Github => {
-                let mut stdout = std::io::stdout().lock();
                 for diagnostic in found {
-                    let _ = writeln!(
-                        stdout,
-                        "{}",
-                        diagnostics::render_github(sources, diagnostic)
-                    );
+                    self.stdout_line(&diagnostics::render_github(sources, diagnostic));
                 }
             }
         }
@@ -155,18 +188,13 @@ impl Report {
                 }
             }
             DiagnosticFormat::Github => {
-                let mut stdout = std::io::stdout().lock();
                 for change in changes {
                     let message = format!(
                         "{} v{}: {}: {}",
                         change.interface, change.version, change.change.path, change.change.message
                     );
                     let title = format!("title={}", change.change.code);
-                    let _ = writeln!(
-                        stdout,
-                        "{}",
-                        diagnostics::github_command("error", &[title], &message)
-                    );
+                    self.stdout_line(&diagnostics::github_command("error", &[title], &message));
                 }
             }
         }
@@ -206,8 +234,13 @@ fn plural(n: usize) -> &'static str {
 
 /// `rfidl check`.
 pub fn check(paths: &[PathBuf], format: DiagnosticFormat, color: ColorChoice) -> Outcome {
-    let report = Report::new(format, color);
-    match checked(paths, &report) {
+    check_with(paths, &Report::new(format, color))
+}
+
+/// [`check`] reporting as `report` says.
+pub fn check_with(paths: &[PathBuf], report: &Report) -> Outcome {
+    let format = report.format;
+    match checked(paths, report) {
         Ok(outcome) => {
             if format != DiagnosticFormat::Json {
                 let files = outcome.read_paths.len();
@@ -358,20 +391,17 @@ pub fn fmt(paths: &[PathBuf], mode: FmtMode, report: &Report) -> Outcome {
         match mode {
             FmtMode::Check => {
                 match report.format {
-                    DiagnosticFormat::Human => println!("{shown}"),
+                    DiagnosticFormat::Human => report.stdout_line(&shown),
                     DiagnosticFormat::Json => report
                         .json_line(&serde_json::json!({"event": "unformatted", "file": shown})),
-                    DiagnosticFormat::Github => println!(
-                        "{}",
-                        diagnostics::github_command(
-                            "error",
-                            &[
-                                format!("file={}", diagnostics::github_property(&shown)),
-                                "title=rfidl fmt".to_owned()
-                            ],
-                            "not in the canonical layout; run `rfidl fmt` on it",
-                        )
-                    ),
+                    DiagnosticFormat::Github => report.stdout_line(&diagnostics::github_command(
+                        "error",
+                        &[
+                            format!("file={}", diagnostics::github_property(&shown)),
+                            "title=rfidl fmt".to_owned(),
+                        ],
+                        "not in the canonical layout; run `rfidl fmt` on it",
+                    )),
                 }
                 outcome = Outcome::ContractErrors;
             }

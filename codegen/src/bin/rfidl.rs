@@ -185,10 +185,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let color = cli.color;
     let outcome = match cli.command {
-        Command::Check { paths, format } => {
-            let report = format.report(color);
-            cli::check(&paths, report.format, report.color)
-        }
+        Command::Check { paths, format } => cli::check_with(&paths, &format.report(color)),
         Command::Generate {
             paths,
             out,
