@@ -96,8 +96,13 @@ impl Default for OutboxConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct InboxConfig {
-    /// Processed-message records are kept this long; must exceed the senders'
-    /// whole retry window, or a late retry is processed a second time.
+    /// Processed-message records are kept this long. A message created
+    /// longer ago than `retention - signature_tolerance` (the dedup horizon)
+    /// that has no record is refused with 422 `beyond_dedup_horizon`, never
+    /// processed a second time; so keep it above the senders' `outbox.ttl`
+    /// plus the signature tolerance, or a retry late in a long outage needs a
+    /// human. Default 25 h: the default 24 h TTL, the 5 min tolerance, and
+    /// margin.
     #[serde(with = "serde_human")]
     pub retention: Duration,
     /// Largest accepted request body, in bytes (413 past it).
@@ -116,7 +121,7 @@ pub struct InboxConfig {
 impl Default for InboxConfig {
     fn default() -> Self {
         Self {
-            retention: Duration::from_secs(24 * 3600),
+            retention: Duration::from_secs(25 * 3600),
             body_limit: 1024 * 1024,
             signature_tolerance: Duration::from_secs(5 * 60),
             in_progress_wait: Duration::from_secs(5),
@@ -226,7 +231,10 @@ mod tests {
             config.outbox.sent_retention,
             Duration::from_secs(7 * 86_400)
         );
-        assert_eq!(config.inbox.retention, Duration::from_secs(86_400));
+        // Above the default TTL plus the signature tolerance, so no retry of
+        // a message within its TTL falls beyond the dedup horizon.
+        assert_eq!(config.inbox.retention, Duration::from_secs(25 * 3600));
+        assert!(config.inbox.retention > config.outbox.ttl + config.inbox.signature_tolerance);
         assert_eq!(config.cleanup_interval, Duration::from_secs(300));
         assert_eq!(config.inbox.durability, Durability::Full);
     }
