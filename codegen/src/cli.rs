@@ -1,5 +1,10 @@
 //! What the `rfidl` subcommands do, as library functions (the binary only
 //! parses flags). Each prints to stdout/stderr and returns an [`Outcome`].
+//!
+//! Every subcommand that reports takes a [`Report`]: the format
+//! (`text`: rustc-style on stderr; `json`: one object per line on stdout;
+//! `github`: GitHub Actions annotations on stdout for what failed, text on
+//! stderr for the rest) and whether text is coloured.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -32,10 +37,168 @@ impl Outcome {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How diagnostics and results are printed (`--format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DiagnosticFormat {
+    /// `text`: rustc-style diagnostics and sentences, on stderr.
+    #[default]
     Human,
+    /// `json`: one JSON object per line on stdout (diagnostics as
+    /// [`diagnostics::render_json`]; other errors as `{"severity": "error",
+    /// "code": null, "message": …}`; results with an `event` member).
     Json,
+    /// `github`: GitHub Actions workflow commands on stdout (`::error
+    /// file=…,line=…,col=…,title=E0010::…`) for every error and warning;
+    /// progress stays text on stderr.
+    Github,
+}
+
+/// How a subcommand reports: `--format` and `--color`. What the `json`
+/// and `github` formats print goes to stdout, or into memory for a
+/// [`Report::capturing`] one.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub format: DiagnosticFormat,
+    pub color: ColorChoice,
+    captured: Option<std::sync::Arc<std::sync::Mutex<String>>>,
+}
+
+impl Report {
+    pub fn new(format: DiagnosticFormat, color: ColorChoice) -> Self {
+        Self {
+            format,
+            color,
+            captured: None,
+        }
+    }
+
+    /// A report that keeps its stdout lines in memory (see
+    /// [`Report::captured`]), so a program or a test can read what a
+    /// subcommand reported. Text on stderr still goes to stderr.
+    pub fn capturing(format: DiagnosticFormat) -> Self {
+        Self {
+            format,
+            color: ColorChoice::Never,
+            captured: Some(std::sync::Arc::default()),
+        }
+    }
+
+    /// The stdout lines of a [`Report::capturing`] report so far (empty
+    /// for another).
+    pub fn captured(&self) -> String {
+        self.captured.as_ref().map_or_else(String::new, |c| {
+            c.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        })
+    }
+
+    /// One line on stdout (or into the capture).
+    fn stdout_line(&self, line: &str) {
+        match &self.captured {
+            Some(captured) => {
+                let mut captured = captured.lock().unwrap_or_else(|p| p.into_inner());
+                captured.push_str(line);
+                captured.push('\n');
+            }
+            None => {
+                let _ = writeln!(std::io::stdout().lock(), "{line}");
+            }
+        }
+    }
+
+    /// `error` in red (bold) when text is coloured.
+    fn error_word(&self) -> &'static str {
+        if self.color.colors_stderr() {
+            "\x1b[1;31merror\x1b[0m"
+        } else {
+            "error"
+        }
+    }
+
+    /// An error that is not a diagnostic (I/O, usage, network), in the
+    /// chosen format.
+    pub fn error(&self, message: &str) {
+        match self.format {
+            DiagnosticFormat::Human => eprintln!("{}: {message}", self.error_word()),
+            DiagnosticFormat::Json => self.json_line(&serde_json::json!({
+                "severity": "error",
+                "code": null,
+                "message": message,
+            })),
+            DiagnosticFormat::Github => {
+                self.stdout_line(&diagnostics::github_command("error", &[], message));
+            }
+        }
+    }
+
+    /// A sentence about progress or a result: stderr in `text` and
+    /// `github`, nothing in `json` (which prints `json` instead).
+    fn progress(&self, text: &str, json: impl FnOnce() -> serde_json::Value) {
+        match self.format {
+            DiagnosticFormat::Human | DiagnosticFormat::Github => eprintln!("{text}"),
+            DiagnosticFormat::Json => self.json_line(&json()),
+        }
+    }
+
+    fn json_line(&self, value: &impl serde::Serialize) {
+        self.stdout_line(&serde_json::to_string(value).expect("reports always serialise"));
+    }
+
+    /// Diagnostics of `sources`, in the chosen format.
+    pub fn diagnostics(&self, sources: &diagnostics::SourceMap, found: &[diagnostics::Diagnostic]) {
+        match self.format {
+            DiagnosticFormat::Human => {
+                let _ = diagnostics::emit_human_to_stderr(sources, found, self.color);
+            }
+            DiagnosticFormat::Json => {
+                for diagnostic in found {
+                    self.stdout_line(&diagnostics::render_json(sources, diagnostic));
+                }
+            }
+            DiagnosticFormat::Github => {
+                for diagnostic in found {
+                    self.stdout_line(&diagnostics::render_github(sources, diagnostic));
+                }
+            }
+        }
+    }
+
+    /// Breaking changes: `error[B0009]: …` lines, JSON objects
+    /// (`{"interface", "version", "code", "path", "message"}`) or
+    /// annotations titled with the code.
+    fn changes(&self, changes: &[VersionChange]) {
+        match self.format {
+            DiagnosticFormat::Human => {
+                let mut stderr = std::io::stderr().lock();
+                for change in changes {
+                    let _ = writeln!(
+                        stderr,
+                        "{}[{}]: {}: {}\n  = in {} v{}",
+                        self.error_word(),
+                        change.change.code,
+                        change.change.path,
+                        change.change.message,
+                        change.interface,
+                        change.version
+                    );
+                }
+            }
+            DiagnosticFormat::Json => {
+                for change in changes {
+                    self.json_line(change);
+                }
+            }
+            DiagnosticFormat::Github => {
+                for change in changes {
+                    let message = format!(
+                        "{} v{}: {}: {}",
+                        change.interface, change.version, change.change.path, change.change.message
+                    );
+                    let title = format!("title={}", change.change.code);
+                    self.stdout_line(&diagnostics::github_command("error", &[title], &message));
+                }
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,38 +208,18 @@ pub enum ManifestFormat {
 }
 
 /// Checks and prints diagnostics; `Err` carries the outcome to return.
-fn checked(
-    paths: &[PathBuf],
-    format: DiagnosticFormat,
-    color: ColorChoice,
-) -> Result<CheckOutcome, Outcome> {
+fn checked(paths: &[PathBuf], report: &Report) -> Result<CheckOutcome, Outcome> {
     let outcome = check::check_paths(paths).map_err(|error| {
-        eprintln!("error: {error}");
+        report.error(&error.to_string());
         Outcome::UsageOrIo
     })?;
-    match format {
-        DiagnosticFormat::Human => {
-            let _ =
-                diagnostics::emit_human_to_stderr(&outcome.sources, &outcome.diagnostics, color);
-        }
-        DiagnosticFormat::Json => {
-            let mut stdout = std::io::stdout().lock();
-            for diagnostic in &outcome.diagnostics {
-                let _ = writeln!(
-                    stdout,
-                    "{}",
-                    diagnostics::render_json(&outcome.sources, diagnostic)
-                );
-            }
-        }
-    }
-    let mut stderr = std::io::stderr().lock();
+    report.diagnostics(&outcome.sources, &outcome.diagnostics);
     if outcome.has_errors() {
         let errors = outcome.diagnostics.iter().filter(|d| d.is_error()).count();
-        if format == DiagnosticFormat::Human {
-            let _ = writeln!(
-                stderr,
-                "error: could not check contracts due to {errors} previous error{}",
+        if report.format != DiagnosticFormat::Json {
+            eprintln!(
+                "{}: could not check contracts due to {errors} previous error{}",
+                report.error_word(),
                 plural(errors)
             );
         }
@@ -91,9 +234,15 @@ fn plural(n: usize) -> &'static str {
 
 /// `rfidl check`.
 pub fn check(paths: &[PathBuf], format: DiagnosticFormat, color: ColorChoice) -> Outcome {
-    match checked(paths, format, color) {
+    check_with(paths, &Report::new(format, color))
+}
+
+/// [`check`] reporting as `report` says.
+pub fn check_with(paths: &[PathBuf], report: &Report) -> Outcome {
+    let format = report.format;
+    match checked(paths, report) {
         Ok(outcome) => {
-            if format == DiagnosticFormat::Human {
+            if format != DiagnosticFormat::Json {
                 let files = outcome.read_paths.len();
                 let services = outcome.model.as_ref().map_or(0, |m| m.manifests().count());
                 let warnings = outcome.diagnostics.len();
@@ -114,8 +263,8 @@ pub fn check(paths: &[PathBuf], format: DiagnosticFormat, color: ColorChoice) ->
 }
 
 /// `rfidl generate --out DIR`.
-pub fn generate(paths: &[PathBuf], out: &Path, sides: Sides) -> Outcome {
-    let outcome = match checked(paths, DiagnosticFormat::Human, ColorChoice::Auto) {
+pub fn generate(paths: &[PathBuf], out: &Path, sides: Sides, report: &Report) -> Outcome {
+    let outcome = match checked(paths, report) {
         Ok(outcome) => outcome,
         Err(outcome) => return outcome,
     };
@@ -127,7 +276,7 @@ pub fn generate(paths: &[PathBuf], out: &Path, sides: Sides) -> Outcome {
     let files = match generate::generate_files(&model.packages, &options, Layout::SourceDir) {
         Ok(files) => files,
         Err(error) => {
-            eprintln!("error: {error}");
+            report.error(&error.to_string());
             return Outcome::UsageOrIo;
         }
     };
@@ -137,25 +286,36 @@ pub fn generate(paths: &[PathBuf], out: &Path, sides: Sides) -> Outcome {
             Ok(true) => written += 1,
             Ok(false) => {}
             Err(error) => {
-                eprintln!(
-                    "error: cannot write {}: {error}",
+                report.error(&format!(
+                    "cannot write {}: {error}",
                     out.join(&file.name).display()
-                );
+                ));
                 return Outcome::UsageOrIo;
             }
         }
     }
-    eprintln!(
-        "generated {} files into {} ({written} changed)",
-        files.len(),
-        out.display()
+    report.progress(
+        &format!(
+            "generated {} files into {} ({written} changed)",
+            files.len(),
+            out.display()
+        ),
+        || {
+            serde_json::json!({
+                "event": "generated",
+                "files": files.len(),
+                "changed": written,
+                "out": out.display().to_string(),
+            })
+        },
     );
     Outcome::Success
 }
 
 /// `rfidl manifest`.
-pub fn manifest(paths: &[PathBuf], format: ManifestFormat) -> Outcome {
-    let outcome = match checked(paths, DiagnosticFormat::Human, ColorChoice::Auto) {
+/// The manifests go to stdout; diagnostics are reported by `report`.
+pub fn manifest(paths: &[PathBuf], format: ManifestFormat, report: &Report) -> Outcome {
+    let outcome = match checked(paths, report) {
         Ok(outcome) => outcome,
         Err(outcome) => return outcome,
     };
@@ -186,15 +346,18 @@ pub enum FmtMode {
     Check,
 }
 
-/// `rfidl fmt [--check]`.
-pub fn fmt(paths: &[PathBuf], mode: FmtMode) -> Outcome {
+/// `rfidl fmt [--check]`. `--check` lists each file that is not formatted
+/// (text: its path on stdout; json: `{"event": "unformatted", "file"}`;
+/// github: an error annotation on the file); a rewrite reports each file it
+/// changed (text: nothing; json: `{"event": "formatted", "file"}`).
+pub fn fmt(paths: &[PathBuf], mode: FmtMode, report: &Report) -> Outcome {
     let mut files = Vec::new();
     for path in paths {
         if path.is_dir() {
             match check::load::contract_files(path) {
                 Ok(found) => files.extend(found),
                 Err(error) => {
-                    eprintln!("error: {error}");
+                    report.error(&error.to_string());
                     return Outcome::UsageOrIo;
                 }
             }
@@ -207,7 +370,7 @@ pub fn fmt(paths: &[PathBuf], mode: FmtMode) -> Outcome {
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
             Err(error) => {
-                eprintln!("error: cannot read {}: {error}", path.display());
+                report.error(&format!("cannot read {}: {error}", path.display()));
                 return Outcome::UsageOrIo;
             }
         };
@@ -216,7 +379,7 @@ pub fn fmt(paths: &[PathBuf], mode: FmtMode) -> Outcome {
             Err(diagnostic) => {
                 let mut sources = diagnostics::SourceMap::new();
                 sources.add(path.display().to_string(), &path, text);
-                eprint!("{}", diagnostics::render_human(&sources, &diagnostic));
+                report.diagnostics(&sources, std::slice::from_ref(&diagnostic));
                 outcome = Outcome::ContractErrors;
                 continue;
             }
@@ -224,15 +387,31 @@ pub fn fmt(paths: &[PathBuf], mode: FmtMode) -> Outcome {
         if formatted == text {
             continue;
         }
+        let shown = path.display().to_string();
         match mode {
             FmtMode::Check => {
-                println!("{}", path.display());
+                match report.format {
+                    DiagnosticFormat::Human => report.stdout_line(&shown),
+                    DiagnosticFormat::Json => report
+                        .json_line(&serde_json::json!({"event": "unformatted", "file": shown})),
+                    DiagnosticFormat::Github => report.stdout_line(&diagnostics::github_command(
+                        "error",
+                        &[
+                            format!("file={}", diagnostics::github_property(&shown)),
+                            "title=rfidl fmt".to_owned(),
+                        ],
+                        "not in the canonical layout; run `rfidl fmt` on it",
+                    )),
+                }
                 outcome = Outcome::ContractErrors;
             }
             FmtMode::Write => {
                 if let Err(error) = std::fs::write(&path, formatted) {
-                    eprintln!("error: cannot write {}: {error}", path.display());
+                    report.error(&format!("cannot write {shown}: {error}"));
                     return Outcome::UsageOrIo;
+                }
+                if report.format == DiagnosticFormat::Json {
+                    report.json_line(&serde_json::json!({"event": "formatted", "file": shown}));
                 }
             }
         }
@@ -337,32 +516,26 @@ pub fn breaking_between(baseline: &[Manifest], current: &[Manifest]) -> Vec<Vers
 /// `rfidl breaking --against BASELINE PATHS…`: exit 0 when every interface
 /// version of the baseline is still there and only changed compatibly, 1
 /// when something needs a new version, 2 on usage or I/O errors.
-pub fn breaking(against: &Path, paths: &[PathBuf], format: DiagnosticFormat) -> Outcome {
+pub fn breaking(against: &Path, paths: &[PathBuf], report: &Report) -> Outcome {
     let baseline = match baseline_manifests(against) {
         Ok(manifests) => manifests,
         Err(error) => {
-            eprintln!("error: {error}");
+            report.error(&error);
             return Outcome::UsageOrIo;
         }
     };
-    let outcome = match checked(paths, DiagnosticFormat::Human, ColorChoice::Auto) {
+    let outcome = match checked(paths, report) {
         Ok(outcome) => outcome,
         Err(outcome) => return outcome,
     };
     let model = outcome.model.expect("no errors means a model");
     let current: Vec<Manifest> = model.manifests().cloned().collect();
     let changes = breaking_between(&baseline, &current);
-    match format {
-        DiagnosticFormat::Json => {
-            let mut stdout = std::io::stdout().lock();
-            for change in &changes {
-                let line = serde_json::to_string(change).expect("changes always serialise");
-                let _ = writeln!(stdout, "{line}");
-            }
-        }
-        DiagnosticFormat::Human => {
+    report.changes(&changes);
+    match report.format {
+        DiagnosticFormat::Json => {}
+        DiagnosticFormat::Human | DiagnosticFormat::Github => {
             let mut stderr = std::io::stderr().lock();
-            print_changes(&mut stderr, &changes);
             let versions: std::collections::BTreeSet<_> = changes
                 .iter()
                 .map(|c| (c.interface.as_str(), c.version))
@@ -377,8 +550,9 @@ pub fn breaking(against: &Path, paths: &[PathBuf], format: DiagnosticFormat) -> 
             } else {
                 let _ = writeln!(
                     stderr,
-                    "error: {} breaking change{} in {} interface version{}; \
+                    "{}: {} breaking change{} in {} interface version{}; \
                      a breaking change needs a new version (vN+1)",
+                    report.error_word(),
                     changes.len(),
                     plural(changes.len()),
                     versions.len(),
@@ -394,31 +568,31 @@ pub fn breaking(against: &Path, paths: &[PathBuf], format: DiagnosticFormat) -> 
     }
 }
 
-/// Prints breaking changes the way `rfidl breaking` does.
-fn print_changes(stderr: &mut impl std::io::Write, changes: &[VersionChange]) {
-    for change in changes {
-        let _ = writeln!(
-            stderr,
-            "error[{}]: {}: {}\n  = in {} v{}",
-            change.change.code,
-            change.change.path,
-            change.change.message,
-            change.interface,
-            change.version
-        );
-    }
-}
-
 /// `rfidl publish --registry URL PATHS…`: publishes every service version
 /// of the contracts. Exit 1 when the registry refuses a breaking revision of
 /// a published version (the changes are listed), 2 when it cannot be reached
-/// or refuses for another reason.
+/// or refuses for another reason. Text output, uncoloured; see
+/// [`publish_with`].
 #[cfg(feature = "registry")]
 pub fn publish(registry_url: &str, token: Option<&str>, paths: &[PathBuf]) -> Outcome {
+    publish_with(registry_url, token, paths, &Report::default())
+}
+
+/// [`publish`] reporting as `report` says: each publish is a sentence on
+/// stderr (json: `{"event": "published", "interface", "version",
+/// "fingerprint", "revision", "created"}`), a refusal lists its breaking
+/// changes like `rfidl breaking`.
+#[cfg(feature = "registry")]
+pub fn publish_with(
+    registry_url: &str,
+    token: Option<&str>,
+    paths: &[PathBuf],
+    report: &Report,
+) -> Outcome {
     use crate::registry::RegistryError;
     use crate::registry::client::RegistryClient;
 
-    let outcome = match checked(paths, DiagnosticFormat::Human, ColorChoice::Auto) {
+    let outcome = match checked(paths, report) {
         Ok(outcome) => outcome,
         Err(outcome) => return outcome,
     };
@@ -429,27 +603,33 @@ pub fn publish(registry_url: &str, token: Option<&str>, paths: &[PathBuf]) -> Ou
             None => client,
         },
         Err(error) => {
-            eprintln!("error: {error}");
+            report.error(&error.to_string());
             return Outcome::UsageOrIo;
         }
     };
     let mut result = Outcome::Success;
-    let mut stderr = std::io::stderr().lock();
     for manifest in model.manifests() {
         match client.publish(manifest) {
             Ok(published) => {
-                let _ = writeln!(
-                    stderr,
-                    "published {} v{} {}: revision {}{}",
-                    published.interface,
-                    published.version,
-                    published.fingerprint,
-                    published.revision,
-                    if published.created {
-                        ""
-                    } else {
-                        " (already published)"
-                    }
+                report.progress(
+                    &format!(
+                        "published {} v{} {}: revision {}{}",
+                        published.interface,
+                        published.version,
+                        published.fingerprint,
+                        published.revision,
+                        if published.created {
+                            ""
+                        } else {
+                            " (already published)"
+                        }
+                    ),
+                    || {
+                        let mut value =
+                            serde_json::to_value(&published).expect("answers always serialise");
+                        value["event"] = "published".into();
+                        value
+                    },
                 );
             }
             Err(RegistryError::Breaking {
@@ -466,20 +646,22 @@ pub fn publish(registry_url: &str, token: Option<&str>, paths: &[PathBuf]) -> Ou
                         change,
                     })
                     .collect();
-                print_changes(&mut stderr, &changes);
-                let _ = writeln!(
-                    stderr,
-                    "error: the registry refused {interface} v{version}: {} breaking change{} \
-                     to a published version; declare them in a new version",
-                    changes.len(),
-                    plural(changes.len())
-                );
+                report.changes(&changes);
+                if report.format != DiagnosticFormat::Json {
+                    eprintln!(
+                        "{}: the registry refused {interface} v{version}: {} breaking change{} \
+                         to a published version; declare them in a new version",
+                        report.error_word(),
+                        changes.len(),
+                        plural(changes.len())
+                    );
+                }
                 if result == Outcome::Success {
                     result = Outcome::ContractErrors;
                 }
             }
             Err(error) => {
-                let _ = writeln!(stderr, "error: {error}");
+                report.error(&error.to_string());
                 return Outcome::UsageOrIo;
             }
         }
@@ -490,7 +672,8 @@ pub fn publish(registry_url: &str, token: Option<&str>, paths: &[PathBuf]) -> Ou
 /// `rfidl fetch [REMOTES…]`: pins each remote interface version in the lock
 /// file and stores its manifest in the offline cache. Without remotes, it
 /// does so for everything already in the lock (filling the cache). Without
-/// a registry it only checks that the lock and the cache agree.
+/// a registry it only checks that the lock and the cache agree. Text
+/// output, uncoloured; see [`fetch_with`].
 #[cfg(feature = "registry")]
 pub fn fetch(
     registry_url: Option<&str>,
@@ -498,6 +681,28 @@ pub fn fetch(
     cache: &crate::registry::Cache,
     remotes: &[crate::registry::Remote],
     policy: crate::registry::LockPolicy,
+) -> Outcome {
+    fetch_with(
+        registry_url,
+        lock_path,
+        cache,
+        remotes,
+        policy,
+        &Report::default(),
+    )
+}
+
+/// [`fetch`] reporting as `report` says: each pin is a sentence on stderr
+/// (json: `{"event": "locked", "interface", "version", "fingerprint",
+/// "cache"}`).
+#[cfg(feature = "registry")]
+pub fn fetch_with(
+    registry_url: Option<&str>,
+    lock_path: &Path,
+    cache: &crate::registry::Cache,
+    remotes: &[crate::registry::Remote],
+    policy: crate::registry::LockPolicy,
+    report: &Report,
 ) -> Outcome {
     use crate::registry::client::RegistryClient;
     use crate::registry::{LockFile, Source, resolve};
@@ -517,28 +722,38 @@ pub fn fetch(
     };
     match run() {
         Ok(manifests) if manifests.is_empty() => {
-            eprintln!(
-                "error: nothing to fetch: name interface versions (`package.Service@vN`) or add them to {}",
+            report.error(&format!(
+                "nothing to fetch: name interface versions (`package.Service@vN`) or add them to {}",
                 lock_path.display()
-            );
+            ));
             Outcome::UsageOrIo
         }
         Ok(manifests) => {
             for manifest in manifests {
-                eprintln!(
-                    "locked {} v{} at {} ({})",
-                    manifest.interface,
-                    manifest.version,
-                    manifest.fingerprint,
-                    cache
-                        .path_of(&manifest.interface, manifest.version, &manifest.fingerprint)
-                        .display()
+                let path = cache
+                    .path_of(&manifest.interface, manifest.version, &manifest.fingerprint)
+                    .display()
+                    .to_string();
+                report.progress(
+                    &format!(
+                        "locked {} v{} at {} ({path})",
+                        manifest.interface, manifest.version, manifest.fingerprint,
+                    ),
+                    || {
+                        serde_json::json!({
+                            "event": "locked",
+                            "interface": manifest.interface,
+                            "version": manifest.version,
+                            "fingerprint": manifest.fingerprint,
+                            "cache": path,
+                        })
+                    },
                 );
             }
             Outcome::Success
         }
         Err(error) => {
-            eprintln!("error: {error}");
+            report.error(&error.to_string());
             Outcome::UsageOrIo
         }
     }

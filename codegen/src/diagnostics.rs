@@ -406,6 +406,59 @@ pub fn render_json(sources: &SourceMap, diagnostic: &Diagnostic) -> String {
     serde_json::to_string(&json).expect("diagnostics always serialise")
 }
 
+/// One diagnostic as a GitHub Actions workflow command (one line), which
+/// GitHub shows as an annotation on the file and line:
+/// `::error file=shop.rfidl,line=5,col=11,endLine=5,endColumn=16,title=E0010::unknown type…`
+/// (`::warning` for warnings). The help, if any, follows the message on its
+/// own line of the annotation.
+pub fn render_github(sources: &SourceMap, diagnostic: &Diagnostic) -> String {
+    let mut message = diagnostic.message.clone();
+    if let Some(help) = &diagnostic.help {
+        message.push_str("\nhelp: ");
+        message.push_str(help);
+    }
+    let mut properties = Vec::new();
+    if let Some(span) = diagnostic.span {
+        let (line, column) = sources.line_column(span.file, span.start);
+        let (end_line, end_column) = sources.line_column(span.file, span.end);
+        properties.push(format!("file={}", github_property(sources.name(span.file))));
+        properties.push(format!("line={line}"));
+        properties.push(format!("col={column}"));
+        properties.push(format!("endLine={end_line}"));
+        properties.push(format!("endColumn={end_column}"));
+    }
+    properties.push(format!("title={}", diagnostic.code.code()));
+    let command = match diagnostic.severity {
+        Severity::Error => "error",
+        Severity::Warning => "warning",
+    };
+    github_command(command, &properties, &message)
+}
+
+/// `::{command} {properties}::{message}`, the message escaped as GitHub's
+/// workflow commands want (`%`, CR and LF).
+pub fn github_command(command: &str, properties: &[String], message: &str) -> String {
+    let message = message
+        .replace('%', "%25")
+        .replace('\r', "%0D")
+        .replace('\n', "%0A");
+    if properties.is_empty() {
+        format!("::{command}::{message}")
+    } else {
+        format!("::{command} {}::{message}", properties.join(","))
+    }
+}
+
+/// A workflow command's property value, escaped (`%`, CR, LF, `:` and `,`).
+pub fn github_property(value: &str) -> String {
+    value
+        .replace('%', "%25")
+        .replace('\r', "%0D")
+        .replace('\n', "%0A")
+        .replace(':', "%3A")
+        .replace(',', "%2C")
+}
+
 /// The closest candidate to `name` by edit distance, if close enough to be a
 /// plausible typo ("did you mean").
 pub fn suggest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
@@ -427,6 +480,29 @@ pub fn suggest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn github_commands_escape_their_message_and_properties() {
+        let mut sources = SourceMap::new();
+        let file = sources.add(
+            "a:b,c.rfidl",
+            "a:b,c.rfidl",
+            "package x;\nrecord R { a: Nope }\n",
+        );
+        let start = sources.text(file).find("Nope").expect("present");
+        let diagnostic = Diagnostic::error(
+            ErrorCode::UnknownType,
+            Span::new(file, start, start + 4),
+            "100% wrong:\r\nreally",
+        )
+        .with_help("spell it");
+        assert_eq!(
+            render_github(&sources, &diagnostic),
+            "::error file=a%3Ab%2Cc.rfidl,line=2,col=15,endLine=2,endColumn=19,title=E0010::\
+             100%25 wrong:%0D%0Areally%0Ahelp: spell it"
+        );
+        assert_eq!(github_command("notice", &[], "a::b"), "::notice::a::b");
+    }
 
     #[test]
     fn suggestions_are_close_and_deterministic() {

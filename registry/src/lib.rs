@@ -18,7 +18,13 @@
 //! a compatible next revision (201) / a breaking one (409
 //! `breaking_change`, with the changes). Every error body is
 //! `{"error": code, "message": text}`. SQLite runs on the blocking pool.
+//!
+//! Reads answer `ETag`s and honour `If-None-Match` (304, [`conditional`]);
+//! `POST /v1/compatibility/…` runs a publish's checks and stores nothing
+//! ([`routes`]); `/livez` and `/readyz` are the probes.
 
+pub mod conditional;
+mod routes;
 pub mod store;
 
 use std::path::Path;
@@ -28,7 +34,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{OriginalUri, Path as UrlPath, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use rfidl_codegen::manifest::Manifest;
 use rfidl_codegen::manifest::compat::BreakingChange;
@@ -62,7 +68,8 @@ pub enum ApiError {
         version: u32,
         changes: Vec<BreakingChange>,
     },
-    #[error("{0} is not published")]
+    /// The message names what is missing (and a close name, if any).
+    #[error("{0}")]
     NotFound(String),
     #[error("method {method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
@@ -146,7 +153,7 @@ pub struct Registry {
     token: Option<String>,
 }
 
-struct Shared {
+pub(crate) struct Shared {
     conn: Arc<Mutex<Connection>>,
     token: Option<String>,
 }
@@ -172,7 +179,17 @@ impl Registry {
     pub fn router(&self) -> Router {
         Router::new()
             .route("/health", get(health).fallback(method_not_allowed))
+            .route("/livez", get(health).fallback(method_not_allowed))
+            .route("/readyz", get(routes::readyz).fallback(method_not_allowed))
             .route("/v1/interfaces", get(list).fallback(method_not_allowed))
+            .route(
+                "/v1/interfaces/{interface}",
+                get(routes::versions).fallback(method_not_allowed),
+            )
+            .route(
+                "/v1/compatibility/interfaces/{interface}/{version}",
+                post(routes::compatibility).fallback(method_not_allowed),
+            )
             .route(
                 "/v1/interfaces/{interface}/{version}",
                 get(latest).put(publish).fallback(method_not_allowed),
@@ -190,7 +207,7 @@ impl Registry {
 }
 
 /// Runs `query` on the connection, on the blocking pool.
-async fn with_db<T: Send + 'static>(
+pub(crate) async fn with_db<T: Send + 'static>(
     shared: &Arc<Shared>,
     query: impl FnOnce(&mut Connection) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
@@ -209,7 +226,7 @@ async fn with_db<T: Send + 'static>(
 /// `v2` -> 2.
 /// Only the canonical form: `v+2` and `v02` are refused, so one version has
 /// one URL.
-fn version_of(segment: &str) -> Result<u32, ApiError> {
+pub(crate) fn version_of(segment: &str) -> Result<u32, ApiError> {
     segment
         .strip_prefix('v')
         .filter(|n| n.bytes().all(|b| b.is_ascii_digit()) && !n.starts_with('0'))
@@ -222,7 +239,10 @@ async fn health() -> Json<serde_json::Value> {
 }
 
 async fn not_found(OriginalUri(uri): OriginalUri) -> ApiError {
-    ApiError::NotFound(format!("no route for {}", uri.path()))
+    ApiError::NotFound(format!(
+        "no route for {}; the API is under /v1/interfaces (docs/registry.md)",
+        uri.path()
+    ))
 }
 
 async fn method_not_allowed(method: Method, OriginalUri(uri): OriginalUri) -> ApiError {
@@ -232,16 +252,37 @@ async fn method_not_allowed(method: Method, OriginalUri(uri): OriginalUri) -> Ap
     }
 }
 
-async fn list(State(shared): State<Arc<Shared>>) -> Result<Response, ApiError> {
+async fn list(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, ApiError> {
     let interfaces = with_db(&shared, |conn| Ok(store::list(conn)?)).await?;
-    Ok(Json(serde_json::json!({ "interfaces": interfaces })).into_response())
+    Ok(conditional::json_response(
+        &headers,
+        &serde_json::json!({ "interfaces": interfaces }),
+    ))
 }
 
-fn manifest_response(text: String, fingerprint: &str) -> Response {
+/// A manifest with `ETag: "<fingerprint>"`, or 304 if the client has it.
+/// An exact revision never changes, so it may be cached for a year; the
+/// latest revision must be revalidated.
+fn manifest_response(
+    headers: &HeaderMap,
+    text: String,
+    fingerprint: &str,
+    immutable: bool,
+) -> Response {
+    let etag = format!("\"{fingerprint}\"");
+    let cache_control = if immutable {
+        "public, max-age=31536000, immutable"
+    } else {
+        "no-cache"
+    };
+    if conditional::none_match(headers, &etag) {
+        return conditional::not_modified(&etag, Some(cache_control));
+    }
     (
         [
             (header::CONTENT_TYPE, "application/json".to_owned()),
-            (header::ETAG, format!("\"{fingerprint}\"")),
+            (header::ETAG, etag),
+            (header::CACHE_CONTROL, cache_control.to_owned()),
         ],
         text,
     )
@@ -251,30 +292,35 @@ fn manifest_response(text: String, fingerprint: &str) -> Response {
 async fn latest(
     State(shared): State<Arc<Shared>>,
     UrlPath((interface, version)): UrlPath<(String, String)>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let version = version_of(&version)?;
-    let name = format!("{interface} v{version}");
     let found = with_db(&shared, move |conn| {
-        Ok(store::latest(conn, &interface, version)?)
+        match store::latest(conn, &interface, version)? {
+            Some(found) => Ok(found),
+            None => Err(routes::missing(conn, &interface, version, None)),
+        }
     })
     .await?;
-    let (text, fingerprint) = found.ok_or(ApiError::NotFound(name))?;
-    Ok(manifest_response(text, &fingerprint))
+    let (text, fingerprint) = found;
+    Ok(manifest_response(&headers, text, &fingerprint, false))
 }
 
 async fn exact(
     State(shared): State<Arc<Shared>>,
     UrlPath((interface, version, fingerprint)): UrlPath<(String, String, String)>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let version = version_of(&version)?;
-    let name = format!("{interface} v{version} {fingerprint}");
     let wanted = fingerprint.clone();
-    let found = with_db(&shared, move |conn| {
-        Ok(store::exact(conn, &interface, version, &wanted)?)
+    let text = with_db(&shared, move |conn| {
+        match store::exact(conn, &interface, version, &wanted)? {
+            Some(text) => Ok(text),
+            None => Err(routes::missing(conn, &interface, version, Some(&wanted))),
+        }
     })
     .await?;
-    let text = found.ok_or(ApiError::NotFound(name))?;
-    Ok(manifest_response(text, &fingerprint))
+    Ok(manifest_response(&headers, text, &fingerprint, true))
 }
 
 async fn publish(
@@ -293,25 +339,7 @@ async fn publish(
             return Err(ApiError::Unauthorized);
         }
     }
-    let body: Bytes = axum::body::to_bytes(body, BODY_LIMIT)
-        .await
-        .map_err(|_| ApiError::PayloadTooLarge)?;
-    let version = version_of(&version)?;
-    let manifest: Manifest =
-        serde_json::from_slice(&body).map_err(|e| ApiError::InvalidManifest(e.to_string()))?;
-    if manifest.interface != interface || manifest.version != version {
-        return Err(ApiError::PathMismatch {
-            path: format!("{interface} v{version}"),
-            manifest: format!("{} v{}", manifest.interface, manifest.version),
-        });
-    }
-    let computed = manifest.compute_fingerprint();
-    if manifest.fingerprint != computed {
-        return Err(ApiError::FingerprintMismatch {
-            stated: manifest.fingerprint,
-            computed,
-        });
-    }
+    let manifest = verified_manifest(&interface, &version, body).await?;
     let published = with_db(&shared, move |conn| {
         store::publish(conn, &manifest, now_ms()).map_err(|error| match error {
             store::PublishError::Breaking(changes) => ApiError::BreakingChange {
@@ -336,6 +364,36 @@ async fn publish(
         StatusCode::OK
     };
     Ok((status, Json(published)).into_response())
+}
+
+/// The checks of a publish after the token, in order: body size, a
+/// manifest, the one the path names, its fingerprint matches its content.
+/// A dry run (`POST /v1/compatibility/…`) makes the same ones.
+pub(crate) async fn verified_manifest(
+    interface: &str,
+    version: &str,
+    body: Body,
+) -> Result<Manifest, ApiError> {
+    let body: Bytes = axum::body::to_bytes(body, BODY_LIMIT)
+        .await
+        .map_err(|_| ApiError::PayloadTooLarge)?;
+    let version = version_of(version)?;
+    let manifest: Manifest =
+        serde_json::from_slice(&body).map_err(|e| ApiError::InvalidManifest(e.to_string()))?;
+    if manifest.interface != interface || manifest.version != version {
+        return Err(ApiError::PathMismatch {
+            path: format!("{interface} v{version}"),
+            manifest: format!("{} v{}", manifest.interface, manifest.version),
+        });
+    }
+    let computed = manifest.compute_fingerprint();
+    if manifest.fingerprint != computed {
+        return Err(ApiError::FingerprintMismatch {
+            stated: manifest.fingerprint,
+            computed,
+        });
+    }
+    Ok(manifest)
 }
 
 /// The token of an `Authorization: Bearer <token>` value; the scheme is

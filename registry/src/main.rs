@@ -1,10 +1,15 @@
 //! `rfidl-registry serve --db FILE --listen ADDR [--publish-token TOKEN]`:
 //! the manifest registry as a process. Prints `listening on http://ADDR`
 //! once it accepts connections (`--listen 127.0.0.1:0` picks a free port).
+//! Every flag can come from the environment (`RFIDL_REGISTRY_DB`, …). On
+//! SIGTERM or SIGINT it stops accepting, lets the requests in flight finish
+//! (for at most `--shutdown-grace`), and exits 0.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -23,14 +28,28 @@ enum Command {
     /// Serve the registry API (docs/registry.md).
     Serve {
         /// SQLite file holding the manifests (created if missing).
-        #[arg(long)]
+        #[arg(long, env = "RFIDL_REGISTRY_DB")]
         db: PathBuf,
         /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:7300")]
+        #[arg(long, env = "RFIDL_REGISTRY_LISTEN", default_value = "127.0.0.1:7300")]
         listen: SocketAddr,
-        /// Require this bearer token to publish (reads stay open).
-        #[arg(long, env = "RFIDL_REGISTRY_TOKEN", hide_env_values = true)]
+        /// Require this bearer token to publish (reads stay open). Prefer
+        /// --publish-token-file or the environment: a flag is visible to
+        /// every user of the machine in the process list.
+        #[arg(
+            long,
+            env = "RFIDL_REGISTRY_TOKEN",
+            hide_env_values = true,
+            conflicts_with = "publish_token_file"
+        )]
         publish_token: Option<String>,
+        /// Read the publish token from this file (its first line).
+        #[arg(long, env = "RFIDL_REGISTRY_TOKEN_FILE")]
+        publish_token_file: Option<PathBuf>,
+        /// After SIGTERM or SIGINT, how long requests in flight may take to
+        /// finish before the process exits anyway, in seconds.
+        #[arg(long, env = "RFIDL_REGISTRY_SHUTDOWN_GRACE", default_value_t = 10)]
+        shutdown_grace: u64,
     },
 }
 
@@ -48,22 +67,93 @@ async fn main() -> anyhow::Result<()> {
         db,
         listen,
         publish_token,
+        publish_token_file,
+        shutdown_grace,
     } = Cli::parse().command;
+    let publish_token = match publish_token_file {
+        Some(path) => Some(read_token_file(&path)?),
+        None => publish_token,
+    };
     let mut registry = rfidl_registry::Registry::open(&db)?;
     if let Some(token) = publish_token {
         anyhow::ensure!(
             !token.is_empty(),
-            "the publish token is empty; give a non-empty --publish-token or RFIDL_REGISTRY_TOKEN, \
-             or neither for an open registry"
+            "the publish token is empty; give a non-empty --publish-token, \
+             --publish-token-file or RFIDL_REGISTRY_TOKEN, or none of them for an open registry"
         );
         registry = registry.publish_token(token);
     }
-    let listener = tokio::net::TcpListener::bind(listen).await?;
+    // Handlers first: a signal that comes once `listening on` is out must
+    // find them in place.
+    let shutdown = shutdown_signal()?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, registry.router())
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
+
+    let (signalled, mut on_signal) = tokio::sync::watch::channel(false);
+    let mut server = tokio::spawn(
+        axum::serve(listener, registry.router())
+            .with_graceful_shutdown(async move {
+                let _ = on_signal.wait_for(|s| *s).await;
+            })
+            .into_future(),
+    );
+    tokio::select! {
+        result = &mut server => {
+            result??;
+            return Ok(());
+        }
+        signal = shutdown => {
+            tracing::info!(signal, "shutting down: finishing the requests in flight");
+            let _ = signalled.send(true);
+        }
+    }
+    let grace = Duration::from_secs(shutdown_grace);
+    match tokio::time::timeout(grace, &mut server).await {
+        Ok(result) => {
+            result??;
+            tracing::info!("stopped");
+        }
+        Err(_) => {
+            server.abort();
+            tracing::warn!(
+                seconds = shutdown_grace,
+                "requests still in flight after the shutdown grace; stopped without them"
+            );
+        }
+    }
     Ok(())
+}
+
+/// Installs the SIGTERM and SIGINT handlers now; the future names the
+/// first of them to arrive.
+#[cfg(unix)]
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = &'static str>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
+    })
+}
+
+/// Ctrl-C where there are no Unix signals.
+#[cfg(not(unix))]
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = &'static str>> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+        "Ctrl-C"
+    })
+}
+
+/// The token in `path`: its first line, without the line end. The error
+/// names the file, never its content.
+fn read_token_file(path: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the publish token file {}", path.display()))?;
+    Ok(text.lines().next().unwrap_or("").trim().to_owned())
 }

@@ -32,6 +32,9 @@ pub const MIGRATIONS: &[&str] = &[r#"
     ) STRICT;
 "#];
 
+/// How long a statement waits for another writer before giving up.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Errors opening the store.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -50,6 +53,11 @@ pub enum StoreError {
         found: i64,
         supported: i64,
     },
+    #[error(
+        "registry database {path} is damaged ({detail}); refusing to start on it. The file was \
+         not changed: restore it from a backup"
+    )]
+    Corrupt { path: String, detail: String },
 }
 
 /// Opens (creating and migrating if needed) the store at `path`.
@@ -59,8 +67,29 @@ pub fn open(path: &Path) -> Result<Connection, StoreError> {
         path: shown.clone(),
         source,
     };
+    // Refuse a newer or damaged file before `journal_mode=WAL` can rewrite
+    // its header: the file stays byte-for-byte unchanged.
+    rfidl_runtime::db::preflight(path, MIGRATIONS.len() as i64).map_err(|error| match error {
+        rfidl_runtime::db::DbError::TooNew {
+            path,
+            found,
+            supported,
+        } => StoreError::TooNew {
+            path,
+            found,
+            supported,
+        },
+        rfidl_runtime::db::DbError::Corrupt { path, detail } => {
+            StoreError::Corrupt { path, detail }
+        }
+        rfidl_runtime::db::DbError::Sqlite { path, source } => StoreError::Sqlite { path, source },
+        other => StoreError::Corrupt {
+            path: shown.clone(),
+            detail: other.to_string(),
+        },
+    })?;
     let mut conn = Connection::open(path).map_err(wrap)?;
-    conn.busy_timeout(Duration::from_secs(5)).map_err(wrap)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(wrap)?;
     conn.pragma_update(None, "journal_mode", "WAL")
         .map_err(wrap)?;
     conn.pragma_update(None, "synchronous", "FULL")
@@ -240,4 +269,149 @@ pub fn list(conn: &Connection) -> rusqlite::Result<Vec<InterfaceSummary>> {
         }
     }
     Ok(interfaces)
+}
+
+/// One version of one interface with all its revisions, for
+/// `GET /v1/interfaces/{interface}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionDetail {
+    pub version: u32,
+    /// Oldest first; the last one is what `GET …/v{version}` serves.
+    pub revisions: Vec<RevisionDetail>,
+}
+
+/// One stored revision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RevisionDetail {
+    pub revision: u32,
+    pub fingerprint: String,
+    /// When it was stored, RFC 3339 in UTC with milliseconds
+    /// (`2026-11-24T09:02:41.123Z`).
+    pub published_at: String,
+}
+
+/// Every version of `interface` with its revisions, versions ascending;
+/// empty when the interface has nothing published.
+pub fn versions(conn: &Connection, interface: &str) -> rusqlite::Result<Vec<VersionDetail>> {
+    let mut statement = conn.prepare(
+        "SELECT version, revision, fingerprint, published_at FROM manifests \
+         WHERE interface = ?1 ORDER BY version, revision",
+    )?;
+    let rows = statement.query_map(params![interface], |row| {
+        Ok((
+            row.get::<_, u32>(0)?,
+            RevisionDetail {
+                revision: row.get(1)?,
+                fingerprint: row.get(2)?,
+                published_at: rfc3339(row.get(3)?),
+            },
+        ))
+    })?;
+    let mut versions: Vec<VersionDetail> = Vec::new();
+    for row in rows {
+        let (version, revision) = row?;
+        match versions.last_mut() {
+            Some(last) if last.version == version => last.revisions.push(revision),
+            _ => versions.push(VersionDetail {
+                version,
+                revisions: vec![revision],
+            }),
+        }
+    }
+    Ok(versions)
+}
+
+/// The names of every published interface, sorted (for "did you mean").
+pub fn interface_names(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut statement =
+        conn.prepare("SELECT DISTINCT interface FROM manifests ORDER BY interface")?;
+    statement
+        .query_map([], |row| row.get(0))?
+        .collect::<rusqlite::Result<_>>()
+}
+
+/// What a dry run of a publish would meet: the latest revision of the
+/// manifest's interface version and the changes that break it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Compatibility {
+    /// True when a publish would be accepted (no breaking change).
+    pub compatible: bool,
+    /// The breaking changes, in `rfidl breaking`'s order; empty when compatible.
+    pub changes: Vec<BreakingChange>,
+    /// The revision compared with; `None` when the version has none yet.
+    pub against: Option<Against>,
+}
+
+/// The stored revision a dry run compared with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Against {
+    pub revision: u32,
+    pub fingerprint: String,
+}
+
+/// Compares `manifest` with the latest revision of its interface version by
+/// the rules of [`publish`], reading only (nothing is stored).
+pub fn compatibility(
+    conn: &Connection,
+    manifest: &Manifest,
+) -> Result<Compatibility, PublishError> {
+    let latest: Option<(u32, String, String)> = conn
+        .query_row(
+            "SELECT revision, fingerprint, manifest FROM manifests \
+             WHERE interface = ?1 AND version = ?2 ORDER BY revision DESC LIMIT 1",
+            params![manifest.interface, manifest.version],
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+        )
+        .optional()?;
+    let Some((revision, fingerprint, text)) = latest else {
+        return Ok(Compatibility {
+            compatible: true,
+            changes: Vec::new(),
+            against: None,
+        });
+    };
+    let old: Manifest = serde_json::from_str(&text).map_err(|e| PublishError::CorruptRevision {
+        revision,
+        reason: e.to_string(),
+    })?;
+    let changes = breaking_changes(&old, manifest);
+    Ok(Compatibility {
+        compatible: changes.is_empty(),
+        changes,
+        against: Some(Against {
+            revision,
+            fingerprint,
+        }),
+    })
+}
+
+/// Why the registry is not ready: its database refuses a write
+/// transaction, or has another schema version than this build's.
+pub fn readiness(conn: &mut Connection, busy: Duration) -> Result<(), String> {
+    conn.busy_timeout(busy).map_err(|e| e.to_string())?;
+    let result = (|| {
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| format!("cannot begin a write transaction: {e}"))?;
+        let found: i64 = tx
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .map_err(|e| format!("cannot read the schema version: {e}"))?;
+        let supported = MIGRATIONS.len() as i64;
+        if found != supported {
+            return Err(format!(
+                "the database has schema version {found}, this build serves {supported}"
+            ));
+        }
+        tx.rollback()
+            .map_err(|e| format!("cannot end the write transaction: {e}"))
+    })();
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| e.to_string())?;
+    result
+}
+
+/// Milliseconds since the Unix epoch as RFC 3339 (UTC).
+fn rfc3339(ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(ms).map_or_else(|_| format!("@{ms}ms"), |t| t.to_string())
 }

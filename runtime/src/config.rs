@@ -39,7 +39,10 @@ pub struct OutboxConfig {
     /// Safety-net poll interval; enqueues through the runtime wake the dispatcher at once.
     #[serde(with = "serde_human")]
     pub poll_interval: Duration,
-    /// Attempts after the first before a message becomes `Failed`.
+    /// Attempts after the first before a message becomes `Failed`, counting
+    /// only answers that say the message is at fault (handler failed, 401,
+    /// a 2xx without acknowledgement). An unreachable or overloaded
+    /// destination is retried until the TTL without counting.
     pub max_retries: u32,
     /// Time to live from enqueue; past it a message becomes `Expired`.
     #[serde(with = "serde_human")]
@@ -62,6 +65,11 @@ pub struct OutboxConfig {
     /// Per-request timeout of the transport.
     #[serde(with = "serde_human")]
     pub request_timeout: Duration,
+    /// Longest wait between two probes of an unreachable destination (its
+    /// circuit is open; see `rfidl_runtime::circuit`). Probes start at
+    /// `backoff_base` and double up to this.
+    #[serde(with = "serde_human")]
+    pub probe_interval_max: Duration,
     /// `Sent` rows are deleted this long after they were sent.
     #[serde(with = "serde_human")]
     pub sent_retention: Duration,
@@ -87,6 +95,7 @@ impl Default for OutboxConfig {
             max_in_flight: 16,
             lease_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(10),
+            probe_interval_max: Duration::from_secs(5),
             sent_retention: Duration::from_secs(7 * 24 * 3600),
             durability: Durability::Normal,
         }
@@ -97,8 +106,13 @@ impl Default for OutboxConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct InboxConfig {
-    /// Processed-message records are kept this long; must exceed the senders'
-    /// whole retry window, or a late retry is processed a second time.
+    /// Processed-message records are kept this long. A message created
+    /// longer ago than `retention - signature_tolerance` (the dedup horizon)
+    /// that has no record is refused with 422 `beyond_dedup_horizon`, never
+    /// processed a second time; so keep it above the senders' `outbox.ttl`
+    /// plus the signature tolerance, or a retry late in a long outage needs a
+    /// human. Default 25 h: the default 24 h TTL, the 5 min tolerance, and
+    /// margin.
     #[serde(with = "serde_human")]
     pub retention: Duration,
     /// Largest accepted request body, in bytes (413 past it).
@@ -121,7 +135,7 @@ pub struct InboxConfig {
 impl Default for InboxConfig {
     fn default() -> Self {
         Self {
-            retention: Duration::from_secs(24 * 3600),
+            retention: Duration::from_secs(25 * 3600),
             body_limit: 1024 * 1024,
             signature_tolerance: Duration::from_secs(5 * 60),
             in_progress_wait: Duration::from_secs(5),
@@ -231,7 +245,10 @@ mod tests {
             config.outbox.sent_retention,
             Duration::from_secs(7 * 86_400)
         );
-        assert_eq!(config.inbox.retention, Duration::from_secs(86_400));
+        // Above the default TTL plus the signature tolerance, so no retry of
+        // a message within its TTL falls beyond the dedup horizon.
+        assert_eq!(config.inbox.retention, Duration::from_secs(25 * 3600));
+        assert!(config.inbox.retention > config.outbox.ttl + config.inbox.signature_tolerance);
         assert_eq!(config.cleanup_interval, Duration::from_secs(300));
         assert_eq!(config.inbox.durability, Durability::Full);
     }

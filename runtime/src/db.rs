@@ -65,6 +65,15 @@ pub const MIGRATIONS: &[&str] = &[
     ) STRICT, WITHOUT ROWID;
     CREATE INDEX inbox_expiry ON inbox_messages (expires_at);
     "#,
+    // 2: the dispatcher claims destination by destination (circuit
+    //    breakers, fairness between destinations), so the index of waiting
+    //    rows leads with the destination. Same number of indexes: enqueue
+    //    costs the same.
+    r#"
+    DROP INDEX outbox_due;
+    CREATE INDEX outbox_due ON outbox_messages (destination, next_retry_at)
+        WHERE status IN ('Pending', 'Sending');
+    "#,
 ];
 
 /// Errors opening or migrating a database.
@@ -78,19 +87,28 @@ pub enum DbError {
     },
     #[error(
         "database {path} has schema version {found}, newer than the {supported} this build knows; \
-         refusing to touch it (upgrade rfidl-runtime)"
+         refusing to touch it (upgrade this program)"
     )]
     TooNew {
         path: String,
         found: i64,
         supported: i64,
     },
+    #[error(
+        "database {path} is damaged ({detail}); refusing to start on it. The file was not \
+         changed: restore it from a backup, or inspect it with `sqlite3 {path} \"PRAGMA integrity_check\"`"
+    )]
+    Corrupt { path: String, detail: String },
 }
 
 /// How long a statement waits for another connection's lock before `SQLITE_BUSY`.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Opens (creating if needed) a database file, sets the pragmas and migrates it.
+///
+/// The first open of an existing file in a process runs [`preflight`]
+/// first: a file written by a newer schema, or a damaged one, is refused
+/// before anything writes to it.
 ///
 /// `path` may also be a SQLite URI filename, e.g.
 /// `file:/srv/app/service.db?vfs=name` to open it through a registered VFS
@@ -105,10 +123,139 @@ pub fn open(path: impl AsRef<Path>, durability: Durability) -> Result<Connection
         path: shown.clone(),
         source,
     };
+    preflight_once(path, MIGRATIONS.len() as i64)?;
     let mut conn = Connection::open(path).map_err(wrap)?;
     configure(&conn, durability).map_err(wrap)?;
     migrate(&mut conn, &shown)?;
     Ok(conn)
+}
+
+/// Checks an existing database file before anything may write to it, through
+/// a read-only connection: its schema version must be one this build knows
+/// (`supported` migrations or fewer), and `PRAGMA quick_check` must pass
+/// (b-tree structure and page consistency, linear in the file's size; see
+/// BENCHMARKS.md for its cost). A missing or empty file passes (it is
+/// created). The file is never changed, whatever the outcome: setting
+/// `journal_mode=WAL` rewrites the header of a rollback-journal database, so
+/// it must not run before this check.
+pub fn preflight(path: &Path, supported: i64) -> Result<(), DbError> {
+    use rusqlite::OpenFlags;
+    let shown = path.display().to_string();
+    if std::fs::metadata(file_of(path)).map_or(true, |m| m.len() == 0) {
+        return Ok(());
+    }
+    let corrupt = |detail: String| DbError::Corrupt {
+        path: shown.clone(),
+        detail,
+    };
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI,
+    )
+    .map_err(|source| DbError::Sqlite {
+        path: shown.clone(),
+        source,
+    })?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(|source| DbError::Sqlite {
+            path: shown.clone(),
+            source,
+        })?;
+    let found: i64 = conn
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(|e| classify_open_error(e, &shown))?;
+    if found > supported {
+        return Err(DbError::TooNew {
+            path: shown,
+            found,
+            supported,
+        });
+    }
+    let mut statement = conn
+        .prepare("PRAGMA quick_check(10)")
+        .map_err(|e| classify_open_error(e, &shown))?;
+    let problems: Vec<String> = statement
+        .query_map([], |row| row.get::<_, String>(0))
+        .and_then(|rows| rows.collect())
+        .map_err(|e| classify_open_error(e, &shown))?;
+    if problems != ["ok"] {
+        return Err(corrupt(problems.join("; ")));
+    }
+    Ok(())
+}
+
+/// A read error of the pre-flight check: damage, or something else (locked,
+/// permissions) that is reported as it is.
+fn classify_open_error(error: rusqlite::Error, shown: &str) -> DbError {
+    use rusqlite::ffi::ErrorCode;
+    match error.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => DbError::Corrupt {
+            path: shown.to_owned(),
+            detail: error.to_string(),
+        },
+        _ => DbError::Sqlite {
+            path: shown.to_owned(),
+            source: error,
+        },
+    }
+}
+
+/// The file a database path names: the path itself, or the file of a SQLite
+/// URI filename (`file:/srv/app.db?vfs=name`, `file:///srv/app.db`,
+/// `file://localhost/srv/app.db`; `%XX` escapes decoded), which every
+/// connection the runtime opens accepts.
+fn file_of(path: &Path) -> std::path::PathBuf {
+    let Some(uri) = path.to_str().and_then(|text| text.strip_prefix("file:")) else {
+        return path.to_path_buf();
+    };
+    let uri = uri.split(['?', '#']).next().unwrap_or_default();
+    let uri = match uri.strip_prefix("//") {
+        Some(rest) => rest.strip_prefix("localhost").unwrap_or(rest),
+        None => uri,
+    };
+    let bytes = uri.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let escaped = (bytes[index] == b'%')
+            .then(|| bytes.get(index + 1..index + 3))
+            .flatten()
+            .and_then(|hex| std::str::from_utf8(hex).ok())
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                decoded.push(byte);
+                index += 3;
+            }
+            None => {
+                decoded.push(bytes[index]);
+                index += 1;
+            }
+        }
+    }
+    std::path::PathBuf::from(String::from_utf8_lossy(&decoded).into_owned())
+}
+
+/// [`preflight`] once per file and process: the runtime opens several
+/// connections to one file (writer, dispatcher, readers), and the check
+/// reads the whole file.
+fn preflight_once(path: &Path, supported: i64) -> Result<(), DbError> {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static CHECKED: OnceLock<Mutex<HashSet<std::path::PathBuf>>> = OnceLock::new();
+    let file = file_of(path);
+    let key = std::fs::canonicalize(&file).unwrap_or(file);
+    let checked = CHECKED.get_or_init(Default::default);
+    if checked.lock().is_ok_and(|set| set.contains(&key)) {
+        return Ok(());
+    }
+    preflight(path, supported)?;
+    if let Ok(mut set) = checked.lock() {
+        set.insert(key);
+    }
+    Ok(())
 }
 
 /// Applies the connection pragmas. WAL lets readers (diagnostics, the
@@ -189,6 +336,124 @@ mod tests {
             Err(DbError::TooNew { found: 99, .. }) => {}
             other => panic!("expected TooNew, got {other:?}"),
         }
+    }
+
+    fn sha256_of(path: &Path) -> Vec<u8> {
+        use sha2::Digest as _;
+        sha2::Sha256::digest(std::fs::read(path).expect("read")).to_vec()
+    }
+
+    #[test]
+    fn a_newer_rollback_journal_database_is_refused_unchanged() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("newer.db");
+        {
+            // Written by a "newer version": rollback journal, user_version 7.
+            let conn = Connection::open(&path).expect("create");
+            conn.execute_batch("CREATE TABLE t (x); PRAGMA user_version = 7;")
+                .expect("schema");
+        }
+        let before = sha256_of(&path);
+        match open(&path, Durability::Full) {
+            Err(error @ DbError::TooNew { found: 7, .. }) => {
+                assert!(
+                    error.to_string().contains("refusing to touch it"),
+                    "{error}"
+                );
+            }
+            other => panic!("expected TooNew, got {other:?}"),
+        }
+        assert_eq!(
+            sha256_of(&path),
+            before,
+            "the file is byte-for-byte unchanged"
+        );
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(
+            names,
+            vec![std::ffi::OsString::from("newer.db")],
+            "no -wal or -shm created"
+        );
+    }
+
+    #[test]
+    fn garbage_in_the_middle_of_a_database_is_refused_unchanged() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("damaged.db");
+        {
+            let conn = open(&path, Durability::Normal).expect("create");
+            conn.execute_batch(
+                "CREATE TABLE business (id INTEGER PRIMARY KEY, text TEXT NOT NULL);
+                 CREATE INDEX business_text ON business (text);
+                 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 5000)
+                 INSERT INTO business (text) SELECT printf('row %d %s', i, hex(randomblob(40))) FROM n;
+                 PRAGMA wal_checkpoint(TRUNCATE);",
+            )
+            .expect("fill");
+        }
+        let len = std::fs::metadata(&path).expect("size").len();
+        assert!(len > 100_000, "a file of some size: {len}");
+        {
+            use std::io::{Seek as _, SeekFrom, Write as _};
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .expect("open for damage");
+            file.seek(SeekFrom::Start(len / 2)).expect("seek");
+            file.write_all(&[0xA5; 8192]).expect("garbage");
+        }
+        let before = sha256_of(&path);
+        match preflight(&path, MIGRATIONS.len() as i64) {
+            Err(error @ DbError::Corrupt { .. }) => {
+                assert!(error.to_string().contains("damaged"), "{error}");
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        assert_eq!(
+            sha256_of(&path),
+            before,
+            "the file is byte-for-byte unchanged"
+        );
+    }
+
+    #[test]
+    fn uri_filenames_are_opened_and_preflighted_like_paths() {
+        assert_eq!(
+            file_of(Path::new("file:///srv/a%20b.db?vfs=unix#x")),
+            Path::new("/srv/a b.db")
+        );
+        assert_eq!(
+            file_of(Path::new("file://localhost/srv/a.db")),
+            Path::new("/srv/a.db")
+        );
+        assert_eq!(file_of(Path::new("/srv/a.db")), Path::new("/srv/a.db"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let good = dir.path().join("good.db");
+        let uri = |file: &Path| format!("file:{}?vfs=unix", file.display());
+        drop(open(uri(&good), Durability::Normal).expect("open through a URI"));
+        assert!(good.exists());
+        let notes = dir.path().join("notes.db");
+        std::fs::write(&notes, vec![b'x'; 4096]).expect("write");
+        assert!(matches!(
+            open(uri(&notes), Durability::Normal),
+            Err(DbError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_database_is_refused_unchanged() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("notes.db");
+        std::fs::write(&path, vec![b'x'; 4096]).expect("write");
+        let before = sha256_of(&path);
+        assert!(matches!(
+            open(&path, Durability::Normal),
+            Err(DbError::Corrupt { .. })
+        ));
+        assert_eq!(sha256_of(&path), before);
     }
 
     #[test]

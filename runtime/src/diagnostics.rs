@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
+use crate::circuit::{Circuits, DestinationState};
 use crate::config::Config;
 use crate::db::{self, DbError};
 use crate::envelope::ErrorBody;
@@ -188,6 +189,10 @@ pub struct Health {
     /// Why the status is not `healthy`, one sentence each.
     pub reasons: Vec<String>,
     pub outbox: OutboxStats,
+    /// What the dispatcher knows of each destination: circuit open or
+    /// closed, batch limit, clock problems (empty without an outbox).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub destinations: Vec<DestinationState>,
 }
 
 /// One message of `GET /_rf/outbox/failed`: everything but the payload.
@@ -338,7 +343,39 @@ pub fn health(stats: OutboxStats, thresholds: HealthThresholds) -> Health {
         status,
         reasons,
         outbox: stats,
+        destinations: Vec::new(),
     }
+}
+
+/// Adds what the dispatcher knows of its destinations to `health`: an
+/// unreachable destination (circuit open) and a clock problem each turn a
+/// healthy service to `warning`, with a reason.
+pub fn with_destinations(mut health: Health, states: Vec<DestinationState>) -> Health {
+    let now = db::now_ms();
+    for state in &states {
+        if let Some(since) = state.open_since_ms {
+            health.reasons.push(format!(
+                "destination `{}` unreachable for {} (circuit open, probing): {}",
+                state.destination,
+                crate::duration::format_duration(
+                    Duration::from_millis((now - since).max(0) as u64)
+                ),
+                state.last_problem.as_deref().unwrap_or("no answer")
+            ));
+        }
+        if let Some(problem) = &state.clock_problem {
+            health
+                .reasons
+                .push(format!("destination `{}`: {problem}", state.destination));
+        }
+        if (state.open_since_ms.is_some() || state.clock_problem.is_some())
+            && health.status == HealthStatus::Healthy
+        {
+            health.status = HealthStatus::Warning;
+        }
+    }
+    health.destinations = states;
+    health
 }
 
 /// Filters of the failed list and of the bulk retry.
@@ -479,6 +516,8 @@ pub struct DiagnosticsBuilder {
     db_path: std::path::PathBuf,
     metrics: Arc<Metrics>,
     wake: Option<Arc<Notify>>,
+    circuits: Option<Arc<Circuits>>,
+    dedup_horizon: Duration,
     ttl: Duration,
     token: Option<String>,
     thresholds: HealthThresholds,
@@ -490,7 +529,10 @@ impl DiagnosticsBuilder {
     pub fn outbox(mut self, outbox: &Outbox) -> Self {
         self.metrics = Arc::clone(outbox.metrics());
         self.wake = Some(outbox.wake_handle());
+        self.circuits = Some(Arc::clone(outbox.circuits()));
         self.ttl = outbox.config().outbox.ttl;
+        let inbox = &outbox.config().inbox;
+        self.dedup_horizon = inbox.retention.saturating_sub(inbox.signature_tolerance);
         self
     }
 
@@ -520,6 +562,8 @@ impl DiagnosticsBuilder {
                 conn: Mutex::new(conn),
                 metrics: self.metrics,
                 wake: self.wake,
+                circuits: self.circuits,
+                dedup_horizon: self.dedup_horizon,
                 ttl: self.ttl,
                 token: self.token,
                 thresholds: self.thresholds,
@@ -538,6 +582,11 @@ struct Shared {
     conn: Mutex<Connection>,
     metrics: Arc<Metrics>,
     wake: Option<Arc<Notify>>,
+    circuits: Option<Arc<Circuits>>,
+    /// The dedup horizon assumed for receivers (this service's own
+    /// `inbox.retention` less its signature tolerance): a manual retry of an
+    /// older message warns that it may be refused.
+    dedup_horizon: Duration,
     ttl: Duration,
     token: Option<String>,
     thresholds: HealthThresholds,
@@ -550,6 +599,8 @@ impl Diagnostics {
             db_path: db_path.as_ref().to_path_buf(),
             metrics: Arc::new(Metrics::default()),
             wake: None,
+            circuits: None,
+            dedup_horizon: Duration::MAX,
             ttl: Config::default().outbox.ttl,
             token: None,
             thresholds: HealthThresholds::default(),
@@ -621,7 +672,12 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn serve_health(State(shared): State<Arc<Shared>>) -> Result<Json<Health>, DiagnosticsError> {
     let thresholds = shared.thresholds;
     let stats = Diagnostics::query(&shared, |conn| Ok(unsent_stats(conn, db::now_ms())?)).await?;
-    Ok(Json(health(stats, thresholds)))
+    let states = shared
+        .circuits
+        .as_ref()
+        .map(|circuits| circuits.states())
+        .unwrap_or_default();
+    Ok(Json(with_destinations(health(stats, thresholds), states)))
 }
 
 async fn serve_outbox_stats(
@@ -650,6 +706,48 @@ async fn serve_failed(
 #[serde(rename_all = "camelCase")]
 struct Retried {
     retried: usize,
+    /// Set when some of them are older than the dedup horizon receivers are
+    /// assumed to keep: they may be refused (422 `beyond_dedup_horizon`)
+    /// and come back `Failed`. They are never processed twice.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warning: Option<String>,
+}
+
+/// The warning of a manual retry of `old` messages created before the horizon.
+fn horizon_warning(old: usize, horizon: Duration) -> Option<String> {
+    (old > 0).then(|| {
+        format!(
+            "{old} of the retried messages were created more than {} ago, beyond the dedup \
+             horizon receivers keep by default (inbox.retention less the signature tolerance): \
+             a receiver with no record of one refuses it with 422 beyond_dedup_horizon rather \
+             than risk processing it twice, and it comes back Failed; check the receiver's \
+             effects before sending it another way",
+            crate::duration::format_duration(horizon)
+        )
+    })
+}
+
+/// Messages matching `filter` (or the one `message_id`) that are waiting for
+/// a human and were created before `before_ms`.
+fn count_older(
+    conn: &Connection,
+    message_id: Option<&str>,
+    filter: &AttentionFilter,
+    before_ms: i64,
+) -> Result<usize, DiagnosticsError> {
+    let status = filter.status()?.map(Status::as_str);
+    let count: i64 = conn
+        .prepare_cached(
+            "SELECT COUNT(*) FROM outbox_messages \
+             WHERE status IN ('Failed', 'DeadLetter', 'Expired') AND created_at < ?4 \
+               AND (?1 IS NULL OR message_id = ?1) AND (?2 IS NULL OR status = ?2) \
+               AND (?3 IS NULL OR destination = ?3)",
+        )?
+        .query_row(
+            params![message_id, status, filter.destination, before_ms],
+            |row| row.get(0),
+        )?;
+    Ok(count.max(0) as usize)
 }
 
 async fn serve_retry(
@@ -660,12 +758,25 @@ async fn serve_retry(
         DiagnosticsError::BadRequest(format!("`{message_id}` is not a message id (a UUID)"))
     })?;
     let ttl = shared.ttl;
-    Diagnostics::query(&shared, move |conn| {
-        retry_message(conn, &id, ttl, db::now_ms())
+    let horizon = shared.dedup_horizon;
+    let old = Diagnostics::query(&shared, move |conn| {
+        let now = db::now_ms();
+        let key = id.to_string();
+        let old = count_older(
+            conn,
+            Some(&key),
+            &AttentionFilter::default(),
+            now.saturating_sub(i64::try_from(horizon.as_millis()).unwrap_or(i64::MAX)),
+        )?;
+        retry_message(conn, &id, ttl, now)?;
+        Ok(old)
     })
     .await?;
     wake_dispatcher(&shared);
-    Ok(Json(Retried { retried: 1 }))
+    Ok(Json(Retried {
+        retried: 1,
+        warning: horizon_warning(old, horizon),
+    }))
 }
 
 async fn serve_retry_matching(
@@ -674,14 +785,25 @@ async fn serve_retry_matching(
 ) -> Result<Json<impl Serialize>, DiagnosticsError> {
     let Query(filter) = filter.map_err(|e| DiagnosticsError::BadRequest(e.body_text()))?;
     let ttl = shared.ttl;
-    let retried = Diagnostics::query(&shared, move |conn| {
-        retry_matching(conn, &filter, ttl, db::now_ms())
+    let horizon = shared.dedup_horizon;
+    let (retried, old) = Diagnostics::query(&shared, move |conn| {
+        let now = db::now_ms();
+        let old = count_older(
+            conn,
+            None,
+            &filter,
+            now.saturating_sub(i64::try_from(horizon.as_millis()).unwrap_or(i64::MAX)),
+        )?;
+        Ok((retry_matching(conn, &filter, ttl, now)?, old))
     })
     .await?;
     if retried > 0 {
         wake_dispatcher(&shared);
     }
-    Ok(Json(Retried { retried }))
+    Ok(Json(Retried {
+        retried,
+        warning: horizon_warning(old, horizon),
+    }))
 }
 
 fn wake_dispatcher(shared: &Shared) {

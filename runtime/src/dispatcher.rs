@@ -19,10 +19,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng as _;
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension as _, params};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::circuit::{Admission, Circuits, GroupOutcome};
 use crate::config::Config;
 use crate::db;
 use crate::envelope::{Acknowledgement, Envelope, MessageType};
@@ -121,6 +122,9 @@ impl DispatcherBuilder {
             store: Arc::new(Mutex::new(conn)),
             routes: self.routes,
             metrics: self.outbox.metrics().clone(),
+            circuits: self.outbox.circuits().clone(),
+            unrouted: Mutex::new(Vec::new()),
+            rotation: std::sync::atomic::AtomicUsize::new(0),
         });
         let task = tokio::spawn(run(state, self.outbox.wake_handle(), cancel.clone()));
         Ok(DispatcherHandle { cancel, task })
@@ -204,6 +208,12 @@ struct State {
     store: Arc<Mutex<Connection>>,
     routes: BTreeMap<String, Route>,
     metrics: Arc<Metrics>,
+    circuits: Arc<Circuits>,
+    /// Destinations with waiting rows but no route (found by [`discover`]):
+    /// their rows are claimed too, and fail as unroutable, so they surface.
+    unrouted: Mutex<Vec<String>>,
+    /// Which destination claims first this round (fairness).
+    rotation: std::sync::atomic::AtomicUsize,
 }
 
 /// A claimed row.
@@ -213,7 +223,6 @@ struct Claimed {
     lease: String,
     correlation_id: Option<String>,
     message_type: String,
-    destination: String,
     interface: String,
     version: u32,
     fingerprint: String,
@@ -222,6 +231,7 @@ struct Claimed {
     headers: String,
     retry_count: u32,
     max_retries: u32,
+    created_at_ms: i64,
 }
 
 /// What to write back for one attempt.
@@ -230,15 +240,38 @@ pub enum Verdict {
     Sent {
         response: serde_json::Value,
     },
+    /// The receiver says the message will never succeed (400, 404, 413, 422).
     DeadLetter {
         error: String,
     },
-    /// Retry after a backoff; `Failed` once retries are exhausted, or
-    /// `DeadLetter` when `dead_letter_when_exhausted` (signature problems).
+    /// A human decides: the receiver cannot tell whether it processed this
+    /// message before (422 `beyond_dedup_horizon`), so it must not be sent
+    /// again automatically.
+    Failed {
+        error: String,
+    },
+    /// The message may be at fault (handler failed, signature refused, a 2xx
+    /// without acknowledgement): retried after a backoff, counted against
+    /// `max_retries`; then `Failed`, or `DeadLetter` when
+    /// `dead_letter_when_exhausted` (signature problems).
     Retry {
         error: String,
         retry_after: Option<Duration>,
         dead_letter_when_exhausted: bool,
+    },
+    /// The destination is unreachable or overloaded: retried until the TTL,
+    /// never counted, and the destination's circuit learns of it.
+    Unavailable {
+        error: String,
+        retry_after: Option<Duration>,
+    },
+    /// Retried until the TTL without counting, destination untouched: a copy
+    /// is being processed right now (503 `in_progress`), or the clocks
+    /// disagree (`clock_problem`: 401 `timestamp_out_of_range`).
+    Wait {
+        error: String,
+        retry_after: Option<Duration>,
+        clock_problem: bool,
     },
 }
 
@@ -247,47 +280,79 @@ pub fn classify(result: &Result<TransportResponse, TransportError>) -> Verdict {
     let response = match result {
         Ok(response) => response,
         Err(error) => {
-            return Verdict::Retry {
+            return Verdict::Unavailable {
                 error: error.to_string(),
                 retry_after: None,
-                dead_letter_when_exhausted: false,
             };
         }
     };
-    let body_text = || {
-        String::from_utf8_lossy(&response.body)
-            .chars()
-            .take(500)
-            .collect::<String>()
+    // `{"error": code, "message": text}` of an rfidl receiver, or the start
+    // of whatever another receiver said.
+    let (code, text) = match serde_json::from_slice::<crate::envelope::ErrorBody>(&response.body) {
+        Ok(body) => (
+            Some(body.error.clone()),
+            format!("{}: {}", body.error, body.message),
+        ),
+        Err(_) => (
+            None,
+            String::from_utf8_lossy(&response.body)
+                .chars()
+                .take(200)
+                .collect::<String>(),
+        ),
     };
-    match response.status {
-        200..=299 => match serde_json::from_slice::<Acknowledgement>(&response.body) {
+    let error = || {
+        let mut error = format!("{} {text}", response.status);
+        if error.len() > 500 {
+            let mut cut = 500;
+            while !error.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            error.truncate(cut);
+        }
+        error
+    };
+    match (response.status, code.as_deref()) {
+        (200..=299, _) => match serde_json::from_slice::<Acknowledgement>(&response.body) {
             Ok(ack) if ack.acknowledged => Verdict::Sent {
                 response: ack.payload,
             },
             _ => Verdict::Retry {
-                error: format!(
-                    "{} without an acknowledgement: {}",
-                    response.status,
-                    body_text()
-                ),
+                error: format!("{} without an acknowledgement", error()),
                 retry_after: None,
                 dead_letter_when_exhausted: false,
             },
         },
-        409 => Verdict::Sent {
+        (409, _) => Verdict::Sent {
             response: serde_json::Value::Null,
         },
-        400 | 404 | 413 | 422 => Verdict::DeadLetter {
-            error: format!("{}: {}", response.status, body_text()),
+        (422, Some(crate::receiver::BEYOND_DEDUP_HORIZON)) => Verdict::Failed { error: error() },
+        (400 | 404 | 413 | 422, _) => Verdict::DeadLetter { error: error() },
+        (401, Some("timestamp_out_of_range")) => Verdict::Wait {
+            error: format!(
+                "clock problem: the receiver refused our signature timestamp as outside its \
+                 tolerance; check the clocks of both hosts (NTP). {}",
+                error()
+            ),
+            retry_after: None,
+            clock_problem: true,
         },
-        401 => Verdict::Retry {
-            error: format!("401: {}", body_text()),
+        (401, _) => Verdict::Retry {
+            error: error(),
             retry_after: None,
             dead_letter_when_exhausted: true,
         },
-        status => Verdict::Retry {
-            error: format!("{status}: {}", body_text()),
+        (503, Some("in_progress")) => Verdict::Wait {
+            error: error(),
+            retry_after: response.retry_after,
+            clock_problem: false,
+        },
+        (429 | 502 | 503 | 504, _) => Verdict::Unavailable {
+            error: error(),
+            retry_after: response.retry_after,
+        },
+        _ => Verdict::Retry {
+            error: error(),
             retry_after: response.retry_after,
             dead_letter_when_exhausted: false,
         },
@@ -312,45 +377,52 @@ pub fn backoff(retry: u32, base: Duration, max: Duration, jitter: Duration) -> D
 /// may not have committed yet).
 const RECHECK_DELAYS_MS: [u64; 7] = [1, 2, 4, 8, 16, 32, 64];
 
+/// Rows claimed for one request: one destination, sent alone or as a batch.
+#[derive(Debug)]
+struct Group {
+    destination: String,
+    rows: Vec<Claimed>,
+    probe: bool,
+}
+
+/// What became of a group: its attempts, and what its circuit learns.
+struct GroupResult {
+    destination: String,
+    probe: bool,
+    attempts: Vec<Attempt>,
+}
+
 async fn run(state: Arc<State>, wake: Arc<tokio::sync::Notify>, cancel: CancellationToken) {
-    let mut in_flight: JoinSet<Vec<Attempt>> = JoinSet::new();
+    let mut in_flight: JoinSet<GroupResult> = JoinSet::new();
     let mut recheck = RECHECK_DELAYS_MS.len();
+    let mut next_discovery = tokio::time::Instant::now();
     loop {
         if cancel.is_cancelled() {
             break;
+        }
+        if tokio::time::Instant::now() >= next_discovery {
+            discover(&state).await;
+            next_discovery = tokio::time::Instant::now() + state.config.outbox.poll_interval;
         }
         let capacity = state
             .config
             .outbox
             .max_in_flight
             .saturating_sub(in_flight.len());
-        let claimed = if capacity > 0 {
-            claim(
-                &state,
-                capacity.min(state.config.outbox.batch_size as usize),
-            )
-            .await
+        let groups = if capacity > 0 {
+            claim(&state, capacity).await
         } else {
             Vec::new()
         };
-        let got_rows = !claimed.is_empty();
-        // Several due messages for one destination travel as one batch
-        // request (`/_rf/receive/batch`); a lone message uses the single endpoint.
-        let mut by_destination: BTreeMap<String, Vec<Claimed>> = BTreeMap::new();
-        for row in claimed {
-            by_destination
-                .entry(row.destination.clone())
-                .or_default()
-                .push(row);
-        }
-        for rows in by_destination.into_values() {
+        let got_rows = !groups.is_empty();
+        for group in groups {
             let state = state.clone();
-            in_flight.spawn(async move { send_group(&state, rows).await });
+            in_flight.spawn(async move { send_group(&state, group).await });
         }
         if got_rows {
             recheck = 0;
         }
-        let idle_wait = if got_rows {
+        let mut idle_wait = if got_rows {
             Duration::ZERO
         } else if recheck < RECHECK_DELAYS_MS.len() {
             recheck += 1;
@@ -358,6 +430,11 @@ async fn run(state: Arc<State>, wake: Arc<tokio::sync::Notify>, cancel: Cancella
         } else {
             state.config.outbox.poll_interval
         };
+        // Wake up for the next probe of an open circuit.
+        if let Some(probe_at) = state.circuits.next_probe() {
+            idle_wait =
+                idle_wait.min(probe_at.saturating_duration_since(std::time::Instant::now()));
+        }
         if in_flight.is_empty() {
             tokio::select! {
                 _ = cancel.cancelled() => break,
@@ -372,10 +449,10 @@ async fn run(state: Arc<State>, wake: Arc<tokio::sync::Notify>, cancel: Cancella
             done = in_flight.join_next() => {
                 let mut results = Vec::new();
                 if let Some(Ok(done)) = done {
-                    results.extend(done);
+                    results.push(done);
                 }
                 while let Some(Ok(done)) = in_flight.try_join_next() {
-                    results.extend(done);
+                    results.push(done);
                 }
                 record(&state, results).await;
             }
@@ -386,19 +463,81 @@ async fn run(state: Arc<State>, wake: Arc<tokio::sync::Notify>, cancel: Cancella
     let mut results = Vec::new();
     while let Some(done) = in_flight.join_next().await {
         if let Ok(done) = done {
-            results.extend(done);
+            results.push(done);
         }
     }
     record(&state, results).await;
 }
 
-async fn claim(state: &Arc<State>, limit: usize) -> Vec<Claimed> {
+/// Finds destinations with waiting rows that have no route (one index
+/// look-up per distinct destination), so that their rows are claimed too.
+async fn discover(state: &Arc<State>) {
+    let store = state.store.clone();
+    let found = tokio::task::spawn_blocking(move || -> rusqlite::Result<Vec<String>> {
+        let conn = store.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
+        let mut statement = conn.prepare_cached(
+            "SELECT destination FROM outbox_messages WHERE status IN ('Pending', 'Sending') \
+             AND destination > ?1 ORDER BY destination LIMIT 1",
+        )?;
+        let mut destinations = Vec::new();
+        let mut after = String::new();
+        while let Some(next) = statement
+            .query_row([&after], |row| row.get::<_, String>(0))
+            .optional()?
+        {
+            destinations.push(next.clone());
+            after = next;
+        }
+        Ok(destinations)
+    })
+    .await;
+    if let Ok(Ok(destinations)) = found {
+        let unrouted: Vec<String> = destinations
+            .into_iter()
+            .filter(|d| !state.routes.contains_key(d))
+            .collect();
+        if let Ok(mut slot) = state.unrouted.lock() {
+            *slot = unrouted;
+        }
+    }
+}
+
+/// Claims due rows, destination by destination (as their circuits allow),
+/// and cuts them into groups of at most each destination's batch limit.
+/// Rows past their TTL are marked `Expired` instead.
+async fn claim(state: &Arc<State>, capacity: usize) -> Vec<Group> {
+    let mut destinations: Vec<String> = state.routes.keys().cloned().collect();
+    if let Ok(unrouted) = state.unrouted.lock() {
+        destinations.extend(unrouted.iter().cloned());
+    }
+    if destinations.is_empty() {
+        return Vec::new();
+    }
+    let start = state
+        .rotation
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        % destinations.len();
+    destinations.rotate_left(start);
+    let now = std::time::Instant::now();
+    let plan: Vec<(String, Admission)> = destinations
+        .into_iter()
+        .map(|d| {
+            let admission = state.circuits.admit(&d, now);
+            (d, admission)
+        })
+        .filter(|(_, admission)| !matches!(admission, Admission::Blocked { .. }))
+        .collect();
+    if plan.is_empty() {
+        return Vec::new();
+    }
     let store = state.store.clone();
     let lease_ms = state.config.outbox.lease_timeout.as_millis() as i64;
     let metrics = state.metrics.clone();
+    let row_budget = state.config.outbox.batch_size.max(1) as usize;
+    let plan_for_db = plan.clone();
     let durability = state.config.outbox.durability;
-    let result = tokio::task::spawn_blocking(move || -> rusqlite::Result<Vec<Claimed>> {
-        let conn = store.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
+    let result = tokio::task::spawn_blocking(move || -> rusqlite::Result<Vec<Group>> {
+        let mut conn = store.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
         // The claim commits with FULL whatever `outbox.durability` says: its
         // fsync of the WAL makes every transaction committed before it
         // durable, so no message leaves before the transaction that enqueued
@@ -406,87 +545,189 @@ async fn claim(state: &Arc<State>, limit: usize) -> Vec<Claimed> {
         // could undo the very transaction whose message the receiver
         // processed: test
         // `powerloss_sender_normal_never_delivers_a_transaction_it_can_lose`.)
-        // One fsync per claimed batch, none per enqueue. Recording results
-        // needs none of its own: a result lost in a power cut means a
-        // re-send, answered as a duplicate.
+        // One fsync per claim, none per enqueue. Recording results needs
+        // none of its own: a result lost in a power cut means a re-send,
+        // answered as a duplicate.
         conn.pragma_update(None, "synchronous", "FULL")?;
-        let claimed = claim_due(&conn, &metrics, lease_ms, limit);
+        let claimed = claim_groups(
+            &mut conn,
+            &plan_for_db,
+            lease_ms,
+            &metrics,
+            row_budget,
+            capacity,
+        );
         let restored = conn.pragma_update(None, "synchronous", db::synchronous(durability));
-        let claimed = claimed?;
+        let groups = claimed?;
         restored?;
-        Ok(claimed)
+        Ok(groups)
     })
     .await;
-    match result {
-        Ok(Ok(rows)) => rows,
+    let groups = match result {
+        Ok(Ok(groups)) => groups,
         Ok(Err(error)) => {
             tracing::warn!(%error, "outbox claim failed; retrying at the next round");
             Vec::new()
         }
         Err(_) => Vec::new(),
+    };
+    // A probe that found no due row is not in flight.
+    for (destination, admission) in &plan {
+        if *admission == Admission::Probe
+            && !groups
+                .iter()
+                .any(|g| g.probe && &g.destination == destination)
+        {
+            state.circuits.probe_unused(destination);
+        }
+    }
+    groups
+}
+
+/// What one attempt came to: the transport's answer, or a row that could
+/// not even be turned into a request.
+#[derive(Debug, Clone)]
+enum Outcome {
+    Answer(Result<TransportResponse, TransportError>),
+    Unsendable(String),
+}
+
+impl Outcome {
+    fn verdict(&self) -> Verdict {
+        match self {
+            Outcome::Answer(result) => classify(result),
+            Outcome::Unsendable(error) => Verdict::Retry {
+                error: error.clone(),
+                retry_after: None,
+                dead_letter_when_exhausted: false,
+            },
+        }
     }
 }
 
-/// Marks expired rows, then claims up to `limit` due rows with a fresh lease.
-fn claim_due(
-    conn: &Connection,
-    metrics: &Metrics,
+/// The claim's transaction: due rows, destination by destination as `plan`
+/// admits them, at most `row_budget` rows in at most `capacity` groups.
+fn claim_groups(
+    conn: &mut Connection,
+    plan: &[(String, Admission)],
     lease_ms: i64,
-    limit: usize,
-) -> rusqlite::Result<Vec<Claimed>> {
+    metrics: &Metrics,
+    row_budget: usize,
+    capacity: usize,
+) -> rusqlite::Result<Vec<Group>> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let now = db::now_ms();
-    let expired = conn.execute(
-        "UPDATE outbox_messages SET status = 'Expired', lease_token = NULL, last_error = 'time to live exceeded' \
-         WHERE status IN ('Pending', 'Sending') AND next_retry_at <= ?1 AND expires_at <= ?1",
-        params![now],
-    )?;
-    metrics.outbox_expired.add(expired as u64);
     let lease = uuid::Uuid::now_v7().to_string();
-    let mut statement = conn.prepare_cached(
-        "UPDATE outbox_messages SET status = 'Sending', lease_token = ?1, next_retry_at = ?2, last_attempt_at = ?3 \
-         WHERE message_id IN (SELECT message_id FROM outbox_messages \
-             WHERE status IN ('Pending', 'Sending') AND next_retry_at <= ?3 ORDER BY next_retry_at LIMIT ?4) \
-         RETURNING message_id, correlation_id, message_type, destination, interface, version, fingerprint, \
-             endpoint, payload, headers, retry_count, max_retries",
-    )?;
-    let rows = statement.query_map(params![lease, now + lease_ms, now, limit as i64], |r| {
-        Ok(Claimed {
-            message_id: r.get(0)?,
-            lease: lease.clone(),
-            correlation_id: r.get(1)?,
-            message_type: r.get(2)?,
-            destination: r.get(3)?,
-            interface: r.get(4)?,
-            version: r.get(5)?,
-            fingerprint: r.get(6)?,
-            endpoint: r.get(7)?,
-            payload: r.get(8)?,
-            headers: r.get(9)?,
-            retry_count: r.get(10)?,
-            max_retries: r.get(11)?,
-        })
-    })?;
-    rows.collect()
+    let mut groups = Vec::new();
+    let mut rows_left = row_budget;
+    let mut groups_left = capacity;
+    for (destination, admission) in plan {
+        if rows_left == 0 || groups_left == 0 {
+            break;
+        }
+        let (limit, per_group, probe) = match *admission {
+            Admission::Probe => (1, 1, true),
+            Admission::Closed { batch_limit } => {
+                let per_group = batch_limit.max(1);
+                (rows_left.min(per_group * groups_left), per_group, false)
+            }
+            Admission::Blocked { .. } => continue,
+        };
+        let mut statement = tx.prepare_cached(
+            "UPDATE outbox_messages SET status = 'Sending', lease_token = ?1, next_retry_at = ?2, last_attempt_at = ?3 \
+             WHERE message_id IN (SELECT message_id FROM outbox_messages \
+                 WHERE destination = ?5 AND status IN ('Pending', 'Sending') AND next_retry_at <= ?3 \
+                 ORDER BY next_retry_at LIMIT ?4) \
+             RETURNING message_id, correlation_id, message_type, interface, version, fingerprint, \
+                 endpoint, payload, headers, retry_count, max_retries, created_at, expires_at",
+        )?;
+        let mut expired = Vec::new();
+        let mut live = Vec::new();
+        let rows = statement.query_map(
+            params![lease, now + lease_ms, now, limit as i64, destination],
+            |r| {
+                Ok((
+                    Claimed {
+                        message_id: r.get(0)?,
+                        lease: lease.clone(),
+                        correlation_id: r.get(1)?,
+                        message_type: r.get(2)?,
+                        interface: r.get(3)?,
+                        version: r.get(4)?,
+                        fingerprint: r.get(5)?,
+                        endpoint: r.get(6)?,
+                        payload: r.get(7)?,
+                        headers: r.get(8)?,
+                        retry_count: r.get(9)?,
+                        max_retries: r.get(10)?,
+                        created_at_ms: r.get(11)?,
+                    },
+                    r.get::<_, i64>(12)?,
+                ))
+            },
+        )?;
+        for row in rows {
+            let (claimed, expires_at) = row?;
+            if expires_at <= now {
+                expired.push(claimed);
+            } else {
+                live.push(claimed);
+            }
+        }
+        for row in &expired {
+            tx.execute(
+                "UPDATE outbox_messages SET status = 'Expired', lease_token = NULL, \
+                 last_error = 'time to live exceeded' WHERE message_id = ?1 AND lease_token = ?2",
+                params![row.message_id, row.lease],
+            )?;
+        }
+        metrics.outbox_expired.add(expired.len() as u64);
+        rows_left = rows_left.saturating_sub(live.len());
+        let mut live = live.into_iter().peekable();
+        while live.peek().is_some() && groups_left > 0 {
+            let rows: Vec<Claimed> = live.by_ref().take(per_group).collect();
+            groups_left -= 1;
+            groups.push(Group {
+                destination: destination.clone(),
+                rows,
+                probe,
+            });
+        }
+        // Rows beyond the group capacity stay claimed under this lease
+        // only if sent; release any left over.
+        for row in live {
+            tx.execute(
+                "UPDATE outbox_messages SET status = 'Pending', lease_token = NULL, next_retry_at = ?3 \
+                 WHERE message_id = ?1 AND lease_token = ?2",
+                params![row.message_id, row.lease, now],
+            )?;
+        }
+    }
+    tx.commit()?;
+    Ok(groups)
 }
 
 /// One send attempt and what came of it.
-type Attempt = (Claimed, Result<TransportResponse, TransportError>, Duration);
+type Attempt = (Claimed, Outcome, Duration);
 
 /// Sends rows that share a destination: alone, or as one batch request.
-async fn send_group(state: &State, rows: Vec<Claimed>) -> Vec<Attempt> {
+async fn send_group(state: &State, group: Group) -> GroupResult {
+    let Group {
+        destination,
+        rows,
+        probe,
+    } = group;
     let started = std::time::Instant::now();
-    let Some(route) = rows
-        .first()
-        .and_then(|row| state.routes.get(&row.destination))
-    else {
-        let error = TransportError::Connect(format!(
-            "no route for destination `{}`",
-            rows.first().map_or("", |row| row.destination.as_str())
-        ));
-        return rows
-            .into_iter()
-            .map(|row| (row, Err(error.clone()), started.elapsed()))
-            .collect();
+    let Some(route) = state.routes.get(&destination) else {
+        let error = format!("no route for destination `{destination}`");
+        return GroupResult {
+            destination,
+            probe,
+            attempts: rows
+                .into_iter()
+                .map(|row| (row, Outcome::Unsendable(error.clone()), started.elapsed()))
+                .collect(),
+        };
     };
     let mut requests = Vec::with_capacity(rows.len());
     let mut ready = Vec::with_capacity(rows.len());
@@ -497,7 +738,7 @@ async fn send_group(state: &State, rows: Vec<Claimed>) -> Vec<Attempt> {
                 requests.push(request);
                 ready.push(row);
             }
-            Err(error) => attempts.push((row, Err(error), started.elapsed())),
+            Err(error) => attempts.push((row, Outcome::Unsendable(error), started.elapsed())),
         }
     }
     let answers = match requests.len() {
@@ -510,22 +751,22 @@ async fn send_group(state: &State, rows: Vec<Claimed>) -> Vec<Attempt> {
         ready
             .into_iter()
             .zip(answers)
-            .map(|(row, answer)| (row, answer, elapsed)),
+            .map(|(row, answer)| (row, Outcome::Answer(answer), elapsed)),
     );
-    attempts
+    GroupResult {
+        destination,
+        probe,
+        attempts,
+    }
 }
 
 /// The signed single-message request for a claimed row.
-fn signed_request(
-    state: &State,
-    route: &Route,
-    row: &Claimed,
-) -> Result<OutgoingRequest, TransportError> {
+fn signed_request(state: &State, route: &Route, row: &Claimed) -> Result<OutgoingRequest, String> {
     let envelope = Envelope {
         message_id: row
             .message_id
             .parse()
-            .map_err(|_| TransportError::Other("bad message id".into()))?,
+            .map_err(|_| format!("stored message id `{}` is not a UUID", row.message_id))?,
         correlation_id: row.correlation_id.clone(),
         source_service_id: state.config.service_id.clone(),
         message_type: MessageType::parse(&row.message_type).unwrap_or(MessageType::Signal),
@@ -535,8 +776,9 @@ fn signed_request(
         endpoint: row.endpoint.clone(),
         payload: serde_json::from_str(&row.payload).unwrap_or(serde_json::Value::Null),
         headers: serde_json::from_str(&row.headers).unwrap_or_default(),
+        created_at: jiff::Timestamp::from_millisecond(row.created_at_ms).ok(),
     };
-    let body = serde_json::to_vec(&envelope).map_err(|e| TransportError::Other(e.to_string()))?;
+    let body = serde_json::to_vec(&envelope).map_err(|e| format!("cannot encode: {e}"))?;
     let signature =
         SignatureHeaders::sign(&row.message_id, signing::unix_now(), &body, &route.secrets);
     Ok(OutgoingRequest {
@@ -546,9 +788,49 @@ fn signed_request(
     })
 }
 
-async fn record(state: &Arc<State>, results: Vec<Attempt>) {
+/// Writes the attempts' results (one transaction), then tells each
+/// destination's circuit what its request came to.
+async fn record(state: &Arc<State>, results: Vec<GroupResult>) {
     if results.is_empty() {
         return;
+    }
+    let mut outcomes = Vec::with_capacity(results.len());
+    let mut attempts = Vec::new();
+    for result in results {
+        let verdicts: Vec<Verdict> = result
+            .attempts
+            .iter()
+            .map(|(_, o, _)| o.verdict())
+            .collect();
+        // Destination-level only if nothing in the request got through: one
+        // message answered 503 beside others that were processed says
+        // nothing about the destination.
+        let unavailable = verdicts
+            .iter()
+            .map(|v| match v {
+                Verdict::Unavailable { error, .. } => Some(error.clone()),
+                _ => None,
+            })
+            .collect::<Option<Vec<String>>>()
+            .and_then(|errors| errors.into_iter().next());
+        let clock_problem = verdicts.iter().find_map(|v| match v {
+            Verdict::Wait {
+                error,
+                clock_problem: true,
+                ..
+            } => Some(error.clone()),
+            _ => None,
+        });
+        outcomes.push((
+            result.destination,
+            GroupOutcome {
+                rows: result.attempts.len(),
+                unavailable,
+                clock_problem,
+                probe: result.probe,
+            },
+        ));
+        attempts.extend(result.attempts.into_iter().zip(verdicts));
     }
     let store = state.store.clone();
     let config = state.config.clone();
@@ -557,15 +839,38 @@ async fn record(state: &Arc<State>, results: Vec<Attempt>) {
         let mut conn = store.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
         let tx = conn.transaction()?;
         let now = db::now_ms();
-        for (row, result, elapsed) in &results {
+        let backoff_of = |retry: u32| {
+            backoff(
+                retry,
+                config.outbox.backoff_base,
+                config.outbox.backoff_max,
+                config.outbox.jitter,
+            )
+        };
+        for ((row, _, elapsed), verdict) in &attempts {
             metrics.outbox_send_duration.observe(*elapsed);
-            let fence = params![row.message_id, row.lease];
-            match classify(result) {
+            let fence = (&row.message_id, &row.lease);
+            let finish = |status: &str, error: &str| {
+                tx.execute(
+                    "UPDATE outbox_messages SET status = ?3, last_error = ?4, lease_token = NULL \
+                     WHERE message_id = ?1 AND lease_token = ?2 AND status = 'Sending'",
+                    params![fence.0, fence.1, status, error],
+                )
+            };
+            let again = |retry_count: u32, delay: Duration, error: &str| {
+                tx.execute(
+                    "UPDATE outbox_messages SET status = 'Pending', retry_count = ?3, next_retry_at = ?4, \
+                     last_error = ?5, lease_token = NULL \
+                     WHERE message_id = ?1 AND lease_token = ?2 AND status = 'Sending'",
+                    params![fence.0, fence.1, retry_count, now + delay.as_millis() as i64, error],
+                )
+            };
+            match verdict {
                 Verdict::Sent { response } => {
                     let changed = tx.execute(
                         "UPDATE outbox_messages SET status = 'Sent', sent_at = ?3, response = ?4, lease_token = NULL, \
                          last_error = NULL WHERE message_id = ?1 AND lease_token = ?2 AND status = 'Sending'",
-                        params![fence[0], fence[1], now, serde_json::to_string(&response).unwrap_or_default()],
+                        params![fence.0, fence.1, now, serde_json::to_string(response).unwrap_or_default()],
                     )?;
                     if changed == 1 {
                         metrics.outbox_sent.inc();
@@ -573,27 +878,23 @@ async fn record(state: &Arc<State>, results: Vec<Attempt>) {
                 }
                 Verdict::DeadLetter { error } => {
                     tracing::warn!(message_id = %row.message_id, %error, "message dead-lettered");
-                    let changed = tx.execute(
-                        "UPDATE outbox_messages SET status = 'DeadLetter', last_error = ?3, lease_token = NULL \
-                         WHERE message_id = ?1 AND lease_token = ?2 AND status = 'Sending'",
-                        params![fence[0], fence[1], error],
-                    )?;
-                    if changed == 1 {
+                    if finish("DeadLetter", error)? == 1 {
                         metrics.outbox_dead_lettered.inc();
+                    }
+                }
+                Verdict::Failed { error } => {
+                    tracing::error!(message_id = %row.message_id, %error, "message failed; an operator decides");
+                    if finish("Failed", error)? == 1 {
+                        metrics.outbox_failed.inc();
                     }
                 }
                 Verdict::Retry { error, retry_after, dead_letter_when_exhausted } => {
                     let attempt = row.retry_count + 1;
                     if attempt > row.max_retries {
-                        let status = if dead_letter_when_exhausted { "DeadLetter" } else { "Failed" };
+                        let status = if *dead_letter_when_exhausted { "DeadLetter" } else { "Failed" };
                         tracing::error!(message_id = %row.message_id, %error, "giving up after {} retries", row.max_retries);
-                        let changed = tx.execute(
-                            "UPDATE outbox_messages SET status = ?3, last_error = ?4, lease_token = NULL \
-                             WHERE message_id = ?1 AND lease_token = ?2 AND status = 'Sending'",
-                            params![fence[0], fence[1], status, error],
-                        )?;
-                        if changed == 1 {
-                            if dead_letter_when_exhausted {
+                        if finish(status, error)? == 1 {
+                            if *dead_letter_when_exhausted {
                                 metrics.outbox_dead_lettered.inc();
                             } else {
                                 metrics.outbox_failed.inc();
@@ -601,16 +902,18 @@ async fn record(state: &Arc<State>, results: Vec<Attempt>) {
                         }
                         continue;
                     }
-                    let delay = backoff(row.retry_count, config.outbox.backoff_base, config.outbox.backoff_max, config.outbox.jitter)
-                        .max(retry_after.unwrap_or_default());
+                    let delay = backoff_of(row.retry_count).max(retry_after.unwrap_or_default());
                     tracing::debug!(message_id = %row.message_id, %error, attempt, "send failed; retrying in {delay:?}");
-                    let changed = tx.execute(
-                        "UPDATE outbox_messages SET status = 'Pending', retry_count = ?3, next_retry_at = ?4, \
-                         last_error = ?5, lease_token = NULL \
-                         WHERE message_id = ?1 AND lease_token = ?2 AND status = 'Sending'",
-                        params![fence[0], fence[1], attempt, now + delay.as_millis() as i64, error],
-                    )?;
-                    if changed == 1 {
+                    if again(attempt, delay, error)? == 1 {
+                        metrics.outbox_retries.inc();
+                    }
+                }
+                // Not counted: the row waits (its circuit gates an unreachable
+                // destination) and is due again after one base backoff.
+                Verdict::Unavailable { error, retry_after } | Verdict::Wait { error, retry_after, .. } => {
+                    let delay = backoff_of(0).max(retry_after.unwrap_or_default());
+                    tracing::debug!(message_id = %row.message_id, %error, "not delivered; retrying in {delay:?} (not counted)");
+                    if again(row.retry_count, delay, error)? == 1 {
                         metrics.outbox_retries.inc();
                     }
                 }
@@ -621,6 +924,9 @@ async fn record(state: &Arc<State>, results: Vec<Attempt>) {
     .await;
     if let Ok(Err(error)) = outcome {
         tracing::error!(%error, "cannot record send results; the rows are re-sent after their lease");
+    }
+    for (destination, outcome) in &outcomes {
+        state.circuits.record(destination, outcome);
     }
 }
 
@@ -667,6 +973,12 @@ mod tests {
                 retry_after: None,
             })
         };
+        let refusal = |status: u16, code: &str| {
+            answer(
+                status,
+                &format!(r#"{{"error":"{code}","message":"said the receiver"}}"#),
+            )
+        };
         let ack = r#"{"acknowledged":true,"duplicate":false,"payload":{"x":1}}"#;
         assert_eq!(
             classify(&answer(200, ack)),
@@ -685,25 +997,71 @@ mod tests {
                 "{status}"
             );
         }
+        // Beyond the receiver's dedup horizon: a human decides, never DeadLetter.
         assert!(matches!(
-            classify(&answer(401, "")),
+            classify(&refusal(422, "beyond_dedup_horizon")),
+            Verdict::Failed { .. }
+        ));
+        assert!(matches!(
+            classify(&refusal(401, "bad_signature")),
             Verdict::Retry {
                 dead_letter_when_exhausted: true,
                 ..
             }
         ));
-        for status in [429, 500, 502, 503] {
-            assert!(matches!(
-                classify(&answer(status, "")),
-                Verdict::Retry {
-                    dead_letter_when_exhausted: false,
-                    ..
-                }
-            ));
+        // Clock skew: waits (not counted), and says what it is.
+        match classify(&refusal(401, "timestamp_out_of_range")) {
+            Verdict::Wait {
+                error,
+                clock_problem: true,
+                ..
+            } => assert!(error.starts_with("clock problem"), "{error}"),
+            other => panic!("{other:?}"),
         }
+        // The message may be at fault: counted.
         assert!(matches!(
-            classify(&Err(TransportError::Timeout)),
-            Verdict::Retry { .. }
+            classify(&refusal(500, "handler_failed")),
+            Verdict::Retry {
+                dead_letter_when_exhausted: false,
+                ..
+            }
         ));
+        // A copy is in progress: waits, destination untouched.
+        assert!(matches!(
+            classify(&refusal(503, "in_progress")),
+            Verdict::Wait {
+                clock_problem: false,
+                ..
+            }
+        ));
+        // Unreachable or overloaded destination: never counted.
+        for status in [429, 502, 503, 504] {
+            assert!(
+                matches!(classify(&answer(status, "")), Verdict::Unavailable { .. }),
+                "{status}"
+            );
+        }
+        for error in [
+            TransportError::Timeout,
+            TransportError::Connect("refused".into()),
+            TransportError::Other("connection reset".into()),
+        ] {
+            assert!(matches!(classify(&Err(error)), Verdict::Unavailable { .. }));
+        }
+    }
+
+    #[test]
+    fn last_error_keeps_the_code_and_message_and_is_bounded() {
+        let long = "x".repeat(5_000);
+        let verdict = classify(&Ok(TransportResponse {
+            status: 500,
+            body: format!(r#"{{"error":"handler_failed","message":"{long}"}}"#).into_bytes(),
+            retry_after: None,
+        }));
+        let Verdict::Retry { error, .. } = verdict else {
+            panic!("{verdict:?}");
+        };
+        assert!(error.starts_with("500 handler_failed: xxx"), "{error}");
+        assert!(error.len() <= 500);
     }
 }

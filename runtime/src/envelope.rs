@@ -58,6 +58,12 @@ pub struct Envelope {
     pub payload: serde_json::Value,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// When the message entered the sender's outbox (RFC 3339, UTC); the
+    /// same on every retry. A receiver refuses a message it has no inbox
+    /// record of that is older than its dedup horizon (`inbox.retention`):
+    /// 422 `beyond_dedup_horizon`. Optional for senders outside rfidl.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<jiff::Timestamp>,
 }
 
 /// A 200 answer: processed now, or processed before (`duplicate`).

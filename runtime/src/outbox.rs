@@ -71,6 +71,7 @@ pub struct Outbox {
 struct Inner {
     config: Config,
     metrics: Arc<Metrics>,
+    circuits: Arc<crate::circuit::Circuits>,
     wake: Arc<Notify>,
     db_path: Option<PathBuf>,
     sender: std::sync::Mutex<Option<tokio::sync::mpsc::Sender<SendJob>>>,
@@ -100,6 +101,7 @@ impl Outbox {
     pub fn with_metrics(config: Config, db_path: impl AsRef<Path>, metrics: Arc<Metrics>) -> Self {
         Self {
             inner: Arc::new(Inner {
+                circuits: Arc::new(crate::circuit::Circuits::new(&config.outbox)),
                 config,
                 metrics,
                 wake: Arc::new(Notify::new()),
@@ -115,6 +117,12 @@ impl Outbox {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.inner.metrics
+    }
+
+    /// The circuit breakers of this outbox's destinations (updated by its
+    /// dispatcher, shown by the diagnostics).
+    pub fn circuits(&self) -> &Arc<crate::circuit::Circuits> {
+        &self.inner.circuits
     }
 
     /// The dispatcher waits on this.

@@ -108,7 +108,8 @@ pub fn retention_warnings(inbox_retention: Duration, sender_ttl: Duration) -> Ve
     if inbox_retention < sender_ttl {
         warnings.push(format!(
             "inbox.retention ({}) is shorter than the senders' outbox.ttl ({}): a retry that \
-             arrives after its inbox row was cleaned up is processed a second time",
+             arrives after its inbox row was cleaned up is beyond the dedup horizon, refused \
+             (422 beyond_dedup_horizon) and left Failed for an operator",
             crate::duration::format_duration(inbox_retention),
             crate::duration::format_duration(sender_ttl),
         ));

@@ -2,8 +2,10 @@
 //!
 //! * `cargo xtask test`  — installs the Python interop dependency into `.venv`
 //!   (the Standard Webhooks reference library), then runs every test.
-//! * `cargo xtask ci`    — formatting check, clippy with `-D warnings`, then `test`.
+//! * `cargo xtask ci`    — formatting check, clippy with `-D warnings`, `test`, then `chaos`.
 //! * `cargo xtask bench` — every benchmark, release build; figures go to BENCHMARKS.md.
+//! * `cargo xtask chaos` — the fault-injection harness over the demo services
+//!   as separate processes (`--messages N`, `--scenario NAME`, `--release`).
 //!
 //! Std only: this crate must build in seconds.
 
@@ -22,9 +24,10 @@ fn main() -> ExitCode {
         "ci" => ci(),
         "bench" => bench(rest),
         "regen" => regen(),
+        "chaos" => chaos(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <task>\n\n  test [cargo test args]  set up .venv (Python interop deps) and run all tests\n  ci                      fmt --check, clippy -D warnings, then test\n  bench [name]            run the benchmarks (release)\n  regen                   regenerate generated-examples/src/generated from schemas/"
+                "usage: cargo xtask <task>\n\n  test [cargo test args]  set up .venv (Python interop deps) and run all tests\n  ci                      fmt --check, clippy -D warnings, then test\n  bench [name]            run the benchmarks (release)\n  chaos [--release] [--messages N] [--scenario NAME]\n                          fault-injection harness (demo services as processes)\n  regen                   regenerate generated-examples/src/generated from schemas/"
             );
             return if task == "help" {
                 ExitCode::SUCCESS
@@ -143,7 +146,40 @@ fn ci() -> Result<(), String> {
         "-D",
         "warnings",
     ]))?;
-    test(&[])
+    test(&[])?;
+    // Every fault scenario with a small load (docs/guarantees.md).
+    chaos(&["--messages".to_owned(), "200".to_owned()])
+}
+
+/// Builds the demo binaries and the registry, then runs the chaos harness
+/// with the remaining arguments (`--release` builds them optimised, for
+/// large `--messages`).
+fn chaos(extra: &[String]) -> Result<(), String> {
+    let release = extra.iter().any(|a| a == "--release");
+    let rest: Vec<&String> = extra.iter().filter(|a| *a != "--release").collect();
+    let mut build = cargo();
+    build.args([
+        "build",
+        "-p",
+        "rfidl-examples",
+        "--bins",
+        "-p",
+        "rfidl-registry",
+        "--bin",
+        "rfidl-registry",
+    ]);
+    if release {
+        build.arg("--release");
+    }
+    run(&mut build)?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"));
+    let bins = target.join(if release { "release" } else { "debug" });
+    run(Command::new(bins.join("chaos"))
+        .arg("--bin-dir")
+        .arg(&bins)
+        .args(rest))
 }
 
 fn regen() -> Result<(), String> {

@@ -1,11 +1,12 @@
 //! The `rfidl` command-line tool: parses flags with clap and calls the
 //! library. Exit codes: 0 success, 1 contract errors, 2 usage or I/O errors.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
-use rfidl_codegen::cli::{self, DiagnosticFormat, ManifestFormat};
+use clap::{Args, CommandFactory as _, Parser, Subcommand, ValueEnum};
+use rfidl_codegen::cli::{self, DiagnosticFormat, ManifestFormat, Report};
 use rfidl_codegen::diagnostics::ColorChoice;
 
 #[derive(Parser)]
@@ -15,8 +16,21 @@ use rfidl_codegen::diagnostics::ColorChoice;
     about = "Check .rfidl contracts and generate Rust code from them"
 )]
 struct Cli {
+    /// Colour text output: `auto` (when stderr is a terminal and `NO_COLOR`
+    /// is unset), `always` or `never`.
+    #[arg(long, global = true, value_enum, default_value = "auto")]
+    color: ColorArg,
     #[command(subcommand)]
     command: Command,
+}
+
+/// `--format` of the subcommands that report.
+#[derive(Args)]
+struct FormatOpt {
+    /// `text` (rustc-style, on stderr), `json` (one object per line, on
+    /// stdout) or `github` (GitHub Actions annotations, on stdout).
+    #[arg(long, value_enum, default_value = "text")]
+    format: FormatArg,
 }
 
 #[derive(Subcommand)]
@@ -25,13 +39,8 @@ enum Command {
     Check {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
-        /// `human` (rustc-style) or `json` (one object per line).
-        #[arg(long, value_enum, default_value = "human")]
-        format: FormatArg,
-        /// Colour human output: `auto` (when stderr is a terminal and
-        /// `NO_COLOR` is unset), `always` or `never`.
-        #[arg(long, value_enum, default_value = "auto")]
-        color: ColorArg,
+        #[command(flatten)]
+        format: FormatOpt,
     },
     /// Generate Rust code and manifests into a folder (the same code as build.rs).
     Generate {
@@ -43,6 +52,8 @@ enum Command {
         /// Which side(s) to generate.
         #[arg(long, value_enum, default_value = "both")]
         sides: SidesArg,
+        #[command(flatten)]
+        format: FormatOpt,
     },
     /// Format contracts in the canonical layout, keeping comments.
     Fmt {
@@ -51,6 +62,8 @@ enum Command {
         /// Do not write: list files that are not formatted and exit 1.
         #[arg(long)]
         check: bool,
+        #[command(flatten)]
+        format: FormatOpt,
     },
     /// Report changes that break peers of an interface version already published:
     /// compares each version of the baseline with the same version in the contracts.
@@ -62,9 +75,8 @@ enum Command {
         /// prints), a folder of them, or `.rfidl` contracts.
         #[arg(long)]
         against: PathBuf,
-        /// `human` or `json` (one change per line).
-        #[arg(long, value_enum, default_value = "human")]
-        format: FormatArg,
+        #[command(flatten)]
+        format: FormatOpt,
     },
     /// Publish every service version of the contracts to a registry. A new
     /// revision of a published version must be compatible (exit 1 if not).
@@ -77,6 +89,8 @@ enum Command {
         /// Bearer token, if the registry requires one to publish.
         #[arg(long, env = "RFIDL_REGISTRY_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        #[command(flatten)]
+        format: FormatOpt,
     },
     /// Pin remote interface versions in the lock file and store their
     /// manifests in the offline cache (without REMOTES: everything locked).
@@ -94,13 +108,29 @@ enum Command {
         /// Move every pin to the latest revision instead of keeping it.
         #[arg(long)]
         update: bool,
+        #[command(flatten)]
+        format: FormatOpt,
     },
     /// Print the manifest of every service version.
     Manifest {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
+        /// The manifests' format (diagnostics, if any, are text on stderr).
         #[arg(long, value_enum, default_value = "json")]
         format: ManifestArg,
+    },
+    /// Print a shell completion script, e.g. `rfidl completions bash >
+    /// ~/.local/share/bash-completion/completions/rfidl`.
+    Completions {
+        /// The shell to complete in.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) to stdout, or write one page per
+    /// subcommand into a folder.
+    Man {
+        /// Write `rfidl.1`, `rfidl-check.1`, … into this folder instead.
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
 }
 
@@ -113,8 +143,13 @@ enum ColorArg {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum FormatArg {
-    Human,
+    /// rustc-style text on stderr (also accepted as `human`).
+    #[value(alias = "human")]
+    Text,
+    /// One JSON object per line on stdout.
     Json,
+    /// GitHub Actions annotations (`::error file=…,line=…::…`) on stdout.
+    Github,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -130,76 +165,162 @@ enum ManifestArg {
     Yaml,
 }
 
-fn diagnostic_format(format: FormatArg) -> DiagnosticFormat {
-    match format {
-        FormatArg::Human => DiagnosticFormat::Human,
-        FormatArg::Json => DiagnosticFormat::Json,
+impl FormatOpt {
+    fn report(&self, color: ColorArg) -> Report {
+        let format = match self.format {
+            FormatArg::Text => DiagnosticFormat::Human,
+            FormatArg::Json => DiagnosticFormat::Json,
+            FormatArg::Github => DiagnosticFormat::Github,
+        };
+        let color = match color {
+            ColorArg::Auto => ColorChoice::Auto,
+            ColorArg::Always => ColorChoice::Always,
+            ColorArg::Never => ColorChoice::Never,
+        };
+        Report::new(format, color)
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let color = cli.color;
     let outcome = match cli.command {
-        Command::Check {
+        Command::Check { paths, format } => cli::check_with(&paths, &format.report(color)),
+        Command::Generate {
             paths,
+            out,
+            sides,
             format,
-            color,
         } => {
-            let format = diagnostic_format(format);
-            let color = match color {
-                ColorArg::Auto => ColorChoice::Auto,
-                ColorArg::Always => ColorChoice::Always,
-                ColorArg::Never => ColorChoice::Never,
-            };
-            cli::check(&paths, format, color)
-        }
-        Command::Generate { paths, out, sides } => {
             let sides = match sides {
                 SidesArg::Both => rfidl_codegen::Sides::Both,
                 SidesArg::Service => rfidl_codegen::Sides::Service,
                 SidesArg::Engine => rfidl_codegen::Sides::Engine,
             };
-            cli::generate(&paths, &out, sides)
+            cli::generate(&paths, &out, sides, &format.report(color))
         }
-        Command::Fmt { paths, check } => cli::fmt(
+        Command::Fmt {
+            paths,
+            check,
+            format,
+        } => cli::fmt(
             &paths,
             if check {
                 cli::FmtMode::Check
             } else {
                 cli::FmtMode::Write
             },
+            &format.report(color),
         ),
         Command::Breaking {
             paths,
             against,
             format,
-        } => cli::breaking(&against, &paths, diagnostic_format(format)),
+        } => cli::breaking(&against, &paths, &format.report(color)),
         Command::Publish {
             paths,
             registry,
             token,
-        } => publish(&registry, token.as_deref(), &paths),
+            format,
+        } => publish(&registry, token.as_deref(), &paths, &format.report(color)),
         Command::Fetch {
             remotes,
             registry,
             lock,
             cache,
             update,
-        } => fetch(registry.as_deref(), &lock, cache, &remotes, update),
+            format,
+        } => fetch(
+            registry.as_deref(),
+            &lock,
+            cache,
+            &remotes,
+            update,
+            &format.report(color),
+        ),
         Command::Manifest { paths, format } => {
             let format = match format {
                 ManifestArg::Json => ManifestFormat::Json,
                 ManifestArg::Yaml => ManifestFormat::Yaml,
             };
-            cli::manifest(&paths, format)
+            let report = FormatOpt {
+                format: FormatArg::Text,
+            }
+            .report(color);
+            cli::manifest(&paths, format, &report)
         }
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "rfidl", &mut script);
+            to_stdout(&script, "the completion script")
+        }
+        Command::Man { out } => man(out),
     };
     ExitCode::from(outcome.exit_code())
 }
 
+/// `rfidl man [--out DIR]`.
+fn man(out: Option<PathBuf>) -> cli::Outcome {
+    let command = Cli::command();
+    let Some(dir) = out else {
+        let mut roff = Vec::new();
+        clap_mangen::Man::new(command)
+            .render(&mut roff)
+            .expect("rendering into memory cannot fail");
+        return to_stdout(&roff, "the manual");
+    };
+    match std::fs::create_dir_all(&dir).and_then(|()| man_pages(command, &dir)) {
+        Ok(()) => {
+            eprintln!("wrote the manual pages into {}", dir.display());
+            cli::Outcome::Success
+        }
+        Err(error) => {
+            eprintln!(
+                "error: cannot write the manual into {}: {error}",
+                dir.display()
+            );
+            cli::Outcome::UsageOrIo
+        }
+    }
+}
+
+/// `rfidl.1` and one page per subcommand (`rfidl-check.1`, …), each naming
+/// `rfidl VERSION` as its source.
+fn man_pages(command: clap::Command, dir: &std::path::Path) -> std::io::Result<()> {
+    let mut command = command.disable_help_subcommand(true);
+    command.build();
+    let source = format!("rfidl {}", env!("CARGO_PKG_VERSION"));
+    for sub in command.get_subcommands().filter(|s| !s.is_hide_set()) {
+        clap_mangen::Man::new(sub.clone())
+            .source(source.clone())
+            .generate_to(dir)?;
+    }
+    clap_mangen::Man::new(command)
+        .source(source)
+        .generate_to(dir)?;
+    Ok(())
+}
+
+/// Writes `bytes` to stdout; a reader that stops early (`| head`) is fine.
+fn to_stdout(bytes: &[u8], what: &str) -> cli::Outcome {
+    match std::io::stdout().lock().write_all(bytes) {
+        Ok(()) => cli::Outcome::Success,
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => cli::Outcome::Success,
+        Err(error) => {
+            eprintln!("error: cannot write {what} to stdout: {error}");
+            cli::Outcome::UsageOrIo
+        }
+    }
+}
+
 #[cfg(feature = "registry")]
-fn publish(registry: &str, token: Option<&str>, paths: &[PathBuf]) -> cli::Outcome {
-    cli::publish(registry, token, paths)
+fn publish(
+    registry: &str,
+    token: Option<&str>,
+    paths: &[PathBuf],
+    report: &Report,
+) -> cli::Outcome {
+    cli::publish_with(registry, token, paths, report)
 }
 
 #[cfg(feature = "registry")]
@@ -209,6 +330,7 @@ fn fetch(
     cache: Option<PathBuf>,
     remotes: &[rfidl_codegen::registry::Remote],
     update: bool,
+    report: &Report,
 ) -> cli::Outcome {
     use rfidl_codegen::registry::{Cache, LockPolicy};
     let cache = Cache::new(cache.unwrap_or_else(Cache::default_dir));
@@ -217,12 +339,12 @@ fn fetch(
     } else {
         LockPolicy::Keep
     };
-    cli::fetch(registry, lock, &cache, remotes, policy)
+    cli::fetch_with(registry, lock, &cache, remotes, policy, report)
 }
 
 #[cfg(not(feature = "registry"))]
-fn publish(_: &str, _: Option<&str>, _: &[PathBuf]) -> cli::Outcome {
-    without_registry_feature()
+fn publish(_: &str, _: Option<&str>, _: &[PathBuf], report: &Report) -> cli::Outcome {
+    without_registry_feature(report)
 }
 
 #[cfg(not(feature = "registry"))]
@@ -232,16 +354,17 @@ fn fetch(
     _: Option<PathBuf>,
     _: &[rfidl_codegen::registry::Remote],
     _: bool,
+    report: &Report,
 ) -> cli::Outcome {
-    without_registry_feature()
+    without_registry_feature(report)
 }
 
 #[cfg(not(feature = "registry"))]
-fn without_registry_feature() -> cli::Outcome {
-    eprintln!(
-        "error: this rfidl was built without the `registry` feature; \
+fn without_registry_feature(report: &Report) -> cli::Outcome {
+    report.error(
+        "this rfidl was built without the `registry` feature; \
          run it with `cargo run -p rfidl-codegen --features registry --bin rfidl -- …` \
-         or install it with `cargo install rfidl-codegen --features registry`"
+         or install it with `cargo install rfidl-codegen --features registry`",
     );
     cli::Outcome::UsageOrIo
 }

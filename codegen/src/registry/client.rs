@@ -40,7 +40,7 @@ impl RegistryClient {
             .build()
             .map_err(|e| RegistryError::Unreachable {
                 url: base_url.to_owned(),
-                message: e.to_string(),
+                message: error_chain(&e),
             })?;
         Ok(Self {
             base: base_url.trim_end_matches('/').to_owned(),
@@ -62,7 +62,7 @@ impl RegistryClient {
     fn unreachable(&self, url: &str, error: reqwest::Error) -> RegistryError {
         RegistryError::Unreachable {
             url: url.to_owned(),
-            message: error.to_string(),
+            message: error_chain(&error.without_url()),
         }
     }
 
@@ -101,7 +101,7 @@ impl RegistryClient {
         if response.status().is_success() {
             return response.json().map_err(|e| RegistryError::BadManifest {
                 url,
-                reason: format!("unreadable publish answer: {e}"),
+                reason: format!("unreadable publish answer: {}", error_chain(&e)),
             });
         }
         if response.status() == reqwest::StatusCode::CONFLICT {
@@ -158,6 +158,24 @@ impl RegistryClient {
             .map_err(|reason| RegistryError::BadManifest { url, reason })?;
         Ok(manifest)
     }
+}
+
+/// `error` and every source under it, joined with `: ` (`error sending
+/// request: client error (Connect): tcp connect error: Connection refused
+/// (os error 111)`), so the cause of a network error is never lost. A
+/// source whose text its parent already ends with is not repeated.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let part = cause.to_string();
+        if !part.is_empty() && !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// Codes are `&'static str` in [`BreakingChange`]; map the registry's to ours.

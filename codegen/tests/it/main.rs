@@ -3,6 +3,7 @@
 mod breaking;
 mod check;
 mod cli;
+mod cli_report;
 mod docs;
 mod fmt_cli;
 mod format;

@@ -176,7 +176,17 @@ async fn main() -> anyhow::Result<()> {
          the engine's compiled fingerprints match"
     );
     registry.server.abort();
-    let exactly_once = hired == workflows && workflows == tickets;
+    // A message that ended Failed, DeadLetter or Expired waits for a human:
+    // the run is not OK even if the counts happen to match.
+    let needs_a_human = |counts: &std::collections::BTreeMap<String, u64>| -> u64 {
+        ["Failed", "DeadLetter", "Expired"]
+            .iter()
+            .filter_map(|status| counts.get(*status))
+            .sum()
+    };
+    let stuck = needs_a_human(&hr_outbox) + needs_a_human(&engine_outbox);
+    println!("  messages waiting for an operator          {stuck}");
+    let exactly_once = hired == workflows && workflows == tickets && stuck == 0;
     println!(
         "  exactly once                              {}",
         if exactly_once { "yes" } else { "NO" }
@@ -191,7 +201,8 @@ async fn main() -> anyhow::Result<()> {
     }
     anyhow::ensure!(
         exactly_once,
-        "effects do not match hires: {hired} hired, {workflows} workflows, {tickets} tickets"
+        "effects do not match hires: {hired} hired, {workflows} workflows, {tickets} tickets, \
+         {stuck} messages Failed, dead-lettered or expired"
     );
     Ok(())
 }

@@ -13,6 +13,14 @@ use rfidl_examples::demo::engine::Engine;
 struct Args {
     #[command(flatten)]
     service: ServiceArgs,
+    /// Fault drill: the hire handler takes this long (inside its
+    /// transaction, on the receiver's writer thread), for one hire in
+    /// `--slow-every`.
+    #[arg(long, value_parser = rfidl_runtime::duration::parse_duration, default_value = "0s")]
+    slow_handler: std::time::Duration,
+    /// Which hires are slow: one in this many (1: all).
+    #[arg(long, default_value_t = 1)]
+    slow_every: u32,
 }
 
 #[tokio::main]
@@ -21,7 +29,11 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();
     let args = Args::parse();
-    let engine = Engine::start(&args.service.settings("engine", "hr-service")?).await?;
+    let slow = rfidl_examples::demo::engine::SlowHandler {
+        delay: args.slow_handler,
+        every: args.slow_every.max(1),
+    };
+    let engine = Engine::start_with(&args.service.settings("engine", "hr-service")?, slow).await?;
     println!("engine listening on {}", engine.url);
     tokio::signal::ctrl_c().await?;
     engine.dispatcher.shutdown().await;

@@ -14,9 +14,13 @@ use rfidl_examples::demo::{ServiceArgs, count};
 struct Args {
     #[command(flatten)]
     service: ServiceArgs,
-    /// Hire this many employees at start.
+    /// Hire this many employees at start (counting those already in the
+    /// database: a restarted process goes on where the last one stopped).
     #[arg(long, default_value_t = 0)]
     hire: u32,
+    /// Hires per second (0: as fast as the database takes them).
+    #[arg(long, default_value_t = 0)]
+    hire_rate: u32,
     /// Exit 0 once every hire has its laptop ticket and every message this
     /// service sent is acknowledged.
     #[arg(long)]
@@ -33,8 +37,13 @@ async fn main() -> anyhow::Result<()> {
     println!("hr-service listening on {}", hr.url);
     let mut conn = hr.connection()?;
     let already = count(&hr.db, "SELECT COUNT(*) FROM employees")? as u32;
-    for number in already..args.hire {
+    let started = std::time::Instant::now();
+    for (done, number) in (already..args.hire).enumerate() {
         hr.hire(&mut conn, number)?;
+        if args.hire_rate > 0 {
+            let due = Duration::from_secs_f64((done + 1) as f64 / f64::from(args.hire_rate));
+            tokio::time::sleep(due.saturating_sub(started.elapsed())).await;
+        }
     }
     if args.exit_when_done {
         loop {

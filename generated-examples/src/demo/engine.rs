@@ -20,9 +20,12 @@ use crate::generated::hr::employees::{Employee, HireAck, OrgUnit, emp_service_v1
 /// The destination name the engine's outbox uses for HR.
 pub const HR: &str = "hr";
 
+/// The engine's business table. `message_id` is the hire message that
+/// started the workflow (UNIQUE: one workflow per message, traceable).
 pub const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS workflows (
-        id TEXT PRIMARY KEY, employee_id TEXT NOT NULL, version INTEGER NOT NULL, state TEXT NOT NULL
+        id TEXT PRIMARY KEY, employee_id TEXT NOT NULL, version INTEGER NOT NULL, state TEXT NOT NULL,
+        message_id TEXT NOT NULL UNIQUE
     );
 ";
 
@@ -30,19 +33,54 @@ pub const SCHEMA: &str = "
 pub struct Workflows {
     v1: emp_service_v1::ServiceClient,
     v2: emp_service_v2::ServiceClient,
+    slow: SlowHandler,
+    hires: std::sync::atomic::AtomicU32,
+}
+
+/// A fault drill: makes one hire handler in `every` take `delay` (inside
+/// its transaction). The default, a zero delay, is the real engine.
+#[derive(Debug, Clone, Copy)]
+pub struct SlowHandler {
+    pub delay: std::time::Duration,
+    pub every: u32,
+}
+
+impl Default for SlowHandler {
+    fn default() -> Self {
+        Self {
+            delay: std::time::Duration::ZERO,
+            every: 1,
+        }
+    }
 }
 
 impl Workflows {
     fn start_workflow(
         &self,
+        call: &IncomingCall<'_>,
         tx: &Transaction<'_>,
         employee: &Employee,
         version: u32,
     ) -> Result<HireAck, HandlerError> {
+        if !self.slow.delay.is_zero()
+            && self
+                .hires
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                .is_multiple_of(self.slow.every)
+        {
+            std::thread::sleep(self.slow.delay);
+        }
+        // A fresh random id; nothing in process memory decides what is stored.
         let workflow_id = Uuid::now_v7();
         tx.execute(
-            "INSERT INTO workflows (id, employee_id, version, state) VALUES (?1, ?2, ?3, 'provisioning')",
-            params![workflow_id.to_string(), employee.id.to_string(), version],
+            "INSERT INTO workflows (id, employee_id, version, state, message_id) \
+             VALUES (?1, ?2, ?3, 'provisioning', ?4)",
+            params![
+                workflow_id.to_string(),
+                employee.id.to_string(),
+                version,
+                call.message_id
+            ],
         )?;
         // The command to HR commits with the workflow row, or not at all.
         if version == 1 {
@@ -63,11 +101,11 @@ impl Workflows {
 impl emp_service_v1::EngineHandler for Workflows {
     fn employee_hired(
         &self,
-        _call: &IncomingCall<'_>,
+        call: &IncomingCall<'_>,
         tx: &Transaction<'_>,
         employee: Employee,
     ) -> Result<HireAck, HandlerError> {
-        self.start_workflow(tx, &employee, 1)
+        self.start_workflow(call, tx, &employee, 1)
     }
 
     fn onboarding_completed(
@@ -88,13 +126,13 @@ impl emp_service_v1::EngineHandler for Workflows {
 impl emp_service_v2::EngineHandler for Workflows {
     fn employee_hired(
         &self,
-        _call: &IncomingCall<'_>,
+        call: &IncomingCall<'_>,
         tx: &Transaction<'_>,
         employee: Employee,
         _channel: common::Channel,
         _referral_code: Option<String>,
     ) -> Result<HireAck, HandlerError> {
-        self.start_workflow(tx, &employee, 2)
+        self.start_workflow(call, tx, &employee, 2)
     }
 
     fn onboarding_completed(
@@ -146,12 +184,19 @@ pub struct Engine {
 
 impl Engine {
     pub async fn start(settings: &Settings) -> anyhow::Result<Self> {
+        Self::start_with(settings, SlowHandler::default()).await
+    }
+
+    /// [`Engine::start`] with a fault drill for its hire handler.
+    pub async fn start_with(settings: &Settings, slow: SlowHandler) -> anyhow::Result<Self> {
         let config = settings.runtime_config(HR);
         rfidl_runtime::db::open(&settings.db, config.outbox.durability)?.execute_batch(SCHEMA)?;
         let outbox = Outbox::new(config.clone(), &settings.db);
         let workflows = std::sync::Arc::new(Workflows {
             v1: emp_service_v1::ServiceClient::new(outbox.clone(), HR),
             v2: emp_service_v2::ServiceClient::new(outbox.clone(), HR),
+            slow,
+            hires: std::sync::atomic::AtomicU32::new(0),
         });
         // One receiver serves EmpService v1 and v2 side by side.
         let receiver = Receiver::builder(config.clone(), &settings.db)

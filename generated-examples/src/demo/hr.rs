@@ -6,7 +6,6 @@
 #![allow(deprecated)]
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use rfidl_runtime::dispatcher::{Dispatcher, DispatcherHandle};
 use rfidl_runtime::outbox::Outbox;
@@ -24,17 +23,26 @@ use crate::generated::hr::employees::{
 pub const ENGINE: &str = "engine";
 
 /// HR's business tables (in the same database as its outbox and inbox).
+///
+/// A ticket's number is assigned by SQLite inside the handler's transaction
+/// (`INTEGER PRIMARY KEY`), never counted in process memory: a restarted
+/// process, or a handler run again after a rollback, continues from what is
+/// committed. `message_id` is UNIQUE: the command that caused the row, so an
+/// effect can always be traced to its message, and a second commit of one
+/// message would fail instead of leaving a second ticket.
 pub const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS employees (id TEXT PRIMARY KEY, name TEXT NOT NULL, hired_on TEXT NOT NULL);
     CREATE TABLE IF NOT EXISTS laptop_tickets (
-        ticket TEXT PRIMARY KEY, employee_id TEXT NOT NULL, model TEXT NOT NULL, message_id TEXT NOT NULL
+        number INTEGER PRIMARY KEY, employee_id TEXT NOT NULL, model TEXT NOT NULL,
+        message_id TEXT NOT NULL UNIQUE
     );
 ";
 
 /// Handles `ProvisionLaptop` for both versions: one ticket row per command.
-pub struct LaptopDesk {
-    next_ticket: AtomicU64,
-}
+///
+/// Holds no state: everything a handler needs to stay correct across crashes
+/// and restarts lives in the transaction it is given.
+pub struct LaptopDesk;
 
 impl LaptopDesk {
     fn provision(
@@ -44,12 +52,15 @@ impl LaptopDesk {
         employee_id: Uuid,
         model: String,
     ) -> Result<LaptopTicket, HandlerError> {
-        let ticket = format!("IT-{:06}", self.next_ticket.fetch_add(1, Ordering::Relaxed));
-        tx.execute(
-            "INSERT INTO laptop_tickets (ticket, employee_id, model, message_id) VALUES (?1, ?2, ?3, ?4)",
-            params![ticket, employee_id.to_string(), model, call.message_id],
+        let number: i64 = tx.query_row(
+            "INSERT INTO laptop_tickets (employee_id, model, message_id) VALUES (?1, ?2, ?3) RETURNING number",
+            params![employee_id.to_string(), model, call.message_id],
+            |row| row.get(0),
         )?;
-        Ok(LaptopTicket { ticket, eta: None })
+        Ok(LaptopTicket {
+            ticket: format!("IT-{number:06}"),
+            eta: None,
+        })
     }
 }
 
@@ -96,9 +107,7 @@ impl HrService {
     pub async fn start(settings: &Settings) -> anyhow::Result<Self> {
         let config = settings.runtime_config(ENGINE);
         rfidl_runtime::db::open(&settings.db, config.outbox.durability)?.execute_batch(SCHEMA)?;
-        let desk = std::sync::Arc::new(LaptopDesk {
-            next_ticket: AtomicU64::new(1),
-        });
+        let desk = std::sync::Arc::new(LaptopDesk);
         let outbox = Outbox::new(config.clone(), &settings.db);
         let receiver = Receiver::builder(config.clone(), &settings.db)
             .service(emp_service_v1::ServiceReceiver(desk.clone()))

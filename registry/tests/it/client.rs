@@ -165,4 +165,18 @@ fn an_unreachable_registry_is_a_clear_error() {
         matches!(error, RegistryError::Unreachable { .. }),
         "{error}"
     );
+    // The whole cause, down to the operating system's.
+    let text = error.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "registry http://127.0.0.1:{port}/v1/interfaces/shop.orders.OrderService/v1: \
+             error sending request: "
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("tcp connect error") && text.contains("Connection refused (os error"),
+        "{text}"
+    );
+    assert_eq!(text.matches("error sending request").count(), 1, "{text}");
 }

@@ -4,6 +4,9 @@
 //! SIGKILL while builds go on from the lock file and the offline cache.
 
 mod api;
+mod cli_formats;
 mod client;
 mod process;
+mod routes;
+mod signals;
 mod support;

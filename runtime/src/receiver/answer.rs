@@ -46,6 +46,16 @@ pub enum ReceiveError {
         source_service_id: String,
         message_id: String,
     },
+    #[error(
+        "message `{message_id}` was created {age_secs} s ago, beyond this receiver's dedup horizon \
+         of {horizon_secs} s, and no record of it is kept: it may have been processed before, so it \
+         is not processed now (an operator decides)"
+    )]
+    BeyondDedupHorizon {
+        message_id: String,
+        age_secs: u64,
+        horizon_secs: u64,
+    },
     #[error("{0}")]
     PayloadMismatch(String),
     #[error("{0}")]
@@ -75,9 +85,10 @@ impl ReceiveError {
             | Self::UnknownVersion { .. }
             | Self::UnknownEndpoint { .. }
             | Self::NotFound(_) => StatusCode::NOT_FOUND,
-            Self::MessageIdReused { .. } | Self::PayloadMismatch(_) | Self::Poison(_) => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
+            Self::MessageIdReused { .. }
+            | Self::BeyondDedupHorizon { .. }
+            | Self::PayloadMismatch(_)
+            | Self::Poison(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::HandlerFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::InProgress | Self::Unavailable(_) | Self::ShuttingDown => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -98,6 +109,7 @@ impl ReceiveError {
             Self::UnknownVersion { .. } => "unknown_version",
             Self::UnknownEndpoint { .. } => "unknown_endpoint",
             Self::MessageIdReused { .. } => "message_id_reused",
+            Self::BeyondDedupHorizon { .. } => super::BEYOND_DEDUP_HORIZON,
             Self::PayloadMismatch(_) => "payload_mismatch",
             Self::Poison(_) => "poison",
             Self::HandlerFailed(_) => "handler_failed",

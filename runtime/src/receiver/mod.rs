@@ -64,6 +64,9 @@ use writer::{Command, Delivery, Handlers, Job, Writer};
 pub const RECEIVE_PATH: &str = "/_rf/receive";
 /// Path of the batch endpoint.
 pub const RECEIVE_BATCH_PATH: &str = "/_rf/receive/batch";
+/// The wire code (422) of a message older than the receiver's dedup horizon
+/// that it has no inbox record of; the sender marks it `Failed`.
+pub const BEYOND_DEDUP_HORIZON: &str = "beyond_dedup_horizon";
 /// Path of the hosted-interfaces listing.
 pub const METADATA_PATH: &str = "/_rf/metadata";
 
@@ -262,6 +265,11 @@ impl ReceiverBuilder {
                 batch_body_limit: self.batch_body_limit,
                 tolerance: self.config.inbox.signature_tolerance,
                 in_progress_wait: self.config.inbox.in_progress_wait,
+                dedup_horizon: self
+                    .config
+                    .inbox
+                    .retention
+                    .saturating_sub(self.config.inbox.signature_tolerance),
                 verification: self.verification,
                 secrets,
                 routes,
@@ -280,6 +288,10 @@ struct Shared {
     batch_body_limit: usize,
     tolerance: Duration,
     in_progress_wait: Duration,
+    /// Messages created longer ago than this that the inbox has no record of
+    /// are refused (`inbox.retention` less the signature tolerance, the
+    /// clock difference a signature admits).
+    dedup_horizon: Duration,
     verification: Verification,
     secrets: HashMap<String, Vec<Secret>>,
     routes: HashMap<&'static str, BTreeMap<u32, Route>>,
@@ -683,6 +695,10 @@ impl Shared {
                     })));
                 }
                 Ok(None) => {
+                    if let Some(refusal) = self.beyond_horizon(&delivery) {
+                        answers.push(Some(Answer::Refused(refusal)));
+                        continue;
+                    }
                     positions.push(answers.len());
                     answers.push(None);
                     fresh.push(delivery);
@@ -721,6 +737,22 @@ impl Shared {
                 )))
             })
             .collect()
+    }
+
+    /// The dedup horizon: a message with no inbox record, created longer
+    /// ago than the inbox keeps records, may have been processed and
+    /// forgotten. It is refused rather than processed a second time.
+    fn beyond_horizon(&self, delivery: &Delivery) -> Option<ReceiveError> {
+        let created = delivery.envelope.created_at?;
+        let age_ms = jiff::Timestamp::now()
+            .as_millisecond()
+            .saturating_sub(created.as_millisecond());
+        let horizon_ms = self.dedup_horizon.as_millis() as i64;
+        (age_ms > horizon_ms).then(|| ReceiveError::BeyondDedupHorizon {
+            message_id: delivery.message_id.clone(),
+            age_secs: (age_ms / 1000).max(0) as u64,
+            horizon_secs: (horizon_ms / 1000) as u64,
+        })
     }
 
     /// Hands deliveries to the writer and waits (bounded) for their answers.

@@ -33,6 +33,7 @@ pub(crate) fn sender_config(poll: Duration) -> Config {
     config.outbox.max_retries = 2;
     config.outbox.request_timeout = Duration::from_millis(300);
     config.outbox.lease_timeout = Duration::from_secs(30);
+    config.outbox.probe_interval_max = Duration::from_millis(100);
     config
 }
 
@@ -193,6 +194,7 @@ async fn each_answer_drives_the_row_to_the_status_the_wire_protocol_names() {
         )
         .start()
         .expect("dispatcher");
+    // Answers that end the row, or count against max_retries (2).
     let cases = [
         ("peer", "S200", Status::Sent, 1),
         ("peer", "S200dup", Status::Sent, 1),
@@ -202,30 +204,64 @@ async fn each_answer_drives_the_row_to_the_status_the_wire_protocol_names() {
         ("peer", "S413", Status::DeadLetter, 1),
         ("peer", "S422", Status::DeadLetter, 1),
         ("peer", "S401", Status::DeadLetter, 3),
-        ("peer", "S429", Status::Failed, 3),
         ("peer", "S500", Status::Failed, 3),
-        ("peer", "S503", Status::Failed, 3),
-        ("peer", "Slow", Status::Failed, 3),
-        ("nobody", "S200", Status::Failed, 0),
+    ];
+    // An unreachable or overloaded receiver: retried until the TTL, never
+    // counted, never Failed.
+    let waiting = [
+        ("peer", "S429"),
+        ("peer", "S503"),
+        ("peer", "Slow"),
+        ("nobody", "S200"),
     ];
     let ids: Vec<Uuid> = cases
         .iter()
         .map(|(to, endpoint, _, _)| enqueue(&outbox, &db, message(to, endpoint, json!({}))))
         .collect();
-    for ((to, endpoint, wanted, attempts), id) in cases.iter().zip(&ids) {
-        let row = wait_for(&db, id, *wanted).await;
-        let seen = script
+    let waiting_ids: Vec<Uuid> = waiting
+        .iter()
+        .map(|(to, endpoint)| enqueue(&outbox, &db, message(to, endpoint, json!({}))))
+        .collect();
+    let deliveries_of = |id: &Uuid| {
+        script
             .deliveries
             .lock()
             .expect("lock")
             .get(&id.to_string())
             .copied()
-            .unwrap_or(0);
-        assert_eq!(seen, *attempts, "{to}/{endpoint}: attempts");
+            .unwrap_or(0)
+    };
+    for ((to, endpoint, wanted, attempts), id) in cases.iter().zip(&ids) {
+        let row = wait_for(&db, id, *wanted).await;
+        assert_eq!(deliveries_of(id), *attempts, "{to}/{endpoint}: attempts");
         if *wanted == Status::Failed {
             assert_eq!(row.retry_count, 2, "{endpoint}: retried max_retries times");
             assert!(row.last_error.is_some());
         }
+    }
+    for ((to, endpoint), id) in waiting.iter().zip(&waiting_ids) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let row = loop {
+            let row = status_of(&db, id);
+            let tried = if *to == "nobody" {
+                row.last_error.is_some()
+            } else {
+                deliveries_of(id) >= 3
+            };
+            if tried {
+                break row;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{to}/{endpoint} never tried: {row:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert!(
+            matches!(row.status, Status::Pending | Status::Sending),
+            "{to}/{endpoint} waits: {row:?}"
+        );
+        assert_eq!(row.retry_count, 0, "{to}/{endpoint}: not counted: {row:?}");
     }
     assert_eq!(
         status_of(&db, &ids[0]).response,
@@ -274,7 +310,12 @@ async fn messages_past_their_ttl_expire_instead_of_being_sent() {
     );
     let row = wait_for(&db, &retrying, Status::Expired).await;
     assert!(
-        row.retry_count >= 1,
+        script
+            .deliveries
+            .lock()
+            .expect("lock")
+            .get(&retrying.to_string())
+            .is_some_and(|attempts| *attempts >= 2),
         "it was retried until its TTL ran out: {row:?}"
     );
     handle.shutdown().await;

@@ -2,6 +2,7 @@
 //! SQLite files in temp dirs, real HTTP on 127.0.0.1.
 
 mod dispatcher;
+mod faults;
 mod interop;
 mod operations;
 mod receiver;
