@@ -171,7 +171,7 @@ pub fn manifest(paths: &[PathBuf], format: ManifestFormat) -> Outcome {
         ManifestFormat::Yaml => write!(
             stdout,
             "{}",
-            serde_yaml::to_string(&manifests).expect("manifests always serialise")
+            yaml_serde::to_string(&manifests).expect("manifests always serialise")
         ),
     };
     Outcome::Success

@@ -24,6 +24,7 @@ pub mod inbox;
 pub mod metrics;
 pub mod outbox;
 pub mod receiver;
+pub mod redact;
 pub mod retention;
 pub mod signing;
 pub mod transport;

@@ -169,7 +169,8 @@ impl HandlerError {
 /// Decodes a payload into a method's request type. The payload must be a JSON
 /// object; unknown members are ignored (a newer compatible sender may add
 /// optional fields) and a missing required member is a
-/// [`HandlerError::PayloadMismatch`].
+/// [`HandlerError::PayloadMismatch`] whose message names the member's path
+/// and the expected type but never the value found.
 pub fn decode_payload<T: DeserializeOwned>(payload: &serde_json::Value) -> Result<T, HandlerError> {
     if !payload.is_object() {
         return Err(HandlerError::PayloadMismatch(format!(
@@ -177,7 +178,18 @@ pub fn decode_payload<T: DeserializeOwned>(payload: &serde_json::Value) -> Resul
             json_kind(payload)
         )));
     }
-    T::deserialize(payload).map_err(|e| HandlerError::PayloadMismatch(e.to_string()))
+    serde_path_to_error::deserialize(payload).map_err(|error| {
+        // serde_json's message quotes the value it refused, and a payload may
+        // hold personal data: the answer names the member and what was
+        // expected, never the value (crate::redact).
+        let path = error.path().to_string();
+        let message = crate::redact::value_free(&error.inner().to_string());
+        HandlerError::PayloadMismatch(if path.is_empty() || path == "." {
+            message
+        } else {
+            format!("`{path}`: {message}")
+        })
+    })
 }
 
 /// Encodes a handler's answer as the response payload (`null` for `()`).
