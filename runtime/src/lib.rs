@@ -21,6 +21,7 @@ pub mod dispatcher;
 pub mod duration;
 pub mod envelope;
 pub mod inbox;
+pub mod liveness;
 pub mod metrics;
 pub mod outbox;
 pub mod receiver;

@@ -251,9 +251,13 @@ impl ReceiverBuilder {
             retention: self.config.inbox.retention,
             group_limit: self.group_commit_limit,
         };
+        let (liveness, alive) = crate::liveness::Liveness::start();
         let thread = std::thread::Builder::new()
             .name("rfidl-receiver-writer".to_owned())
-            .spawn(move || writer.run())
+            .spawn(move || {
+                let _alive = alive;
+                writer.run();
+            })
             .map_err(ReceiverError::WriterThread)?;
 
         Ok(Receiver {
@@ -270,6 +274,7 @@ impl ReceiverBuilder {
                 commands,
                 metrics,
                 writer_thread: Mutex::new(Some(thread)),
+                liveness,
             }),
         })
     }
@@ -288,6 +293,7 @@ struct Shared {
     commands: mpsc::Sender<Command>,
     metrics: Arc<Metrics>,
     writer_thread: Mutex<Option<JoinHandle<()>>>,
+    liveness: crate::liveness::Liveness,
 }
 
 /// A running receiver: verification, routing, the inbox and the writer
@@ -340,6 +346,11 @@ impl Receiver {
             .with_state(Arc::clone(&self.shared))
     }
 
+    /// Whether the writer thread runs (for readiness probes).
+    pub fn liveness(&self) -> crate::liveness::Liveness {
+        self.shared.liveness.clone()
+    }
+
     /// The metrics this receiver counts into.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.shared.metrics
@@ -375,6 +386,7 @@ impl Receiver {
     /// Stops taking messages, lets the writer finish what is queued, and waits
     /// for its thread to end. Requests after this answer 503 `unavailable`.
     pub async fn shutdown(&self) {
+        self.shared.liveness.stop();
         let (done, finished) = oneshot::channel();
         if self
             .shared

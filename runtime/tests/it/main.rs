@@ -4,6 +4,7 @@
 mod dispatcher;
 mod interop;
 mod operations;
+mod probes;
 mod receiver;
 mod support;
 mod tls;
