@@ -1,10 +1,11 @@
 //! The stand-in workflow engine as a process of its own:
 //! `engine --listen 127.0.0.1:7002 --db engine.db --peer-url http://127.0.0.1:7001 --secret whsec_… --peer-secret whsec_…`.
-//! Runs until killed; safe to kill at any moment (SIGKILL included).
+//! Runs until SIGTERM or SIGINT, then stops gracefully (exit 0 within 10 s);
+//! safe to kill at any moment (SIGKILL included).
 
 use clap::Parser;
-use rfidl_examples::demo::ServiceArgs;
 use rfidl_examples::demo::engine::Engine;
+use rfidl_examples::demo::{RunningParts, ServiceArgs, run_until_signal};
 
 #[derive(Parser)]
 #[command(
@@ -23,7 +24,11 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let engine = Engine::start(&args.service.settings("engine", "hr-service")?).await?;
     println!("engine listening on {}", engine.url);
-    tokio::signal::ctrl_c().await?;
-    engine.dispatcher.shutdown().await;
-    Ok(())
+    let parts = RunningParts {
+        server: engine.server,
+        receiver: engine.receiver,
+        dispatcher: engine.dispatcher,
+        retention: engine.operations.retention,
+    };
+    run_until_signal("engine", parts).await
 }

@@ -1,11 +1,12 @@
 //! The HR service as a process of its own:
 //! `hr-service --listen 127.0.0.1:7001 --db hr.db --peer-url http://127.0.0.1:7002 --secret whsec_… --peer-secret whsec_… [--hire 100] [--exit-when-done]`.
+//! Stops gracefully on SIGTERM or SIGINT (exit 0 within 10 s).
 
 use std::time::Duration;
 
 use clap::Parser;
 use rfidl_examples::demo::hr::HrService;
-use rfidl_examples::demo::{ServiceArgs, count};
+use rfidl_examples::demo::{RunningParts, ServiceArgs, count, finish, shutdown_signal};
 
 #[derive(Parser)]
 #[command(
@@ -36,6 +37,14 @@ async fn main() -> anyhow::Result<()> {
     for number in already..args.hire {
         hr.hire(&mut conn, number)?;
     }
+    let parts = |hr: HrService| RunningParts {
+        server: hr.server,
+        receiver: hr.receiver,
+        dispatcher: hr.dispatcher,
+        retention: hr.operations.retention,
+    };
+    let signal = shutdown_signal();
+    tokio::pin!(signal);
     if args.exit_when_done {
         loop {
             let tickets = count(&hr.db, "SELECT COUNT(*) FROM laptop_tickets")?;
@@ -50,11 +59,14 @@ async fn main() -> anyhow::Result<()> {
                 println!("done: {hired} hired, {tickets} laptop tickets");
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::select! {
+                received = &mut signal => return finish("hr-service", received?, parts(hr)).await,
+                () = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
         }
+        rfidl_examples::demo::stop_gracefully(parts(hr), rfidl_examples::demo::SHUTDOWN_BOUND).await
     } else {
-        tokio::signal::ctrl_c().await?;
+        let received = signal.await?;
+        finish("hr-service", received, parts(hr)).await
     }
-    hr.dispatcher.shutdown().await;
-    Ok(())
 }
