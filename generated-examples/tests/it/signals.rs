@@ -171,6 +171,9 @@ fn sigterm_and_sigint_stop_the_services_gracefully_and_no_secret_shows() {
 
     send_signal(&engine, "TERM");
     let (status, took) = wait_exit(&mut engine, Duration::from_secs(15));
+    let handled = count(&engine_db, "SELECT COUNT(*) FROM workflows");
+    eprintln!("engine stopped {took:?} after SIGTERM, {handled} of 400 hires handled");
+    assert!(handled < 400, "the signal came mid-stream");
     assert!(status.success(), "engine after SIGTERM: {status}");
     assert!(took < Duration::from_secs(10), "engine took {took:?}");
     assert_eq!(
@@ -187,6 +190,7 @@ fn sigterm_and_sigint_stop_the_services_gracefully_and_no_secret_shows() {
     std::thread::sleep(Duration::from_millis(200));
     send_signal(&hr, "INT");
     let (status, took) = wait_exit(&mut hr, Duration::from_secs(15));
+    eprintln!("hr-service stopped {took:?} after SIGINT");
     assert!(status.success(), "hr-service after SIGINT: {status}");
     assert!(took < Duration::from_secs(10), "hr-service took {took:?}");
     assert_eq!(
@@ -288,5 +292,34 @@ fn help_and_errors_never_show_a_secret() {
             "{args:?}: no {expected:?} in\n{text}"
         );
         assert_no_secret(&secrets, &format!("the error of {args:?}"), &text);
+    }
+}
+
+#[test]
+fn the_demo_stops_gracefully_on_sigterm_mid_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut demo = Command::new(env!("CARGO_BIN_EXE_demo"))
+        .args(["--hires", "3000", "--outage-secs", "30", "--dir"])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn demo");
+    let engine_db = dir.path().join("engine.db");
+    wait_for_count(&engine_db, "SELECT COUNT(*) FROM workflows", 50);
+    send_signal(&demo, "TERM");
+    let (status, took) = wait_exit(&mut demo, Duration::from_secs(15));
+    eprintln!("demo stopped {took:?} after SIGTERM");
+    assert!(status.success(), "demo after SIGTERM: {status}");
+    assert!(took < Duration::from_secs(10), "demo took {took:?}");
+    for db in ["hr.db", "engine.db"] {
+        assert_eq!(
+            count(
+                &dir.path().join(db),
+                "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sending'"
+            ),
+            0,
+            "{db} has claimed messages left"
+        );
     }
 }
