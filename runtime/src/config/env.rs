@@ -52,7 +52,7 @@ pub struct ScalarVariable {
     pub default: String,
 }
 
-/// The variable of every scalar setting, in the order of the struct.
+/// The variable of every scalar setting, sorted by name.
 pub fn scalar_variables() -> Vec<ScalarVariable> {
     let defaults = serde_json::to_value(Config::default()).expect("a Config always serialises");
     let mut out = Vec::new();
@@ -114,7 +114,8 @@ impl Config {
     }
 
     /// [`Config::overlay_env`] with the variables given (for tests and
-    /// for applications that read their environment elsewhere).
+    /// for applications that read their environment elsewhere). On an
+    /// error, `self` is left as it was.
     pub fn overlay_vars(
         &mut self,
         vars: impl IntoIterator<Item = (String, String)>,
@@ -144,12 +145,12 @@ impl Config {
                 return Err(unknown(name));
             }
         }
-        if let Some(overlaid) = overlaid {
-            *self = overlaid;
-        }
+        // All or nothing: `self` changes only when every variable applied.
+        let mut next = overlaid.unwrap_or_else(|| self.clone());
         for (name, value) in named {
-            self.set_named(name, value)?;
+            next.set_named(name, value)?;
         }
+        *self = next;
         Ok(())
     }
 
