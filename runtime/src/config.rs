@@ -386,8 +386,10 @@ mod tests {
     /// for byte (the YAML crate was swapped; files must not change).
     #[test]
     fn yaml_output_is_pinned() {
-        let mut config = Config::default();
-        config.service_id = "hr: \"main\"".into();
+        let mut config = Config {
+            service_id: "hr: \"main\"".into(),
+            ..Config::default()
+        };
         config.destinations.insert(
             "engine".into(),
             DestinationConfig {

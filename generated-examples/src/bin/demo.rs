@@ -171,7 +171,7 @@ async fn scenario(
             tokio::task::yield_now().await;
         }
     }
-    wait_until_delivered(&hr, &engine, args.hires).await?;
+    wait_until_delivered(hr, engine, args.hires).await?;
 
     // Lost acknowledgements: HR believes 50 hires were never answered and
     // sends them again; the engine must answer from its inbox.
@@ -181,7 +181,7 @@ async fn scenario(
         [],
     )?;
     println!("  replaying {replayed} delivered messages as if their acknowledgements were lost");
-    wait_until_delivered(&hr, &engine, args.hires).await?;
+    wait_until_delivered(hr, engine, args.hires).await?;
     let elapsed = started.elapsed();
 
     let hired = count(&hr.db, "SELECT COUNT(*) FROM employees")?;

@@ -252,7 +252,9 @@ fn help_and_errors_never_show_a_secret() {
     let yaml = dir.path().join("bad.yaml");
     std::fs::write(&yaml, format!("outbox:\n  max_retries: {}\n", secrets.hr)).expect("yaml");
     let yaml = yaml.to_str().expect("utf-8");
-    let cases: [(&[&str], &[(&str, &str)], &str); 4] = [
+    // (arguments, environment changes, what the error must name)
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 4] = [
         (&["--db", db], &[], "--peer-url"),
         (
             &[

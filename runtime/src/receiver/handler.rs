@@ -281,6 +281,53 @@ mod tests {
     }
 
     #[test]
+    fn decode_errors_name_the_path_and_the_expected_type_but_not_the_value() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        enum Status {
+            Active,
+            OnLeave,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Employee {
+            status: Status,
+            grade: u32,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Hired {
+            employee: Employee,
+        }
+        let cases = [
+            (
+                serde_json::json!({"employee": {"status": "Salary 250000 EUR; bonus", "grade": 1}}),
+                "`employee.status`: unknown variant, expected `Active` or `OnLeave`",
+            ),
+            (
+                serde_json::json!({"employee": {"status": "Active", "grade": "250000 EUR"}}),
+                "`employee.grade`: invalid type: string, expected u32",
+            ),
+            (
+                serde_json::json!({"employee": {"status": "Active", "grade": -250000}}),
+                "`employee.grade`: invalid value: integer, expected u32",
+            ),
+            (
+                serde_json::json!({"employee": {"status": "Active"}}),
+                "`employee`: missing field `grade`",
+            ),
+        ];
+        for (payload, expected) in cases {
+            let Err(HandlerError::PayloadMismatch(message)) = decode_payload::<Hired>(&payload)
+            else {
+                panic!("{payload} decoded")
+            };
+            assert_eq!(message, expected);
+            assert!(!message.contains("250000"), "{message}");
+        }
+    }
+
+    #[test]
     fn calls_can_be_made_for_handler_tests() {
         let payload = serde_json::json!({"name": "Ada"});
         let call = IncomingCall::new("hr.X", 2, "Hired", &payload)
