@@ -25,6 +25,16 @@ pub fn value_free(message: &str) -> String {
     format!("{path}{}", body_value_free(body))
 }
 
+/// A serde_json error without values: syntax and end-of-input errors as
+/// they are (they hold a position, never a value), data errors through
+/// [`value_free`].
+pub fn json_error(error: &serde_json::Error) -> String {
+    match error.classify() {
+        serde_json::error::Category::Data => value_free(&error.to_string()),
+        _ => error.to_string(),
+    }
+}
+
 /// A leading `outbox.ttl: ` or `peers.hr[0]: ` (serde_yaml's path prefix).
 fn split_path(message: &str) -> (&str, &str) {
     if let Some(at) = message.find(": ") {
@@ -118,6 +128,23 @@ fn quoted_tail(rest: &str, what: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::value_free;
+
+    #[test]
+    fn json_errors_keep_positions_and_drop_values() {
+        let syntax = serde_json::from_str::<serde_json::Value>("[1,").unwrap_err();
+        assert_eq!(
+            super::json_error(&syntax),
+            "EOF while parsing a value at line 1 column 3"
+        );
+        let data = serde_json::from_str::<Vec<std::collections::BTreeMap<String, u32>>>(
+            r#"[{"a": "SECRET"}]"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            super::json_error(&data),
+            "invalid type: string, expected u32 at line 1 column 15"
+        );
+    }
 
     #[test]
     fn quoted_values_are_dropped() {

@@ -458,7 +458,8 @@ async fn receive_batch(
         Ok(items) => items,
         Err(e) => {
             let refusal = ReceiveError::MalformedEnvelope(format!(
-                "a batch is a JSON array of {{\"headers\": {{…}}, \"body\": \"<envelope JSON>\"}}: {e}"
+                "a batch is a JSON array of {{\"headers\": {{…}}, \"body\": \"<envelope JSON>\"}}: {}",
+                crate::redact::json_error(&e)
             ));
             shared.count_refusal(&refusal);
             return refusal.into_response();
@@ -600,7 +601,7 @@ impl Shared {
             .and_then(|v| v.as_str())
             .map(str::to_owned);
         let envelope: Envelope = serde_json::from_value(value)
-            .map_err(|e| ReceiveError::MalformedEnvelope(e.to_string()))?;
+            .map_err(|e| ReceiveError::MalformedEnvelope(crate::redact::json_error(&e)))?;
         if !envelope.payload.is_object() {
             return Err(ReceiveError::MalformedEnvelope(format!(
                 "`payload` must be a JSON object, found {}",
