@@ -331,7 +331,7 @@ pub fn manifest(paths: &[PathBuf], format: ManifestFormat, report: &Report) -> O
         ManifestFormat::Yaml => write!(
             stdout,
             "{}",
-            serde_yaml::to_string(&manifests).expect("manifests always serialise")
+            yaml_serde::to_string(&manifests).expect("manifests always serialise")
         ),
     };
     Outcome::Success

@@ -46,6 +46,21 @@ fn main() {
         diagnostics::attention_messages(&conn, &AttentionFilter::default()).expect("list");
     });
     report("GET /_rf/outbox/failed query: p50 / p99", failed);
+    let gauges = latencies(200, || {
+        diagnostics::destination_gauges(&conn, now, &[]).expect("gauges");
+    });
+    report(
+        "GET /_rf/metrics per-destination gauges query: p50 / p99",
+        gauges,
+    );
+    let scrape = latencies(20, || {
+        diagnostics::destination_gauges(&conn, now, &[]).expect("gauges");
+        rfidl_runtime::inbox::count(&conn).expect("inbox size");
+    });
+    report(
+        "GET /_rf/metrics all queries (with the inbox size): p50 / p99",
+        scrape,
+    );
 
     // The start-up pre-flight (schema version + PRAGMA quick_check) reads
     // the whole file: its cost on this one, checkpointed first.

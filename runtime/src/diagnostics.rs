@@ -9,6 +9,8 @@
 //! | `POST /_rf/outbox/retry` | the same for every one matching `?status=` and `?destination=` |
 //! | `GET /_rf/inbox/stats` | inbox size, processed and duplicate counts, duplicate rate |
 //! | `GET /_rf/metrics` | Prometheus text format ([`crate::metrics`]) |
+//! | `GET /_rf/livez` | 200 while the process answers (no token needed) |
+//! | `GET /_rf/readyz` | 200 when the database takes a write transaction, its schema is current and the dispatcher and receiver writer run; else 503 naming what failed (no token needed) |
 //!
 //! Payloads are never shown (they may hold personal data): the failed list
 //! gives ids, routing, status, retries and the last error. Errors have the
@@ -42,7 +44,8 @@ use crate::config::Config;
 use crate::db::{self, DbError};
 use crate::envelope::ErrorBody;
 use crate::inbox;
-use crate::metrics::{Gauges, Metrics};
+use crate::liveness::Liveness;
+use crate::metrics::{DestinationGauges, Gauges, Metrics};
 use crate::outbox::{Outbox, Status};
 
 /// The statuses that need a human; the only ones a retry accepts.
@@ -521,6 +524,10 @@ pub struct DiagnosticsBuilder {
     ttl: Duration,
     token: Option<String>,
     thresholds: HealthThresholds,
+    destinations: Vec<String>,
+    outbox: Option<Outbox>,
+    workers: Vec<(String, Liveness)>,
+    readiness_timeout: Duration,
 }
 
 impl DiagnosticsBuilder {
@@ -533,6 +540,28 @@ impl DiagnosticsBuilder {
         self.ttl = outbox.config().outbox.ttl;
         let inbox = &outbox.config().inbox;
         self.dedup_horizon = inbox.retention.saturating_sub(inbox.signature_tolerance);
+        self.destinations = outbox.config().destinations.keys().cloned().collect();
+        self.outbox = Some(outbox.clone());
+        self
+    }
+
+    /// `GET /_rf/readyz` also checks that the receiver's writer thread runs.
+    /// (With [`outbox`](Self::outbox), it checks the dispatcher started on
+    /// that outbox: none started is not ready.)
+    pub fn receiver(self, receiver: &crate::receiver::Receiver) -> Self {
+        self.worker("receiver_writer", receiver.liveness())
+    }
+
+    /// `GET /_rf/readyz` also checks this worker, reported under `name`.
+    pub fn worker(mut self, name: impl Into<String>, liveness: Liveness) -> Self {
+        self.workers.push((name.into(), liveness));
+        self
+    }
+
+    /// How long `GET /_rf/readyz` waits for the database's write lock
+    /// before it answers 503 (default 1 s; a probe must answer quickly).
+    pub fn readiness_timeout(mut self, timeout: Duration) -> Self {
+        self.readiness_timeout = timeout;
         self
     }
 
@@ -557,6 +586,15 @@ impl DiagnosticsBuilder {
     /// Opens the database (creating and migrating it if needed).
     pub fn build(self) -> Result<Diagnostics, DbError> {
         let conn = db::open(&self.db_path, crate::config::Durability::Normal)?;
+        // A connection of its own, so a probe never queues behind a slow
+        // diagnostics query, with a short busy timeout.
+        let ready_conn = db::open(&self.db_path, crate::config::Durability::Normal)?;
+        ready_conn
+            .busy_timeout(self.readiness_timeout)
+            .map_err(|source| DbError::Sqlite {
+                path: self.db_path.display().to_string(),
+                source,
+            })?;
         Ok(Diagnostics {
             shared: Arc::new(Shared {
                 conn: Mutex::new(conn),
@@ -567,6 +605,10 @@ impl DiagnosticsBuilder {
                 ttl: self.ttl,
                 token: self.token,
                 thresholds: self.thresholds,
+                destinations: self.destinations,
+                ready_conn: Mutex::new(ready_conn),
+                outbox: self.outbox,
+                workers: self.workers,
             }),
         })
     }
@@ -590,6 +632,11 @@ struct Shared {
     ttl: Duration,
     token: Option<String>,
     thresholds: HealthThresholds,
+    /// Configured destinations: their gauges are rendered even at zero.
+    destinations: Vec<String>,
+    ready_conn: Mutex<Connection>,
+    outbox: Option<Outbox>,
+    workers: Vec<(String, Liveness)>,
 }
 
 impl Diagnostics {
@@ -604,6 +651,10 @@ impl Diagnostics {
             ttl: Config::default().outbox.ttl,
             token: None,
             thresholds: HealthThresholds::default(),
+            destinations: Vec::new(),
+            outbox: None,
+            workers: Vec::new(),
+            readiness_timeout: Duration::from_secs(1),
         }
     }
 
@@ -623,6 +674,10 @@ impl Diagnostics {
                 Arc::clone(&self.shared),
                 require_token,
             ))
+            // Probes need no token: they show no data, and an orchestrator's
+            // probe rarely carries credentials.
+            .route("/_rf/livez", get(serve_livez))
+            .route("/_rf/readyz", get(serve_readyz))
             .with_state(Arc::clone(&self.shared))
     }
 
@@ -667,6 +722,96 @@ async fn require_token(
 /// how much of the token matched.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// `GET /_rf/readyz`: every check by name, `"ok"` or why not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Readiness {
+    /// `ready` or `not_ready`.
+    pub status: &'static str,
+    /// The names of the checks that failed.
+    pub failed: Vec<String>,
+    pub checks: BTreeMap<String, String>,
+}
+
+impl Readiness {
+    /// True when every check passed.
+    pub fn is_ready(&self) -> bool {
+        self.failed.is_empty()
+    }
+}
+
+/// The database part of readiness: a write transaction can start (nobody
+/// holds the write lock past `conn`'s busy timeout, the file is writable)
+/// and the schema is the one this build knows.
+pub fn database_checks(conn: &Connection) -> BTreeMap<String, String> {
+    let mut checks = BTreeMap::new();
+    let writable = conn
+        .execute_batch("BEGIN IMMEDIATE; ROLLBACK;")
+        .map(|()| "ok".to_owned())
+        .unwrap_or_else(|error| {
+            // A failed BEGIN leaves no transaction; a failed ROLLBACK might.
+            let _ = conn.execute_batch("ROLLBACK");
+            format!("cannot start a write transaction: {error}")
+        });
+    checks.insert("database".to_owned(), writable);
+    let known = db::MIGRATIONS.len() as i64;
+    let migrations = match conn.query_row("PRAGMA user_version", [], |row| row.get::<_, i64>(0)) {
+        Ok(version) if version == known => "ok".to_owned(),
+        Ok(version) => format!("schema version {version}, this build needs {known}"),
+        Err(error) => format!("cannot read the schema version: {error}"),
+    };
+    checks.insert("migrations".to_owned(), migrations);
+    checks
+}
+
+async fn serve_livez() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "status": "alive" }))
+}
+
+async fn serve_readyz(State(shared): State<Arc<Shared>>) -> Response {
+    let probe = Arc::clone(&shared);
+    let mut checks = tokio::task::spawn_blocking(move || {
+        let conn = probe
+            .ready_conn
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        database_checks(&conn)
+    })
+    .await
+    .unwrap_or_else(|error| BTreeMap::from([("database".to_owned(), error.to_string())]));
+    if let Some(outbox) = &shared.outbox {
+        let dispatcher = match outbox.dispatcher_liveness() {
+            None => "not started".to_owned(),
+            Some(liveness) if liveness.is_alive() => "ok".to_owned(),
+            Some(_) => "stopped".to_owned(),
+        };
+        checks.insert("dispatcher".to_owned(), dispatcher);
+    }
+    for (name, liveness) in &shared.workers {
+        let state = if liveness.is_alive() { "ok" } else { "stopped" };
+        checks.insert(name.clone(), state.to_owned());
+    }
+    let failed: Vec<String> = checks
+        .iter()
+        .filter(|(_, state)| state.as_str() != "ok")
+        .map(|(name, _)| name.clone())
+        .collect();
+    let readiness = Readiness {
+        status: if failed.is_empty() {
+            "ready"
+        } else {
+            "not_ready"
+        },
+        failed,
+        checks,
+    };
+    let status = if readiness.is_ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(readiness)).into_response()
 }
 
 async fn serve_health(State(shared): State<Arc<Shared>>) -> Result<Json<Health>, DiagnosticsError> {
@@ -835,19 +980,15 @@ async fn serve_inbox_stats(
 }
 
 async fn serve_metrics(State(shared): State<Arc<Shared>>) -> Result<Response, DiagnosticsError> {
-    let (pending, inbox_size) = Diagnostics::query(&shared, |conn| {
-        let pending: i64 = conn
-            .prepare_cached(
-                "SELECT COUNT(*) FROM outbox_messages WHERE status IN ('Pending', 'Sending')",
-            )?
-            .query_row([], |row| row.get(0))?;
-        Ok((pending.max(0) as u64, inbox::count(conn)?))
+    let configured = shared.destinations.clone();
+    let gauges = Diagnostics::query(&shared, move |conn| {
+        Ok(Gauges {
+            destinations: destination_gauges(conn, db::now_ms(), &configured)?,
+            inbox_size: Some(inbox::count(conn)?),
+        })
     })
     .await?;
-    let text = shared.metrics.render(Gauges {
-        outbox_pending: Some(pending),
-        inbox_size: Some(inbox_size),
-    });
+    let text = shared.metrics.render(&gauges);
     Ok((
         [(
             header::CONTENT_TYPE,
@@ -856,6 +997,61 @@ async fn serve_metrics(State(shared): State<Arc<Shared>>) -> Result<Response, Di
         text,
     )
         .into_response())
+}
+
+/// The gauges of every destination that has undelivered rows or is in
+/// `configured` (those show zeros, so an alert rule sees the series before
+/// the first problem), sorted by name. Reads through the partial indexes
+/// `outbox_due` and `outbox_attention` only, like [`unsent_stats`].
+pub fn destination_gauges(
+    conn: &Connection,
+    now_ms: i64,
+    configured: &[String],
+) -> rusqlite::Result<Vec<DestinationGauges>> {
+    let mut by_name: BTreeMap<String, DestinationGauges> = configured
+        .iter()
+        .map(|name| {
+            let gauges = DestinationGauges {
+                destination: name.clone(),
+                ..DestinationGauges::default()
+            };
+            (name.clone(), gauges)
+        })
+        .collect();
+    for sql in [
+        "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
+         WHERE status IN ('Pending', 'Sending') GROUP BY destination, status",
+        "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
+         WHERE status IN ('Failed', 'DeadLetter', 'Expired') GROUP BY destination, status",
+    ] {
+        let mut statement = conn.prepare_cached(sql)?;
+        let mut rows = statement.query([])?;
+        while let Some(row) = rows.next()? {
+            let destination: String = row.get(0)?;
+            let status: String = row.get(1)?;
+            let count = row.get::<_, i64>(2)?.max(0) as u64;
+            let oldest: i64 = row.get(3)?;
+            let gauges = by_name
+                .entry(destination.clone())
+                .or_insert_with(|| DestinationGauges {
+                    destination,
+                    ..DestinationGauges::default()
+                });
+            match Status::parse(&status) {
+                Some(Status::Pending | Status::Sending) => {
+                    gauges.pending += count;
+                    let age = (now_ms - oldest).max(0);
+                    gauges.oldest_pending_age_ms =
+                        Some(gauges.oldest_pending_age_ms.map_or(age, |a| a.max(age)));
+                }
+                Some(Status::Failed) => gauges.failed += count,
+                Some(Status::DeadLetter) => gauges.dead_letter += count,
+                Some(Status::Expired) => gauges.expired += count,
+                Some(Status::Sent) | None => {}
+            }
+        }
+    }
+    Ok(by_name.into_values().collect())
 }
 
 #[cfg(test)]

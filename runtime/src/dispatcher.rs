@@ -27,6 +27,7 @@ use crate::circuit::{Admission, Circuits, GroupOutcome};
 use crate::config::Config;
 use crate::db;
 use crate::envelope::{Acknowledgement, Envelope, MessageType};
+use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::outbox::Outbox;
 use crate::signing::{self, Secret, SignatureHeaders};
@@ -126,8 +127,19 @@ impl DispatcherBuilder {
             unrouted: Mutex::new(Vec::new()),
             rotation: std::sync::atomic::AtomicUsize::new(0),
         });
-        let task = tokio::spawn(run(state, self.outbox.wake_handle(), cancel.clone()));
-        Ok(DispatcherHandle { cancel, task })
+        let (liveness, alive) = Liveness::start();
+        self.outbox.set_dispatcher_liveness(liveness.clone());
+        let wake = self.outbox.wake_handle();
+        let worker_cancel = cancel.clone();
+        let task = tokio::spawn(async move {
+            let _alive = alive;
+            run(state, wake, worker_cancel).await;
+        });
+        Ok(DispatcherHandle {
+            cancel,
+            task,
+            liveness,
+        })
     }
 }
 
@@ -187,11 +199,18 @@ impl Dispatcher {
 pub struct DispatcherHandle {
     cancel: CancellationToken,
     task: tokio::task::JoinHandle<()>,
+    liveness: Liveness,
 }
 
 impl DispatcherHandle {
+    /// Whether the task runs (for readiness probes; see [`crate::liveness`]).
+    pub fn liveness(&self) -> Liveness {
+        self.liveness.clone()
+    }
+
     /// Stops claiming, lets in-flight sends finish and records their results.
     pub async fn shutdown(self) {
+        self.liveness.stop();
         self.cancel.cancel();
         let _ = self.task.await;
     }

@@ -1,9 +1,15 @@
-//! Counters and gauges, rendered in the Prometheus text format at `GET /_rf/metrics`.
+//! Counters, histograms and gauges, rendered in the Prometheus text format
+//! at `GET /_rf/metrics`.
 //!
-//! Names follow the predecessor spec (`rf_outbox_*`, `rf_inbox_*`) so existing
-//! dashboards keep working. Counters are lock-free atomics: incrementing one
-//! on a hot path costs one relaxed add. Gauges that count rows (pending,
-//! inbox size) are read from the database when rendered, not tracked here.
+//! Names follow Prometheus conventions (`promtool check metrics` is clean,
+//! tested): counters end in `_total`, durations are `_seconds` histograms,
+//! gauges carry a unit or `_messages`. `docs/operations.md` maps the
+//! predecessor spec's names (`rf_outbox_retry_count`, …) to these.
+//!
+//! Counters are lock-free atomics: incrementing one on a hot path costs one
+//! relaxed add. Gauges of rows (pending per destination, oldest pending age,
+//! rows that need a human, inbox size) are read from the database when
+//! rendered, through the partial indexes, not tracked here.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,57 +19,72 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Counter(AtomicU64);
 
 impl Counter {
+    /// Adds one.
     pub fn inc(&self) {
         self.add(1);
     }
+    /// Adds `n`.
     pub fn add(&self, n: u64) {
         self.0.fetch_add(n, Ordering::Relaxed);
     }
+    /// The current value.
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
 }
 
-/// A histogram of millisecond durations with fixed buckets.
+/// A histogram of durations in seconds with fixed buckets.
 #[derive(Debug, Default)]
 pub struct DurationHistogram {
-    buckets: [AtomicU64; BUCKETS_MS.len()],
+    buckets: [AtomicU64; BUCKETS_SECONDS.len()],
     count: AtomicU64,
-    sum_micros: AtomicU64,
+    sum_nanos: AtomicU64,
 }
 
-const BUCKETS_MS: [f64; 12] = [
-    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0,
+/// Upper bounds in seconds: 100 µs to 10 s (the default request timeout).
+const BUCKETS_SECONDS: [f64; 15] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    10.0,
 ];
 
 impl DurationHistogram {
+    /// Counts one duration.
     pub fn observe(&self, elapsed: std::time::Duration) {
-        let ms = elapsed.as_secs_f64() * 1000.0;
-        for (bucket, bound) in self.buckets.iter().zip(BUCKETS_MS) {
-            if ms <= bound {
+        let seconds = elapsed.as_secs_f64();
+        for (bucket, bound) in self.buckets.iter().zip(BUCKETS_SECONDS) {
+            if seconds <= bound {
                 bucket.fetch_add(1, Ordering::Relaxed);
             }
         }
         self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_micros
-            .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+        self.sum_nanos.fetch_add(
+            u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// How many durations were counted.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (bucket, bound) in self.buckets.iter().zip(BUCKETS_MS) {
+        // Read the count first: buckets only grow, so no bucket can then
+        // exceed `+Inf` even while observations go on.
+        let count = self.count.load(Ordering::Relaxed);
+        for (bucket, bound) in self.buckets.iter().zip(BUCKETS_SECONDS) {
             let _ = writeln!(
                 out,
                 "{name}_bucket{{le=\"{bound}\"}} {}",
-                bucket.load(Ordering::Relaxed)
+                bucket.load(Ordering::Relaxed).min(count)
             );
         }
-        let count = self.count.load(Ordering::Relaxed);
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
         let _ = writeln!(
             out,
             "{name}_sum {}",
-            self.sum_micros.load(Ordering::Relaxed) as f64 / 1000.0
+            self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9
         );
         let _ = writeln!(out, "{name}_count {count}");
     }
@@ -104,16 +125,39 @@ pub struct Metrics {
     pub inbox_process_duration: DurationHistogram,
 }
 
+/// The outbox rows of one destination that are not delivered yet, read
+/// from the database at render time.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct DestinationGauges {
+    pub destination: String,
+    /// `Pending` + `Sending` rows: waiting for delivery.
+    pub pending: u64,
+    /// Age of the oldest of them, in milliseconds; `None` when there is none.
+    pub oldest_pending_age_ms: Option<i64>,
+    /// Rows that need a human.
+    pub failed: u64,
+    pub dead_letter: u64,
+    pub expired: u64,
+}
+
 /// Row-count gauges read from the database at render time.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct Gauges {
-    pub outbox_pending: Option<u64>,
+    /// One entry per destination (with rows, or configured).
+    pub destinations: Vec<DestinationGauges>,
+    /// Rows in the inbox; `None` leaves the gauge out.
     pub inbox_size: Option<u64>,
+}
+
+/// One metric family's name and help text.
+struct Family {
+    name: &'static str,
+    help: &'static str,
 }
 
 impl Metrics {
     /// The Prometheus text exposition of every metric.
-    pub fn render(&self, gauges: Gauges) -> String {
+    pub fn render(&self, gauges: &Gauges) -> String {
         let mut out = String::new();
         let counters: [(&str, &str, &Counter); 13] = [
             (
@@ -127,23 +171,23 @@ impl Metrics {
                 &self.outbox_sent,
             ),
             (
-                "rf_outbox_retry_count",
+                "rf_outbox_retries_total",
                 "Attempts that failed and were scheduled again.",
                 &self.outbox_retries,
             ),
             (
-                "rf_outbox_failed_count",
-                "Messages that exceeded max retries.",
+                "rf_outbox_failed_total",
+                "Messages that exceeded max retries (now Failed).",
                 &self.outbox_failed,
             ),
             (
-                "rf_outbox_dead_letter_count",
-                "Messages refused for good by the receiver.",
+                "rf_outbox_dead_lettered_total",
+                "Messages refused for good by the receiver (now DeadLetter).",
                 &self.outbox_dead_lettered,
             ),
             (
-                "rf_outbox_expired_count",
-                "Messages that expired before delivery.",
+                "rf_outbox_expired_total",
+                "Messages that expired before delivery (now Expired).",
                 &self.outbox_expired,
             ),
             (
@@ -157,22 +201,22 @@ impl Metrics {
                 &self.inbox_processed,
             ),
             (
-                "rf_inbox_duplicate_count",
-                "Duplicate messages detected.",
+                "rf_inbox_duplicates_total",
+                "Duplicate deliveries answered from the inbox.",
                 &self.inbox_duplicates,
             ),
             (
-                "rf_inbox_signature_failure_count",
+                "rf_inbox_signature_failures_total",
                 "Deliveries refused with 401.",
                 &self.inbox_signature_failures,
             ),
             (
-                "rf_inbox_rejected_count",
+                "rf_inbox_rejected_total",
                 "Deliveries refused with another 4xx.",
                 &self.inbox_rejected,
             ),
             (
-                "rf_inbox_fingerprint_mismatch_count",
+                "rf_inbox_fingerprint_mismatches_total",
                 "Accepted deliveries whose fingerprint differs from the hosted one.",
                 &self.inbox_fingerprint_mismatches,
             ),
@@ -189,38 +233,92 @@ impl Metrics {
                 counter.get()
             );
         }
-        let gauges = [
-            (
-                "rf_outbox_pending_count",
-                "Messages waiting to be sent.",
-                gauges.outbox_pending,
-            ),
-            (
-                "rf_inbox_size",
-                "Current inbox row count.",
-                gauges.inbox_size,
-            ),
-        ];
-        for (name, help, value) in gauges {
-            if let Some(value) = value {
-                let _ = writeln!(
-                    out,
-                    "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
-                );
-            }
+        render_destination_gauges(&mut out, &gauges.destinations);
+        if let Some(size) = gauges.inbox_size {
+            let _ = writeln!(
+                out,
+                "# HELP rf_inbox_messages Rows in the inbox (processed messages kept for de-duplication).\n\
+                 # TYPE rf_inbox_messages gauge\nrf_inbox_messages {size}"
+            );
         }
         self.outbox_send_duration.render(
             &mut out,
-            "rf_outbox_send_duration_ms",
+            "rf_outbox_send_duration_seconds",
             "Time to send a message (transport latency).",
         );
         self.inbox_process_duration.render(
             &mut out,
-            "rf_inbox_process_duration_ms",
-            "Time to process an incoming message.",
+            "rf_inbox_process_duration_seconds",
+            "Time to process an incoming message (handler and inbox commit).",
         );
         out
     }
+}
+
+fn render_destination_gauges(out: &mut String, destinations: &[DestinationGauges]) {
+    let pending = Family {
+        name: "rf_outbox_pending_messages",
+        help: "Messages waiting for delivery (Pending or Sending), per destination.",
+    };
+    let oldest = Family {
+        name: "rf_outbox_oldest_pending_age_seconds",
+        help: "Age of the oldest message waiting for delivery, per destination (0 when none waits).",
+    };
+    let attention = Family {
+        name: "rf_outbox_attention_messages",
+        help: "Messages that need a human (Failed, DeadLetter, Expired), per destination and status.",
+    };
+    let header = |out: &mut String, family: &Family| {
+        let _ = writeln!(
+            out,
+            "# HELP {} {}\n# TYPE {} gauge",
+            family.name, family.help, family.name
+        );
+    };
+    header(out, &pending);
+    for d in destinations {
+        let label = label_value(&d.destination);
+        let _ = writeln!(
+            out,
+            "{}{{destination=\"{label}\"}} {}",
+            pending.name, d.pending
+        );
+    }
+    header(out, &oldest);
+    for d in destinations {
+        let label = label_value(&d.destination);
+        let age = d.oldest_pending_age_ms.unwrap_or(0).max(0) as f64 / 1000.0;
+        let _ = writeln!(out, "{}{{destination=\"{label}\"}} {age}", oldest.name);
+    }
+    header(out, &attention);
+    for d in destinations {
+        let label = label_value(&d.destination);
+        for (status, value) in [
+            ("Failed", d.failed),
+            ("DeadLetter", d.dead_letter),
+            ("Expired", d.expired),
+        ] {
+            let _ = writeln!(
+                out,
+                "{}{{destination=\"{label}\",status=\"{status}\"}} {value}",
+                attention.name
+            );
+        }
+    }
+}
+
+/// A label value escaped as the text format requires (`\`, `"`, newline).
+fn label_value(value: &str) -> String {
+    let mut escaped = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => escaped.push_str("\\\\"),
+            '"' => escaped.push_str("\\\""),
+            '\n' => escaped.push_str("\\n"),
+            c => escaped.push(c),
+        }
+    }
+    escaped
 }
 
 #[cfg(test)]
@@ -234,24 +332,56 @@ mod tests {
         metrics
             .inbox_process_duration
             .observe(std::time::Duration::from_micros(700));
-        let text = metrics.render(Gauges {
-            outbox_pending: Some(7),
+        let text = metrics.render(&Gauges {
+            destinations: vec![DestinationGauges {
+                destination: "hr \"main\"".into(),
+                pending: 7,
+                oldest_pending_age_ms: Some(1_500),
+                failed: 1,
+                ..Default::default()
+            }],
             inbox_size: None,
         });
         assert!(text.contains("rf_outbox_sent_total 3\n"), "{text}");
-        assert!(text.contains("rf_outbox_pending_count 7\n"), "{text}");
-        assert!(!text.contains("rf_inbox_size "), "{text}");
         assert!(
-            text.contains("rf_inbox_process_duration_ms_bucket{le=\"0.5\"} 0\n"),
+            text.contains("rf_outbox_pending_messages{destination=\"hr \\\"main\\\"\"} 7\n"),
             "{text}"
         );
         assert!(
-            text.contains("rf_inbox_process_duration_ms_bucket{le=\"1\"} 1\n"),
+            text.contains(
+                "rf_outbox_oldest_pending_age_seconds{destination=\"hr \\\"main\\\"\"} 1.5\n"
+            ),
             "{text}"
         );
         assert!(
-            text.contains("rf_inbox_process_duration_ms_count 1\n"),
+            text.contains(
+                "rf_outbox_attention_messages{destination=\"hr \\\"main\\\"\",status=\"Failed\"} 1\n"
+            ),
             "{text}"
         );
+        assert!(!text.contains("rf_inbox_messages "), "{text}");
+        assert!(
+            text.contains("rf_inbox_process_duration_seconds_bucket{le=\"0.0005\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rf_inbox_process_duration_seconds_bucket{le=\"0.001\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rf_inbox_process_duration_seconds_sum 0.0007\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rf_inbox_process_duration_seconds_count 1\n"),
+            "{text}"
+        );
+        // Prometheus naming: no counter without `_total`, no `_ms`.
+        for line in text.lines().filter(|l| l.starts_with("# TYPE")) {
+            let mut words = line.split(' ').skip(2);
+            let (name, kind) = (words.next().unwrap(), words.next().unwrap());
+            assert!(!name.ends_with("_ms"), "{line}");
+            assert_eq!(kind == "counter", name.ends_with("_total"), "{line}");
+        }
     }
 }

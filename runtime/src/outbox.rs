@@ -23,6 +23,7 @@ use uuid::Uuid;
 use crate::config::Config;
 use crate::db;
 use crate::envelope::MessageType;
+use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 
 /// A message to send, as generated clients build it.
@@ -75,6 +76,8 @@ struct Inner {
     wake: Arc<Notify>,
     db_path: Option<PathBuf>,
     sender: std::sync::Mutex<Option<tokio::sync::mpsc::Sender<SendJob>>>,
+    /// The dispatcher started on this outbox, for readiness probes.
+    dispatcher: std::sync::Mutex<Option<Liveness>>,
 }
 
 impl std::fmt::Debug for Outbox {
@@ -107,6 +110,7 @@ impl Outbox {
                 wake: Arc::new(Notify::new()),
                 db_path: Some(db_path.as_ref().to_path_buf()),
                 sender: std::sync::Mutex::new(None),
+                dispatcher: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -123,6 +127,24 @@ impl Outbox {
     /// dispatcher, shown by the diagnostics).
     pub fn circuits(&self) -> &Arc<crate::circuit::Circuits> {
         &self.inner.circuits
+    }
+
+    /// The liveness of the dispatcher last started on this outbox, if any
+    /// (`GET /_rf/readyz` reads it).
+    pub fn dispatcher_liveness(&self) -> Option<Liveness> {
+        self.inner
+            .dispatcher
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_dispatcher_liveness(&self, liveness: Liveness) {
+        *self
+            .inner
+            .dispatcher
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(liveness);
     }
 
     /// The dispatcher waits on this.

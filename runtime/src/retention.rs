@@ -139,7 +139,7 @@ impl Retention {
     /// Opens `db_path` (creating and migrating it if needed) and starts a task
     /// that runs [`cleanup`] now and then every `config.cleanup_interval`.
     /// What each pass removes is counted in `metrics`
-    /// (`rf_outbox_sent_deleted_total`, `rf_outbox_expired_count`,
+    /// (`rf_outbox_sent_deleted_total`, `rf_outbox_expired_total`,
     /// `rf_inbox_deleted_total`); a pass that fails is logged and retried at
     /// the next interval, never fatal.
     pub fn spawn(

@@ -1,7 +1,9 @@
 //! `cargo xtask`: project chores, so a fresh clone needs nothing but Rust.
 //!
 //! * `cargo xtask test`  — installs the Python interop dependency into `.venv`
-//!   (the Standard Webhooks reference library), then runs every test.
+//!   (the Standard Webhooks reference library) and `promtool` into
+//!   `target/tools` (from the Debian package `prometheus`, when not on
+//!   PATH), then runs every test.
 //! * `cargo xtask ci`    — formatting check, clippy with `-D warnings`, `test`, then `chaos`.
 //! * `cargo xtask bench` — every benchmark, release build; figures go to BENCHMARKS.md.
 //! * `cargo xtask chaos` — the fault-injection harness over the demo services
@@ -102,8 +104,53 @@ fn python_venv() -> Result<PathBuf, String> {
     Ok(python)
 }
 
+/// `promtool` on PATH, or extracted once from the Debian package
+/// `prometheus` into `target/tools/` (no root needed: `apt-get download`).
+fn promtool() -> Result<PathBuf, String> {
+    if Command::new("promtool")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        return Ok(PathBuf::from("promtool"));
+    }
+    let tools = root().join("target").join("tools");
+    let promtool = tools.join("promtool");
+    if promtool.exists() {
+        return Ok(promtool);
+    }
+    let download = tools.join("prometheus-deb");
+    std::fs::create_dir_all(&download)
+        .map_err(|e| format!("cannot create {}: {e}", download.display()))?;
+    let fetched = run(Command::new("apt-get")
+        .args(["download", "prometheus"])
+        .current_dir(&download));
+    if fetched.is_err() {
+        // The package lists may be missing on a fresh CI image.
+        run(Command::new("apt-get").args(["update", "-qq"]))?;
+        run(Command::new("apt-get")
+            .args(["download", "prometheus"])
+            .current_dir(&download))?;
+    }
+    let deb = std::fs::read_dir(&download)
+        .map_err(|e| e.to_string())?
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .find(|path| path.extension().is_some_and(|e| e == "deb"))
+        .ok_or("apt-get download prometheus left no .deb")?;
+    let extracted = download.join("x");
+    run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&extracted))?;
+    std::fs::copy(extracted.join("usr/bin/promtool"), &promtool)
+        .map_err(|e| format!("cannot copy promtool: {e}"))?;
+    let _ = std::fs::remove_dir_all(&download);
+    Ok(promtool)
+}
+
 fn test(extra: &[String]) -> Result<(), String> {
     let python = python_venv()?;
+    let promtool = promtool().map_err(|e| {
+        format!("{e}\nthe metrics test needs promtool: install the Debian package `prometheus` or put promtool on PATH")
+    })?;
     run(cargo()
         // Not --all-targets: that would run the harness-less benchmarks too.
         // --all-features: the registry client of rfidl-codegen is a feature.
@@ -111,7 +158,10 @@ fn test(extra: &[String]) -> Result<(), String> {
         .args(extra)
         .env("RFIDL_PYTHON", &python)
         // Interop tests skip (loudly) without Python; here they must run.
-        .env("RFIDL_REQUIRE_INTEROP", "1"))
+        .env("RFIDL_REQUIRE_INTEROP", "1")
+        // The same for `promtool check metrics`.
+        .env("RFIDL_PROMTOOL", &promtool)
+        .env("RFIDL_REQUIRE_PROMTOOL", "1"))
 }
 
 fn ci() -> Result<(), String> {

@@ -180,7 +180,7 @@ impl Manifest {
 
     /// YAML for files and humans (same content as the canonical form).
     pub fn to_yaml(&self) -> String {
-        serde_yaml::to_string(self).expect("manifests always serialise")
+        yaml_serde::to_string(self).expect("manifests always serialise")
     }
 
     fn strip_docs(&mut self) {

@@ -16,7 +16,9 @@ use clap::Parser;
 use rfidl_examples::demo::engine::Engine;
 use rfidl_examples::demo::hr::{HrService, outbox_counts};
 use rfidl_examples::demo::registry::DemoRegistry;
-use rfidl_examples::demo::{Settings, count};
+use rfidl_examples::demo::{
+    RunningParts, SHUTDOWN_BOUND, Settings, count, shutdown_signal, stop_gracefully,
+};
 use rfidl_examples::generated::hr::employees::{emp_service_v1, emp_service_v2};
 use rfidl_runtime::signing::Secret;
 
@@ -42,6 +44,7 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();
     let args = Args::parse();
+    let signal = shutdown_signal()?;
     let temp = tempfile_dir()?;
     let dir = args.dir.clone().unwrap_or_else(|| temp.clone());
     std::fs::create_dir_all(&dir)?;
@@ -73,6 +76,52 @@ async fn main() -> anyhow::Result<()> {
     let mut engine = Engine::start(&engine_settings).await?;
     let hr = HrService::start(&hr_settings).await?;
 
+    // SIGTERM or SIGINT ends the run early; both services then stop
+    // gracefully (nothing left `Sending`) and the demo exits 0.
+    let outcome = tokio::select! {
+        outcome = scenario(&args, &dir, &hr, &mut engine) => outcome,
+        signal = signal => {
+            eprintln!("demo: {signal} received, stopping");
+            Ok(())
+        }
+    };
+    let stop = async {
+        for parts in [
+            RunningParts {
+                server: hr.server,
+                receiver: hr.receiver,
+                dispatcher: hr.dispatcher,
+                retention: hr.operations.retention,
+            },
+            RunningParts {
+                server: engine.server,
+                receiver: engine.receiver,
+                dispatcher: engine.dispatcher,
+                retention: engine.operations.retention,
+            },
+        ] {
+            stop_gracefully(parts, SHUTDOWN_BOUND).await?;
+        }
+        anyhow::Ok(())
+    };
+    if let Err(error) = stop.await {
+        eprintln!("demo: {error}; exiting 1");
+        std::process::exit(1);
+    }
+    if args.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&temp);
+    }
+    outcome
+}
+
+/// Publishes and checks the manifests, hires through an outage and lost
+/// acknowledgements, and prints what the databases say.
+async fn scenario(
+    args: &Args,
+    dir: &std::path::Path,
+    hr: &HrService,
+    engine: &mut Engine,
+) -> anyhow::Result<()> {
     // The contract's owner publishes; its peer checks what it was built against.
     let registry = DemoRegistry::start(&dir.join("registry.db")).await?;
     for (version, manifest) in [
@@ -123,7 +172,7 @@ async fn main() -> anyhow::Result<()> {
             tokio::task::yield_now().await;
         }
     }
-    wait_until_delivered(&hr, &engine, args.hires).await?;
+    wait_until_delivered(hr, engine, args.hires).await?;
 
     // Lost acknowledgements: HR believes 50 hires were never answered and
     // sends them again; the engine must answer from its inbox.
@@ -133,7 +182,7 @@ async fn main() -> anyhow::Result<()> {
         [],
     )?;
     println!("  replaying {replayed} delivered messages as if their acknowledgements were lost");
-    wait_until_delivered(&hr, &engine, args.hires).await?;
+    wait_until_delivered(hr, engine, args.hires).await?;
     let elapsed = started.elapsed();
 
     let hired = count(&hr.db, "SELECT COUNT(*) FROM employees")?;
@@ -191,14 +240,6 @@ async fn main() -> anyhow::Result<()> {
         "  exactly once                              {}",
         if exactly_once { "yes" } else { "NO" }
     );
-
-    hr.dispatcher.shutdown().await;
-    engine.dispatcher.shutdown().await;
-    hr.operations.retention.shutdown().await;
-    engine.operations.retention.shutdown().await;
-    if args.dir.is_none() {
-        let _ = std::fs::remove_dir_all(&temp);
-    }
     anyhow::ensure!(
         exactly_once,
         "effects do not match hires: {hired} hired, {workflows} workflows, {tickets} tickets, \

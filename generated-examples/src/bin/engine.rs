@@ -1,10 +1,11 @@
 //! The stand-in workflow engine as a process of its own:
 //! `engine --listen 127.0.0.1:7002 --db engine.db --peer-url http://127.0.0.1:7001 --secret whsec_… --peer-secret whsec_…`.
-//! Runs until killed; safe to kill at any moment (SIGKILL included).
+//! Runs until SIGTERM or SIGINT, then stops gracefully (exit 0 within 10 s);
+//! safe to kill at any moment (SIGKILL included).
 
 use clap::Parser;
-use rfidl_examples::demo::ServiceArgs;
 use rfidl_examples::demo::engine::Engine;
+use rfidl_examples::demo::{RunningParts, ServiceArgs, run_until_signal};
 
 #[derive(Parser)]
 #[command(
@@ -29,13 +30,18 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();
     let args = Args::parse();
+    let signal = rfidl_examples::demo::shutdown_signal()?;
     let slow = rfidl_examples::demo::engine::SlowHandler {
         delay: args.slow_handler,
         every: args.slow_every.max(1),
     };
     let engine = Engine::start_with(&args.service.settings("engine", "hr-service")?, slow).await?;
     println!("engine listening on {}", engine.url);
-    tokio::signal::ctrl_c().await?;
-    engine.dispatcher.shutdown().await;
-    Ok(())
+    let parts = RunningParts {
+        server: engine.server,
+        receiver: engine.receiver,
+        dispatcher: engine.dispatcher,
+        retention: engine.operations.retention,
+    };
+    run_until_signal("engine", signal, parts).await
 }

@@ -1,11 +1,12 @@
 //! The HR service as a process of its own:
 //! `hr-service --listen 127.0.0.1:7001 --db hr.db --peer-url http://127.0.0.1:7002 --secret whsec_… --peer-secret whsec_… [--hire 100] [--exit-when-done]`.
+//! Stops gracefully on SIGTERM or SIGINT (exit 0 within 10 s).
 
 use std::time::Duration;
 
 use clap::Parser;
 use rfidl_examples::demo::hr::HrService;
-use rfidl_examples::demo::{ServiceArgs, count};
+use rfidl_examples::demo::{RunningParts, ServiceArgs, count, finish, shutdown_signal};
 
 #[derive(Parser)]
 #[command(
@@ -33,16 +34,32 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();
     let args = Args::parse();
+    let signal = shutdown_signal()?;
+    tokio::pin!(signal);
     let hr = HrService::start(&args.service.settings("hr-service", "engine")?).await?;
     println!("hr-service listening on {}", hr.url);
     let mut conn = hr.connection()?;
     let already = count(&hr.db, "SELECT COUNT(*) FROM employees")? as u32;
+    let parts = |hr: HrService| RunningParts {
+        server: hr.server,
+        receiver: hr.receiver,
+        dispatcher: hr.dispatcher,
+        retention: hr.operations.retention,
+    };
     let started = std::time::Instant::now();
     for (done, number) in (already..args.hire).enumerate() {
+        // Each hire commits on its own; a signal between two stops cleanly.
         hr.hire(&mut conn, number)?;
-        if args.hire_rate > 0 {
+        let pause = if args.hire_rate > 0 {
             let due = Duration::from_secs_f64((done + 1) as f64 / f64::from(args.hire_rate));
-            tokio::time::sleep(due.saturating_sub(started.elapsed())).await;
+            due.saturating_sub(started.elapsed())
+        } else {
+            Duration::ZERO
+        };
+        tokio::select! {
+            biased;
+            received = &mut signal => return finish("hr-service", received, parts(hr)).await,
+            () = tokio::time::sleep(pause) => {}
         }
     }
     if args.exit_when_done {
@@ -59,11 +76,14 @@ async fn main() -> anyhow::Result<()> {
                 println!("done: {hired} hired, {tickets} laptop tickets");
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::select! {
+                received = &mut signal => return finish("hr-service", received, parts(hr)).await,
+                () = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
         }
+        rfidl_examples::demo::stop_gracefully(parts(hr), rfidl_examples::demo::SHUTDOWN_BOUND).await
     } else {
-        tokio::signal::ctrl_c().await?;
+        let received = signal.await;
+        finish("hr-service", received, parts(hr)).await
     }
-    hr.dispatcher.shutdown().await;
-    Ok(())
 }

@@ -13,7 +13,10 @@ pub mod registry;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
 
 use rfidl_runtime::Config;
 use rfidl_runtime::config::DestinationConfig;
@@ -23,7 +26,8 @@ use rfidl_runtime::receiver::Receiver;
 use rfidl_runtime::retention::{Retention, RetentionHandle};
 
 /// How one service is started; both demo binaries take these as flags.
-#[derive(Debug, Clone)]
+/// Its `Debug` form leaves the secrets out.
+#[derive(Clone)]
 pub struct Settings {
     /// This service's id (`sourceServiceId` of what it sends).
     pub service_id: String,
@@ -42,20 +46,25 @@ pub struct Settings {
     pub base_config: Option<Config>,
 }
 
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("service_id", &self.service_id)
+            .field("listen", &self.listen)
+            .field("db", &self.db)
+            .field("peer_id", &self.peer_id)
+            .field("peer_url", &self.peer_url)
+            .field("base_config", &self.base_config)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Settings {
     /// The runtime configuration: the `--config` file if given, else quick
     /// retries so the demo's outage heals fast; then this service's id, peer
     /// and secrets from the flags.
     pub fn runtime_config(&self, destination: &str) -> Config {
-        let mut config = self.base_config.clone().unwrap_or_else(|| {
-            let mut config = Config::default();
-            config.outbox.backoff_base = Duration::from_millis(100);
-            config.outbox.backoff_max = Duration::from_secs(1);
-            config.outbox.jitter = Duration::from_millis(50);
-            config.outbox.max_retries = 50;
-            config.outbox.request_timeout = Duration::from_secs(2);
-            config
-        });
+        let mut config = self.base_config.clone().unwrap_or_else(demo_config);
         config.service_id = self.service_id.clone();
         config.destinations.insert(
             destination.to_owned(),
@@ -96,7 +105,12 @@ impl Operations {
         outbox: &Outbox,
         receiver: &Receiver,
     ) -> anyhow::Result<Self> {
-        let diagnostics = Diagnostics::builder(db).outbox(outbox).build()?;
+        // `/_rf/readyz` checks the database, the receiver's writer thread
+        // and the dispatcher started on `outbox`.
+        let diagnostics = Diagnostics::builder(db)
+            .outbox(outbox)
+            .receiver(receiver)
+            .build()?;
         let retention = Retention::spawn(config.clone(), db, outbox.metrics().clone())?;
         Ok(Self {
             router: receiver.router().merge(diagnostics.router()),
@@ -105,16 +119,107 @@ impl Operations {
     }
 }
 
-/// Serves `router` on `listener` until the task is aborted.
+/// Cancelled when the process is asked to stop: every server [`serve`]
+/// started then stops accepting connections and finishes the requests in
+/// flight (axum's graceful shutdown).
+pub fn shutdown_token() -> &'static CancellationToken {
+    static TOKEN: OnceLock<CancellationToken> = OnceLock::new();
+    TOKEN.get_or_init(CancellationToken::new)
+}
+
+/// Serves `router` on `listener` until the task is aborted (an outage, for
+/// the demo) or [`shutdown_token`] is cancelled (a graceful stop).
 pub fn serve(
     listener: tokio::net::TcpListener,
     router: axum::Router,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, router).await {
+        let stop = shutdown_token().cancelled();
+        if let Err(error) = axum::serve(listener, router)
+            .with_graceful_shutdown(stop)
+            .await
+        {
             tracing::error!(%error, "server stopped");
         }
     })
+}
+
+/// How long a graceful stop may take before the process gives up and
+/// exits non-zero.
+pub const SHUTDOWN_BOUND: Duration = Duration::from_secs(10);
+
+/// Installs the SIGTERM and SIGINT (Ctrl-C) handlers *now*, and returns a
+/// future that resolves with the name of the first of them received. Call
+/// it first thing in `main`: a signal that arrives while the service is
+/// still starting (or, for `hr-service`, still hiring) then stops it
+/// gracefully instead of killing it.
+pub fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = &'static str>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+        }
+    })
+}
+
+/// What a running demo service owns, in the order it is stopped.
+pub struct RunningParts {
+    pub server: tokio::task::JoinHandle<()>,
+    pub receiver: Receiver,
+    pub dispatcher: rfidl_runtime::dispatcher::DispatcherHandle,
+    pub retention: RetentionHandle,
+}
+
+/// Stops a service gracefully: stops accepting HTTP and finishes the
+/// requests in flight, lets the receiver's writer commit what it queued,
+/// stops the dispatcher claiming and lets its in-flight sends finish and
+/// record their results, stops the clean-up. Every step commits before it
+/// returns, so nothing is left `Sending`. Errs when it takes longer than
+/// `bound`.
+pub async fn stop_gracefully(parts: RunningParts, bound: Duration) -> anyhow::Result<()> {
+    let stop = async move {
+        shutdown_token().cancel();
+        let _ = parts.server.await;
+        parts.receiver.shutdown().await;
+        parts.dispatcher.shutdown().await;
+        parts.retention.shutdown().await;
+    };
+    tokio::time::timeout(bound, stop)
+        .await
+        .map_err(|_| anyhow::anyhow!("did not stop within {bound:?}"))
+}
+
+/// The end of a demo binary's `main`: waits for `signal` (from
+/// [`shutdown_signal`], installed at the start of `main`), then
+/// [`stop_gracefully`]; exits 1 (with a log line) if that takes longer
+/// than [`SHUTDOWN_BOUND`].
+pub async fn run_until_signal(
+    name: &str,
+    signal: impl std::future::Future<Output = &'static str>,
+    parts: RunningParts,
+) -> anyhow::Result<()> {
+    let signal = signal.await;
+    finish(name, signal, parts).await
+}
+
+/// [`stop_gracefully`] after `signal`, with the log lines an operator expects.
+pub async fn finish(name: &str, signal: &str, parts: RunningParts) -> anyhow::Result<()> {
+    tracing::info!(service = name, signal, "stopping gracefully");
+    eprintln!("{name}: {signal} received, stopping");
+    match stop_gracefully(parts, SHUTDOWN_BOUND).await {
+        Ok(()) => {
+            eprintln!("{name}: stopped");
+            Ok(())
+        }
+        Err(error) => {
+            tracing::error!(service = name, %error, "graceful stop timed out; exiting 1");
+            eprintln!("{name}: {error}; exiting 1");
+            std::process::exit(1);
+        }
+    }
 }
 
 /// Flags shared by the `hr-service` and `engine` binaries.
@@ -129,34 +234,90 @@ pub struct ServiceArgs {
     /// Base URL of the peer's receiver, e.g. http://127.0.0.1:7001.
     #[arg(long)]
     pub peer_url: String,
-    /// Secret this service signs with (`whsec_…`).
-    #[arg(long, env = "RFIDL_SECRET")]
-    pub secret: String,
+    /// Secret this service signs with (`whsec_…`). Prefer `--secret-file`
+    /// or the environment: a flag's value is visible to every local user
+    /// in the process list.
+    #[arg(long, env = "RFIDL_SECRET", hide_env_values = true)]
+    pub secret: Option<String>,
+    /// File holding the secret this service signs with.
+    #[arg(long, env = "RFIDL_SECRET_FILE", conflicts_with = "secret")]
+    pub secret_file: Option<PathBuf>,
     /// Secret the peer signs with (`whsec_…`).
-    #[arg(long, env = "RFIDL_PEER_SECRET")]
-    pub peer_secret: String,
+    #[arg(long, env = "RFIDL_PEER_SECRET", hide_env_values = true)]
+    pub peer_secret: Option<String>,
+    /// File holding the secret the peer signs with.
+    #[arg(long, env = "RFIDL_PEER_SECRET_FILE", conflicts_with = "peer_secret")]
+    pub peer_secret_file: Option<PathBuf>,
     /// Runtime settings in YAML (retries, TTL, lease, retention, …; see
-    /// `rfidl_runtime::Config`); the flags above win over it.
+    /// `rfidl_runtime::Config`). `RFIDL_…` environment variables win over
+    /// it (docs/operations.md), and the flags above win over both.
     #[arg(long)]
     pub config: Option<PathBuf>,
 }
 
 impl ServiceArgs {
+    /// The settings these flags describe: the YAML file (or the demo's
+    /// quick retries), then the `RFIDL_…` environment overlay, then the
+    /// flags. Errors never show a secret.
     pub fn settings(&self, service_id: &str, peer_id: &str) -> anyhow::Result<Settings> {
-        let base_config = self
-            .config
-            .as_deref()
-            .map(Config::from_yaml_file)
-            .transpose()?;
+        let mut config = match self.config.as_deref() {
+            Some(path) => Config::from_yaml_file(path)?,
+            None => demo_config(),
+        };
+        config.overlay_env()?;
+        let signing_secret = secret_from(
+            self.secret.as_deref(),
+            self.secret_file.as_deref(),
+            "--secret, --secret-file, RFIDL_SECRET or RFIDL_SECRET_FILE",
+        )?;
+        let peer_secret = secret_from(
+            self.peer_secret.as_deref(),
+            self.peer_secret_file.as_deref(),
+            "--peer-secret, --peer-secret-file, RFIDL_PEER_SECRET or RFIDL_PEER_SECRET_FILE",
+        )?;
         Ok(Settings {
             service_id: service_id.into(),
             listen: self.listen,
             db: self.db.clone(),
             peer_id: peer_id.into(),
             peer_url: self.peer_url.clone(),
-            signing_secret: self.secret.clone(),
-            peer_secret: self.peer_secret.clone(),
-            base_config,
+            signing_secret,
+            peer_secret,
+            base_config: Some(config),
         })
     }
+}
+
+/// The secret given inline or in a file (trailing whitespace dropped).
+fn secret_from(
+    inline: Option<&str>,
+    file: Option<&std::path::Path>,
+    options: &str,
+) -> anyhow::Result<String> {
+    if let Some(secret) = inline {
+        return Ok(secret.to_owned());
+    }
+    let Some(path) = file else {
+        anyhow::bail!("a secret is required: give one of {options}");
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|error| anyhow::anyhow!("cannot read secret file {}: {error}", path.display()))?;
+    let secret = text.trim_end();
+    anyhow::ensure!(
+        !secret.is_empty(),
+        "secret file {} is empty",
+        path.display()
+    );
+    Ok(secret.to_owned())
+}
+
+/// Quick retries, so the demo's outage heals fast.
+fn demo_config() -> Config {
+    let mut config = Config::default();
+    config.outbox.backoff_base = Duration::from_millis(100);
+    config.outbox.backoff_max = Duration::from_secs(1);
+    config.outbox.jitter = Duration::from_millis(50);
+    config.outbox.max_retries = 50;
+    config.outbox.request_timeout = Duration::from_secs(2);
+    config
 }

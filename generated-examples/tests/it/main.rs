@@ -3,3 +3,4 @@
 mod demo;
 mod drift;
 mod processes;
+mod signals;

@@ -169,7 +169,8 @@ impl HandlerError {
 /// Decodes a payload into a method's request type. The payload must be a JSON
 /// object; unknown members are ignored (a newer compatible sender may add
 /// optional fields) and a missing required member is a
-/// [`HandlerError::PayloadMismatch`].
+/// [`HandlerError::PayloadMismatch`] whose message names the member's path
+/// and the expected type but never the value found.
 pub fn decode_payload<T: DeserializeOwned>(payload: &serde_json::Value) -> Result<T, HandlerError> {
     if !payload.is_object() {
         return Err(HandlerError::PayloadMismatch(format!(
@@ -177,7 +178,18 @@ pub fn decode_payload<T: DeserializeOwned>(payload: &serde_json::Value) -> Resul
             json_kind(payload)
         )));
     }
-    T::deserialize(payload).map_err(|e| HandlerError::PayloadMismatch(e.to_string()))
+    serde_path_to_error::deserialize(payload).map_err(|error| {
+        // serde_json's message quotes the value it refused, and a payload may
+        // hold personal data: the answer names the member and what was
+        // expected, never the value (crate::redact).
+        let path = error.path().to_string();
+        let message = crate::redact::value_free(&error.inner().to_string());
+        HandlerError::PayloadMismatch(if path.is_empty() || path == "." {
+            message
+        } else {
+            format!("`{path}`: {message}")
+        })
+    })
 }
 
 /// Encodes a handler's answer as the response payload (`null` for `()`).
@@ -266,6 +278,53 @@ mod tests {
             decode_payload::<Hired>(&serde_json::json!(["Ada", null])),
             Err(HandlerError::PayloadMismatch(_))
         ));
+    }
+
+    #[test]
+    fn decode_errors_name_the_path_and_the_expected_type_but_not_the_value() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        enum Status {
+            Active,
+            OnLeave,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Employee {
+            status: Status,
+            grade: u32,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Hired {
+            employee: Employee,
+        }
+        let cases = [
+            (
+                serde_json::json!({"employee": {"status": "Salary 250000 EUR; bonus", "grade": 1}}),
+                "`employee.status`: unknown variant, expected `Active` or `OnLeave`",
+            ),
+            (
+                serde_json::json!({"employee": {"status": "Active", "grade": "250000 EUR"}}),
+                "`employee.grade`: invalid type: string, expected u32",
+            ),
+            (
+                serde_json::json!({"employee": {"status": "Active", "grade": -250000}}),
+                "`employee.grade`: invalid value: integer, expected u32",
+            ),
+            (
+                serde_json::json!({"employee": {"status": "Active"}}),
+                "`employee`: missing field `grade`",
+            ),
+        ];
+        for (payload, expected) in cases {
+            let Err(HandlerError::PayloadMismatch(message)) = decode_payload::<Hired>(&payload)
+            else {
+                panic!("{payload} decoded")
+            };
+            assert_eq!(message, expected);
+            assert!(!message.contains("250000"), "{message}");
+        }
     }
 
     #[test]

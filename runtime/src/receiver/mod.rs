@@ -254,9 +254,13 @@ impl ReceiverBuilder {
             retention: self.config.inbox.retention,
             group_limit: self.group_commit_limit,
         };
+        let (liveness, alive) = crate::liveness::Liveness::start();
         let thread = std::thread::Builder::new()
             .name("rfidl-receiver-writer".to_owned())
-            .spawn(move || writer.run())
+            .spawn(move || {
+                let _alive = alive;
+                writer.run();
+            })
             .map_err(ReceiverError::WriterThread)?;
 
         Ok(Receiver {
@@ -278,6 +282,7 @@ impl ReceiverBuilder {
                 commands,
                 metrics,
                 writer_thread: Mutex::new(Some(thread)),
+                liveness,
             }),
         })
     }
@@ -300,6 +305,7 @@ struct Shared {
     commands: mpsc::Sender<Command>,
     metrics: Arc<Metrics>,
     writer_thread: Mutex<Option<JoinHandle<()>>>,
+    liveness: crate::liveness::Liveness,
 }
 
 /// A running receiver: verification, routing, the inbox and the writer
@@ -353,6 +359,11 @@ impl Receiver {
             .with_state(Arc::clone(&self.shared))
     }
 
+    /// Whether the writer thread runs (for readiness probes).
+    pub fn liveness(&self) -> crate::liveness::Liveness {
+        self.shared.liveness.clone()
+    }
+
     /// The metrics this receiver counts into.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.shared.metrics
@@ -388,6 +399,7 @@ impl Receiver {
     /// Stops taking messages, lets the writer finish what is queued, and waits
     /// for its thread to end. Requests after this answer 503 `unavailable`.
     pub async fn shutdown(&self) {
+        self.shared.liveness.stop();
         let (done, finished) = oneshot::channel();
         if self
             .shared
@@ -459,7 +471,8 @@ async fn receive_batch(
         Ok(items) => items,
         Err(e) => {
             let refusal = ReceiveError::MalformedEnvelope(format!(
-                "a batch is a JSON array of {{\"headers\": {{…}}, \"body\": \"<envelope JSON>\"}}: {e}"
+                "a batch is a JSON array of {{\"headers\": {{…}}, \"body\": \"<envelope JSON>\"}}: {}",
+                crate::redact::json_error(&e)
             ));
             shared.count_refusal(&refusal);
             return refusal.into_response();
@@ -601,7 +614,7 @@ impl Shared {
             .and_then(|v| v.as_str())
             .map(str::to_owned);
         let envelope: Envelope = serde_json::from_value(value)
-            .map_err(|e| ReceiveError::MalformedEnvelope(e.to_string()))?;
+            .map_err(|e| ReceiveError::MalformedEnvelope(crate::redact::json_error(&e)))?;
         if !envelope.payload.is_object() {
             return Err(ReceiveError::MalformedEnvelope(format!(
                 "`payload` must be a JSON object, found {}",

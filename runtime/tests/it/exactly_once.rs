@@ -166,7 +166,7 @@ async fn inbox_rows_expire_after_the_retention() {
             |r| r.get(0),
         )
         .expect("row");
-    assert_eq!(expires, 24 * 3600 * 1000, "default retention 24 h");
+    assert_eq!(expires, 25 * 3600 * 1000, "default retention 25 h");
     let now = rfidl_runtime::db::now_ms();
     assert_eq!(
         rfidl_runtime::inbox::delete_expired(&conn, now, 100).expect("delete"),

@@ -1,10 +1,12 @@
 //! Integration tests for rfidl-runtime (one binary: see house style). Real
 //! SQLite files in temp dirs, real HTTP on 127.0.0.1.
 
+mod config_env;
 mod dispatcher;
 mod faults;
 mod interop;
 mod operations;
+mod probes;
 mod receiver;
 mod support;
 mod tls;
