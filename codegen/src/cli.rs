@@ -532,7 +532,8 @@ pub fn fetch(
                     manifest.fingerprint,
                     cache
                         .path_of(&manifest.interface, manifest.version, &manifest.fingerprint)
-                        .display()
+                        .map(|path| path.display().to_string())
+                        .unwrap_or_default()
                 );
             }
             Outcome::Success

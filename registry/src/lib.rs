@@ -14,10 +14,12 @@
 //! (401) → body size (413) → the body is a manifest (422
 //! `invalid_manifest`) → it is the interface version the path names (422
 //! `path_mismatch`) → its fingerprint matches its content (422
-//! `fingerprint_mismatch`) → stored already (200) / first revision (201) /
+//! `fingerprint_mismatch`) → it is a manifest a contract could produce
+//! (422 `manifest_rejected`, with the `M0001`… problems) → stored already (200) / first revision (201) /
 //! a compatible next revision (201) / a breaking one (409
 //! `breaking_change`, with the changes). Every error body is
 //! `{"error": code, "message": text}`. SQLite runs on the blocking pool.
+//! Nothing is stored for a refused publish.
 
 pub mod store;
 
@@ -30,7 +32,8 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use rfidl_codegen::manifest::Manifest;
+use rfidl_codegen::manifest::validate::ManifestProblem;
+use rfidl_codegen::manifest::{InvalidManifest, Manifest};
 use rfidl_codegen::manifest::compat::BreakingChange;
 use rusqlite::Connection;
 use serde::Serialize;
@@ -56,6 +59,8 @@ pub enum ApiError {
     PathMismatch { path: String, manifest: String },
     #[error("the manifest says {stated}, its content has {computed}")]
     FingerprintMismatch { stated: String, computed: String },
+    #[error("no contract could produce this manifest: {0}")]
+    ManifestRejected(InvalidManifest),
     #[error("{interface} v{version}: {} change(s) break the published revision", changes.len())]
     BreakingChange {
         interface: String,
@@ -78,7 +83,8 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::InvalidManifest(_)
             | ApiError::PathMismatch { .. }
-            | ApiError::FingerprintMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            | ApiError::FingerprintMismatch { .. }
+            | ApiError::ManifestRejected(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::BreakingChange { .. } => StatusCode::CONFLICT,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -95,6 +101,7 @@ impl ApiError {
             ApiError::InvalidManifest(_) => "invalid_manifest",
             ApiError::PathMismatch { .. } => "path_mismatch",
             ApiError::FingerprintMismatch { .. } => "fingerprint_mismatch",
+            ApiError::ManifestRejected(_) => "manifest_rejected",
             ApiError::BreakingChange { .. } => "breaking_change",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
@@ -109,6 +116,8 @@ struct ErrorBody<'a> {
     message: String,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     changes: &'a [BreakingChange],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    problems: &'a [ManifestProblem],
 }
 
 impl IntoResponse for ApiError {
@@ -117,10 +126,15 @@ impl IntoResponse for ApiError {
             ApiError::BreakingChange { changes, .. } => changes.as_slice(),
             _ => &[],
         };
+        let problems = match &self {
+            ApiError::ManifestRejected(invalid) => invalid.problems.as_slice(),
+            _ => &[],
+        };
         let body = ErrorBody {
             error: self.code(),
             message: self.to_string(),
             changes,
+            problems,
         };
         let mut response = (self.status(), Json(&body)).into_response();
         if matches!(self, ApiError::Unauthorized) {
@@ -312,6 +326,7 @@ async fn publish(
             computed,
         });
     }
+    manifest.validate().map_err(ApiError::ManifestRejected)?;
     let published = with_db(&shared, move |conn| {
         store::publish(conn, &manifest, now_ms()).map_err(|error| match error {
             store::PublishError::Breaking(changes) => ApiError::BreakingChange {

@@ -55,6 +55,8 @@ impl RegistryClient {
         self
     }
 
+    /// The URL of an interface version; the caller has checked the id
+    /// ([`super::check_remote`]), so it is one path segment.
     fn url_of(&self, interface: &str, version: u32) -> String {
         format!("{}/v1/interfaces/{interface}/v{version}", self.base)
     }
@@ -88,6 +90,14 @@ impl RegistryClient {
     /// Publishes `manifest`. A new revision of a published version that is
     /// not compatible comes back as [`RegistryError::Breaking`].
     pub fn publish(&self, manifest: &Manifest) -> Result<Published, RegistryError> {
+        // The registry refuses it too; refusing here keeps a hostile name
+        // out of the URL.
+        manifest
+            .validate()
+            .map_err(|problems| RegistryError::InvalidManifest {
+                origin: format!("{} v{}", manifest.interface, manifest.version),
+                problems,
+            })?;
         let url = self.url_of(&manifest.interface, manifest.version);
         let mut request = self
             .http
@@ -154,8 +164,18 @@ impl RegistryClient {
                 url: url.clone(),
                 reason: format!("not a manifest: {e}"),
             })?;
-        verify(&manifest, &remote.interface, remote.version, fingerprint)
-            .map_err(|reason| RegistryError::BadManifest { url, reason })?;
+        verify(&manifest, &remote.interface, remote.version, fingerprint).map_err(|reason| {
+            RegistryError::BadManifest {
+                url: url.clone(),
+                reason,
+            }
+        })?;
+        manifest
+            .validate()
+            .map_err(|problems| RegistryError::InvalidManifest {
+                origin: url,
+                problems,
+            })?;
         Ok(manifest)
     }
 }
@@ -174,10 +194,18 @@ impl Source for RegistryClient {
     }
 
     fn latest(&self, remote: &Remote) -> Result<Manifest, RegistryError> {
+        super::check_remote(&remote.interface, remote.version)?;
         self.get_manifest(self.url_of(&remote.interface, remote.version), remote, None)
     }
 
     fn exact(&self, remote: &Remote, fingerprint: &str) -> Result<Manifest, RegistryError> {
+        super::check_remote(&remote.interface, remote.version)?;
+        if !crate::manifest::validate::is_fingerprint(fingerprint) {
+            return Err(RegistryError::InvalidName {
+                name: crate::manifest::validate::shown(fingerprint),
+                expected: "a fingerprint (`sha256:` and 64 lowercase hex digits)",
+            });
+        }
         let url = format!(
             "{}/{fingerprint}",
             self.url_of(&remote.interface, remote.version)

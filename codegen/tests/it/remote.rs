@@ -191,7 +191,8 @@ fn a_damaged_cache_entry_is_refused_by_name() {
         &manifest.interface,
         manifest.version,
         &manifest.fingerprint,
-    );
+    )
+    .expect("a valid interface id and fingerprint");
 
     // Same JSON shape, different meaning: the fingerprint no longer matches.
     let tampered = std::fs::read_to_string(&path)
