@@ -32,9 +32,9 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use rfidl_codegen::manifest::compat::BreakingChange;
 use rfidl_codegen::manifest::validate::ManifestProblem;
 use rfidl_codegen::manifest::{InvalidManifest, Manifest};
-use rfidl_codegen::manifest::compat::BreakingChange;
 use rusqlite::Connection;
 use serde::Serialize;
 

@@ -194,8 +194,16 @@ mod tests {
             assert!(bad.parse::<TypeRef>().is_err(), "{bad}");
         }
         // Deep nesting is refused before the parser recurses into it.
-        let deep = format!("{}string{}", "list<".repeat(1_000_000), ">".repeat(1_000_000));
+        let deep = format!(
+            "{}string{}",
+            "list<".repeat(1_000_000),
+            ">".repeat(1_000_000)
+        );
         assert!(deep.parse::<TypeRef>().is_err());
-        assert!(format!("string{}", "?".repeat(1_000_000)).parse::<TypeRef>().is_err());
+        assert!(
+            format!("string{}", "?".repeat(1_000_000))
+                .parse::<TypeRef>()
+                .is_err()
+        );
     }
 }

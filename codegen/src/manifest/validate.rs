@@ -115,7 +115,11 @@ impl fmt::Display for InvalidManifest {
 /// terminal or a log) and cut to 40 characters.
 pub fn shown(name: &str) -> String {
     const KEEP: usize = 40;
-    let mut text: String = name.chars().take(KEEP).flat_map(char::escape_debug).collect();
+    let mut text: String = name
+        .chars()
+        .take(KEEP)
+        .flat_map(char::escape_debug)
+        .collect();
     let count = name.chars().count();
     if count > KEEP {
         text.push_str(&format!("… ({} bytes)", name.len()));
@@ -153,15 +157,20 @@ pub fn is_package_name(name: &str) -> bool {
 /// part of a cache path or a lock entry.
 pub fn is_interface_id(interface: &str) -> bool {
     interface.len() <= MAX_NAME_LEN
-        && interface.rsplit_once('.').is_some_and(|(package, service)| {
-            is_package_name(package) && is_identifier(service) && is_upper_camel(service)
-        })
+        && interface
+            .rsplit_once('.')
+            .is_some_and(|(package, service)| {
+                is_package_name(package) && is_identifier(service) && is_upper_camel(service)
+            })
 }
 
 /// Whether `fingerprint` is `sha256:` and 64 lowercase hex digits.
 pub fn is_fingerprint(fingerprint: &str) -> bool {
     fingerprint.strip_prefix("sha256:").is_some_and(|hex| {
-        hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     })
 }
 
@@ -301,11 +310,7 @@ impl<'a> Validator<'a> {
         }
         self.interface();
         if manifest.version == 0 {
-            self.report(
-                "M0007",
-                "manifest",
-                "a service version must be 1 or more",
-            );
+            self.report("M0007", "manifest", "a service version must be 1 or more");
         }
         let computed = manifest.compute_fingerprint();
         if manifest.fingerprint != computed {
@@ -340,12 +345,7 @@ impl<'a> Validator<'a> {
                 ),
             );
         }
-        self.name(
-            "manifest",
-            "service",
-            &manifest.service,
-            Case::UpperCamel,
-        );
+        self.name("manifest", "service", &manifest.service, Case::UpperCamel);
         let expected = format!("{}.{}", manifest.package, manifest.service);
         if manifest.interface != expected || !is_interface_id(&manifest.interface) {
             self.report(
@@ -531,7 +531,11 @@ impl<'a> Validator<'a> {
             let clash = functions
                 .get(&function)
                 .map(|other| (*other, function.clone()))
-                .or_else(|| requests.get(&request).map(|other| (*other, request.clone())));
+                .or_else(|| {
+                    requests
+                        .get(&request)
+                        .map(|other| (*other, request.clone()))
+                });
             match clash {
                 Some((other, rust_name)) => self.report(
                     "M0011",

@@ -90,7 +90,10 @@ pub enum RegistryError {
     /// An interface id or fingerprint (from `Builder::remote`, the command
     /// line or a lock file) that is not `package.Service` / `sha256:<hex>`.
     #[error("{name} is not {expected}")]
-    InvalidName { name: String, expected: &'static str },
+    InvalidName {
+        name: String,
+        expected: &'static str,
+    },
     #[error(
         "`{name}` is defined both by the local contracts and by remote {interface} v{version}, \
          differently; use one source for it"

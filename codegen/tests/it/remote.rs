@@ -187,12 +187,9 @@ fn a_damaged_cache_entry_is_refused_by_name() {
     let (lock_path, cache_dir) = (dir.path().join("rfidl.lock"), dir.path().join("cache"));
     let manifest = orders();
     pin_and_cache(&manifest, &lock_path, &cache_dir);
-    let path = Cache::new(&cache_dir).path_of(
-        &manifest.interface,
-        manifest.version,
-        &manifest.fingerprint,
-    )
-    .expect("a valid interface id and fingerprint");
+    let path = Cache::new(&cache_dir)
+        .path_of(&manifest.interface, manifest.version, &manifest.fingerprint)
+        .expect("a valid interface id and fingerprint");
 
     // Same JSON shape, different meaning: the fingerprint no longer matches.
     let tampered = std::fs::read_to_string(&path)
