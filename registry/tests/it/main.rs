@@ -5,5 +5,6 @@
 
 mod api;
 mod client;
+mod hostile;
 mod process;
 mod support;
