@@ -756,3 +756,92 @@ async fn hostile_input_fuzz_never_panics_nor_writes_for_a_refusal() {
     assert_eq!(fresh.map(|f| f.0), Some(200));
     server.abort();
 }
+
+// ---------------------------------------------------------------------
+// Regression tests for what the fuzz found, one each.
+
+/// `(status, body as JSON)` of one request over real HTTP.
+async fn json_answer(method: reqwest::Method, url: String) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .request(method, url)
+        .send()
+        .await
+        .expect("send");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("body");
+    let body = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{status} without a JSON body ({e}): {text:?}"));
+    (status, body)
+}
+
+async fn with_diagnostics() -> (Fixture, String, tokio::task::JoinHandle<()>) {
+    let fixture = Fixture::start().await;
+    let diagnostics = Diagnostics::builder(&fixture.db_path)
+        .metrics(fixture.metrics())
+        .build()
+        .expect("diagnostics");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let app = fixture.receiver.router().merge(diagnostics.router());
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app).await.expect("serve");
+    });
+    (fixture, base, server)
+}
+
+#[tokio::test]
+async fn hostile_regression_a_wrong_method_on_a_diagnostics_route_is_a_json_405() {
+    let (_fixture, base, server) = with_diagnostics().await;
+    for (method, path) in [
+        (reqwest::Method::DELETE, "/_rf/health"),
+        (reqwest::Method::POST, "/_rf/outbox/stats"),
+        (reqwest::Method::PUT, "/_rf/outbox/failed"),
+        (reqwest::Method::GET, "/_rf/outbox/retry"),
+        (
+            reqwest::Method::GET,
+            "/_rf/outbox/0192f0c4-6c1e-7c7a-9b1e-3f1d2a4b5c6d/retry",
+        ),
+        (reqwest::Method::PATCH, "/_rf/inbox/stats"),
+        (reqwest::Method::POST, "/_rf/metrics"),
+    ] {
+        let (status, body) = json_answer(method.clone(), format!("{base}{path}")).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (405, Some("method_not_allowed")),
+            "{method} {path}: {body}"
+        );
+    }
+    server.abort();
+}
+
+#[tokio::test]
+async fn hostile_regression_a_retry_id_that_is_not_utf8_is_a_json_400() {
+    let (_fixture, base, server) = with_diagnostics().await;
+    let (status, body) = json_answer(
+        reqwest::Method::POST,
+        format!("{base}/_rf/outbox/%FF%FE/retry"),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("bad_request")),
+        "{body}"
+    );
+    server.abort();
+}
+
+#[tokio::test]
+async fn hostile_regression_the_bare_rf_path_is_a_json_404() {
+    let (_fixture, base, server) = with_diagnostics().await;
+    for method in [reqwest::Method::GET, reqwest::Method::DELETE] {
+        let (status, body) = json_answer(method, format!("{base}/_rf/")).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (404, Some("not_found")),
+            "{body}"
+        );
+    }
+    server.abort();
+}

@@ -558,6 +558,14 @@ fn diagnostics_errors_have_documented_codes() {
             503,
             "unavailable",
         ),
+        (
+            DiagnosticsError::MethodNotAllowed {
+                method: "DELETE".into(),
+                path: "/_rf/health".into(),
+            },
+            405,
+            "method_not_allowed",
+        ),
     ];
     let docs = include_str!("../../../docs/operations.md");
     for (error, status, code) in cases {
