@@ -243,7 +243,16 @@ fn resolution_asks_the_source_only_for_what_the_lock_and_cache_lack() {
         .expect("orders")
         .clone();
     newer.docs = vec!["a doc edit only".into()];
-    newer.methods.pop();
+    // A compatible revision (a contract could make it: the validator checks
+    // every fetched manifest): one more optional parameter.
+    newer.methods[0]
+        .params
+        .push(rfidl_codegen::manifest::Field {
+            name: "note".into(),
+            ty: "string?".parse().expect("type"),
+            docs: Vec::new(),
+            deprecated: None,
+        });
     let newer = newer.with_fingerprint();
     let source = Published {
         manifests: [all, vec![newer.clone()]].concat(),
