@@ -33,7 +33,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use rfidl_codegen::manifest::compat::BreakingChange;
-use rfidl_codegen::manifest::validate::ManifestProblem;
+use rfidl_codegen::manifest::validate::{ManifestProblem, shown};
 use rfidl_codegen::manifest::{InvalidManifest, Manifest};
 use rusqlite::Connection;
 use serde::Serialize;
@@ -311,18 +311,20 @@ async fn publish(
         .await
         .map_err(|_| ApiError::PayloadTooLarge)?;
     let version = version_of(&version)?;
-    let manifest: Manifest =
-        serde_json::from_slice(&body).map_err(|e| ApiError::InvalidManifest(e.to_string()))?;
+    // Messages never echo a hostile value in full (serde quotes what it
+    // could not read; names can be a megabyte long).
+    let manifest: Manifest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::InvalidManifest(cut(&e.to_string())))?;
     if manifest.interface != interface || manifest.version != version {
         return Err(ApiError::PathMismatch {
-            path: format!("{interface} v{version}"),
-            manifest: format!("{} v{}", manifest.interface, manifest.version),
+            path: format!("{} v{version}", shown(&interface)),
+            manifest: format!("{} v{}", shown(&manifest.interface), manifest.version),
         });
     }
     let computed = manifest.compute_fingerprint();
     if manifest.fingerprint != computed {
         return Err(ApiError::FingerprintMismatch {
-            stated: manifest.fingerprint,
+            stated: shown(&manifest.fingerprint),
             computed,
         });
     }
@@ -351,6 +353,14 @@ async fn publish(
         StatusCode::OK
     };
     Ok((status, Json(published)).into_response())
+}
+
+/// At most 300 characters of `text`, marked when cut.
+fn cut(text: &str) -> String {
+    match text.char_indices().nth(300) {
+        Some((at, _)) => format!("{}… ({} bytes)", &text[..at], text.len()),
+        None => text.to_owned(),
+    }
 }
 
 /// The token of an `Authorization: Bearer <token>` value; the scheme is

@@ -179,6 +179,37 @@ fn hostile_publishes_are_refused_with_their_code_and_store_nothing() {
         (422, Some("invalid_manifest")),
         "{body}"
     );
+    // What the registry cannot read, or finds at odds with the path, is
+    // not echoed back in full.
+    let long = "x".repeat(500_000);
+    let unreadable = orders().to_pretty_json().replacen(
+        "\"kind\": \"pushcall\"",
+        &format!("\"kind\": \"{long}\""),
+        1,
+    );
+    let elsewhere = edited(|m| m.interface = format!("shop.orders.{long}"));
+    for (body, code) in [
+        (unreadable, "invalid_manifest"),
+        (elsewhere.to_pretty_json(), "path_mismatch"),
+    ] {
+        let (status, answer) = put(
+            &server.url,
+            "/v1/interfaces/shop.orders.OrderService/v1",
+            body,
+            None,
+        );
+        assert_eq!(
+            (status, answer["error"].as_str()),
+            (422, Some(code)),
+            "{answer}"
+        );
+        let message = answer["message"].as_str().expect("message");
+        assert!(
+            message.len() < 2_000,
+            "{code}: a {}-byte message",
+            message.len()
+        );
+    }
     assert_eq!(rows(&db), 0, "nothing stored");
     // The registry still works.
     let (status, body) = put(
