@@ -169,6 +169,46 @@ fn hostile_cases() -> Vec<(&'static str, Manifest, &'static str)> {
             "M0011",
         ),
         (
+            "a package module named like the service-version module",
+            edited(|m| {
+                m.methods[1]
+                    .params
+                    .push(field("flag", "shop.orders.order_service_v1.Flag"));
+                m.types.insert(
+                    "shop.orders.order_service_v1.Flag".into(),
+                    TypeDef::Enum {
+                        docs: Vec::new(),
+                        deprecated: None,
+                        variants: vec![Variant {
+                            name: "On".into(),
+                            docs: Vec::new(),
+                            deprecated: None,
+                        }],
+                    },
+                );
+            }),
+            "M0011",
+        ),
+        (
+            "type named like a trait generated code uses",
+            edited(|m| {
+                m.methods[1].params.push(field("sync", "shop.orders.Sync"));
+                m.types.insert(
+                    "shop.orders.Sync".into(),
+                    TypeDef::Enum {
+                        docs: Vec::new(),
+                        deprecated: None,
+                        variants: vec![Variant {
+                            name: "On".into(),
+                            docs: Vec::new(),
+                            deprecated: None,
+                        }],
+                    },
+                );
+            }),
+            "M0010",
+        ),
+        (
             "type nobody uses",
             edited(|m| {
                 m.types.insert(
@@ -356,6 +396,57 @@ fn hostile_names_get_the_checkers_verdict() {
     assert!(
         verdicts[0] >= 5 && verdicts[1] >= 5,
         "both verdicts are exercised: {verdicts:?}"
+    );
+
+    // Every name made of one or two pieces (keywords, case, underscores,
+    // digits, letters without case), as a method and as a parameter.
+    let pieces = [
+        "fn",
+        "Fn",
+        "type",
+        "self",
+        "Self",
+        "_",
+        "a",
+        "B",
+        "é",
+        "É",
+        "東",
+        "1",
+        "tx",
+        "call",
+        "New",
+        "Url",
+        "URL",
+        "Serialize",
+        "r",
+    ];
+    let mut names: Vec<String> = pieces.iter().map(|p| (*p).to_owned()).collect();
+    for first in pieces {
+        for second in pieces {
+            names.push(format!("{first}{second}"));
+        }
+    }
+    let mut disagreements = Vec::new();
+    for name in &names {
+        for (method, param) in [(name.as_str(), "x"), ("Hire", name.as_str())] {
+            let checker_accepts = verdict_of_checker(method, param).is_some();
+            let mut manifest = base.clone();
+            manifest.methods[0].name = method.into();
+            manifest.methods[0].params[0].name = param.into();
+            let validator_accepts = manifest.with_fingerprint().validate().is_ok();
+            if checker_accepts != validator_accepts {
+                disagreements.push(format!(
+                    "method `{method}`, param `{param}`: checker {checker_accepts}, validator {validator_accepts}"
+                ));
+            }
+        }
+    }
+    assert!(
+        disagreements.is_empty(),
+        "{} disagreement(s):\n{}",
+        disagreements.len(),
+        disagreements.join("\n")
     );
 }
 
