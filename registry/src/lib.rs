@@ -336,6 +336,7 @@ async fn publish(
                 version: manifest.version,
                 changes,
             },
+            store::PublishError::Invalid(problems) => ApiError::ManifestRejected(problems),
             other => ApiError::Unavailable(other.to_string()),
         })
     })

@@ -222,6 +222,23 @@ fn hostile_publishes_are_refused_with_their_code_and_store_nothing() {
     assert_eq!(rows(&db), 1);
 }
 
+/// The store itself refuses them too, whoever calls it.
+#[test]
+fn hostile_manifests_never_reach_the_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("registry.db");
+    let mut conn = rfidl_registry::store::open(&db).expect("open");
+    for (what, manifest, code) in hostile_cases() {
+        match rfidl_registry::store::publish(&mut conn, &manifest, 0) {
+            Err(rfidl_registry::store::PublishError::Invalid(problems)) => {
+                assert!(problems.has(code), "{what}: {problems}");
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    assert_eq!(rows(&db), 0);
+}
+
 /// A manifest that got into the database some other way (an older registry,
 /// a hand edit) is refused by the client: nothing is cached, nothing locked.
 #[test]
@@ -466,9 +483,27 @@ fn hostile_request_of(kind: u32, rng: &mut StdRng, valid: &[Manifest], token: &s
     }
 }
 
+/// Panics anywhere in the process outside the test code.
+static SERVER_PANICS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn count_server_panics() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !info
+            .location()
+            .is_some_and(|l| l.file().contains("tests/it/"))
+        {
+            SERVER_PANICS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        previous(info);
+    }));
+}
+
 #[test]
 fn hostile_input_fuzz_never_panics_nor_writes_for_a_refusal() {
     const REQUESTS: usize = 3_000;
+    count_server_panics();
+    let panics_before = SERVER_PANICS.load(std::sync::atomic::Ordering::SeqCst);
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("registry.db");
     let token = "fuzz-token";
@@ -524,6 +559,11 @@ fn hostile_input_fuzz_never_panics_nor_writes_for_a_refusal() {
         valid.len()
     );
     assert_eq!(rows(&db), created as i64);
+    assert_eq!(
+        SERVER_PANICS.load(std::sync::atomic::Ordering::SeqCst) - panics_before,
+        0,
+        "no panic in the server"
+    );
     // Still serving.
     assert_eq!(
         exchange(&addr, &http("GET", "/health", &[], b"")),
