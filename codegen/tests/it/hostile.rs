@@ -706,3 +706,31 @@ impl OneAnswerServer {
         self.count.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
+
+/// Every manifest code is in the table of `docs/errors.md` and has its own
+/// section; every code the hostile cases expect is a known one.
+#[test]
+fn hostile_manifest_codes_are_documented() {
+    use rfidl_codegen::manifest::validate::CODES;
+    let errors = std::fs::read_to_string("../docs/errors.md").expect("docs/errors.md");
+    for (code, _) in CODES {
+        let anchor = code.to_lowercase();
+        assert!(
+            errors.contains(&format!("| [{code}](#{anchor}) |")),
+            "{code} in the table"
+        );
+        assert!(
+            errors.contains(&format!("\n## {code}\n")),
+            "{code} has a section"
+        );
+    }
+    let known: Vec<&str> = CODES.iter().map(|(code, _)| *code).collect();
+    for (what, manifest, code) in hostile_cases() {
+        assert!(known.contains(&code), "{what}: {code}");
+        if let Err(invalid) = manifest.validate() {
+            for problem in invalid.problems {
+                assert!(known.contains(&problem.code.as_str()), "{what}: {problem}");
+            }
+        }
+    }
+}
