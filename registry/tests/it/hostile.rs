@@ -407,9 +407,24 @@ fn hostile_request_of(kind: u32, rng: &mut StdRng, valid: &[Manifest], token: &s
             http("PUT", &path, &[auth], value.to_string().as_bytes())
         }
         // Deep nesting.
+        // Deep nesting: of JSON, and of a type reference inside a manifest
+        // (`list<list<…`, parsed by the registry itself).
         4 => {
             let depth = [100, 1_000, 100_000].choose(rng).copied().expect("depth");
-            let body = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            let body = if rng.random_bool(0.5) {
+                format!("{}{}", "[".repeat(depth), "]".repeat(depth))
+            } else {
+                let deep = format!("{}uuid{}", "list<".repeat(depth), ">".repeat(depth));
+                let text = String::from_utf8_lossy(&json).into_owned();
+                match text.find("\"type\": \"") {
+                    Some(at) => {
+                        let start = at + "\"type\": \"".len();
+                        let end = start + text[start..].find('"').unwrap_or(0);
+                        format!("{}{deep}{}", &text[..start], &text[end..])
+                    }
+                    None => text,
+                }
+            };
             http("PUT", &path, &[auth], body.as_bytes())
         }
         // Non-UTF-8 body and header values.
