@@ -38,6 +38,10 @@ pub const MAX_NAME_LEN: usize = 256;
 /// At most this many problems are listed; the count says how many more.
 pub const MAX_PROBLEMS: usize = 50;
 
+/// Largest manifest text read from a registry or the cache, in bytes (the
+/// registry's publish limit): a larger one is refused before it is parsed.
+pub const MAX_MANIFEST_BYTES: usize = 1024 * 1024;
+
 /// Every code [`validate`] can report, with a one-line title.
 pub const CODES: &[(&str, &str)] = &[
     ("M0001", "unsupported manifest format"),
@@ -60,6 +64,7 @@ pub const CODES: &[(&str, &str)] = &[
     ("M0018", "invalid `@correlate` path"),
     ("M0019", "invalid `@delivery`"),
     ("M0020", "line break in a doc comment or deprecation note"),
+    ("M0021", "manifest too large"),
 ];
 
 /// One broken rule.
@@ -109,6 +114,24 @@ impl fmt::Display for InvalidManifest {
         }
         Ok(())
     }
+}
+
+/// M0021 for a manifest text of `len` bytes over [`MAX_MANIFEST_BYTES`],
+/// checked before parsing.
+pub fn check_size(len: usize) -> Result<(), InvalidManifest> {
+    if len <= MAX_MANIFEST_BYTES {
+        return Ok(());
+    }
+    Err(InvalidManifest {
+        problems: vec![ManifestProblem {
+            code: "M0021".to_owned(),
+            path: "manifest".to_owned(),
+            message: format!(
+                "over {len} bytes, more than the {MAX_MANIFEST_BYTES}-byte limit; not read"
+            ),
+        }],
+        total: 1,
+    })
 }
 
 /// A name as messages show it: escaped (no control character reaches a
@@ -397,10 +420,23 @@ impl<'a> Validator<'a> {
         defined
     }
 
-    /// Checks a type reference: no `T??`, named types defined.
+    /// Checks a type reference: no `T??`, no deeper nesting than a contract
+    /// allows ([`crate::syntax::MAX_TYPE_DEPTH`]), named types defined.
     fn type_ref(&mut self, path: &str, ty: &TypeRef, defined: &BTreeSet<&str>) {
-        let mut stack = vec![(ty, false)];
-        while let Some((ty, in_optional)) = stack.pop() {
+        let mut stack = vec![(ty, false, 0usize)];
+        let mut too_deep = false;
+        while let Some((ty, in_optional, depth)) = stack.pop() {
+            if depth > crate::syntax::MAX_TYPE_DEPTH && !too_deep {
+                too_deep = true;
+                self.report(
+                    "M0014",
+                    path,
+                    format!(
+                        "`list<…>`/`map<…>` nested deeper than {} levels",
+                        crate::syntax::MAX_TYPE_DEPTH
+                    ),
+                );
+            }
             match ty {
                 TypeRef::Scalar(_) => {}
                 TypeRef::Named(name) => {
@@ -420,7 +456,9 @@ impl<'a> Validator<'a> {
                         );
                     }
                 }
-                TypeRef::List(inner) | TypeRef::Map(inner) => stack.push((inner, false)),
+                TypeRef::List(inner) | TypeRef::Map(inner) => {
+                    stack.push((inner, false, depth + 1));
+                }
                 TypeRef::Optional(inner) => {
                     if in_optional {
                         self.report(
@@ -429,7 +467,7 @@ impl<'a> Validator<'a> {
                             "an optional of an optional (`T??`) is not a contract type",
                         );
                     }
-                    stack.push((inner, true));
+                    stack.push((inner, true, depth));
                 }
             }
         }

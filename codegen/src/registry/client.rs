@@ -158,7 +158,26 @@ impl RegistryClient {
         if !response.status().is_success() {
             return Err(self.refused(&url, response));
         }
-        let text = response.text().map_err(|e| self.unreachable(&url, e))?;
+        // Read at most the limit: a registry cannot make us hold more.
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(
+                response,
+                crate::manifest::validate::MAX_MANIFEST_BYTES as u64 + 1,
+            ),
+            &mut bytes,
+        )
+        .map_err(|e| RegistryError::Unreachable {
+            url: url.clone(),
+            message: e.to_string(),
+        })?;
+        crate::manifest::validate::check_size(bytes.len()).map_err(|problems| {
+            RegistryError::InvalidManifest {
+                origin: url.clone(),
+                problems,
+            }
+        })?;
+        let text = String::from_utf8_lossy(&bytes);
         let manifest: Manifest =
             serde_json::from_str(&text).map_err(|e| RegistryError::BadManifest {
                 url: url.clone(),

@@ -329,11 +329,31 @@ impl Cache {
         fingerprint: &str,
     ) -> Result<Option<Manifest>, RegistryError> {
         let path = self.path_of(interface, version, fingerprint)?;
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
+        let file = match std::fs::File::open(&path) {
+            Ok(file) => file,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(error) => return Err(io_error(&path)(error)),
         };
+        // A planted file of any size is read only up to the limit.
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(
+                file,
+                crate::manifest::validate::MAX_MANIFEST_BYTES as u64 + 1,
+            ),
+            &mut bytes,
+        )
+        .map_err(io_error(&path))?;
+        crate::manifest::validate::check_size(bytes.len()).map_err(|problems| {
+            RegistryError::InvalidManifest {
+                origin: path.display().to_string(),
+                problems,
+            }
+        })?;
+        let text = String::from_utf8(bytes).map_err(|_| RegistryError::CorruptCache {
+            path: path.clone(),
+            reason: "not UTF-8".to_owned(),
+        })?;
         let corrupt = |reason: String| RegistryError::CorruptCache {
             path: path.clone(),
             reason,
