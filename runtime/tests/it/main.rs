@@ -12,5 +12,6 @@ mod support;
 mod tls;
 // Receiver side (rt2): exactly-once, the wire's order of checks, batches.
 mod exactly_once;
+mod hostile;
 mod receiver_fixture;
 mod receiver_wire;
