@@ -243,6 +243,14 @@ impl Builder {
             self.check_local(&roots)?
         };
         for manifest in self.resolve_remotes()? {
+            // Resolution validated it where it came from (registry, cache);
+            // checked again here, right before it becomes code.
+            manifest
+                .validate()
+                .map_err(|problems| RegistryError::InvalidManifest {
+                    origin: format!("{} v{}", manifest.interface, manifest.version),
+                    problems,
+                })?;
             registry::merge_remote(&mut packages, &manifest)?;
         }
         let out_dir = match &self.out_dir {

@@ -732,8 +732,8 @@ pub fn fetch_with(
             for manifest in manifests {
                 let path = cache
                     .path_of(&manifest.interface, manifest.version, &manifest.fingerprint)
-                    .display()
-                    .to_string();
+                    .map(|path| path.display().to_string())
+                    .unwrap_or_default();
                 report.progress(
                     &format!(
                         "locked {} v{} at {} ({path})",

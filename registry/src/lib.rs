@@ -14,7 +14,8 @@
 //! (401) → body size (413) → the body is a manifest (422
 //! `invalid_manifest`) → it is the interface version the path names (422
 //! `path_mismatch`) → its fingerprint matches its content (422
-//! `fingerprint_mismatch`) → stored already (200) / first revision (201) /
+//! `fingerprint_mismatch`) → it is a manifest a contract could produce
+//! (422 `manifest_rejected`, with the `M0001`… problems) → stored already (200) / first revision (201) /
 //! a compatible next revision (201) / a breaking one (409
 //! `breaking_change`, with the changes). Every error body is
 //! `{"error": code, "message": text}`. SQLite runs on the blocking pool.
@@ -22,6 +23,7 @@
 //! Reads answer `ETag`s and honour `If-None-Match` (304, [`conditional`]);
 //! `POST /v1/compatibility/…` runs a publish's checks and stores nothing
 //! ([`routes`]); `/livez` and `/readyz` are the probes.
+//! Nothing is stored for a refused publish.
 
 pub mod conditional;
 mod routes;
@@ -36,8 +38,9 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use rfidl_codegen::manifest::Manifest;
 use rfidl_codegen::manifest::compat::BreakingChange;
+use rfidl_codegen::manifest::validate::{ManifestProblem, shown};
+use rfidl_codegen::manifest::{InvalidManifest, Manifest};
 use rusqlite::Connection;
 use serde::Serialize;
 
@@ -62,6 +65,8 @@ pub enum ApiError {
     PathMismatch { path: String, manifest: String },
     #[error("the manifest says {stated}, its content has {computed}")]
     FingerprintMismatch { stated: String, computed: String },
+    #[error("no contract could produce this manifest: {0}")]
+    ManifestRejected(InvalidManifest),
     #[error("{interface} v{version}: {} change(s) break the published revision", changes.len())]
     BreakingChange {
         interface: String,
@@ -85,7 +90,8 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::InvalidManifest(_)
             | ApiError::PathMismatch { .. }
-            | ApiError::FingerprintMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            | ApiError::FingerprintMismatch { .. }
+            | ApiError::ManifestRejected(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::BreakingChange { .. } => StatusCode::CONFLICT,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -102,6 +108,7 @@ impl ApiError {
             ApiError::InvalidManifest(_) => "invalid_manifest",
             ApiError::PathMismatch { .. } => "path_mismatch",
             ApiError::FingerprintMismatch { .. } => "fingerprint_mismatch",
+            ApiError::ManifestRejected(_) => "manifest_rejected",
             ApiError::BreakingChange { .. } => "breaking_change",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
@@ -116,6 +123,8 @@ struct ErrorBody<'a> {
     message: String,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     changes: &'a [BreakingChange],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    problems: &'a [ManifestProblem],
 }
 
 impl IntoResponse for ApiError {
@@ -124,10 +133,15 @@ impl IntoResponse for ApiError {
             ApiError::BreakingChange { changes, .. } => changes.as_slice(),
             _ => &[],
         };
+        let problems = match &self {
+            ApiError::ManifestRejected(invalid) => invalid.problems.as_slice(),
+            _ => &[],
+        };
         let body = ErrorBody {
             error: self.code(),
             message: self.to_string(),
             changes,
+            problems,
         };
         let mut response = (self.status(), Json(&body)).into_response();
         if matches!(self, ApiError::Unauthorized) {
@@ -347,6 +361,7 @@ async fn publish(
                 version: manifest.version,
                 changes,
             },
+            store::PublishError::Invalid(problems) => ApiError::ManifestRejected(problems),
             other => ApiError::Unavailable(other.to_string()),
         })
     })
@@ -367,8 +382,11 @@ async fn publish(
 }
 
 /// The checks of a publish after the token, in order: body size, a
-/// manifest, the one the path names, its fingerprint matches its content.
-/// A dry run (`POST /v1/compatibility/…`) makes the same ones.
+/// manifest, the one the path names, its fingerprint matches its content,
+/// a manifest a contract could produce (`manifest::validate`). A dry run
+/// (`POST /v1/compatibility/…`) makes the same ones. Messages never echo a
+/// hostile value in full (serde quotes what it could not read; names can be
+/// a megabyte long).
 pub(crate) async fn verified_manifest(
     interface: &str,
     version: &str,
@@ -378,22 +396,31 @@ pub(crate) async fn verified_manifest(
         .await
         .map_err(|_| ApiError::PayloadTooLarge)?;
     let version = version_of(version)?;
-    let manifest: Manifest =
-        serde_json::from_slice(&body).map_err(|e| ApiError::InvalidManifest(e.to_string()))?;
+    let manifest: Manifest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::InvalidManifest(cut(&e.to_string())))?;
     if manifest.interface != interface || manifest.version != version {
         return Err(ApiError::PathMismatch {
-            path: format!("{interface} v{version}"),
-            manifest: format!("{} v{}", manifest.interface, manifest.version),
+            path: format!("{} v{version}", shown(interface)),
+            manifest: format!("{} v{}", shown(&manifest.interface), manifest.version),
         });
     }
     let computed = manifest.compute_fingerprint();
     if manifest.fingerprint != computed {
         return Err(ApiError::FingerprintMismatch {
-            stated: manifest.fingerprint,
+            stated: shown(&manifest.fingerprint),
             computed,
         });
     }
+    manifest.validate().map_err(ApiError::ManifestRejected)?;
     Ok(manifest)
+}
+
+/// At most 300 characters of `text`, marked when cut.
+fn cut(text: &str) -> String {
+    match text.char_indices().nth(300) {
+        Some((at, _)) => format!("{}… ({} bytes)", &text[..at], text.len()),
+        None => text.to_owned(),
+    }
 }
 
 /// The token of an `Authorization: Bearer <token>` value; the scheme is

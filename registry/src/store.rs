@@ -122,20 +122,25 @@ pub fn open(path: &Path) -> Result<Connection, StoreError> {
 pub enum PublishError {
     #[error("the revision breaks the published one")]
     Breaking(Vec<BreakingChange>),
+    #[error("no contract could produce this manifest: {0}")]
+    Invalid(rfidl_codegen::manifest::InvalidManifest),
     #[error("the stored revision {revision} is unreadable: {reason}")]
     CorruptRevision { revision: u32, reason: String },
     #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
 }
 
-/// Stores `manifest` (whose fingerprint the caller has verified) as the
-/// next revision of its interface version, unless that fingerprint is
-/// stored already or it breaks the latest revision.
+/// Stores `manifest` as the next revision of its interface version, unless
+/// that fingerprint is stored already or it breaks the latest revision.
+/// A manifest no contract could produce (`manifest::validate`, which also
+/// checks the fingerprint) is refused before the transaction opens: the
+/// store never holds one, whoever calls it.
 pub fn publish(
     conn: &mut Connection,
     manifest: &Manifest,
     now_ms: i64,
 ) -> Result<Published, PublishError> {
+    manifest.validate().map_err(PublishError::Invalid)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let published = |revision: u32, created: bool| Published {
         interface: manifest.interface.clone(),

@@ -95,6 +95,9 @@ pub enum DiagnosticsError {
     /// 503 `unavailable`: the database could not be read (locked, corrupt, gone).
     #[error("storage unavailable: {0}")]
     Unavailable(String),
+    /// 405 `method_not_allowed`: e.g. `DELETE /_rf/health`.
+    #[error("method {method} is not allowed on {path}")]
+    MethodNotAllowed { method: String, path: String },
 }
 
 impl DiagnosticsError {
@@ -105,6 +108,7 @@ impl DiagnosticsError {
             DiagnosticsError::NotFound(_) => StatusCode::NOT_FOUND,
             DiagnosticsError::NotRetryable { .. } => StatusCode::CONFLICT,
             DiagnosticsError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            DiagnosticsError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
 
@@ -116,6 +120,7 @@ impl DiagnosticsError {
             DiagnosticsError::NotFound(_) => "not_found",
             DiagnosticsError::NotRetryable { .. } => "not_retryable",
             DiagnosticsError::Unavailable(_) => "unavailable",
+            DiagnosticsError::MethodNotAllowed { .. } => "method_not_allowed",
         }
     }
 }
@@ -662,14 +667,37 @@ impl Diagnostics {
     /// (which answers a JSON 404 for other paths under `/_rf/`) or into an
     /// application router.
     pub fn router(&self) -> Router {
+        // A wrong method gets the JSON 405 every other error has (axum's
+        // own is an empty body).
         Router::new()
-            .route("/_rf/health", get(serve_health))
-            .route("/_rf/outbox/stats", get(serve_outbox_stats))
-            .route("/_rf/outbox/failed", get(serve_failed))
-            .route("/_rf/outbox/retry", post(serve_retry_matching))
-            .route("/_rf/outbox/{message_id}/retry", post(serve_retry))
-            .route("/_rf/inbox/stats", get(serve_inbox_stats))
-            .route("/_rf/metrics", get(serve_metrics))
+            .route(
+                "/_rf/health",
+                get(serve_health).fallback(method_not_allowed),
+            )
+            .route(
+                "/_rf/outbox/stats",
+                get(serve_outbox_stats).fallback(method_not_allowed),
+            )
+            .route(
+                "/_rf/outbox/failed",
+                get(serve_failed).fallback(method_not_allowed),
+            )
+            .route(
+                "/_rf/outbox/retry",
+                post(serve_retry_matching).fallback(method_not_allowed),
+            )
+            .route(
+                "/_rf/outbox/{message_id}/retry",
+                post(serve_retry).fallback(method_not_allowed),
+            )
+            .route(
+                "/_rf/inbox/stats",
+                get(serve_inbox_stats).fallback(method_not_allowed),
+            )
+            .route(
+                "/_rf/metrics",
+                get(serve_metrics).fallback(method_not_allowed),
+            )
             .route_layer(middleware::from_fn_with_state(
                 Arc::clone(&self.shared),
                 require_token,
@@ -696,6 +724,13 @@ impl Diagnostics {
         })
         .await
         .map_err(|error| DiagnosticsError::Unavailable(error.to_string()))?
+    }
+}
+
+async fn method_not_allowed(request: Request) -> DiagnosticsError {
+    DiagnosticsError::MethodNotAllowed {
+        method: request.method().to_string(),
+        path: request.uri().path().to_owned(),
     }
 }
 
@@ -897,8 +932,12 @@ fn count_older(
 
 async fn serve_retry(
     State(shared): State<Arc<Shared>>,
-    UrlPath(message_id): UrlPath<String>,
+    message_id: Result<UrlPath<String>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<impl Serialize>, DiagnosticsError> {
+    // A segment that does not decode (`%FF`) is a bad id like any other,
+    // answered as JSON (axum's own rejection is plain text).
+    let UrlPath(message_id) =
+        message_id.map_err(|e| DiagnosticsError::BadRequest(e.body_text()))?;
     let id = Uuid::parse_str(&message_id).map_err(|_| {
         DiagnosticsError::BadRequest(format!("`{message_id}` is not a message id (a UUID)"))
     })?;

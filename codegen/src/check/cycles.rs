@@ -7,13 +7,13 @@ use std::collections::BTreeMap;
 use crate::diagnostics::Span;
 
 /// Required-field edges: record -> (record a required field holds, that field's span).
-pub(super) type RequiredEdges = BTreeMap<String, Vec<(String, Span)>>;
+pub(crate) type RequiredEdges = BTreeMap<String, Vec<(String, Span)>>;
 
 /// One cycle of required record fields per strongly connected group of
 /// records, starting at the group's first record by name: each step is the
 /// record and the span of its field that leads to the next. Iterative, so a
 /// long chain of records cannot overflow the stack, and linear in the graph.
-pub(super) fn required_cycles(edges: &RequiredEdges) -> Vec<Vec<(String, Span)>> {
+pub(crate) fn required_cycles(edges: &RequiredEdges) -> Vec<Vec<(String, Span)>> {
     strongly_connected(edges)
         .into_iter()
         .filter_map(|mut component| {

@@ -5,7 +5,7 @@
 //! built only when no error was found, so later stages never see a contract
 //! that breaks a rule.
 
-mod cycles;
+pub(crate) mod cycles;
 pub mod load;
 mod names;
 mod scope;

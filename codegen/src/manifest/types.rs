@@ -113,7 +113,18 @@ impl FromStr for TypeRef {
     type Err = TypeRefError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let err = || TypeRefError(text.to_owned());
+        // Parsing recurses once per `list<`, `map<` and `?`: refuse deeper
+        // nesting than a contract allows before recursing, so a hostile
+        // manifest (`list<list<…` a million deep) cannot overflow the stack.
+        let depth = text.bytes().filter(|b| matches!(b, b'<' | b'?')).count();
+        if depth > 2 * crate::syntax::MAX_TYPE_DEPTH + 1 {
+            return Err(TypeRefError(format!(
+                "{}… (nested deeper than {} levels)",
+                text.chars().take(40).collect::<String>(),
+                crate::syntax::MAX_TYPE_DEPTH
+            )));
+        }
+        let err = || TypeRefError(text.chars().take(200).collect());
         let text = text.trim();
         if let Some(inner) = text.strip_suffix('?') {
             return Ok(TypeRef::Optional(Box::new(
@@ -182,5 +193,17 @@ mod tests {
         for bad in ["", "Money", "map<i32, string>", "list<", "str ing", "1x.Y"] {
             assert!(bad.parse::<TypeRef>().is_err(), "{bad}");
         }
+        // Deep nesting is refused before the parser recurses into it.
+        let deep = format!(
+            "{}string{}",
+            "list<".repeat(1_000_000),
+            ">".repeat(1_000_000)
+        );
+        assert!(deep.parse::<TypeRef>().is_err());
+        assert!(
+            format!("string{}", "?".repeat(1_000_000))
+                .parse::<TypeRef>()
+                .is_err()
+        );
     }
 }

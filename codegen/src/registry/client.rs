@@ -55,6 +55,8 @@ impl RegistryClient {
         self
     }
 
+    /// The URL of an interface version; the caller has checked the id
+    /// ([`super::check_remote`]), so it is one path segment.
     fn url_of(&self, interface: &str, version: u32) -> String {
         format!("{}/v1/interfaces/{interface}/v{version}", self.base)
     }
@@ -88,6 +90,14 @@ impl RegistryClient {
     /// Publishes `manifest`. A new revision of a published version that is
     /// not compatible comes back as [`RegistryError::Breaking`].
     pub fn publish(&self, manifest: &Manifest) -> Result<Published, RegistryError> {
+        // The registry refuses it too; refusing here keeps a hostile name
+        // out of the URL.
+        manifest
+            .validate()
+            .map_err(|problems| RegistryError::InvalidManifest {
+                origin: format!("{} v{}", manifest.interface, manifest.version),
+                problems,
+            })?;
         let url = self.url_of(&manifest.interface, manifest.version);
         let mut request = self
             .http
@@ -148,14 +158,43 @@ impl RegistryClient {
         if !response.status().is_success() {
             return Err(self.refused(&url, response));
         }
-        let text = response.text().map_err(|e| self.unreachable(&url, e))?;
+        // Read at most the limit: a registry cannot make us hold more.
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(
+                response,
+                crate::manifest::validate::MAX_MANIFEST_BYTES as u64 + 1,
+            ),
+            &mut bytes,
+        )
+        .map_err(|e| RegistryError::Unreachable {
+            url: url.clone(),
+            message: e.to_string(),
+        })?;
+        crate::manifest::validate::check_size(bytes.len()).map_err(|problems| {
+            RegistryError::InvalidManifest {
+                origin: url.clone(),
+                problems,
+            }
+        })?;
+        let text = String::from_utf8_lossy(&bytes);
         let manifest: Manifest =
             serde_json::from_str(&text).map_err(|e| RegistryError::BadManifest {
                 url: url.clone(),
                 reason: format!("not a manifest: {e}"),
             })?;
-        verify(&manifest, &remote.interface, remote.version, fingerprint)
-            .map_err(|reason| RegistryError::BadManifest { url, reason })?;
+        verify(&manifest, &remote.interface, remote.version, fingerprint).map_err(|reason| {
+            RegistryError::BadManifest {
+                url: url.clone(),
+                reason,
+            }
+        })?;
+        manifest
+            .validate()
+            .map_err(|problems| RegistryError::InvalidManifest {
+                origin: url,
+                problems,
+            })?;
         Ok(manifest)
     }
 }
@@ -192,10 +231,18 @@ impl Source for RegistryClient {
     }
 
     fn latest(&self, remote: &Remote) -> Result<Manifest, RegistryError> {
+        super::check_remote(&remote.interface, remote.version)?;
         self.get_manifest(self.url_of(&remote.interface, remote.version), remote, None)
     }
 
     fn exact(&self, remote: &Remote, fingerprint: &str) -> Result<Manifest, RegistryError> {
+        super::check_remote(&remote.interface, remote.version)?;
+        if !crate::manifest::validate::is_fingerprint(fingerprint) {
+            return Err(RegistryError::InvalidName {
+                name: crate::manifest::validate::shown(fingerprint),
+                expected: "a fingerprint (`sha256:` and 64 lowercase hex digits)",
+            });
+        }
         let url = format!(
             "{}/{fingerprint}",
             self.url_of(&remote.interface, remote.version)

@@ -11,6 +11,11 @@
 //!   for `--update`); the client ([`client::RegistryClient`]) exists with the
 //!   cargo feature `registry`, so a build script that only reads the lock and
 //!   the cache pulls in no HTTP stack.
+//! * Every manifest is validated ([`crate::manifest::validate`]) where it
+//!   enters: fetched from a registry, read from the cache, stored into it;
+//!   and no name from a lock file, a registry or `Builder::remote` becomes
+//!   part of a path before it is checked ([`Cache::path_of`]), so
+//!   `../../etc/passwd` can never leave the cache directory.
 //! * [`merge_remote`]: adds a manifest's service and type closure to the
 //!   packages to generate, refusing a type or service that a local contract
 //!   defines differently.
@@ -22,6 +27,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::manifest::validate::{InvalidManifest, is_fingerprint, is_interface_id, shown};
 use crate::manifest::{Manifest, PackageContract, TypeDef};
 
 /// Why a remote interface could not be resolved, published or merged.
@@ -74,6 +80,20 @@ pub enum RegistryError {
     },
     #[error("registry {url} sent a manifest that is not what was asked for: {reason}")]
     BadManifest { url: String, reason: String },
+    /// A manifest no contract could produce (codes `M0001`…), refused
+    /// before anything uses it; `origin` is the URL or the cache file.
+    #[error("refused the manifest from {origin}: {problems}")]
+    InvalidManifest {
+        origin: String,
+        problems: InvalidManifest,
+    },
+    /// An interface id or fingerprint (from `Builder::remote`, the command
+    /// line or a lock file) that is not `package.Service` / `sha256:<hex>`.
+    #[error("{name} is not {expected}")]
+    InvalidName {
+        name: String,
+        expected: &'static str,
+    },
     #[error(
         "`{name}` is defined both by the local contracts and by remote {interface} v{version}, \
          differently; use one source for it"
@@ -184,6 +204,24 @@ impl LockFile {
                 reason: format!("format {} is newer than this rfidl knows (1)", lock.format),
             });
         }
+        for locked in &lock.interfaces {
+            let reason = if !is_interface_id(&locked.interface) {
+                format!("{} is not `package.Service`", shown(&locked.interface))
+            } else if locked.version == 0 {
+                format!("{} has version 0", locked.interface)
+            } else if !is_fingerprint(&locked.fingerprint) {
+                format!(
+                    "{} is not a fingerprint (`sha256:` and 64 hex digits)",
+                    shown(&locked.fingerprint)
+                )
+            } else {
+                continue;
+            };
+            return Err(RegistryError::LockFile {
+                path: path.to_path_buf(),
+                reason,
+            });
+        }
         Ok(lock)
     }
 
@@ -259,12 +297,28 @@ impl Cache {
         &self.root
     }
 
-    pub fn path_of(&self, interface: &str, version: u32, fingerprint: &str) -> PathBuf {
-        let hex = fingerprint.strip_prefix("sha256:").unwrap_or(fingerprint);
-        self.root
+    /// The file of one manifest. The interface must be `package.Service`
+    /// and the fingerprint `sha256:<64 hex>`, checked here, so no name
+    /// (`../../etc/passwd`, `a/b`) can make a path outside the cache.
+    pub fn path_of(
+        &self,
+        interface: &str,
+        version: u32,
+        fingerprint: &str,
+    ) -> Result<PathBuf, RegistryError> {
+        check_remote(interface, version)?;
+        let hex = fingerprint
+            .strip_prefix("sha256:")
+            .filter(|_| is_fingerprint(fingerprint))
+            .ok_or_else(|| RegistryError::InvalidName {
+                name: shown(fingerprint),
+                expected: "a fingerprint (`sha256:` and 64 lowercase hex digits)",
+            })?;
+        Ok(self
+            .root
             .join(interface)
             .join(format!("v{version}"))
-            .join(format!("{hex}.json"))
+            .join(format!("{hex}.json")))
     }
 
     /// The cached manifest, verified against its fingerprint; `None` if absent.
@@ -274,12 +328,32 @@ impl Cache {
         version: u32,
         fingerprint: &str,
     ) -> Result<Option<Manifest>, RegistryError> {
-        let path = self.path_of(interface, version, fingerprint);
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
+        let path = self.path_of(interface, version, fingerprint)?;
+        let file = match std::fs::File::open(&path) {
+            Ok(file) => file,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(error) => return Err(io_error(&path)(error)),
         };
+        // A planted file of any size is read only up to the limit.
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(
+                file,
+                crate::manifest::validate::MAX_MANIFEST_BYTES as u64 + 1,
+            ),
+            &mut bytes,
+        )
+        .map_err(io_error(&path))?;
+        crate::manifest::validate::check_size(bytes.len()).map_err(|problems| {
+            RegistryError::InvalidManifest {
+                origin: path.display().to_string(),
+                problems,
+            }
+        })?;
+        let text = String::from_utf8(bytes).map_err(|_| RegistryError::CorruptCache {
+            path: path.clone(),
+            reason: "not UTF-8".to_owned(),
+        })?;
         let corrupt = |reason: String| RegistryError::CorruptCache {
             path: path.clone(),
             reason,
@@ -287,19 +361,31 @@ impl Cache {
         let manifest: Manifest =
             serde_json::from_str(&text).map_err(|e| corrupt(format!("not a manifest: {e}")))?;
         verify(&manifest, interface, version, Some(fingerprint)).map_err(corrupt)?;
+        manifest
+            .validate()
+            .map_err(|problems| RegistryError::InvalidManifest {
+                origin: path.display().to_string(),
+                problems,
+            })?;
         Ok(Some(manifest))
     }
 
     /// Stores `manifest` (verified first) and returns its path. The file is
     /// written next to its final name and renamed, so a reader never sees half.
     pub fn put(&self, manifest: &Manifest) -> Result<PathBuf, RegistryError> {
+        manifest
+            .validate()
+            .map_err(|problems| RegistryError::InvalidManifest {
+                origin: format!("{} v{}", shown(&manifest.interface), manifest.version),
+                problems,
+            })?;
         verify(manifest, &manifest.interface, manifest.version, None).map_err(|reason| {
             RegistryError::CorruptCache {
                 path: self.root.clone(),
                 reason,
             }
         })?;
-        let path = self.path_of(&manifest.interface, manifest.version, &manifest.fingerprint);
+        let path = self.path_of(&manifest.interface, manifest.version, &manifest.fingerprint)?;
         let dir = path.parent().expect("cache paths have a parent");
         std::fs::create_dir_all(dir).map_err(io_error(dir))?;
         let partial = path.with_extension(format!("json.{}.partial", std::process::id()));
@@ -307,6 +393,24 @@ impl Cache {
         std::fs::rename(&partial, &path).map_err(io_error(&path))?;
         Ok(path)
     }
+}
+
+/// Refuses an interface id that is not `package.Service` or version 0
+/// before it is used in a path, a URL or a lock entry.
+pub fn check_remote(interface: &str, version: u32) -> Result<(), RegistryError> {
+    if !is_interface_id(interface) {
+        return Err(RegistryError::InvalidName {
+            name: shown(interface),
+            expected: "an interface id `package.Service` (lowercase dotted package, UpperCamelCase service)",
+        });
+    }
+    if version == 0 {
+        return Err(RegistryError::InvalidName {
+            name: format!("{interface} v0"),
+            expected: "a version (they count from 1)",
+        });
+    }
+    Ok(())
 }
 
 /// Checks that `manifest` is `interface` v`version` (with `fingerprint`, if
@@ -367,6 +471,9 @@ pub fn resolve(
     source: Option<&dyn Source>,
     policy: LockPolicy,
 ) -> Result<Vec<Manifest>, RegistryError> {
+    for remote in remotes {
+        check_remote(&remote.interface, remote.version)?;
+    }
     let mut manifests = Vec::with_capacity(remotes.len());
     for remote in remotes {
         let locked = match policy {

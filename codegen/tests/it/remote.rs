@@ -187,11 +187,9 @@ fn a_damaged_cache_entry_is_refused_by_name() {
     let (lock_path, cache_dir) = (dir.path().join("rfidl.lock"), dir.path().join("cache"));
     let manifest = orders();
     pin_and_cache(&manifest, &lock_path, &cache_dir);
-    let path = Cache::new(&cache_dir).path_of(
-        &manifest.interface,
-        manifest.version,
-        &manifest.fingerprint,
-    );
+    let path = Cache::new(&cache_dir)
+        .path_of(&manifest.interface, manifest.version, &manifest.fingerprint)
+        .expect("a valid interface id and fingerprint");
 
     // Same JSON shape, different meaning: the fingerprint no longer matches.
     let tampered = std::fs::read_to_string(&path)
@@ -245,7 +243,16 @@ fn resolution_asks_the_source_only_for_what_the_lock_and_cache_lack() {
         .expect("orders")
         .clone();
     newer.docs = vec!["a doc edit only".into()];
-    newer.methods.pop();
+    // A compatible revision (a contract could make it: the validator checks
+    // every fetched manifest): one more optional parameter.
+    newer.methods[0]
+        .params
+        .push(rfidl_codegen::manifest::Field {
+            name: "note".into(),
+            ty: "string?".parse().expect("type"),
+            docs: Vec::new(),
+            deprecated: None,
+        });
     let newer = newer.with_fingerprint();
     let source = Published {
         manifests: [all, vec![newer.clone()]].concat(),

@@ -109,7 +109,9 @@ fn publish_and_fetch_report_json_lines_and_github_annotations() {
         ),
         Outcome::Success
     );
-    let cached = cache.path_of(&v2.interface, 2, &v2.fingerprint);
+    let cached = cache
+        .path_of(&v2.interface, 2, &v2.fingerprint)
+        .expect("a valid cache path");
     assert!(cached.is_file());
     assert_eq!(
         lines(&report),

@@ -6,6 +6,7 @@
 mod api;
 mod cli_formats;
 mod client;
+mod hostile;
 mod process;
 mod routes;
 mod signals;

@@ -102,10 +102,34 @@ pub fn compatible_revision(manifest: &Manifest, parameter: &str) -> Manifest {
     revised.with_fingerprint()
 }
 
-/// `manifest` without its first method: a breaking revision.
+/// `manifest` without its first method: a breaking revision. The types
+/// only that method used go too, as a contract's manifest would have them
+/// (the registry refuses a type nothing uses: M0013).
 pub fn breaking_revision(manifest: &Manifest) -> Manifest {
     let mut revised = manifest.clone();
     revised.methods.remove(0);
+    let mut pending: Vec<String> = revised
+        .methods
+        .iter()
+        .flat_map(|m| m.params.iter().map(|p| &p.ty).chain(m.response.iter()))
+        .flat_map(|t| t.named().into_iter().map(str::to_owned))
+        .collect();
+    let mut used = std::collections::BTreeSet::new();
+    while let Some(name) = pending.pop() {
+        if !used.insert(name.clone()) {
+            continue;
+        }
+        if let Some(rfidl_codegen::manifest::TypeDef::Record { fields, .. }) =
+            revised.types.get(&name)
+        {
+            pending.extend(
+                fields
+                    .iter()
+                    .flat_map(|f| f.ty.named().into_iter().map(str::to_owned)),
+            );
+        }
+    }
+    revised.types.retain(|name, _| used.contains(name));
     revised.with_fingerprint()
 }
 

@@ -355,6 +355,8 @@ impl Receiver {
                 METADATA_PATH,
                 get(serve_metadata).fallback(method_not_allowed),
             )
+            // `{*rest}` does not match an empty rest: `/_rf/` needs its own.
+            .route("/_rf/", any(not_found))
             .route("/_rf/{*rest}", any(not_found))
             .with_state(Arc::clone(&self.shared))
     }

@@ -12,6 +12,7 @@ mod support;
 mod tls;
 // Receiver side (rt2): exactly-once, the wire's order of checks, batches.
 mod exactly_once;
+mod hostile;
 mod receiver_fixture;
 mod receiver_wire;
 // Faults under SQLite: power loss and a full disk (a fault-injecting VFS).

@@ -182,12 +182,14 @@ async fn the_retention_task_cleans_on_its_interval_and_counts_what_it_removed() 
     insert_inbox_rows(&db, "expired", 40, db::now_ms() - 1);
     insert_inbox_rows(&db, "fresh", 2, db::now_ms() + DAY_MS);
     let deadline = Instant::now() + Duration::from_secs(5);
-    // The counter is bumped just after the commit that deleted the rows.
+    // The counter moves right after the delete commits: wait for both (a
+    // loaded machine can read between the two).
     while count(&db, "SELECT COUNT(*) FROM inbox_messages") > 2 || metrics.inbox_deleted.get() < 40
     {
         assert!(Instant::now() < deadline, "the task never cleaned up");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM inbox_messages"), 2);
     assert_eq!(metrics.inbox_deleted.get(), 40);
     task.shutdown().await;
     assert!(
@@ -558,6 +560,14 @@ fn diagnostics_errors_have_documented_codes() {
             DiagnosticsError::Unavailable("x".into()),
             503,
             "unavailable",
+        ),
+        (
+            DiagnosticsError::MethodNotAllowed {
+                method: "DELETE".into(),
+                path: "/_rf/health".into(),
+            },
+            405,
+            "method_not_allowed",
         ),
     ];
     let docs = include_str!("../../../docs/operations.md");
