@@ -46,10 +46,10 @@ async fn disk_full_receiver_answers_retryable_and_recovers_exactly_once() {
     receiver.fault.set_quota(Some(receiver.fault.usage()));
     let refused: Vec<Uuid> = (0..3).map(|_| Uuid::now_v7()).collect();
     for id in &refused {
-        let (status, body) = receiver.credit(id, 10).await;
+        let (status, retry_after, body) = receiver.credit_with_headers(id, 10).await;
         assert_eq!(
-            (status, body["error"].as_str()),
-            (503, Some("storage_unavailable")),
+            (status, body["error"].as_str(), retry_after.as_deref()),
+            (503, Some("storage_unavailable"), Some("1")),
             "a full disk must be refused as retryable: {body}"
         );
     }

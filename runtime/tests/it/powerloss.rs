@@ -63,6 +63,43 @@ impl FaultyReceiver {
         }
     }
 
+    /// Signs and posts a `Credit` with this id; returns the status, the
+    /// `Retry-After` header and the body.
+    pub async fn credit_with_headers(
+        &self,
+        id: &Uuid,
+        amount: i64,
+    ) -> (u16, Option<String>, serde_json::Value) {
+        let body = support::envelope(
+            &id.to_string(),
+            "Credit",
+            serde_json::json!({"account": "acme", "amount": amount}),
+        )
+        .to_string();
+        let headers = rfidl_runtime::signing::SignatureHeaders::sign(
+            &id.to_string(),
+            unix_now(),
+            body.as_bytes(),
+            std::slice::from_ref(&self.secret),
+        );
+        let mut request = self
+            .client
+            .post(format!("{}/_rf/receive", self.url))
+            .header("content-type", "application/json");
+        for (name, value) in headers.to_pairs() {
+            request = request.header(name, value);
+        }
+        let response = request.body(body).send().await.expect("send");
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let body = response.json().await.unwrap_or(serde_json::Value::Null);
+        (status, retry_after, body)
+    }
+
     /// Signs and posts a `Credit` with this id; returns the status and body.
     pub async fn credit(&self, id: &Uuid, amount: i64) -> (u16, serde_json::Value) {
         let body = support::envelope(
