@@ -387,13 +387,18 @@ async fn disk_full_dispatcher_recording_loses_nothing() {
             })
             .count()
     };
-    // The receiver gets (some of) the messages while the sender cannot record them.
+    // The receiver gets the messages while the sender cannot record them:
+    // wait until the recording was refused (the first write that needs room
+    // after the disk filled; claims of nothing write nothing).
     let deadline = Instant::now() + Duration::from_secs(5);
-    while receiver.ledger.calls.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "nothing was delivered");
+    while fault.full_refusals() == 0 {
+        assert!(Instant::now() < deadline, "the recording was never refused");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        receiver.ledger.calls.load(Ordering::SeqCst) > 0,
+        "nothing was delivered"
+    );
     assert_eq!(statuses(Status::Sent), 0, "recorded Sent on a full disk");
     let delivered_while_full = receiver.ledger.calls.load(Ordering::SeqCst);
     assert_integrity(&peek(&live_path));

@@ -106,6 +106,22 @@ struct TargetState {
     files: BTreeSet<PathBuf>,
     /// Successful syncs recorded (before the cut).
     syncs: u64,
+    /// Syncs attempted while powered (for [`FaultDir::cut_at_sync`]).
+    sync_calls: u64,
+    /// `SQLITE_FULL` answers given so far.
+    refusals: u64,
+    armed: Option<ArmedCut>,
+    tripped: Option<PowerCut>,
+}
+
+/// Decides, per unsynced change, whether the kernel wrote it back:
+/// `(file name, index, count) -> bool`.
+pub type WrittenBack = Box<dyn FnMut(&str, usize, usize) -> bool + Send>;
+
+/// A cut waiting for its sync.
+struct ArmedCut {
+    at_call: u64,
+    written_back: WrittenBack,
 }
 
 /// A change not yet synced.
@@ -177,6 +193,11 @@ impl FaultDir {
         self.target.lock().usage()
     }
 
+    /// Writes refused with `SQLITE_FULL` so far.
+    pub fn full_refusals(&self) -> u64 {
+        self.target.lock().refusals
+    }
+
     /// Syncs recorded so far.
     pub fn syncs(&self) -> u64 {
         self.target.lock().syncs
@@ -198,25 +219,31 @@ impl FaultDir {
         &self,
         mut written_back: impl FnMut(&str, usize, usize) -> bool,
     ) -> PowerCut {
+        self.target.lock().cut(&mut written_back)
+    }
+
+    /// Arms a cut inside the `n`-th sync from now (1: the next one): the
+    /// power goes while that fsync runs, so it fails and records nothing,
+    /// and write-back is decided by `written_back` as in
+    /// [`cut_power_with_writeback`](Self::cut_power_with_writeback). Lets a
+    /// test cut at every sync point of a workload: mid-commit, between a
+    /// checkpoint's WAL sync and its database sync, and so on.
+    pub fn cut_at_sync(
+        &self,
+        n: u64,
+        written_back: impl FnMut(&str, usize, usize) -> bool + Send + 'static,
+    ) {
         let mut state = self.target.lock();
-        state.powered_off = true;
-        let mut images = BTreeMap::new();
-        for (path, file) in &state.durable {
-            let name = path
-                .file_name()
-                .expect("file name")
-                .to_string_lossy()
-                .into_owned();
-            let mut content = file.content.clone().unwrap_or_default();
-            let changes = state.unsynced.get(path).map_or(&[][..], Vec::as_slice);
-            for (index, change) in changes.iter().enumerate() {
-                if written_back(&name, index, changes.len()) {
-                    change.apply(&mut content);
-                }
-            }
-            images.insert(name, content);
-        }
-        PowerCut { images }
+        let at_call = state.sync_calls + n.max(1);
+        state.armed = Some(ArmedCut {
+            at_call,
+            written_back: Box::new(written_back),
+        });
+    }
+
+    /// The cut an armed trigger made, once it fired.
+    pub fn tripped(&self) -> Option<PowerCut> {
+        self.target.lock().tripped.clone()
     }
 }
 
@@ -250,6 +277,28 @@ impl TargetState {
             .filter_map(|p| std::fs::metadata(p).ok())
             .map(|m| m.len())
             .sum()
+    }
+
+    /// The power goes now: the disk as a reboot finds it.
+    fn cut(&mut self, written_back: &mut dyn FnMut(&str, usize, usize) -> bool) -> PowerCut {
+        self.powered_off = true;
+        let mut images = BTreeMap::new();
+        for (path, file) in &self.durable {
+            let name = path
+                .file_name()
+                .expect("file name")
+                .to_string_lossy()
+                .into_owned();
+            let mut content = file.content.clone().unwrap_or_default();
+            let changes = self.unsynced.get(path).map_or(&[][..], Vec::as_slice);
+            for (index, change) in changes.iter().enumerate() {
+                if written_back(&name, index, changes.len()) {
+                    change.apply(&mut content);
+                }
+            }
+            images.insert(name, content);
+        }
+        PowerCut { images }
     }
 
     /// A directory fsync: the directory's current entries become durable.
@@ -628,9 +677,11 @@ fn check_room(file: *mut ffi::sqlite3_file, wanted: u64) -> c_int {
         Ok(size) => size,
         Err(rc) => return rc,
     };
-    if target.lock().room_for(current, wanted) {
+    let mut state = target.lock();
+    if state.room_for(current, wanted) {
         ffi::SQLITE_OK
     } else {
+        state.refusals += 1;
         ffi::SQLITE_FULL
     }
 }
@@ -716,6 +767,16 @@ unsafe extern "C" fn io_truncate(file: *mut ffi::sqlite3_file, size: ffi::sqlite
 unsafe extern "C" fn io_sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     if dead(file) {
         return ffi::SQLITE_IOERR_FSYNC;
+    }
+    if let Some(target) = &info(file).target {
+        let mut state = target.lock();
+        state.sync_calls += 1;
+        let calls = state.sync_calls;
+        if let Some(mut armed) = state.armed.take_if(|armed| armed.at_call == calls) {
+            let cut = state.cut(&mut armed.written_back);
+            state.tripped = Some(cut);
+            return ffi::SQLITE_IOERR_FSYNC;
+        }
     }
     // SAFETY: forwarding.
     let rc = unsafe { (real_methods(file).xSync.expect("xSync"))(real_file(file), flags) };
