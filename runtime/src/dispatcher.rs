@@ -638,6 +638,8 @@ fn claim_groups(
     let now = db::now_ms();
     let lease = uuid::Uuid::now_v7().to_string();
     let mut groups = Vec::new();
+    // Counted once the claim commits (a failed claim is redone).
+    let mut expired_total = 0;
     let mut rows_left = row_budget;
     let mut groups_left = capacity;
     for (destination, admission) in plan {
@@ -700,7 +702,7 @@ fn claim_groups(
                 params![row.message_id, row.lease],
             )?;
         }
-        metrics.outbox_expired.add(expired.len() as u64);
+        expired_total += expired.len() as u64;
         rows_left = rows_left.saturating_sub(live.len());
         let mut live = live.into_iter().peekable();
         while live.peek().is_some() && groups_left > 0 {
@@ -723,6 +725,7 @@ fn claim_groups(
         }
     }
     tx.commit()?;
+    metrics.outbox_expired.add(expired_total);
     Ok(groups)
 }
 
@@ -807,6 +810,15 @@ fn signed_request(state: &State, route: &Route, row: &Claimed) -> Result<Outgoin
     })
 }
 
+/// What one recording transaction changed, added to the metrics after it commits.
+#[derive(Debug, Default)]
+struct RecordCounts {
+    sent: u64,
+    dead_lettered: u64,
+    failed: u64,
+    retries: u64,
+}
+
 /// Writes the attempts' results (one transaction), then tells each
 /// destination's circuit what its request came to.
 async fn record(state: &Arc<State>, results: Vec<GroupResult>) {
@@ -858,6 +870,9 @@ async fn record(state: &Arc<State>, results: Vec<GroupResult>) {
         let mut conn = store.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
         let tx = conn.transaction()?;
         let now = db::now_ms();
+        // Counted once the transaction commits: a recording that fails (a
+        // full disk) is redone after the lease, and must not count twice.
+        let mut counts = RecordCounts::default();
         let backoff_of = |retry: u32| {
             backoff(
                 retry,
@@ -892,19 +907,19 @@ async fn record(state: &Arc<State>, results: Vec<GroupResult>) {
                         params![fence.0, fence.1, now, serde_json::to_string(response).unwrap_or_default()],
                     )?;
                     if changed == 1 {
-                        metrics.outbox_sent.inc();
+                        counts.sent += 1;
                     }
                 }
                 Verdict::DeadLetter { error } => {
                     tracing::warn!(message_id = %row.message_id, %error, "message dead-lettered");
                     if finish("DeadLetter", error)? == 1 {
-                        metrics.outbox_dead_lettered.inc();
+                        counts.dead_lettered += 1;
                     }
                 }
                 Verdict::Failed { error } => {
                     tracing::error!(message_id = %row.message_id, %error, "message failed; an operator decides");
                     if finish("Failed", error)? == 1 {
-                        metrics.outbox_failed.inc();
+                        counts.failed += 1;
                     }
                 }
                 Verdict::Retry { error, retry_after, dead_letter_when_exhausted } => {
@@ -914,9 +929,9 @@ async fn record(state: &Arc<State>, results: Vec<GroupResult>) {
                         tracing::error!(message_id = %row.message_id, %error, "giving up after {} retries", row.max_retries);
                         if finish(status, error)? == 1 {
                             if *dead_letter_when_exhausted {
-                                metrics.outbox_dead_lettered.inc();
+                                counts.dead_lettered += 1;
                             } else {
-                                metrics.outbox_failed.inc();
+                                counts.failed += 1;
                             }
                         }
                         continue;
@@ -924,7 +939,7 @@ async fn record(state: &Arc<State>, results: Vec<GroupResult>) {
                     let delay = backoff_of(row.retry_count).max(retry_after.unwrap_or_default());
                     tracing::debug!(message_id = %row.message_id, %error, attempt, "send failed; retrying in {delay:?}");
                     if again(attempt, delay, error)? == 1 {
-                        metrics.outbox_retries.inc();
+                        counts.retries += 1;
                     }
                 }
                 // Not counted: the row waits (its circuit gates an unreachable
@@ -933,12 +948,17 @@ async fn record(state: &Arc<State>, results: Vec<GroupResult>) {
                     let delay = backoff_of(0).max(retry_after.unwrap_or_default());
                     tracing::debug!(message_id = %row.message_id, %error, "not delivered; retrying in {delay:?} (not counted)");
                     if again(row.retry_count, delay, error)? == 1 {
-                        metrics.outbox_retries.inc();
+                        counts.retries += 1;
                     }
                 }
             }
         }
-        tx.commit()
+        tx.commit()?;
+        metrics.outbox_sent.add(counts.sent);
+        metrics.outbox_dead_lettered.add(counts.dead_lettered);
+        metrics.outbox_failed.add(counts.failed);
+        metrics.outbox_retries.add(counts.retries);
+        Ok(())
     })
     .await;
     if let Ok(Err(error)) = outcome {

@@ -425,6 +425,12 @@ async fn disk_full_dispatcher_recording_loses_nothing() {
     // The unrecorded deliveries were sent again and answered as duplicates.
     let duplicates = receiver.receiver.metrics().inbox_duplicates.get();
     assert!(duplicates >= 1, "no re-send after the failed recording");
+    // A recording that did not commit counted nothing.
+    assert_eq!(
+        outbox.metrics().outbox_sent.get(),
+        ids.len() as u64,
+        "outbox_sent counts each message once"
+    );
     eprintln!(
         "disk_full dispatcher: {delivered_while_full} deliveries while the sender's disk was full, \
          {duplicates} re-sent after space returned (answered as duplicates), \
