@@ -18,12 +18,16 @@ pub mod env;
 /// How hard a commit tries to reach the disk before it returns.
 ///
 /// * `Normal` (`synchronous=NORMAL` in WAL mode): a commit is atomic and
-///   consistent, but the last transactions before a power loss (not a process
-///   crash) may be rolled back. Right for a sender: its business rows and
-///   outbox rows live in the same database and share one fate.
+///   consistent, but the transactions committed since the last WAL
+///   checkpoint may be rolled back by a power loss (not by a process crash).
+///   Right for a sender: its business rows and outbox rows live in the same
+///   database and share one fate, and the dispatcher (whose claims always
+///   commit with `Full`) sends nothing that is not durable yet.
 /// * `Full` (`synchronous=FULL`): every commit is fsynced before it returns.
 ///   Required for a receiver, whose 2xx answer is a promise that the effect is
 ///   stored: losing it after the answer would lose the message for good.
+///
+/// Both shown under simulated power cuts: `docs/guarantees-durability.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Durability {
@@ -73,6 +77,12 @@ pub struct OutboxConfig {
     /// `Sent` rows are deleted this long after they were sent.
     #[serde(with = "serde_human")]
     pub sent_retention: Duration,
+    /// `synchronous` of the outbox's own write connection (`Outbox::send`):
+    /// `normal` by default. With `normal` a power cut can undo the last
+    /// commits since a WAL checkpoint, business rows and their outbox rows
+    /// together; never a message already sent, because the dispatcher's
+    /// claim always commits with `full` (making the enqueuing transaction
+    /// durable first). See `docs/guarantees-durability.md`.
     pub durability: Durability,
 }
 
@@ -118,7 +128,11 @@ pub struct InboxConfig {
     /// before answering 503 `in_progress`.
     #[serde(with = "serde_human")]
     pub in_progress_wait: Duration,
-    /// Receivers answer 2xx only after the commit is on disk: `full` by default.
+    /// Receivers answer 2xx only after the commit is on disk: `full` by
+    /// default. With `normal`, a power cut loses the messages acknowledged
+    /// since the last WAL checkpoint (inbox row and effect together), and
+    /// their senders, told 2xx, do not send them again. See
+    /// `docs/guarantees-durability.md`.
     pub durability: Durability,
 }
 

@@ -109,6 +109,13 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The first open of an existing file in a process runs [`preflight`]
 /// first: a file written by a newer schema, or a damaged one, is refused
 /// before anything writes to it.
+///
+/// `path` may also be a SQLite URI filename, e.g.
+/// `file:/srv/app/service.db?vfs=name` to open it through a registered VFS
+/// (the power-loss and disk-full tests open receivers and outboxes through a
+/// fault-injecting one this way). Every connection the runtime opens on a
+/// path it was given (receiver, inbox reader, outbox, dispatcher, retention,
+/// diagnostics) accepts the same URI.
 pub fn open(path: impl AsRef<Path>, durability: Durability) -> Result<Connection, DbError> {
     let path = path.as_ref();
     let shown = path.display().to_string();
@@ -134,7 +141,7 @@ pub fn open(path: impl AsRef<Path>, durability: Durability) -> Result<Connection
 pub fn preflight(path: &Path, supported: i64) -> Result<(), DbError> {
     use rusqlite::OpenFlags;
     let shown = path.display().to_string();
-    if std::fs::metadata(path).map_or(true, |m| m.len() == 0) {
+    if std::fs::metadata(file_of(path)).map_or(true, |m| m.len() == 0) {
         return Ok(());
     }
     let corrupt = |detail: String| DbError::Corrupt {
@@ -143,7 +150,9 @@ pub fn preflight(path: &Path, supported: i64) -> Result<(), DbError> {
     };
     let conn = Connection::open_with_flags(
         path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI,
     )
     .map_err(|source| DbError::Sqlite {
         path: shown.clone(),
@@ -193,6 +202,42 @@ fn classify_open_error(error: rusqlite::Error, shown: &str) -> DbError {
     }
 }
 
+/// The file a database path names: the path itself, or the file of a SQLite
+/// URI filename (`file:/srv/app.db?vfs=name`, `file:///srv/app.db`,
+/// `file://localhost/srv/app.db`; `%XX` escapes decoded), which every
+/// connection the runtime opens accepts.
+fn file_of(path: &Path) -> std::path::PathBuf {
+    let Some(uri) = path.to_str().and_then(|text| text.strip_prefix("file:")) else {
+        return path.to_path_buf();
+    };
+    let uri = uri.split(['?', '#']).next().unwrap_or_default();
+    let uri = match uri.strip_prefix("//") {
+        Some(rest) => rest.strip_prefix("localhost").unwrap_or(rest),
+        None => uri,
+    };
+    let bytes = uri.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let escaped = (bytes[index] == b'%')
+            .then(|| bytes.get(index + 1..index + 3))
+            .flatten()
+            .and_then(|hex| std::str::from_utf8(hex).ok())
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                decoded.push(byte);
+                index += 3;
+            }
+            None => {
+                decoded.push(bytes[index]);
+                index += 1;
+            }
+        }
+    }
+    std::path::PathBuf::from(String::from_utf8_lossy(&decoded).into_owned())
+}
+
 /// [`preflight`] once per file and process: the runtime opens several
 /// connections to one file (writer, dispatcher, readers), and the check
 /// reads the whole file.
@@ -200,7 +245,8 @@ fn preflight_once(path: &Path, supported: i64) -> Result<(), DbError> {
     use std::collections::HashSet;
     use std::sync::{Mutex, OnceLock};
     static CHECKED: OnceLock<Mutex<HashSet<std::path::PathBuf>>> = OnceLock::new();
-    let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let file = file_of(path);
+    let key = std::fs::canonicalize(&file).unwrap_or(file);
     let checked = CHECKED.get_or_init(Default::default);
     if checked.lock().is_ok_and(|set| set.contains(&key)) {
         return Ok(());
@@ -217,15 +263,19 @@ fn preflight_once(path: &Path, supported: i64) -> Result<(), DbError> {
 pub fn configure(conn: &Connection, durability: Durability) -> rusqlite::Result<()> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    let synchronous = match durability {
-        Durability::Normal => "NORMAL",
-        Durability::Full => "FULL",
-    };
-    conn.pragma_update(None, "synchronous", synchronous)?;
+    conn.pragma_update(None, "synchronous", synchronous(durability))?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     conn.pragma_update(None, "cache_size", -8000)?;
     Ok(())
+}
+
+/// The `PRAGMA synchronous` value of a durability setting.
+pub(crate) fn synchronous(durability: Durability) -> &'static str {
+    match durability {
+        Durability::Normal => "NORMAL",
+        Durability::Full => "FULL",
+    }
 }
 
 fn migrate(conn: &mut Connection, shown: &str) -> Result<(), DbError> {
@@ -367,6 +417,30 @@ mod tests {
             before,
             "the file is byte-for-byte unchanged"
         );
+    }
+
+    #[test]
+    fn uri_filenames_are_opened_and_preflighted_like_paths() {
+        assert_eq!(
+            file_of(Path::new("file:///srv/a%20b.db?vfs=unix#x")),
+            Path::new("/srv/a b.db")
+        );
+        assert_eq!(
+            file_of(Path::new("file://localhost/srv/a.db")),
+            Path::new("/srv/a.db")
+        );
+        assert_eq!(file_of(Path::new("/srv/a.db")), Path::new("/srv/a.db"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let good = dir.path().join("good.db");
+        let uri = |file: &Path| format!("file:{}?vfs=unix", file.display());
+        drop(open(uri(&good), Durability::Normal).expect("open through a URI"));
+        assert!(good.exists());
+        let notes = dir.path().join("notes.db");
+        std::fs::write(&notes, vec![b'x'; 4096]).expect("write");
+        assert!(matches!(
+            open(uri(&notes), Durability::Normal),
+            Err(DbError::Corrupt { .. })
+        ));
     }
 
     #[test]

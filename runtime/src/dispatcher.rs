@@ -554,97 +554,31 @@ async fn claim(state: &Arc<State>, capacity: usize) -> Vec<Group> {
     let metrics = state.metrics.clone();
     let row_budget = state.config.outbox.batch_size.max(1) as usize;
     let plan_for_db = plan.clone();
+    let durability = state.config.outbox.durability;
     let result = tokio::task::spawn_blocking(move || -> rusqlite::Result<Vec<Group>> {
         let mut conn = store.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
-        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let now = db::now_ms();
-        let lease = uuid::Uuid::now_v7().to_string();
-        let mut groups = Vec::new();
-        let mut rows_left = row_budget;
-        let mut groups_left = capacity;
-        for (destination, admission) in &plan_for_db {
-            if rows_left == 0 || groups_left == 0 {
-                break;
-            }
-            let (limit, per_group, probe) = match *admission {
-                Admission::Probe => (1, 1, true),
-                Admission::Closed { batch_limit } => {
-                    let per_group = batch_limit.max(1);
-                    (rows_left.min(per_group * groups_left), per_group, false)
-                }
-                Admission::Blocked { .. } => continue,
-            };
-            let mut statement = tx.prepare_cached(
-                "UPDATE outbox_messages SET status = 'Sending', lease_token = ?1, next_retry_at = ?2, last_attempt_at = ?3 \
-                 WHERE message_id IN (SELECT message_id FROM outbox_messages \
-                     WHERE destination = ?5 AND status IN ('Pending', 'Sending') AND next_retry_at <= ?3 \
-                     ORDER BY next_retry_at LIMIT ?4) \
-                 RETURNING message_id, correlation_id, message_type, interface, version, fingerprint, \
-                     endpoint, payload, headers, retry_count, max_retries, created_at, expires_at",
-            )?;
-            let mut expired = Vec::new();
-            let mut live = Vec::new();
-            let rows = statement.query_map(
-                params![lease, now + lease_ms, now, limit as i64, destination],
-                |r| {
-                    Ok((
-                        Claimed {
-                            message_id: r.get(0)?,
-                            lease: lease.clone(),
-                            correlation_id: r.get(1)?,
-                            message_type: r.get(2)?,
-                            interface: r.get(3)?,
-                            version: r.get(4)?,
-                            fingerprint: r.get(5)?,
-                            endpoint: r.get(6)?,
-                            payload: r.get(7)?,
-                            headers: r.get(8)?,
-                            retry_count: r.get(9)?,
-                            max_retries: r.get(10)?,
-                            created_at_ms: r.get(11)?,
-                        },
-                        r.get::<_, i64>(12)?,
-                    ))
-                },
-            )?;
-            for row in rows {
-                let (claimed, expires_at) = row?;
-                if expires_at <= now {
-                    expired.push(claimed);
-                } else {
-                    live.push(claimed);
-                }
-            }
-            for row in &expired {
-                tx.execute(
-                    "UPDATE outbox_messages SET status = 'Expired', lease_token = NULL, \
-                     last_error = 'time to live exceeded' WHERE message_id = ?1 AND lease_token = ?2",
-                    params![row.message_id, row.lease],
-                )?;
-            }
-            metrics.outbox_expired.add(expired.len() as u64);
-            rows_left = rows_left.saturating_sub(live.len());
-            let mut live = live.into_iter().peekable();
-            while live.peek().is_some() && groups_left > 0 {
-                let rows: Vec<Claimed> = live.by_ref().take(per_group).collect();
-                groups_left -= 1;
-                groups.push(Group {
-                    destination: destination.clone(),
-                    rows,
-                    probe,
-                });
-            }
-            // Rows beyond the group capacity stay claimed under this lease
-            // only if sent; release any left over.
-            for row in live {
-                tx.execute(
-                    "UPDATE outbox_messages SET status = 'Pending', lease_token = NULL, next_retry_at = ?3 \
-                     WHERE message_id = ?1 AND lease_token = ?2",
-                    params![row.message_id, row.lease, now],
-                )?;
-            }
-        }
-        tx.commit()?;
+        // The claim commits with FULL whatever `outbox.durability` says: its
+        // fsync of the WAL makes every transaction committed before it
+        // durable, so no message leaves before the transaction that enqueued
+        // it is on disk. (With NORMAL, a power cut after the receiver's 2xx
+        // could undo the very transaction whose message the receiver
+        // processed: test
+        // `powerloss_sender_normal_never_delivers_a_transaction_it_can_lose`.)
+        // One fsync per claim, none per enqueue. Recording results needs
+        // none of its own: a result lost in a power cut means a re-send,
+        // answered as a duplicate.
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        let claimed = claim_groups(
+            &mut conn,
+            &plan_for_db,
+            lease_ms,
+            &metrics,
+            row_budget,
+            capacity,
+        );
+        let restored = conn.pragma_update(None, "synchronous", db::synchronous(durability));
+        let groups = claimed?;
+        restored?;
         Ok(groups)
     })
     .await;
@@ -688,6 +622,108 @@ impl Outcome {
             },
         }
     }
+}
+
+/// The claim's transaction: due rows, destination by destination as `plan`
+/// admits them, at most `row_budget` rows in at most `capacity` groups.
+fn claim_groups(
+    conn: &mut Connection,
+    plan: &[(String, Admission)],
+    lease_ms: i64,
+    metrics: &Metrics,
+    row_budget: usize,
+    capacity: usize,
+) -> rusqlite::Result<Vec<Group>> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let now = db::now_ms();
+    let lease = uuid::Uuid::now_v7().to_string();
+    let mut groups = Vec::new();
+    let mut rows_left = row_budget;
+    let mut groups_left = capacity;
+    for (destination, admission) in plan {
+        if rows_left == 0 || groups_left == 0 {
+            break;
+        }
+        let (limit, per_group, probe) = match *admission {
+            Admission::Probe => (1, 1, true),
+            Admission::Closed { batch_limit } => {
+                let per_group = batch_limit.max(1);
+                (rows_left.min(per_group * groups_left), per_group, false)
+            }
+            Admission::Blocked { .. } => continue,
+        };
+        let mut statement = tx.prepare_cached(
+            "UPDATE outbox_messages SET status = 'Sending', lease_token = ?1, next_retry_at = ?2, last_attempt_at = ?3 \
+             WHERE message_id IN (SELECT message_id FROM outbox_messages \
+                 WHERE destination = ?5 AND status IN ('Pending', 'Sending') AND next_retry_at <= ?3 \
+                 ORDER BY next_retry_at LIMIT ?4) \
+             RETURNING message_id, correlation_id, message_type, interface, version, fingerprint, \
+                 endpoint, payload, headers, retry_count, max_retries, created_at, expires_at",
+        )?;
+        let mut expired = Vec::new();
+        let mut live = Vec::new();
+        let rows = statement.query_map(
+            params![lease, now + lease_ms, now, limit as i64, destination],
+            |r| {
+                Ok((
+                    Claimed {
+                        message_id: r.get(0)?,
+                        lease: lease.clone(),
+                        correlation_id: r.get(1)?,
+                        message_type: r.get(2)?,
+                        interface: r.get(3)?,
+                        version: r.get(4)?,
+                        fingerprint: r.get(5)?,
+                        endpoint: r.get(6)?,
+                        payload: r.get(7)?,
+                        headers: r.get(8)?,
+                        retry_count: r.get(9)?,
+                        max_retries: r.get(10)?,
+                        created_at_ms: r.get(11)?,
+                    },
+                    r.get::<_, i64>(12)?,
+                ))
+            },
+        )?;
+        for row in rows {
+            let (claimed, expires_at) = row?;
+            if expires_at <= now {
+                expired.push(claimed);
+            } else {
+                live.push(claimed);
+            }
+        }
+        for row in &expired {
+            tx.execute(
+                "UPDATE outbox_messages SET status = 'Expired', lease_token = NULL, \
+                 last_error = 'time to live exceeded' WHERE message_id = ?1 AND lease_token = ?2",
+                params![row.message_id, row.lease],
+            )?;
+        }
+        metrics.outbox_expired.add(expired.len() as u64);
+        rows_left = rows_left.saturating_sub(live.len());
+        let mut live = live.into_iter().peekable();
+        while live.peek().is_some() && groups_left > 0 {
+            let rows: Vec<Claimed> = live.by_ref().take(per_group).collect();
+            groups_left -= 1;
+            groups.push(Group {
+                destination: destination.clone(),
+                rows,
+                probe,
+            });
+        }
+        // Rows beyond the group capacity stay claimed under this lease
+        // only if sent; release any left over.
+        for row in live {
+            tx.execute(
+                "UPDATE outbox_messages SET status = 'Pending', lease_token = NULL, next_retry_at = ?3 \
+                 WHERE message_id = ?1 AND lease_token = ?2",
+                params![row.message_id, row.lease, now],
+            )?;
+        }
+    }
+    tx.commit()?;
+    Ok(groups)
 }
 
 /// One send attempt and what came of it.

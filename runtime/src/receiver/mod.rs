@@ -327,6 +327,7 @@ impl Receiver {
     /// Starts building a receiver that stores its inbox in the SQLite file
     /// `db_path` (created and migrated if needed; it may be the service's own
     /// database, so handlers write business rows next to the inbox).
+    /// `db_path` may be a SQLite URI filename (see [`crate::db::open`]).
     pub fn builder(config: Config, db_path: impl AsRef<Path>) -> ReceiverBuilder {
         ReceiverBuilder {
             config,

@@ -15,3 +15,7 @@ mod exactly_once;
 mod hostile;
 mod receiver_fixture;
 mod receiver_wire;
+// Faults under SQLite: power loss and a full disk (a fault-injecting VFS).
+mod disk_full;
+mod faultfs;
+mod powerloss;
