@@ -147,8 +147,30 @@ impl Config {
         }
         // All or nothing: `self` changes only when every variable applied.
         let mut next = overlaid.unwrap_or_else(|| self.clone());
+        let configured: Vec<String> = next.destinations.keys().cloned().collect();
         for (name, value) in named {
             next.set_named(name, value)?;
+        }
+        // A destination the environment added needs at least a URL and a secret.
+        let added = next
+            .destinations
+            .iter()
+            .filter(|(name, _)| !configured.contains(name));
+        for (name, destination) in added {
+            for (missing, suffix) in [
+                (destination.url.is_empty(), "URL"),
+                (destination.secret.is_empty(), "SECRET"),
+            ] {
+                if missing {
+                    return Err(ConfigError::Env {
+                        variable: format!("RFIDL_DESTINATIONS_{}_{suffix}", name_key(name)),
+                        message: format!(
+                            "destination `{name}` has no {} (set this variable)",
+                            suffix.to_lowercase()
+                        ),
+                    });
+                }
+            }
         }
         *self = next;
         Ok(())

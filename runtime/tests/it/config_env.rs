@@ -112,7 +112,7 @@ fn the_environment_wins_over_yaml_and_reads_secrets_from_files() {
 
 #[test]
 fn bad_variables_are_named_and_their_values_never_shown() {
-    let cases: [(&[(&str, &str)], &str); 7] = [
+    let cases: [(&[(&str, &str)], &str); 8] = [
         (
             &[("RFIDL_OUTBOX_MAX_RETRIES", SECRET)],
             "RFIDL_OUTBOX_MAX_RETRIES",
@@ -129,6 +129,10 @@ fn bad_variables_are_named_and_their_values_never_shown() {
         (
             &[("RFIDL_PEERS_HR_SECRET", SECRET)],
             "RFIDL_PEERS_HR_SECRET",
+        ),
+        (
+            &[("RFIDL_DESTINATIONS_BILLING_SECRET", SECRET)],
+            "RFIDL_DESTINATIONS_BILLING_URL",
         ),
         (
             &[
