@@ -37,13 +37,14 @@
 //!   writes and truncations since each file's last sync reach the disk,
 //!   each whole or not at all, as a kernel flushing dirty pages on its own
 //!   would (a WAL frame's header may arrive without its page: torn frames).
-//! * **The cut** ([`FaultDir::cut_power`]) happens at one instant, under the
+//! * **The cut** ([`FaultDir::cut_power`], or [`FaultDir::cut_at_sync`]
+//!   inside the n-th sync from now) happens at one instant, under the
 //!   directory's lock: a sync that finished before it is recorded, one after
 //!   it is not, and reports failure (an `fsync` cannot return success on a
-//!   machine without power). From then on, every read, write, truncate, sync, delete and
-//!   open of the directory's files fails with an I/O error, so the still
-//!   running (now "dead") process can neither acknowledge anything more nor
-//!   touch the disk. [`PowerCut::restore_into`] then writes the durable images
+//!   machine without power). From then on, every read, write, truncate,
+//!   sync, delete and open of the directory's files fails with an I/O
+//!   error, so the still running (now "dead") process can neither
+//!   acknowledge anything more nor touch the disk. [`PowerCut::restore_into`] then writes the durable images
 //!   into a fresh directory, under the same file names: the disk as a reboot
 //!   finds it. (That is the same as replacing each file in place, without
 //!   pulling files from under the dead process's open descriptors.)
@@ -57,6 +58,8 @@
 //! asking for room past it. Writes within the existing size (overwrites, a
 //! WAL reused after a checkpoint) still succeed, as on a real full disk.
 //! Raising or clearing the quota lets growth succeed again.
+//! [`FaultDir::full_refusals`] counts the `SQLITE_FULL` answers, so a test
+//! can wait for the write it wants refused instead of sleeping.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
