@@ -29,6 +29,7 @@ use anyhow::{Context as _, bail, ensure};
 use clap::Parser;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
+use rfidl_examples::demo::verdict::{Verdict, verdict};
 use rfidl_runtime::rusqlite::Connection;
 use rfidl_runtime::signing::Secret;
 
@@ -245,55 +246,6 @@ impl Report {
             if self.ok() { "" } else { "  <- FAILED" }
         )
     }
-}
-
-/// Counted from both databases.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-struct Verdict {
-    hires: i64,
-    /// Hires without a workflow, plus workflows without a laptop ticket.
-    lost: i64,
-    /// Workflows or tickets beyond one per hire.
-    duplicated: i64,
-    /// Effects whose message id is in no outbox.
-    orphans: i64,
-    /// Outbox rows `Failed`, `DeadLetter` or `Expired`, in either database.
-    needs_a_human: i64,
-}
-
-impl Verdict {
-    fn ok(&self) -> bool {
-        self.lost == 0 && self.duplicated == 0 && self.orphans == 0 && self.needs_a_human == 0
-    }
-}
-
-/// Reads the verdict: HR's database with the engine's attached.
-fn verdict(hr_db: &Path, engine_db: &Path) -> anyhow::Result<Verdict> {
-    let conn = Connection::open(hr_db)?;
-    conn.execute("ATTACH DATABASE ?1 AS e", [engine_db.display().to_string()])?;
-    let one = |sql: &str| -> anyhow::Result<i64> {
-        Ok(conn
-            .query_row(sql, [], |r| r.get::<_, Option<i64>>(0))?
-            .unwrap_or(0))
-    };
-    Ok(Verdict {
-        hires: one("SELECT COUNT(*) FROM employees")?,
-        lost: one("SELECT COUNT(*) FROM employees p \
-             WHERE NOT EXISTS (SELECT 1 FROM e.workflows w WHERE w.employee_id = p.id)")?
-            + one("SELECT COUNT(*) FROM e.workflows w \
-             WHERE NOT EXISTS (SELECT 1 FROM laptop_tickets t WHERE t.employee_id = w.employee_id)")?,
-        duplicated: one("SELECT COUNT(*) - COUNT(DISTINCT employee_id) FROM e.workflows")?
-            + one("SELECT COUNT(*) - COUNT(DISTINCT employee_id) FROM laptop_tickets")?,
-        orphans: one("SELECT COUNT(*) FROM e.workflows w \
-             WHERE NOT EXISTS (SELECT 1 FROM main.outbox_messages o WHERE o.message_id = w.message_id)")?
-            + one("SELECT COUNT(*) FROM laptop_tickets t \
-             WHERE NOT EXISTS (SELECT 1 FROM e.outbox_messages o WHERE o.message_id = t.message_id)")?,
-        needs_a_human: one(
-            "SELECT COUNT(*) FROM main.outbox_messages WHERE status IN ('Failed', 'DeadLetter', 'Expired')",
-        )? + one(
-            "SELECT COUNT(*) FROM e.outbox_messages WHERE status IN ('Failed', 'DeadLetter', 'Expired')",
-        )?,
-    })
 }
 
 /// Both services' processes, ports and files.
@@ -515,8 +467,15 @@ async fn kills(context: &Context, rng: &mut StdRng, target: Target) -> anyhow::R
     // Hiring spans the first kills (about 2 s of hires, longer with the
     // restarts), then the kills go on through delivery.
     cluster.hire_rate = (context.messages / 2).max(1);
-    // A 2 ms handler: a kill of the engine often lands inside one.
-    cluster.engine_flags = vec!["--slow-handler".into(), "2ms".into()];
+    // 2 ms handlers (every one in a small run, one in 50 in a run of
+    // 100,000): a kill of the engine often lands inside one.
+    let every = (context.messages / 2000).max(1);
+    cluster.engine_flags = vec![
+        "--slow-handler".into(),
+        "2ms".into(),
+        "--slow-every".into(),
+        every.to_string(),
+    ];
     cluster.start_engine()?;
     cluster.start_hr()?;
     wait_listening(cluster.engine_port, Duration::from_secs(10)).await?;

@@ -10,6 +10,7 @@
 pub mod engine;
 pub mod hr;
 pub mod registry;
+pub mod verdict;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -4,3 +4,4 @@ mod demo;
 mod drift;
 mod processes;
 mod signals;
+mod verdict;
