@@ -163,7 +163,7 @@ fn builder_finds_imports_in_include_paths_and_writes_only_changes() {
         .skip_rerun_if_changed()
         .compile(&[contracts.join("shop.rfidl")]);
     assert!(
-        matches!(without, Err(rfidl_codegen::builder::BuildError::Contract(ref text)) if text.contains("E0060"))
+        matches!(without, Err(rfidl_codegen::builder::BuildError::Contract { ref rendered, .. }) if rendered.contains("E0060"))
     );
     let files = build().expect("include path resolves the import");
     assert!(files.iter().any(|f| f.name == "shop.rs"));

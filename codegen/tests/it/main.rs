@@ -14,3 +14,4 @@ mod robustness;
 mod schemas;
 mod support;
 mod ui;
+mod user_crate;

@@ -4,6 +4,7 @@
 use ::rfidl_runtime::serde::{Deserialize, Serialize};
 
 /// A person employed by the company.
+#[allow(deprecated)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(crate = "::rfidl_runtime::serde")]
 pub struct Employee {
@@ -147,6 +148,11 @@ pub mod emp_service_v1 {
         /// workflows on the employee id.
         ///
         /// Enqueues a `EmployeeHired` pushcall in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn employee_hired(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -170,12 +176,17 @@ pub mod emp_service_v1 {
                         payload: ::rfidl_runtime::serde_json::to_value(&request)?,
                         headers: ::std::collections::BTreeMap::new(),
                         max_retries: Some(10),
-                        ttl: Some(::std::time::Duration::from_millis(172800000)),
+                        ttl: Some(::std::time::Duration::new(172_800, 0)),
                     },
                 )
         }
 
         /// Enqueues a `OnboardingCompleted` signal in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn onboarding_completed(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -222,6 +233,14 @@ pub mod emp_service_v1 {
     pub trait EngineHandler: Send + Sync + 'static {
         /// Raised when an employee is hired; the engine matches waiting
         /// workflows on the employee id.
+        ///
+        /// Handles one `EmployeeHired` pushcall.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn employee_hired(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -232,6 +251,13 @@ pub mod emp_service_v1 {
             ::rfidl_runtime::receiver::HandlerError,
         >;
 
+        /// Handles one `OnboardingCompleted` signal.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn onboarding_completed(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -345,6 +371,11 @@ pub mod emp_service_v1 {
         /// The engine asks the HR service to provision a laptop.
         ///
         /// Enqueues a `ProvisionLaptop` command in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn provision_laptop(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -390,6 +421,14 @@ pub mod emp_service_v1 {
     /// that can never succeed.
     pub trait ServiceHandler: Send + Sync + 'static {
         /// The engine asks the HR service to provision a laptop.
+        ///
+        /// Handles one `ProvisionLaptop` command.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn provision_laptop(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -575,6 +614,11 @@ pub mod emp_service_v2 {
         /// Raised when an employee is hired.
         ///
         /// Enqueues a `EmployeeHired` pushcall in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn employee_hired(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -604,12 +648,17 @@ pub mod emp_service_v2 {
                         payload: ::rfidl_runtime::serde_json::to_value(&request)?,
                         headers: ::std::collections::BTreeMap::new(),
                         max_retries: Some(10),
-                        ttl: Some(::std::time::Duration::from_millis(172800000)),
+                        ttl: Some(::std::time::Duration::new(172_800, 0)),
                     },
                 )
         }
 
         /// Enqueues a `OnboardingCompleted` signal in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn onboarding_completed(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -645,6 +694,11 @@ pub mod emp_service_v2 {
         /// An employee goes on leave for a while.
         ///
         /// Enqueues a `LeaveStarted` signal in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn leave_started(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -682,6 +736,11 @@ pub mod emp_service_v2 {
         /// The org chart changed; the engine re-evaluates approval routes.
         ///
         /// Enqueues a `OrgChartChanged` pushcall in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn org_chart_changed(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -709,7 +768,7 @@ pub mod emp_service_v2 {
                         payload: ::rfidl_runtime::serde_json::to_value(&request)?,
                         headers: ::std::collections::BTreeMap::new(),
                         max_retries: None,
-                        ttl: Some(::std::time::Duration::from_millis(5400000)),
+                        ttl: Some(::std::time::Duration::new(5400, 0)),
                     },
                 )
         }
@@ -727,6 +786,14 @@ pub mod emp_service_v2 {
     /// that can never succeed.
     pub trait EngineHandler: Send + Sync + 'static {
         /// Raised when an employee is hired.
+        ///
+        /// Handles one `EmployeeHired` pushcall.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn employee_hired(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -739,6 +806,13 @@ pub mod emp_service_v2 {
             ::rfidl_runtime::receiver::HandlerError,
         >;
 
+        /// Handles one `OnboardingCompleted` signal.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn onboarding_completed(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -748,6 +822,14 @@ pub mod emp_service_v2 {
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
 
         /// An employee goes on leave for a while.
+        ///
+        /// Handles one `LeaveStarted` signal.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn leave_started(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -758,6 +840,14 @@ pub mod emp_service_v2 {
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
 
         /// The org chart changed; the engine re-evaluates approval routes.
+        ///
+        /// Handles one `OrgChartChanged` pushcall.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn org_chart_changed(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -928,6 +1018,11 @@ pub mod emp_service_v2 {
         /// The engine asks the HR service to provision a laptop.
         ///
         /// Enqueues a `ProvisionLaptop` command in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn provision_laptop(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -975,6 +1070,14 @@ pub mod emp_service_v2 {
     /// that can never succeed.
     pub trait ServiceHandler: Send + Sync + 'static {
         /// The engine asks the HR service to provision a laptop.
+        ///
+        /// Handles one `ProvisionLaptop` command.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn provision_laptop(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,

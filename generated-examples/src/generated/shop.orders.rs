@@ -164,6 +164,11 @@ pub mod order_service_v1 {
         /// A customer placed an order: starts the fulfilment workflow.
         ///
         /// Enqueues a `OrderPlaced` pushcall in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn order_placed(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -195,6 +200,11 @@ pub mod order_service_v1 {
         /// The customer cancelled before shipping.
         ///
         /// Enqueues a `OrderCancelled` signal in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn order_cancelled(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -240,6 +250,14 @@ pub mod order_service_v1 {
     /// that can never succeed.
     pub trait EngineHandler: Send + Sync + 'static {
         /// A customer placed an order: starts the fulfilment workflow.
+        ///
+        /// Handles one `OrderPlaced` pushcall.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn order_placed(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -248,6 +266,14 @@ pub mod order_service_v1 {
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
 
         /// The customer cancelled before shipping.
+        ///
+        /// Handles one `OrderCancelled` signal.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn order_cancelled(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -352,6 +378,11 @@ pub mod order_service_v1 {
         /// Reserve stock for an order; answers what could be reserved.
         ///
         /// Enqueues a `ReserveStock` command in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn reserve_stock(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -379,7 +410,7 @@ pub mod order_service_v1 {
                         payload: ::rfidl_runtime::serde_json::to_value(&request)?,
                         headers: ::std::collections::BTreeMap::new(),
                         max_retries: Some(3),
-                        ttl: Some(::std::time::Duration::from_millis(900000)),
+                        ttl: Some(::std::time::Duration::new(900, 0)),
                     },
                 )
         }
@@ -387,6 +418,11 @@ pub mod order_service_v1 {
         /// Capture the payment for an order.
         ///
         /// Enqueues a `CapturePayment` command in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn capture_payment(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -422,6 +458,11 @@ pub mod order_service_v1 {
         /// Ask for the stock level of one SKU.
         ///
         /// Enqueues a `CheckStock` command in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn check_stock(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -463,6 +504,14 @@ pub mod order_service_v1 {
     /// that can never succeed.
     pub trait ServiceHandler: Send + Sync + 'static {
         /// Reserve stock for an order; answers what could be reserved.
+        ///
+        /// Handles one `ReserveStock` command.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn reserve_stock(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -475,6 +524,14 @@ pub mod order_service_v1 {
         >;
 
         /// Capture the payment for an order.
+        ///
+        /// Handles one `CapturePayment` command.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn capture_payment(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -487,6 +544,14 @@ pub mod order_service_v1 {
         >;
 
         /// Ask for the stock level of one SKU.
+        ///
+        /// Handles one `CheckStock` command.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn check_stock(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
