@@ -9,6 +9,7 @@ mod fmt_cli;
 mod format;
 mod format_properties;
 mod generate;
+mod layers;
 mod remote;
 mod robustness;
 mod schemas;
