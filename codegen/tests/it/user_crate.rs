@@ -19,7 +19,9 @@
 //!
 //! A second scratch crate has a broken contract: its build must fail with
 //! the rendered diagnostic exactly once and a one-line summary, never the
-//! escaped `Debug` dump of the error.
+//! escaped `Debug` dump of the error. A third is `docs/getting-started.md`,
+//! file by file as the guide lists them: it must build and its two services
+//! exchange a message.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -300,5 +302,66 @@ fn a_broken_contract_fails_the_build_with_its_diagnostic_once() {
         summary,
         ["Error: rfidl: 2 errors in the contracts, see the diagnostics above"],
         "the build stops with a one-line summary:\n{stderr}"
+    );
+}
+
+/// The files `docs/getting-started.md` tells a new user to write: every code
+/// block whose paragraph starts with a backticked path and a colon.
+fn guide_files(markdown: &str) -> Vec<(String, String)> {
+    let mut files = Vec::new();
+    let mut rest = markdown;
+    while let Some(start) = rest.find("\n```") {
+        let before = &rest[..start];
+        let paragraph = before.rsplit("\n\n").next().unwrap_or_default();
+        let after_fence = &rest[start + 4..];
+        let body_start = after_fence.find('\n').expect("fence line") + 1;
+        let body = &after_fence[body_start..];
+        let end = body.find("```").expect("closed code block");
+        if let Some(path) = paragraph
+            .strip_prefix('`')
+            .and_then(|p| p.split_once("`:"))
+            .map(|(path, _)| path)
+        {
+            files.push((path.to_owned(), body[..end].to_owned()));
+        }
+        rest = &body[end + 3..];
+    }
+    files
+}
+
+#[test]
+fn the_getting_started_guide_runs() {
+    let guide = std::fs::read_to_string(absolute("../docs/getting-started.md")).expect("guide");
+    let files = guide_files(&guide);
+    let paths: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "Cargo.toml",
+            "contracts/hello.rfidl",
+            "build.rs",
+            "src/main.rs"
+        ]
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = absolute("..").display().to_string();
+    for (path, contents) in &files {
+        let mut contents = contents.replace("/path/to/rfidl", &root);
+        if path == "Cargo.toml" {
+            // Not part of the guide: keep cargo from looking for an
+            // enclosing workspace, and build like this workspace does.
+            contents.push_str("\n[workspace]\n\n[profile.dev]\ndebug = \"line-tables-only\"\n");
+        }
+        let target = dir.path().join(path);
+        std::fs::create_dir_all(target.parent().expect("parent")).expect("mkdir");
+        std::fs::write(target, contents).expect("write");
+    }
+    std::fs::copy(absolute("../Cargo.lock"), dir.path().join("Cargo.lock")).expect("lock");
+
+    let run = cargo(dir.path(), &["run"]);
+    assert_success("cargo run of the getting-started crate", &run);
+    assert_eq!(
+        String::from_utf8_lossy(&run.stdout).trim(),
+        "engine received: Ada"
     );
 }
