@@ -58,9 +58,18 @@ pub struct DispatcherBuilder {
     db_path: PathBuf,
     routes: BTreeMap<String, Route>,
     errors: Vec<DispatcherError>,
+    responses: Vec<Arc<dyn crate::responses::ResponseHandler>>,
 }
 
 impl DispatcherBuilder {
+    /// Acts on the answers to messages of `handler`'s interface version,
+    /// inside the transaction that marks each one `Sent` (see
+    /// [`crate::responses`]).
+    pub fn responses(mut self, handler: impl crate::responses::ResponseHandler) -> Self {
+        self.responses.push(Arc::new(handler));
+        self
+    }
+
     /// Sends messages for `destination` through `transport`, signed with `secret`.
     pub fn route(
         mut self,
@@ -125,6 +134,7 @@ impl DispatcherBuilder {
             circuits: self.outbox.circuits().clone(),
             unrouted: Mutex::new(Vec::new()),
             rotation: std::sync::atomic::AtomicUsize::new(0),
+            responses: self.responses,
         });
         let task = tokio::spawn(run(state, self.outbox.wake_handle(), cancel.clone()));
         Ok(DispatcherHandle { cancel, task })
@@ -179,6 +189,7 @@ impl Dispatcher {
             db_path: db_path.as_ref().to_path_buf(),
             routes: BTreeMap::new(),
             errors: Vec::new(),
+            responses: Vec::new(),
         }
     }
 }
@@ -214,6 +225,8 @@ struct State {
     unrouted: Mutex<Vec<String>>,
     /// Which destination claims first this round (fairness).
     rotation: std::sync::atomic::AtomicUsize,
+    /// Handlers of answers, by interface version (`crate::responses`).
+    responses: Vec<Arc<dyn crate::responses::ResponseHandler>>,
 }
 
 /// A claimed row.
@@ -799,6 +812,7 @@ async fn record(state: &Arc<State>, results: Vec<GroupResult>) {
     let store = state.store.clone();
     let config = state.config.clone();
     let metrics = state.metrics.clone();
+    let responses = state.responses.clone();
     let outcome = tokio::task::spawn_blocking(move || -> rusqlite::Result<()> {
         let mut conn = store.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
         let tx = conn.transaction()?;
@@ -837,6 +851,18 @@ async fn record(state: &Arc<State>, results: Vec<GroupResult>) {
                         params![fence.0, fence.1, now, serde_json::to_string(response).unwrap_or_default()],
                     )?;
                     if changed == 1 {
+                        if let Some(error) = act_on_answer(&responses, row, response, &tx)? {
+                            tracing::warn!(message_id = %row.message_id, %error, "response handler failed; the message is sent again");
+                            let attempt = row.retry_count + 1;
+                            if attempt > row.max_retries {
+                                if finish("Failed", &error)? == 1 {
+                                    metrics.outbox_failed.inc();
+                                }
+                            } else {
+                                again(attempt, backoff_of(row.retry_count), &error)?;
+                            }
+                            continue;
+                        }
                         metrics.outbox_sent.inc();
                     }
                 }
@@ -891,6 +917,43 @@ async fn record(state: &Arc<State>, results: Vec<GroupResult>) {
     }
     for (destination, outcome) in &outcomes {
         state.circuits.record(destination, outcome);
+    }
+}
+
+/// Runs the response handler registered for `row`'s interface version, if
+/// any, inside `tx` behind a savepoint. `Some(error)` when it failed: its
+/// writes and the row's `Sent` status are rolled back, the caller schedules
+/// the row again.
+fn act_on_answer(
+    responses: &[Arc<dyn crate::responses::ResponseHandler>],
+    row: &Claimed,
+    response: &serde_json::Value,
+    tx: &rusqlite::Transaction<'_>,
+) -> rusqlite::Result<Option<String>> {
+    let Some(handler) = responses
+        .iter()
+        .find(|h| h.interface() == (row.interface.as_str(), row.version))
+    else {
+        return Ok(None);
+    };
+    let answer = crate::responses::Answer {
+        message_id: &row.message_id,
+        interface: &row.interface,
+        version: row.version,
+        endpoint: &row.endpoint,
+        correlation_id: row.correlation_id.as_deref(),
+        payload: response,
+    };
+    tx.execute_batch("SAVEPOINT rfidl_answer")?;
+    match handler.handle(&answer, tx) {
+        Ok(()) => {
+            tx.execute_batch("RELEASE rfidl_answer")?;
+            Ok(None)
+        }
+        Err(error) => {
+            tx.execute_batch("ROLLBACK TO rfidl_answer; RELEASE rfidl_answer")?;
+            Ok(Some(format!("response handler: {error}")))
+        }
     }
 }
 

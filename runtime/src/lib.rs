@@ -25,6 +25,7 @@ pub mod inbox;
 pub mod metrics;
 pub mod outbox;
 pub mod receiver;
+pub mod responses;
 pub mod retention;
 pub mod signing;
 pub mod transport;

@@ -11,9 +11,9 @@ use super::templates::{
 };
 use crate::manifest::{Field, Manifest, MethodKind, PackageContract, Scalar, TypeDef, TypeRef};
 use crate::names::{
-    ENGINE_CLIENT, ENGINE_HANDLER, ENGINE_RECEIVER, SERVICE_CLIENT, SERVICE_HANDLER,
-    SERVICE_RECEIVER, field_name, method_fn_name, package_module, request_struct_name, type_name,
-    variant_name,
+    ENGINE_ANSWER_ROUTER, ENGINE_ANSWERS, ENGINE_CLIENT, ENGINE_HANDLER, ENGINE_RECEIVER,
+    SERVICE_ANSWER_ROUTER, SERVICE_ANSWERS, SERVICE_CLIENT, SERVICE_HANDLER, SERVICE_RECEIVER,
+    field_name, method_fn_name, package_module, request_struct_name, type_name, variant_name,
 };
 
 pub use crate::names::{rust_ident, service_module};
@@ -363,6 +363,13 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
             kinds_doc: "signals and pushcalls",
             client_enabled: options.sides.service(),
             handler_enabled: options.sides.engine(),
+            answers: ENGINE_ANSWERS,
+            answer_router: ENGINE_ANSWER_ROUTER,
+            answered: to_engine
+                .iter()
+                .filter(|m| m.has_response)
+                .cloned()
+                .collect(),
             methods: to_engine,
         });
     }
@@ -377,6 +384,13 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
             kinds_doc: "commands",
             client_enabled: options.sides.engine(),
             handler_enabled: options.sides.service(),
+            answers: SERVICE_ANSWERS,
+            answer_router: SERVICE_ANSWER_ROUTER,
+            answered: to_service
+                .iter()
+                .filter(|m| m.has_response)
+                .cloned()
+                .collect(),
             methods: to_service,
         });
     }

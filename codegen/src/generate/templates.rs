@@ -92,6 +92,12 @@ pub struct GroupView {
     pub client_enabled: bool,
     pub handler_enabled: bool,
     pub methods: Vec<MethodView>,
+    /// The answer-handler trait and its router (`EngineAnswers`, …).
+    pub answers: &'static str,
+    pub answer_router: &'static str,
+    /// The methods that declare a response: the client's side gets an
+    /// answer-handler method for each.
+    pub answered: Vec<MethodView>,
 }
 
 #[derive(Debug, Clone)]

@@ -220,6 +220,60 @@ pub mod emp_service_v1 {
         }
     }
 
+    /// Acts on the engine's answers to this interface's
+    /// signals and pushcalls, one method per method that declares a response.
+    ///
+    /// Each method runs on the dispatcher's database thread inside the
+    /// transaction that marks the message `Sent` and stores its response:
+    /// write your effects through `tx` and they commit exactly once, together
+    /// with that record. Register with
+    /// `Dispatcher::builder(…).responses(EngineAnswerRouter(handler))`.
+    pub trait EngineAnswers: Send + Sync + 'static {
+        /// The answer to a `EmployeeHired` pushcall: `answer` names
+        /// the message (`message_id`, `correlation_id`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back, the message is sent again and its
+        /// answer handled again later.
+        fn employee_hired(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            response: super::HireAck,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
+    }
+
+    /// Hands the answers of this interface version to a
+    /// [`EngineAnswers`], decoded into their response types (a response
+    /// that does not fit is a `payload_mismatch` error).
+    #[derive(Debug)]
+    pub struct EngineAnswerRouter<H>(pub H);
+
+    impl<H: EngineAnswers> ::rfidl_runtime::responses::ResponseHandler
+    for EngineAnswerRouter<H> {
+        fn interface(&self) -> (&'static str, u32) {
+            (INTERFACE, VERSION)
+        }
+
+        fn handle(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            match answer.endpoint {
+                "EmployeeHired" => {
+                    let response = ::rfidl_runtime::receiver::decode_payload(
+                        answer.payload,
+                    )?;
+                    self.0.employee_hired(answer, tx, response)
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+
     /// Implemented by the engine to handle this interface's
     /// signals and pushcalls.
     ///
@@ -406,6 +460,60 @@ pub mod emp_service_v1 {
                         ttl: None,
                     },
                 )
+        }
+    }
+
+    /// Acts on the service's answers to this interface's
+    /// commands, one method per method that declares a response.
+    ///
+    /// Each method runs on the dispatcher's database thread inside the
+    /// transaction that marks the message `Sent` and stores its response:
+    /// write your effects through `tx` and they commit exactly once, together
+    /// with that record. Register with
+    /// `Dispatcher::builder(…).responses(ServiceAnswerRouter(handler))`.
+    pub trait ServiceAnswers: Send + Sync + 'static {
+        /// The answer to a `ProvisionLaptop` command: `answer` names
+        /// the message (`message_id`, `correlation_id`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back, the message is sent again and its
+        /// answer handled again later.
+        fn provision_laptop(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            response: super::LaptopTicket,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
+    }
+
+    /// Hands the answers of this interface version to a
+    /// [`ServiceAnswers`], decoded into their response types (a response
+    /// that does not fit is a `payload_mismatch` error).
+    #[derive(Debug)]
+    pub struct ServiceAnswerRouter<H>(pub H);
+
+    impl<H: ServiceAnswers> ::rfidl_runtime::responses::ResponseHandler
+    for ServiceAnswerRouter<H> {
+        fn interface(&self) -> (&'static str, u32) {
+            (INTERFACE, VERSION)
+        }
+
+        fn handle(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            match answer.endpoint {
+                "ProvisionLaptop" => {
+                    let response = ::rfidl_runtime::receiver::decode_payload(
+                        answer.payload,
+                    )?;
+                    self.0.provision_laptop(answer, tx, response)
+                }
+                _ => Ok(()),
+            }
         }
     }
 
@@ -774,6 +882,60 @@ pub mod emp_service_v2 {
         }
     }
 
+    /// Acts on the engine's answers to this interface's
+    /// signals and pushcalls, one method per method that declares a response.
+    ///
+    /// Each method runs on the dispatcher's database thread inside the
+    /// transaction that marks the message `Sent` and stores its response:
+    /// write your effects through `tx` and they commit exactly once, together
+    /// with that record. Register with
+    /// `Dispatcher::builder(…).responses(EngineAnswerRouter(handler))`.
+    pub trait EngineAnswers: Send + Sync + 'static {
+        /// The answer to a `EmployeeHired` pushcall: `answer` names
+        /// the message (`message_id`, `correlation_id`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back, the message is sent again and its
+        /// answer handled again later.
+        fn employee_hired(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            response: super::HireAck,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
+    }
+
+    /// Hands the answers of this interface version to a
+    /// [`EngineAnswers`], decoded into their response types (a response
+    /// that does not fit is a `payload_mismatch` error).
+    #[derive(Debug)]
+    pub struct EngineAnswerRouter<H>(pub H);
+
+    impl<H: EngineAnswers> ::rfidl_runtime::responses::ResponseHandler
+    for EngineAnswerRouter<H> {
+        fn interface(&self) -> (&'static str, u32) {
+            (INTERFACE, VERSION)
+        }
+
+        fn handle(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            match answer.endpoint {
+                "EmployeeHired" => {
+                    let response = ::rfidl_runtime::receiver::decode_payload(
+                        answer.payload,
+                    )?;
+                    self.0.employee_hired(answer, tx, response)
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+
     /// Implemented by the engine to handle this interface's
     /// signals and pushcalls.
     ///
@@ -1055,6 +1217,60 @@ pub mod emp_service_v2 {
                         ttl: None,
                     },
                 )
+        }
+    }
+
+    /// Acts on the service's answers to this interface's
+    /// commands, one method per method that declares a response.
+    ///
+    /// Each method runs on the dispatcher's database thread inside the
+    /// transaction that marks the message `Sent` and stores its response:
+    /// write your effects through `tx` and they commit exactly once, together
+    /// with that record. Register with
+    /// `Dispatcher::builder(…).responses(ServiceAnswerRouter(handler))`.
+    pub trait ServiceAnswers: Send + Sync + 'static {
+        /// The answer to a `ProvisionLaptop` command: `answer` names
+        /// the message (`message_id`, `correlation_id`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back, the message is sent again and its
+        /// answer handled again later.
+        fn provision_laptop(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            response: super::LaptopTicket,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
+    }
+
+    /// Hands the answers of this interface version to a
+    /// [`ServiceAnswers`], decoded into their response types (a response
+    /// that does not fit is a `payload_mismatch` error).
+    #[derive(Debug)]
+    pub struct ServiceAnswerRouter<H>(pub H);
+
+    impl<H: ServiceAnswers> ::rfidl_runtime::responses::ResponseHandler
+    for ServiceAnswerRouter<H> {
+        fn interface(&self) -> (&'static str, u32) {
+            (INTERFACE, VERSION)
+        }
+
+        fn handle(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            match answer.endpoint {
+                "ProvisionLaptop" => {
+                    let response = ::rfidl_runtime::receiver::decode_payload(
+                        answer.payload,
+                    )?;
+                    self.0.provision_laptop(answer, tx, response)
+                }
+                _ => Ok(()),
+            }
         }
     }
 

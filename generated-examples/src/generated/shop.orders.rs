@@ -492,6 +492,102 @@ pub mod order_service_v1 {
         }
     }
 
+    /// Acts on the service's answers to this interface's
+    /// commands, one method per method that declares a response.
+    ///
+    /// Each method runs on the dispatcher's database thread inside the
+    /// transaction that marks the message `Sent` and stores its response:
+    /// write your effects through `tx` and they commit exactly once, together
+    /// with that record. Register with
+    /// `Dispatcher::builder(…).responses(ServiceAnswerRouter(handler))`.
+    pub trait ServiceAnswers: Send + Sync + 'static {
+        /// The answer to a `ReserveStock` command: `answer` names
+        /// the message (`message_id`, `correlation_id`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back, the message is sent again and its
+        /// answer handled again later.
+        fn reserve_stock(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            response: super::Reservation,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
+
+        /// The answer to a `CapturePayment` command: `answer` names
+        /// the message (`message_id`, `correlation_id`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back, the message is sent again and its
+        /// answer handled again later.
+        fn capture_payment(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            response: super::PaymentReceipt,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
+
+        /// The answer to a `CheckStock` command: `answer` names
+        /// the message (`message_id`, `correlation_id`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back, the message is sent again and its
+        /// answer handled again later.
+        fn check_stock(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            response: super::StockLevel,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
+    }
+
+    /// Hands the answers of this interface version to a
+    /// [`ServiceAnswers`], decoded into their response types (a response
+    /// that does not fit is a `payload_mismatch` error).
+    #[derive(Debug)]
+    pub struct ServiceAnswerRouter<H>(pub H);
+
+    impl<H: ServiceAnswers> ::rfidl_runtime::responses::ResponseHandler
+    for ServiceAnswerRouter<H> {
+        fn interface(&self) -> (&'static str, u32) {
+            (INTERFACE, VERSION)
+        }
+
+        fn handle(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            match answer.endpoint {
+                "ReserveStock" => {
+                    let response = ::rfidl_runtime::receiver::decode_payload(
+                        answer.payload,
+                    )?;
+                    self.0.reserve_stock(answer, tx, response)
+                }
+                "CapturePayment" => {
+                    let response = ::rfidl_runtime::receiver::decode_payload(
+                        answer.payload,
+                    )?;
+                    self.0.capture_payment(answer, tx, response)
+                }
+                "CheckStock" => {
+                    let response = ::rfidl_runtime::receiver::decode_payload(
+                        answer.payload,
+                    )?;
+                    self.0.check_stock(answer, tx, response)
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+
     /// Implemented by the service to handle this interface's
     /// commands.
     ///
