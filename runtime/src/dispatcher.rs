@@ -845,24 +845,38 @@ async fn record(state: &Arc<State>, results: Vec<GroupResult>) {
             };
             match verdict {
                 Verdict::Sent { response } => {
+                    // A response handler's writes and the `Sent` status
+                    // commit together or roll back together.
+                    let handler = answer_handler(&responses, row);
+                    if handler.is_some() {
+                        tx.execute_batch("SAVEPOINT rfidl_answer")?;
+                    }
                     let changed = tx.execute(
                         "UPDATE outbox_messages SET status = 'Sent', sent_at = ?3, response = ?4, lease_token = NULL, \
                          last_error = NULL WHERE message_id = ?1 AND lease_token = ?2 AND status = 'Sending'",
                         params![fence.0, fence.1, now, serde_json::to_string(response).unwrap_or_default()],
                     )?;
-                    if changed == 1 {
-                        if let Some(error) = act_on_answer(&responses, row, response, &tx)? {
-                            tracing::warn!(message_id = %row.message_id, %error, "response handler failed; the message is sent again");
-                            let attempt = row.retry_count + 1;
-                            if attempt > row.max_retries {
-                                if finish("Failed", &error)? == 1 {
-                                    metrics.outbox_failed.inc();
-                                }
-                            } else {
-                                again(attempt, backoff_of(row.retry_count), &error)?;
+                    let failed = match handler {
+                        Some(handler) if changed == 1 => act_on_answer(handler, row, response, &tx),
+                        _ => None,
+                    };
+                    if let Some(error) = failed {
+                        tx.execute_batch("ROLLBACK TO rfidl_answer; RELEASE rfidl_answer")?;
+                        tracing::warn!(message_id = %row.message_id, %error, "response handler failed; the message is sent again");
+                        let attempt = row.retry_count + 1;
+                        if attempt > row.max_retries {
+                            if finish("Failed", &error)? == 1 {
+                                metrics.outbox_failed.inc();
                             }
-                            continue;
+                        } else {
+                            again(attempt, backoff_of(row.retry_count), &error)?;
                         }
+                        continue;
+                    }
+                    if handler.is_some() {
+                        tx.execute_batch("RELEASE rfidl_answer")?;
+                    }
+                    if changed == 1 {
                         metrics.outbox_sent.inc();
                     }
                 }
@@ -920,22 +934,25 @@ async fn record(state: &Arc<State>, results: Vec<GroupResult>) {
     }
 }
 
-/// Runs the response handler registered for `row`'s interface version, if
-/// any, inside `tx` behind a savepoint. `Some(error)` when it failed: its
-/// writes and the row's `Sent` status are rolled back, the caller schedules
-/// the row again.
+/// The response handler registered for `row`'s interface version, if any.
+fn answer_handler<'a>(
+    responses: &'a [Arc<dyn crate::responses::ResponseHandler>],
+    row: &Claimed,
+) -> Option<&'a dyn crate::responses::ResponseHandler> {
+    responses
+        .iter()
+        .find(|h| h.interface() == (row.interface.as_str(), row.version))
+        .map(|h| h.as_ref())
+}
+
+/// Runs `handler` on `row`'s answer inside `tx` (behind the caller's
+/// savepoint); `Some(error)` when it failed.
 fn act_on_answer(
-    responses: &[Arc<dyn crate::responses::ResponseHandler>],
+    handler: &dyn crate::responses::ResponseHandler,
     row: &Claimed,
     response: &serde_json::Value,
     tx: &rusqlite::Transaction<'_>,
-) -> rusqlite::Result<Option<String>> {
-    let Some(handler) = responses
-        .iter()
-        .find(|h| h.interface() == (row.interface.as_str(), row.version))
-    else {
-        return Ok(None);
-    };
+) -> Option<String> {
     let answer = crate::responses::Answer {
         message_id: &row.message_id,
         interface: &row.interface,
@@ -944,17 +961,10 @@ fn act_on_answer(
         correlation_id: row.correlation_id.as_deref(),
         payload: response,
     };
-    tx.execute_batch("SAVEPOINT rfidl_answer")?;
-    match handler.handle(&answer, tx) {
-        Ok(()) => {
-            tx.execute_batch("RELEASE rfidl_answer")?;
-            Ok(None)
-        }
-        Err(error) => {
-            tx.execute_batch("ROLLBACK TO rfidl_answer; RELEASE rfidl_answer")?;
-            Ok(Some(format!("response handler: {error}")))
-        }
-    }
+    handler
+        .handle(&answer, tx)
+        .err()
+        .map(|error| format!("response handler: {error}"))
 }
 
 #[cfg(test)]

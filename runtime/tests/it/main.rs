@@ -6,6 +6,7 @@ mod faults;
 mod interop;
 mod operations;
 mod receiver;
+mod responses;
 mod support;
 mod tls;
 // Receiver side (rt2): exactly-once, the wire's order of checks, batches.
