@@ -23,83 +23,10 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::generate::options::{TypeRule, TypeRuleKind};
+pub use crate::generate::{GeneratedFile, Options, Sides};
+pub use crate::output::write_if_changed;
 use crate::registry::{self, Cache, LockFile, LockPolicy, RegistryError, Remote};
-
-/// Which side(s) of each service version to generate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Sides {
-    /// Both: clients, handler traits and receivers for every direction.
-    #[default]
-    Both,
-    /// What a service implementation needs: a client to send its signals and
-    /// pushcalls to the engine, and the handler trait + receiver for commands.
-    Service,
-    /// What the engine needs: a client to send commands, and the handler
-    /// trait + receiver for signals and pushcalls.
-    Engine,
-}
-
-impl Sides {
-    pub(crate) fn service(self) -> bool {
-        matches!(self, Sides::Both | Sides::Service)
-    }
-    pub(crate) fn engine(self) -> bool {
-        matches!(self, Sides::Both | Sides::Engine)
-    }
-}
-
-/// Extra derives or attributes for generated types, matched by the type's
-/// fully qualified contract name (`hr.employees.Employee`), a package prefix
-/// (`hr.employees`), or `.` for every type.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct TypeRule {
-    pub(crate) path: String,
-    pub(crate) kind: TypeRuleKind,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum TypeRuleKind {
-    Derive(String),
-    Attribute(String),
-}
-
-impl TypeRule {
-    pub(crate) fn matches(&self, qualified_name: &str) -> bool {
-        self.path == "."
-            || self.path == qualified_name
-            || qualified_name
-                .strip_prefix(self.path.as_str())
-                .is_some_and(|rest| rest.starts_with('.'))
-    }
-}
-
-/// Generation options shared by [`Builder`] and the `rfidl generate` CLI.
-#[derive(Debug, Clone, Default)]
-pub struct Options {
-    pub sides: Sides,
-    pub(crate) type_rules: Vec<TypeRule>,
-}
-
-/// One generated file: a name relative to the output directory, and its text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GeneratedFile {
-    pub name: String,
-    pub contents: String,
-}
-
-/// Writes `contents` to `path` unless the file already holds exactly that.
-/// Returns whether it wrote.
-pub fn write_if_changed(path: &Path, contents: &str) -> std::io::Result<bool> {
-    if std::fs::read(path).is_ok_and(|old| old == contents.as_bytes()) {
-        return Ok(false);
-    }
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::write(path, contents)?;
-    Ok(true)
-}
 
 /// Configures and runs code generation from a `build.rs`.
 #[derive(Debug, Clone, Default)]
@@ -204,13 +131,27 @@ impl Builder {
 }
 
 /// Why a build script's generation failed.
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` form is its `Display` form, so a `build.rs` that returns it
+/// with `?` ends with one readable line (`Error: rfidl: 2 errors in the
+/// contracts, see the diagnostics above`) instead of an escaped dump: the
+/// diagnostics themselves were already printed to stderr, once.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
-    /// The contracts have errors; the rendered diagnostics are in the message
-    /// (and were printed to stderr, where cargo shows them).
-    #[error("contract errors:\n{0}")]
-    Contract(String),
+    /// The contracts have errors. The rendered diagnostics were printed to
+    /// stderr (where cargo shows a failed build script's output) and are
+    /// kept in `rendered`; the message is a one-line summary.
+    #[error(
+        "rfidl: {errors} error{} in the contracts, see the diagnostics above",
+        if *errors == 1 { "" } else { "s" }
+    )]
+    Contract {
+        /// How many errors the check found.
+        errors: usize,
+        /// Every diagnostic (errors and warnings), rendered like rustc's.
+        rendered: String,
+    },
     #[error(transparent)]
     Load(#[from] crate::check::LoadError),
     #[error(transparent)]
@@ -224,6 +165,14 @@ pub enum BuildError {
     NoOutDir,
     #[error(transparent)]
     Registry(#[from] RegistryError),
+}
+
+/// The same text as `Display`: `fn main() -> Result<(), Box<dyn Error>>`
+/// prints an error returned from `main` with `Debug`.
+impl std::fmt::Debug for BuildError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 impl Builder {
@@ -288,7 +237,8 @@ impl Builder {
         let rendered = outcome.render_human();
         if outcome.has_errors() {
             eprint!("{rendered}");
-            return Err(BuildError::Contract(rendered));
+            let errors = outcome.diagnostics.iter().filter(|d| d.is_error()).count();
+            return Err(BuildError::Contract { errors, rendered });
         }
         for line in rendered.lines() {
             println!("cargo:warning={line}");

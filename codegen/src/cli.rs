@@ -9,12 +9,13 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::builder::{Options, Sides, write_if_changed};
 use crate::check::{self, CheckOutcome};
 use crate::diagnostics::{self, ColorChoice};
 use crate::generate::{self, Layout};
+use crate::generate::{Options, Sides};
 use crate::manifest::Manifest;
 use crate::manifest::compat::{self, BreakingChange};
+use crate::output::write_if_changed;
 
 /// How a command ended; maps to the process exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

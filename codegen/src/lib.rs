@@ -23,8 +23,11 @@ pub mod format;
 pub mod generate;
 pub mod manifest;
 pub mod model;
+pub mod names;
+pub mod output;
 pub mod registry;
 pub mod syntax;
 
-pub use builder::{Builder, GeneratedFile, Options, Sides};
+pub use builder::Builder;
 pub use diagnostics::{Diagnostic, ErrorCode, SourceMap};
+pub use generate::{GeneratedFile, Options, Sides};

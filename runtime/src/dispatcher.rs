@@ -59,9 +59,18 @@ pub struct DispatcherBuilder {
     db_path: PathBuf,
     routes: BTreeMap<String, Route>,
     errors: Vec<DispatcherError>,
+    responses: Vec<Arc<dyn crate::responses::ResponseHandler>>,
 }
 
 impl DispatcherBuilder {
+    /// Acts on the answers to messages of `handler`'s interface version,
+    /// inside the transaction that marks each one `Sent` (see
+    /// [`crate::responses`]).
+    pub fn responses(mut self, handler: impl crate::responses::ResponseHandler) -> Self {
+        self.responses.push(Arc::new(handler));
+        self
+    }
+
     /// Sends messages for `destination` through `transport`, signed with `secret`.
     pub fn route(
         mut self,
@@ -126,6 +135,7 @@ impl DispatcherBuilder {
             circuits: self.outbox.circuits().clone(),
             unrouted: Mutex::new(Vec::new()),
             rotation: std::sync::atomic::AtomicUsize::new(0),
+            responses: self.responses,
         });
         let (liveness, alive) = Liveness::start();
         self.outbox.set_dispatcher_liveness(liveness.clone());
@@ -191,6 +201,7 @@ impl Dispatcher {
             db_path: db_path.as_ref().to_path_buf(),
             routes: BTreeMap::new(),
             errors: Vec::new(),
+            responses: Vec::new(),
         }
     }
 }
@@ -233,6 +244,8 @@ struct State {
     unrouted: Mutex<Vec<String>>,
     /// Which destination claims first this round (fairness).
     rotation: std::sync::atomic::AtomicUsize,
+    /// Handlers of answers, by interface version (`crate::responses`).
+    responses: Vec<Arc<dyn crate::responses::ResponseHandler>>,
 }
 
 /// A claimed row.
@@ -866,6 +879,7 @@ async fn record(state: &Arc<State>, results: Vec<GroupResult>) {
     let store = state.store.clone();
     let config = state.config.clone();
     let metrics = state.metrics.clone();
+    let responses = state.responses.clone();
     let outcome = tokio::task::spawn_blocking(move || -> rusqlite::Result<()> {
         let mut conn = store.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
         let tx = conn.transaction()?;
@@ -901,11 +915,37 @@ async fn record(state: &Arc<State>, results: Vec<GroupResult>) {
             };
             match verdict {
                 Verdict::Sent { response } => {
+                    // A response handler's writes and the `Sent` status
+                    // commit together or roll back together.
+                    let handler = answer_handler(&responses, row);
+                    if handler.is_some() {
+                        tx.execute_batch("SAVEPOINT rfidl_answer")?;
+                    }
                     let changed = tx.execute(
                         "UPDATE outbox_messages SET status = 'Sent', sent_at = ?3, response = ?4, lease_token = NULL, \
                          last_error = NULL WHERE message_id = ?1 AND lease_token = ?2 AND status = 'Sending'",
                         params![fence.0, fence.1, now, serde_json::to_string(response).unwrap_or_default()],
                     )?;
+                    let failed = match handler {
+                        Some(handler) if changed == 1 => act_on_answer(handler, row, response, &tx),
+                        _ => None,
+                    };
+                    if let Some(error) = failed {
+                        tx.execute_batch("ROLLBACK TO rfidl_answer; RELEASE rfidl_answer")?;
+                        tracing::warn!(message_id = %row.message_id, %error, "response handler failed; the message is sent again");
+                        let attempt = row.retry_count + 1;
+                        if attempt > row.max_retries {
+                            if finish("Failed", &error)? == 1 {
+                                counts.failed += 1;
+                            }
+                        } else if again(attempt, backoff_of(row.retry_count), &error)? == 1 {
+                            counts.retries += 1;
+                        }
+                        continue;
+                    }
+                    if handler.is_some() {
+                        tx.execute_batch("RELEASE rfidl_answer")?;
+                    }
                     if changed == 1 {
                         counts.sent += 1;
                     }
@@ -967,6 +1007,39 @@ async fn record(state: &Arc<State>, results: Vec<GroupResult>) {
     for (destination, outcome) in &outcomes {
         state.circuits.record(destination, outcome);
     }
+}
+
+/// The response handler registered for `row`'s interface version, if any.
+fn answer_handler<'a>(
+    responses: &'a [Arc<dyn crate::responses::ResponseHandler>],
+    row: &Claimed,
+) -> Option<&'a dyn crate::responses::ResponseHandler> {
+    responses
+        .iter()
+        .find(|h| h.interface() == (row.interface.as_str(), row.version))
+        .map(|h| h.as_ref())
+}
+
+/// Runs `handler` on `row`'s answer inside `tx` (behind the caller's
+/// savepoint); `Some(error)` when it failed.
+fn act_on_answer(
+    handler: &dyn crate::responses::ResponseHandler,
+    row: &Claimed,
+    response: &serde_json::Value,
+    tx: &rusqlite::Transaction<'_>,
+) -> Option<String> {
+    let answer = crate::responses::Answer {
+        message_id: &row.message_id,
+        interface: &row.interface,
+        version: row.version,
+        endpoint: &row.endpoint,
+        correlation_id: row.correlation_id.as_deref(),
+        payload: response,
+    };
+    handler
+        .handle(&answer, tx)
+        .err()
+        .map(|error| format!("response handler: {error}"))
 }
 
 #[cfg(test)]

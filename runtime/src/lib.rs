@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod outbox;
 pub mod receiver;
 pub mod redact;
+pub mod responses;
 pub mod retention;
 pub mod signing;
 pub mod transport;

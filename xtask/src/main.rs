@@ -186,6 +186,17 @@ fn ci() -> Result<(), String> {
         "-D",
         "warnings",
     ]))?;
+    // What a user's build.rs compiles: the library without the CLI (clap).
+    run(cargo().args([
+        "clippy",
+        "-p",
+        "rfidl-codegen",
+        "--lib",
+        "--no-default-features",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     run(cargo().args([
         "clippy",
         "-p",

@@ -963,33 +963,12 @@ fn deprecation(annotations: &[ast::Annotation]) -> Option<String> {
     }
 }
 
-/// `"1h30m"`-style durations in milliseconds (units d, h, m, s, ms).
+/// `"1h30m"`-style durations in milliseconds (units d, h, m, s, ms), or
+/// `None` for anything else. The parser is `rfidl_duration::parse_duration`,
+/// the one the runtime reads its configuration with.
 pub fn parse_duration_ms(text: &str) -> Option<u64> {
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return None;
-    }
-    let mut total: u64 = 0;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let value: u64 = rest.get(..digits).filter(|d| !d.is_empty())?.parse().ok()?;
-        rest = &rest[digits..];
-        let (unit, length) = [
-            ("ms", 1u64),
-            ("s", 1_000),
-            ("m", 60_000),
-            ("h", 3_600_000),
-            ("d", 86_400_000),
-        ]
-        .into_iter()
-        .find(|(suffix, _)| rest.starts_with(suffix))
-        .map(|(suffix, unit)| (unit, suffix.len()))?;
-        rest = &rest[length..];
-        total = total.checked_add(value.checked_mul(unit)?)?;
-    }
-    Some(total)
+    let duration = rfidl_duration::parse_duration(text).ok()?;
+    u64::try_from(duration.as_millis()).ok()
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! same Rust name (E0014, and E0026 for methods), and contract names that
 //! would take a name the generated code uses for itself (E0015).
 //!
-//! Every Rust name here comes from [`crate::generate::names`], the functions
+//! Every Rust name here comes from [`crate::names`], the functions
 //! the generator names things with, so a contract passes these rules exactly
 //! when its generated names are distinct.
 
@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use super::{Checker, Target};
 use crate::diagnostics::{Diagnostic, ErrorCode, Span};
-use crate::generate::names;
+use crate::names;
 use crate::syntax::ast;
 
 /// One contract name in one Rust namespace.

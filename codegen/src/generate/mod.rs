@@ -4,13 +4,17 @@
 //! gets a checked model and returns file names with their contents; writing
 //! them (only when changed) is the caller's job.
 
-pub mod names;
+pub mod options;
 pub mod plan;
 pub mod templates;
 
+/// The naming rules moved below the checker and the generator; this path
+/// stays for callers of `generate::names`.
+pub use crate::names;
+pub use options::{GeneratedFile, Options, Sides};
+
 use askama::Template;
 
-use crate::builder::{GeneratedFile, Options};
 use crate::manifest::PackageContract;
 
 /// Where the generated tree file finds the package files.
@@ -43,8 +47,9 @@ pub fn generate_files(
     layout: Layout,
 ) -> Result<Vec<GeneratedFile>, GenerateError> {
     let mut files = Vec::new();
+    let deprecated = plan::deprecated_types(contracts);
     for contract in contracts {
-        let view = plan::plan_package(contract, options);
+        let view = plan::plan_package_with(contract, options, &deprecated);
         files.push(GeneratedFile {
             name: format!("{}.rs", contract.package),
             contents: render_package(&contract.package, &view)?,
@@ -322,7 +327,7 @@ pub(crate) mod tests {
         assert!(hr.contains("correlation_id: Some(request.employee.id.to_string()),"));
         let flat: String = hr.split_whitespace().collect();
         assert!(flat.contains(
-            "correlation_id:request.employee.manager.as_ref().map(|v|&v.id).map(|v|v.to_string()),"
+            "correlation_id:request.employee.manager.as_ref().map(|v|&v.id).map(::std::string::ToString::to_string),"
         ));
     }
 }

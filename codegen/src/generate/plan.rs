@@ -4,19 +4,19 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::names::{
-    ENGINE_CLIENT, ENGINE_HANDLER, ENGINE_RECEIVER, SERVICE_CLIENT, SERVICE_HANDLER,
-    SERVICE_RECEIVER, field_name, method_fn_name, package_module, request_struct_name, type_name,
-    variant_name,
-};
+use super::options::{Options, TypeRuleKind};
 use super::templates::{
     EnumView, FieldView, GroupView, MethodView, PackageTemplate, RecordView, ServiceView, TreeStep,
     VariantView,
 };
-use crate::builder::{Options, TypeRuleKind};
 use crate::manifest::{Field, Manifest, MethodKind, PackageContract, Scalar, TypeDef, TypeRef};
+use crate::names::{
+    ENGINE_ANSWER_ROUTER, ENGINE_ANSWERS, ENGINE_CLIENT, ENGINE_HANDLER, ENGINE_RECEIVER,
+    SERVICE_ANSWER_ROUTER, SERVICE_ANSWERS, SERVICE_CLIENT, SERVICE_HANDLER, SERVICE_RECEIVER,
+    field_name, method_fn_name, package_module, request_struct_name, type_name, variant_name,
+};
 
-pub use super::names::{rust_ident, service_module};
+pub use crate::names::{rust_ident, service_module};
 
 /// Where generated code refers to a type from: the package module itself,
 /// or a service-version module one level below it.
@@ -157,8 +157,39 @@ fn boxed_fields(records: &BTreeMap<&str, &[Field]>) -> BTreeSet<(String, String)
     boxed
 }
 
+/// The qualified names of every deprecated type `contracts` declare or their
+/// manifests carry.
+pub fn deprecated_types(contracts: &[PackageContract]) -> BTreeSet<String> {
+    let declared = contracts
+        .iter()
+        .flat_map(|c| c.types.iter().map(|(name, def)| (name, def)));
+    let carried = contracts
+        .iter()
+        .flat_map(|c| c.services.iter().flat_map(|m| m.types.iter()));
+    declared
+        .chain(carried)
+        .filter(|(_, def)| match def {
+            TypeDef::Record { deprecated, .. } | TypeDef::Enum { deprecated, .. } => {
+                deprecated.is_some()
+            }
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
 /// Builds the template view of one package.
 pub fn plan_package(contract: &PackageContract, options: &Options) -> PackageTemplate {
+    let deprecated = deprecated_types(std::slice::from_ref(contract));
+    plan_package_with(contract, options, &deprecated)
+}
+
+/// [`plan_package`], knowing which types of other packages are deprecated
+/// (generated code that names them must allow it).
+pub fn plan_package_with(
+    contract: &PackageContract,
+    options: &Options,
+    deprecated_types: &BTreeSet<String>,
+) -> PackageTemplate {
     // Recursion can run through other packages' records: look at all known types.
     let mut all_records: BTreeMap<&str, &[Field]> = BTreeMap::new();
     let declared = contract.types.iter().map(|(n, d)| (n, d));
@@ -188,6 +219,10 @@ pub fn plan_package(contract: &PackageContract, options: &Options) -> PackageTem
                 name,
                 docs: docs.clone(),
                 deprecated: deprecated.clone(),
+                uses_deprecated: fields.iter().any(|f| {
+                    f.deprecated.is_some()
+                        || f.ty.named().iter().any(|n| deprecated_types.contains(*n))
+                }),
                 extra_derives,
                 extra_attributes,
                 fields: fields
@@ -328,6 +363,13 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
             kinds_doc: "signals and pushcalls",
             client_enabled: options.sides.service(),
             handler_enabled: options.sides.engine(),
+            answers: ENGINE_ANSWERS,
+            answer_router: ENGINE_ANSWER_ROUTER,
+            answered: to_engine
+                .iter()
+                .filter(|m| m.has_response)
+                .cloned()
+                .collect(),
             methods: to_engine,
         });
     }
@@ -342,6 +384,13 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
             kinds_doc: "commands",
             client_enabled: options.sides.engine(),
             handler_enabled: options.sides.service(),
+            answers: SERVICE_ANSWERS,
+            answer_router: SERVICE_ANSWER_ROUTER,
+            answered: to_service
+                .iter()
+                .filter(|m| m.has_response)
+                .cloned()
+                .collect(),
             methods: to_service,
         });
     }
@@ -357,6 +406,11 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
         groups,
     }
 }
+
+/// clippy's default `too-many-arguments-threshold`: a function with more
+/// arguments (`self` included) is linted. Generated functions take one
+/// argument per contract parameter, so only those beyond it get an `allow`.
+const CLIPPY_MAX_ARGUMENTS: usize = 7;
 
 fn method_view(
     manifest: &Manifest,
@@ -387,9 +441,47 @@ fn method_view(
             .as_ref()
             .map_or_else(|| "()".to_owned(), |t| scope.rust_type(t, false)),
         correlation_expr: correlation_expr(manifest, method),
-        max_retries: method.delivery.as_ref().and_then(|d| d.max_retries),
-        ttl_ms: method.delivery.as_ref().and_then(|d| d.ttl_ms),
+        max_retries: method
+            .delivery
+            .as_ref()
+            .and_then(|d| d.max_retries)
+            .map(|n| int_literal(u64::from(n))),
+        ttl: method
+            .delivery
+            .as_ref()
+            .and_then(|d| d.ttl_ms)
+            .map(duration_expr),
+        client_too_many_args: 2 + method.params.len() > CLIPPY_MAX_ARGUMENTS,
+        handler_too_many_args: 3 + method.params.len() > CLIPPY_MAX_ARGUMENTS,
     }
+}
+
+/// An integer literal with `_` between groups of three digits, as clippy's
+/// `unreadable_literal` wants from five digits on.
+fn int_literal(value: u64) -> String {
+    let digits = value.to_string();
+    if digits.len() < 5 {
+        return digits;
+    }
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index).is_multiple_of(3) {
+            out.push('_');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+/// A `Duration` of `ms` milliseconds. `Duration::new(secs, nanos)` rather
+/// than `from_millis`/`from_secs`: clippy's `duration_suboptimal_units` asks
+/// for `from_hours` and the like, which need a newer Rust than ours.
+fn duration_expr(ms: u64) -> String {
+    format!(
+        "::std::time::Duration::new({}, {})",
+        int_literal(ms / 1_000),
+        int_literal((ms % 1_000) * 1_000_000)
+    )
 }
 
 /// An `Option<String>` expression reading the `@correlate` path from the
@@ -422,7 +514,7 @@ fn correlation_expr(manifest: &Manifest, method: &crate::manifest::Method) -> St
         };
     }
     if in_option {
-        format!("{expr}.map(|v| v.to_string())")
+        format!("{expr}.map(::std::string::ToString::to_string)")
     } else {
         format!("Some({expr}.to_string())")
     }
@@ -431,6 +523,23 @@ fn correlation_expr(manifest: &Manifest, method: &crate::manifest::Method) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn literals_and_durations_read_well() {
+        assert_eq!(int_literal(7), "7");
+        assert_eq!(int_literal(9_999), "9999");
+        assert_eq!(int_literal(10_000), "10_000");
+        assert_eq!(int_literal(172_800_000), "172_800_000");
+        assert_eq!(int_literal(u64::MAX), "18_446_744_073_709_551_615");
+        assert_eq!(
+            duration_expr(48 * 3_600_000),
+            "::std::time::Duration::new(172_800, 0)"
+        );
+        assert_eq!(
+            duration_expr(1_500),
+            "::std::time::Duration::new(1, 500_000_000)"
+        );
+    }
 
     #[test]
     fn paths_cross_packages_from_each_scope() {

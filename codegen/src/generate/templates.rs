@@ -21,6 +21,9 @@ pub struct RecordView {
     pub name: String,
     pub docs: Vec<String>,
     pub deprecated: Option<String>,
+    /// A field is deprecated or names a deprecated type: the struct and its
+    /// derives need `#[allow(deprecated)]`.
+    pub uses_deprecated: bool,
     pub extra_derives: Vec<String>,
     pub extra_attributes: Vec<String>,
     pub fields: Vec<FieldView>,
@@ -89,6 +92,12 @@ pub struct GroupView {
     pub client_enabled: bool,
     pub handler_enabled: bool,
     pub methods: Vec<MethodView>,
+    /// The answer-handler trait and its router (`EngineAnswers`, …).
+    pub answers: &'static str,
+    pub answer_router: &'static str,
+    /// The methods that declare a response: the client's side gets an
+    /// answer-handler method for each.
+    pub answered: Vec<MethodView>,
 }
 
 #[derive(Debug, Clone)]
@@ -112,8 +121,15 @@ pub struct MethodView {
     pub has_response: bool,
     /// An `Option<String>` expression over `request` giving the correlation key.
     pub correlation_expr: String,
-    pub max_retries: Option<u32>,
-    pub ttl_ms: Option<u64>,
+    /// `@delivery(max_retries = …)` as a Rust literal.
+    pub max_retries: Option<String>,
+    /// `@delivery(ttl = …)` as a `Duration` expression.
+    pub ttl: Option<String>,
+    /// The client function takes more arguments than clippy's
+    /// `too_many_arguments` allows (`self`, `tx`, then one per parameter).
+    pub client_too_many_args: bool,
+    /// The handler function does (`self`, `call`, `tx`, then the parameters).
+    pub handler_too_many_args: bool,
 }
 
 /// `templates/contracts.rs.askama`: the module tree that nests every package

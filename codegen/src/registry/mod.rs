@@ -228,7 +228,7 @@ impl LockFile {
     /// Writes `path` if its content changed; returns whether it did.
     pub fn save(&self, path: &Path) -> Result<bool, RegistryError> {
         let text = serde_json::to_string_pretty(self).expect("lock files always serialise") + "\n";
-        crate::builder::write_if_changed(path, &text).map_err(io_error(path))
+        crate::output::write_if_changed(path, &text).map_err(io_error(path))
     }
 
     pub fn get(&self, remote: &Remote) -> Option<&Locked> {

@@ -163,7 +163,15 @@ fn builder_finds_imports_in_include_paths_and_writes_only_changes() {
         .skip_rerun_if_changed()
         .compile(&[contracts.join("shop.rfidl")]);
     assert!(
-        matches!(without, Err(rfidl_codegen::builder::BuildError::Contract(ref text)) if text.contains("E0060"))
+        matches!(without, Err(rfidl_codegen::builder::BuildError::Contract { errors: 1, ref rendered }) if rendered.contains("E0060"))
+    );
+    // What `fn main() -> Result<(), Box<dyn Error>>` prints: one line, the
+    // same as Display (the diagnostics went to stderr already).
+    let error = without.expect_err("contract error");
+    assert_eq!(format!("{error:?}"), format!("{error}"));
+    assert_eq!(
+        format!("{error:?}"),
+        "rfidl: 1 error in the contracts, see the diagnostics above"
     );
     let files = build().expect("include path resolves the import");
     assert!(files.iter().any(|f| f.name == "shop.rs"));

@@ -188,6 +188,12 @@ async fn scenario(
     let hired = count(&hr.db, "SELECT COUNT(*) FROM employees")?;
     let workflows = count(&engine.db, "SELECT COUNT(*) FROM workflows")?;
     let tickets = count(&hr.db, "SELECT COUNT(*) FROM laptop_tickets")?;
+    // HR's answers to ProvisionLaptop, acted on by the engine's
+    // ServiceAnswers handler in the transaction that recorded each answer.
+    let answered = count(
+        &engine.db,
+        "SELECT COUNT(*) FROM workflows WHERE laptop_ticket IS NOT NULL",
+    )?;
     let retries = count(
         &hr.db,
         "SELECT COALESCE(SUM(retry_count), 0) FROM outbox_messages",
@@ -207,6 +213,7 @@ async fn scenario(
     println!("  workflows started (engine effects)        {workflows}");
     println!("  engine outbox -> HR (ProvisionLaptop)     {engine_outbox:?}");
     println!("  laptop tickets (HR effects of commands)   {tickets}");
+    println!("  tickets back at the engine (answers)      {answered}");
     println!("  duplicate deliveries suppressed           {duplicates}");
     let health = |url: String| async move {
         let health: serde_json::Value = reqwest::get(format!("{url}/_rf/health"))
@@ -235,7 +242,8 @@ async fn scenario(
     };
     let stuck = needs_a_human(&hr_outbox) + needs_a_human(&engine_outbox);
     println!("  messages waiting for an operator          {stuck}");
-    let exactly_once = hired == workflows && workflows == tickets && stuck == 0;
+    let exactly_once =
+        hired == workflows && workflows == tickets && tickets == answered && stuck == 0;
     println!(
         "  exactly once                              {}",
         if exactly_once { "yes" } else { "NO" }
@@ -243,7 +251,7 @@ async fn scenario(
     anyhow::ensure!(
         exactly_once,
         "effects do not match hires: {hired} hired, {workflows} workflows, {tickets} tickets, \
-         {stuck} messages Failed, dead-lettered or expired"
+         {answered} tickets back at the engine, {stuck} messages Failed, dead-lettered or expired"
     );
     Ok(())
 }

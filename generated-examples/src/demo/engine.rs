@@ -1,5 +1,7 @@
 //! The stand-in workflow engine: records hires as workflows (exactly once)
-//! and asks HR for a laptop, in the same transaction, through the outbox.
+//! and asks HR for a laptop, in the same transaction, through the outbox;
+//! when HR's answer (the laptop ticket) arrives, the workflow moves on in the
+//! transaction that records the answer (exactly once too).
 
 // EmpService v1 is deprecated in the contract, and this demo serves and
 // sends it on purpose: old clients keep using v1 while new ones move to v2.
@@ -10,24 +12,75 @@ use std::path::PathBuf;
 use rfidl_runtime::dispatcher::{Dispatcher, DispatcherHandle};
 use rfidl_runtime::outbox::Outbox;
 use rfidl_runtime::receiver::{HandlerError, IncomingCall, Receiver};
+use rfidl_runtime::responses::Answer;
 use rfidl_runtime::rusqlite::{Transaction, params};
 use rfidl_runtime::types::{Duration, Timestamp, Uuid};
 
 use super::{Operations, Settings};
 use crate::generated::common;
-use crate::generated::hr::employees::{Employee, HireAck, OrgUnit, emp_service_v1, emp_service_v2};
+use crate::generated::hr::employees::{
+    Employee, HireAck, LaptopTicket, OrgUnit, emp_service_v1, emp_service_v2,
+};
 
 /// The destination name the engine's outbox uses for HR.
 pub const HR: &str = "hr";
 
 /// The engine's business table. `message_id` is the hire message that
-/// started the workflow (UNIQUE: one workflow per message, traceable).
+/// started the workflow (UNIQUE: one workflow per message, traceable);
+/// `laptop_ticket` is HR's answer to the `ProvisionLaptop` command.
 pub const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS workflows (
         id TEXT PRIMARY KEY, employee_id TEXT NOT NULL, version INTEGER NOT NULL, state TEXT NOT NULL,
-        message_id TEXT NOT NULL UNIQUE
+        message_id TEXT NOT NULL UNIQUE, laptop_ticket TEXT
     );
 ";
+
+/// Acts on HR's answers to `ProvisionLaptop` (both versions): the workflow
+/// of that employee records its ticket and moves on, in the transaction that
+/// marks the command `Sent` (`rfidl_runtime::responses`).
+pub struct LaptopAnswers;
+
+impl LaptopAnswers {
+    fn ticket_arrived(
+        answer: &Answer<'_>,
+        tx: &Transaction<'_>,
+        ticket: &LaptopTicket,
+    ) -> Result<(), HandlerError> {
+        // The command was sent with `@correlate(employee_id)`.
+        let employee_id = answer
+            .correlation_id
+            .ok_or_else(|| HandlerError::poison("a laptop answer without its employee id"))?;
+        tx.execute(
+            "UPDATE workflows SET laptop_ticket = ?2, \
+             state = CASE state WHEN 'provisioning' THEN 'laptop ordered' ELSE state END \
+             WHERE employee_id = ?1",
+            params![employee_id, ticket.ticket],
+        )?;
+        Ok(())
+    }
+}
+
+impl emp_service_v1::ServiceAnswers for LaptopAnswers {
+    fn provision_laptop(
+        &self,
+        answer: &Answer<'_>,
+        tx: &Transaction<'_>,
+        response: LaptopTicket,
+    ) -> Result<(), HandlerError> {
+        Self::ticket_arrived(answer, tx, &response)
+    }
+}
+
+impl emp_service_v2::ServiceAnswers for LaptopAnswers {
+    fn provision_laptop(
+        &self,
+        answer: &Answer<'_>,
+        tx: &Transaction<'_>,
+        response: LaptopTicket,
+    ) -> Result<(), HandlerError> {
+        Self::ticket_arrived(answer, tx, &response)
+    }
+}
 
 /// Handles the pushcalls and signals of both versions.
 pub struct Workflows {
@@ -208,7 +261,10 @@ impl Engine {
         let listener = tokio::net::TcpListener::bind(settings.listen).await?;
         let addr = listener.local_addr()?;
         let server = super::serve(listener, operations.router.clone());
-        let dispatcher = Dispatcher::builder(&outbox, &settings.db).start()?;
+        let dispatcher = Dispatcher::builder(&outbox, &settings.db)
+            .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
+            .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers))
+            .start()?;
         Ok(Self {
             db: settings.db.clone(),
             url: format!("http://{addr}"),

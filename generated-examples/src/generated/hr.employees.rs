@@ -4,6 +4,7 @@
 use ::rfidl_runtime::serde::{Deserialize, Serialize};
 
 /// A person employed by the company.
+#[allow(deprecated)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(crate = "::rfidl_runtime::serde")]
 pub struct Employee {
@@ -147,6 +148,11 @@ pub mod emp_service_v1 {
         /// workflows on the employee id.
         ///
         /// Enqueues a `EmployeeHired` pushcall in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn employee_hired(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -170,12 +176,17 @@ pub mod emp_service_v1 {
                         payload: ::rfidl_runtime::serde_json::to_value(&request)?,
                         headers: ::std::collections::BTreeMap::new(),
                         max_retries: Some(10),
-                        ttl: Some(::std::time::Duration::from_millis(172800000)),
+                        ttl: Some(::std::time::Duration::new(172_800, 0)),
                     },
                 )
         }
 
         /// Enqueues a `OnboardingCompleted` signal in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn onboarding_completed(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -209,6 +220,60 @@ pub mod emp_service_v1 {
         }
     }
 
+    /// Acts on the engine's answers to this interface's
+    /// signals and pushcalls, one method per method that declares a response.
+    ///
+    /// Each method runs on the dispatcher's database thread inside the
+    /// transaction that marks the message `Sent` and stores its response:
+    /// write your effects through `tx` and they commit exactly once, together
+    /// with that record. Register with
+    /// `Dispatcher::builder(…).responses(EngineAnswerRouter(handler))`.
+    pub trait EngineAnswers: Send + Sync + 'static {
+        /// The answer to a `EmployeeHired` pushcall: `answer` names
+        /// the message (`message_id`, `correlation_id`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back, the message is sent again and its
+        /// answer handled again later.
+        fn employee_hired(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            response: super::HireAck,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
+    }
+
+    /// Hands the answers of this interface version to a
+    /// [`EngineAnswers`], decoded into their response types (a response
+    /// that does not fit is a `payload_mismatch` error).
+    #[derive(Debug)]
+    pub struct EngineAnswerRouter<H>(pub H);
+
+    impl<H: EngineAnswers> ::rfidl_runtime::responses::ResponseHandler
+    for EngineAnswerRouter<H> {
+        fn interface(&self) -> (&'static str, u32) {
+            (INTERFACE, VERSION)
+        }
+
+        fn handle(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            match answer.endpoint {
+                "EmployeeHired" => {
+                    let response = ::rfidl_runtime::receiver::decode_payload(
+                        answer.payload,
+                    )?;
+                    self.0.employee_hired(answer, tx, response)
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+
     /// Implemented by the engine to handle this interface's
     /// signals and pushcalls.
     ///
@@ -222,6 +287,14 @@ pub mod emp_service_v1 {
     pub trait EngineHandler: Send + Sync + 'static {
         /// Raised when an employee is hired; the engine matches waiting
         /// workflows on the employee id.
+        ///
+        /// Handles one `EmployeeHired` pushcall.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn employee_hired(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -232,6 +305,13 @@ pub mod emp_service_v1 {
             ::rfidl_runtime::receiver::HandlerError,
         >;
 
+        /// Handles one `OnboardingCompleted` signal.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn onboarding_completed(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -345,6 +425,11 @@ pub mod emp_service_v1 {
         /// The engine asks the HR service to provision a laptop.
         ///
         /// Enqueues a `ProvisionLaptop` command in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn provision_laptop(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -378,6 +463,60 @@ pub mod emp_service_v1 {
         }
     }
 
+    /// Acts on the service's answers to this interface's
+    /// commands, one method per method that declares a response.
+    ///
+    /// Each method runs on the dispatcher's database thread inside the
+    /// transaction that marks the message `Sent` and stores its response:
+    /// write your effects through `tx` and they commit exactly once, together
+    /// with that record. Register with
+    /// `Dispatcher::builder(…).responses(ServiceAnswerRouter(handler))`.
+    pub trait ServiceAnswers: Send + Sync + 'static {
+        /// The answer to a `ProvisionLaptop` command: `answer` names
+        /// the message (`message_id`, `correlation_id`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back, the message is sent again and its
+        /// answer handled again later.
+        fn provision_laptop(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            response: super::LaptopTicket,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
+    }
+
+    /// Hands the answers of this interface version to a
+    /// [`ServiceAnswers`], decoded into their response types (a response
+    /// that does not fit is a `payload_mismatch` error).
+    #[derive(Debug)]
+    pub struct ServiceAnswerRouter<H>(pub H);
+
+    impl<H: ServiceAnswers> ::rfidl_runtime::responses::ResponseHandler
+    for ServiceAnswerRouter<H> {
+        fn interface(&self) -> (&'static str, u32) {
+            (INTERFACE, VERSION)
+        }
+
+        fn handle(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            match answer.endpoint {
+                "ProvisionLaptop" => {
+                    let response = ::rfidl_runtime::receiver::decode_payload(
+                        answer.payload,
+                    )?;
+                    self.0.provision_laptop(answer, tx, response)
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+
     /// Implemented by the service to handle this interface's
     /// commands.
     ///
@@ -390,6 +529,14 @@ pub mod emp_service_v1 {
     /// that can never succeed.
     pub trait ServiceHandler: Send + Sync + 'static {
         /// The engine asks the HR service to provision a laptop.
+        ///
+        /// Handles one `ProvisionLaptop` command.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn provision_laptop(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -575,6 +722,11 @@ pub mod emp_service_v2 {
         /// Raised when an employee is hired.
         ///
         /// Enqueues a `EmployeeHired` pushcall in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn employee_hired(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -604,12 +756,17 @@ pub mod emp_service_v2 {
                         payload: ::rfidl_runtime::serde_json::to_value(&request)?,
                         headers: ::std::collections::BTreeMap::new(),
                         max_retries: Some(10),
-                        ttl: Some(::std::time::Duration::from_millis(172800000)),
+                        ttl: Some(::std::time::Duration::new(172_800, 0)),
                     },
                 )
         }
 
         /// Enqueues a `OnboardingCompleted` signal in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn onboarding_completed(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -645,6 +802,11 @@ pub mod emp_service_v2 {
         /// An employee goes on leave for a while.
         ///
         /// Enqueues a `LeaveStarted` signal in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn leave_started(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -682,6 +844,11 @@ pub mod emp_service_v2 {
         /// The org chart changed; the engine re-evaluates approval routes.
         ///
         /// Enqueues a `OrgChartChanged` pushcall in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn org_chart_changed(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -709,9 +876,63 @@ pub mod emp_service_v2 {
                         payload: ::rfidl_runtime::serde_json::to_value(&request)?,
                         headers: ::std::collections::BTreeMap::new(),
                         max_retries: None,
-                        ttl: Some(::std::time::Duration::from_millis(5400000)),
+                        ttl: Some(::std::time::Duration::new(5400, 0)),
                     },
                 )
+        }
+    }
+
+    /// Acts on the engine's answers to this interface's
+    /// signals and pushcalls, one method per method that declares a response.
+    ///
+    /// Each method runs on the dispatcher's database thread inside the
+    /// transaction that marks the message `Sent` and stores its response:
+    /// write your effects through `tx` and they commit exactly once, together
+    /// with that record. Register with
+    /// `Dispatcher::builder(…).responses(EngineAnswerRouter(handler))`.
+    pub trait EngineAnswers: Send + Sync + 'static {
+        /// The answer to a `EmployeeHired` pushcall: `answer` names
+        /// the message (`message_id`, `correlation_id`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back, the message is sent again and its
+        /// answer handled again later.
+        fn employee_hired(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            response: super::HireAck,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
+    }
+
+    /// Hands the answers of this interface version to a
+    /// [`EngineAnswers`], decoded into their response types (a response
+    /// that does not fit is a `payload_mismatch` error).
+    #[derive(Debug)]
+    pub struct EngineAnswerRouter<H>(pub H);
+
+    impl<H: EngineAnswers> ::rfidl_runtime::responses::ResponseHandler
+    for EngineAnswerRouter<H> {
+        fn interface(&self) -> (&'static str, u32) {
+            (INTERFACE, VERSION)
+        }
+
+        fn handle(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            match answer.endpoint {
+                "EmployeeHired" => {
+                    let response = ::rfidl_runtime::receiver::decode_payload(
+                        answer.payload,
+                    )?;
+                    self.0.employee_hired(answer, tx, response)
+                }
+                _ => Ok(()),
+            }
         }
     }
 
@@ -727,6 +948,14 @@ pub mod emp_service_v2 {
     /// that can never succeed.
     pub trait EngineHandler: Send + Sync + 'static {
         /// Raised when an employee is hired.
+        ///
+        /// Handles one `EmployeeHired` pushcall.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn employee_hired(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -739,6 +968,13 @@ pub mod emp_service_v2 {
             ::rfidl_runtime::receiver::HandlerError,
         >;
 
+        /// Handles one `OnboardingCompleted` signal.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn onboarding_completed(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -748,6 +984,14 @@ pub mod emp_service_v2 {
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
 
         /// An employee goes on leave for a while.
+        ///
+        /// Handles one `LeaveStarted` signal.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn leave_started(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -758,6 +1002,14 @@ pub mod emp_service_v2 {
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
 
         /// The org chart changed; the engine re-evaluates approval routes.
+        ///
+        /// Handles one `OrgChartChanged` pushcall.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn org_chart_changed(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -928,6 +1180,11 @@ pub mod emp_service_v2 {
         /// The engine asks the HR service to provision a laptop.
         ///
         /// Enqueues a `ProvisionLaptop` command in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn provision_laptop(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -963,6 +1220,60 @@ pub mod emp_service_v2 {
         }
     }
 
+    /// Acts on the service's answers to this interface's
+    /// commands, one method per method that declares a response.
+    ///
+    /// Each method runs on the dispatcher's database thread inside the
+    /// transaction that marks the message `Sent` and stores its response:
+    /// write your effects through `tx` and they commit exactly once, together
+    /// with that record. Register with
+    /// `Dispatcher::builder(…).responses(ServiceAnswerRouter(handler))`.
+    pub trait ServiceAnswers: Send + Sync + 'static {
+        /// The answer to a `ProvisionLaptop` command: `answer` names
+        /// the message (`message_id`, `correlation_id`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back, the message is sent again and its
+        /// answer handled again later.
+        fn provision_laptop(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            response: super::LaptopTicket,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
+    }
+
+    /// Hands the answers of this interface version to a
+    /// [`ServiceAnswers`], decoded into their response types (a response
+    /// that does not fit is a `payload_mismatch` error).
+    #[derive(Debug)]
+    pub struct ServiceAnswerRouter<H>(pub H);
+
+    impl<H: ServiceAnswers> ::rfidl_runtime::responses::ResponseHandler
+    for ServiceAnswerRouter<H> {
+        fn interface(&self) -> (&'static str, u32) {
+            (INTERFACE, VERSION)
+        }
+
+        fn handle(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            match answer.endpoint {
+                "ProvisionLaptop" => {
+                    let response = ::rfidl_runtime::receiver::decode_payload(
+                        answer.payload,
+                    )?;
+                    self.0.provision_laptop(answer, tx, response)
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+
     /// Implemented by the service to handle this interface's
     /// commands.
     ///
@@ -975,6 +1286,14 @@ pub mod emp_service_v2 {
     /// that can never succeed.
     pub trait ServiceHandler: Send + Sync + 'static {
         /// The engine asks the HR service to provision a laptop.
+        ///
+        /// Handles one `ProvisionLaptop` command.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn provision_laptop(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,

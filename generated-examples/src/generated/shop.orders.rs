@@ -164,6 +164,11 @@ pub mod order_service_v1 {
         /// A customer placed an order: starts the fulfilment workflow.
         ///
         /// Enqueues a `OrderPlaced` pushcall in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn order_placed(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -195,6 +200,11 @@ pub mod order_service_v1 {
         /// The customer cancelled before shipping.
         ///
         /// Enqueues a `OrderCancelled` signal in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn order_cancelled(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -240,6 +250,14 @@ pub mod order_service_v1 {
     /// that can never succeed.
     pub trait EngineHandler: Send + Sync + 'static {
         /// A customer placed an order: starts the fulfilment workflow.
+        ///
+        /// Handles one `OrderPlaced` pushcall.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn order_placed(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -248,6 +266,14 @@ pub mod order_service_v1 {
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
 
         /// The customer cancelled before shipping.
+        ///
+        /// Handles one `OrderCancelled` signal.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn order_cancelled(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -352,6 +378,11 @@ pub mod order_service_v1 {
         /// Reserve stock for an order; answers what could be reserved.
         ///
         /// Enqueues a `ReserveStock` command in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn reserve_stock(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -379,7 +410,7 @@ pub mod order_service_v1 {
                         payload: ::rfidl_runtime::serde_json::to_value(&request)?,
                         headers: ::std::collections::BTreeMap::new(),
                         max_retries: Some(3),
-                        ttl: Some(::std::time::Duration::from_millis(900000)),
+                        ttl: Some(::std::time::Duration::new(900, 0)),
                     },
                 )
         }
@@ -387,6 +418,11 @@ pub mod order_service_v1 {
         /// Capture the payment for an order.
         ///
         /// Enqueues a `CapturePayment` command in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn capture_payment(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -422,6 +458,11 @@ pub mod order_service_v1 {
         /// Ask for the stock level of one SKU.
         ///
         /// Enqueues a `CheckStock` command in `tx`; returns its message id.
+        ///
+        /// # Errors
+        ///
+        /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+        /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn check_stock(
             &self,
             tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
@@ -451,6 +492,102 @@ pub mod order_service_v1 {
         }
     }
 
+    /// Acts on the service's answers to this interface's
+    /// commands, one method per method that declares a response.
+    ///
+    /// Each method runs on the dispatcher's database thread inside the
+    /// transaction that marks the message `Sent` and stores its response:
+    /// write your effects through `tx` and they commit exactly once, together
+    /// with that record. Register with
+    /// `Dispatcher::builder(…).responses(ServiceAnswerRouter(handler))`.
+    pub trait ServiceAnswers: Send + Sync + 'static {
+        /// The answer to a `ReserveStock` command: `answer` names
+        /// the message (`message_id`, `correlation_id`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back, the message is sent again and its
+        /// answer handled again later.
+        fn reserve_stock(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            response: super::Reservation,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
+
+        /// The answer to a `CapturePayment` command: `answer` names
+        /// the message (`message_id`, `correlation_id`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back, the message is sent again and its
+        /// answer handled again later.
+        fn capture_payment(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            response: super::PaymentReceipt,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
+
+        /// The answer to a `CheckStock` command: `answer` names
+        /// the message (`message_id`, `correlation_id`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back, the message is sent again and its
+        /// answer handled again later.
+        fn check_stock(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            response: super::StockLevel,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
+    }
+
+    /// Hands the answers of this interface version to a
+    /// [`ServiceAnswers`], decoded into their response types (a response
+    /// that does not fit is a `payload_mismatch` error).
+    #[derive(Debug)]
+    pub struct ServiceAnswerRouter<H>(pub H);
+
+    impl<H: ServiceAnswers> ::rfidl_runtime::responses::ResponseHandler
+    for ServiceAnswerRouter<H> {
+        fn interface(&self) -> (&'static str, u32) {
+            (INTERFACE, VERSION)
+        }
+
+        fn handle(
+            &self,
+            answer: &::rfidl_runtime::responses::Answer<'_>,
+            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            match answer.endpoint {
+                "ReserveStock" => {
+                    let response = ::rfidl_runtime::receiver::decode_payload(
+                        answer.payload,
+                    )?;
+                    self.0.reserve_stock(answer, tx, response)
+                }
+                "CapturePayment" => {
+                    let response = ::rfidl_runtime::receiver::decode_payload(
+                        answer.payload,
+                    )?;
+                    self.0.capture_payment(answer, tx, response)
+                }
+                "CheckStock" => {
+                    let response = ::rfidl_runtime::receiver::decode_payload(
+                        answer.payload,
+                    )?;
+                    self.0.check_stock(answer, tx, response)
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+
     /// Implemented by the service to handle this interface's
     /// commands.
     ///
@@ -463,6 +600,14 @@ pub mod order_service_v1 {
     /// that can never succeed.
     pub trait ServiceHandler: Send + Sync + 'static {
         /// Reserve stock for an order; answers what could be reserved.
+        ///
+        /// Handles one `ReserveStock` command.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn reserve_stock(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -475,6 +620,14 @@ pub mod order_service_v1 {
         >;
 
         /// Capture the payment for an order.
+        ///
+        /// Handles one `CapturePayment` command.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn capture_payment(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
@@ -487,6 +640,14 @@ pub mod order_service_v1 {
         >;
 
         /// Ask for the stock level of one SKU.
+        ///
+        /// Handles one `CheckStock` command.
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+        /// transaction is rolled back and the sender retries or gives up as
+        /// the error says.
         fn check_stock(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,

@@ -22,6 +22,7 @@ fn the_demo_runs_on_embedded_defaults_and_reports_exactly_once() {
         "employees hired (HR rows)                 150",
         "workflows started (engine effects)        150",
         "laptop tickets (HR effects of commands)   150",
+        "tickets back at the engine (answers)      150",
         "hr: healthy, engine: healthy",
         "messages waiting for an operator          0",
         "the engine's compiled fingerprints match",

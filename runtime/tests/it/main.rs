@@ -8,6 +8,7 @@ mod interop;
 mod operations;
 mod probes;
 mod receiver;
+mod responses;
 mod support;
 mod tls;
 // Receiver side (rt2): exactly-once, the wire's order of checks, batches.

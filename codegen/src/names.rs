@@ -1,7 +1,8 @@
 //! The Rust names generated code gives to contract names, and the names it
 //! takes for itself.
 //!
-//! The generator ([`super::plan`]) names everything through these functions,
+//! This module sits below both the checker and the generator: the generator
+//! ([`crate::generate::plan`]) names everything through these functions,
 //! and the checker's collision rules (E0014, E0015, E0026) call the same
 //! ones, so the checker refuses exactly the contracts whose generated names
 //! would clash: the two can never disagree.
@@ -98,6 +99,13 @@ pub const ENGINE_RECEIVER: &str = "EngineReceiver";
 pub const SERVICE_CLIENT: &str = "ServiceClient";
 pub const SERVICE_HANDLER: &str = "ServiceHandler";
 pub const SERVICE_RECEIVER: &str = "ServiceReceiver";
+/// The typed answer-handler trait and its dispatcher glue, for the side that
+/// sends pushcalls (`Engine…`: answers from the engine) or commands
+/// (`Service…`: answers from the service).
+pub const ENGINE_ANSWERS: &str = "EngineAnswers";
+pub const ENGINE_ANSWER_ROUTER: &str = "EngineAnswerRouter";
+pub const SERVICE_ANSWERS: &str = "ServiceAnswers";
+pub const SERVICE_ANSWER_ROUTER: &str = "ServiceAnswerRouter";
 
 /// Types a service-version module defines or imports besides the request
 /// structs: a request struct cannot take one of these names.
@@ -108,6 +116,10 @@ pub const SERVICE_MODULE_TYPES: &[&str] = &[
     SERVICE_CLIENT,
     SERVICE_HANDLER,
     SERVICE_RECEIVER,
+    ENGINE_ANSWERS,
+    ENGINE_ANSWER_ROUTER,
+    SERVICE_ANSWERS,
+    SERVICE_ANSWER_ROUTER,
     "Deserialize",
     "Serialize",
 ];
