@@ -21,12 +21,14 @@ pub mod cli;
 pub mod diagnostics;
 pub mod format;
 pub mod generate;
+pub mod limits;
 pub mod manifest;
 pub mod model;
 pub mod names;
 pub mod output;
 pub mod registry;
 pub mod syntax;
+pub mod validate;
 
 pub use builder::Builder;
 pub use diagnostics::{Diagnostic, ErrorCode, SourceMap};

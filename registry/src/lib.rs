@@ -38,9 +38,10 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use rfidl_codegen::manifest::Manifest;
 use rfidl_codegen::manifest::compat::BreakingChange;
-use rfidl_codegen::manifest::validate::{ManifestProblem, shown};
-use rfidl_codegen::manifest::{InvalidManifest, Manifest};
+use rfidl_codegen::validate::InvalidManifest;
+use rfidl_codegen::validate::{ManifestProblem, shown};
 use rusqlite::Connection;
 use serde::Serialize;
 
@@ -383,7 +384,7 @@ async fn publish(
 
 /// The checks of a publish after the token, in order: body size, a
 /// manifest, the one the path names, its fingerprint matches its content,
-/// a manifest a contract could produce (`manifest::validate`). A dry run
+/// a manifest a contract could produce (`rfidl_codegen::validate`). A dry run
 /// (`POST /v1/compatibility/…`) makes the same ones. Messages never echo a
 /// hostile value in full (serde quotes what it could not read; names can be
 /// a megabyte long).

@@ -123,7 +123,7 @@ pub enum PublishError {
     #[error("the revision breaks the published one")]
     Breaking(Vec<BreakingChange>),
     #[error("no contract could produce this manifest: {0}")]
-    Invalid(rfidl_codegen::manifest::InvalidManifest),
+    Invalid(rfidl_codegen::validate::InvalidManifest),
     #[error("the stored revision {revision} is unreadable: {reason}")]
     CorruptRevision { revision: u32, reason: String },
     #[error(transparent)]
@@ -132,7 +132,7 @@ pub enum PublishError {
 
 /// Stores `manifest` as the next revision of its interface version, unless
 /// that fingerprint is stored already or it breaks the latest revision.
-/// A manifest no contract could produce (`manifest::validate`, which also
+/// A manifest no contract could produce (`rfidl_codegen::validate`, which also
 /// checks the fingerprint) is refused before the transaction opens: the
 /// store never holds one, whoever calls it.
 pub fn publish(

@@ -17,7 +17,6 @@
 
 pub mod compat;
 pub mod types;
-pub mod validate;
 
 use std::collections::BTreeMap;
 
@@ -25,7 +24,6 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 pub use types::{Scalar, TypeRef};
-pub use validate::{InvalidManifest, ManifestProblem, validate};
 
 /// The manifest format version; bumped only for incompatible format changes.
 pub const FORMAT_VERSION: u32 = 1;

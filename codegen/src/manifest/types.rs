@@ -117,11 +117,11 @@ impl FromStr for TypeRef {
         // nesting than a contract allows before recursing, so a hostile
         // manifest (`list<list<…` a million deep) cannot overflow the stack.
         let depth = text.bytes().filter(|b| matches!(b, b'<' | b'?')).count();
-        if depth > 2 * crate::syntax::MAX_TYPE_DEPTH + 1 {
+        if depth > 2 * crate::limits::MAX_TYPE_DEPTH + 1 {
             return Err(TypeRefError(format!(
                 "{}… (nested deeper than {} levels)",
                 text.chars().take(40).collect::<String>(),
-                crate::syntax::MAX_TYPE_DEPTH
+                crate::limits::MAX_TYPE_DEPTH
             )));
         }
         let err = || TypeRefError(text.chars().take(200).collect());

@@ -161,17 +161,14 @@ impl RegistryClient {
         // Read at most the limit: a registry cannot make us hold more.
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(
-            &mut std::io::Read::take(
-                response,
-                crate::manifest::validate::MAX_MANIFEST_BYTES as u64 + 1,
-            ),
+            &mut std::io::Read::take(response, crate::validate::MAX_MANIFEST_BYTES as u64 + 1),
             &mut bytes,
         )
         .map_err(|e| RegistryError::Unreachable {
             url: url.clone(),
             message: e.to_string(),
         })?;
-        crate::manifest::validate::check_size(bytes.len()).map_err(|problems| {
+        crate::validate::check_size(bytes.len()).map_err(|problems| {
             RegistryError::InvalidManifest {
                 origin: url.clone(),
                 problems,
@@ -237,9 +234,9 @@ impl Source for RegistryClient {
 
     fn exact(&self, remote: &Remote, fingerprint: &str) -> Result<Manifest, RegistryError> {
         super::check_remote(&remote.interface, remote.version)?;
-        if !crate::manifest::validate::is_fingerprint(fingerprint) {
+        if !crate::validate::is_fingerprint(fingerprint) {
             return Err(RegistryError::InvalidName {
-                name: crate::manifest::validate::shown(fingerprint),
+                name: crate::validate::shown(fingerprint),
                 expected: "a fingerprint (`sha256:` and 64 lowercase hex digits)",
             });
         }

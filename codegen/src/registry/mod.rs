@@ -11,7 +11,7 @@
 //!   for `--update`); the client ([`client::RegistryClient`]) exists with the
 //!   cargo feature `registry`, so a build script that only reads the lock and
 //!   the cache pulls in no HTTP stack.
-//! * Every manifest is validated ([`crate::manifest::validate`]) where it
+//! * Every manifest is validated ([`crate::validate`]) where it
 //!   enters: fetched from a registry, read from the cache, stored into it;
 //!   and no name from a lock file, a registry or `Builder::remote` becomes
 //!   part of a path before it is checked ([`Cache::path_of`]), so
@@ -27,8 +27,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::manifest::validate::{InvalidManifest, is_fingerprint, is_interface_id, shown};
 use crate::manifest::{Manifest, PackageContract, TypeDef};
+use crate::validate::{InvalidManifest, is_fingerprint, is_interface_id, shown};
 
 /// Why a remote interface could not be resolved, published or merged.
 #[derive(Debug, thiserror::Error)]
@@ -337,14 +337,11 @@ impl Cache {
         // A planted file of any size is read only up to the limit.
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(
-            &mut std::io::Read::take(
-                file,
-                crate::manifest::validate::MAX_MANIFEST_BYTES as u64 + 1,
-            ),
+            &mut std::io::Read::take(file, crate::validate::MAX_MANIFEST_BYTES as u64 + 1),
             &mut bytes,
         )
         .map_err(io_error(&path))?;
-        crate::manifest::validate::check_size(bytes.len()).map_err(|problems| {
+        crate::validate::check_size(bytes.len()).map_err(|problems| {
             RegistryError::InvalidManifest {
                 origin: path.display().to_string(),
                 problems,

@@ -19,7 +19,7 @@ use ast::*;
 struct RfidlParser;
 
 /// Deepest allowed nesting of `list<…>`/`map<…>` and parentheses.
-pub const MAX_TYPE_DEPTH: usize = 64;
+pub use crate::limits::MAX_TYPE_DEPTH;
 
 /// Parses one source file.
 pub fn parse_file(file: FileId, text: &str) -> Result<File, Box<Diagnostic>> {

@@ -472,7 +472,7 @@ fn hostile_names_get_the_checkers_verdict() {
 /// The code a reader (cache, registry client) refuses `manifest` with: a
 /// text over the size limit is refused before it is parsed (M0021).
 fn read_code(manifest: &Manifest, code: &'static str) -> &'static str {
-    if manifest.to_pretty_json().len() > rfidl_codegen::manifest::validate::MAX_MANIFEST_BYTES {
+    if manifest.to_pretty_json().len() > rfidl_codegen::validate::MAX_MANIFEST_BYTES {
         "M0021"
     } else {
         code
@@ -525,7 +525,7 @@ fn hostile_files_planted_in_the_cache_are_refused_at_read() {
     // Hostile content under a valid interface id: the file is where a fetch
     // would have put it, and its fingerprint matches its content.
     for (what, manifest, code) in hostile_cases() {
-        if !rfidl_codegen::manifest::validate::is_interface_id(&manifest.interface)
+        if !rfidl_codegen::validate::is_interface_id(&manifest.interface)
             || manifest.version == 0
             || manifest.fingerprint != manifest.compute_fingerprint()
             || manifest.interface != "shop.orders.OrderService"
@@ -742,7 +742,7 @@ impl OneAnswerServer {
 /// section; every code the hostile cases expect is a known one.
 #[test]
 fn hostile_manifest_codes_are_documented() {
-    use rfidl_codegen::manifest::validate::CODES;
+    use rfidl_codegen::validate::CODES;
     let errors = std::fs::read_to_string("../docs/errors.md").expect("docs/errors.md");
     for (code, _) in CODES {
         let anchor = code.to_lowercase();

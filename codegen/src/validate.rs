@@ -10,7 +10,7 @@
 //! so a manifest that passes here is one the checker could have built:
 //! names are identifiers as the grammar defines them, in the case the
 //! checker requires, no two become the same Rust name and none takes a name
-//! generated code keeps for itself (the same [`crate::generate::names`]
+//! generated code keeps for itself (the same [`crate::names`]
 //! functions the checker calls), every named type is defined in the
 //! manifest's closure and every defined one is used, and the fingerprint is
 //! the content's.
@@ -25,10 +25,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Field, Manifest, MethodKind, TypeDef, TypeRef};
 use crate::check::cycles::{RequiredEdges, required_cycles};
 use crate::diagnostics::{FileId, Span};
-use crate::generate::names;
+use crate::manifest::{Field, Manifest, MethodKind, TypeDef, TypeRef};
+use crate::names;
 
 /// Longest name (identifier, package or qualified type name) in bytes. The
 /// contract language sets no limit; a manifest has one so that a hostile
@@ -320,14 +320,14 @@ impl<'a> Validator<'a> {
 
     fn run(&mut self) {
         let manifest = self.manifest;
-        if manifest.format != super::FORMAT_VERSION {
+        if manifest.format != crate::manifest::FORMAT_VERSION {
             self.report(
                 "M0001",
                 "manifest",
                 format!(
                     "format {} is not the format {} this rfidl knows",
                     manifest.format,
-                    super::FORMAT_VERSION
+                    crate::manifest::FORMAT_VERSION
                 ),
             );
         }
@@ -421,19 +421,19 @@ impl<'a> Validator<'a> {
     }
 
     /// Checks a type reference: no `T??`, no deeper nesting than a contract
-    /// allows ([`crate::syntax::MAX_TYPE_DEPTH`]), named types defined.
+    /// allows ([`crate::limits::MAX_TYPE_DEPTH`]), named types defined.
     fn type_ref(&mut self, path: &str, ty: &TypeRef, defined: &BTreeSet<&str>) {
         let mut stack = vec![(ty, false, 0usize)];
         let mut too_deep = false;
         while let Some((ty, in_optional, depth)) = stack.pop() {
-            if depth > crate::syntax::MAX_TYPE_DEPTH && !too_deep {
+            if depth > crate::limits::MAX_TYPE_DEPTH && !too_deep {
                 too_deep = true;
                 self.report(
                     "M0014",
                     path,
                     format!(
                         "`list<…>`/`map<…>` nested deeper than {} levels",
-                        crate::syntax::MAX_TYPE_DEPTH
+                        crate::limits::MAX_TYPE_DEPTH
                     ),
                 );
             }
@@ -594,7 +594,7 @@ impl<'a> Validator<'a> {
 
     /// The checker's rule 8: the path walks parameters, then record fields,
     /// and ends on a scalar.
-    fn correlate(&mut self, path: &str, method: &super::Method) {
+    fn correlate(&mut self, path: &str, method: &crate::manifest::Method) {
         let Some(segments) = &method.correlate else {
             return;
         };
