@@ -1,0 +1,228 @@
+//! `GET /`: the traffic-light dashboard, server-rendered with askama
+//! (`registry/templates/dashboard.html`): one row per service instance with
+//! its colour, outbox depth, oldest waiting message, dead letters, when it
+//! was last seen, an inline-SVG sparkline of its outbox depth, and a link to
+//! its failed list. No JavaScript, no external resource; the page reloads
+//! itself (`<meta http-equiv="refresh">`).
+
+use std::sync::Arc;
+
+use askama::Template;
+use axum::extract::{Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use crate::{ApiError, Shared, aggregator, directory, now_ms, with_db};
+
+/// Longest sparkline window, in hours.
+pub const MAX_HOURS: u32 = 48;
+const SPARK_WIDTH: f64 = 160.0;
+const SPARK_HEIGHT: f64 = 32.0;
+
+/// `?hours=N`: the sparkline window (1 to 48, default 6). Any other
+/// parameter is a 400.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DashboardQuery {
+    hours: Option<String>,
+}
+
+struct Row {
+    service: String,
+    instance_id: String,
+    base_url: String,
+    status: &'static str,
+    colour: &'static str,
+    depth: String,
+    oldest: String,
+    dead_letters: String,
+    last_seen: String,
+    checked: String,
+    reasons: String,
+    spark_points: String,
+    spark_last: Option<(String, String, &'static str)>,
+    failed_url: String,
+}
+
+#[derive(Template)]
+#[template(path = "dashboard.html")]
+struct Page {
+    refresh_secs: u64,
+    hours: u32,
+    rows: Vec<Row>,
+    counts: [(&'static str, &'static str, usize); 4],
+    generated_at: String,
+}
+
+fn colour_of(status: &str) -> (&'static str, &'static str) {
+    match status {
+        "healthy" => ("healthy", "#2e7d32"),
+        "warning" => ("warning", "#f9a825"),
+        "critical" => ("critical", "#c62828"),
+        _ => ("unknown", "#9e9e9e"),
+    }
+}
+
+fn ago(now_ms: i64, then_ms: i64) -> String {
+    let secs = ((now_ms - then_ms).max(0) / 1000) as u64;
+    match secs {
+        0..60 => format!("{secs} s ago"),
+        60..3600 => format!("{} min ago", secs / 60),
+        _ => format!("{} h ago", secs / 3600),
+    }
+}
+
+fn parse_hours(text: Option<&str>) -> Result<u32, ApiError> {
+    let Some(text) = text else { return Ok(6) };
+    text.parse::<u32>()
+        .ok()
+        .filter(|h| (1..=MAX_HOURS).contains(h))
+        .ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "`hours={text}` is not a whole number of hours from 1 to {MAX_HOURS}"
+            ))
+        })
+}
+
+/// The polyline points (`x,y …`) of `points` over `[since, now]`, the
+/// depth scaled to the highest one; unreachable checks are left out.
+fn sparkline(
+    points: &[aggregator::Point],
+    since_ms: i64,
+    now_ms: i64,
+) -> (String, Option<(String, String, &'static str)>) {
+    let span = (now_ms - since_ms).max(1) as f64;
+    let max = points.iter().filter_map(|p| p.depth).max().unwrap_or(0).max(1) as f64;
+    let mut coords = Vec::new();
+    for point in points {
+        let Some(depth) = point.depth else { continue };
+        let x = ((point.at_ms - since_ms) as f64 / span * SPARK_WIDTH).clamp(0.0, SPARK_WIDTH);
+        let y = SPARK_HEIGHT - 2.0 - depth as f64 / max * (SPARK_HEIGHT - 4.0);
+        coords.push((format!("{x:.1}"), format!("{y:.1}")));
+    }
+    let last = points.last().map(|p| {
+        let (x, y) = coords
+            .last()
+            .cloned()
+            .unwrap_or_else(|| (format!("{SPARK_WIDTH:.1}"), "2.0".to_owned()));
+        (x, y, colour_of(&p.colour).1)
+    });
+    let text = coords
+        .iter()
+        .map(|(x, y)| format!("{x},{y}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    (text, last)
+}
+
+/// `GET /?hours=N`.
+pub(crate) async fn serve(
+    State(shared): State<Arc<Shared>>,
+    query: Result<Query<DashboardQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|e| {
+        ApiError::BadRequest(format!(
+            "{}; the dashboard takes only ?hours=1..{MAX_HOURS}",
+            e.body_text()
+        ))
+    })?;
+    let hours = parse_hours(query.hours.as_deref())?;
+    let refresh_secs = shared.refresh_secs;
+    let now = now_ms();
+    let since = now - i64::from(hours) * 3_600_000;
+    let rows = with_db(&shared, move |conn| {
+        let mut rows = Vec::new();
+        for service in directory::services(conn)? {
+            for instance in service.instances {
+                let history = aggregator::history(conn, &instance.instance_id, since)?;
+                let (spark_points, spark_last) = sparkline(&history, since, now);
+                let health = instance.health.as_ref();
+                let (status, colour) = colour_of(health.map_or("", |h| h.status.as_str()));
+                let number = |v: Option<u64>| v.map_or_else(|| "–".to_owned(), |v| v.to_string());
+                rows.push(Row {
+                    service: service.service.clone(),
+                    status,
+                    colour,
+                    depth: number(health.and_then(|h| h.outbox_depth)),
+                    oldest: health
+                        .and_then(|h| h.oldest_pending_age_ms)
+                        .map_or_else(|| "–".to_owned(), |ms| format!("{} s", ms / 1000)),
+                    dead_letters: number(health.and_then(|h| h.dead_letter)),
+                    last_seen: ago(now, instance.last_seen_ms),
+                    checked: health.map_or_else(|| "not yet".to_owned(), |h| h.checked_at.clone()),
+                    reasons: health.map(|h| h.reasons.join("; ")).unwrap_or_default(),
+                    spark_points,
+                    spark_last,
+                    failed_url: format!("{}/_rf/outbox/failed", instance.base_url),
+                    instance_id: instance.instance_id,
+                    base_url: instance.base_url,
+                });
+            }
+        }
+        Ok(rows)
+    })
+    .await?;
+    let count = |s: &str| rows.iter().filter(|r| r.status == s).count();
+    let counts = [
+        ("healthy", colour_of("healthy").1, count("healthy")),
+        ("warning", colour_of("warning").1, count("warning")),
+        ("critical", colour_of("critical").1, count("critical")),
+        ("unknown", colour_of("").1, count("unknown")),
+    ];
+    let page = Page {
+        refresh_secs,
+        hours,
+        rows,
+        counts,
+        generated_at: crate::store::rfc3339(now),
+    };
+    let html = page
+        .render()
+        .map_err(|e| ApiError::Unavailable(format!("cannot render the dashboard: {e}")))?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        html,
+    )
+        .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hours_accepts_only_the_documented_range() {
+        assert_eq!(parse_hours(None).unwrap(), 6);
+        assert_eq!(parse_hours(Some("48")).unwrap(), 48);
+        for odd in ["0", "49", "-1", "1.5", "", "six", "99999999999"] {
+            assert!(parse_hours(Some(odd)).is_err(), "{odd}");
+        }
+    }
+
+    #[test]
+    fn sparkline_scales_depth_and_skips_unreachable_checks() {
+        let point = |at_ms, depth, colour: &str| aggregator::Point {
+            at_ms,
+            depth,
+            colour: colour.to_owned(),
+        };
+        let (points, last) = sparkline(
+            &[
+                point(0, Some(0), "healthy"),
+                point(500, None, "critical"),
+                point(1000, Some(10), "warning"),
+            ],
+            0,
+            1000,
+        );
+        assert_eq!(points, "0.0,30.0 160.0,2.0");
+        assert_eq!(
+            last,
+            Some(("160.0".to_owned(), "2.0".to_owned(), "#f9a825"))
+        );
+    }
+}
