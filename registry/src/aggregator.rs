@@ -117,7 +117,9 @@ pub fn judge(answer: Result<RemoteHealth, String>) -> Check {
     let depth = outbox.pending + outbox.sending;
     if depth >= HEALTHY_DEPTH {
         colour = colour.max(Colour::Warning);
-        reasons.push(format!("outbox depth {depth} (healthy under {HEALTHY_DEPTH})"));
+        reasons.push(format!(
+            "outbox depth {depth} (healthy under {HEALTHY_DEPTH})"
+        ));
     }
     if let Some(age) = outbox.oldest_pending_age_ms
         && age >= HEALTHY_OLDEST.as_millis() as i64
@@ -188,7 +190,12 @@ pub async fn poll(client: &reqwest::Client, target: &Target) -> Result<RemoteHea
 }
 
 /// Stores one check and prunes the history.
-pub fn record(conn: &Connection, instance_id: &str, check: &Check, now_ms: i64) -> rusqlite::Result<()> {
+pub fn record(
+    conn: &Connection,
+    instance_id: &str,
+    check: &Check,
+    now_ms: i64,
+) -> rusqlite::Result<()> {
     let outbox = check.health.as_ref().map(|h| &h.outbox);
     conn.execute(
         "INSERT INTO health_checks (instance_id, checked_at, colour, reported, depth, \
@@ -252,7 +259,11 @@ pub struct Point {
 }
 
 /// The checks of an instance since `since_ms`, oldest first.
-pub fn history(conn: &Connection, instance_id: &str, since_ms: i64) -> rusqlite::Result<Vec<Point>> {
+pub fn history(
+    conn: &Connection,
+    instance_id: &str,
+    since_ms: i64,
+) -> rusqlite::Result<Vec<Point>> {
     let mut statement = conn.prepare_cached(
         "SELECT checked_at, depth, colour FROM health_checks \
          WHERE instance_id = ?1 AND checked_at >= ?2 ORDER BY id",
@@ -271,5 +282,7 @@ pub fn history(conn: &Connection, instance_id: &str, since_ms: i64) -> rusqlite:
 /// The request timeout for `interval`: at most [`MAX_TIMEOUT`], and under
 /// the interval so one round ends before the next.
 pub fn timeout_for(interval: Duration) -> Duration {
-    interval.mul_f32(0.8).clamp(Duration::from_millis(200), MAX_TIMEOUT)
+    interval
+        .mul_f32(0.8)
+        .clamp(Duration::from_millis(200), MAX_TIMEOUT)
 }

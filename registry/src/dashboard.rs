@@ -93,7 +93,12 @@ fn sparkline(
     now_ms: i64,
 ) -> (String, Option<(String, String, &'static str)>) {
     let span = (now_ms - since_ms).max(1) as f64;
-    let max = points.iter().filter_map(|p| p.depth).max().unwrap_or(0).max(1) as f64;
+    let max = points
+        .iter()
+        .filter_map(|p| p.depth)
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
     let mut coords = Vec::new();
     for point in points {
         let Some(depth) = point.depth else { continue };

@@ -238,13 +238,22 @@ pub fn register(
          last_seen_at) VALUES (?1, ?2, ?3, ?4, ?5, ?5) \
          ON CONFLICT (instance_id) DO UPDATE SET diagnostics_token = excluded.diagnostics_token, \
          last_seen_at = excluded.last_seen_at",
-        params![id, service, base_url, registration.diagnostics_token, now_ms],
+        params![
+            id,
+            service,
+            base_url,
+            registration.diagnostics_token,
+            now_ms
+        ],
     )?;
     tx.execute(
         "DELETE FROM instance_interfaces WHERE instance_id = ?1",
         params![id],
     )?;
-    for (role, list) in [("hosts", &registration.hosts), ("calls", &registration.calls)] {
+    for (role, list) in [
+        ("hosts", &registration.hosts),
+        ("calls", &registration.calls),
+    ] {
         for r in list {
             tx.execute(
                 "INSERT OR REPLACE INTO instance_interfaces \

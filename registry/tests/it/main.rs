@@ -6,6 +6,8 @@
 mod api;
 mod cli_formats;
 mod client;
+mod dashboard;
+mod directory;
 mod process;
 mod routes;
 mod signals;
