@@ -99,25 +99,31 @@ pub fn judge(answer: Result<RemoteHealth, String>) -> Check {
     };
     let outbox = &health.outbox;
     let mut reasons = health.reasons.clone();
-    let mut colour = match health.status.as_str() {
+    let reported = match health.status.as_str() {
         "healthy" => Colour::Healthy,
         "warning" => Colour::Warning,
-        _ => Colour::Critical,
+        "critical" => Colour::Critical,
+        other => {
+            reasons.push(format!("unknown health status `{other}`"));
+            Colour::Critical
+        }
     };
-    if !matches!(health.status.as_str(), "healthy" | "warning" | "critical") {
-        reasons.push(format!("unknown health status `{}`", health.status));
-    }
+    // The plan's thresholds; their reasons are added only where they make
+    // the colour worse than the service's own (which has said the rest).
+    let mut own = Vec::new();
+    let mut colour = Colour::Healthy;
     let attention = outbox.failed + outbox.dead_letter + outbox.expired;
     if attention > 0 {
         colour = Colour::Critical;
-        if outbox.dead_letter > 0 {
-            reasons.push(format!("{} dead letter(s)", outbox.dead_letter));
-        }
+        own.push(format!(
+            "{attention} message(s) need attention ({} dead letter(s))",
+            outbox.dead_letter
+        ));
     }
     let depth = outbox.pending + outbox.sending;
     if depth >= HEALTHY_DEPTH {
         colour = colour.max(Colour::Warning);
-        reasons.push(format!(
+        own.push(format!(
             "outbox depth {depth} (healthy under {HEALTHY_DEPTH})"
         ));
     }
@@ -125,12 +131,16 @@ pub fn judge(answer: Result<RemoteHealth, String>) -> Check {
         && age >= HEALTHY_OLDEST.as_millis() as i64
     {
         colour = colour.max(Colour::Warning);
-        reasons.push(format!(
+        own.push(format!(
             "oldest waiting message {} s old (healthy under {} s)",
             age / 1000,
             HEALTHY_OLDEST.as_secs()
         ));
     }
+    if colour > reported {
+        reasons.extend(own);
+    }
+    let colour = colour.max(reported);
     reasons.dedup();
     Check {
         colour,
@@ -285,4 +295,75 @@ pub fn timeout_for(interval: Duration) -> Duration {
     interval
         .mul_f32(0.8)
         .clamp(Duration::from_millis(200), MAX_TIMEOUT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reported(
+        status: &str,
+        pending: u64,
+        oldest_s: i64,
+        dead: u64,
+    ) -> Result<RemoteHealth, String> {
+        Ok(RemoteHealth {
+            status: status.to_owned(),
+            reasons: Vec::new(),
+            outbox: RemoteOutbox {
+                pending,
+                dead_letter: dead,
+                oldest_pending_age_ms: Some(oldest_s * 1000),
+                ..RemoteOutbox::default()
+            },
+        })
+    }
+
+    #[test]
+    fn colours_follow_the_plan_thresholds() {
+        let colour = |answer| judge(answer).colour;
+        assert_eq!(colour(reported("healthy", 49, 29, 0)), Colour::Healthy);
+        assert_eq!(colour(reported("healthy", 50, 0, 0)), Colour::Warning);
+        assert_eq!(colour(reported("healthy", 0, 30, 0)), Colour::Warning);
+        assert_eq!(colour(reported("warning", 501, 0, 0)), Colour::Warning);
+        assert_eq!(colour(reported("healthy", 0, 0, 1)), Colour::Critical);
+        // The service's own verdict is never softened.
+        assert_eq!(colour(reported("warning", 0, 0, 0)), Colour::Warning);
+        assert_eq!(colour(reported("critical", 0, 0, 0)), Colour::Critical);
+        assert_eq!(colour(reported("sideways", 0, 0, 0)), Colour::Critical);
+        assert_eq!(colour(Err("connection refused".into())), Colour::Critical);
+        // Own reasons only where they make it worse.
+        assert_eq!(judge(reported("healthy", 60, 0, 0)).reasons.len(), 1);
+        assert!(judge(reported("warning", 60, 0, 0)).reasons.is_empty());
+    }
+
+    #[test]
+    fn history_is_bounded_per_instance() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conn = crate::store::open(&dir.path().join("r.db")).expect("open");
+        conn.execute(
+            "INSERT INTO instances VALUES ('a', 's', 'http://x', NULL, 0, 0)",
+            [],
+        )
+        .expect("instance");
+        let check = judge(reported("healthy", 1, 0, 0));
+        let now = 10 * RETENTION.as_millis() as i64;
+        // One row older than the retention, then more than the cap.
+        record(&conn, "a", &check, now - RETENTION.as_millis() as i64 - 1).expect("old");
+        // One transaction: a commit per row would make this test slow.
+        conn.execute_batch("BEGIN").expect("begin");
+        for i in 0..MAX_CHECKS_PER_INSTANCE + 10 {
+            record(&conn, "a", &check, now + i).expect("record");
+        }
+        conn.execute_batch("COMMIT").expect("commit");
+        let (rows, oldest): (i64, i64) = conn
+            .query_row(
+                "SELECT COUNT(*), MIN(checked_at) FROM health_checks",
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .expect("count");
+        assert_eq!(rows, MAX_CHECKS_PER_INSTANCE);
+        assert_eq!(oldest, now + 10);
+    }
 }

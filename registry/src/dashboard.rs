@@ -92,6 +92,9 @@ fn sparkline(
     since_ms: i64,
     now_ms: i64,
 ) -> (String, Option<(String, String, &'static str)>) {
+    // From the first check in the window: a short history still fills the
+    // width instead of sitting at its right end.
+    let since_ms = points.first().map_or(since_ms, |p| p.at_ms.max(since_ms));
     let span = (now_ms - since_ms).max(1) as f64;
     let max = points
         .iter()
@@ -229,5 +232,15 @@ mod tests {
             last,
             Some(("160.0".to_owned(), "2.0".to_owned(), "#f9a825"))
         );
+        // A window that starts before the first check is drawn from it.
+        let (earlier, _) = sparkline(
+            &[
+                point(0, Some(0), "healthy"),
+                point(1000, Some(10), "warning"),
+            ],
+            -5000,
+            1000,
+        );
+        assert_eq!(earlier, points);
     }
 }
