@@ -224,8 +224,11 @@ pub fn record(
         ],
     )?;
     conn.execute(
-        "DELETE FROM health_checks WHERE instance_id = ?1 AND (checked_at < ?2 OR id <= \
-         (SELECT id FROM health_checks WHERE instance_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?3))",
+        // Older than the retention, or older than the newest MAX rows (read
+        // through the (instance_id, checked_at) index).
+        "DELETE FROM health_checks WHERE instance_id = ?1 AND (checked_at < ?2 OR checked_at < \
+         (SELECT checked_at FROM health_checks WHERE instance_id = ?1 \
+          ORDER BY checked_at DESC LIMIT 1 OFFSET ?3 - 1))",
         params![
             instance_id,
             now_ms - RETENTION.as_millis() as i64,
