@@ -18,6 +18,7 @@ pub mod circuit;
 pub mod config;
 pub mod db;
 pub mod diagnostics;
+pub mod directory;
 pub mod dispatcher;
 pub mod duration;
 pub mod envelope;

@@ -59,6 +59,7 @@ async fn main() -> anyhow::Result<()> {
         signing_secret: engine_secret.clone(),
         peer_secret: hr_secret.clone(),
         base_config: None,
+        registry: None,
     };
     let hr_settings = Settings {
         service_id: "hr-service".into(),
@@ -69,6 +70,7 @@ async fn main() -> anyhow::Result<()> {
         signing_secret: hr_secret,
         peer_secret: engine_secret,
         base_config: None,
+        registry: None,
     };
     let mut engine = Engine::start(&engine_settings).await?;
     let hr = HrService::start(&hr_settings).await?;

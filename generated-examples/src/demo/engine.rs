@@ -180,6 +180,8 @@ pub struct Engine {
     pub dispatcher: DispatcherHandle,
     pub server: tokio::task::JoinHandle<()>,
     pub operations: Operations,
+    /// Its registration with the engine registry, if `--registry` was given.
+    pub directory: Option<super::Directory>,
 }
 
 impl Engine {
@@ -209,9 +211,28 @@ impl Engine {
         let addr = listener.local_addr()?;
         let server = super::serve(listener, operations.router.clone());
         let dispatcher = Dispatcher::builder(&outbox, &settings.db).start()?;
+        // The engine calls EmpService (its commands go to HR).
+        let directory = super::register(
+            &config,
+            &format!("http://{addr}"),
+            Vec::new(),
+            vec![
+                super::interface_ref(
+                    emp_service_v1::INTERFACE,
+                    emp_service_v1::VERSION,
+                    emp_service_v1::FINGERPRINT,
+                ),
+                super::interface_ref(
+                    emp_service_v2::INTERFACE,
+                    emp_service_v2::VERSION,
+                    emp_service_v2::FINGERPRINT,
+                ),
+            ],
+        );
         Ok(Self {
             db: settings.db.clone(),
             url: format!("http://{addr}"),
+            directory,
             addr,
             receiver,
             dispatcher,

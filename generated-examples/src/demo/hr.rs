@@ -97,6 +97,8 @@ pub struct HrService {
     pub dispatcher: DispatcherHandle,
     pub server: tokio::task::JoinHandle<()>,
     pub operations: Operations,
+    /// Its registration with the engine registry, if `--registry` was given.
+    pub directory: Option<super::Directory>,
     v1: emp_service_v1::EngineClient,
     v2: emp_service_v2::EngineClient,
 }
@@ -119,9 +121,28 @@ impl HrService {
         let url = format!("http://{}", listener.local_addr()?);
         let server = super::serve(listener, operations.router.clone());
         let dispatcher = Dispatcher::builder(&outbox, &settings.db).start()?;
+        // HR provides EmpService (the engine's commands land here).
+        let directory = super::register(
+            &config,
+            &url,
+            vec![
+                super::interface_ref(
+                    emp_service_v1::INTERFACE,
+                    emp_service_v1::VERSION,
+                    emp_service_v1::FINGERPRINT,
+                ),
+                super::interface_ref(
+                    emp_service_v2::INTERFACE,
+                    emp_service_v2::VERSION,
+                    emp_service_v2::FINGERPRINT,
+                ),
+            ],
+            Vec::new(),
+        );
         Ok(Self {
             db: settings.db.clone(),
             url,
+            directory,
             receiver,
             dispatcher,
             server,

@@ -18,6 +18,9 @@ use std::time::Duration;
 use rfidl_runtime::Config;
 use rfidl_runtime::config::DestinationConfig;
 use rfidl_runtime::diagnostics::Diagnostics;
+use rfidl_runtime::directory::{
+    DirectoryClient, DirectoryState, InterfaceRef, Registration, RegistryConfig,
+};
 use rfidl_runtime::outbox::Outbox;
 use rfidl_runtime::receiver::Receiver;
 use rfidl_runtime::retention::{Retention, RetentionHandle};
@@ -40,6 +43,9 @@ pub struct Settings {
     /// Runtime settings read from a YAML file (`--config`); `None`: the
     /// demo's quick-retry defaults.
     pub base_config: Option<Config>,
+    /// The engine registry to register with (`--registry URL`); overrides
+    /// the URL of the config file's `registry:` section.
+    pub registry: Option<String>,
 }
 
 impl Settings {
@@ -68,7 +74,51 @@ impl Settings {
         config
             .peers
             .insert(self.peer_id.clone(), vec![self.peer_secret.clone()]);
+        if let Some(url) = &self.registry {
+            match &mut config.registry {
+                Some(registry) => registry.url = url.clone(),
+                None => config.registry = Some(RegistryConfig::new(url.clone())),
+            }
+        }
         config
+    }
+}
+
+/// Registers the service with the registry of `config` (if it has one)
+/// and keeps the registration alive; see `rfidl_runtime::directory`.
+pub fn register(
+    config: &Config,
+    base_url: &str,
+    hosts: Vec<InterfaceRef>,
+    calls: Vec<InterfaceRef>,
+) -> Option<Directory> {
+    let registry = config.registry.clone()?;
+    let client = DirectoryClient::new(
+        registry,
+        Registration {
+            service_id: config.service_id.clone(),
+            base_url: base_url.to_owned(),
+            hosts,
+            calls,
+            diagnostics_token: None,
+        },
+    );
+    let (task, state) = client.spawn();
+    Some(Directory { task, state })
+}
+
+/// A running registration (see [`register`]).
+pub struct Directory {
+    pub task: tokio::task::JoinHandle<()>,
+    pub state: tokio::sync::watch::Receiver<DirectoryState>,
+}
+
+/// `interface` `version` at `fingerprint`.
+pub fn interface_ref(interface: &str, version: u32, fingerprint: &str) -> InterfaceRef {
+    InterfaceRef {
+        interface: interface.to_owned(),
+        version,
+        fingerprint: fingerprint.to_owned(),
     }
 }
 
@@ -139,6 +189,11 @@ pub struct ServiceArgs {
     /// `rfidl_runtime::Config`); the flags above win over it.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Register with the engine registry at this URL (e.g.
+    /// http://127.0.0.1:7300) and renew with a heartbeat; see
+    /// docs/operations.md.
+    #[arg(long, env = "RFIDL_REGISTRY_URL")]
+    pub registry: Option<String>,
 }
 
 impl ServiceArgs {
@@ -157,6 +212,7 @@ impl ServiceArgs {
             signing_secret: self.secret.clone(),
             peer_secret: self.peer_secret.clone(),
             base_config,
+            registry: self.registry.clone(),
         })
     }
 }
