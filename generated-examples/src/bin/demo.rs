@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use rfidl_examples::demo::engine::Engine;
 use rfidl_examples::demo::hr::{HrService, outbox_counts};
-use rfidl_examples::demo::registry::DemoRegistry;
+use rfidl_examples::demo::registry::{DemoRegistry, registered};
 use rfidl_examples::demo::{Settings, count};
 use rfidl_examples::generated::hr::employees::{emp_service_v1, emp_service_v2};
 use rfidl_runtime::signing::Secret;
@@ -47,7 +47,19 @@ async fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir)?;
     let (hr_secret, engine_secret) = (Secret::generate().to_whsec(), Secret::generate().to_whsec());
 
-    // The engine first, on a free port; HR needs its URL.
+    // The contract's owner publishes; its peer checks what it was built
+    // against. Both services then register with the registry's directory.
+    let registry = DemoRegistry::start(&dir.join("registry.db")).await?;
+    for (version, manifest) in [
+        (1, emp_service_v1::MANIFEST_JSON),
+        (2, emp_service_v2::MANIFEST_JSON),
+    ] {
+        registry
+            .publish(emp_service_v1::INTERFACE, version, manifest)
+            .await?;
+    }
+
+    // Free ports first: each service needs the other's URL.
     let engine_listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let hr_listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let engine_settings = Settings {
@@ -59,7 +71,7 @@ async fn main() -> anyhow::Result<()> {
         signing_secret: engine_secret.clone(),
         peer_secret: hr_secret.clone(),
         base_config: None,
-        registry: None,
+        registry: Some(registry.url.clone()),
     };
     let hr_settings = Settings {
         service_id: "hr-service".into(),
@@ -70,21 +82,15 @@ async fn main() -> anyhow::Result<()> {
         signing_secret: hr_secret,
         peer_secret: engine_secret,
         base_config: None,
-        registry: None,
+        registry: Some(registry.url.clone()),
     };
-    let mut engine = Engine::start(&engine_settings).await?;
+    // HR (the provider of EmpService) registers first: the registry's
+    // manifest scan accepts the engine (its consumer) only once a provider
+    // is registered.
     let hr = HrService::start(&hr_settings).await?;
-
-    // The contract's owner publishes; its peer checks what it was built against.
-    let registry = DemoRegistry::start(&dir.join("registry.db")).await?;
-    for (version, manifest) in [
-        (1, emp_service_v1::MANIFEST_JSON),
-        (2, emp_service_v2::MANIFEST_JSON),
-    ] {
-        registry
-            .publish(emp_service_v1::INTERFACE, version, manifest)
-            .await?;
-    }
+    registered(hr.directory.as_ref(), Duration::from_secs(10)).await?;
+    let mut engine = Engine::start(&engine_settings).await?;
+    registered(engine.directory.as_ref(), Duration::from_secs(10)).await?;
     for (version, compiled) in [
         (1, emp_service_v1::FINGERPRINT),
         (2, emp_service_v2::FINGERPRINT),
@@ -102,6 +108,10 @@ async fn main() -> anyhow::Result<()> {
         hr.url,
         engine.url,
         dir.display()
+    );
+    println!(
+        "  both registered with the registry; dashboard at {}/ (while the demo runs)",
+        registry.url
     );
 
     let started = Instant::now();
@@ -176,6 +186,33 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "  registry (in-process, SQLite)             EmpService v1 + v2 published by HR; \
          the engine's compiled fingerprints match"
+    );
+    // One round of the health aggregator, as the dashboard shows it.
+    registry
+        .registry
+        .poll_health_once(Duration::from_secs(2))
+        .await?;
+    let listed: serde_json::Value = reqwest::get(format!("{}/v1/services", registry.url))
+        .await?
+        .json()
+        .await?;
+    let colours: Vec<String> = listed["services"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|service| {
+            format!(
+                "{}: {}",
+                service["service"].as_str().unwrap_or("?"),
+                service["instances"][0]["health"]["status"]
+                    .as_str()
+                    .unwrap_or("?")
+            )
+        })
+        .collect();
+    println!(
+        "  dashboard (health aggregator)             {}",
+        colours.join(", ")
     );
     registry.server.abort();
     // A message that ended Failed, DeadLetter or Expired waits for a human:
