@@ -361,3 +361,103 @@ fn odd_dashboard_queries_are_400_and_the_page_is_html() {
     assert!(page.contains("No service has registered yet"), "{page}");
     assert!(!page.contains("<script"), "no JavaScript");
 }
+
+/// The runtime's registration client against this registry: a consumer
+/// that starts before its provider registers what it hosts, keeps trying
+/// the full registration, and gets it once the provider is there; an
+/// instance the registry forgot registers again on its next heartbeat.
+#[test]
+fn the_runtime_client_registers_waits_for_its_provider_and_re_registers() {
+    use rfidl_runtime::directory::{DirectoryClient, InterfaceRef, Registration, RegistryConfig};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("registry.db");
+    let server = Server::start(Registry::open(&db).expect("open").publish_token("t0k"));
+    let v1 = schema_manifest("hr.employees.EmpService", 1);
+    let (status, _) = put(
+        &server.url,
+        &manifest_path(&v1),
+        v1.to_pretty_json(),
+        Some("t0k"),
+    );
+    assert_eq!(status, 201);
+    let emp = InterfaceRef {
+        interface: v1.interface.clone(),
+        version: 1,
+        fingerprint: v1.fingerprint.clone(),
+    };
+    let config = RegistryConfig {
+        url: server.url.clone(),
+        token: Some("t0k".into()),
+        heartbeat: std::time::Duration::from_millis(100),
+    };
+    let client = |service: &str, port: u16, hosts: Vec<InterfaceRef>, calls: Vec<InterfaceRef>| {
+        DirectoryClient::new(
+            config.clone(),
+            Registration {
+                service_id: service.into(),
+                base_url: format!("http://127.0.0.1:{port}"),
+                hosts,
+                calls,
+                diagnostics_token: None,
+            },
+        )
+    };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let within = std::time::Duration::from_secs(10);
+    rt.block_on(async {
+        let (engine_task, mut engine) = client("engine", 7002, vec![], vec![emp.clone()]).spawn();
+        // Refused for now: registered without its calls, the reason kept.
+        let state = tokio::time::timeout(within, engine.wait_for(|s| s.instance_id.is_some()))
+            .await
+            .expect("registered in time")
+            .expect("state")
+            .clone();
+        assert!(!state.complete);
+        assert!(
+            state.last_error.as_deref().unwrap_or("").contains("no registered service hosts"),
+            "{state:?}"
+        );
+        let (hr_task, mut hr) = client("hr", 7001, vec![emp.clone()], vec![]).spawn();
+        tokio::time::timeout(within, hr.wait_for(|s| s.complete))
+            .await
+            .expect("hr registered")
+            .expect("state");
+        tokio::time::timeout(within, engine.wait_for(|s| s.complete))
+            .await
+            .expect("engine registered with its calls once hr is there")
+            .expect("state");
+        let id = engine.borrow().instance_id.clone().expect("id");
+
+        // The registry forgets the engine (a restored database): the next
+        // heartbeat gets 404 unknown_instance and registers again.
+        let conn = rusqlite::Connection::open(&db).expect("open");
+        conn.execute("PRAGMA foreign_keys = ON", []).expect("fk");
+        assert_eq!(
+            conn.execute("DELETE FROM instances WHERE instance_id = ?1", [&id])
+                .expect("delete"),
+            1
+        );
+        let back = tokio::time::timeout(within, async {
+            loop {
+                let count: i64 = conn
+                    .query_row(
+                        "SELECT COUNT(*) FROM instance_interfaces WHERE instance_id = ?1 AND role = 'calls'",
+                        [&id],
+                        |row| row.get(0),
+                    )
+                    .expect("count");
+                if count == 1 {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(back.is_ok(), "the engine registered again with its calls");
+        engine_task.abort();
+        hr_task.abort();
+    });
+    let listed = services(&server);
+    assert_eq!(listed["services"].as_array().unwrap().len(), 2, "{listed}");
+}
