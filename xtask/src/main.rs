@@ -1,7 +1,9 @@
 //! `cargo xtask`: project chores, so a fresh clone needs nothing but Rust.
 //!
 //! * `cargo xtask test`  — installs the Python interop dependency into `.venv`
-//!   (the Standard Webhooks reference library), then runs every test.
+//!   (the Standard Webhooks reference library) and headless Chromium (Debian
+//!   package `chromium`, for the registry dashboard test) when missing, then
+//!   runs every test.
 //! * `cargo xtask ci`    — formatting check, clippy with `-D warnings`, `test`, then `chaos`.
 //! * `cargo xtask bench` — every benchmark, release build; figures go to BENCHMARKS.md.
 //! * `cargo xtask chaos` — the fault-injection harness over the demo services
@@ -102,14 +104,54 @@ fn python_venv() -> Result<PathBuf, String> {
     Ok(python)
 }
 
+/// Where Chromium is, installing the Debian package `chromium` with
+/// apt-get when it is missing (as root, or through `sudo -n`).
+fn chromium() -> Result<PathBuf, String> {
+    let wanted = std::env::var_os("RFIDL_CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+    if wanted.exists() {
+        return Ok(wanted);
+    }
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    let apt = |args: &[&str]| {
+        let mut command = if root {
+            Command::new("apt-get")
+        } else {
+            let mut sudo = Command::new("sudo");
+            sudo.args(["-n", "apt-get"]);
+            sudo
+        };
+        command.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+        run(&mut command)
+    };
+    apt(&["update"])?;
+    apt(&["install", "-y", "--no-install-recommends", "chromium"])?;
+    if wanted.exists() {
+        Ok(wanted)
+    } else {
+        Err(format!(
+            "the dashboard test needs headless Chromium at {} (Debian package chromium)",
+            wanted.display()
+        ))
+    }
+}
+
 fn test(extra: &[String]) -> Result<(), String> {
     let python = python_venv()?;
+    let chromium = chromium()?;
     run(cargo()
         // Not --all-targets: that would run the harness-less benchmarks too.
         // --all-features: the registry client of rfidl-codegen is a feature.
         .args(["test", "--workspace", "--all-features"])
         .args(extra)
         .env("RFIDL_PYTHON", &python)
+        .env("RFIDL_CHROMIUM", &chromium)
+        // The dashboard test skips (loudly) without Chromium; here it must run.
+        .env("RFIDL_REQUIRE_CHROMIUM", "1")
         // Interop tests skip (loudly) without Python; here they must run.
         .env("RFIDL_REQUIRE_INTEROP", "1"))
 }
