@@ -111,6 +111,18 @@ enum Command {
         #[command(flatten)]
         format: FormatOpt,
     },
+    /// Before a deploy: ask the registry whether every interface version
+    /// this build calls is hosted by a registered provider at the locked
+    /// fingerprint or a later compatible revision (exit 1 if not).
+    DeployCheck {
+        /// Lock files (`*.lock`) or contracts; default: rfidl.lock.
+        paths: Vec<PathBuf>,
+        /// The registry's base URL, e.g. http://127.0.0.1:7300.
+        #[arg(long, env = "RFIDL_REGISTRY")]
+        registry: String,
+        #[command(flatten)]
+        format: FormatOpt,
+    },
     /// Print the manifest of every service version.
     Manifest {
         #[arg(required = true)]
@@ -238,6 +250,11 @@ fn main() -> ExitCode {
             update,
             &format.report(color),
         ),
+        Command::DeployCheck {
+            paths,
+            registry,
+            format,
+        } => deploy_check(&registry, &paths, &format.report(color)),
         Command::Manifest { paths, format } => {
             let format = match format {
                 ManifestArg::Json => ManifestFormat::Json,
@@ -340,6 +357,16 @@ fn fetch(
         LockPolicy::Keep
     };
     cli::fetch_with(registry, lock, &cache, remotes, policy, report)
+}
+
+#[cfg(feature = "registry")]
+fn deploy_check(registry: &str, paths: &[PathBuf], report: &Report) -> cli::Outcome {
+    cli::deploy_check_with(registry, paths, report)
+}
+
+#[cfg(not(feature = "registry"))]
+fn deploy_check(_: &str, _: &[PathBuf], report: &Report) -> cli::Outcome {
+    without_registry_feature(report)
 }
 
 #[cfg(not(feature = "registry"))]

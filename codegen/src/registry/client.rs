@@ -160,6 +160,57 @@ impl RegistryClient {
     }
 }
 
+/// A called interface version the registry found no active compatible
+/// provider for (`POST /v1/deploy-check` answered 409
+/// `unsatisfied_dependencies`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Unsatisfied {
+    pub interface: String,
+    pub version: u32,
+    pub fingerprint: String,
+    /// `not_published`, `no_provider` or `older_provider`.
+    pub reason: String,
+    pub message: String,
+}
+
+#[derive(serde::Deserialize)]
+struct UnsatisfiedBody {
+    error: String,
+    #[serde(default)]
+    missing: Vec<Unsatisfied>,
+}
+
+impl RegistryClient {
+    /// The manifest scan of the registry for `calls`: empty when every
+    /// called version is hosted by a registered provider at the locked or
+    /// a later revision, otherwise what is missing.
+    pub fn deploy_check(&self, calls: &[super::Locked]) -> Result<Vec<Unsatisfied>, RegistryError> {
+        let url = format!("{}/v1/deploy-check", self.base);
+        let response = self
+            .http
+            .post(&url)
+            .json(&serde_json::json!({ "calls": calls }))
+            .send()
+            .map_err(|e| self.unreachable(&url, e))?;
+        if response.status().is_success() {
+            return Ok(Vec::new());
+        }
+        if response.status() == reqwest::StatusCode::CONFLICT {
+            let text = response.text().unwrap_or_default();
+            return match serde_json::from_str::<UnsatisfiedBody>(&text) {
+                Ok(body) if body.error == "unsatisfied_dependencies" => Ok(body.missing),
+                _ => Err(RegistryError::Refused {
+                    url,
+                    status: 409,
+                    code: "conflict".to_owned(),
+                    message: text.chars().take(200).collect(),
+                }),
+            };
+        }
+        Err(self.refused(&url, response))
+    }
+}
+
 /// `error` and every source under it, joined with `: ` (`error sending
 /// request: client error (Connect): tcp connect error: Connection refused
 /// (os error 111)`), so the cause of a network error is never lost. A
