@@ -530,30 +530,14 @@ pub(crate) async fn verified_manifest(
 /// 401 unless the request carries the publish token (when one is set). It
 /// guards publishing, registrations and heartbeats.
 pub(crate) fn authorize(shared: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
-    if let Some(token) = &shared.token {
-        let presented = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(bearer_token)
-            .unwrap_or("");
-        if token.is_empty() || !constant_time_eq(presented.as_bytes(), token.as_bytes()) {
-            return Err(ApiError::Unauthorized);
+    // The one check shared with the services' diagnostics routes:
+    // case-insensitive scheme, constant time, an empty token refuses all.
+    match &shared.token {
+        Some(token) if !rfidl_runtime::auth::authorized(headers, token) => {
+            Err(ApiError::Unauthorized)
         }
+        _ => Ok(()),
     }
-    Ok(())
-}
-
-/// The token of an `Authorization: Bearer <token>` value; the scheme is
-/// case-insensitive (RFC 9110, section 11.1), so `bearer <token>` counts too.
-fn bearer_token(value: &str) -> Option<&str> {
-    let (scheme, token) = value.trim().split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim_start())
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 pub(crate) fn now_ms() -> i64 {

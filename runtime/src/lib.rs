@@ -14,6 +14,7 @@
 //!
 //! The runtime never depends on the code generator; generated code depends on it.
 
+pub mod auth;
 pub mod circuit;
 pub mod config;
 pub mod db;

@@ -6,6 +6,7 @@ mod dispatcher;
 mod faults;
 mod interop;
 mod operations;
+mod ops_access;
 mod receiver;
 mod support;
 mod tls;
