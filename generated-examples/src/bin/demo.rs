@@ -72,6 +72,7 @@ async fn main() -> anyhow::Result<()> {
         peer_secret: hr_secret.clone(),
         base_config: None,
         registry: Some(registry.url.clone()),
+        ops_token: None,
     };
     let hr_settings = Settings {
         service_id: "hr-service".into(),
@@ -83,6 +84,7 @@ async fn main() -> anyhow::Result<()> {
         peer_secret: engine_secret,
         base_config: None,
         registry: Some(registry.url.clone()),
+        ops_token: None,
     };
     // HR (the provider of EmpService) registers first: the registry's
     // manifest scan accepts the engine (its consumer) only once a provider

@@ -206,7 +206,13 @@ impl Engine {
             .service(emp_service_v2::EngineReceiver(workflows))
             .metrics(outbox.metrics().clone())
             .build()?;
-        let operations = Operations::start(&config, &settings.db, &outbox, &receiver)?;
+        let operations = Operations::start(
+            &config,
+            &settings.db,
+            &outbox,
+            &receiver,
+            settings.ops_token.as_deref(),
+        )?;
         let listener = tokio::net::TcpListener::bind(settings.listen).await?;
         let addr = listener.local_addr()?;
         let server = super::serve(listener, operations.router.clone());
@@ -215,6 +221,7 @@ impl Engine {
         let directory = super::register(
             &config,
             &format!("http://{addr}"),
+            settings.ops_token.as_deref(),
             Vec::new(),
             vec![
                 super::interface_ref(

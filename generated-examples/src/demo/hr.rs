@@ -116,7 +116,13 @@ impl HrService {
             .service(emp_service_v2::ServiceReceiver(desk))
             .metrics(outbox.metrics().clone())
             .build()?;
-        let operations = Operations::start(&config, &settings.db, &outbox, &receiver)?;
+        let operations = Operations::start(
+            &config,
+            &settings.db,
+            &outbox,
+            &receiver,
+            settings.ops_token.as_deref(),
+        )?;
         let listener = tokio::net::TcpListener::bind(settings.listen).await?;
         let url = format!("http://{}", listener.local_addr()?);
         let server = super::serve(listener, operations.router.clone());
@@ -125,6 +131,7 @@ impl HrService {
         let directory = super::register(
             &config,
             &url,
+            settings.ops_token.as_deref(),
             vec![
                 super::interface_ref(
                     emp_service_v1::INTERFACE,

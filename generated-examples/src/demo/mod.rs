@@ -46,6 +46,10 @@ pub struct Settings {
     /// The engine registry to register with (`--registry URL`); overrides
     /// the URL of the config file's `registry:` section.
     pub registry: Option<String>,
+    /// The bearer token of the `/_rf/…` diagnostics routes (`--ops-token`);
+    /// without it the retries refuse (403) and the service must listen on
+    /// loopback only. Given to the registry for its health checks.
+    pub ops_token: Option<String>,
 }
 
 impl Settings {
@@ -89,6 +93,7 @@ impl Settings {
 pub fn register(
     config: &Config,
     base_url: &str,
+    ops_token: Option<&str>,
     hosts: Vec<InterfaceRef>,
     calls: Vec<InterfaceRef>,
 ) -> Option<Directory> {
@@ -100,7 +105,7 @@ pub fn register(
             base_url: base_url.to_owned(),
             hosts,
             calls,
-            diagnostics_token: None,
+            diagnostics_token: ops_token.map(str::to_owned),
         },
     );
     let (task, state) = client.spawn();
@@ -145,8 +150,13 @@ impl Operations {
         db: &std::path::Path,
         outbox: &Outbox,
         receiver: &Receiver,
+        ops_token: Option<&str>,
     ) -> anyhow::Result<Self> {
-        let diagnostics = Diagnostics::builder(db).outbox(outbox).build()?;
+        let mut diagnostics = Diagnostics::builder(db).outbox(outbox);
+        if let Some(token) = ops_token {
+            diagnostics = diagnostics.bearer_token(token);
+        }
+        let diagnostics = diagnostics.build()?;
         let retention = Retention::spawn(config.clone(), db, outbox.metrics().clone())?;
         Ok(Self {
             router: receiver.router().merge(diagnostics.router()),
@@ -165,6 +175,22 @@ pub fn serve(
             tracing::error!(%error, "server stopped");
         }
     })
+}
+
+/// Secure by default: a service serves its diagnostics without a token
+/// only on loopback, and never with an empty token.
+pub fn check_ops_access(listen: SocketAddr, ops_token: Option<&str>) -> anyhow::Result<()> {
+    match ops_token {
+        Some("") => anyhow::bail!(
+            "the ops token is empty; give a non-empty --ops-token (RFIDL_OPS_TOKEN) or none"
+        ),
+        None if !listen.ip().is_loopback() => anyhow::bail!(
+            "refusing to listen on {listen} without --ops-token (RFIDL_OPS_TOKEN): the \
+             /_rf/… diagnostics routes (failed list, metrics) would answer anyone who reaches \
+             the port; give a token, or listen on 127.0.0.1 (docs/operations.md, \"Access\")"
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// Flags shared by the `hr-service` and `engine` binaries.
@@ -194,10 +220,16 @@ pub struct ServiceArgs {
     /// docs/operations.md.
     #[arg(long, env = "RFIDL_REGISTRY_URL")]
     pub registry: Option<String>,
+    /// Bearer token of the /_rf/… diagnostics routes. Without it the
+    /// retries answer 403 and the service refuses to listen beyond
+    /// loopback (its failed list would be open to anyone).
+    #[arg(long, env = "RFIDL_OPS_TOKEN", hide_env_values = true)]
+    pub ops_token: Option<String>,
 }
 
 impl ServiceArgs {
     pub fn settings(&self, service_id: &str, peer_id: &str) -> anyhow::Result<Settings> {
+        check_ops_access(self.listen, self.ops_token.as_deref())?;
         let base_config = self
             .config
             .as_deref()
@@ -213,6 +245,7 @@ impl ServiceArgs {
             peer_secret: self.peer_secret.clone(),
             base_config,
             registry: self.registry.clone(),
+            ops_token: self.ops_token.clone(),
         })
     }
 }

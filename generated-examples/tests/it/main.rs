@@ -2,4 +2,5 @@
 
 mod demo;
 mod drift;
+mod ops_access;
 mod processes;
