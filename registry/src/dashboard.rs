@@ -162,7 +162,7 @@ pub(crate) async fn serve(
                     reasons: health.map(|h| h.reasons.join("; ")).unwrap_or_default(),
                     spark_points,
                     spark_last,
-                    failed_url: format!("{}/_rf/outbox/failed", instance.base_url),
+                    failed_url: format!("/instances/{}/failed", instance.instance_id),
                     instance_id: instance.instance_id,
                     base_url: instance.base_url,
                 });
@@ -188,6 +188,146 @@ pub(crate) async fn serve(
     let html = page
         .render()
         .map_err(|e| ApiError::Unavailable(format!("cannot render the dashboard: {e}")))?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        html,
+    )
+        .into_response())
+}
+
+/// One message of an instance's `/_rf/outbox/failed`, as shown (metadata
+/// only: the runtime never sends a payload there).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct FailedMessage {
+    message_id: String,
+    message_type: String,
+    destination: String,
+    interface: String,
+    version: u32,
+    endpoint: String,
+    status: String,
+    retry_count: u32,
+    max_retries: u32,
+    #[serde(default)]
+    last_error: Option<String>,
+    created_at: String,
+}
+
+#[derive(Deserialize)]
+struct FailedList {
+    messages: Vec<FailedMessage>,
+}
+
+struct FailedRow {
+    message_id: String,
+    message_type: String,
+    destination: String,
+    interface: String,
+    version: u32,
+    endpoint: String,
+    status: String,
+    retry_count: u32,
+    max_retries: u32,
+    last_error: String,
+    created_at: String,
+}
+
+#[derive(Template)]
+#[template(path = "failed.html")]
+struct FailedPage {
+    service: String,
+    base_url: String,
+    messages: Vec<FailedRow>,
+}
+
+/// No query parameter is accepted on the failed-list page.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NoQuery {}
+
+/// `GET /instances/{instanceId}/failed`: the instance's failed list, asked
+/// with its diagnostics token (a browser cannot send a bearer token), as a
+/// page. 404 `unknown_instance`; 502 `instance_unreachable` when the
+/// instance does not answer it.
+pub(crate) async fn serve_failed(
+    State(shared): State<Arc<Shared>>,
+    axum::extract::Path(instance): axum::extract::Path<String>,
+    query: Result<Query<NoQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    query.map_err(|e| {
+        ApiError::BadRequest(format!("{}; this page takes no query", e.body_text()))
+    })?;
+    let wanted = instance.clone();
+    let target = with_db(&shared, move |conn| {
+        Ok(aggregator::targets(conn)?
+            .into_iter()
+            .find(|t| t.instance_id == wanted))
+    })
+    .await?
+    .ok_or_else(|| ApiError::UnknownInstance(format!("no instance `{instance}` is registered")))?;
+    let service = with_db(&shared, {
+        let id = target.instance_id.clone();
+        move |conn| {
+            Ok(conn.query_row(
+                "SELECT service FROM instances WHERE instance_id = ?1",
+                [id],
+                |row| row.get::<_, String>(0),
+            )?)
+        }
+    })
+    .await?;
+    let client = reqwest::Client::builder()
+        .timeout(aggregator::MAX_TIMEOUT)
+        .build()
+        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    let mut request = client.get(format!("{}/_rf/outbox/failed", target.base_url));
+    if let Some(token) = &target.token {
+        request = request.bearer_auth(token);
+    }
+    let unreachable =
+        |why: String| ApiError::InstanceUnreachable(format!("{}: {why}", target.base_url));
+    let response = request
+        .send()
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    if !response.status().is_success() {
+        return Err(unreachable(format!(
+            "/_rf/outbox/failed answered HTTP {}",
+            response.status().as_u16()
+        )));
+    }
+    let list: FailedList = response
+        .json()
+        .await
+        .map_err(|e| unreachable(format!("not a failed list: {e}")))?;
+    let page = FailedPage {
+        service,
+        base_url: target.base_url.clone(),
+        messages: list
+            .messages
+            .into_iter()
+            .map(|m| FailedRow {
+                message_id: m.message_id,
+                message_type: m.message_type,
+                destination: m.destination,
+                interface: m.interface,
+                version: m.version,
+                endpoint: m.endpoint,
+                status: m.status,
+                retry_count: m.retry_count,
+                max_retries: m.max_retries,
+                last_error: m.last_error.unwrap_or_default(),
+                created_at: m.created_at,
+            })
+            .collect(),
+    };
+    let html = page
+        .render()
+        .map_err(|e| ApiError::Unavailable(format!("cannot render the page: {e}")))?;
     Ok((
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),

@@ -94,6 +94,10 @@ pub enum ApiError {
     /// versions no active provider hosts (listed in `missing`).
     #[error("{} called interface version(s) have no compatible provider", .0.len())]
     Unsatisfied(Vec<directory::Unmet>),
+    /// 502 `instance_unreachable`: the instance did not answer what the
+    /// registry asked it on the operator's behalf (its failed list).
+    #[error("the instance did not answer: {0}")]
+    InstanceUnreachable(String),
 }
 
 impl ApiError {
@@ -114,6 +118,7 @@ impl ApiError {
             }
             ApiError::UnknownInstance(_) => StatusCode::NOT_FOUND,
             ApiError::Unsatisfied(_) => StatusCode::CONFLICT,
+            ApiError::InstanceUnreachable(_) => StatusCode::BAD_GATEWAY,
         }
     }
 
@@ -134,6 +139,7 @@ impl ApiError {
             ApiError::UnknownInterface(_) => "unknown_interface",
             ApiError::UnknownInstance(_) => "unknown_instance",
             ApiError::Unsatisfied(_) => "unsatisfied_dependencies",
+            ApiError::InstanceUnreachable(_) => "instance_unreachable",
         }
     }
 }
@@ -337,6 +343,10 @@ impl Registry {
                 post(directory::serve_deploy_check).fallback(method_not_allowed),
             )
             .route("/", get(dashboard::serve).fallback(method_not_allowed))
+            .route(
+                "/instances/{instance}/failed",
+                get(dashboard::serve_failed).fallback(method_not_allowed),
+            )
             .fallback(not_found)
             .with_state(Arc::new(Shared {
                 conn: Arc::clone(&self.conn),

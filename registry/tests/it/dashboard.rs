@@ -229,7 +229,7 @@ fn services_made_healthy_warning_and_critical_show_their_colours() {
     let ledger = service(dir.path(), "ledger", 60, Duration::from_secs(150), 0, None);
     let hr = service(dir.path(), "hr", 3, Duration::from_secs(1), 2, None);
     let gone = closed_port();
-    register(
+    let billing_id = register(
         &server.url,
         "billing",
         &billing.url,
@@ -237,10 +237,10 @@ fn services_made_healthy_warning_and_critical_show_their_colours() {
         hosts.clone(),
     );
     register(&server.url, "ledger", &ledger.url, None, json!([]));
-    register(&server.url, "hr", &hr.url, None, hosts);
-    register(&server.url, "engine", &gone, None, json!([]));
+    let hr_id = register(&server.url, "hr", &hr.url, None, hosts);
+    let engine_id = register(&server.url, "engine", &gone, None, json!([]));
     // A wrong token: the service answers 401, which is critical too.
-    register(&server.url, "audit", &billing.url, Some("wrong"), json!([]));
+    let audit_id = register(&server.url, "audit", &billing.url, Some("wrong"), json!([]));
 
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let started = Instant::now();
@@ -297,6 +297,42 @@ fn services_made_healthy_warning_and_critical_show_their_colours() {
     // The diagnostics token is never served.
     assert!(!listed.to_string().contains("diag-token"));
 
+    // The failed lists, asked by the registry with each instance's token.
+    let failed = |id: &str, query: &str| {
+        let response =
+            reqwest::blocking::get(format!("{}/instances/{id}/failed{query}", server.url))
+                .expect("get");
+        (response.status().as_u16(), response.text().expect("body"))
+    };
+    let (status, page) = failed(&hr_id, "");
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(
+        page.matches("data-status=\"DeadLetter\"").count(),
+        2,
+        "{page}"
+    );
+    assert!(!page.contains("\"n\""), "no payload on the page");
+    let (status, page) = failed(&billing_id, "");
+    assert_eq!(status, 200, "the token was sent: {page}");
+    assert!(page.contains("Nothing needs a human"), "{page}");
+    for id in [&audit_id, &engine_id] {
+        let (status, body) = failed(id, "");
+        assert_eq!(status, 502, "{body}");
+        assert!(body.contains("instance_unreachable"), "{body}");
+    }
+    let (status, body) = failed("0123456789abcdef", "");
+    assert_eq!(
+        (status, body.contains("unknown_instance")),
+        (404, true),
+        "{body}"
+    );
+    let (status, body) = failed(&hr_id, "?all=1");
+    assert_eq!(
+        (status, body.contains("bad_request")),
+        (400, true),
+        "{body}"
+    );
+
     let Some(browser) = chromium() else { return };
     let profile = tempfile::tempdir().expect("profile");
     let started = Instant::now();
@@ -326,7 +362,7 @@ fn services_made_healthy_warning_and_critical_show_their_colours() {
         assert_eq!(cell(tr, "num dead-letters"), dead, "{service}");
         assert!(tr.contains("<svg"), "{service}: sparkline");
         assert!(
-            tr.contains("/_rf/outbox/failed\""),
+            tr.contains("/failed\">failed</a>"),
             "{service}: failed link"
         );
     }
