@@ -5,6 +5,7 @@
 //! SIGTERM or SIGINT it stops accepting, lets the requests in flight finish
 //! (for at most `--shutdown-grace`), and exits 0.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -109,7 +110,13 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     println!("listening on http://{}", listener.local_addr()?);
-    println!("dashboard: http://{}/", listener.local_addr()?);
+    // Best effort: a reader that took the first line and closed the pipe
+    // must not stop the registry.
+    let _ = writeln!(
+        std::io::stdout().lock(),
+        "dashboard: http://{}/",
+        listener.local_addr()?
+    );
     let aggregator = registry.spawn_health_aggregator(health_interval);
 
     let (signalled, mut on_signal) = tokio::sync::watch::channel(false);
