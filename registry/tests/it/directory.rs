@@ -461,3 +461,88 @@ fn the_runtime_client_registers_waits_for_its_provider_and_re_registers() {
     let listed = services(&server);
     assert_eq!(listed["services"].as_array().unwrap().len(), 2, "{listed}");
 }
+
+/// The binary runs the aggregator every `--health-interval`: an instance
+/// on a closed port turns critical without anyone asking; a bad interval
+/// is a usage error (exit 2).
+#[test]
+fn the_binary_polls_every_health_interval_and_refuses_a_bad_one() {
+    use std::io::{BufRead as _, BufReader};
+    use std::process::{Command, Stdio};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("registry.db");
+    for bad in ["soon", "0s", "50ms"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_rfidl-registry"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--health-interval",
+                bad,
+                "--db",
+            ])
+            .arg(&db)
+            .output()
+            .expect("run");
+        assert_eq!(output.status.code(), Some(2), "{bad}");
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("--health-interval"),
+            "{bad}"
+        );
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rfidl-registry"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--health-interval",
+            "200ms",
+            "--db",
+        ])
+        .arg(&db)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let url = lines
+        .next()
+        .expect("a line")
+        .expect("read")
+        .strip_prefix("listening on ")
+        .expect("listening on")
+        .to_owned();
+    assert_eq!(
+        lines.next().expect("a line").expect("read"),
+        format!("dashboard: {url}/")
+    );
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
+    let (status, _) = post(
+        &format!("{url}/v1/services/engine/instances"),
+        &json!({"baseUrl": format!("http://{closed}")}),
+        None,
+    );
+    assert_eq!(status, 201);
+    let started = std::time::Instant::now();
+    let health = loop {
+        let (_, listed) = send(
+            reqwest::Method::GET,
+            &format!("{url}/v1/services"),
+            None,
+            None,
+        );
+        let health = listed["services"][0]["instances"][0]["health"].clone();
+        if !health.is_null() || started.elapsed() > std::time::Duration::from_secs(10) {
+            break health;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(health["status"], "critical", "{health}");
+    eprintln!("first health check after {:?}", started.elapsed());
+}
