@@ -1,9 +1,9 @@
 //! `cargo xtask`: project chores, so a fresh clone needs nothing but Rust.
 //!
 //! * `cargo xtask test`  — installs the Python interop dependency into `.venv`
-//!   (the Standard Webhooks reference library) and headless Chromium (Debian
-//!   package `chromium`, for the registry dashboard test) when missing, then
-//!   runs every test.
+//!   (the Standard Webhooks reference library), and the Debian packages
+//!   `chromium` (the registry dashboard test) and `prometheus` (the scrape
+//!   test) when missing, then runs every test.
 //! * `cargo xtask ci`    — formatting check, clippy with `-D warnings`, `test`, then `chaos`.
 //! * `cargo xtask bench` — every benchmark, release build; figures go to BENCHMARKS.md.
 //! * `cargo xtask chaos` — the fault-injection harness over the demo services
@@ -104,12 +104,12 @@ fn python_venv() -> Result<PathBuf, String> {
     Ok(python)
 }
 
-/// Where Chromium is, installing the Debian package `chromium` with
-/// apt-get when it is missing (as root, or through `sudo -n`).
-fn chromium() -> Result<PathBuf, String> {
-    let wanted = std::env::var_os("RFIDL_CHROMIUM")
+/// `wanted` (the value of `env`, else `default`), installing the Debian
+/// `package` with apt-get when it is missing (as root, or through `sudo -n`).
+fn debian_binary(env: &str, default: &str, package: &str) -> Result<PathBuf, String> {
+    let wanted = std::env::var_os(env)
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+        .unwrap_or_else(|| PathBuf::from(default));
     if wanted.exists() {
         return Ok(wanted);
     }
@@ -129,12 +129,12 @@ fn chromium() -> Result<PathBuf, String> {
         run(&mut command)
     };
     apt(&["update"])?;
-    apt(&["install", "-y", "--no-install-recommends", "chromium"])?;
+    apt(&["install", "-y", "--no-install-recommends", package])?;
     if wanted.exists() {
         Ok(wanted)
     } else {
         Err(format!(
-            "the dashboard test needs headless Chromium at {} (Debian package chromium)",
+            "the tests need {} (Debian package {package})",
             wanted.display()
         ))
     }
@@ -142,7 +142,14 @@ fn chromium() -> Result<PathBuf, String> {
 
 fn test(extra: &[String]) -> Result<(), String> {
     let python = python_venv()?;
-    let chromium = chromium()?;
+    // The registry dashboard's browser test.
+    let chromium = debian_binary("RFIDL_CHROMIUM", "/usr/bin/chromium", "chromium")?;
+    // The runtime's scrape by a real Prometheus.
+    let prometheus = debian_binary("RFIDL_PROMETHEUS", "/usr/bin/prometheus", "prometheus")?;
+    let prometheus_dir = prometheus
+        .parent()
+        .ok_or("prometheus has no folder")?
+        .to_path_buf();
     run(cargo()
         // Not --all-targets: that would run the harness-less benchmarks too.
         // --all-features: the registry client of rfidl-codegen is a feature.
@@ -152,6 +159,9 @@ fn test(extra: &[String]) -> Result<(), String> {
         .env("RFIDL_CHROMIUM", &chromium)
         // The dashboard test skips (loudly) without Chromium; here it must run.
         .env("RFIDL_REQUIRE_CHROMIUM", "1")
+        .env("RFIDL_PROMETHEUS_BIN", &prometheus_dir)
+        // Likewise for the Prometheus scrape.
+        .env("RFIDL_REQUIRE_PROMETHEUS", "1")
         // Interop tests skip (loudly) without Python; here they must run.
         .env("RFIDL_REQUIRE_INTEROP", "1"))
 }

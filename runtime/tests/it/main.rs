@@ -7,6 +7,7 @@ mod faults;
 mod interop;
 mod operations;
 mod ops_access;
+mod prometheus;
 mod receiver;
 mod support;
 mod tls;
