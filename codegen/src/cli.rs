@@ -780,6 +780,63 @@ pub fn deploy_check_with(registry_url: &str, paths: &[PathBuf], report: &Report)
     Outcome::ContractErrors
 }
 
+/// `rfidl decommission` (`on`) / `rfidl recommission`: marks each of
+/// `remotes` decommissioned in the registry, or not any more. A
+/// decommissioned version fails the manifest scan of every consumer that
+/// calls it (`rfidl deploy-check`, registrations). One sentence per version
+/// on stderr (json: `{"event": "decommissioned" | "recommissioned",
+/// "interface", "version"}`); exit 2 when the registry refuses (an unknown
+/// version: 404) or cannot be reached.
+#[cfg(feature = "registry")]
+pub fn decommission_with(
+    registry_url: &str,
+    token: Option<&str>,
+    remotes: &[crate::registry::Remote],
+    on: bool,
+    report: &Report,
+) -> Outcome {
+    use crate::registry::client::RegistryClient;
+
+    if remotes.is_empty() {
+        report.error("name the interface versions, e.g. hr.employees.EmpService@v1");
+        return Outcome::UsageOrIo;
+    }
+    let client = match RegistryClient::new(registry_url) {
+        Ok(client) => match token {
+            Some(token) => client.with_token(token),
+            None => client,
+        },
+        Err(error) => {
+            report.error(&error.to_string());
+            return Outcome::UsageOrIo;
+        }
+    };
+    let event = if on {
+        "decommissioned"
+    } else {
+        "recommissioned"
+    };
+    for remote in remotes {
+        match client.decommission(remote, on) {
+            Ok(_) => report.progress(
+                &format!("{event} {} v{}", remote.interface, remote.version),
+                || {
+                    serde_json::json!({
+                        "event": event,
+                        "interface": remote.interface,
+                        "version": remote.version,
+                    })
+                },
+            ),
+            Err(error) => {
+                report.error(&error.to_string());
+                return Outcome::UsageOrIo;
+            }
+        }
+    }
+    Outcome::Success
+}
+
 /// `rfidl fetch [REMOTES…]`: pins each remote interface version in the lock
 /// file and stores its manifest in the offline cache. Without remotes, it
 /// does so for everything already in the lock (filling the cache). Without

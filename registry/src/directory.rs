@@ -71,7 +71,7 @@ pub struct Unmet {
     pub interface: String,
     pub version: u32,
     pub fingerprint: String,
-    /// `not_published`, `no_provider` or `older_provider`.
+    /// `decommissioned`, `not_published`, `no_provider` or `older_provider`.
     pub reason: String,
     pub message: String,
 }
@@ -148,6 +148,19 @@ pub fn scan(conn: &Connection, calls: &[InterfaceRef]) -> rusqlite::Result<Vec<U
             message,
         };
         let name = format!("`{}` v{}", call.interface, call.version);
+        if let Some(at) =
+            crate::decommission::decommissioned_at(conn, &call.interface, call.version)?
+        {
+            unmet.push(unmet_as(
+                "decommissioned",
+                format!(
+                    "{name} was decommissioned at {}; move to a newer version (or \
+                     `rfidl recommission` it)",
+                    crate::store::rfc3339(at)
+                ),
+            ));
+            continue;
+        }
         let Some(locked) = revision_of(conn, call)? else {
             unmet.push(unmet_as(
                 "not_published",

@@ -26,6 +26,7 @@
 pub mod aggregator;
 pub mod conditional;
 mod dashboard;
+pub mod decommission;
 pub mod directory;
 mod routes;
 pub mod store;
@@ -337,6 +338,16 @@ impl Registry {
             .route(
                 "/v1/services/{service}/instances/{instance}/heartbeat",
                 put(directory::serve_heartbeat).fallback(method_not_allowed),
+            )
+            .route(
+                "/v1/decommissioned",
+                get(decommission::serve_list).fallback(method_not_allowed),
+            )
+            .route(
+                "/v1/decommissioned/{interface}/{version}",
+                put(decommission::serve_decommission)
+                    .delete(decommission::serve_recommission)
+                    .fallback(method_not_allowed),
             )
             .route(
                 "/v1/deploy-check",

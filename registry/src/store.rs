@@ -68,6 +68,15 @@ pub const MIGRATIONS: &[&str] = &[
     ) STRICT;
     CREATE INDEX health_checks_by_instance ON health_checks (instance_id, checked_at);
 "#,
+    // 3: decommissioned interface versions (`crate::decommission`).
+    r#"
+    CREATE TABLE decommissioned (
+        interface          TEXT NOT NULL,
+        version            INTEGER NOT NULL,
+        decommissioned_at  INTEGER NOT NULL,  -- ms since the Unix epoch
+        PRIMARY KEY (interface, version)
+    ) STRICT;
+"#,
 ];
 
 /// How long a statement waits for another writer before giving up.

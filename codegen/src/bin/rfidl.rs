@@ -123,6 +123,35 @@ enum Command {
         #[command(flatten)]
         format: FormatOpt,
     },
+    /// Mark interface versions decommissioned in the registry: consumers
+    /// that call them fail `rfidl deploy-check` and cannot register.
+    Decommission {
+        /// `package.Service@vN`, e.g. hr.employees.EmpService@v1.
+        #[arg(required = true)]
+        remotes: Vec<rfidl_codegen::registry::Remote>,
+        /// The registry's base URL, e.g. http://127.0.0.1:7300.
+        #[arg(long, env = "RFIDL_REGISTRY")]
+        registry: String,
+        /// Bearer token (the registry's publish token), if it has one.
+        #[arg(long, env = "RFIDL_REGISTRY_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        #[command(flatten)]
+        format: FormatOpt,
+    },
+    /// Undo `rfidl decommission`.
+    Recommission {
+        /// `package.Service@vN`.
+        #[arg(required = true)]
+        remotes: Vec<rfidl_codegen::registry::Remote>,
+        /// The registry's base URL.
+        #[arg(long, env = "RFIDL_REGISTRY")]
+        registry: String,
+        /// Bearer token (the registry's publish token), if it has one.
+        #[arg(long, env = "RFIDL_REGISTRY_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        #[command(flatten)]
+        format: FormatOpt,
+    },
     /// Print the manifest of every service version.
     Manifest {
         #[arg(required = true)]
@@ -255,6 +284,30 @@ fn main() -> ExitCode {
             registry,
             format,
         } => deploy_check(&registry, &paths, &format.report(color)),
+        Command::Decommission {
+            remotes,
+            registry,
+            token,
+            format,
+        } => decommission(
+            &registry,
+            token.as_deref(),
+            &remotes,
+            true,
+            &format.report(color),
+        ),
+        Command::Recommission {
+            remotes,
+            registry,
+            token,
+            format,
+        } => decommission(
+            &registry,
+            token.as_deref(),
+            &remotes,
+            false,
+            &format.report(color),
+        ),
         Command::Manifest { paths, format } => {
             let format = match format {
                 ManifestArg::Json => ManifestFormat::Json,
@@ -362,6 +415,28 @@ fn fetch(
 #[cfg(feature = "registry")]
 fn deploy_check(registry: &str, paths: &[PathBuf], report: &Report) -> cli::Outcome {
     cli::deploy_check_with(registry, paths, report)
+}
+
+#[cfg(feature = "registry")]
+fn decommission(
+    registry: &str,
+    token: Option<&str>,
+    remotes: &[rfidl_codegen::registry::Remote],
+    on: bool,
+    report: &Report,
+) -> cli::Outcome {
+    cli::decommission_with(registry, token, remotes, on, report)
+}
+
+#[cfg(not(feature = "registry"))]
+fn decommission(
+    _: &str,
+    _: Option<&str>,
+    _: &[rfidl_codegen::registry::Remote],
+    _: bool,
+    report: &Report,
+) -> cli::Outcome {
+    without_registry_feature(report)
 }
 
 #[cfg(not(feature = "registry"))]

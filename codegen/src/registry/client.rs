@@ -211,6 +211,36 @@ impl RegistryClient {
     }
 }
 
+impl RegistryClient {
+    /// Decommissions (`on`) or re-commissions `remote` (needs the publish
+    /// token when the registry has one); the state it is in afterwards.
+    pub fn decommission(&self, remote: &Remote, on: bool) -> Result<bool, RegistryError> {
+        let url = format!(
+            "{}/v1/decommissioned/{}/v{}",
+            self.base, remote.interface, remote.version
+        );
+        let mut request = if on {
+            self.http.put(&url)
+        } else {
+            self.http.delete(&url)
+        };
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().map_err(|e| self.unreachable(&url, e))?;
+        if !response.status().is_success() {
+            return Err(self.refused(&url, response));
+        }
+        let body: serde_json::Value = response.json().map_err(|e| RegistryError::Refused {
+            url: url.clone(),
+            status: 200,
+            code: "unexpected_answer".to_owned(),
+            message: error_chain(&e),
+        })?;
+        Ok(body["decommissioned"].as_bool().unwrap_or(on))
+    }
+}
+
 /// `error` and every source under it, joined with `: ` (`error sending
 /// request: client error (Connect): tcp connect error: Connection refused
 /// (os error 111)`), so the cause of a network error is never lost. A

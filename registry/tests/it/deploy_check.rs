@@ -141,3 +141,157 @@ fn deploy_check_without_a_registry_or_input_is_a_usage_error() {
             .contains("does not exist")
     );
 }
+
+#[test]
+fn a_decommissioned_version_fails_the_scan_until_it_is_recommissioned() {
+    use rfidl_codegen::registry::Remote;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(
+        rfidl_registry::Registry::open(&dir.path().join("registry.db"))
+            .expect("open")
+            .publish_token("t0k"),
+    );
+    let schemas = [PathBuf::from("../schemas")];
+    assert_eq!(
+        cli::publish_with(
+            &server.url,
+            Some("t0k"),
+            &schemas,
+            &Report::capturing(DiagnosticFormat::Json)
+        ),
+        Outcome::Success
+    );
+    let v1 = schema_manifest("hr.employees.EmpService", 1);
+    let v1_ref = json!({"interface": v1.interface, "version": 1, "fingerprint": v1.fingerprint});
+    let client = reqwest::blocking::Client::new();
+    let response = client
+        .post(format!("{}/v1/services/hr/instances", server.url))
+        .bearer_auth("t0k")
+        .json(&json!({"baseUrl": "http://127.0.0.1:7001", "hosts": [v1_ref]}))
+        .send()
+        .expect("register");
+    assert_eq!(response.status().as_u16(), 201);
+    let listed = || -> Value {
+        client
+            .get(format!("{}/v1/decommissioned", server.url))
+            .send()
+            .expect("list")
+            .json()
+            .expect("json")
+    };
+    let check = |report: &Report| {
+        let lock_path = dir.path().join("rfidl.lock");
+        LockFile {
+            format: 1,
+            interfaces: vec![Locked {
+                interface: v1.interface.clone(),
+                version: 1,
+                fingerprint: v1.fingerprint.clone(),
+            }],
+        }
+        .save(&lock_path)
+        .expect("lock");
+        cli::deploy_check_with(&server.url, &[lock_path], report)
+    };
+    assert_eq!(
+        check(&Report::capturing(DiagnosticFormat::Json)),
+        Outcome::Success
+    );
+
+    let emp_v1: Remote = "hr.employees.EmpService@v1".parse().expect("remote");
+    let emp_v9: Remote = "hr.employees.EmpService@v9".parse().expect("remote");
+    // Without the token, and for an unknown version: refused, nothing stored.
+    let report = Report::capturing(DiagnosticFormat::Json);
+    assert_eq!(
+        cli::decommission_with(
+            &server.url,
+            None,
+            std::slice::from_ref(&emp_v1),
+            true,
+            &report
+        ),
+        Outcome::UsageOrIo
+    );
+    assert!(
+        report.captured().contains("unauthorized"),
+        "{}",
+        report.captured()
+    );
+    let report = Report::capturing(DiagnosticFormat::Json);
+    assert_eq!(
+        cli::decommission_with(&server.url, Some("t0k"), &[emp_v9], true, &report),
+        Outcome::UsageOrIo
+    );
+    assert!(
+        report.captured().contains("v9 is not published"),
+        "{}",
+        report.captured()
+    );
+    for (method, path, code) in [
+        (
+            reqwest::Method::PUT,
+            "/v1/decommissioned/hr.employees.EmpService/v01",
+            400,
+        ),
+        (
+            reqwest::Method::DELETE,
+            "/v1/decommissioned/shop.Nothing/v1",
+            404,
+        ),
+        (
+            reqwest::Method::GET,
+            "/v1/decommissioned/hr.employees.EmpService/v1",
+            405,
+        ),
+    ] {
+        let response = client
+            .request(method.clone(), format!("{}{path}", server.url))
+            .bearer_auth("t0k")
+            .send()
+            .expect("send");
+        assert_eq!(response.status().as_u16(), code, "{method} {path}");
+    }
+    assert_eq!(listed(), json!({"decommissioned": []}), "nothing stored");
+
+    // Decommissioned: the deploy check and a consumer's registration fail.
+    let report = Report::capturing(DiagnosticFormat::Json);
+    assert_eq!(
+        cli::decommission_with(
+            &server.url,
+            Some("t0k"),
+            std::slice::from_ref(&emp_v1),
+            true,
+            &report
+        ),
+        Outcome::Success
+    );
+    assert_eq!(
+        lines(&report),
+        [json!({"event": "decommissioned", "interface": "hr.employees.EmpService", "version": 1})]
+    );
+    assert_eq!(listed()["decommissioned"][0]["version"], 1);
+    let report = Report::capturing(DiagnosticFormat::Json);
+    assert_eq!(check(&report), Outcome::ContractErrors);
+    assert_eq!(lines(&report)[0]["reason"], "decommissioned");
+    let refused = client
+        .post(format!("{}/v1/services/engine/instances", server.url))
+        .bearer_auth("t0k")
+        .json(&json!({"baseUrl": "http://127.0.0.1:7002", "calls": [v1_ref]}))
+        .send()
+        .expect("register");
+    assert_eq!(refused.status().as_u16(), 409);
+
+    // Re-commissioned: back to normal.
+    let report = Report::capturing(DiagnosticFormat::Json);
+    assert_eq!(
+        cli::decommission_with(&server.url, Some("t0k"), &[emp_v1], false, &report),
+        Outcome::Success
+    );
+    assert_eq!(lines(&report)[0]["event"], "recommissioned");
+    assert_eq!(listed(), json!({"decommissioned": []}));
+    assert_eq!(
+        check(&Report::capturing(DiagnosticFormat::Json)),
+        Outcome::Success
+    );
+}
