@@ -272,6 +272,36 @@ impl Source for RegistryClient {
         self.base.clone()
     }
 
+    /// `GET /v1/decommissioned`, best effort (an older registry without the
+    /// route, or none reachable, says nothing).
+    fn decommissioned(&self) -> Vec<(String, u32, String)> {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Entry {
+            interface: String,
+            version: u32,
+            decommissioned_at: String,
+        }
+        #[derive(serde::Deserialize)]
+        struct List {
+            decommissioned: Vec<Entry>,
+        }
+        let url = format!("{}/v1/decommissioned", self.base);
+        self.http
+            .get(&url)
+            .send()
+            .ok()
+            .filter(|r| r.status().is_success())
+            .and_then(|r| r.json::<List>().ok())
+            .map(|list| {
+                list.decommissioned
+                    .into_iter()
+                    .map(|e| (e.interface, e.version, e.decommissioned_at))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     fn latest(&self, remote: &Remote) -> Result<Manifest, RegistryError> {
         self.get_manifest(self.url_of(&remote.interface, remote.version), remote, None)
     }

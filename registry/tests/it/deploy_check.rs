@@ -274,6 +274,19 @@ fn a_decommissioned_version_fails_the_scan_until_it_is_recommissioned() {
     let report = Report::capturing(DiagnosticFormat::Json);
     assert_eq!(check(&report), Outcome::ContractErrors);
     assert_eq!(lines(&report)[0]["reason"], "decommissioned");
+    // A build against it warns (the Builder prints these as cargo:warning).
+    let registry_client =
+        rfidl_codegen::registry::client::RegistryClient::new(&server.url).expect("client");
+    let emp_v2: Remote = "hr.employees.EmpService@v2".parse().expect("remote");
+    let warnings = rfidl_codegen::registry::decommission_warnings(
+        &[emp_v1.clone(), emp_v2.clone()],
+        &registry_client,
+    );
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("hr.employees.EmpService v1 is decommissioned"),
+        "{warnings:?}"
+    );
     let refused = client
         .post(format!("{}/v1/services/engine/instances", server.url))
         .bearer_auth("t0k")
@@ -285,10 +298,14 @@ fn a_decommissioned_version_fails_the_scan_until_it_is_recommissioned() {
     // Re-commissioned: back to normal.
     let report = Report::capturing(DiagnosticFormat::Json);
     assert_eq!(
-        cli::decommission_with(&server.url, Some("t0k"), &[emp_v1], false, &report),
+        cli::decommission_with(&server.url, Some("t0k"), &[emp_v1.clone()], false, &report),
         Outcome::Success
     );
     assert_eq!(lines(&report)[0]["event"], "recommissioned");
+    assert!(
+        rfidl_codegen::registry::decommission_warnings(&[emp_v1, emp_v2], &registry_client)
+            .is_empty()
+    );
     assert_eq!(listed(), json!({"decommissioned": []}));
     assert_eq!(
         check(&Report::capturing(DiagnosticFormat::Json)),
