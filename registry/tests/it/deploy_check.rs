@@ -298,7 +298,13 @@ fn a_decommissioned_version_fails_the_scan_until_it_is_recommissioned() {
     // Re-commissioned: back to normal.
     let report = Report::capturing(DiagnosticFormat::Json);
     assert_eq!(
-        cli::decommission_with(&server.url, Some("t0k"), &[emp_v1.clone()], false, &report),
+        cli::decommission_with(
+            &server.url,
+            Some("t0k"),
+            std::slice::from_ref(&emp_v1),
+            false,
+            &report
+        ),
         Outcome::Success
     );
     assert_eq!(lines(&report)[0]["event"], "recommissioned");
