@@ -469,6 +469,33 @@ pub(crate) async fn serve_heartbeat(
     .into_response())
 }
 
+/// `DELETE /v1/services/{service}/instances/{instance}`: removes an instance
+/// (a service moved or retired) with its interface lists and health
+/// history; 204, or 404 `unknown_instance`.
+pub(crate) async fn serve_deregister(
+    State(shared): State<Arc<Shared>>,
+    UrlPath((service, instance)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&shared, &headers)?;
+    check_service(&service)?;
+    with_db(&shared, move |conn| {
+        let removed = conn.execute(
+            "DELETE FROM instances WHERE service = ?1 AND instance_id = ?2",
+            params![service, instance],
+        )?;
+        if removed == 0 {
+            return Err(ApiError::UnknownInstance(format!(
+                "no instance `{instance}` of service `{service}` is registered"
+            )));
+        }
+        tracing::info!(%service, %instance, "deregistered");
+        Ok(())
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
 /// `GET /v1/services`.
 pub(crate) async fn serve_services(
     State(shared): State<Arc<Shared>>,

@@ -38,7 +38,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{OriginalUri, Path as UrlPath, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use rfidl_codegen::manifest::Manifest;
 use rfidl_codegen::manifest::compat::BreakingChange;
@@ -334,6 +334,10 @@ impl Registry {
             .route(
                 "/v1/services/{service}/instances",
                 post(directory::serve_register).fallback(method_not_allowed),
+            )
+            .route(
+                "/v1/services/{service}/instances/{instance}",
+                delete(directory::serve_deregister).fallback(method_not_allowed),
             )
             .route(
                 "/v1/services/{service}/instances/{instance}/heartbeat",

@@ -102,6 +102,26 @@ fn an_instance_registers_renews_and_heartbeats() {
     assert_eq!(status, 200, "{beat}");
     let seen_after = services(&server)["services"][0]["instances"][0]["lastSeenAt"].clone();
     assert_ne!(seen_before, seen_after, "a heartbeat moves lastSeenAt");
+
+    // Deregistered: gone, and its heartbeat is 404 from then on.
+    let instance_url = format!("{}/v1/services/hr/instances/{id}", server.url);
+    assert_eq!(
+        send(reqwest::Method::DELETE, &instance_url, None, None).0,
+        204
+    );
+    assert_eq!(services(&server), json!({"services": []}));
+    let (status, answer) = send(reqwest::Method::DELETE, &instance_url, None, None);
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (404, Some("unknown_instance"))
+    );
+    let (status, _) = send(
+        reqwest::Method::PUT,
+        &format!("{instance_url}/heartbeat"),
+        None,
+        None,
+    );
+    assert_eq!(status, 404);
 }
 
 #[test]
