@@ -19,6 +19,7 @@ use crate::{ApiError, Shared, aggregator, directory, now_ms, with_db};
 pub const MAX_HOURS: u32 = 48;
 const SPARK_WIDTH: f64 = 160.0;
 const SPARK_HEIGHT: f64 = 32.0;
+const SPARK_MARGIN: f64 = 3.0;
 
 /// `?hours=N`: the sparkline window (1 to 48, default 6). Any other
 /// parameter is a 400.
@@ -85,17 +86,19 @@ fn parse_hours(text: Option<&str>) -> Result<u32, ApiError> {
         })
 }
 
-/// The polyline points (`x,y …`) of `points` over `[since, now]`, the
-/// depth scaled to the highest one; unreachable checks are left out.
+/// The polyline points (`x,y …`) of `points` from the first to the last
+/// check (within `[since, now]`), the depth scaled to the highest one;
+/// unreachable checks are left out.
 fn sparkline(
     points: &[aggregator::Point],
     since_ms: i64,
     now_ms: i64,
 ) -> (String, Option<(String, String, &'static str)>) {
-    // From the first check in the window: a short history still fills the
-    // width instead of sitting at its right end.
+    // From the first to the last check in the window: a short history
+    // still fills the width instead of being squeezed into one corner.
     let since_ms = points.first().map_or(since_ms, |p| p.at_ms.max(since_ms));
-    let span = (now_ms - since_ms).max(1) as f64;
+    let until_ms = points.last().map_or(now_ms, |p| p.at_ms.min(now_ms));
+    let span = (until_ms - since_ms).max(1) as f64;
     let max = points
         .iter()
         .filter_map(|p| p.depth)
@@ -105,15 +108,20 @@ fn sparkline(
     let mut coords = Vec::new();
     for point in points {
         let Some(depth) = point.depth else { continue };
-        let x = ((point.at_ms - since_ms) as f64 / span * SPARK_WIDTH).clamp(0.0, SPARK_WIDTH);
-        let y = SPARK_HEIGHT - 2.0 - depth as f64 / max * (SPARK_HEIGHT - 4.0);
+        // A margin of the end dot's radius, so it is never clipped.
+        let fraction = ((point.at_ms - since_ms) as f64 / span).clamp(0.0, 1.0);
+        let x = SPARK_MARGIN + fraction * (SPARK_WIDTH - 2.0 * SPARK_MARGIN);
+        let y =
+            SPARK_HEIGHT - SPARK_MARGIN - depth as f64 / max * (SPARK_HEIGHT - 2.0 * SPARK_MARGIN);
         coords.push((format!("{x:.1}"), format!("{y:.1}")));
     }
     let last = points.last().map(|p| {
-        let (x, y) = coords
-            .last()
-            .cloned()
-            .unwrap_or_else(|| (format!("{SPARK_WIDTH:.1}"), "2.0".to_owned()));
+        let (x, y) = coords.last().cloned().unwrap_or_else(|| {
+            (
+                format!("{:.1}", SPARK_WIDTH - SPARK_MARGIN),
+                format!("{SPARK_MARGIN:.1}"),
+            )
+        });
         (x, y, colour_of(&p.colour).1)
     });
     let text = coords
@@ -367,11 +375,21 @@ mod tests {
             0,
             1000,
         );
-        assert_eq!(points, "0.0,30.0 160.0,2.0");
+        assert_eq!(points, "3.0,29.0 157.0,3.0");
         assert_eq!(
             last,
-            Some(("160.0".to_owned(), "2.0".to_owned(), "#f9a825"))
+            Some(("157.0".to_owned(), "3.0".to_owned(), "#f9a825"))
         );
+        // Drawn from the first to the last check, whatever the window.
+        let (later, _) = sparkline(
+            &[
+                point(0, Some(0), "healthy"),
+                point(1000, Some(10), "warning"),
+            ],
+            0,
+            90_000,
+        );
+        assert_eq!(later, points);
         // A window that starts before the first check is drawn from it.
         let (earlier, _) = sparkline(
             &[
