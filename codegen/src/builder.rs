@@ -273,6 +273,11 @@ impl Builder {
             LockPolicy::Keep,
         )?;
         lock.save(&lock_path)?;
+        if let Some(source) = source.as_deref() {
+            for warning in registry::decommission_warnings(&self.remotes, source) {
+                println!("cargo:warning={warning}");
+            }
+        }
         Ok(manifests)
     }
 

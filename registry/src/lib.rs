@@ -25,7 +25,11 @@
 //! ([`routes`]); `/livez` and `/readyz` are the probes.
 //! Nothing is stored for a refused publish.
 
+pub mod aggregator;
 pub mod conditional;
+mod dashboard;
+pub mod decommission;
+pub mod directory;
 mod routes;
 pub mod store;
 
@@ -36,7 +40,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{OriginalUri, Path as UrlPath, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use rfidl_codegen::manifest::Manifest;
 use rfidl_codegen::manifest::compat::BreakingChange;
@@ -81,6 +85,26 @@ pub enum ApiError {
     MethodNotAllowed { method: String, path: String },
     #[error("storage unavailable: {0}")]
     Unavailable(String),
+    /// 422 `invalid_registration`: the body is not a registration (or
+    /// deploy check) of this format.
+    #[error("the body is not a valid registration: {0}")]
+    InvalidRegistration(String),
+    /// 422 `unknown_interface`: a hosted interface version or revision is
+    /// not published.
+    #[error("{0}")]
+    UnknownInterface(String),
+    /// 404 `unknown_instance`: a heartbeat from an instance that is not
+    /// registered.
+    #[error("{0}")]
+    UnknownInstance(String),
+    /// 409 `unsatisfied_dependencies`: the manifest scan found called
+    /// versions no active provider hosts (listed in `missing`).
+    #[error("{} called interface version(s) have no compatible provider", .0.len())]
+    Unsatisfied(Vec<directory::Unmet>),
+    /// 502 `instance_unreachable`: the instance did not answer what the
+    /// registry asked it on the operator's behalf (its failed list).
+    #[error("the instance did not answer: {0}")]
+    InstanceUnreachable(String),
 }
 
 impl ApiError {
@@ -97,6 +121,12 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::InvalidRegistration(_) | ApiError::UnknownInterface(_) => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
+            ApiError::UnknownInstance(_) => StatusCode::NOT_FOUND,
+            ApiError::Unsatisfied(_) => StatusCode::CONFLICT,
+            ApiError::InstanceUnreachable(_) => StatusCode::BAD_GATEWAY,
         }
     }
 
@@ -114,6 +144,11 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::InvalidRegistration(_) => "invalid_registration",
+            ApiError::UnknownInterface(_) => "unknown_interface",
+            ApiError::UnknownInstance(_) => "unknown_instance",
+            ApiError::Unsatisfied(_) => "unsatisfied_dependencies",
+            ApiError::InstanceUnreachable(_) => "instance_unreachable",
         }
     }
 }
@@ -126,6 +161,8 @@ struct ErrorBody<'a> {
     changes: &'a [BreakingChange],
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     problems: &'a [ManifestProblem],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    missing: &'a [directory::Unmet],
 }
 
 impl IntoResponse for ApiError {
@@ -138,11 +175,16 @@ impl IntoResponse for ApiError {
             ApiError::ManifestRejected(invalid) => invalid.problems.as_slice(),
             _ => &[],
         };
+        let missing = match &self {
+            ApiError::Unsatisfied(missing) => missing.as_slice(),
+            _ => &[],
+        };
         let body = ErrorBody {
             error: self.code(),
             message: self.to_string(),
             changes,
             problems,
+            missing,
         };
         let mut response = (self.status(), Json(&body)).into_response();
         if matches!(self, ApiError::Unauthorized) {
@@ -166,11 +208,14 @@ impl From<rusqlite::Error> for ApiError {
 pub struct Registry {
     conn: Arc<Mutex<Connection>>,
     token: Option<String>,
+    refresh_secs: u64,
 }
 
 pub(crate) struct Shared {
     conn: Arc<Mutex<Connection>>,
     token: Option<String>,
+    /// How often the dashboard reloads itself.
+    refresh_secs: u64,
 }
 
 impl Registry {
@@ -179,6 +224,7 @@ impl Registry {
         Ok(Self {
             conn: Arc::new(Mutex::new(store::open(path)?)),
             token: None,
+            refresh_secs: 60,
         })
     }
 
@@ -188,6 +234,89 @@ impl Registry {
     pub fn publish_token(mut self, token: impl Into<String>) -> Self {
         self.token = Some(token.into());
         self
+    }
+
+    /// The health interval, so that the dashboard reloads as often as the
+    /// data changes (2 to 60 seconds; 60 by default).
+    #[must_use]
+    pub fn health_interval(mut self, interval: std::time::Duration) -> Self {
+        self.refresh_secs = interval.as_secs().clamp(2, 60);
+        self
+    }
+
+    /// Polls every registered instance's `/_rf/health` once, concurrently,
+    /// and stores the results ([`aggregator`]); returns how many it asked.
+    pub async fn poll_health_once(&self, interval: std::time::Duration) -> Result<usize, ApiError> {
+        let conn = Arc::clone(&self.conn);
+        let targets = tokio::task::spawn_blocking(move || {
+            let conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+            aggregator::targets(&conn)
+        })
+        .await
+        .map_err(|e| ApiError::Unavailable(e.to_string()))??;
+        let client = reqwest::Client::builder()
+            .timeout(aggregator::timeout_for(interval))
+            .build()
+            .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+        let mut polls = tokio::task::JoinSet::new();
+        for target in targets {
+            let client = client.clone();
+            polls.spawn(async move {
+                let answer = aggregator::poll(&client, &target).await;
+                (target, aggregator::judge(answer))
+            });
+        }
+        let mut results = Vec::new();
+        while let Some(joined) = polls.join_next().await {
+            results.extend(joined.ok());
+        }
+        let asked = results.len();
+        let conn = Arc::clone(&self.conn);
+        tokio::task::spawn_blocking(move || {
+            let conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+            let now = now_ms();
+            for (target, check) in &results {
+                if check.colour != aggregator::Colour::Healthy {
+                    tracing::warn!(
+                        instance = %target.instance_id,
+                        base_url = %target.base_url,
+                        colour = check.colour.as_str(),
+                        reasons = ?check.reasons,
+                        "instance not healthy"
+                    );
+                }
+                // An instance may have been removed meanwhile: skip it.
+                match aggregator::record(&conn, &target.instance_id, check, now) {
+                    Ok(()) => {}
+                    Err(rusqlite::Error::SqliteFailure(e, _))
+                        if e.code == rusqlite::ErrorCode::ConstraintViolation => {}
+                    Err(other) => return Err(other),
+                }
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| ApiError::Unavailable(e.to_string()))??;
+        Ok(asked)
+    }
+
+    /// Runs [`Registry::poll_health_once`] every `interval` until the task
+    /// is aborted (a failed round is logged and the next one tried).
+    pub fn spawn_health_aggregator(
+        &self,
+        interval: std::time::Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        let registry = self.clone();
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(interval);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                if let Err(error) = registry.poll_health_once(interval).await {
+                    tracing::warn!(%error, "health round failed");
+                }
+            }
+        })
     }
 
     /// The HTTP API.
@@ -213,10 +342,46 @@ impl Registry {
                 "/v1/interfaces/{interface}/{version}/{fingerprint}",
                 get(exact).fallback(method_not_allowed),
             )
+            .route(
+                "/v1/services",
+                get(directory::serve_services).fallback(method_not_allowed),
+            )
+            .route(
+                "/v1/services/{service}/instances",
+                post(directory::serve_register).fallback(method_not_allowed),
+            )
+            .route(
+                "/v1/services/{service}/instances/{instance}",
+                delete(directory::serve_deregister).fallback(method_not_allowed),
+            )
+            .route(
+                "/v1/services/{service}/instances/{instance}/heartbeat",
+                put(directory::serve_heartbeat).fallback(method_not_allowed),
+            )
+            .route(
+                "/v1/decommissioned",
+                get(decommission::serve_list).fallback(method_not_allowed),
+            )
+            .route(
+                "/v1/decommissioned/{interface}/{version}",
+                put(decommission::serve_decommission)
+                    .delete(decommission::serve_recommission)
+                    .fallback(method_not_allowed),
+            )
+            .route(
+                "/v1/deploy-check",
+                post(directory::serve_deploy_check).fallback(method_not_allowed),
+            )
+            .route("/", get(dashboard::serve).fallback(method_not_allowed))
+            .route(
+                "/instances/{instance}/failed",
+                get(dashboard::serve_failed).fallback(method_not_allowed),
+            )
             .fallback(not_found)
             .with_state(Arc::new(Shared {
                 conn: Arc::clone(&self.conn),
                 token: self.token.clone(),
+                refresh_secs: self.refresh_secs,
             }))
     }
 }
@@ -344,16 +509,7 @@ async fn publish(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    if let Some(token) = &shared.token {
-        let presented = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(bearer_token)
-            .unwrap_or("");
-        if token.is_empty() || !constant_time_eq(presented.as_bytes(), token.as_bytes()) {
-            return Err(ApiError::Unauthorized);
-        }
-    }
+    authorize(&shared, &headers)?;
     let manifest = verified_manifest(&interface, &version, body).await?;
     let published = with_db(&shared, move |conn| {
         store::publish(conn, &manifest, now_ms()).map_err(|error| match error {
@@ -424,20 +580,20 @@ fn cut(text: &str) -> String {
     }
 }
 
-/// The token of an `Authorization: Bearer <token>` value; the scheme is
-/// case-insensitive (RFC 9110, section 11.1), so `bearer <token>` counts too.
-fn bearer_token(value: &str) -> Option<&str> {
-    let (scheme, token) = value.trim().split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim_start())
+/// 401 unless the request carries the publish token (when one is set). It
+/// guards publishing, registrations and heartbeats.
+pub(crate) fn authorize(shared: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
+    // The one check shared with the services' diagnostics routes:
+    // case-insensitive scheme, constant time, an empty token refuses all.
+    match &shared.token {
+        Some(token) if !rfidl_runtime::auth::authorized(headers, token) => {
+            Err(ApiError::Unauthorized)
+        }
+        _ => Ok(()),
+    }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)

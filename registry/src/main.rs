@@ -5,6 +5,7 @@
 //! SIGTERM or SIGINT it stops accepting, lets the requests in flight finish
 //! (for at most `--shutdown-grace`), and exits 0.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -50,7 +51,25 @@ enum Command {
         /// finish before the process exits anyway, in seconds.
         #[arg(long, env = "RFIDL_REGISTRY_SHUTDOWN_GRACE", default_value_t = 10)]
         shutdown_grace: u64,
+        /// How often the health aggregator polls every registered
+        /// instance's /_rf/health (a duration: `2s`, `1m`, `500ms`).
+        #[arg(
+            long,
+            env = "RFIDL_REGISTRY_HEALTH_INTERVAL",
+            default_value = "60s",
+            value_parser = parse_interval
+        )]
+        health_interval: Duration,
     },
+}
+
+/// A health interval: a duration of at least 100 ms.
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    let interval = rfidl_runtime::duration::parse_duration(text).map_err(|e| e.to_string())?;
+    if interval < Duration::from_millis(100) {
+        return Err(format!("`{text}` is too short; give at least 100ms"));
+    }
+    Ok(interval)
 }
 
 #[tokio::main]
@@ -69,12 +88,13 @@ async fn main() -> anyhow::Result<()> {
         publish_token,
         publish_token_file,
         shutdown_grace,
+        health_interval,
     } = Cli::parse().command;
     let publish_token = match publish_token_file {
         Some(path) => Some(read_token_file(&path)?),
         None => publish_token,
     };
-    let mut registry = rfidl_registry::Registry::open(&db)?;
+    let mut registry = rfidl_registry::Registry::open(&db)?.health_interval(health_interval);
     if let Some(token) = publish_token {
         anyhow::ensure!(
             !token.is_empty(),
@@ -90,6 +110,14 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     println!("listening on http://{}", listener.local_addr()?);
+    // Best effort: a reader that took the first line and closed the pipe
+    // must not stop the registry.
+    let _ = writeln!(
+        std::io::stdout().lock(),
+        "dashboard: http://{}/",
+        listener.local_addr()?
+    );
+    let aggregator = registry.spawn_health_aggregator(health_interval);
 
     let (signalled, mut on_signal) = tokio::sync::watch::channel(false);
     let mut server = tokio::spawn(
@@ -109,6 +137,7 @@ async fn main() -> anyhow::Result<()> {
             let _ = signalled.send(true);
         }
     }
+    aggregator.abort();
     let grace = Duration::from_secs(shutdown_grace);
     match tokio::time::timeout(grace, &mut server).await {
         Ok(result) => {

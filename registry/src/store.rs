@@ -19,7 +19,8 @@ use serde::Serialize;
 
 /// Schema migrations, in order; `PRAGMA user_version` counts those applied.
 /// Never edit a released entry: append one.
-pub const MIGRATIONS: &[&str] = &[r#"
+pub const MIGRATIONS: &[&str] = &[
+    r#"
     CREATE TABLE manifests (
         interface     TEXT NOT NULL,     -- package.Service
         version       INTEGER NOT NULL,
@@ -30,7 +31,53 @@ pub const MIGRATIONS: &[&str] = &[r#"
         PRIMARY KEY (interface, version, revision),
         UNIQUE (interface, version, fingerprint)
     ) STRICT;
-"#];
+"#,
+    // 2: the service directory (`crate::directory`) and the health history
+    // of the aggregator (`crate::aggregator`).
+    r#"
+    CREATE TABLE instances (
+        instance_id        TEXT PRIMARY KEY,  -- 16 hex of SHA-256(service, base URL)
+        service            TEXT NOT NULL,
+        base_url           TEXT NOT NULL,
+        diagnostics_token  TEXT,              -- sent to its /_rf/health; never served
+        registered_at      INTEGER NOT NULL,  -- ms since the Unix epoch
+        last_seen_at       INTEGER NOT NULL,  -- registration or last heartbeat
+        UNIQUE (service, base_url)
+    ) STRICT;
+    CREATE TABLE instance_interfaces (
+        instance_id  TEXT NOT NULL REFERENCES instances (instance_id) ON DELETE CASCADE,
+        role         TEXT NOT NULL CHECK (role IN ('hosts', 'calls')),
+        interface    TEXT NOT NULL,
+        version      INTEGER NOT NULL,
+        fingerprint  TEXT NOT NULL,
+        PRIMARY KEY (instance_id, role, interface, version)
+    ) STRICT;
+    CREATE INDEX instance_interfaces_by_interface
+        ON instance_interfaces (interface, version, role);
+    CREATE TABLE health_checks (
+        id                     INTEGER PRIMARY KEY,
+        instance_id            TEXT NOT NULL REFERENCES instances (instance_id) ON DELETE CASCADE,
+        checked_at             INTEGER NOT NULL,
+        colour                 TEXT NOT NULL CHECK (colour IN ('healthy', 'warning', 'critical')),
+        reported               TEXT,     -- the service's own status; NULL when unreachable
+        depth                  INTEGER,  -- pending + sending
+        dead_letter            INTEGER,
+        attention              INTEGER,  -- failed + dead letter + expired
+        oldest_pending_age_ms  INTEGER,
+        reasons                TEXT NOT NULL  -- JSON array of sentences
+    ) STRICT;
+    CREATE INDEX health_checks_by_instance ON health_checks (instance_id, checked_at);
+"#,
+    // 3: decommissioned interface versions (`crate::decommission`).
+    r#"
+    CREATE TABLE decommissioned (
+        interface          TEXT NOT NULL,
+        version            INTEGER NOT NULL,
+        decommissioned_at  INTEGER NOT NULL,  -- ms since the Unix epoch
+        PRIMARY KEY (interface, version)
+    ) STRICT;
+"#,
+];
 
 /// How long a statement waits for another writer before giving up.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -93,6 +140,8 @@ pub fn open(path: &Path) -> Result<Connection, StoreError> {
     conn.pragma_update(None, "journal_mode", "WAL")
         .map_err(wrap)?;
     conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(wrap)?;
+    conn.pragma_update(None, "foreign_keys", "ON")
         .map_err(wrap)?;
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -417,6 +466,6 @@ pub fn readiness(conn: &mut Connection, busy: Duration) -> Result<(), String> {
 }
 
 /// Milliseconds since the Unix epoch as RFC 3339 (UTC).
-fn rfc3339(ms: i64) -> String {
+pub(crate) fn rfc3339(ms: i64) -> String {
     jiff::Timestamp::from_millisecond(ms).map_or_else(|_| format!("@{ms}ms"), |t| t.to_string())
 }

@@ -182,6 +182,9 @@ pub struct Config {
     pub destinations: BTreeMap<String, DestinationConfig>,
     /// Secrets accepted from each source service (`whsec_...`); several allow rotation.
     pub peers: BTreeMap<String, Vec<String>>,
+    /// The engine registry to register with (`crate::directory`); none by default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registry: Option<crate::directory::RegistryConfig>,
 }
 
 impl Default for Config {
@@ -193,6 +196,7 @@ impl Default for Config {
             cleanup_interval: Duration::from_secs(5 * 60),
             destinations: BTreeMap::new(),
             peers: BTreeMap::new(),
+            registry: None,
         }
     }
 }

@@ -16,8 +16,11 @@
 //! gives ids, routing, status, retries and the last error. Errors have the
 //! wire's body `{"error": code, "message": text}` with the codes of
 //! [`DiagnosticsError`]. Set [`DiagnosticsBuilder::bearer_token`] to require
-//! `Authorization: Bearer <token>` on every route; without it, serve the
-//! router on an internal address only.
+//! `Authorization: Bearer <token>` on every route ([`crate::auth`]: any case
+//! of the scheme; an empty token refuses everything); without it, the routes
+//! that change state (the retries) answer 403 `token_required` and the
+//! read-only ones answer anyone, so serve the router on an internal address
+//! only.
 //!
 //! Every query runs on the blocking pool against one connection of its own,
 //! and reads only through the partial indexes of [`crate::db`], so a large
@@ -29,7 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Path as UrlPath, Query, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -81,6 +84,13 @@ pub enum DiagnosticsError {
     /// 401 `unauthorized`: the bearer token is missing or wrong.
     #[error("a valid `Authorization: Bearer` token is required")]
     Unauthorized,
+    /// 403 `token_required`: a route that changes state (a retry) on
+    /// diagnostics built without a token.
+    #[error(
+        "this route changes state and the service has no diagnostics token; configure one \
+         (DiagnosticsBuilder::bearer_token, --ops-token on the demo services) to use it"
+    )]
+    TokenRequired,
     /// 400 `bad_request`: a malformed id or query parameter.
     #[error("{0}")]
     BadRequest(String),
@@ -104,6 +114,7 @@ impl DiagnosticsError {
     pub fn status(&self) -> StatusCode {
         match self {
             DiagnosticsError::Unauthorized => StatusCode::UNAUTHORIZED,
+            DiagnosticsError::TokenRequired => StatusCode::FORBIDDEN,
             DiagnosticsError::BadRequest(_) => StatusCode::BAD_REQUEST,
             DiagnosticsError::NotFound(_) => StatusCode::NOT_FOUND,
             DiagnosticsError::NotRetryable { .. } => StatusCode::CONFLICT,
@@ -116,6 +127,7 @@ impl DiagnosticsError {
     pub fn code(&self) -> &'static str {
         match self {
             DiagnosticsError::Unauthorized => "unauthorized",
+            DiagnosticsError::TokenRequired => "token_required",
             DiagnosticsError::BadRequest(_) => "bad_request",
             DiagnosticsError::NotFound(_) => "not_found",
             DiagnosticsError::NotRetryable { .. } => "not_retryable",
@@ -682,13 +694,20 @@ impl Diagnostics {
                 "/_rf/outbox/failed",
                 get(serve_failed).fallback(method_not_allowed),
             )
-            .route(
-                "/_rf/outbox/retry",
-                post(serve_retry_matching).fallback(method_not_allowed),
-            )
-            .route(
-                "/_rf/outbox/{message_id}/retry",
-                post(serve_retry).fallback(method_not_allowed),
+            .merge(
+                Router::new()
+                    .route(
+                        "/_rf/outbox/retry",
+                        post(serve_retry_matching).fallback(method_not_allowed),
+                    )
+                    .route(
+                        "/_rf/outbox/{message_id}/retry",
+                        post(serve_retry).fallback(method_not_allowed),
+                    )
+                    .route_layer(middleware::from_fn_with_state(
+                        Arc::clone(&self.shared),
+                        require_token_for_changes,
+                    )),
             )
             .route(
                 "/_rf/inbox/stats",
@@ -739,24 +758,29 @@ async fn require_token(
     request: Request,
     next: Next,
 ) -> Response {
-    if let Some(token) = &shared.token {
-        let presented = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !constant_time_eq(presented.as_bytes(), token.as_bytes()) {
-            return DiagnosticsError::Unauthorized.into_response();
-        }
+    // The check shared with the registry (`crate::auth`). Without a token,
+    // the read-only routes answer (serve them on an internal address); the
+    // ones that change state refuse (`require_token_for_changes`).
+    if let Some(token) = &shared.token
+        && !crate::auth::authorized(request.headers(), token)
+    {
+        return DiagnosticsError::Unauthorized.into_response();
     }
     next.run(request).await
 }
 
-/// Compares without an early exit, so the time taken says nothing about
-/// how much of the token matched.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// On the routes that change state (the manual retries): a `POST` without a
+/// configured token is refused with 403 `token_required`. Other methods
+/// there get the JSON 405 as anywhere else.
+async fn require_token_for_changes(
+    State(shared): State<Arc<Shared>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if shared.token.is_none() && *request.method() == Method::POST {
+        return DiagnosticsError::TokenRequired.into_response();
+    }
+    next.run(request).await
 }
 
 /// `GET /_rf/readyz`: every check by name, `"ok"` or why not.
@@ -1136,13 +1160,5 @@ mod tests {
         let verdict = health(dead, thresholds);
         assert_eq!(verdict.status, HealthStatus::Critical);
         assert_eq!(verdict.reasons.len(), 2, "{:?}", verdict.reasons);
-    }
-
-    #[test]
-    fn tokens_compare_whole() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret2"));
-        assert!(!constant_time_eq(b"", b"secret"));
     }
 }

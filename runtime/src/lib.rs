@@ -14,10 +14,12 @@
 //!
 //! The runtime never depends on the code generator; generated code depends on it.
 
+pub mod auth;
 pub mod circuit;
 pub mod config;
 pub mod db;
 pub mod diagnostics;
+pub mod directory;
 pub mod dispatcher;
 pub mod duration;
 pub mod envelope;

@@ -1,9 +1,9 @@
 //! `cargo xtask`: project chores, so a fresh clone needs nothing but Rust.
 //!
 //! * `cargo xtask test`  — installs the Python interop dependency into `.venv`
-//!   (the Standard Webhooks reference library) and `promtool` into
-//!   `target/tools` (from the Debian package `prometheus`, when not on
-//!   PATH), then runs every test.
+//!   (the Standard Webhooks reference library), the Debian packages
+//!   `chromium` (the registry dashboard test) and `prometheus` (the scrape
+//!   test, and its `promtool`) when missing, then runs every test.
 //! * `cargo xtask ci`    — formatting check, clippy with `-D warnings`, `test`, then `chaos`.
 //! * `cargo xtask bench` — every benchmark, release build; figures go to BENCHMARKS.md.
 //! * `cargo xtask chaos` — the fault-injection harness over the demo services
@@ -146,8 +146,52 @@ fn promtool() -> Result<PathBuf, String> {
     Ok(promtool)
 }
 
+/// `wanted` (the value of `env`, else `default`), installing the Debian
+/// `package` with apt-get when it is missing (as root, or through `sudo -n`).
+fn debian_binary(env: &str, default: &str, package: &str) -> Result<PathBuf, String> {
+    let wanted = std::env::var_os(env)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(default));
+    if wanted.exists() {
+        return Ok(wanted);
+    }
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    let apt = |args: &[&str]| {
+        let mut command = if root {
+            Command::new("apt-get")
+        } else {
+            let mut sudo = Command::new("sudo");
+            sudo.args(["-n", "apt-get"]);
+            sudo
+        };
+        command.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+        run(&mut command)
+    };
+    apt(&["update"])?;
+    apt(&["install", "-y", "--no-install-recommends", package])?;
+    if wanted.exists() {
+        Ok(wanted)
+    } else {
+        Err(format!(
+            "the tests need {} (Debian package {package})",
+            wanted.display()
+        ))
+    }
+}
+
 fn test(extra: &[String]) -> Result<(), String> {
     let python = python_venv()?;
+    // The registry dashboard's browser test.
+    let chromium = debian_binary("RFIDL_CHROMIUM", "/usr/bin/chromium", "chromium")?;
+    // The runtime's scrape by a real Prometheus.
+    let prometheus = debian_binary("RFIDL_PROMETHEUS", "/usr/bin/prometheus", "prometheus")?;
+    let prometheus_dir = prometheus
+        .parent()
+        .ok_or("prometheus has no folder")?
+        .to_path_buf();
     let promtool = promtool().map_err(|e| {
         format!("{e}\nthe metrics test needs promtool: install the Debian package `prometheus` or put promtool on PATH")
     })?;
@@ -157,6 +201,12 @@ fn test(extra: &[String]) -> Result<(), String> {
         .args(["test", "--workspace", "--all-features"])
         .args(extra)
         .env("RFIDL_PYTHON", &python)
+        .env("RFIDL_CHROMIUM", &chromium)
+        // The dashboard test skips (loudly) without Chromium; here it must run.
+        .env("RFIDL_REQUIRE_CHROMIUM", "1")
+        .env("RFIDL_PROMETHEUS_BIN", &prometheus_dir)
+        // Likewise for the Prometheus scrape.
+        .env("RFIDL_REQUIRE_PROMETHEUS", "1")
         // Interop tests skip (loudly) without Python; here they must run.
         .env("RFIDL_REQUIRE_INTEROP", "1")
         // The same for `promtool check metrics`.

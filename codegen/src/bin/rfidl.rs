@@ -111,6 +111,47 @@ enum Command {
         #[command(flatten)]
         format: FormatOpt,
     },
+    /// Before a deploy: ask the registry whether every interface version
+    /// this build calls is hosted by a registered provider at the locked
+    /// fingerprint or a later compatible revision (exit 1 if not).
+    DeployCheck {
+        /// Lock files (`*.lock`) or contracts; default: rfidl.lock.
+        paths: Vec<PathBuf>,
+        /// The registry's base URL, e.g. http://127.0.0.1:7300.
+        #[arg(long, env = "RFIDL_REGISTRY")]
+        registry: String,
+        #[command(flatten)]
+        format: FormatOpt,
+    },
+    /// Mark interface versions decommissioned in the registry: consumers
+    /// that call them fail `rfidl deploy-check` and cannot register.
+    Decommission {
+        /// `package.Service@vN`, e.g. hr.employees.EmpService@v1.
+        #[arg(required = true)]
+        remotes: Vec<rfidl_codegen::registry::Remote>,
+        /// The registry's base URL, e.g. http://127.0.0.1:7300.
+        #[arg(long, env = "RFIDL_REGISTRY")]
+        registry: String,
+        /// Bearer token (the registry's publish token), if it has one.
+        #[arg(long, env = "RFIDL_REGISTRY_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        #[command(flatten)]
+        format: FormatOpt,
+    },
+    /// Undo `rfidl decommission`.
+    Recommission {
+        /// `package.Service@vN`.
+        #[arg(required = true)]
+        remotes: Vec<rfidl_codegen::registry::Remote>,
+        /// The registry's base URL.
+        #[arg(long, env = "RFIDL_REGISTRY")]
+        registry: String,
+        /// Bearer token (the registry's publish token), if it has one.
+        #[arg(long, env = "RFIDL_REGISTRY_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        #[command(flatten)]
+        format: FormatOpt,
+    },
     /// Print the manifest of every service version.
     Manifest {
         #[arg(required = true)]
@@ -238,6 +279,35 @@ fn main() -> ExitCode {
             update,
             &format.report(color),
         ),
+        Command::DeployCheck {
+            paths,
+            registry,
+            format,
+        } => deploy_check(&registry, &paths, &format.report(color)),
+        Command::Decommission {
+            remotes,
+            registry,
+            token,
+            format,
+        } => decommission(
+            &registry,
+            token.as_deref(),
+            &remotes,
+            true,
+            &format.report(color),
+        ),
+        Command::Recommission {
+            remotes,
+            registry,
+            token,
+            format,
+        } => decommission(
+            &registry,
+            token.as_deref(),
+            &remotes,
+            false,
+            &format.report(color),
+        ),
         Command::Manifest { paths, format } => {
             let format = match format {
                 ManifestArg::Json => ManifestFormat::Json,
@@ -340,6 +410,38 @@ fn fetch(
         LockPolicy::Keep
     };
     cli::fetch_with(registry, lock, &cache, remotes, policy, report)
+}
+
+#[cfg(feature = "registry")]
+fn deploy_check(registry: &str, paths: &[PathBuf], report: &Report) -> cli::Outcome {
+    cli::deploy_check_with(registry, paths, report)
+}
+
+#[cfg(feature = "registry")]
+fn decommission(
+    registry: &str,
+    token: Option<&str>,
+    remotes: &[rfidl_codegen::registry::Remote],
+    on: bool,
+    report: &Report,
+) -> cli::Outcome {
+    cli::decommission_with(registry, token, remotes, on, report)
+}
+
+#[cfg(not(feature = "registry"))]
+fn decommission(
+    _: &str,
+    _: Option<&str>,
+    _: &[rfidl_codegen::registry::Remote],
+    _: bool,
+    report: &Report,
+) -> cli::Outcome {
+    without_registry_feature(report)
+}
+
+#[cfg(not(feature = "registry"))]
+fn deploy_check(_: &str, _: &[PathBuf], report: &Report) -> cli::Outcome {
+    without_registry_feature(report)
 }
 
 #[cfg(not(feature = "registry"))]

@@ -196,6 +196,87 @@ impl RegistryClient {
     }
 }
 
+/// A called interface version the registry found no active compatible
+/// provider for (`POST /v1/deploy-check` answered 409
+/// `unsatisfied_dependencies`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Unsatisfied {
+    pub interface: String,
+    pub version: u32,
+    pub fingerprint: String,
+    /// `not_published`, `no_provider` or `older_provider`.
+    pub reason: String,
+    pub message: String,
+}
+
+#[derive(serde::Deserialize)]
+struct UnsatisfiedBody {
+    error: String,
+    #[serde(default)]
+    missing: Vec<Unsatisfied>,
+}
+
+impl RegistryClient {
+    /// The manifest scan of the registry for `calls`: empty when every
+    /// called version is hosted by a registered provider at the locked or
+    /// a later revision, otherwise what is missing.
+    pub fn deploy_check(&self, calls: &[super::Locked]) -> Result<Vec<Unsatisfied>, RegistryError> {
+        let url = format!("{}/v1/deploy-check", self.base);
+        let response = self
+            .http
+            .post(&url)
+            .json(&serde_json::json!({ "calls": calls }))
+            .send()
+            .map_err(|e| self.unreachable(&url, e))?;
+        if response.status().is_success() {
+            return Ok(Vec::new());
+        }
+        if response.status() == reqwest::StatusCode::CONFLICT {
+            let text = response.text().unwrap_or_default();
+            return match serde_json::from_str::<UnsatisfiedBody>(&text) {
+                Ok(body) if body.error == "unsatisfied_dependencies" => Ok(body.missing),
+                _ => Err(RegistryError::Refused {
+                    url,
+                    status: 409,
+                    code: "conflict".to_owned(),
+                    message: text.chars().take(200).collect(),
+                }),
+            };
+        }
+        Err(self.refused(&url, response))
+    }
+}
+
+impl RegistryClient {
+    /// Decommissions (`on`) or re-commissions `remote` (needs the publish
+    /// token when the registry has one); the state it is in afterwards.
+    pub fn decommission(&self, remote: &Remote, on: bool) -> Result<bool, RegistryError> {
+        let url = format!(
+            "{}/v1/decommissioned/{}/v{}",
+            self.base, remote.interface, remote.version
+        );
+        let mut request = if on {
+            self.http.put(&url)
+        } else {
+            self.http.delete(&url)
+        };
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().map_err(|e| self.unreachable(&url, e))?;
+        if !response.status().is_success() {
+            return Err(self.refused(&url, response));
+        }
+        let body: serde_json::Value = response.json().map_err(|e| RegistryError::Refused {
+            url: url.clone(),
+            status: 200,
+            code: "unexpected_answer".to_owned(),
+            message: error_chain(&e),
+        })?;
+        Ok(body["decommissioned"].as_bool().unwrap_or(on))
+    }
+}
+
 /// `error` and every source under it, joined with `: ` (`error sending
 /// request: client error (Connect): tcp connect error: Connection refused
 /// (os error 111)`), so the cause of a network error is never lost. A
@@ -225,6 +306,36 @@ fn known_code(code: &str) -> &'static str {
 impl Source for RegistryClient {
     fn name(&self) -> String {
         self.base.clone()
+    }
+
+    /// `GET /v1/decommissioned`, best effort (an older registry without the
+    /// route, or none reachable, says nothing).
+    fn decommissioned(&self) -> Vec<(String, u32, String)> {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Entry {
+            interface: String,
+            version: u32,
+            decommissioned_at: String,
+        }
+        #[derive(serde::Deserialize)]
+        struct List {
+            decommissioned: Vec<Entry>,
+        }
+        let url = format!("{}/v1/decommissioned", self.base);
+        self.http
+            .get(&url)
+            .send()
+            .ok()
+            .filter(|r| r.status().is_success())
+            .and_then(|r| r.json::<List>().ok())
+            .map(|list| {
+                list.decommissioned
+                    .into_iter()
+                    .map(|e| (e.interface, e.version, e.decommissioned_at))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     fn latest(&self, remote: &Remote) -> Result<Manifest, RegistryError> {

@@ -447,6 +447,37 @@ pub trait Source {
     fn latest(&self, remote: &Remote) -> Result<Manifest, RegistryError>;
     /// One exact revision.
     fn exact(&self, remote: &Remote, fingerprint: &str) -> Result<Manifest, RegistryError>;
+    /// The interface versions decommissioned at the source, with when
+    /// (RFC 3339); empty when it has none or cannot say.
+    fn decommissioned(&self) -> Vec<(String, u32, String)> {
+        Vec::new()
+    }
+}
+
+/// A warning for each of `remotes` that `source` says is decommissioned:
+/// a build against it still works (the lock and cache have it), but its
+/// deploy would fail `rfidl deploy-check`.
+pub fn decommission_warnings(remotes: &[Remote], source: &dyn Source) -> Vec<String> {
+    let retired = source.decommissioned();
+    remotes
+        .iter()
+        .filter_map(|remote| {
+            retired
+                .iter()
+                .find(|(interface, version, _)| {
+                    *interface == remote.interface && *version == remote.version
+                })
+                .map(|(_, _, at)| {
+                    format!(
+                        "rfidl: {} v{} is decommissioned in the registry {} (since {at}); \
+                         move to a newer version: `rfidl deploy-check` will refuse this build",
+                        remote.interface,
+                        remote.version,
+                        source.name()
+                    )
+                })
+        })
+        .collect()
 }
 
 /// Whether [`resolve`] keeps locked fingerprints or moves to the latest.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use rfidl_examples::demo::engine::Engine;
 use rfidl_examples::demo::hr::{HrService, outbox_counts};
-use rfidl_examples::demo::registry::DemoRegistry;
+use rfidl_examples::demo::registry::{DemoRegistry, registered};
 use rfidl_examples::demo::{
     RunningParts, SHUTDOWN_BOUND, Settings, count, shutdown_signal, stop_gracefully,
 };
@@ -50,7 +50,19 @@ async fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir)?;
     let (hr_secret, engine_secret) = (Secret::generate().to_whsec(), Secret::generate().to_whsec());
 
-    // The engine first, on a free port; HR needs its URL.
+    // The contract's owner publishes; its peer checks what it was built
+    // against. Both services then register with the registry's directory.
+    let registry = DemoRegistry::start(&dir.join("registry.db")).await?;
+    for (version, manifest) in [
+        (1, emp_service_v1::MANIFEST_JSON),
+        (2, emp_service_v2::MANIFEST_JSON),
+    ] {
+        registry
+            .publish(emp_service_v1::INTERFACE, version, manifest)
+            .await?;
+    }
+
+    // Free ports first: each service needs the other's URL.
     let engine_listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let hr_listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let engine_settings = Settings {
@@ -62,6 +74,8 @@ async fn main() -> anyhow::Result<()> {
         signing_secret: engine_secret.clone(),
         peer_secret: hr_secret.clone(),
         base_config: None,
+        registry: Some(registry.url.clone()),
+        ops_token: None,
     };
     let hr_settings = Settings {
         service_id: "hr-service".into(),
@@ -72,19 +86,27 @@ async fn main() -> anyhow::Result<()> {
         signing_secret: hr_secret,
         peer_secret: engine_secret,
         base_config: None,
+        registry: Some(registry.url.clone()),
+        ops_token: None,
     };
-    let mut engine = Engine::start(&engine_settings).await?;
+    // HR (the provider of EmpService) registers first: the registry's
+    // manifest scan accepts the engine (its consumer) only once a provider
+    // is registered.
     let hr = HrService::start(&hr_settings).await?;
+    registered(hr.directory.as_ref(), Duration::from_secs(10)).await?;
+    let mut engine = Engine::start(&engine_settings).await?;
+    registered(engine.directory.as_ref(), Duration::from_secs(10)).await?;
 
     // SIGTERM or SIGINT ends the run early; both services then stop
     // gracefully (nothing left `Sending`) and the demo exits 0.
     let outcome = tokio::select! {
-        outcome = scenario(&args, &dir, &hr, &mut engine) => outcome,
+        outcome = scenario(&args, &dir, &registry, &hr, &mut engine) => outcome,
         signal = signal => {
             eprintln!("demo: {signal} received, stopping");
             Ok(())
         }
     };
+    registry.server.abort();
     let stop = async {
         for parts in [
             RunningParts {
@@ -114,24 +136,15 @@ async fn main() -> anyhow::Result<()> {
     outcome
 }
 
-/// Publishes and checks the manifests, hires through an outage and lost
-/// acknowledgements, and prints what the databases say.
+/// Checks the manifests, hires through an outage and lost acknowledgements,
+/// and prints what the databases and the registry's dashboard say.
 async fn scenario(
     args: &Args,
     dir: &std::path::Path,
+    registry: &DemoRegistry,
     hr: &HrService,
     engine: &mut Engine,
 ) -> anyhow::Result<()> {
-    // The contract's owner publishes; its peer checks what it was built against.
-    let registry = DemoRegistry::start(&dir.join("registry.db")).await?;
-    for (version, manifest) in [
-        (1, emp_service_v1::MANIFEST_JSON),
-        (2, emp_service_v2::MANIFEST_JSON),
-    ] {
-        registry
-            .publish(emp_service_v1::INTERFACE, version, manifest)
-            .await?;
-    }
     for (version, compiled) in [
         (1, emp_service_v1::FINGERPRINT),
         (2, emp_service_v2::FINGERPRINT),
@@ -149,6 +162,10 @@ async fn scenario(
         hr.url,
         engine.url,
         dir.display()
+    );
+    println!(
+        "  both registered with the registry; dashboard at {}/ (while the demo runs)",
+        registry.url
     );
 
     let started = Instant::now();
@@ -231,7 +248,33 @@ async fn scenario(
         "  registry (in-process, SQLite)             EmpService v1 + v2 published by HR; \
          the engine's compiled fingerprints match"
     );
-    registry.server.abort();
+    // One round of the health aggregator, as the dashboard shows it.
+    registry
+        .registry
+        .poll_health_once(Duration::from_secs(2))
+        .await?;
+    let listed: serde_json::Value = reqwest::get(format!("{}/v1/services", registry.url))
+        .await?
+        .json()
+        .await?;
+    let colours: Vec<String> = listed["services"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|service| {
+            format!(
+                "{}: {}",
+                service["service"].as_str().unwrap_or("?"),
+                service["instances"][0]["health"]["status"]
+                    .as_str()
+                    .unwrap_or("?")
+            )
+        })
+        .collect();
+    println!(
+        "  dashboard (health aggregator)             {}",
+        colours.join(", ")
+    );
     // A message that ended Failed, DeadLetter or Expired waits for a human:
     // the run is not OK even if the counts happen to match.
     let needs_a_human = |counts: &std::collections::BTreeMap<String, u64>| -> u64 {

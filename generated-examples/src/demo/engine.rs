@@ -233,6 +233,8 @@ pub struct Engine {
     pub dispatcher: DispatcherHandle,
     pub server: tokio::task::JoinHandle<()>,
     pub operations: Operations,
+    /// Its registration with the engine registry, if `--registry` was given.
+    pub directory: Option<super::Directory>,
 }
 
 impl Engine {
@@ -257,7 +259,13 @@ impl Engine {
             .service(emp_service_v2::EngineReceiver(workflows))
             .metrics(outbox.metrics().clone())
             .build()?;
-        let operations = Operations::start(&config, &settings.db, &outbox, &receiver)?;
+        let operations = Operations::start(
+            &config,
+            &settings.db,
+            &outbox,
+            &receiver,
+            settings.ops_token.as_deref(),
+        )?;
         let listener = tokio::net::TcpListener::bind(settings.listen).await?;
         let addr = listener.local_addr()?;
         let server = super::serve(listener, operations.router.clone());
@@ -265,9 +273,29 @@ impl Engine {
             .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
             .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers))
             .start()?;
+        // The engine calls EmpService (its commands go to HR).
+        let directory = super::register(
+            &config,
+            &format!("http://{addr}"),
+            settings.ops_token.as_deref(),
+            Vec::new(),
+            vec![
+                super::interface_ref(
+                    emp_service_v1::INTERFACE,
+                    emp_service_v1::VERSION,
+                    emp_service_v1::FINGERPRINT,
+                ),
+                super::interface_ref(
+                    emp_service_v2::INTERFACE,
+                    emp_service_v2::VERSION,
+                    emp_service_v2::FINGERPRINT,
+                ),
+            ],
+        );
         Ok(Self {
             db: settings.db.clone(),
             url: format!("http://{addr}"),
+            directory,
             addr,
             receiver,
             dispatcher,

@@ -97,6 +97,8 @@ pub struct HrService {
     pub dispatcher: DispatcherHandle,
     pub server: tokio::task::JoinHandle<()>,
     pub operations: Operations,
+    /// Its registration with the engine registry, if `--registry` was given.
+    pub directory: Option<super::Directory>,
     v1: emp_service_v1::EngineClient,
     v2: emp_service_v2::EngineClient,
 }
@@ -114,14 +116,40 @@ impl HrService {
             .service(emp_service_v2::ServiceReceiver(desk))
             .metrics(outbox.metrics().clone())
             .build()?;
-        let operations = Operations::start(&config, &settings.db, &outbox, &receiver)?;
+        let operations = Operations::start(
+            &config,
+            &settings.db,
+            &outbox,
+            &receiver,
+            settings.ops_token.as_deref(),
+        )?;
         let listener = tokio::net::TcpListener::bind(settings.listen).await?;
         let url = format!("http://{}", listener.local_addr()?);
         let server = super::serve(listener, operations.router.clone());
         let dispatcher = Dispatcher::builder(&outbox, &settings.db).start()?;
+        // HR provides EmpService (the engine's commands land here).
+        let directory = super::register(
+            &config,
+            &url,
+            settings.ops_token.as_deref(),
+            vec![
+                super::interface_ref(
+                    emp_service_v1::INTERFACE,
+                    emp_service_v1::VERSION,
+                    emp_service_v1::FINGERPRINT,
+                ),
+                super::interface_ref(
+                    emp_service_v2::INTERFACE,
+                    emp_service_v2::VERSION,
+                    emp_service_v2::FINGERPRINT,
+                ),
+            ],
+            Vec::new(),
+        );
         Ok(Self {
             db: settings.db.clone(),
             url,
+            directory,
             receiver,
             dispatcher,
             server,

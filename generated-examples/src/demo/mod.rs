@@ -22,6 +22,9 @@ use tokio_util::sync::CancellationToken;
 use rfidl_runtime::Config;
 use rfidl_runtime::config::DestinationConfig;
 use rfidl_runtime::diagnostics::Diagnostics;
+use rfidl_runtime::directory::{
+    DirectoryClient, DirectoryState, InterfaceRef, Registration, RegistryConfig,
+};
 use rfidl_runtime::outbox::Outbox;
 use rfidl_runtime::receiver::Receiver;
 use rfidl_runtime::retention::{Retention, RetentionHandle};
@@ -45,6 +48,13 @@ pub struct Settings {
     /// Runtime settings read from a YAML file (`--config`); `None`: the
     /// demo's quick-retry defaults.
     pub base_config: Option<Config>,
+    /// The engine registry to register with (`--registry URL`); overrides
+    /// the URL of the config file's `registry:` section.
+    pub registry: Option<String>,
+    /// The bearer token of the `/_rf/…` diagnostics routes (`--ops-token`);
+    /// without it the retries refuse (403) and the service must listen on
+    /// loopback only. Given to the registry for its health checks.
+    pub ops_token: Option<String>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -78,7 +88,52 @@ impl Settings {
         config
             .peers
             .insert(self.peer_id.clone(), vec![self.peer_secret.clone()]);
+        if let Some(url) = &self.registry {
+            match &mut config.registry {
+                Some(registry) => registry.url = url.clone(),
+                None => config.registry = Some(RegistryConfig::new(url.clone())),
+            }
+        }
         config
+    }
+}
+
+/// Registers the service with the registry of `config` (if it has one)
+/// and keeps the registration alive; see `rfidl_runtime::directory`.
+pub fn register(
+    config: &Config,
+    base_url: &str,
+    ops_token: Option<&str>,
+    hosts: Vec<InterfaceRef>,
+    calls: Vec<InterfaceRef>,
+) -> Option<Directory> {
+    let registry = config.registry.clone()?;
+    let client = DirectoryClient::new(
+        registry,
+        Registration {
+            service_id: config.service_id.clone(),
+            base_url: base_url.to_owned(),
+            hosts,
+            calls,
+            diagnostics_token: ops_token.map(str::to_owned),
+        },
+    );
+    let (task, state) = client.spawn();
+    Some(Directory { task, state })
+}
+
+/// A running registration (see [`register`]).
+pub struct Directory {
+    pub task: tokio::task::JoinHandle<()>,
+    pub state: tokio::sync::watch::Receiver<DirectoryState>,
+}
+
+/// `interface` `version` at `fingerprint`.
+pub fn interface_ref(interface: &str, version: u32, fingerprint: &str) -> InterfaceRef {
+    InterfaceRef {
+        interface: interface.to_owned(),
+        version,
+        fingerprint: fingerprint.to_owned(),
     }
 }
 
@@ -105,13 +160,15 @@ impl Operations {
         db: &std::path::Path,
         outbox: &Outbox,
         receiver: &Receiver,
+        ops_token: Option<&str>,
     ) -> anyhow::Result<Self> {
         // `/_rf/readyz` checks the database, the receiver's writer thread
         // and the dispatcher started on `outbox`.
-        let diagnostics = Diagnostics::builder(db)
-            .outbox(outbox)
-            .receiver(receiver)
-            .build()?;
+        let mut diagnostics = Diagnostics::builder(db).outbox(outbox).receiver(receiver);
+        if let Some(token) = ops_token {
+            diagnostics = diagnostics.bearer_token(token);
+        }
+        let diagnostics = diagnostics.build()?;
         let retention = Retention::spawn(config.clone(), db, outbox.metrics().clone())?;
         Ok(Self {
             router: receiver.router().merge(diagnostics.router()),
@@ -223,6 +280,22 @@ pub async fn finish(name: &str, signal: &str, parts: RunningParts) -> anyhow::Re
     }
 }
 
+/// Secure by default: a service serves its diagnostics without a token
+/// only on loopback, and never with an empty token.
+pub fn check_ops_access(listen: SocketAddr, ops_token: Option<&str>) -> anyhow::Result<()> {
+    match ops_token {
+        Some("") => anyhow::bail!(
+            "the ops token is empty; give a non-empty --ops-token (RFIDL_OPS_TOKEN) or none"
+        ),
+        None if !listen.ip().is_loopback() => anyhow::bail!(
+            "refusing to listen on {listen} without --ops-token (RFIDL_OPS_TOKEN): the \
+             /_rf/… diagnostics routes (failed list, metrics) would answer anyone who reaches \
+             the port; give a token, or listen on 127.0.0.1 (docs/operations.md, \"Access\")"
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// Flags shared by the `hr-service` and `engine` binaries.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServiceArgs {
@@ -254,6 +327,16 @@ pub struct ServiceArgs {
     /// it (docs/operations.md), and the flags above win over both.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Register with the engine registry at this URL (e.g.
+    /// http://127.0.0.1:7300) and renew with a heartbeat; see
+    /// docs/operations.md.
+    #[arg(long, env = "RFIDL_REGISTRY_URL")]
+    pub registry: Option<String>,
+    /// Bearer token of the /_rf/… diagnostics routes. Without it the
+    /// retries answer 403 and the service refuses to listen beyond
+    /// loopback (its failed list would be open to anyone).
+    #[arg(long, env = "RFIDL_OPS_TOKEN", hide_env_values = true)]
+    pub ops_token: Option<String>,
 }
 
 impl ServiceArgs {
@@ -261,6 +344,7 @@ impl ServiceArgs {
     /// quick retries), then the `RFIDL_…` environment overlay, then the
     /// flags. Errors never show a secret.
     pub fn settings(&self, service_id: &str, peer_id: &str) -> anyhow::Result<Settings> {
+        check_ops_access(self.listen, self.ops_token.as_deref())?;
         let mut config = match self.config.as_deref() {
             Some(path) => Config::from_yaml_file(path)?,
             None => demo_config(),
@@ -285,6 +369,8 @@ impl ServiceArgs {
             signing_secret,
             peer_secret,
             base_config: Some(config),
+            registry: self.registry.clone(),
+            ops_token: self.ops_token.clone(),
         })
     }
 }

@@ -11,6 +11,8 @@ use rfidl_registry::Registry;
 pub struct DemoRegistry {
     pub url: String,
     pub server: tokio::task::JoinHandle<()>,
+    /// The registry itself, e.g. for `poll_health_once`.
+    pub registry: Registry,
 }
 
 impl DemoRegistry {
@@ -19,7 +21,11 @@ impl DemoRegistry {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let server = super::serve(listener, registry.router());
-        Ok(Self { url, server })
+        Ok(Self {
+            url,
+            server,
+            registry,
+        })
     }
 
     /// Publishes a manifest constant (`MANIFEST_JSON` of a generated
@@ -60,5 +66,24 @@ impl DemoRegistry {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default();
         Ok(etag.trim_matches('"').to_owned())
+    }
+}
+
+/// Waits until `directory` has its full registration accepted (at most
+/// `within`); the error names the last failure.
+pub async fn registered(
+    directory: Option<&super::Directory>,
+    within: std::time::Duration,
+) -> anyhow::Result<String> {
+    let directory = directory.ok_or_else(|| anyhow::anyhow!("no --registry given"))?;
+    let mut state = directory.state.clone();
+    let waited = tokio::time::timeout(within, state.wait_for(|s| s.complete)).await;
+    let last = directory.state.borrow().clone();
+    match waited {
+        Ok(Ok(state)) => Ok(state.instance_id.clone().unwrap_or_default()),
+        _ => anyhow::bail!(
+            "not registered within {within:?}: {}",
+            last.last_error.unwrap_or_else(|| "no answer".into())
+        ),
     }
 }

@@ -1,6 +1,7 @@
 //! The README's first command, run as a process with a smaller load (150 hires, a 1 s outage): it
 //! must end with exactly-once effects, healthy services and the registry
-//! check passed, and exit 0.
+//! check passed, both services registered in the registry's directory and
+//! healthy on its dashboard, and exit 0.
 
 use std::process::Command;
 
@@ -27,6 +28,8 @@ fn the_demo_runs_on_embedded_defaults_and_reports_exactly_once() {
         "messages waiting for an operator          0",
         "the engine's compiled fingerprints match",
         "exactly once                              yes",
+        "both registered with the registry; dashboard at http://127.0.0.1:",
+        "dashboard (health aggregator)             engine: healthy, hr-service: healthy",
     ] {
         assert!(stdout.contains(line), "{line:?} missing from\n{stdout}");
     }

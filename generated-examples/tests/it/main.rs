@@ -2,6 +2,7 @@
 
 mod demo;
 mod drift;
+mod ops_access;
 mod processes;
 mod signals;
 mod verdict;

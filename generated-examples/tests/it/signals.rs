@@ -308,8 +308,10 @@ fn the_demo_stops_gracefully_on_sigterm_mid_run() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn demo");
-    let engine_db = dir.path().join("engine.db");
-    wait_for_count(&engine_db, "SELECT COUNT(*) FROM workflows", 50);
+    // Mid-run: hires are flowing (the engine may or may not have handled
+    // some yet; it goes down for 30 s after the first third).
+    let hr_db = dir.path().join("hr.db");
+    wait_for_count(&hr_db, "SELECT COUNT(*) FROM employees", 50);
     send_signal(&demo, "TERM");
     let (status, took) = wait_exit(&mut demo, Duration::from_secs(15));
     eprintln!("demo stopped {took:?} after SIGTERM");

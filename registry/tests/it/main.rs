@@ -6,6 +6,9 @@
 mod api;
 mod cli_formats;
 mod client;
+mod dashboard;
+mod deploy_check;
+mod directory;
 mod hostile;
 mod process;
 mod routes;

@@ -395,10 +395,17 @@ fn readiness_needs_a_writable_database_of_this_schema_and_liveness_does_not() {
     assert_eq!(status, 503, "{text}");
     assert_eq!(
         json(&text)["reason"],
-        "the database has schema version 99, this build serves 1"
+        format!(
+            "the database has schema version 99, this build serves {}",
+            rfidl_registry::store::MIGRATIONS.len()
+        )
     );
     other
-        .pragma_update(None, "user_version", 1)
+        .pragma_update(
+            None,
+            "user_version",
+            rfidl_registry::store::MIGRATIONS.len() as i64,
+        )
         .expect("restore");
     assert_eq!(get(&server.url, "/readyz").0, 200);
     assert_eq!(get(&server.url, "/livez").1, "{\"status\":\"ok\"}");

@@ -345,11 +345,13 @@ async fn a_message_older_than_the_receivers_dedup_horizon_is_refused_and_fails_a
     // An operator retries it: the answer warns, and it comes back Failed.
     let diagnostics = Diagnostics::builder(&db)
         .outbox(&outbox)
+        .bearer_token("ops-token")
         .build()
         .expect("diagnostics");
     let (url, _server) = serve(diagnostics.router()).await;
     let answer: serde_json::Value = reqwest::Client::new()
         .post(format!("{url}/_rf/outbox/{old}/retry"))
+        .bearer_auth("ops-token")
         .send()
         .await
         .expect("retry")
@@ -365,6 +367,7 @@ async fn a_message_older_than_the_receivers_dedup_horizon_is_refused_and_fails_a
     );
     let bulk: serde_json::Value = reqwest::Client::new()
         .post(format!("{url}/_rf/outbox/retry?status=Failed"))
+        .bearer_auth("ops-token")
         .send()
         .await
         .expect("bulk retry")
@@ -380,6 +383,7 @@ async fn a_message_older_than_the_receivers_dedup_horizon_is_refused_and_fails_a
     );
     let no_warning: serde_json::Value = reqwest::Client::new()
         .post(format!("{url}/_rf/outbox/{fresh}/retry"))
+        .bearer_auth("ops-token")
         .send()
         .await
         .expect("retry")

@@ -36,7 +36,7 @@ const REQUESTS: usize = 7_500;
 /// Statuses a request may get: the wire protocol's (200, 400, 401, 404,
 /// 405, 413, 422, 503), the diagnostics routes' (409 `not_retryable`), and
 /// 431 from the HTTP server for request headers over its limit.
-const DOCUMENTED: &[u16] = &[200, 400, 401, 404, 405, 409, 413, 422, 431, 503];
+const DOCUMENTED: &[u16] = &[200, 400, 401, 403, 404, 405, 409, 413, 422, 431, 503];
 /// The 503 codes that ask the sender to retry.
 const RETRYABLE_503: &[&str] = &[
     "storage_unavailable",
@@ -761,9 +761,14 @@ async fn hostile_input_fuzz_never_panics_nor_writes_for_a_refusal() {
 // Regression tests for what the fuzz found, one each.
 
 /// `(status, body as JSON)` of one request over real HTTP.
+/// The diagnostics token of [`with_diagnostics`] (its retries refuse to
+/// run without one).
+const TOKEN: &str = "hostile-tests-token";
+
 async fn json_answer(method: reqwest::Method, url: String) -> (u16, Value) {
     let response = reqwest::Client::new()
         .request(method, url)
+        .bearer_auth(TOKEN)
         .send()
         .await
         .expect("send");
@@ -778,6 +783,7 @@ async fn with_diagnostics() -> (Fixture, String, tokio::task::JoinHandle<()>) {
     let fixture = Fixture::start().await;
     let diagnostics = Diagnostics::builder(&fixture.db_path)
         .metrics(fixture.metrics())
+        .bearer_token(TOKEN)
         .build()
         .expect("diagnostics");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

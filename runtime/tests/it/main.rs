@@ -2,11 +2,14 @@
 //! SQLite files in temp dirs, real HTTP on 127.0.0.1.
 
 mod config_env;
+mod directory;
 mod dispatcher;
 mod faults;
 mod interop;
 mod operations;
+mod ops_access;
 mod probes;
+mod prometheus;
 mod receiver;
 mod responses;
 mod support;

@@ -453,6 +453,7 @@ async fn a_locked_database_answers_503_and_loses_nothing() {
     );
     let ops = Diagnostics::builder(&db)
         .outbox(&outbox)
+        .bearer_token("ops-token")
         .build()
         .expect("diagnostics");
     let (ops_url, _server) = serve(ops.router()).await;
@@ -467,7 +468,7 @@ async fn a_locked_database_answers_503_and_loses_nothing() {
         &client,
         reqwest::Method::POST,
         &format!("{ops_url}/_rf/outbox/{}/retry", ids[0]),
-        None,
+        Some("ops-token"),
     )
     .await;
     assert_eq!(status, 503, "{body}");
@@ -477,7 +478,7 @@ async fn a_locked_database_answers_503_and_loses_nothing() {
         &client,
         reqwest::Method::GET,
         &format!("{ops_url}/_rf/health"),
-        None,
+        Some("ops-token"),
     )
     .await;
     assert_eq!(status, 200, "{body}");
@@ -492,7 +493,7 @@ async fn a_locked_database_answers_503_and_loses_nothing() {
         &client,
         reqwest::Method::POST,
         &format!("{ops_url}/_rf/outbox/{}/retry", ids[0]),
-        None,
+        Some("ops-token"),
     )
     .await;
     assert_eq!(status, 200);

@@ -1,0 +1,523 @@
+//! The service directory: which instance of which service runs where, the
+//! interface versions it hosts and the ones it calls, and when it was last
+//! seen (`docs/registry.md`, "Service directory").
+//!
+//! An instance is keyed by its service id and base URL; its id is the first
+//! 16 hex digits of SHA-256(`service`, NUL, `base URL`), so a restarted
+//! instance registers again under the same id. A registration replaces the
+//! instance's interface lists (one `IMMEDIATE` transaction) and is refused,
+//! with nothing stored, when it hosts a version or revision that is not
+//! published (422 `unknown_interface`) or calls one that no registered
+//! provider hosts in the locked or a later revision (409
+//! `unsatisfied_dependencies`, the manifest scan; `POST /v1/deploy-check`
+//! runs the same scan without registering).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
+use serde::{Deserialize, Serialize};
+use sha2::Digest as _;
+
+use crate::{ApiError, Shared, authorize, conditional, now_ms, with_db};
+
+/// Largest registration or deploy-check body.
+pub const REGISTRATION_LIMIT: usize = 256 * 1024;
+
+/// One interface version at one revision, by its fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InterfaceRef {
+    /// `package.Service`, e.g. `hr.employees.EmpService`.
+    pub interface: String,
+    pub version: u32,
+    /// `sha256:…` of the manifest revision.
+    pub fingerprint: String,
+}
+
+/// The body of `POST /v1/services/{service}/instances`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Registration {
+    /// Where the instance serves its receiver and `/_rf/…` routes.
+    pub base_url: String,
+    /// The interface versions it provides.
+    #[serde(default)]
+    pub hosts: Vec<InterfaceRef>,
+    /// The interface versions it sends to, at their locked fingerprints.
+    #[serde(default)]
+    pub calls: Vec<InterfaceRef>,
+    /// The bearer token of its diagnostics routes, if it has one; the
+    /// aggregator sends it. Stored, never served.
+    #[serde(default)]
+    pub diagnostics_token: Option<String>,
+}
+
+/// The body of `POST /v1/deploy-check`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeployCheck {
+    pub calls: Vec<InterfaceRef>,
+}
+
+/// A called interface version that no active provider satisfies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Unmet {
+    pub interface: String,
+    pub version: u32,
+    pub fingerprint: String,
+    /// `decommissioned`, `not_published`, `no_provider` or `older_provider`.
+    pub reason: String,
+    pub message: String,
+}
+
+/// The id of the instance of `service` at `base_url`.
+pub fn instance_id(service: &str, base_url: &str) -> String {
+    let mut hash = sha2::Sha256::new();
+    hash.update(service.as_bytes());
+    hash.update([0]);
+    hash.update(base_url.as_bytes());
+    hex::encode(&hash.finalize()[..8])
+}
+
+/// A service id: 1 to 128 of `A-Z a-z 0-9 . _ -`.
+fn check_service(service: &str) -> Result<(), ApiError> {
+    let ok = !service.is_empty()
+        && service.len() <= 128
+        && service
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(format!(
+            "`{service}` is not a service id (1 to 128 of A-Z a-z 0-9 . _ -)"
+        )))
+    }
+}
+
+/// `http://host:port[/path]` without query or fragment, trailing `/` dropped.
+fn normalise_base_url(text: &str) -> Result<String, ApiError> {
+    let invalid = |why: &str| ApiError::InvalidRegistration(format!("baseUrl `{text}` {why}"));
+    let url = reqwest::Url::parse(text).map_err(|e| invalid(&format!("is not a URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(invalid("is not http:// or https://"));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(invalid("has no host"));
+    }
+    if url.query().is_some() || url.fragment().is_some() || !url.username().is_empty() {
+        return Err(invalid("must not have a query, fragment or user name"));
+    }
+    Ok(url.as_str().trim_end_matches('/').to_owned())
+}
+
+async fn json_body<T: serde::de::DeserializeOwned>(body: Body) -> Result<T, ApiError> {
+    let body: Bytes = axum::body::to_bytes(body, REGISTRATION_LIMIT)
+        .await
+        .map_err(|_| ApiError::PayloadTooLarge)?;
+    serde_json::from_slice(&body).map_err(|e| ApiError::InvalidRegistration(e.to_string()))
+}
+
+/// The revision number of a published fingerprint.
+fn revision_of(conn: &Connection, r: &InterfaceRef) -> rusqlite::Result<Option<u32>> {
+    conn.query_row(
+        "SELECT revision FROM manifests WHERE interface = ?1 AND version = ?2 AND fingerprint = ?3",
+        params![r.interface, r.version, r.fingerprint],
+        |row| row.get(0),
+    )
+    .optional()
+}
+
+/// The manifest scan: each of `calls` must be hosted by a registered
+/// instance at the locked revision or a later one of the same version (a
+/// later revision only adds, so it is compatible).
+pub fn scan(conn: &Connection, calls: &[InterfaceRef]) -> rusqlite::Result<Vec<Unmet>> {
+    let mut unmet = Vec::new();
+    for call in calls {
+        let unmet_as = |reason: &str, message: String| Unmet {
+            interface: call.interface.clone(),
+            version: call.version,
+            fingerprint: call.fingerprint.clone(),
+            reason: reason.to_owned(),
+            message,
+        };
+        let name = format!("`{}` v{}", call.interface, call.version);
+        if let Some(at) =
+            crate::decommission::decommissioned_at(conn, &call.interface, call.version)?
+        {
+            unmet.push(unmet_as(
+                "decommissioned",
+                format!(
+                    "{name} was decommissioned at {}; move to a newer version (or \
+                     `rfidl recommission` it)",
+                    crate::store::rfc3339(at)
+                ),
+            ));
+            continue;
+        }
+        let Some(locked) = revision_of(conn, call)? else {
+            unmet.push(unmet_as(
+                "not_published",
+                format!(
+                    "{name} has no published revision {}; publish it first",
+                    call.fingerprint
+                ),
+            ));
+            continue;
+        };
+        let hosted: Option<u32> = conn.query_row(
+            "SELECT MAX(m.revision) FROM instance_interfaces ii JOIN manifests m \
+               ON m.interface = ii.interface AND m.version = ii.version \
+              AND m.fingerprint = ii.fingerprint \
+             WHERE ii.role = 'hosts' AND ii.interface = ?1 AND ii.version = ?2",
+            params![call.interface, call.version],
+            |row| row.get(0),
+        )?;
+        match hosted {
+            None => unmet.push(unmet_as(
+                "no_provider",
+                format!("no registered service hosts {name}"),
+            )),
+            Some(best) if best < locked => unmet.push(unmet_as(
+                "older_provider",
+                format!(
+                    "{name}: the newest hosted revision is {best}, older than the locked \
+                     revision {locked}"
+                ),
+            )),
+            Some(_) => {}
+        }
+    }
+    Ok(unmet)
+}
+
+/// What a registration stored.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Registered {
+    pub service: String,
+    pub instance_id: String,
+    pub base_url: String,
+    /// False when the instance was registered already (its lists replaced).
+    pub created: bool,
+}
+
+/// Stores `registration` of `service` in one transaction, or refuses it
+/// with nothing stored.
+pub fn register(
+    conn: &mut Connection,
+    service: &str,
+    registration: &Registration,
+    base_url: &str,
+    now_ms: i64,
+) -> Result<Registered, ApiError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let unknown: Vec<String> = registration
+        .hosts
+        .iter()
+        .map(|r| Ok((r, revision_of(&tx, r)?)))
+        .collect::<rusqlite::Result<Vec<_>>>()?
+        .into_iter()
+        .filter(|(_, revision)| revision.is_none())
+        .map(|(r, _)| format!("`{}` v{} {}", r.interface, r.version, r.fingerprint))
+        .collect();
+    if !unknown.is_empty() {
+        return Err(ApiError::UnknownInterface(format!(
+            "hosted interface version(s) not published in this registry: {}",
+            unknown.join(", ")
+        )));
+    }
+    let unmet = scan(&tx, &registration.calls)?;
+    if !unmet.is_empty() {
+        return Err(ApiError::Unsatisfied(unmet));
+    }
+    let id = instance_id(service, base_url);
+    let created = tx
+        .query_row(
+            "SELECT 1 FROM instances WHERE instance_id = ?1",
+            params![id],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_none();
+    tx.execute(
+        "INSERT INTO instances (instance_id, service, base_url, diagnostics_token, registered_at, \
+         last_seen_at) VALUES (?1, ?2, ?3, ?4, ?5, ?5) \
+         ON CONFLICT (instance_id) DO UPDATE SET diagnostics_token = excluded.diagnostics_token, \
+         last_seen_at = excluded.last_seen_at",
+        params![
+            id,
+            service,
+            base_url,
+            registration.diagnostics_token,
+            now_ms
+        ],
+    )?;
+    tx.execute(
+        "DELETE FROM instance_interfaces WHERE instance_id = ?1",
+        params![id],
+    )?;
+    for (role, list) in [
+        ("hosts", &registration.hosts),
+        ("calls", &registration.calls),
+    ] {
+        for r in list {
+            tx.execute(
+                "INSERT OR REPLACE INTO instance_interfaces \
+                 (instance_id, role, interface, version, fingerprint) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![id, role, r.interface, r.version, r.fingerprint],
+            )?;
+        }
+    }
+    tx.commit()?;
+    Ok(Registered {
+        service: service.to_owned(),
+        instance_id: id,
+        base_url: base_url.to_owned(),
+        created,
+    })
+}
+
+/// Marks the instance seen now; 404 `unknown_instance` if it is not registered.
+pub fn heartbeat(
+    conn: &Connection,
+    service: &str,
+    instance: &str,
+    now_ms: i64,
+) -> Result<(), ApiError> {
+    let changed = conn.execute(
+        "UPDATE instances SET last_seen_at = ?3 WHERE service = ?1 AND instance_id = ?2",
+        params![service, instance, now_ms],
+    )?;
+    if changed == 0 {
+        return Err(ApiError::UnknownInstance(format!(
+            "no instance `{instance}` of service `{service}` is registered; register it with \
+             POST /v1/services/{service}/instances"
+        )));
+    }
+    Ok(())
+}
+
+/// The last health check of an instance.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LastHealth {
+    /// The dashboard's colour: `healthy`, `warning` or `critical`.
+    pub status: String,
+    /// The service's own `/_rf/health` status; absent when unreachable.
+    pub reported: Option<String>,
+    pub checked_at: String,
+    pub outbox_depth: Option<u64>,
+    pub dead_letter: Option<u64>,
+    pub attention: Option<u64>,
+    pub oldest_pending_age_ms: Option<i64>,
+    pub reasons: Vec<String>,
+}
+
+/// One instance in `GET /v1/services`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceEntry {
+    pub instance_id: String,
+    pub base_url: String,
+    pub hosts: Vec<InterfaceRef>,
+    pub calls: Vec<InterfaceRef>,
+    pub registered_at: String,
+    pub last_seen_at: String,
+    /// Milliseconds since the Unix epoch, for the dashboard.
+    #[serde(skip)]
+    pub last_seen_ms: i64,
+    /// `None` until the aggregator has checked it.
+    pub health: Option<LastHealth>,
+}
+
+/// One service in `GET /v1/services`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceEntry {
+    pub service: String,
+    pub instances: Vec<InstanceEntry>,
+}
+
+/// Every service with its instances, sorted by service and base URL.
+pub fn services(conn: &Connection) -> rusqlite::Result<Vec<ServiceEntry>> {
+    let mut statement = conn.prepare(
+        "SELECT instance_id, service, base_url, registered_at, last_seen_at FROM instances \
+         ORDER BY service, base_url",
+    )?;
+    let rows = statement
+        .query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, String>(2)?,
+                row.get::<_, i64>(3)?,
+                row.get::<_, i64>(4)?,
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut interfaces = conn.prepare(
+        "SELECT role, interface, version, fingerprint FROM instance_interfaces \
+         WHERE instance_id = ?1 ORDER BY interface, version",
+    )?;
+    let mut services: Vec<ServiceEntry> = Vec::new();
+    for (id, service, base_url, registered, seen) in rows {
+        let (mut hosts, mut calls) = (Vec::new(), Vec::new());
+        for row in interfaces.query_map(params![id], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                InterfaceRef {
+                    interface: row.get(1)?,
+                    version: row.get(2)?,
+                    fingerprint: row.get(3)?,
+                },
+            ))
+        })? {
+            let (role, r) = row?;
+            if role == "hosts" {
+                hosts.push(r);
+            } else {
+                calls.push(r);
+            }
+        }
+        let entry = InstanceEntry {
+            health: crate::aggregator::last_health(conn, &id)?,
+            instance_id: id,
+            base_url,
+            hosts,
+            calls,
+            registered_at: crate::store::rfc3339(registered),
+            last_seen_at: crate::store::rfc3339(seen),
+            last_seen_ms: seen,
+        };
+        match services.last_mut() {
+            Some(last) if last.service == service => last.instances.push(entry),
+            _ => services.push(ServiceEntry {
+                service,
+                instances: vec![entry],
+            }),
+        }
+    }
+    Ok(services)
+}
+
+/// `POST /v1/services/{service}/instances`: registers (or renews) an
+/// instance; 201 when new, 200 when it was registered already.
+pub(crate) async fn serve_register(
+    State(shared): State<Arc<Shared>>,
+    UrlPath(service): UrlPath<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    authorize(&shared, &headers)?;
+    check_service(&service)?;
+    let registration: Registration = json_body(body).await?;
+    let base_url = normalise_base_url(&registration.base_url)?;
+    if registration
+        .diagnostics_token
+        .as_deref()
+        .is_some_and(str::is_empty)
+    {
+        return Err(ApiError::InvalidRegistration(
+            "diagnosticsToken is empty; leave it out when the service has none".into(),
+        ));
+    }
+    let registered = with_db(&shared, move |conn| {
+        register(conn, &service, &registration, &base_url, now_ms())
+    })
+    .await?;
+    tracing::info!(
+        service = %registered.service,
+        instance = %registered.instance_id,
+        base_url = %registered.base_url,
+        created = registered.created,
+        "registered"
+    );
+    let status = if registered.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(registered)).into_response())
+}
+
+/// `PUT /v1/services/{service}/instances/{instance}/heartbeat`.
+pub(crate) async fn serve_heartbeat(
+    State(shared): State<Arc<Shared>>,
+    UrlPath((service, instance)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&shared, &headers)?;
+    check_service(&service)?;
+    let now = now_ms();
+    let (service, instance) = with_db(&shared, move |conn| {
+        heartbeat(conn, &service, &instance, now)?;
+        Ok((service, instance))
+    })
+    .await?;
+    Ok(Json(serde_json::json!({
+        "service": service,
+        "instanceId": instance,
+        "lastSeenAt": crate::store::rfc3339(now),
+    }))
+    .into_response())
+}
+
+/// `DELETE /v1/services/{service}/instances/{instance}`: removes an instance
+/// (a service moved or retired) with its interface lists and health
+/// history; 204, or 404 `unknown_instance`.
+pub(crate) async fn serve_deregister(
+    State(shared): State<Arc<Shared>>,
+    UrlPath((service, instance)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&shared, &headers)?;
+    check_service(&service)?;
+    with_db(&shared, move |conn| {
+        let removed = conn.execute(
+            "DELETE FROM instances WHERE service = ?1 AND instance_id = ?2",
+            params![service, instance],
+        )?;
+        if removed == 0 {
+            return Err(ApiError::UnknownInstance(format!(
+                "no instance `{instance}` of service `{service}` is registered"
+            )));
+        }
+        tracing::info!(%service, %instance, "deregistered");
+        Ok(())
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `GET /v1/services`.
+pub(crate) async fn serve_services(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let services = with_db(&shared, |conn| Ok(services(conn)?)).await?;
+    Ok(conditional::json_response(
+        &headers,
+        &serde_json::json!({ "services": services }),
+    ))
+}
+
+/// `POST /v1/deploy-check`: the manifest scan of `calls`, storing nothing.
+pub(crate) async fn serve_deploy_check(
+    State(shared): State<Arc<Shared>>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let check: DeployCheck = json_body(body).await?;
+    let count = check.calls.len();
+    let unmet = with_db(&shared, move |conn| Ok(scan(conn, &check.calls)?)).await?;
+    if !unmet.is_empty() {
+        return Err(ApiError::Unsatisfied(unmet));
+    }
+    Ok(Json(serde_json::json!({"satisfied": true, "checked": count})).into_response())
+}

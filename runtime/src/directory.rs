@@ -1,0 +1,290 @@
+//! Registration with the engine registry's service directory
+//! (`docs/registry.md`, "Service directory"; `docs/operations.md`).
+//!
+//! A service configured with [`RegistryConfig`] (`registry:` in the YAML
+//! config, `--registry URL` on the demo services) tells the registry its
+//! base URL, the interface versions it hosts and the ones it calls (with
+//! their fingerprints), and renews that with a heartbeat every
+//! [`RegistryConfig::heartbeat`].
+//!
+//! The registry refuses a consumer whose called versions no registered
+//! provider hosts (409 `unsatisfied_dependencies`, the manifest scan). Two
+//! services that call each other would then wait for each other forever, so
+//! [`DirectoryClient::spawn`] registers what it hosts first when the full
+//! registration is refused, logs what is missing, and retries the full
+//! registration on every heartbeat tick until it is accepted. A heartbeat
+//! answered 404 `unknown_instance` (the registry lost its database)
+//! registers again. Nothing here ever stops the service: the registry being
+//! down only delays its entry in the directory.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::duration::serde_human;
+
+/// `registry:` in the runtime configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryConfig {
+    /// The registry's base URL, e.g. `http://127.0.0.1:7300`.
+    pub url: String,
+    /// Its publish token, when it has one (registrations need it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// How often the registration is renewed (default 30 s).
+    #[serde(with = "serde_human", default = "default_heartbeat")]
+    pub heartbeat: Duration,
+}
+
+fn default_heartbeat() -> Duration {
+    Duration::from_secs(30)
+}
+
+impl RegistryConfig {
+    /// A registry at `url`, no token, the default heartbeat.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            token: None,
+            heartbeat: default_heartbeat(),
+        }
+    }
+}
+
+/// One interface version at one revision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InterfaceRef {
+    pub interface: String,
+    pub version: u32,
+    /// `sha256:…` of the manifest revision (the generated `FINGERPRINT`).
+    pub fingerprint: String,
+}
+
+/// What a service tells the directory about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Registration {
+    /// This service's id (`Config::service_id`).
+    #[serde(skip)]
+    pub service_id: String,
+    /// Where its receiver and `/_rf/…` routes answer, e.g. `http://10.0.0.7:7001`.
+    pub base_url: String,
+    pub hosts: Vec<InterfaceRef>,
+    pub calls: Vec<InterfaceRef>,
+    /// The bearer token of its diagnostics routes, for the health aggregator.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diagnostics_token: Option<String>,
+}
+
+/// Why a call to the registry failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DirectoryError {
+    /// 409 `unsatisfied_dependencies`: the called versions without a provider.
+    #[error("the registry has no compatible provider for: {}", .0.join("; "))]
+    Unsatisfied(Vec<String>),
+    /// 404 `unknown_instance` on a heartbeat.
+    #[error("the registry does not know this instance")]
+    NotRegistered,
+    /// Any other answer: status, code and message.
+    #[error("the registry answered {status} {code}: {message}")]
+    Refused {
+        status: u16,
+        code: String,
+        message: String,
+    },
+    /// It could not be reached.
+    #[error("cannot reach the registry: {0}")]
+    Unreachable(String),
+}
+
+/// Where registration stands, for tests and start-up messages.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DirectoryState {
+    /// Set once any registration was accepted.
+    pub instance_id: Option<String>,
+    /// True once the full registration (with the calls) was accepted.
+    pub complete: bool,
+    /// The last failure, if the last attempt failed.
+    pub last_error: Option<String>,
+}
+
+/// Talks to the registry's directory for one service instance.
+#[derive(Debug, Clone)]
+pub struct DirectoryClient {
+    config: RegistryConfig,
+    registration: Registration,
+    http: reqwest::Client,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Registered {
+    instance_id: String,
+}
+
+#[derive(Deserialize, Default)]
+struct ErrorAnswer {
+    #[serde(default)]
+    error: String,
+    #[serde(default)]
+    message: String,
+    #[serde(default)]
+    missing: Vec<Missing>,
+}
+
+#[derive(Deserialize)]
+struct Missing {
+    message: String,
+}
+
+impl DirectoryClient {
+    /// A client for `registration` at the registry of `config`.
+    pub fn new(config: RegistryConfig, registration: Registration) -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap_or_default();
+        Self {
+            config,
+            registration,
+            http,
+        }
+    }
+
+    fn base(&self) -> &str {
+        self.config.url.trim_end_matches('/')
+    }
+
+    fn authorised(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.config.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    async fn refusal(response: reqwest::Response) -> DirectoryError {
+        let status = response.status().as_u16();
+        let answer: ErrorAnswer = response.json().await.unwrap_or_default();
+        match (status, answer.error.as_str()) {
+            (409, "unsatisfied_dependencies") => {
+                DirectoryError::Unsatisfied(answer.missing.into_iter().map(|m| m.message).collect())
+            }
+            (404, "unknown_instance") => DirectoryError::NotRegistered,
+            _ => DirectoryError::Refused {
+                status,
+                code: answer.error,
+                message: answer.message,
+            },
+        }
+    }
+
+    /// Registers this instance, with its calls or only what it hosts;
+    /// returns the instance id.
+    pub async fn register(&self, with_calls: bool) -> Result<String, DirectoryError> {
+        let mut registration = self.registration.clone();
+        if !with_calls {
+            registration.calls.clear();
+        }
+        let url = format!(
+            "{}/v1/services/{}/instances",
+            self.base(),
+            self.registration.service_id
+        );
+        let response = self
+            .authorised(self.http.post(url).json(&registration))
+            .send()
+            .await
+            .map_err(|e| DirectoryError::Unreachable(e.to_string()))?;
+        if !response.status().is_success() {
+            return Err(Self::refusal(response).await);
+        }
+        let registered: Registered = response
+            .json()
+            .await
+            .map_err(|e| DirectoryError::Unreachable(e.to_string()))?;
+        Ok(registered.instance_id)
+    }
+
+    /// Renews the registration of `instance_id`.
+    pub async fn heartbeat(&self, instance_id: &str) -> Result<(), DirectoryError> {
+        let url = format!(
+            "{}/v1/services/{}/instances/{instance_id}/heartbeat",
+            self.base(),
+            self.registration.service_id
+        );
+        let response = self
+            .authorised(self.http.put(url))
+            .send()
+            .await
+            .map_err(|e| DirectoryError::Unreachable(e.to_string()))?;
+        if !response.status().is_success() {
+            return Err(Self::refusal(response).await);
+        }
+        Ok(())
+    }
+
+    /// One step of the loop of [`DirectoryClient::spawn`].
+    async fn step(&self, state: &mut DirectoryState) {
+        let result = if state.complete {
+            let id = state.instance_id.clone().unwrap_or_default();
+            match self.heartbeat(&id).await {
+                Err(DirectoryError::NotRegistered) => {
+                    tracing::warn!("the registry forgot this instance; registering again");
+                    state.complete = false;
+                    self.register_full(state).await
+                }
+                other => other,
+            }
+        } else {
+            self.register_full(state).await
+        };
+        state.last_error = result.err().map(|e| e.to_string());
+    }
+
+    async fn register_full(&self, state: &mut DirectoryState) -> Result<(), DirectoryError> {
+        match self.register(true).await {
+            Ok(id) => {
+                tracing::info!(instance = %id, registry = %self.config.url, "registered with the registry");
+                state.instance_id = Some(id);
+                state.complete = true;
+                Ok(())
+            }
+            Err(DirectoryError::Unsatisfied(missing)) => {
+                tracing::warn!(
+                    ?missing,
+                    "the registry refused the calls of this service for now; registered what \
+                     it hosts, retrying"
+                );
+                if let Ok(id) = self.register(false).await {
+                    state.instance_id = Some(id);
+                }
+                Err(DirectoryError::Unsatisfied(missing))
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot register with the registry; retrying");
+                Err(error)
+            }
+        }
+    }
+
+    /// Registers now and then renews every heartbeat, until the task is
+    /// aborted. The receiver follows [`DirectoryState`].
+    pub fn spawn(self) -> (tokio::task::JoinHandle<()>, watch::Receiver<DirectoryState>) {
+        let (publish, follow) = watch::channel(DirectoryState::default());
+        let task = tokio::spawn(async move {
+            let mut state = DirectoryState::default();
+            let mut ticks = tokio::time::interval(self.config.heartbeat);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                self.step(&mut state).await;
+                publish.send_replace(state.clone());
+            }
+        });
+        (task, follow)
+    }
+}
