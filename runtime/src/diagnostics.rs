@@ -266,41 +266,20 @@ pub fn outbox_stats(conn: &Connection, now_ms: i64) -> rusqlite::Result<OutboxSt
 pub fn unsent_stats(conn: &Connection, now_ms: i64) -> rusqlite::Result<OutboxStats> {
     let mut stats = OutboxStats::default();
     let mut oldest_pending: Option<i64> = None;
-    // The two `status IN (…)` conditions repeat those of the partial indexes
-    // `outbox_due` and `outbox_attention`, so neither query scans the table.
-    for sql in [
-        "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
-         WHERE status IN ('Pending', 'Sending') GROUP BY destination, status",
-        "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
-         WHERE status IN ('Failed', 'DeadLetter', 'Expired') GROUP BY destination, status",
-    ] {
-        let mut statement = conn.prepare_cached(sql)?;
-        let mut rows = statement.query([])?;
-        while let Some(row) = rows.next()? {
-            let destination: String = row.get(0)?;
-            let status: String = row.get(1)?;
-            let count = row.get::<_, i64>(2)?.max(0) as u64;
-            let oldest: i64 = row.get(3)?;
-            let Some(status) = Status::parse(&status) else {
-                continue;
-            };
-            match status {
-                Status::Pending | Status::Sending => {
-                    oldest_pending = Some(oldest_pending.map_or(oldest, |o| o.min(oldest)));
-                }
-                _ => {}
-            }
-            if let Some(total) = status_total(&mut stats, status) {
-                *total += count;
-            }
-            *stats
-                .destinations
-                .entry(destination)
-                .or_default()
-                .entry(status)
-                .or_default() += count;
+    for_each_unsent_group(conn, |destination, status, count, oldest| {
+        if matches!(status, Status::Pending | Status::Sending) {
+            oldest_pending = Some(oldest_pending.map_or(oldest, |o| o.min(oldest)));
         }
-    }
+        if let Some(total) = status_total(&mut stats, status) {
+            *total += count;
+        }
+        *stats
+            .destinations
+            .entry(destination)
+            .or_default()
+            .entry(status)
+            .or_default() += count;
+    })?;
     // One look-up at the end of `outbox_sent`, not a scan.
     let last_sent: Option<i64> = conn
         .prepare_cached("SELECT MAX(sent_at) FROM outbox_messages WHERE status = 'Sent'")?
@@ -1081,6 +1060,37 @@ pub fn destination_gauges(
             (name.clone(), gauges)
         })
         .collect();
+    for_each_unsent_group(conn, |destination, status, count, oldest| {
+        let gauges = by_name
+            .entry(destination.clone())
+            .or_insert_with(|| DestinationGauges {
+                destination,
+                ..DestinationGauges::default()
+            });
+        match status {
+            Status::Pending | Status::Sending => {
+                gauges.pending += count;
+                let age = (now_ms - oldest).max(0);
+                gauges.oldest_pending_age_ms =
+                    Some(gauges.oldest_pending_age_ms.map_or(age, |a| a.max(age)));
+            }
+            Status::Failed => gauges.failed += count,
+            Status::DeadLetter => gauges.dead_letter += count,
+            Status::Expired => gauges.expired += count,
+            Status::Sent => {}
+        }
+    })?;
+    Ok(by_name.into_values().collect())
+}
+
+/// Calls `f(destination, status, rows, oldest created_at)` for every
+/// (destination, status) group of undelivered rows. The two `status IN
+/// (…)` conditions repeat those of the partial indexes `outbox_due` and
+/// `outbox_attention`, so neither query scans the table.
+fn for_each_unsent_group(
+    conn: &Connection,
+    mut f: impl FnMut(String, Status, u64, i64),
+) -> rusqlite::Result<()> {
     for sql in [
         "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
          WHERE status IN ('Pending', 'Sending') GROUP BY destination, status",
@@ -1090,31 +1100,19 @@ pub fn destination_gauges(
         let mut statement = conn.prepare_cached(sql)?;
         let mut rows = statement.query([])?;
         while let Some(row) = rows.next()? {
-            let destination: String = row.get(0)?;
             let status: String = row.get(1)?;
-            let count = row.get::<_, i64>(2)?.max(0) as u64;
-            let oldest: i64 = row.get(3)?;
-            let gauges = by_name
-                .entry(destination.clone())
-                .or_insert_with(|| DestinationGauges {
-                    destination,
-                    ..DestinationGauges::default()
-                });
-            match Status::parse(&status) {
-                Some(Status::Pending | Status::Sending) => {
-                    gauges.pending += count;
-                    let age = (now_ms - oldest).max(0);
-                    gauges.oldest_pending_age_ms =
-                        Some(gauges.oldest_pending_age_ms.map_or(age, |a| a.max(age)));
-                }
-                Some(Status::Failed) => gauges.failed += count,
-                Some(Status::DeadLetter) => gauges.dead_letter += count,
-                Some(Status::Expired) => gauges.expired += count,
-                Some(Status::Sent) | None => {}
-            }
+            let Some(status) = Status::parse(&status) else {
+                continue;
+            };
+            f(
+                row.get(0)?,
+                status,
+                row.get::<_, i64>(2)?.max(0) as u64,
+                row.get(3)?,
+            );
         }
     }
-    Ok(by_name.into_values().collect())
+    Ok(())
 }
 
 #[cfg(test)]

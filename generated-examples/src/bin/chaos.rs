@@ -308,46 +308,62 @@ impl Cluster {
         Ok(Stdio::from(file))
     }
 
-    fn start_hr(&mut self) -> anyhow::Result<()> {
-        let child = Command::new(self.bins.join("hr-service"))
-            .args(["--listen", &format!("127.0.0.1:{}", self.hr_port)])
+    /// Starts one demo service with the flags both take, on this cluster's
+    /// files and ports; its output goes to `<log>.log`.
+    fn spawn(
+        &self,
+        binary: &str,
+        log: &str,
+        (port, db, peer): (u16, &Path, &str),
+        (secret, peer_secret): (&str, &str),
+        customize: impl FnOnce(&mut Command),
+    ) -> anyhow::Result<Child> {
+        let mut command = Command::new(self.bins.join(binary));
+        command
+            .args(["--listen", &format!("127.0.0.1:{port}")])
             .arg("--db")
-            .arg(&self.hr_db)
-            .args(["--peer-url", &self.hr_peer])
-            .args(["--secret", &self.hr_secret])
-            .args(["--peer-secret", &self.engine_secret])
+            .arg(db)
+            .args(["--peer-url", peer])
+            .args(["--secret", secret])
+            .args(["--peer-secret", peer_secret])
             .arg("--config")
             .arg(self.dir.join("config.yaml"))
-            .args(["--hire", &self.messages.to_string()])
-            .args(["--hire-rate", &self.hire_rate.to_string()])
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
-            .stdout(self.log("hr")?)
-            .stderr(self.log("hr")?)
-            .spawn()
-            .context("start hr-service")?;
+            .stdout(self.log(log)?)
+            .stderr(self.log(log)?);
+        customize(&mut command);
+        command.spawn().with_context(|| format!("start {binary}"))
+    }
+
+    fn start_hr(&mut self) -> anyhow::Result<()> {
+        let (messages, rate) = (self.messages.to_string(), self.hire_rate.to_string());
+        let child = self.spawn(
+            "hr-service",
+            "hr",
+            (self.hr_port, &self.hr_db, &self.hr_peer),
+            (&self.hr_secret, &self.engine_secret),
+            |command| {
+                command
+                    .args(["--hire", &messages])
+                    .args(["--hire-rate", &rate]);
+            },
+        )?;
         self.hr = Some(child);
         Ok(())
     }
 
     fn start_engine(&mut self) -> anyhow::Result<()> {
-        let child = Command::new(self.bins.join("engine"))
-            .args(["--listen", &format!("127.0.0.1:{}", self.engine_port)])
-            .arg("--db")
-            .arg(&self.engine_db)
-            .args(["--peer-url", &self.engine_peer])
-            .args(["--secret", &self.engine_secret])
-            .args(["--peer-secret", &self.hr_secret])
-            .arg("--config")
-            .arg(self.dir.join("config.yaml"))
-            .args(&self.engine_flags)
-            .envs(self.engine_env.iter().map(|(k, v)| (k, v)))
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(self.log("engine")?)
-            .stderr(self.log("engine")?)
-            .spawn()
-            .context("start engine")?;
+        let (flags, env) = (self.engine_flags.clone(), self.engine_env.clone());
+        let child = self.spawn(
+            "engine",
+            "engine",
+            (self.engine_port, &self.engine_db, &self.engine_peer),
+            (&self.engine_secret, &self.hr_secret),
+            |command| {
+                command.args(&flags).envs(env);
+            },
+        )?;
         self.engine = Some(child);
         Ok(())
     }

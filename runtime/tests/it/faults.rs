@@ -81,6 +81,16 @@ fn statuses(db: &std::path::Path) -> Vec<(String, i64)> {
         .expect("rows")
 }
 
+/// `GET /_rf/health` of the diagnostics served at `url`.
+async fn health_of(url: &str) -> serde_json::Value {
+    reqwest::get(format!("{url}/_rf/health"))
+        .await
+        .expect("health")
+        .json()
+        .await
+        .expect("json")
+}
+
 async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Duration {
     let started = Instant::now();
     while !done() {
@@ -151,12 +161,7 @@ async fn an_outage_shorter_than_the_ttl_needs_no_human_and_the_backlog_resumes_a
         .build()
         .expect("diagnostics");
     let (health_url, _health_server) = serve(health.router()).await;
-    let during: serde_json::Value = reqwest::get(format!("{health_url}/_rf/health"))
-        .await
-        .expect("health")
-        .json()
-        .await
-        .expect("json");
+    let during: serde_json::Value = health_of(&health_url).await;
     assert_eq!(during["status"], "warning", "{during}");
     assert!(
         during["reasons"]
@@ -188,12 +193,7 @@ async fn an_outage_shorter_than_the_ttl_needs_no_human_and_the_backlog_resumes_a
         messages,
         "each message took effect once"
     );
-    let after: serde_json::Value = reqwest::get(format!("{health_url}/_rf/health"))
-        .await
-        .expect("health")
-        .json()
-        .await
-        .expect("json");
+    let after: serde_json::Value = health_of(&health_url).await;
     assert_eq!(after["status"], "healthy", "{after}");
     eprintln!(
         "outage {outage:?}: {attempts_during_outage} connection attempts ({:.1}/s), drained {messages} in {drained:?}",
@@ -444,12 +444,7 @@ async fn clock_skew_is_retried_without_counting_and_reported_as_a_clock_problem(
         .build()
         .expect("diagnostics");
     let (health_url, _health) = serve(diagnostics.router()).await;
-    let health: serde_json::Value = reqwest::get(format!("{health_url}/_rf/health"))
-        .await
-        .expect("health")
-        .json()
-        .await
-        .expect("json");
+    let health: serde_json::Value = health_of(&health_url).await;
     assert_eq!(health["status"], "warning", "{health}");
     assert!(
         health["reasons"].to_string().contains("clock problem"),
