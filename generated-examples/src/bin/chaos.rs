@@ -78,16 +78,17 @@ struct Args {
     drain_timeout: Duration,
 }
 
-/// Runtime settings of both services: quick retries, a lease just above the
+/// Runtime settings of both services: quick retries, a lease above the
 /// request timeout, probes of an unreachable peer at least every second.
+/// (`slow-handler` shortens HR's request timeout to 1 s.)
 const CONFIG: &str = "
 outbox:
   backoff_base: 100ms
   backoff_max: 2s
   jitter: 100ms
   max_retries: 10
-  request_timeout: 1s
-  lease_timeout: 3s
+  request_timeout: 5s
+  lease_timeout: 10s
   probe_interval_max: 1s
 ";
 
@@ -266,6 +267,7 @@ struct Cluster {
     hire_rate: u32,
     engine_flags: Vec<String>,
     engine_env: Vec<(String, String)>,
+    hr_env: Vec<(String, String)>,
     hr: Option<Child>,
     engine: Option<Child>,
 }
@@ -295,6 +297,7 @@ impl Cluster {
             hire_rate: 0,
             engine_flags: Vec::new(),
             engine_env: Vec::new(),
+            hr_env: Vec::new(),
             hr: None,
             engine: None,
         })
@@ -338,6 +341,7 @@ impl Cluster {
 
     fn start_hr(&mut self) -> anyhow::Result<()> {
         let (messages, rate) = (self.messages.to_string(), self.hire_rate.to_string());
+        let env = self.hr_env.clone();
         let child = self.spawn(
             "hr-service",
             "hr",
@@ -346,7 +350,8 @@ impl Cluster {
             |command| {
                 command
                     .args(["--hire", &messages])
-                    .args(["--hire-rate", &rate]);
+                    .args(["--hire-rate", &rate])
+                    .envs(env);
             },
         )?;
         self.hr = Some(child);
@@ -780,6 +785,9 @@ async fn lost_acks(
 async fn slow_handler(context: &Context) -> anyhow::Result<Report> {
     let mut cluster = Cluster::new(context)?;
     let every = (context.messages / 20).max(10);
+    // HR gives up on a request after 1 s (the environment overlay wins over
+    // the config file), before the 1.5 s handler is done.
+    cluster.hr_env = vec![("RFIDL_OUTBOX_REQUEST_TIMEOUT".into(), "1s".into())];
     cluster.engine_flags = vec![
         "--slow-handler".into(),
         "1500ms".into(),
@@ -791,19 +799,12 @@ async fn slow_handler(context: &Context) -> anyhow::Result<Report> {
     let drained_in = cluster.wait_drained(context.drain_timeout).await?;
     let verdict = cluster.verdict()?;
     cluster.stop();
-    let timeouts = Cluster::count(
-        &cluster.hr_db,
-        "SELECT COUNT(*) FROM outbox_messages WHERE retry_count > 0 OR last_error IS NOT NULL",
-    );
     Ok(Report {
         messages: context.messages,
         faults: u64::from(context.messages.div_ceil(every)),
         verdict,
         drained_in,
-        notes: vec![format!("slow=1.5s/{every} timeout=1s")]
-            .into_iter()
-            .chain((timeouts > 0).then(|| format!("rows_that_waited={timeouts}")))
-            .collect(),
+        notes: vec![format!("slow=1.5s/{every} timeout=1s")],
     })
 }
 
