@@ -58,10 +58,18 @@ async fn main() -> anyhow::Result<()> {
         } else {
             Duration::ZERO
         };
+        // A zero-length `sleep` would still wait for the timer's next tick
+        // (about 1 ms: at most ~1,000 hires a second); without a pause the
+        // signal is only polled.
+        let paced = async {
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+        };
         tokio::select! {
             biased;
             received = &mut signal => return finish("hr-service", received, parts(hr)).await,
-            () = tokio::time::sleep(pause) => {}
+            () = paced => {}
         }
     }
     if args.exit_when_done {
