@@ -33,6 +33,9 @@ pub const SCHEMA: &str = "
         id TEXT PRIMARY KEY, employee_id TEXT NOT NULL, version INTEGER NOT NULL, state TEXT NOT NULL,
         message_id TEXT NOT NULL UNIQUE, laptop_ticket TEXT
     );
+    -- HR's answers and the lifecycle signals find the workflow by employee:
+    -- without this index each one scans the table.
+    CREATE INDEX IF NOT EXISTS workflows_employee ON workflows (employee_id);
 ";
 
 /// Acts on HR's answers to `ProvisionLaptop` (both versions): the workflow
