@@ -861,14 +861,17 @@ async fn outage(context: &Context, rng: &mut StdRng) -> anyhow::Result<Report> {
     })
 }
 
-/// The engine's database lives on a small tmpfs that a filler file leaves
-/// almost full: its commits fail with "database or disk is full" until the
+/// The engine's database lives on a tmpfs that a filler file leaves almost
+/// full: its commits fail with "database or disk is full" until the
 /// filler goes. Then it must recover and drain, with `integrity_check` ok.
 async fn disk_full(context: &Context) -> anyhow::Result<Report> {
     let mount = context.dir.join("small-disk");
     std::fs::create_dir_all(&mount)?;
+    // Room for the whole run once space returns (about 4 KiB per hire for
+    // the engine's rows, WAL and inbox), whatever `--messages` says.
+    let size = format!("size={}k", 64 * 1024 + u64::from(context.messages) * 4);
     let status = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
+        .args(["-t", "tmpfs", "-o", &size, "tmpfs"])
         .arg(&mount)
         .status()
         .context("run mount (the disk-full scenario needs root for a tmpfs)")?;
