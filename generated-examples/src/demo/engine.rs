@@ -282,18 +282,7 @@ impl Engine {
             &format!("http://{addr}"),
             settings.ops_token.as_deref(),
             Vec::new(),
-            vec![
-                super::interface_ref(
-                    emp_service_v1::INTERFACE,
-                    emp_service_v1::VERSION,
-                    emp_service_v1::FINGERPRINT,
-                ),
-                super::interface_ref(
-                    emp_service_v2::INTERFACE,
-                    emp_service_v2::VERSION,
-                    emp_service_v2::FINGERPRINT,
-                ),
-            ],
+            super::emp_service_versions(),
         );
         Ok(Self {
             db: settings.db.clone(),

@@ -132,18 +132,7 @@ impl HrService {
             &config,
             &url,
             settings.ops_token.as_deref(),
-            vec![
-                super::interface_ref(
-                    emp_service_v1::INTERFACE,
-                    emp_service_v1::VERSION,
-                    emp_service_v1::FINGERPRINT,
-                ),
-                super::interface_ref(
-                    emp_service_v2::INTERFACE,
-                    emp_service_v2::VERSION,
-                    emp_service_v2::FINGERPRINT,
-                ),
-            ],
+            super::emp_service_versions(),
             Vec::new(),
         );
         Ok(Self {

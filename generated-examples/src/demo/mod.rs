@@ -137,6 +137,26 @@ pub fn interface_ref(interface: &str, version: u32, fingerprint: &str) -> Interf
     }
 }
 
+/// EmpService v1 and v2 as compiled here: what HR hosts and the engine
+/// calls, for their registrations. (v1 is deprecated in the contract and
+/// still served on purpose, as a service does while its peers move to v2.)
+#[allow(deprecated)]
+pub fn emp_service_versions() -> Vec<InterfaceRef> {
+    use crate::generated::hr::employees::{emp_service_v1, emp_service_v2};
+    vec![
+        interface_ref(
+            emp_service_v1::INTERFACE,
+            emp_service_v1::VERSION,
+            emp_service_v1::FINGERPRINT,
+        ),
+        interface_ref(
+            emp_service_v2::INTERFACE,
+            emp_service_v2::VERSION,
+            emp_service_v2::FINGERPRINT,
+        ),
+    ]
+}
+
 /// Counts rows with one query (the demo's numbers all come from the databases).
 pub fn count(db: &std::path::Path, sql: &str) -> anyhow::Result<i64> {
     let conn = rusqlite::Connection::open(db)?;
