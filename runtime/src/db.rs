@@ -94,6 +94,10 @@ pub enum DbError {
         found: i64,
         supported: i64,
     },
+    /// A PostgreSQL database that cannot be reached or used.
+    #[cfg(feature = "postgres")]
+    #[error("PostgreSQL database at {target}: {cause}")]
+    Postgres { target: String, cause: String },
     #[error(
         "database {path} is damaged ({detail}); refusing to start on it. The file was not \
          changed: restore it from a backup, or inspect it with `sqlite3 {path} \"PRAGMA integrity_check\"`"

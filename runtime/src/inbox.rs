@@ -93,6 +93,10 @@ pub enum InboxError {
         path: String,
         source: rusqlite::Error,
     },
+    /// A PostgreSQL inbox query failed.
+    #[cfg(feature = "postgres")]
+    #[error("inbox database {target}: {cause}")]
+    Postgres { target: String, cause: String },
     #[error(
         "inbox row for {source_service_id}/{message_id} has a payload digest of {len} bytes, not 32"
     )]
@@ -221,6 +225,27 @@ pub fn count(conn: &Connection) -> rusqlite::Result<u64> {
         row.get::<_, i64>(0)
     })
     .map(|n| n.max(0) as u64)
+}
+
+/// The receiver's look-up of committed inbox rows, before a message goes
+/// to a writer (step 7 of the order of checks). Called on the blocking pool.
+pub trait InboxLookup: Send + Sync + 'static {
+    /// The processed message (`source_service_id`, `message_id`), if any.
+    fn lookup(
+        &self,
+        source_service_id: &str,
+        message_id: &str,
+    ) -> Result<Option<InboxEntry>, InboxError>;
+}
+
+impl InboxLookup for InboxReader {
+    fn lookup(
+        &self,
+        source_service_id: &str,
+        message_id: &str,
+    ) -> Result<Option<InboxEntry>, InboxError> {
+        InboxReader::lookup(self, source_service_id, message_id)
+    }
 }
 
 /// How many idle read connections [`InboxReader`] keeps.

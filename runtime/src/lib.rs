@@ -1,7 +1,9 @@
 //! `rfidl-runtime`: reliable messaging for services generated from `.rfidl` contracts.
 //!
-//! * [`outbox`]: messages are written to a SQLite outbox in the caller's own
-//!   transaction, so a business change and its message commit or roll back together.
+//! * [`outbox`]: messages are written to the outbox in the caller's own
+//!   transaction, so a business change and its message commit or roll back
+//!   together. The outbox and inbox live in SQLite (the embedded default) or
+//!   PostgreSQL (feature `postgres`, for replicas): see [`store`].
 //! * [`dispatcher`]: a tokio task claims due outbox rows with a fenced lease,
 //!   signs and sends them, and applies backoff, TTL and dead-lettering.
 //! * [`receiver`] + [`inbox`]: an axum router verifies signatures, de-duplicates
@@ -27,21 +29,30 @@ pub mod inbox;
 pub mod liveness;
 pub mod metrics;
 pub mod outbox;
+#[cfg(feature = "postgres")]
+pub mod pg;
 pub mod receiver;
 pub mod redact;
 pub mod responses;
 pub mod retention;
 pub mod signing;
+pub mod store;
 pub mod transport;
 pub mod types;
 
 // Re-exported for generated code, so user crates need no direct dependency.
+/// The PostgreSQL client whose `Transaction` handlers of a `Postgres` store get.
+#[cfg(feature = "postgres")]
+pub use postgres;
 pub use rusqlite;
 pub use serde;
 pub use serde_json;
 
 pub use config::{Config, Durability};
 pub use envelope::{Envelope, MessageType};
+#[cfg(feature = "postgres")]
+pub use store::Postgres;
+pub use store::{Database, Sqlite, Store};
 
 /// Includes the code that `rfidl_codegen::Builder` generated for one contract
 /// package into the current module, e.g. inside `pub mod employees { … }`:

@@ -12,7 +12,7 @@
 //! rows written by other processes.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +25,7 @@ use crate::db;
 use crate::envelope::MessageType;
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
+use crate::store::Database;
 
 /// A message to send, as generated clients build it.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,6 +53,9 @@ pub struct OutgoingMessage {
 pub enum OutboxError {
     #[error("outbox database: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    #[cfg(feature = "postgres")]
+    #[error("outbox database: {}", crate::pg::error_text(.0))]
+    Postgres(#[from] postgres::Error),
     #[error("cannot encode the payload: {0}")]
     Encode(#[from] serde_json::Error),
     #[error(transparent)]
@@ -74,7 +78,7 @@ struct Inner {
     metrics: Arc<Metrics>,
     circuits: Arc<crate::circuit::Circuits>,
     wake: Arc<Notify>,
-    db_path: Option<PathBuf>,
+    database: Database,
     sender: std::sync::Mutex<Option<tokio::sync::mpsc::Sender<SendJob>>>,
     /// The dispatcher started on this outbox, for readiness probes.
     dispatcher: std::sync::Mutex<Option<Liveness>>,
@@ -83,12 +87,12 @@ struct Inner {
 impl std::fmt::Debug for Outbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Outbox")
-            .field("db_path", &self.inner.db_path)
+            .field("database", &self.inner.database)
             .finish()
     }
 }
 
-type SendJob = (
+pub(crate) type SendJob = (
     OutgoingMessage,
     tokio::sync::oneshot::Sender<Result<Uuid, OutboxError>>,
 );
@@ -102,13 +106,24 @@ impl Outbox {
     }
 
     pub fn with_metrics(config: Config, db_path: impl AsRef<Path>, metrics: Arc<Metrics>) -> Self {
+        Self::with_database(config, db_path.as_ref(), metrics)
+    }
+
+    /// An outbox on `database`: a SQLite file, or a PostgreSQL database
+    /// (enqueue there with [`Outbox::enqueue_postgres`], or through a
+    /// generated client of store `Postgres`).
+    pub fn with_database(
+        config: Config,
+        database: impl Into<Database>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 circuits: Arc::new(crate::circuit::Circuits::new(&config.outbox)),
                 config,
                 metrics,
                 wake: Arc::new(Notify::new()),
-                db_path: Some(db_path.as_ref().to_path_buf()),
+                database: database.into(),
                 sender: std::sync::Mutex::new(None),
                 dispatcher: std::sync::Mutex::new(None),
             }),
@@ -164,6 +179,25 @@ impl Outbox {
         Ok(id)
     }
 
+    /// Writes `message` in the PostgreSQL transaction `tx`; it is sent if
+    /// and only if `tx` commits.
+    #[cfg(feature = "postgres")]
+    pub fn enqueue_postgres(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        message: OutgoingMessage,
+    ) -> Result<Uuid, OutboxError> {
+        let id = crate::pg::insert_outbox(tx, &self.inner.config, &message)?;
+        self.inner.metrics.outbox_enqueued.inc();
+        self.inner.wake.notify_one();
+        Ok(id)
+    }
+
+    /// The database this outbox writes to.
+    pub fn database(&self) -> &Database {
+        &self.inner.database
+    }
+
     /// Writes `message` in a transaction of its own and commits it.
     /// Concurrent calls share commits (one writer thread, group commit), so
     /// many callers together go much faster than one commit each.
@@ -185,10 +219,21 @@ impl Outbox {
         if let Some(sender) = guard.as_ref() {
             return Ok(sender.clone());
         }
-        let path = self.inner.db_path.clone().ok_or(OutboxError::Stopped)?;
-        let mut conn = db::open(&path, self.inner.config.outbox.durability)?;
         let config = self.inner.config.clone();
         let (sender, mut receiver) = tokio::sync::mpsc::channel::<SendJob>(1024);
+        let mut write: Box<dyn FnMut(&[SendJob]) -> Vec<Result<Uuid, OutboxError>> + Send> =
+            match &self.inner.database {
+                Database::Sqlite(path) => {
+                    let mut conn = db::open(path, self.inner.config.outbox.durability)?;
+                    Box::new(move |group| write_group(&mut conn, &config, group))
+                }
+                #[cfg(feature = "postgres")]
+                Database::Postgres(url) => {
+                    let client = crate::pg::open(url)?;
+                    let mut conn = crate::pg::Connection::new(url.clone(), client);
+                    Box::new(move |group| crate::pg::write_group(&mut conn, &config, group))
+                }
+            };
         std::thread::Builder::new()
             .name("rfidl-outbox-send".into())
             .spawn(move || {
@@ -201,7 +246,7 @@ impl Outbox {
                             Err(_) => break,
                         }
                     }
-                    let results = write_group(&mut conn, &config, &group);
+                    let results = write(&group);
                     for ((_, reply), result) in group.drain(..).zip(results) {
                         let _ = reply.send(result);
                     }

@@ -35,6 +35,30 @@ pub fn json_error(error: &serde_json::Error) -> String {
     }
 }
 
+/// A connection URL without its password:
+/// `postgres://app:s3cret@db:5432/app` becomes `postgres://app:***@db:5432/app`.
+/// Anything that is not `scheme://user:password@…` is returned as it is.
+pub fn url_password(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else {
+        return url.to_owned();
+    };
+    let Some(colon) = authority[..at].find(':') else {
+        return url.to_owned();
+    };
+    format!(
+        "{}{}:***{}",
+        &url[..scheme_end + 3],
+        &authority[..colon],
+        &rest[at..]
+    )
+}
+
 /// A leading `outbox.ttl: ` or `peers.hr[0]: ` (serde_yaml's path prefix).
 fn split_path(message: &str) -> (&str, &str) {
     if let Some(at) = message.find(": ") {
@@ -127,6 +151,25 @@ fn quoted_tail(rest: &str, what: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn url_passwords_are_hidden_and_the_rest_kept() {
+        assert_eq!(
+            url_password("postgres://app:s3cret@db.internal:5432/app?sslmode=disable"),
+            "postgres://app:***@db.internal:5432/app?sslmode=disable"
+        );
+        assert_eq!(
+            url_password("postgres://app@db/app"),
+            "postgres://app@db/app"
+        );
+        assert_eq!(url_password("/srv/hr.db"), "/srv/hr.db");
+        assert_eq!(
+            url_password("postgresql://u:p@ss@h/d"),
+            "postgresql://u:***@h/d"
+        );
+    }
+
     use super::value_free;
 
     #[test]

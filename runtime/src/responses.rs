@@ -17,9 +17,8 @@
 //! client may receive answers (`ServiceAnswerRouter` / `EngineAnswerRouter`
 //! around a typed `ServiceAnswers` / `EngineAnswers` trait).
 
-use rusqlite::Transaction;
-
 use crate::receiver::HandlerError;
+use crate::store::{Sqlite, Store};
 
 /// One answer as the sender received it.
 #[derive(Debug, Clone, Copy)]
@@ -39,7 +38,10 @@ pub struct Answer<'a> {
 }
 
 /// Acts on the answers to messages of one interface version.
-pub trait ResponseHandler: Send + Sync + 'static {
+///
+/// `S` is the sender's [`Store`]: `tx` is a `&rusqlite::Transaction` for
+/// [`Sqlite`] (the default) and a `&mut postgres::Transaction` for `Postgres`.
+pub trait ResponseHandler<S: Store = Sqlite>: Send + Sync + 'static {
     /// The interface (`package.Service`) and version whose answers this takes.
     fn interface(&self) -> (&'static str, u32);
 
@@ -50,5 +52,5 @@ pub trait ResponseHandler: Send + Sync + 'static {
     ///
     /// A [`HandlerError`]: the transaction rolls back to before the row was
     /// marked, and the message is sent (and answered) again later.
-    fn handle(&self, answer: &Answer<'_>, tx: &Transaction<'_>) -> Result<(), HandlerError>;
+    fn handle(&self, answer: &Answer<'_>, tx: S::Handle<'_, '_>) -> Result<(), HandlerError>;
 }

@@ -13,6 +13,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::envelope::MessageType;
+use crate::store::{Sqlite, Store};
 
 /// One interface version a service hosts, as generated (`HOSTED` constant of a
 /// generated interface module).
@@ -137,6 +138,15 @@ impl From<rusqlite::Error> for HandlerError {
     }
 }
 
+/// A PostgreSQL error in a handler is worth retrying (a serialization
+/// failure, a lost connection), so handlers can `?` their statements.
+#[cfg(feature = "postgres")]
+impl From<postgres::Error> for HandlerError {
+    fn from(error: postgres::Error) -> Self {
+        HandlerError::Retryable(format!("database: {}", crate::pg::error_text(&error)))
+    }
+}
+
 /// A handler that enqueues follow-up messages can `?` outbox errors.
 impl From<crate::outbox::OutboxError> for HandlerError {
     fn from(error: crate::outbox::OutboxError) -> Self {
@@ -222,9 +232,10 @@ pub(crate) fn json_kind(value: &serde_json::Value) -> &'static str {
 ///   endpoint) that `interfaces` lists, after the signature, the envelope and
 ///   the inbox have been checked, and at most once to commit per message
 ///   (source, id).
-/// * It runs on the receiver's single database-writer thread, inside a
-///   transaction (a savepoint of a group commit) that also inserts the inbox
-///   row. Write every effect through `tx` and it commits exactly once with
+/// * It runs on a receiver's database-writer thread (SQLite: the single
+///   writer; PostgreSQL: one of a few, each with its own connection), inside
+///   a transaction (a savepoint of a group commit) that also inserts the
+///   inbox row. Write every effect through `tx` and it commits exactly once with
 ///   that row. Do not `COMMIT`, `ROLLBACK` or `RELEASE` through `tx`, and do
 ///   not block for long: every other delivery waits for this one. To send a
 ///   message onward, enqueue it in the outbox through `tx`.
@@ -236,7 +247,11 @@ pub(crate) fn json_kind(value: &serde_json::Value) -> &'static str {
 /// Generated code routes with a static `match` on `call.endpoint` (and on
 /// `call.interface` / `call.version` when one service hosts several), decodes
 /// with [`decode_payload`] and encodes with [`encode_response`].
-pub trait HostedService: Send + Sync + 'static {
+///
+/// `S` is the receiver's [`Store`]: `tx` is a `&rusqlite::Transaction` for
+/// [`Sqlite`] (the default) and a `&mut postgres::Transaction` for
+/// `Postgres`.
+pub trait HostedService<S: Store = Sqlite>: Send + Sync + 'static {
     /// The interface versions this service hosts.
     fn interfaces(&self) -> &[HostedInterface];
 
@@ -244,7 +259,7 @@ pub trait HostedService: Send + Sync + 'static {
     fn handle(
         &self,
         call: &IncomingCall<'_>,
-        tx: &rusqlite::Transaction<'_>,
+        tx: S::Handle<'_, '_>,
     ) -> Result<serde_json::Value, HandlerError>;
 }
 

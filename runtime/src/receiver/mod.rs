@@ -27,12 +27,12 @@
 //! the message, so the sender's retry gets the duplicate answer, or, if it
 //! rolled back, processes it then.
 
-mod answer;
+pub(crate) mod answer;
 pub mod handler;
-mod writer;
+pub(crate) mod writer;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -55,9 +55,10 @@ pub use handler::{
 
 use crate::config::Config;
 use crate::envelope::{BatchItem, BatchResult, Envelope};
-use crate::inbox::{InboxReader, payload_digest};
+use crate::inbox::{InboxLookup, InboxReader, payload_digest};
 use crate::metrics::Metrics;
 use crate::signing::{self, HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP, Secret};
+use crate::store::{Sqlite, Store};
 use writer::{Command, Delivery, Handlers, Job, Writer};
 
 /// Path of the single-message endpoint.
@@ -120,34 +121,53 @@ enum Verification {
 
 /// Builds a [`Receiver`]. Created by [`Receiver::builder`].
 #[must_use = "call .build() to get a Receiver"]
-pub struct ReceiverBuilder {
+pub struct ReceiverBuilder<S: Store = Sqlite> {
     config: Config,
-    db_path: PathBuf,
-    services: Vec<Arc<dyn HostedService>>,
+    /// The database, as shown in logs.
+    shown: String,
+    start: StartWriters<S>,
+    services: Vec<Arc<dyn HostedService<S>>>,
     metrics: Option<Arc<Metrics>>,
     group_commit_limit: usize,
     batch_body_limit: usize,
     verification: Verification,
 }
 
-impl std::fmt::Debug for ReceiverBuilder {
+impl<S: Store> std::fmt::Debug for ReceiverBuilder<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReceiverBuilder")
-            .field("db_path", &self.db_path)
+            .field("database", &self.shown)
             .field("services", &self.services.len())
             .field("verification", &self.verification)
             .finish_non_exhaustive()
     }
 }
 
-impl ReceiverBuilder {
+/// What a store's writers are started with.
+pub(crate) struct WriterParts<S: Store> {
+    pub commands: mpsc::Receiver<Command>,
+    pub handlers: Handlers<S>,
+    pub retention: Duration,
+    pub group_limit: usize,
+    pub durability: crate::config::Durability,
+    /// Dropped when the last writer thread ends.
+    pub alive: Arc<crate::liveness::LivenessGuard>,
+}
+
+/// Started writers: the inbox look-up and the writer threads.
+pub(crate) type Started = (Arc<dyn InboxLookup>, Vec<JoinHandle<()>>);
+
+/// Opens the store and starts its writer threads, once the builder builds.
+type StartWriters<S> = Box<dyn FnOnce(WriterParts<S>) -> Result<Started, ReceiverError> + Send>;
+
+impl<S: Store> ReceiverBuilder<S> {
     /// Hosts a service (generated `…Receiver(handler)` or hand-written).
-    pub fn service(self, service: impl HostedService) -> Self {
+    pub fn service(self, service: impl HostedService<S>) -> Self {
         self.shared_service(Arc::new(service))
     }
 
     /// Hosts a service that is shared with other parts of the program.
-    pub fn shared_service(mut self, service: Arc<dyn HostedService>) -> Self {
+    pub fn shared_service(mut self, service: Arc<dyn HostedService<S>>) -> Self {
         self.services.push(service);
         self
     }
@@ -233,19 +253,17 @@ impl ReceiverBuilder {
 
         if self.verification == Verification::DisabledForLocalDevelopment {
             warn!(
-                db = %self.db_path.display(),
+                db = %self.shown,
                 "SIGNATURE VERIFICATION IS OFF: this receiver accepts unsigned messages from anyone. \
                  Never run it like this outside local development."
             );
         }
 
-        let conn = crate::db::open(&self.db_path, self.config.inbox.durability)?;
-        let reader = InboxReader::open(&self.db_path)?;
         let metrics = self.metrics.unwrap_or_default();
-        let services: Arc<[Arc<dyn HostedService>]> = self.services.into();
+        let services: Arc<[Arc<dyn HostedService<S>>]> = self.services.into();
         let (commands, receiver) = mpsc::channel(QUEUE_CAPACITY);
-        let writer = Writer {
-            conn,
+        let (liveness, alive) = crate::liveness::Liveness::start();
+        let (reader, threads) = (self.start)(WriterParts {
             commands: receiver,
             handlers: Handlers {
                 services,
@@ -253,15 +271,9 @@ impl ReceiverBuilder {
             },
             retention: self.config.inbox.retention,
             group_limit: self.group_commit_limit,
-        };
-        let (liveness, alive) = crate::liveness::Liveness::start();
-        let thread = std::thread::Builder::new()
-            .name("rfidl-receiver-writer".to_owned())
-            .spawn(move || {
-                let _alive = alive;
-                writer.run();
-            })
-            .map_err(ReceiverError::WriterThread)?;
+            durability: self.config.inbox.durability,
+            alive: Arc::new(alive),
+        })?;
 
         Ok(Receiver {
             shared: Arc::new(Shared {
@@ -278,10 +290,10 @@ impl ReceiverBuilder {
                 secrets,
                 routes,
                 metadata: serde_json::json!({ "interfaces": metadata }),
-                reader: Arc::new(reader),
+                reader,
                 commands,
                 metrics,
-                writer_thread: Mutex::new(Some(thread)),
+                writer_threads: Mutex::new(threads),
                 liveness,
             }),
         })
@@ -301,10 +313,10 @@ struct Shared {
     secrets: HashMap<String, Vec<Secret>>,
     routes: HashMap<&'static str, BTreeMap<u32, Route>>,
     metadata: serde_json::Value,
-    reader: Arc<InboxReader>,
+    reader: Arc<dyn InboxLookup>,
     commands: mpsc::Sender<Command>,
     metrics: Arc<Metrics>,
-    writer_thread: Mutex<Option<JoinHandle<()>>>,
+    writer_threads: Mutex<Vec<JoinHandle<()>>>,
     liveness: crate::liveness::Liveness,
 }
 
@@ -328,10 +340,64 @@ impl Receiver {
     /// `db_path` (created and migrated if needed; it may be the service's own
     /// database, so handlers write business rows next to the inbox).
     /// `db_path` may be a SQLite URI filename (see [`crate::db::open`]).
-    pub fn builder(config: Config, db_path: impl AsRef<Path>) -> ReceiverBuilder {
+    pub fn builder(config: Config, db_path: impl AsRef<Path>) -> ReceiverBuilder<Sqlite> {
+        let path = db_path.as_ref().to_path_buf();
+        let shown = path.display().to_string();
+        Self::with_store(
+            config,
+            shown,
+            Box::new(move |parts: WriterParts<Sqlite>| {
+                let conn = crate::db::open(&path, parts.durability)?;
+                let reader = InboxReader::open(&path)?;
+                let writer = Writer {
+                    conn,
+                    commands: parts.commands,
+                    handlers: parts.handlers,
+                    retention: parts.retention,
+                    group_limit: parts.group_limit,
+                };
+                let alive = parts.alive;
+                let thread = std::thread::Builder::new()
+                    .name("rfidl-receiver-writer".to_owned())
+                    .spawn(move || {
+                        let _alive = alive;
+                        writer.run();
+                    })
+                    .map_err(ReceiverError::WriterThread)?;
+                Ok((Arc::new(reader) as Arc<dyn InboxLookup>, vec![thread]))
+            }),
+        )
+    }
+
+    /// Starts building a receiver whose inbox is in a PostgreSQL database
+    /// (migrated if needed). Several receivers (replicas) may share one
+    /// database: a message delivered to two of them at once is processed by
+    /// one; the other answers it as a duplicate. Handlers get a
+    /// `&mut postgres::Transaction`, and `writers` threads, each with its own
+    /// connection, run them side by side.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(
+        config: Config,
+        url: &crate::pg::PostgresUrl,
+        writers: usize,
+    ) -> ReceiverBuilder<crate::store::Postgres> {
+        let url = url.clone();
+        Self::with_store(
+            config,
+            url.to_string(),
+            Box::new(move |parts| crate::pg::start_receiver(&url, writers.max(1), parts)),
+        )
+    }
+
+    fn with_store<S: Store>(
+        config: Config,
+        shown: String,
+        start: StartWriters<S>,
+    ) -> ReceiverBuilder<S> {
         ReceiverBuilder {
             config,
-            db_path: db_path.as_ref().to_path_buf(),
+            shown,
+            start,
             services: Vec::new(),
             metrics: None,
             group_commit_limit: DEFAULT_GROUP_COMMIT_LIMIT,
@@ -412,14 +478,19 @@ impl Receiver {
         {
             let _ = finished.await;
         }
-        let thread = self
+        let threads = self
             .shared
-            .writer_thread
+            .writer_threads
             .lock()
-            .ok()
-            .and_then(|mut slot| slot.take());
-        if let Some(thread) = thread {
-            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+            .map(|mut slot| std::mem::take(&mut *slot))
+            .unwrap_or_default();
+        if !threads.is_empty() {
+            let _ = tokio::task::spawn_blocking(move || {
+                for thread in threads {
+                    let _ = thread.join();
+                }
+            })
+            .await;
         }
     }
 }

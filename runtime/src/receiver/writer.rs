@@ -30,6 +30,7 @@ use crate::inbox::{self, PayloadDigest, ProcessedMessage};
 use crate::metrics::Metrics;
 use crate::receiver::answer::{Answer, ReceiveError};
 use crate::receiver::handler::{HandlerError, HostedService, IncomingCall};
+use crate::store::{Sqlite, Store};
 
 /// A verified, routed message waiting for the writer.
 #[derive(Debug)]
@@ -63,16 +64,64 @@ pub(crate) enum Command {
 pub(crate) struct Writer {
     pub conn: Connection,
     pub commands: mpsc::Receiver<Command>,
-    pub handlers: Handlers,
+    pub handlers: Handlers<Sqlite>,
     pub retention: Duration,
     /// Most deliveries per group commit (a bigger single batch still goes whole).
     pub group_limit: usize,
 }
 
 /// What runs one message: the hosted services and the metrics they count into.
-pub(crate) struct Handlers {
-    pub services: Arc<[Arc<dyn HostedService>]>,
+pub(crate) struct Handlers<S: Store = Sqlite> {
+    pub services: Arc<[Arc<dyn HostedService<S>>]>,
     pub metrics: Arc<Metrics>,
+}
+
+impl<S: Store> Handlers<S> {
+    /// Runs the delivery's handler in `tx`: its answer payload, or what the
+    /// sender is told. A panic is caught and answered 500 `handler_failed`.
+    pub(crate) fn run(
+        &self,
+        delivery: &Delivery,
+        tx: S::Handle<'_, '_>,
+    ) -> Result<serde_json::Value, ReceiveError> {
+        let envelope = &delivery.envelope;
+        let source = envelope.source_service_id.as_str();
+        if let Some(hosted) = delivery.hosted_fingerprint_differs {
+            self.metrics.inbox_fingerprint_mismatches.inc();
+            warn!(
+                source,
+                interface = %envelope.interface,
+                version = envelope.version,
+                sender_fingerprint = %envelope.fingerprint,
+                hosted_fingerprint = hosted,
+                "accepting a message whose contract fingerprint differs from the hosted one"
+            );
+        }
+        let call = IncomingCall {
+            source,
+            message_id: &delivery.message_id,
+            correlation_id: envelope.correlation_id.as_deref(),
+            message_type: envelope.message_type,
+            interface: &envelope.interface,
+            version: envelope.version,
+            fingerprint: &envelope.fingerprint,
+            endpoint: &envelope.endpoint,
+            payload: &envelope.payload,
+            headers: &envelope.headers,
+        };
+        let service = &self.services[delivery.service];
+        match catch_unwind(AssertUnwindSafe(|| service.handle(&call, tx))) {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(handler_error)) => Err(refusal_of(handler_error, envelope)),
+            Err(panic) => {
+                let what = panic_message(panic.as_ref());
+                error!(source, message_id = %delivery.message_id, endpoint = %envelope.endpoint, panic = %what, "handler panicked; its work is rolled back");
+                Err(ReceiveError::HandlerFailed(format!(
+                    "handler panicked: {what}"
+                )))
+            }
+        }
+    }
 }
 
 /// Whether the group's transaction can still be committed after a message.
@@ -213,7 +262,7 @@ impl Writer {
     }
 }
 
-impl Handlers {
+impl Handlers<Sqlite> {
     /// One message inside the group's transaction.
     fn process(
         &self,
@@ -245,33 +294,9 @@ impl Handlers {
         if let Err(e) = tx.execute_batch(SAVEPOINT) {
             return intact(unavailable("cannot open a savepoint", &e));
         }
-        if let Some(hosted) = delivery.hosted_fingerprint_differs {
-            self.metrics.inbox_fingerprint_mismatches.inc();
-            warn!(
-                source,
-                interface = %envelope.interface,
-                version = envelope.version,
-                sender_fingerprint = %envelope.fingerprint,
-                hosted_fingerprint = hosted,
-                "accepting a message whose contract fingerprint differs from the hosted one"
-            );
-        }
-        let call = IncomingCall {
-            source,
-            message_id: &delivery.message_id,
-            correlation_id: envelope.correlation_id.as_deref(),
-            message_type: envelope.message_type,
-            interface: &envelope.interface,
-            version: envelope.version,
-            fingerprint: &envelope.fingerprint,
-            endpoint: &envelope.endpoint,
-            payload: &envelope.payload,
-            headers: &envelope.headers,
-        };
-        let service = &self.services[delivery.service];
-        let outcome = catch_unwind(AssertUnwindSafe(|| service.handle(&call, tx)));
+        let outcome = self.run(delivery, tx);
         let refusal = match outcome {
-            Ok(Ok(response)) => {
+            Ok(response) => {
                 let response_text = response.to_string();
                 let row = ProcessedMessage {
                     source_service_id: source,
@@ -295,12 +320,7 @@ impl Handlers {
                     }
                 }
             }
-            Ok(Err(handler_error)) => refusal_of(handler_error, envelope),
-            Err(panic) => {
-                let what = panic_message(panic.as_ref());
-                error!(source, message_id = %delivery.message_id, endpoint = %envelope.endpoint, panic = %what, "handler panicked; its work is rolled back");
-                ReceiveError::HandlerFailed(format!("handler panicked: {what}"))
-            }
+            Err(refusal) => refusal,
         };
         if let Err(e) = tx.execute_batch(ROLLBACK_TO) {
             error!(error = %e, "cannot roll back a failed message's savepoint");
@@ -310,7 +330,7 @@ impl Handlers {
     }
 }
 
-fn entry_response(text: Option<&str>) -> serde_json::Value {
+pub(crate) fn entry_response(text: Option<&str>) -> serde_json::Value {
     text.and_then(|t| serde_json::from_str(t).ok())
         .unwrap_or(serde_json::Value::Null)
 }
@@ -320,7 +340,7 @@ fn unavailable(what: &str, error: &rusqlite::Error) -> Answer {
     Answer::Refused(ReceiveError::Unavailable(format!("{what}: {error}")))
 }
 
-fn refusal_of(handler_error: HandlerError, envelope: &Envelope) -> ReceiveError {
+pub(crate) fn refusal_of(handler_error: HandlerError, envelope: &Envelope) -> ReceiveError {
     match handler_error {
         HandlerError::PayloadMismatch(message) => ReceiveError::PayloadMismatch(format!(
             "payload of {} v{} {} does not match the contract: {message}",

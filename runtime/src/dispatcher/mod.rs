@@ -13,13 +13,15 @@
 //! * SQLite runs on the blocking pool (`spawn_blocking`), never on the
 //!   async executor.
 
+pub(crate) mod records;
+mod sqlite;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng as _;
-use rusqlite::{Connection, OptionalExtension as _, params};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -30,7 +32,9 @@ use crate::envelope::{Acknowledgement, Envelope, MessageType};
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::outbox::Outbox;
+use crate::responses::ResponseHandler;
 use crate::signing::{self, Secret, SignatureHeaders};
+use crate::store::{Sqlite, Store};
 use crate::transport::{
     HttpTransport, OutgoingRequest, RECEIVE_PATH, Transport, TransportError, TransportResponse,
 };
@@ -52,21 +56,30 @@ pub struct Route {
     pub secrets: Vec<Secret>,
 }
 
-/// Configures and starts a dispatcher.
+/// Opens the dispatcher's store once the builder starts it.
+type OpenDb<S> = Box<
+    dyn FnOnce(
+            &Config,
+            Vec<Arc<dyn ResponseHandler<S>>>,
+        ) -> Result<Arc<dyn records::DispatchDb>, db::DbError>
+        + Send,
+>;
+
+/// Configures and starts a dispatcher on the store `S`.
 #[must_use]
-pub struct DispatcherBuilder {
+pub struct DispatcherBuilder<S: Store = Sqlite> {
     outbox: Outbox,
-    db_path: PathBuf,
+    open: OpenDb<S>,
     routes: BTreeMap<String, Route>,
     errors: Vec<DispatcherError>,
-    responses: Vec<Arc<dyn crate::responses::ResponseHandler>>,
+    responses: Vec<Arc<dyn ResponseHandler<S>>>,
 }
 
-impl DispatcherBuilder {
+impl<S: Store> DispatcherBuilder<S> {
     /// Acts on the answers to messages of `handler`'s interface version,
     /// inside the transaction that marks each one `Sent` (see
     /// [`crate::responses`]).
-    pub fn responses(mut self, handler: impl crate::responses::ResponseHandler) -> Self {
+    pub fn responses(mut self, handler: impl ResponseHandler<S>) -> Self {
         self.responses.push(Arc::new(handler));
         self
     }
@@ -125,17 +138,16 @@ impl DispatcherBuilder {
         if let Some(error) = self.errors.pop() {
             return Err(error);
         }
-        let conn = db::open(&self.db_path, config.outbox.durability)?;
+        let db = (self.open)(&config, self.responses)?;
         let cancel = CancellationToken::new();
         let state = Arc::new(State {
             config,
-            store: Arc::new(Mutex::new(conn)),
+            db,
             routes: self.routes,
             metrics: self.outbox.metrics().clone(),
             circuits: self.outbox.circuits().clone(),
             unrouted: Mutex::new(Vec::new()),
             rotation: std::sync::atomic::AtomicUsize::new(0),
-            responses: self.responses,
         });
         let (liveness, alive) = Liveness::start();
         self.outbox.set_dispatcher_liveness(liveness.clone());
@@ -191,14 +203,52 @@ fn unix_transport(_: &str, _: Duration) -> Arc<dyn Transport> {
     unreachable!("unix:// destinations exist only on unix")
 }
 
-/// The entry point: `Dispatcher::builder(&outbox, db_path).route(…).start()`.
+/// The entry point: `Dispatcher::builder(&outbox, db_path).route(…).start()`
+/// on SQLite, `Dispatcher::postgres(&outbox, &url)` on PostgreSQL.
 pub struct Dispatcher;
 
 impl Dispatcher {
-    pub fn builder(outbox: &Outbox, db_path: impl AsRef<Path>) -> DispatcherBuilder {
+    /// A dispatcher for the outbox in the SQLite file `db_path`.
+    pub fn builder(outbox: &Outbox, db_path: impl AsRef<Path>) -> DispatcherBuilder<Sqlite> {
+        let path = db_path.as_ref().to_path_buf();
+        Self::with_store(
+            outbox,
+            Box::new(move |config: &Config, responses| {
+                let conn = db::open(&path, config.outbox.durability)?;
+                Ok(Arc::new(sqlite::SqliteDispatch::new(
+                    conn,
+                    config.outbox.durability,
+                    responses,
+                )) as Arc<dyn records::DispatchDb>)
+            }),
+        )
+    }
+
+    /// A dispatcher for the outbox in a PostgreSQL database. Any number of
+    /// dispatchers (replicas) may share one database: claims skip the rows
+    /// another one has locked, and leases fence what each may update.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(
+        outbox: &Outbox,
+        url: &crate::pg::PostgresUrl,
+    ) -> DispatcherBuilder<crate::store::Postgres> {
+        let url = url.clone();
+        Self::with_store(
+            outbox,
+            Box::new(move |_: &Config, responses| {
+                let client = crate::pg::open(&url)?;
+                Ok(Arc::new(crate::pg::PostgresDispatch::new(
+                    crate::pg::Connection::new(url, client),
+                    responses,
+                )) as Arc<dyn records::DispatchDb>)
+            }),
+        )
+    }
+
+    fn with_store<S: Store>(outbox: &Outbox, open: OpenDb<S>) -> DispatcherBuilder<S> {
         DispatcherBuilder {
             outbox: outbox.clone(),
-            db_path: db_path.as_ref().to_path_buf(),
+            open,
             routes: BTreeMap::new(),
             errors: Vec::new(),
             responses: Vec::new(),
@@ -235,7 +285,7 @@ impl DispatcherHandle {
 
 struct State {
     config: Config,
-    store: Arc<Mutex<Connection>>,
+    db: Arc<dyn records::DispatchDb>,
     routes: BTreeMap<String, Route>,
     metrics: Arc<Metrics>,
     circuits: Arc<Circuits>,
@@ -244,26 +294,24 @@ struct State {
     unrouted: Mutex<Vec<String>>,
     /// Which destination claims first this round (fairness).
     rotation: std::sync::atomic::AtomicUsize,
-    /// Handlers of answers, by interface version (`crate::responses`).
-    responses: Vec<Arc<dyn crate::responses::ResponseHandler>>,
 }
 
 /// A claimed row.
 #[derive(Debug, Clone)]
-struct Claimed {
-    message_id: String,
-    lease: String,
-    correlation_id: Option<String>,
-    message_type: String,
-    interface: String,
-    version: u32,
-    fingerprint: String,
-    endpoint: String,
-    payload: String,
-    headers: String,
-    retry_count: u32,
-    max_retries: u32,
-    created_at_ms: i64,
+pub(crate) struct Claimed {
+    pub message_id: String,
+    pub lease: String,
+    pub correlation_id: Option<String>,
+    pub message_type: String,
+    pub interface: String,
+    pub version: u32,
+    pub fingerprint: String,
+    pub endpoint: String,
+    pub payload: String,
+    pub headers: String,
+    pub retry_count: u32,
+    pub max_retries: u32,
+    pub created_at_ms: i64,
 }
 
 /// What to write back for one attempt.
@@ -411,10 +459,10 @@ const RECHECK_DELAYS_MS: [u64; 7] = [1, 2, 4, 8, 16, 32, 64];
 
 /// Rows claimed for one request: one destination, sent alone or as a batch.
 #[derive(Debug)]
-struct Group {
-    destination: String,
-    rows: Vec<Claimed>,
-    probe: bool,
+pub(crate) struct Group {
+    pub destination: String,
+    pub rows: Vec<Claimed>,
+    pub probe: bool,
 }
 
 /// What became of a group: its attempts, and what its circuit learns.
@@ -504,25 +552,8 @@ async fn run(state: Arc<State>, wake: Arc<tokio::sync::Notify>, cancel: Cancella
 /// Finds destinations with waiting rows that have no route (one index
 /// look-up per distinct destination), so that their rows are claimed too.
 async fn discover(state: &Arc<State>) {
-    let store = state.store.clone();
-    let found = tokio::task::spawn_blocking(move || -> rusqlite::Result<Vec<String>> {
-        let conn = store.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
-        let mut statement = conn.prepare_cached(
-            "SELECT destination FROM outbox_messages WHERE status IN ('Pending', 'Sending') \
-             AND destination > ?1 ORDER BY destination LIMIT 1",
-        )?;
-        let mut destinations = Vec::new();
-        let mut after = String::new();
-        while let Some(next) = statement
-            .query_row([&after], |row| row.get::<_, String>(0))
-            .optional()?
-        {
-            destinations.push(next.clone());
-            after = next;
-        }
-        Ok(destinations)
-    })
-    .await;
+    let db = state.db.clone();
+    let found = tokio::task::spawn_blocking(move || db.discover()).await;
     if let Ok(Ok(destinations)) = found {
         let unrouted: Vec<String> = destinations
             .into_iter()
@@ -562,41 +593,18 @@ async fn claim(state: &Arc<State>, capacity: usize) -> Vec<Group> {
     if plan.is_empty() {
         return Vec::new();
     }
-    let store = state.store.clone();
+    let db = state.db.clone();
     let lease_ms = state.config.outbox.lease_timeout.as_millis() as i64;
-    let metrics = state.metrics.clone();
     let row_budget = state.config.outbox.batch_size.max(1) as usize;
     let plan_for_db = plan.clone();
-    let durability = state.config.outbox.durability;
-    let result = tokio::task::spawn_blocking(move || -> rusqlite::Result<Vec<Group>> {
-        let mut conn = store.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
-        // The claim commits with FULL whatever `outbox.durability` says: its
-        // fsync of the WAL makes every transaction committed before it
-        // durable, so no message leaves before the transaction that enqueued
-        // it is on disk. (With NORMAL, a power cut after the receiver's 2xx
-        // could undo the very transaction whose message the receiver
-        // processed: test
-        // `powerloss_sender_normal_never_delivers_a_transaction_it_can_lose`.)
-        // One fsync per claim, none per enqueue. Recording results needs
-        // none of its own: a result lost in a power cut means a re-send,
-        // answered as a duplicate.
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        let claimed = claim_groups(
-            &mut conn,
-            &plan_for_db,
-            lease_ms,
-            &metrics,
-            row_budget,
-            capacity,
-        );
-        let restored = conn.pragma_update(None, "synchronous", db::synchronous(durability));
-        let groups = claimed?;
-        restored?;
-        Ok(groups)
-    })
-    .await;
+    let result =
+        tokio::task::spawn_blocking(move || db.claim(&plan_for_db, lease_ms, row_budget, capacity))
+            .await;
     let groups = match result {
-        Ok(Ok(groups)) => groups,
+        Ok(Ok((groups, expired))) => {
+            state.metrics.outbox_expired.add(expired);
+            groups
+        }
         Ok(Err(error)) => {
             tracing::warn!(%error, "outbox claim failed; retrying at the next round");
             Vec::new()
@@ -619,7 +627,7 @@ async fn claim(state: &Arc<State>, capacity: usize) -> Vec<Group> {
 /// What one attempt came to: the transport's answer, or a row that could
 /// not even be turned into a request.
 #[derive(Debug, Clone)]
-enum Outcome {
+pub(crate) enum Outcome {
     Answer(Result<TransportResponse, TransportError>),
     Unsendable(String),
 }
@@ -637,113 +645,8 @@ impl Outcome {
     }
 }
 
-/// The claim's transaction: due rows, destination by destination as `plan`
-/// admits them, at most `row_budget` rows in at most `capacity` groups.
-fn claim_groups(
-    conn: &mut Connection,
-    plan: &[(String, Admission)],
-    lease_ms: i64,
-    metrics: &Metrics,
-    row_budget: usize,
-    capacity: usize,
-) -> rusqlite::Result<Vec<Group>> {
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let now = db::now_ms();
-    let lease = uuid::Uuid::now_v7().to_string();
-    let mut groups = Vec::new();
-    // Counted once the claim commits (a failed claim is redone).
-    let mut expired_total = 0;
-    let mut rows_left = row_budget;
-    let mut groups_left = capacity;
-    for (destination, admission) in plan {
-        if rows_left == 0 || groups_left == 0 {
-            break;
-        }
-        let (limit, per_group, probe) = match *admission {
-            Admission::Probe => (1, 1, true),
-            Admission::Closed { batch_limit } => {
-                let per_group = batch_limit.max(1);
-                (rows_left.min(per_group * groups_left), per_group, false)
-            }
-            Admission::Blocked { .. } => continue,
-        };
-        let mut statement = tx.prepare_cached(
-            "UPDATE outbox_messages SET status = 'Sending', lease_token = ?1, next_retry_at = ?2, last_attempt_at = ?3 \
-             WHERE message_id IN (SELECT message_id FROM outbox_messages \
-                 WHERE destination = ?5 AND status IN ('Pending', 'Sending') AND next_retry_at <= ?3 \
-                 ORDER BY next_retry_at LIMIT ?4) \
-             RETURNING message_id, correlation_id, message_type, interface, version, fingerprint, \
-                 endpoint, payload, headers, retry_count, max_retries, created_at, expires_at",
-        )?;
-        let mut expired = Vec::new();
-        let mut live = Vec::new();
-        let rows = statement.query_map(
-            params![lease, now + lease_ms, now, limit as i64, destination],
-            |r| {
-                Ok((
-                    Claimed {
-                        message_id: r.get(0)?,
-                        lease: lease.clone(),
-                        correlation_id: r.get(1)?,
-                        message_type: r.get(2)?,
-                        interface: r.get(3)?,
-                        version: r.get(4)?,
-                        fingerprint: r.get(5)?,
-                        endpoint: r.get(6)?,
-                        payload: r.get(7)?,
-                        headers: r.get(8)?,
-                        retry_count: r.get(9)?,
-                        max_retries: r.get(10)?,
-                        created_at_ms: r.get(11)?,
-                    },
-                    r.get::<_, i64>(12)?,
-                ))
-            },
-        )?;
-        for row in rows {
-            let (claimed, expires_at) = row?;
-            if expires_at <= now {
-                expired.push(claimed);
-            } else {
-                live.push(claimed);
-            }
-        }
-        for row in &expired {
-            tx.execute(
-                "UPDATE outbox_messages SET status = 'Expired', lease_token = NULL, \
-                 last_error = 'time to live exceeded' WHERE message_id = ?1 AND lease_token = ?2",
-                params![row.message_id, row.lease],
-            )?;
-        }
-        expired_total += expired.len() as u64;
-        rows_left = rows_left.saturating_sub(live.len());
-        let mut live = live.into_iter().peekable();
-        while live.peek().is_some() && groups_left > 0 {
-            let rows: Vec<Claimed> = live.by_ref().take(per_group).collect();
-            groups_left -= 1;
-            groups.push(Group {
-                destination: destination.clone(),
-                rows,
-                probe,
-            });
-        }
-        // Rows beyond the group capacity stay claimed under this lease
-        // only if sent; release any left over.
-        for row in live {
-            tx.execute(
-                "UPDATE outbox_messages SET status = 'Pending', lease_token = NULL, next_retry_at = ?3 \
-                 WHERE message_id = ?1 AND lease_token = ?2",
-                params![row.message_id, row.lease, now],
-            )?;
-        }
-    }
-    tx.commit()?;
-    metrics.outbox_expired.add(expired_total);
-    Ok(groups)
-}
-
 /// One send attempt and what came of it.
-type Attempt = (Claimed, Outcome, Duration);
+pub(crate) type Attempt = (Claimed, Outcome, Duration);
 
 /// Sends rows that share a destination: alone, or as one batch request.
 async fn send_group(state: &State, group: Group) -> GroupResult {
@@ -823,15 +726,6 @@ fn signed_request(state: &State, route: &Route, row: &Claimed) -> Result<Outgoin
     })
 }
 
-/// What one recording transaction changed, added to the metrics after it commits.
-#[derive(Debug, Default)]
-struct RecordCounts {
-    sent: u64,
-    dead_lettered: u64,
-    failed: u64,
-    retries: u64,
-}
-
 /// Writes the attempts' results (one transaction), then tells each
 /// destination's circuit what its request came to.
 async fn record(state: &Arc<State>, results: Vec<GroupResult>) {
@@ -876,170 +770,34 @@ async fn record(state: &Arc<State>, results: Vec<GroupResult>) {
         ));
         attempts.extend(result.attempts.into_iter().zip(verdicts));
     }
-    let store = state.store.clone();
+    let db = state.db.clone();
     let config = state.config.clone();
     let metrics = state.metrics.clone();
-    let responses = state.responses.clone();
-    let outcome = tokio::task::spawn_blocking(move || -> rusqlite::Result<()> {
-        let mut conn = store.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
-        let tx = conn.transaction()?;
-        let now = db::now_ms();
-        // Counted once the transaction commits: a recording that fails (a
-        // full disk) is redone after the lease, and must not count twice.
-        let mut counts = RecordCounts::default();
-        let backoff_of = |retry: u32| {
-            backoff(
-                retry,
-                config.outbox.backoff_base,
-                config.outbox.backoff_max,
-                config.outbox.jitter,
-            )
-        };
-        for ((row, _, elapsed), verdict) in &attempts {
+    let outcome = tokio::task::spawn_blocking(move || {
+        for ((_, _, elapsed), _) in &attempts {
             metrics.outbox_send_duration.observe(*elapsed);
-            let fence = (&row.message_id, &row.lease);
-            let finish = |status: &str, error: &str| {
-                tx.execute(
-                    "UPDATE outbox_messages SET status = ?3, last_error = ?4, lease_token = NULL \
-                     WHERE message_id = ?1 AND lease_token = ?2 AND status = 'Sending'",
-                    params![fence.0, fence.1, status, error],
-                )
-            };
-            let again = |retry_count: u32, delay: Duration, error: &str| {
-                tx.execute(
-                    "UPDATE outbox_messages SET status = 'Pending', retry_count = ?3, next_retry_at = ?4, \
-                     last_error = ?5, lease_token = NULL \
-                     WHERE message_id = ?1 AND lease_token = ?2 AND status = 'Sending'",
-                    params![fence.0, fence.1, retry_count, now + delay.as_millis() as i64, error],
-                )
-            };
-            match verdict {
-                Verdict::Sent { response } => {
-                    // A response handler's writes and the `Sent` status
-                    // commit together or roll back together.
-                    let handler = answer_handler(&responses, row);
-                    if handler.is_some() {
-                        tx.execute_batch("SAVEPOINT rfidl_answer")?;
-                    }
-                    let changed = tx.execute(
-                        "UPDATE outbox_messages SET status = 'Sent', sent_at = ?3, response = ?4, lease_token = NULL, \
-                         last_error = NULL WHERE message_id = ?1 AND lease_token = ?2 AND status = 'Sending'",
-                        params![fence.0, fence.1, now, serde_json::to_string(response).unwrap_or_default()],
-                    )?;
-                    let failed = match handler {
-                        Some(handler) if changed == 1 => act_on_answer(handler, row, response, &tx),
-                        _ => None,
-                    };
-                    if let Some(error) = failed {
-                        tx.execute_batch("ROLLBACK TO rfidl_answer; RELEASE rfidl_answer")?;
-                        tracing::warn!(message_id = %row.message_id, %error, "response handler failed; the message is sent again");
-                        let attempt = row.retry_count + 1;
-                        if attempt > row.max_retries {
-                            if finish("Failed", &error)? == 1 {
-                                counts.failed += 1;
-                            }
-                        } else if again(attempt, backoff_of(row.retry_count), &error)? == 1 {
-                            counts.retries += 1;
-                        }
-                        continue;
-                    }
-                    if handler.is_some() {
-                        tx.execute_batch("RELEASE rfidl_answer")?;
-                    }
-                    if changed == 1 {
-                        counts.sent += 1;
-                    }
-                }
-                Verdict::DeadLetter { error } => {
-                    tracing::warn!(message_id = %row.message_id, %error, "message dead-lettered");
-                    if finish("DeadLetter", error)? == 1 {
-                        counts.dead_lettered += 1;
-                    }
-                }
-                Verdict::Failed { error } => {
-                    tracing::error!(message_id = %row.message_id, %error, "message failed; an operator decides");
-                    if finish("Failed", error)? == 1 {
-                        counts.failed += 1;
-                    }
-                }
-                Verdict::Retry { error, retry_after, dead_letter_when_exhausted } => {
-                    let attempt = row.retry_count + 1;
-                    if attempt > row.max_retries {
-                        let status = if *dead_letter_when_exhausted { "DeadLetter" } else { "Failed" };
-                        tracing::error!(message_id = %row.message_id, %error, "giving up after {} retries", row.max_retries);
-                        if finish(status, error)? == 1 {
-                            if *dead_letter_when_exhausted {
-                                counts.dead_lettered += 1;
-                            } else {
-                                counts.failed += 1;
-                            }
-                        }
-                        continue;
-                    }
-                    let delay = backoff_of(row.retry_count).max(retry_after.unwrap_or_default());
-                    tracing::debug!(message_id = %row.message_id, %error, attempt, "send failed; retrying in {delay:?}");
-                    if again(attempt, delay, error)? == 1 {
-                        counts.retries += 1;
-                    }
-                }
-                // Not counted: the row waits (its circuit gates an unreachable
-                // destination) and is due again after one base backoff.
-                Verdict::Unavailable { error, retry_after } | Verdict::Wait { error, retry_after, .. } => {
-                    let delay = backoff_of(0).max(retry_after.unwrap_or_default());
-                    tracing::debug!(message_id = %row.message_id, %error, "not delivered; retrying in {delay:?} (not counted)");
-                    if again(row.retry_count, delay, error)? == 1 {
-                        counts.retries += 1;
-                    }
-                }
-            }
         }
-        tx.commit()?;
-        metrics.outbox_sent.add(counts.sent);
-        metrics.outbox_dead_lettered.add(counts.dead_lettered);
-        metrics.outbox_failed.add(counts.failed);
-        metrics.outbox_retries.add(counts.retries);
-        Ok(())
+        db.record(&attempts, &config)
     })
     .await;
-    if let Ok(Err(error)) = outcome {
-        tracing::error!(%error, "cannot record send results; the rows are re-sent after their lease");
+    match outcome {
+        Ok(Ok(counts)) => {
+            // Counted once the transaction committed: a recording that
+            // fails (a full disk, a lost connection) is redone after the
+            // lease and must not count twice.
+            state.metrics.outbox_sent.add(counts.sent);
+            state.metrics.outbox_dead_lettered.add(counts.dead_lettered);
+            state.metrics.outbox_failed.add(counts.failed);
+            state.metrics.outbox_retries.add(counts.retries);
+        }
+        Ok(Err(error)) => {
+            tracing::error!(%error, "cannot record send results; the rows are re-sent after their lease");
+        }
+        Err(_) => {}
     }
     for (destination, outcome) in &outcomes {
         state.circuits.record(destination, outcome);
     }
-}
-
-/// The response handler registered for `row`'s interface version, if any.
-fn answer_handler<'a>(
-    responses: &'a [Arc<dyn crate::responses::ResponseHandler>],
-    row: &Claimed,
-) -> Option<&'a dyn crate::responses::ResponseHandler> {
-    responses
-        .iter()
-        .find(|h| h.interface() == (row.interface.as_str(), row.version))
-        .map(|h| h.as_ref())
-}
-
-/// Runs `handler` on `row`'s answer inside `tx` (behind the caller's
-/// savepoint); `Some(error)` when it failed.
-fn act_on_answer(
-    handler: &dyn crate::responses::ResponseHandler,
-    row: &Claimed,
-    response: &serde_json::Value,
-    tx: &rusqlite::Transaction<'_>,
-) -> Option<String> {
-    let answer = crate::responses::Answer {
-        message_id: &row.message_id,
-        interface: &row.interface,
-        version: row.version,
-        endpoint: &row.endpoint,
-        correlation_id: row.correlation_id.as_deref(),
-        payload: response,
-    };
-    handler
-        .handle(&answer, tx)
-        .err()
-        .map(|error| format!("response handler: {error}"))
 }
 
 #[cfg(test)]

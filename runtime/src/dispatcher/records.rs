@@ -1,0 +1,267 @@
+//! The dispatcher's database work, written once for every store: which rows
+//! a claim takes (and which it expires or gives back), and what each
+//! verdict writes to its row. A store supplies the statements
+//! ([`OutboxTx`], one open transaction) and the transactions around them
+//! ([`DispatchDb`]): `sqlite.rs` here, `crate::pg::dispatch` there.
+
+use std::time::Duration;
+
+use crate::circuit::Admission;
+use crate::config::Config;
+
+use super::{Attempt, Claimed, Group, Verdict, backoff};
+
+/// The dispatcher's three database operations, each one transaction. Called
+/// on the blocking pool.
+pub(crate) trait DispatchDb: Send + Sync + 'static {
+    /// Destinations with waiting rows (`Pending` or `Sending`).
+    fn discover(&self) -> Result<Vec<String>, String>;
+
+    /// Claims due rows as `plan` admits them; returns the groups to send
+    /// and how many rows expired instead.
+    fn claim(
+        &self,
+        plan: &[(String, Admission)],
+        lease_ms: i64,
+        row_budget: usize,
+        capacity: usize,
+    ) -> Result<(Vec<Group>, u64), String>;
+
+    /// Writes the attempts' results; returns what changed once committed.
+    fn record(
+        &self,
+        attempts: &[(Attempt, Verdict)],
+        config: &Config,
+    ) -> Result<RecordCounts, String>;
+}
+
+/// What one recording transaction changed, added to the metrics after it commits.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct RecordCounts {
+    pub sent: u64,
+    pub dead_lettered: u64,
+    pub failed: u64,
+    pub retries: u64,
+}
+
+/// The statements of claims and results, in one open transaction. Every
+/// update of a claimed row is fenced on its lease token and on `Sending`:
+/// `Ok(false)` when the fence no longer holds (the lease ran out and the row
+/// is someone else's now).
+pub(crate) trait OutboxTx {
+    /// Moves at most `limit` due rows of `destination` (`Pending`, or
+    /// `Sending` with an expired lease) to `Sending` under `lease`, oldest
+    /// due first, and returns them with their `expires_at`. Rows locked by
+    /// another dispatcher's claim are skipped, never waited for.
+    fn claim_due(
+        &mut self,
+        destination: &str,
+        lease: &str,
+        now: i64,
+        lease_until: i64,
+        limit: usize,
+    ) -> Result<Vec<(Claimed, i64)>, String>;
+    fn expire(&mut self, row: &Claimed) -> Result<(), String>;
+    /// Gives a claimed row back (due at `now`).
+    fn release(&mut self, row: &Claimed, now: i64) -> Result<(), String>;
+    fn finish(&mut self, row: &Claimed, status: &str, error: &str) -> Result<bool, String>;
+    fn again(
+        &mut self,
+        row: &Claimed,
+        retry_count: u32,
+        next_at: i64,
+        error: &str,
+    ) -> Result<bool, String>;
+    fn mark_sent(&mut self, row: &Claimed, now: i64, response: &str) -> Result<bool, String>;
+    /// Whether a response handler is registered for the row's interface version.
+    fn has_answer_handler(&self, row: &Claimed) -> bool;
+    fn savepoint(&mut self) -> Result<(), String>;
+    fn release_savepoint(&mut self) -> Result<(), String>;
+    fn rollback_to_savepoint(&mut self) -> Result<(), String>;
+    /// Runs the row's response handler in this transaction; `Some(error)`
+    /// when it failed.
+    fn act_on_answer(&mut self, row: &Claimed, response: &serde_json::Value) -> Option<String>;
+}
+
+/// The claim: due rows, destination by destination as `plan` admits them,
+/// at most `row_budget` rows in at most `capacity` groups. Rows past their
+/// TTL are marked `Expired` instead (their count is returned).
+pub(crate) fn claim_in(
+    tx: &mut impl OutboxTx,
+    plan: &[(String, Admission)],
+    lease_ms: i64,
+    row_budget: usize,
+    capacity: usize,
+) -> Result<(Vec<Group>, u64), String> {
+    let now = crate::db::now_ms();
+    let lease = uuid::Uuid::now_v7().to_string();
+    let mut groups = Vec::new();
+    let mut expired_total = 0;
+    let mut rows_left = row_budget;
+    let mut groups_left = capacity;
+    for (destination, admission) in plan {
+        if rows_left == 0 || groups_left == 0 {
+            break;
+        }
+        let (limit, per_group, probe) = match *admission {
+            Admission::Probe => (1, 1, true),
+            Admission::Closed { batch_limit } => {
+                let per_group = batch_limit.max(1);
+                (rows_left.min(per_group * groups_left), per_group, false)
+            }
+            Admission::Blocked { .. } => continue,
+        };
+        let mut live = Vec::new();
+        for (claimed, expires_at) in
+            tx.claim_due(destination, &lease, now, now + lease_ms, limit)?
+        {
+            if expires_at <= now {
+                tx.expire(&claimed)?;
+                expired_total += 1;
+            } else {
+                live.push(claimed);
+            }
+        }
+        rows_left = rows_left.saturating_sub(live.len());
+        let mut live = live.into_iter().peekable();
+        while live.peek().is_some() && groups_left > 0 {
+            let rows: Vec<Claimed> = live.by_ref().take(per_group).collect();
+            groups_left -= 1;
+            groups.push(Group {
+                destination: destination.clone(),
+                rows,
+                probe,
+            });
+        }
+        // Rows beyond the group capacity are given back.
+        for row in live {
+            tx.release(&row, now)?;
+        }
+    }
+    Ok((groups, expired_total))
+}
+
+/// Writes what each attempt came to, as the wire protocol's table says.
+pub(crate) fn record_in(
+    tx: &mut impl OutboxTx,
+    attempts: &[(Attempt, Verdict)],
+    config: &Config,
+) -> Result<RecordCounts, String> {
+    let now = crate::db::now_ms();
+    let mut counts = RecordCounts::default();
+    let backoff_of = |retry: u32| {
+        backoff(
+            retry,
+            config.outbox.backoff_base,
+            config.outbox.backoff_max,
+            config.outbox.jitter,
+        )
+    };
+    let at = |delay: Duration| now + delay.as_millis() as i64;
+    for ((row, _, _), verdict) in attempts {
+        match verdict {
+            Verdict::Sent { response } => {
+                // A response handler's writes and the `Sent` status commit
+                // together or roll back together.
+                let handled = tx.has_answer_handler(row);
+                if handled {
+                    tx.savepoint()?;
+                }
+                let response_text = serde_json::to_string(response).unwrap_or_default();
+                let changed = tx.mark_sent(row, now, &response_text)?;
+                let failed = if handled && changed {
+                    tx.act_on_answer(row, response)
+                } else {
+                    None
+                };
+                if let Some(error) = failed {
+                    tx.rollback_to_savepoint()?;
+                    tracing::warn!(message_id = %row.message_id, %error, "response handler failed; the message is sent again");
+                    let attempt = row.retry_count + 1;
+                    if attempt > row.max_retries {
+                        if tx.finish(row, "Failed", &error)? {
+                            counts.failed += 1;
+                        }
+                    } else if tx.again(row, attempt, at(backoff_of(row.retry_count)), &error)? {
+                        counts.retries += 1;
+                    }
+                    continue;
+                }
+                if handled {
+                    tx.release_savepoint()?;
+                }
+                if changed {
+                    counts.sent += 1;
+                }
+            }
+            Verdict::DeadLetter { error } => {
+                tracing::warn!(message_id = %row.message_id, %error, "message dead-lettered");
+                if tx.finish(row, "DeadLetter", error)? {
+                    counts.dead_lettered += 1;
+                }
+            }
+            Verdict::Failed { error } => {
+                tracing::error!(message_id = %row.message_id, %error, "message failed; an operator decides");
+                if tx.finish(row, "Failed", error)? {
+                    counts.failed += 1;
+                }
+            }
+            Verdict::Retry {
+                error,
+                retry_after,
+                dead_letter_when_exhausted,
+            } => {
+                let attempt = row.retry_count + 1;
+                if attempt > row.max_retries {
+                    let status = if *dead_letter_when_exhausted {
+                        "DeadLetter"
+                    } else {
+                        "Failed"
+                    };
+                    tracing::error!(message_id = %row.message_id, %error, "giving up after {} retries", row.max_retries);
+                    if tx.finish(row, status, error)? {
+                        if *dead_letter_when_exhausted {
+                            counts.dead_lettered += 1;
+                        } else {
+                            counts.failed += 1;
+                        }
+                    }
+                    continue;
+                }
+                let delay = backoff_of(row.retry_count).max(retry_after.unwrap_or_default());
+                tracing::debug!(message_id = %row.message_id, %error, attempt, "send failed; retrying in {delay:?}");
+                if tx.again(row, attempt, at(delay), error)? {
+                    counts.retries += 1;
+                }
+            }
+            // Not counted: the row waits (its circuit gates an unreachable
+            // destination) and is due again after one base backoff.
+            Verdict::Unavailable { error, retry_after }
+            | Verdict::Wait {
+                error, retry_after, ..
+            } => {
+                let delay = backoff_of(0).max(retry_after.unwrap_or_default());
+                tracing::debug!(message_id = %row.message_id, %error, "not delivered; retrying in {delay:?} (not counted)");
+                if tx.again(row, row.retry_count, at(delay), error)? {
+                    counts.retries += 1;
+                }
+            }
+        }
+    }
+    Ok(counts)
+}
+
+/// The answer of a response handler as the trait passes it.
+pub(crate) fn answer_of<'a>(
+    row: &'a Claimed,
+    response: &'a serde_json::Value,
+) -> crate::responses::Answer<'a> {
+    crate::responses::Answer {
+        message_id: &row.message_id,
+        interface: &row.interface,
+        version: row.version,
+        endpoint: &row.endpoint,
+        correlation_id: row.correlation_id.as_deref(),
+        payload: response,
+    }
+}

@@ -1,0 +1,280 @@
+//! The dispatcher's statements on PostgreSQL. Claims lock the rows they
+//! take with `FOR UPDATE SKIP LOCKED`, so any number of dispatchers on one
+//! database share the due rows without waiting for each other and never
+//! claim one row twice; the lease token fences every later update, as on
+//! SQLite.
+
+use std::sync::{Arc, Mutex};
+
+use postgres::types::{ToSql, Type};
+
+use crate::circuit::Admission;
+use crate::config::Config;
+use crate::dispatcher::records::{self, DispatchDb, OutboxTx, RecordCounts};
+use crate::dispatcher::{Attempt, Claimed, Group, Verdict};
+use crate::responses::ResponseHandler;
+use crate::store::Postgres;
+
+use super::{Connection, error_text};
+
+pub(crate) struct PostgresDispatch {
+    conn: Mutex<Connection>,
+    responses: Vec<Arc<dyn ResponseHandler<Postgres>>>,
+}
+
+impl PostgresDispatch {
+    pub(crate) fn new(
+        conn: Connection,
+        responses: Vec<Arc<dyn ResponseHandler<Postgres>>>,
+    ) -> Self {
+        Self {
+            conn: Mutex::new(conn),
+            responses,
+        }
+    }
+
+    /// Runs `work` in one transaction on the dispatcher's connection.
+    fn in_transaction<T>(
+        &self,
+        work: impl FnOnce(&mut PostgresOps<'_, '_>) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let mut conn = self
+            .conn
+            .lock()
+            .map_err(|_| "the dispatcher's connection is poisoned".to_owned())?;
+        let client = conn.client()?;
+        let mut tx = client.transaction().map_err(|e| error_text(&e))?;
+        let value = {
+            let mut ops = PostgresOps {
+                tx: &mut tx,
+                responses: &self.responses,
+            };
+            work(&mut ops)?
+        };
+        tx.commit().map_err(|e| error_text(&e))?;
+        Ok(value)
+    }
+}
+
+impl DispatchDb for PostgresDispatch {
+    fn discover(&self) -> Result<Vec<String>, String> {
+        self.in_transaction(|ops| {
+            // A loose index scan: one index probe per distinct destination.
+            let rows = ops
+                .tx
+                .query(
+                    "WITH RECURSIVE d(destination) AS ( \
+                       (SELECT destination FROM outbox_messages \
+                        WHERE status IN ('Pending', 'Sending') ORDER BY destination LIMIT 1) \
+                       UNION ALL \
+                       SELECT (SELECT o.destination FROM outbox_messages o \
+                               WHERE o.status IN ('Pending', 'Sending') AND o.destination > d.destination \
+                               ORDER BY o.destination LIMIT 1) \
+                       FROM d WHERE d.destination IS NOT NULL) \
+                     SELECT destination FROM d WHERE destination IS NOT NULL",
+                    &[],
+                )
+                .map_err(|e| error_text(&e))?;
+            Ok(rows.iter().map(|row| row.get(0)).collect())
+        })
+    }
+
+    fn claim(
+        &self,
+        plan: &[(String, Admission)],
+        lease_ms: i64,
+        row_budget: usize,
+        capacity: usize,
+    ) -> Result<(Vec<Group>, u64), String> {
+        self.in_transaction(|ops| records::claim_in(ops, plan, lease_ms, row_budget, capacity))
+    }
+
+    fn record(
+        &self,
+        attempts: &[(Attempt, Verdict)],
+        config: &Config,
+    ) -> Result<RecordCounts, String> {
+        self.in_transaction(|ops| records::record_in(ops, attempts, config))
+    }
+}
+
+struct PostgresOps<'t, 'c> {
+    tx: &'t mut postgres::Transaction<'c>,
+    responses: &'t [Arc<dyn ResponseHandler<Postgres>>],
+}
+
+impl PostgresOps<'_, '_> {
+    fn handler(&self, row: &Claimed) -> Option<Arc<dyn ResponseHandler<Postgres>>> {
+        self.responses
+            .iter()
+            .find(|h| h.interface() == (row.interface.as_str(), row.version))
+            .cloned()
+    }
+
+    /// One fenced update (typed parameters: one round trip, no prepare).
+    fn update(
+        &mut self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<bool, String> {
+        self.tx
+            .execute_typed(sql, params)
+            .map(|n| n == 1)
+            .map_err(|e| error_text(&e))
+    }
+}
+
+impl OutboxTx for PostgresOps<'_, '_> {
+    fn claim_due(
+        &mut self,
+        destination: &str,
+        lease: &str,
+        now: i64,
+        lease_until: i64,
+        limit: usize,
+    ) -> Result<Vec<(Claimed, i64)>, String> {
+        let rows = self
+            .tx
+            .query_typed(
+                "UPDATE outbox_messages SET status = 'Sending', lease_token = $1, next_retry_at = $2, last_attempt_at = $3 \
+                 WHERE message_id IN (SELECT message_id FROM outbox_messages \
+                     WHERE destination = $5 AND status IN ('Pending', 'Sending') AND next_retry_at <= $3 \
+                     ORDER BY next_retry_at LIMIT $4 FOR UPDATE SKIP LOCKED) \
+                 RETURNING message_id, correlation_id, message_type, interface, version, fingerprint, \
+                     endpoint, payload, headers, retry_count, max_retries, created_at, expires_at",
+                &[
+                    (&lease, Type::TEXT),
+                    (&lease_until, Type::INT8),
+                    (&now, Type::INT8),
+                    (&(limit as i64), Type::INT8),
+                    (&destination, Type::TEXT),
+                ],
+            )
+            .map_err(|e| error_text(&e))?;
+        let mut claimed: Vec<(Claimed, i64)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    Claimed {
+                        message_id: r.get(0),
+                        lease: lease.to_owned(),
+                        correlation_id: r.get(1),
+                        message_type: r.get(2),
+                        interface: r.get(3),
+                        version: r.get::<_, i64>(4) as u32,
+                        fingerprint: r.get(5),
+                        endpoint: r.get(6),
+                        payload: r.get(7),
+                        headers: r.get(8),
+                        retry_count: r.get::<_, i64>(9) as u32,
+                        max_retries: r.get::<_, i64>(10) as u32,
+                        created_at_ms: r.get(11),
+                    },
+                    r.get::<_, i64>(12),
+                )
+            })
+            .collect();
+        // RETURNING has no order: send oldest first, as SQLite does.
+        claimed.sort_by(|a, b| a.0.message_id.cmp(&b.0.message_id));
+        Ok(claimed)
+    }
+
+    fn expire(&mut self, row: &Claimed) -> Result<(), String> {
+        self.update(
+            "UPDATE outbox_messages SET status = 'Expired', lease_token = NULL, \
+             last_error = 'time to live exceeded' WHERE message_id = $1 AND lease_token = $2",
+            &[(&row.message_id, Type::TEXT), (&row.lease, Type::TEXT)],
+        )
+        .map(drop)
+    }
+
+    fn release(&mut self, row: &Claimed, now: i64) -> Result<(), String> {
+        self.update(
+            "UPDATE outbox_messages SET status = 'Pending', lease_token = NULL, next_retry_at = $3 \
+             WHERE message_id = $1 AND lease_token = $2",
+            &[
+                (&row.message_id, Type::TEXT),
+                (&row.lease, Type::TEXT),
+                (&now, Type::INT8),
+            ],
+        )
+        .map(drop)
+    }
+
+    fn finish(&mut self, row: &Claimed, status: &str, error: &str) -> Result<bool, String> {
+        self.update(
+            "UPDATE outbox_messages SET status = $3, last_error = $4, lease_token = NULL \
+             WHERE message_id = $1 AND lease_token = $2 AND status = 'Sending'",
+            &[
+                (&row.message_id, Type::TEXT),
+                (&row.lease, Type::TEXT),
+                (&status, Type::TEXT),
+                (&error, Type::TEXT),
+            ],
+        )
+    }
+
+    fn again(
+        &mut self,
+        row: &Claimed,
+        retry_count: u32,
+        next_at: i64,
+        error: &str,
+    ) -> Result<bool, String> {
+        self.update(
+            "UPDATE outbox_messages SET status = 'Pending', retry_count = $3, next_retry_at = $4, \
+             last_error = $5, lease_token = NULL \
+             WHERE message_id = $1 AND lease_token = $2 AND status = 'Sending'",
+            &[
+                (&row.message_id, Type::TEXT),
+                (&row.lease, Type::TEXT),
+                (&i64::from(retry_count), Type::INT8),
+                (&next_at, Type::INT8),
+                (&error, Type::TEXT),
+            ],
+        )
+    }
+
+    fn mark_sent(&mut self, row: &Claimed, now: i64, response: &str) -> Result<bool, String> {
+        self.update(
+            "UPDATE outbox_messages SET status = 'Sent', sent_at = $3, response = $4, lease_token = NULL, \
+             last_error = NULL WHERE message_id = $1 AND lease_token = $2 AND status = 'Sending'",
+            &[
+                (&row.message_id, Type::TEXT),
+                (&row.lease, Type::TEXT),
+                (&now, Type::INT8),
+                (&response, Type::TEXT),
+            ],
+        )
+    }
+
+    fn has_answer_handler(&self, row: &Claimed) -> bool {
+        self.handler(row).is_some()
+    }
+
+    fn savepoint(&mut self) -> Result<(), String> {
+        self.tx
+            .batch_execute("SAVEPOINT rfidl_answer")
+            .map_err(|e| error_text(&e))
+    }
+
+    fn release_savepoint(&mut self) -> Result<(), String> {
+        self.tx
+            .batch_execute("RELEASE SAVEPOINT rfidl_answer")
+            .map_err(|e| error_text(&e))
+    }
+
+    fn rollback_to_savepoint(&mut self) -> Result<(), String> {
+        self.tx
+            .batch_execute("ROLLBACK TO SAVEPOINT rfidl_answer; RELEASE SAVEPOINT rfidl_answer")
+            .map_err(|e| error_text(&e))
+    }
+
+    fn act_on_answer(&mut self, row: &Claimed, response: &serde_json::Value) -> Option<String> {
+        let handler = self.handler(row)?;
+        handler
+            .handle(&records::answer_of(row, response), self.tx)
+            .err()
+            .map(|error| format!("response handler: {error}"))
+    }
+}

@@ -1,0 +1,366 @@
+//! The PostgreSQL store (cargo feature `postgres`): connection set-up,
+//! schema migrations, and the outbox and inbox statements in PostgreSQL's
+//! dialect.
+//!
+//! **Client.** The synchronous `postgres` crate (the blocking face of
+//! `tokio-postgres`). Handlers are synchronous and run on dedicated writer
+//! threads, as on SQLite, and they are handed a `postgres::Transaction`; the
+//! dispatcher's statements run on the blocking pool like its SQLite ones.
+//! Each part owns its connections (the dispatcher one, the receiver one per
+//! writer thread, the outbox's `send` one, diagnostics and retention one
+//! each), so no pool is needed. A connection that broke is opened again
+//! before its next use; the work it was doing is retried (claims and results
+//! are fenced by the lease token, inbox writes by the primary key).
+//!
+//! **Schema.** The same tables and columns as on SQLite, times as BIGINT
+//! milliseconds, ids as TEXT. Migrations are data, as on SQLite, applied in
+//! one transaction under an advisory lock, so replicas starting together
+//! migrate once; `rfidl_schema.version` records how many ran, and a database
+//! at a version this build does not know is refused, never altered.
+
+mod dispatch;
+mod inbox;
+
+pub(crate) use dispatch::PostgresDispatch;
+pub(crate) use inbox::start_receiver;
+
+use std::time::Duration;
+
+use postgres::types::Type;
+use postgres::{Client, NoTls};
+use uuid::Uuid;
+
+use crate::config::Config;
+use crate::db::DbError;
+use crate::outbox::{OutboxError, OutgoingMessage};
+use crate::store::DatabaseError;
+
+/// A PostgreSQL connection URL (`postgres://user:password@host:port/db`).
+/// Its `Display` and `Debug` forms hide the password.
+#[derive(Clone)]
+pub struct PostgresUrl {
+    text: String,
+    config: postgres::Config,
+}
+
+impl PartialEq for PostgresUrl {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for PostgresUrl {}
+
+impl std::fmt::Debug for PostgresUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", crate::redact::url_password(&self.text))
+    }
+}
+
+impl std::fmt::Display for PostgresUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::redact::url_password(&self.text))
+    }
+}
+
+/// How long a connection attempt may take when the URL does not say
+/// (`connect_timeout=`).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl PostgresUrl {
+    /// Parses a `postgres://` or `postgresql://` URL.
+    pub fn parse(text: &str) -> Result<Self, DatabaseError> {
+        let mut config: postgres::Config =
+            text.parse()
+                .map_err(|error: postgres::Error| DatabaseError::InvalidUrl {
+                    url: crate::redact::url_password(text),
+                    reason: error_text(&error),
+                })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("rfidl");
+        }
+        Ok(Self {
+            text: text.to_owned(),
+            config,
+        })
+    }
+
+    /// `host:port/database`, for error messages.
+    pub fn target(&self) -> String {
+        let hosts: Vec<String> = self
+            .config
+            .get_hosts()
+            .iter()
+            .map(|host| match host {
+                postgres::config::Host::Tcp(name) => name.clone(),
+                #[cfg(unix)]
+                postgres::config::Host::Unix(path) => path.display().to_string(),
+            })
+            .collect();
+        let ports = self.config.get_ports();
+        let port = ports.first().copied().unwrap_or(5432);
+        let host = if hosts.is_empty() {
+            "localhost".to_owned()
+        } else {
+            hosts.join(",")
+        };
+        let database = self
+            .config
+            .get_dbname()
+            .or(self.config.get_user())
+            .unwrap_or("postgres");
+        format!("{host}:{port}/{database}")
+    }
+
+    /// Opens a connection (no TLS: reach the database over a private
+    /// network, a unix socket or a TLS-terminating proxy).
+    pub fn connect(&self) -> Result<Client, DbError> {
+        self.config
+            .connect(NoTls)
+            .map_err(|error| DbError::Postgres {
+                target: self.target(),
+                cause: format!("cannot connect: {}", error_text(&error)),
+            })
+    }
+}
+
+/// An error's message with its causes (`postgres::Error`'s own `Display`
+/// says only "error connecting to server" or "db error").
+pub(crate) fn error_text(error: &postgres::Error) -> String {
+    if let Some(db) = error.as_db_error() {
+        let mut text = format!("{} ({})", db.message(), db.code().code());
+        if let Some(detail) = db.detail() {
+            text.push_str(": ");
+            text.push_str(detail);
+        }
+        return text;
+    }
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Schema migrations, applied in order; index + 1 is the resulting
+/// `rfidl_schema.version`. Never edit a released entry: append a new one.
+pub const MIGRATIONS: &[&str] = &[
+    // 1: outbox and inbox, as on SQLite (both of its migrations).
+    r#"
+    CREATE TABLE outbox_messages (
+        message_id      TEXT PRIMARY KEY NOT NULL,   -- UUID v7, time-ordered
+        correlation_id  TEXT,
+        message_type    TEXT NOT NULL,
+        destination     TEXT NOT NULL,
+        interface       TEXT NOT NULL,
+        version         BIGINT NOT NULL,
+        fingerprint     TEXT NOT NULL,
+        endpoint        TEXT NOT NULL,
+        payload         TEXT NOT NULL,
+        headers         TEXT NOT NULL DEFAULT '{}',
+        status          TEXT NOT NULL DEFAULT 'Pending'
+                        CHECK (status IN ('Pending','Sending','Sent','Failed','DeadLetter','Expired')),
+        retry_count     BIGINT NOT NULL DEFAULT 0,
+        max_retries     BIGINT NOT NULL,
+        next_retry_at   BIGINT NOT NULL,             -- due time (ms); for Sending: lease expiry
+        lease_token     TEXT,
+        last_attempt_at BIGINT,
+        last_error      TEXT,
+        response        TEXT,
+        created_at      BIGINT NOT NULL,
+        expires_at      BIGINT NOT NULL,
+        sent_at         BIGINT
+    );
+    CREATE INDEX outbox_due ON outbox_messages (destination, next_retry_at)
+        WHERE status IN ('Pending', 'Sending');
+    CREATE INDEX outbox_sent ON outbox_messages (sent_at) WHERE status = 'Sent';
+    CREATE INDEX outbox_attention ON outbox_messages (status, created_at)
+        WHERE status IN ('Failed', 'DeadLetter', 'Expired');
+
+    CREATE TABLE inbox_messages (
+        source_service_id TEXT NOT NULL,
+        message_id        TEXT NOT NULL,
+        endpoint          TEXT NOT NULL,
+        payload_sha256    BYTEA NOT NULL,
+        processed_at      BIGINT NOT NULL,
+        response          TEXT,
+        expires_at        BIGINT NOT NULL,
+        PRIMARY KEY (source_service_id, message_id)
+    );
+    CREATE INDEX inbox_expiry ON inbox_messages (expires_at);
+    "#,
+];
+
+/// The advisory lock that serialises migrations across processes
+/// (`pg_advisory_xact_lock`): the first eight bytes of "rfidl-migrations".
+const MIGRATION_LOCK: i64 = 0x7266_6964_6c2d_6d69;
+
+/// Connects and migrates: the start-up of every part on PostgreSQL.
+pub fn open(url: &PostgresUrl) -> Result<Client, DbError> {
+    let mut client = url.connect()?;
+    migrate(&mut client, url, MIGRATIONS)?;
+    Ok(client)
+}
+
+/// Applies the `migrations` the database lacks, in one transaction, under
+/// the migration lock; refuses a database at a newer version.
+pub(crate) fn migrate(
+    client: &mut Client,
+    url: &PostgresUrl,
+    migrations: &[&str],
+) -> Result<(), DbError> {
+    let wrap = |error: postgres::Error| DbError::Postgres {
+        target: url.target(),
+        cause: error_text(&error),
+    };
+    let supported = migrations.len() as i64;
+    let mut tx = client.transaction().map_err(wrap)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .map_err(wrap)?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS rfidl_schema (\
+             singleton BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (singleton), \
+             version BIGINT NOT NULL)",
+    )
+    .map_err(wrap)?;
+    let found: i64 = tx
+        .query_opt("SELECT version FROM rfidl_schema", &[])
+        .map_err(wrap)?
+        .map(|row| row.get(0))
+        .unwrap_or(0);
+    if found > supported {
+        return Err(DbError::TooNew {
+            path: url.target(),
+            found,
+            supported,
+        });
+    }
+    for script in migrations.iter().skip(found as usize) {
+        tx.batch_execute(script).map_err(wrap)?;
+    }
+    if found < supported {
+        tx.execute(
+            "INSERT INTO rfidl_schema (singleton, version) VALUES (TRUE, $1) \
+             ON CONFLICT (singleton) DO UPDATE SET version = EXCLUDED.version",
+            &[&supported],
+        )
+        .map_err(wrap)?;
+    }
+    tx.commit().map_err(wrap)
+}
+
+/// A connection that is opened again when it broke.
+pub(crate) struct Connection {
+    url: PostgresUrl,
+    client: Option<Client>,
+}
+
+impl Connection {
+    pub(crate) fn new(url: PostgresUrl, client: Client) -> Self {
+        Self {
+            url,
+            client: Some(client),
+        }
+    }
+
+    /// The client, reconnected first if the last one broke.
+    pub(crate) fn client(&mut self) -> Result<&mut Client, String> {
+        if self.client.as_ref().is_none_or(Client::is_closed) {
+            self.client = None;
+            let client = self.url.connect().map_err(|e| e.to_string())?;
+            self.client = Some(client);
+        }
+        self.client
+            .as_mut()
+            .ok_or_else(|| "no connection".to_owned())
+    }
+}
+
+/// The INSERT of [`crate::outbox::Outbox::enqueue_postgres`] and of the
+/// outbox's `send` writer.
+pub(crate) fn insert_outbox(
+    tx: &mut postgres::Transaction<'_>,
+    config: &Config,
+    message: &OutgoingMessage,
+) -> Result<Uuid, OutboxError> {
+    let id = Uuid::now_v7();
+    let now = crate::db::now_ms();
+    let ttl = message.ttl.unwrap_or(config.outbox.ttl);
+    let max_retries = i64::from(message.max_retries.unwrap_or(config.outbox.max_retries));
+    let (payload, headers) = (
+        serde_json::to_string(&message.payload)?,
+        serde_json::to_string(&message.headers)?,
+    );
+    let (id_text, version, expires_at) = (
+        id.to_string(),
+        i64::from(message.version),
+        now + ttl.as_millis() as i64,
+    );
+    // Typed parameters: one round trip, no prepare.
+    tx.execute_typed(
+        "INSERT INTO outbox_messages (message_id, correlation_id, message_type, destination, \
+         interface, version, fingerprint, endpoint, payload, headers, status, max_retries, \
+         next_retry_at, created_at, expires_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'Pending', $11, $12, $12, $13)",
+        &[
+            (&id_text, Type::TEXT),
+            (&message.correlation_id, Type::TEXT),
+            (&message.message_type.as_str(), Type::TEXT),
+            (&message.destination, Type::TEXT),
+            (&message.interface, Type::TEXT),
+            (&version, Type::INT8),
+            (&message.fingerprint, Type::TEXT),
+            (&message.endpoint, Type::TEXT),
+            (&payload, Type::TEXT),
+            (&headers, Type::TEXT),
+            (&max_retries, Type::INT8),
+            (&now, Type::INT8),
+            (&expires_at, Type::INT8),
+        ],
+    )
+    .map_err(OutboxError::from)?;
+    Ok(id)
+}
+
+/// The outbox `send` writer's group commit: every message of `group` in one
+/// transaction, all written or none.
+pub(crate) fn write_group(
+    conn: &mut Connection,
+    config: &Config,
+    group: &[crate::outbox::SendJob],
+) -> Vec<Result<Uuid, OutboxError>> {
+    let fail = |text: String| {
+        group
+            .iter()
+            .map(|_| Err(OutboxError::Write(text.clone())))
+            .collect()
+    };
+    let client = match conn.client() {
+        Ok(client) => client,
+        Err(error) => return fail(error),
+    };
+    let mut tx = match client.transaction() {
+        Ok(tx) => tx,
+        Err(error) => return fail(error_text(&error)),
+    };
+    let mut ids = Vec::with_capacity(group.len());
+    for (message, _) in group {
+        match insert_outbox(&mut tx, config, message) {
+            Ok(id) => ids.push(id),
+            Err(error) => return fail(error.to_string()),
+        }
+    }
+    match tx.commit() {
+        Ok(()) => ids.into_iter().map(Ok).collect(),
+        Err(error) => fail(error_text(&error)),
+    }
+}

@@ -1,0 +1,186 @@
+//! Which database a service keeps its outbox and inbox in: SQLite (the
+//! embedded default) or PostgreSQL (cargo feature `postgres`, for services
+//! that run as several replicas on one database).
+//!
+//! Application code meets the store in two places, and both are typed by a
+//! [`Store`]:
+//!
+//! * a generated client enqueues in the caller's own transaction, and
+//! * a generated handler trait (and a hand-written
+//!   [`HostedService`](crate::receiver::HostedService) or
+//!   [`ResponseHandler`](crate::responses::ResponseHandler)) is given the
+//!   open transaction of the receiver's store, so the handler's business
+//!   writes and the inbox row commit together.
+//!
+//! That transaction is [`Store::Handle`]: `&rusqlite::Transaction` for
+//! [`Sqlite`], `&mut postgres::Transaction` for [`Postgres`]. Every trait and
+//! client that takes one has a type parameter `S: Store = Sqlite`, so code
+//! written against SQLite compiles unchanged, and a PostgreSQL service names
+//! the store once (`impl EngineHandler<Postgres> for MyEngine`,
+//! `EngineClient::<Postgres>::with_store(outbox)`).
+//!
+//! Where the database is: [`Database`], parsed from a file path or a
+//! `postgres://` URL.
+
+use std::path::{Path, PathBuf};
+
+use uuid::Uuid;
+
+use crate::outbox::{OutboxError, OutgoingMessage};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Sqlite {}
+    #[cfg(feature = "postgres")]
+    impl Sealed for super::Postgres {}
+}
+
+/// A database rfidl can keep its outbox and inbox in. Sealed: [`Sqlite`] and
+/// [`Postgres`].
+pub trait Store: sealed::Sealed + Send + Sync + 'static {
+    /// The open transaction that handlers write through and clients enqueue
+    /// in: `&'a rusqlite::Transaction<'c>` or `&'a mut postgres::Transaction<'c>`.
+    type Handle<'a, 'c: 'a>;
+
+    /// The store's name, as shown in diagnostics (`sqlite`, `postgres`).
+    const NAME: &'static str;
+
+    /// Writes `message` to the outbox in the transaction behind `handle`.
+    /// Generated clients call this; application code calls the client.
+    #[doc(hidden)]
+    fn enqueue(
+        outbox: &crate::outbox::Outbox,
+        handle: Self::Handle<'_, '_>,
+        message: OutgoingMessage,
+    ) -> Result<Uuid, OutboxError>;
+}
+
+/// The embedded default: one SQLite file per service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sqlite {}
+
+impl Store for Sqlite {
+    type Handle<'a, 'c: 'a> = &'a rusqlite::Transaction<'c>;
+    const NAME: &'static str = "sqlite";
+
+    fn enqueue(
+        outbox: &crate::outbox::Outbox,
+        handle: Self::Handle<'_, '_>,
+        message: OutgoingMessage,
+    ) -> Result<Uuid, OutboxError> {
+        outbox.enqueue(handle, message)
+    }
+}
+
+/// A PostgreSQL database shared by the replicas of a service.
+#[cfg(feature = "postgres")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Postgres {}
+
+#[cfg(feature = "postgres")]
+impl Store for Postgres {
+    type Handle<'a, 'c: 'a> = &'a mut postgres::Transaction<'c>;
+    const NAME: &'static str = "postgres";
+
+    fn enqueue(
+        outbox: &crate::outbox::Outbox,
+        handle: Self::Handle<'_, '_>,
+        message: OutgoingMessage,
+    ) -> Result<Uuid, OutboxError> {
+        outbox.enqueue_postgres(handle, message)
+    }
+}
+
+/// Where a service's database is: a SQLite file, or a PostgreSQL server.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Database {
+    /// A SQLite file (created if missing), or a SQLite URI filename.
+    Sqlite(PathBuf),
+    /// A PostgreSQL connection URL,
+    /// `postgres://user:password@host:port/database[?options]`.
+    #[cfg(feature = "postgres")]
+    Postgres(crate::pg::PostgresUrl),
+}
+
+impl std::fmt::Debug for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Database::Sqlite(path) => f.debug_tuple("Sqlite").field(path).finish(),
+            #[cfg(feature = "postgres")]
+            Database::Postgres(url) => f.debug_tuple("Postgres").field(url).finish(),
+        }
+    }
+}
+
+impl std::fmt::Display for Database {
+    /// The path, or the URL without its password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Database::Sqlite(path) => write!(f, "{}", path.display()),
+            #[cfg(feature = "postgres")]
+            Database::Postgres(url) => write!(f, "{url}"),
+        }
+    }
+}
+
+/// A `--db` value that names no usable database.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DatabaseError {
+    /// A `postgres://` URL, but this build has no PostgreSQL support.
+    #[error(
+        "`{0}` is a PostgreSQL URL, but this program was built without PostgreSQL support \
+         (cargo feature `postgres` of rfidl-runtime)"
+    )]
+    PostgresNotBuilt(String),
+    /// A `postgres://` URL that does not parse.
+    #[error("invalid PostgreSQL URL `{url}`: {reason}")]
+    InvalidUrl { url: String, reason: String },
+}
+
+impl Database {
+    /// A file path is SQLite; `postgres://…` or `postgresql://…` is PostgreSQL.
+    pub fn parse(text: &str) -> Result<Self, DatabaseError> {
+        let lower = text.to_ascii_lowercase();
+        if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
+            #[cfg(feature = "postgres")]
+            return crate::pg::PostgresUrl::parse(text).map(Database::Postgres);
+            #[cfg(not(feature = "postgres"))]
+            return Err(DatabaseError::PostgresNotBuilt(
+                crate::redact::url_password(text),
+            ));
+        }
+        Ok(Database::Sqlite(PathBuf::from(text)))
+    }
+
+    /// The SQLite file, if this is one.
+    pub fn sqlite_path(&self) -> Option<&Path> {
+        match self {
+            Database::Sqlite(path) => Some(path),
+            #[cfg(feature = "postgres")]
+            Database::Postgres(_) => None,
+        }
+    }
+
+    /// The store's name (`sqlite`, `postgres`).
+    pub fn store_name(&self) -> &'static str {
+        match self {
+            Database::Sqlite(_) => Sqlite::NAME,
+            #[cfg(feature = "postgres")]
+            Database::Postgres(_) => Postgres::NAME,
+        }
+    }
+}
+
+impl From<PathBuf> for Database {
+    fn from(path: PathBuf) -> Self {
+        Database::Sqlite(path)
+    }
+}
+
+impl From<&Path> for Database {
+    fn from(path: &Path) -> Self {
+        Database::Sqlite(path.to_path_buf())
+    }
+}
