@@ -92,6 +92,9 @@ impl std::fmt::Debug for Outbox {
     }
 }
 
+/// The `send` writer thread's commit of one group, on its store.
+type GroupWriter = Box<dyn FnMut(&[SendJob]) -> Vec<Result<Uuid, OutboxError>> + Send>;
+
 pub(crate) type SendJob = (
     OutgoingMessage,
     tokio::sync::oneshot::Sender<Result<Uuid, OutboxError>>,
@@ -221,19 +224,18 @@ impl Outbox {
         }
         let config = self.inner.config.clone();
         let (sender, mut receiver) = tokio::sync::mpsc::channel::<SendJob>(1024);
-        let mut write: Box<dyn FnMut(&[SendJob]) -> Vec<Result<Uuid, OutboxError>> + Send> =
-            match &self.inner.database {
-                Database::Sqlite(path) => {
-                    let mut conn = db::open(path, self.inner.config.outbox.durability)?;
-                    Box::new(move |group| write_group(&mut conn, &config, group))
-                }
-                #[cfg(feature = "postgres")]
-                Database::Postgres(url) => {
-                    let client = crate::pg::open(url)?;
-                    let mut conn = crate::pg::Connection::new(url.clone(), client);
-                    Box::new(move |group| crate::pg::write_group(&mut conn, &config, group))
-                }
-            };
+        let mut write: GroupWriter = match &self.inner.database {
+            Database::Sqlite(path) => {
+                let mut conn = db::open(path, self.inner.config.outbox.durability)?;
+                Box::new(move |group| write_group(&mut conn, &config, group))
+            }
+            #[cfg(feature = "postgres")]
+            Database::Postgres(url) => {
+                let client = crate::pg::open(url)?;
+                let mut conn = crate::pg::Connection::new((**url).clone(), client);
+                Box::new(move |group| crate::pg::write_group(&mut conn, &config, group))
+            }
+        };
         std::thread::Builder::new()
             .name("rfidl-outbox-send".into())
             .spawn(move || {

@@ -100,7 +100,7 @@ pub enum Database {
     /// A PostgreSQL connection URL,
     /// `postgres://user:password@host:port/database[?options]`.
     #[cfg(feature = "postgres")]
-    Postgres(crate::pg::PostgresUrl),
+    Postgres(Box<crate::pg::PostgresUrl>),
 }
 
 impl std::fmt::Debug for Database {
@@ -145,7 +145,8 @@ impl Database {
         let lower = text.to_ascii_lowercase();
         if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
             #[cfg(feature = "postgres")]
-            return crate::pg::PostgresUrl::parse(text).map(Database::Postgres);
+            return crate::pg::PostgresUrl::parse(text)
+                .map(|url| Database::Postgres(Box::new(url)));
             #[cfg(not(feature = "postgres"))]
             return Err(DatabaseError::PostgresNotBuilt(
                 crate::redact::url_password(text),
