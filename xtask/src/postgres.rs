@@ -43,8 +43,9 @@ impl Cluster {
         let started = Instant::now();
         let bin = binaries()?;
         let run_as = crate::is_root().then_some(UNPRIVILEGED_USER);
+        reap_orphans(&bin, run_as);
         let dir = std::env::temp_dir().join(format!(
-            "rfidl-pg-{}-{:x}",
+            "{DIR_PREFIX}{}-{:x}",
             std::process::id(),
             SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -68,6 +69,21 @@ impl Cluster {
             let (uid, gid) = user_ids(user)?;
             std::os::unix::fs::chown(&cluster.dir, Some(uid), Some(gid))
                 .map_err(|e| format!("cannot hand {} to {user}: {e}", cluster.dir.display()))?;
+        }
+        if let Some(user) = run_as {
+            // initdb's own message would only say "Permission denied".
+            let reachable = Command::new("runuser")
+                .args(["-u", user, "--", "test", "-w"])
+                .arg(&cluster.dir)
+                .status()
+                .is_ok_and(|status| status.success());
+            if !reachable {
+                return Err(format!(
+                    "{user} (who runs PostgreSQL, as it refuses root) cannot write {}: set TMPDIR \
+                     to a folder every user can reach, such as /tmp",
+                    cluster.dir.display()
+                ));
+            }
         }
         cluster.init()?;
         cluster.run_server()?;
@@ -203,16 +219,66 @@ impl Drop for Cluster {
                 eprintln!("xtask: pg_ctl stop -m fast: {e}");
                 stop("immediate")
             }) {
+                // Its files stay: removing them under a running server
+                // would leave it unstoppable.
                 eprintln!(
                     "xtask: cannot stop the test PostgreSQL in {}: {message}",
                     self.dir.display()
                 );
+                return;
             }
         }
         if let Err(e) = std::fs::remove_dir_all(&self.dir) {
             eprintln!("xtask: cannot remove {}: {e}", self.dir.display());
         }
     }
+}
+
+/// The prefix of the clusters' folders in the temporary directory, followed
+/// by the process id of the xtask that owns the cluster.
+const DIR_PREFIX: &str = "rfidl-pg-";
+
+/// Stops and removes the clusters whose xtask died without doing it
+/// (SIGKILL, a closed terminal): a server nobody will stop otherwise. A
+/// cluster whose process id is alive is left alone, whoever has it now.
+fn reap_orphans(bin: &Path, run_as: Option<&'static str>) {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix(DIR_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if alive(pid) {
+            continue;
+        }
+        eprintln!(
+            "xtask: stopping and removing {}, left by xtask process {pid}",
+            entry.path().display()
+        );
+        drop(Cluster {
+            dir: entry.path(),
+            bin: bin.to_path_buf(),
+            run_as,
+            port: 0,
+        });
+    }
+}
+
+/// Whether process `pid` runs (exists and is not a zombie waiting for its
+/// parent).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // "pid (name) state …": the name may hold spaces and parentheses.
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
 }
 
 /// The folder holding `initdb` and `pg_ctl` (see the module docs for the
