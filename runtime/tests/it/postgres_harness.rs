@@ -73,3 +73,28 @@ fn each_test_database_is_isolated_and_dropped_with_its_guard() {
     assert_eq!(count(&mut two), 0);
     assert!(exists(&admin_url, second.name()));
 }
+
+/// `database()` and the guard's drop run on a tokio runtime thread (the sync
+/// client would panic there if they did not use a thread of their own).
+#[tokio::test]
+async fn a_test_database_works_from_an_async_test() {
+    let Some(db) = database() else { return };
+    let admin_url = std::env::var("RFIDL_POSTGRES_URL").expect("set, as database() returned");
+    let name = db.name().to_owned();
+    let url = db.url().to_owned();
+    let current = tokio::task::spawn_blocking(move || {
+        let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        client
+            .query_one("SELECT current_database()", &[])
+            .expect("current_database")
+            .get::<_, String>(0)
+    })
+    .await
+    .expect("join");
+    assert_eq!(current, name);
+    drop(db);
+    let gone = tokio::task::spawn_blocking(move || !exists(&admin_url, &name))
+        .await
+        .expect("join");
+    assert!(gone, "the database outlived its guard");
+}
