@@ -69,8 +69,6 @@ impl Cluster {
             let (uid, gid) = user_ids(user)?;
             std::os::unix::fs::chown(&cluster.dir, Some(uid), Some(gid))
                 .map_err(|e| format!("cannot hand {} to {user}: {e}", cluster.dir.display()))?;
-        }
-        if let Some(user) = run_as {
             // initdb's own message would only say "Permission denied".
             let reachable = Command::new("runuser")
                 .args(["-u", user, "--", "test", "-w"])
@@ -125,6 +123,9 @@ impl Cluster {
         // Messages in English, whatever the developer's locale: the error
         // tails we print must be readable in an issue.
         command.env("LC_ALL", "C");
+        // The cluster's owner may not be allowed into xtask's working
+        // directory (a checkout under /root); the cluster's folder is its own.
+        command.current_dir(&self.dir);
         command
     }
 
