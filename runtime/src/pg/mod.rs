@@ -88,6 +88,12 @@ impl PostgresUrl {
         })
     }
 
+    /// The URL as given, password included: pass it on, never log it (the
+    /// `Display` form hides the password).
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
     /// `host:port/database`, for error messages.
     pub fn target(&self) -> String {
         let hosts: Vec<String> = self
