@@ -3,7 +3,12 @@
 //! * `cargo xtask test`  — installs the Python interop dependency into `.venv`
 //!   (the Standard Webhooks reference library), the Debian packages
 //!   `chromium` (the registry dashboard test) and `prometheus` (the scrape
-//!   test, and its `promtool`) when missing, then runs every test.
+//!   test, and its `promtool`) and `postgresql` when missing, starts a
+//!   throw-away PostgreSQL cluster (stopped and removed at the end), then
+//!   runs every test.
+//! * `cargo xtask postgres [command…]` — the same cluster for a developer:
+//!   prints its URL and runs `command` with `RFIDL_POSTGRES_URL` set, or
+//!   waits for Ctrl-C.
 //! * `cargo xtask ci`    — formatting check, clippy with `-D warnings`, `test`, then `chaos`.
 //! * `cargo xtask bench` — every benchmark, release build; figures go to BENCHMARKS.md.
 //! * `cargo xtask chaos` — the fault-injection harness over the demo services
@@ -11,8 +16,11 @@
 //!
 //! Std only: this crate must build in seconds.
 
+mod postgres;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The Python packages the interop tests import, pinned.
 const PYTHON_PACKAGES: &[&str] = &["standardwebhooks==1.1.0"];
@@ -27,9 +35,10 @@ fn main() -> ExitCode {
         "bench" => bench(rest),
         "regen" => regen(),
         "chaos" => chaos(rest),
+        "postgres" => postgres_task(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <task>\n\n  test [cargo test args]  set up .venv (Python interop deps) and run all tests\n  ci                      fmt --check, clippy -D warnings, then test\n  bench [name]            run the benchmarks (release)\n  chaos [--release] [--messages N] [--scenario NAME]\n                          fault-injection harness (demo services as processes)\n  regen                   regenerate generated-examples/src/generated from schemas/"
+                "usage: cargo xtask <task>\n\n  test [cargo test args]  set up .venv (Python interop deps) and run all tests\n  ci                      fmt --check, clippy -D warnings, then test\n  bench [name]            run the benchmarks (release)\n  chaos [--release] [--messages N] [--scenario NAME]\n                          fault-injection harness (demo services as processes)\n  postgres [command...]   start a throw-away PostgreSQL, print its URL, run the\n                          command with RFIDL_POSTGRES_URL set (or wait for Ctrl-C)\n  regen                   regenerate generated-examples/src/generated from schemas/"
             );
             return if task == "help" {
                 ExitCode::SUCCESS
@@ -146,19 +155,17 @@ fn promtool() -> Result<PathBuf, String> {
     Ok(promtool)
 }
 
-/// `wanted` (the value of `env`, else `default`), installing the Debian
-/// `package` with apt-get when it is missing (as root, or through `sudo -n`).
-fn debian_binary(env: &str, default: &str, package: &str) -> Result<PathBuf, String> {
-    let wanted = std::env::var_os(env)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(default));
-    if wanted.exists() {
-        return Ok(wanted);
-    }
-    let root = Command::new("id")
+/// Whether xtask runs as root (`id -u` prints 0).
+fn is_root() -> bool {
+    Command::new("id")
         .arg("-u")
         .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+}
+
+/// Installs the Debian `package` with apt-get (as root, or through `sudo -n`).
+fn apt_install(package: &str) -> Result<(), String> {
+    let root = is_root();
     let apt = |args: &[&str]| {
         let mut command = if root {
             Command::new("apt-get")
@@ -171,7 +178,19 @@ fn debian_binary(env: &str, default: &str, package: &str) -> Result<PathBuf, Str
         run(&mut command)
     };
     apt(&["update"])?;
-    apt(&["install", "-y", "--no-install-recommends", package])?;
+    apt(&["install", "-y", "--no-install-recommends", package])
+}
+
+/// `wanted` (the value of `env`, else `default`), installing the Debian
+/// `package` with apt-get when it is missing (as root, or through `sudo -n`).
+fn debian_binary(env: &str, default: &str, package: &str) -> Result<PathBuf, String> {
+    let wanted = std::env::var_os(env)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(default));
+    if wanted.exists() {
+        return Ok(wanted);
+    }
+    apt_install(package)?;
     if wanted.exists() {
         Ok(wanted)
     } else {
@@ -180,6 +199,70 @@ fn debian_binary(env: &str, default: &str, package: &str) -> Result<PathBuf, Str
             wanted.display()
         ))
     }
+}
+
+/// Set by SIGINT or SIGTERM once [`catch_interrupts`] ran.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_signal: i32) {
+    // Async-signal-safe: one atomic store.
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+unsafe extern "C" {
+    /// libc's `signal(2)` (std links libc; no crate needed). glibc gives it
+    /// BSD semantics: the handler stays, interrupted calls restart.
+    fn signal(signum: i32, handler: extern "C" fn(i32)) -> usize;
+}
+
+/// Ctrl-C (or a SIGTERM) no longer kills xtask, so the throw-away
+/// PostgreSQL's guard still stops the server and removes its directory. A
+/// child in the foreground (cargo test) still gets the signal and ends, which
+/// ends the task; `cargo xtask postgres` polls [`INTERRUPTED`]. Exec'd
+/// children start with the default handlers again.
+fn catch_interrupts() {
+    const SIGINT: i32 = 2;
+    const SIGTERM: i32 = 15;
+    // SAFETY: the handler only stores to an atomic, which is
+    // async-signal-safe; the signal numbers are Linux's.
+    unsafe {
+        signal(SIGINT, on_interrupt);
+        signal(SIGTERM, on_interrupt);
+    }
+}
+
+/// The PostgreSQL the tests use: `RFIDL_POSTGRES_URL` when the caller set it
+/// (their own server), else a throw-away cluster (the guard stops and removes
+/// it when dropped).
+fn test_postgres() -> Result<(String, Option<postgres::Cluster>), String> {
+    if let Ok(url) = std::env::var("RFIDL_POSTGRES_URL") {
+        eprintln!("xtask: the tests use the PostgreSQL of RFIDL_POSTGRES_URL");
+        return Ok((url, None));
+    }
+    catch_interrupts();
+    let cluster = postgres::Cluster::start()?;
+    Ok((cluster.url(), Some(cluster)))
+}
+
+/// `cargo xtask postgres [command…]`: a throw-away cluster for a developer
+/// or a benchmark.
+fn postgres_task(command: &[String]) -> Result<(), String> {
+    catch_interrupts();
+    let cluster = postgres::Cluster::start()?;
+    let url = cluster.url();
+    println!("RFIDL_POSTGRES_URL={url}");
+    if let Some((program, args)) = command.split_first() {
+        return run(Command::new(program)
+            .args(args)
+            .env("RFIDL_POSTGRES_URL", &url)
+            .env("RFIDL_REQUIRE_POSTGRES", "1"));
+    }
+    eprintln!("xtask: Ctrl-C stops the server and removes its data");
+    while !INTERRUPTED.load(Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    eprintln!("xtask: stopping PostgreSQL");
+    Ok(())
 }
 
 fn test(extra: &[String]) -> Result<(), String> {
@@ -195,6 +278,9 @@ fn test(extra: &[String]) -> Result<(), String> {
     let promtool = promtool().map_err(|e| {
         format!("{e}\nthe metrics test needs promtool: install the Debian package `prometheus` or put promtool on PATH")
     })?;
+    // Last, so nothing before can fail with a server running; stopped and
+    // removed when `_cluster` drops, whatever the tests did.
+    let (postgres_url, _cluster) = test_postgres()?;
     run(cargo()
         // Not --all-targets: that would run the harness-less benchmarks too.
         // --all-features: the registry client of rfidl-codegen is a feature.
@@ -211,7 +297,10 @@ fn test(extra: &[String]) -> Result<(), String> {
         .env("RFIDL_REQUIRE_INTEROP", "1")
         // The same for `promtool check metrics`.
         .env("RFIDL_PROMTOOL", &promtool)
-        .env("RFIDL_REQUIRE_PROMTOOL", "1"))
+        .env("RFIDL_REQUIRE_PROMTOOL", "1")
+        // The PostgreSQL store's tests: a real server, required.
+        .env("RFIDL_POSTGRES_URL", &postgres_url)
+        .env("RFIDL_REQUIRE_POSTGRES", "1"))
 }
 
 fn ci() -> Result<(), String> {

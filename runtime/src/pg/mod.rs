@@ -116,14 +116,17 @@ impl PostgresUrl {
     }
 
     /// Opens a connection (no TLS: reach the database over a private
-    /// network, a unix socket or a TLS-terminating proxy).
+    /// network, a unix socket or a TLS-terminating proxy). May be called on
+    /// an async executor (it then connects on a thread of its own).
     pub fn connect(&self) -> Result<Client, DbError> {
-        self.config
-            .connect(NoTls)
-            .map_err(|error| DbError::Postgres {
-                target: self.target(),
-                cause: format!("cannot connect: {}", error_text(&error)),
-            })
+        off_runtime(|| {
+            self.config
+                .connect(NoTls)
+                .map_err(|error| DbError::Postgres {
+                    target: self.target(),
+                    cause: format!("cannot connect: {}", error_text(&error)),
+                })
+        })
     }
 }
 
@@ -204,11 +207,27 @@ pub const MIGRATIONS: &[&str] = &[
 /// (`pg_advisory_xact_lock`): the first eight bytes of "rfidl-migrations".
 const MIGRATION_LOCK: i64 = 0x7266_6964_6c2d_6d69;
 
-/// Connects and migrates: the start-up of every part on PostgreSQL.
+/// Connects and migrates: the start-up of every part on PostgreSQL. May be
+/// called on an async executor.
 pub fn open(url: &PostgresUrl) -> Result<Client, DbError> {
-    let mut client = url.connect()?;
-    migrate(&mut client, url, MIGRATIONS)?;
-    Ok(client)
+    off_runtime(|| {
+        let mut client = url.connect()?;
+        migrate(&mut client, url, MIGRATIONS)?;
+        Ok(client)
+    })
+}
+
+/// Runs `work` where the synchronous client may run: here, or, on a tokio
+/// runtime's thread (where the client's own runtime cannot start), on a
+/// scoped thread of its own. For start-up and clean-up, never a hot path.
+pub(crate) fn off_runtime<T: Send>(work: impl FnOnce() -> T + Send) -> T {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return work();
+    }
+    std::thread::scope(|scope| match scope.spawn(work).join() {
+        Ok(value) => value,
+        Err(panic) => std::panic::resume_unwind(panic),
+    })
 }
 
 /// Applies the `migrations` the database lacks, in one transaction, under
@@ -258,10 +277,25 @@ pub(crate) fn migrate(
     tx.commit().map_err(wrap)
 }
 
-/// A connection that is opened again when it broke.
+/// A connection that is opened again when it broke. Dropping it closes the
+/// session, off any async executor.
 pub(crate) struct Connection {
     url: PostgresUrl,
     client: Option<Client>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            // The client's `Drop` runs its own runtime, which cannot start on
+            // a runtime's thread (the dispatcher's state is dropped on one).
+            if tokio::runtime::Handle::try_current().is_ok() {
+                let _ = std::thread::Builder::new()
+                    .name("rfidl-pg-close".into())
+                    .spawn(move || drop(client));
+            }
+        }
+    }
 }
 
 impl Connection {

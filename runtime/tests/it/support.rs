@@ -1,6 +1,8 @@
 //! Shared fixtures: a real receiver on 127.0.0.1 with a ledger service whose
 //! handler writes business rows in the delivery's transaction.
 
+pub mod postgres;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
