@@ -412,12 +412,13 @@ fn the_stores_guide_runs() {
             "Cargo.toml",
             "contracts/hello.rfidl",
             "build.rs",
+            "src/lib.rs",
             "src/bin/sqlite.rs",
             "src/bin/postgres.rs"
         ]
     );
-    let (_, sqlite) = &files[3];
-    let (_, postgres) = &files[4];
+    let (_, sqlite) = &files[4];
+    let (_, postgres) = &files[5];
     // What the guide claims: the SQLite program names no store, the
     // PostgreSQL one implements the traits for `Postgres` with `&mut`
     // transactions and enqueues twice through one `&mut tx`.
