@@ -86,8 +86,9 @@ pub const PRELUDE_TRAITS_USED: &[&str] = &["Into", "Send", "Sized", "Sync"];
 /// (`call`, `tx`) takes before the method's parameters.
 pub const CALL_ARGUMENTS: &[&str] = &["call", "tx"];
 
-/// Functions of the generated clients besides one per method.
-pub const CLIENT_FUNCTIONS: &[&str] = &["new"];
+/// Functions of the generated clients besides one per method: the
+/// constructors (`new` for the default store, `with_store` for any).
+pub const CLIENT_FUNCTIONS: &[&str] = &["new", "with_store"];
 
 /// The client, handler trait and receiver of the methods sent to the engine
 /// (signals and pushcalls).

@@ -21,11 +21,21 @@
 //! the rendered diagnostic exactly once and a one-line summary, never the
 //! escaped `Debug` dump of the error. A third is `docs/getting-started.md`,
 //! file by file as the guide lists them: it must build and its two services
-//! exchange a message.
+//! exchange a message. A fourth is `docs/stores.md`: one program per store
+//! (SQLite written as before stores existed, PostgreSQL naming `Postgres`
+//! in its impls and client); both must build, the SQLite one must run, and
+//! the PostgreSQL one runs on two fresh databases when a server is
+//! configured (`RFIDL_POSTGRES_URL`, docs/testing.md).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Instant;
+
+/// The PostgreSQL test harness of the runtime's tests (a fresh database per
+/// test); this file uses only `database()` and `url()`.
+#[allow(dead_code)]
+#[path = "../../../runtime/tests/it/support/postgres.rs"]
+mod postgres;
 
 /// One member crate of the scratch workspace.
 struct Case {
@@ -344,24 +354,110 @@ fn the_getting_started_guide_runs() {
         ]
     );
     let dir = tempfile::tempdir().expect("tempdir");
-    let root = absolute("..").display().to_string();
-    for (path, contents) in &files {
-        let mut contents = contents.replace("/path/to/rfidl", &root);
-        if path == "Cargo.toml" {
-            // Not part of the guide: keep cargo from looking for an
-            // enclosing workspace, and build like this workspace does.
-            contents.push_str("\n[workspace]\n\n[profile.dev]\ndebug = \"line-tables-only\"\n");
-        }
-        let target = dir.path().join(path);
-        std::fs::create_dir_all(target.parent().expect("parent")).expect("mkdir");
-        std::fs::write(target, contents).expect("write");
-    }
-    std::fs::copy(absolute("../Cargo.lock"), dir.path().join("Cargo.lock")).expect("lock");
+    write_guide(dir.path(), &files);
 
     let run = cargo(dir.path(), &["run"]);
     assert_success("cargo run of the getting-started crate", &run);
     assert_eq!(
         String::from_utf8_lossy(&run.stdout).trim(),
         "engine received: Ada"
+    );
+}
+
+/// Writes the files of a guide into `dir`, `/path/to/rfidl` pointing at this
+/// checkout, with this workspace's lock file.
+fn write_guide(dir: &Path, files: &[(String, String)]) {
+    let root = absolute("..").display().to_string();
+    for (path, contents) in files {
+        let mut contents = contents.replace("/path/to/rfidl", &root);
+        if path == "Cargo.toml" {
+            // Not part of the guide: keep cargo from looking for an
+            // enclosing workspace, and build like this workspace does.
+            contents.push_str("\n[workspace]\n\n[profile.dev]\ndebug = \"line-tables-only\"\n");
+        }
+        let target = dir.join(path);
+        std::fs::create_dir_all(target.parent().expect("parent")).expect("mkdir");
+        std::fs::write(target, contents).expect("write");
+    }
+    std::fs::copy(absolute("../Cargo.lock"), dir.join("Cargo.lock")).expect("lock");
+}
+
+/// The lines `<name>: desk <n>` a stores program prints: Ada and Grace, at
+/// desks 1 and 2 in either order (the engine numbers them as it handles
+/// them).
+fn assert_seated(program: &str, output: &Output) {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let mut names = Vec::new();
+    let mut desks = Vec::new();
+    for line in stdout.lines() {
+        let (name, desk) = line
+            .split_once(": desk ")
+            .unwrap_or_else(|| panic!("{program}: unexpected line {line:?} in:\n{stdout}"));
+        names.push(name.to_owned());
+        desks.push(desk.parse::<i64>().unwrap_or_else(|e| panic!("{program}: {line:?}: {e}")));
+    }
+    desks.sort_unstable();
+    assert_eq!(names, ["Ada", "Grace"], "{program}:\n{stdout}");
+    assert_eq!(desks, [1, 2], "{program}:\n{stdout}");
+}
+
+#[test]
+fn the_stores_guide_runs() {
+    let guide = std::fs::read_to_string(absolute("../docs/stores.md")).expect("guide");
+    let files = guide_files(&guide);
+    let paths: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "Cargo.toml",
+            "contracts/hello.rfidl",
+            "build.rs",
+            "src/lib.rs",
+            "src/bin/sqlite.rs",
+            "src/bin/postgres.rs"
+        ]
+    );
+    let (_, sqlite) = &files[4];
+    let (_, postgres) = &files[5];
+    // What the guide claims: the SQLite program names no store, the
+    // PostgreSQL one implements the traits for `Postgres` with `&mut`
+    // transactions and enqueues twice through one `&mut tx`.
+    assert!(!sqlite.contains("Postgres") && !sqlite.contains("Sqlite"));
+    for expected in [
+        "impl greeter_v1::EngineHandler<Postgres> for FrontDesk",
+        "impl greeter_v1::EngineAnswers<Postgres> for Newcomers",
+        "tx: &mut Transaction<'_>",
+        "EngineClient::<Postgres>::with_store(outbox, \"engine\")",
+        "client.joined(&mut tx, name.into())",
+    ] {
+        assert!(postgres.contains(expected), "docs/stores.md: no `{expected}`");
+    }
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_guide(dir.path(), &files);
+    let started = Instant::now();
+    let build = cargo(dir.path(), &["build", "--bins"]);
+    assert_success("cargo build of the stores crate", &build);
+    let built = started.elapsed();
+
+    let run = cargo(dir.path(), &["run", "--bin", "sqlite"]);
+    assert_success("cargo run --bin sqlite", &run);
+    assert_seated("sqlite", &run);
+
+    let (Some(service), Some(engine)) = (postgres::database(), postgres::database()) else {
+        eprintln!("stores crate: build {:.1} s", built.as_secs_f64());
+        return;
+    };
+    let started = Instant::now();
+    let run = cargo(
+        dir.path(),
+        &["run", "--bin", "postgres", "--", service.url(), engine.url()],
+    );
+    assert_success("cargo run --bin postgres", &run);
+    assert_seated("postgres", &run);
+    eprintln!(
+        "stores crate: build {:.1} s, PostgreSQL run {:.1} s",
+        built.as_secs_f64(),
+        started.elapsed().as_secs_f64()
     );
 }

@@ -125,29 +125,73 @@ pub mod emp_service_v1 {
     /// Sends this interface's messages to the engine through the outbox:
     /// each call writes one outbox row in the caller's transaction, so the
     /// message is sent if and only if that transaction commits.
-    #[derive(Debug, Clone)]
-    pub struct EngineClient {
+    ///
+    /// `S` is the store the outbox is in, and so the type of that
+    /// transaction: [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`&rusqlite::Transaction`, from [`new`](Self::new)), or
+    /// `rfidl_runtime::Postgres` (`&mut postgres::Transaction`, cargo
+    /// feature `postgres` of rfidl-runtime) from
+    /// `EngineClient::<Postgres>::with_store(outbox, destination)`.
+    pub struct EngineClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox,
         destination: ::std::string::String,
+        store: ::std::marker::PhantomData<fn() -> S>,
+    }
+
+    impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for EngineClient<S> {
+        fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+            f.debug_struct("EngineClient")
+                .field("outbox", &self.outbox)
+                .field("destination", &self.destination)
+                .field("store", &S::NAME)
+                .finish()
+        }
+    }
+
+    impl<S: ::rfidl_runtime::Store> ::std::clone::Clone for EngineClient<S> {
+        fn clone(&self) -> Self {
+            Self {
+                outbox: self.outbox.clone(),
+                destination: self.destination.clone(),
+                store: ::std::marker::PhantomData,
+            }
+        }
     }
 
     impl EngineClient {
         /// A client that sends to `destination` (a name mapped to a transport
-        /// and URL in the runtime configuration).
+        /// and URL in the runtime configuration) and enqueues in SQLite
+        /// transactions. For PostgreSQL, see [`with_store`](Self::with_store).
         pub fn new(
+            outbox: ::rfidl_runtime::outbox::Outbox,
+            destination: impl Into<::std::string::String>,
+        ) -> Self {
+            Self::with_store(outbox, destination)
+        }
+    }
+
+    impl<S: ::rfidl_runtime::Store> EngineClient<S> {
+        /// A client that sends to `destination` (a name mapped to a transport
+        /// and URL in the runtime configuration) and enqueues in transactions
+        /// of the store `S`: `EngineClient::<Postgres>::with_store(outbox, destination)`
+        /// for an outbox in PostgreSQL.
+        pub fn with_store(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
         ) -> Self {
             Self {
                 outbox,
                 destination: destination.into(),
+                store: ::std::marker::PhantomData,
             }
         }
 
         /// Raised when an employee is hired; the engine matches waiting
         /// workflows on the employee id.
         ///
-        /// Enqueues a `EmployeeHired` pushcall in `tx`; returns its message id.
+        /// Enqueues a `EmployeeHired` pushcall in `tx` (a
+        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
+        /// on PostgreSQL); returns its message id.
         ///
         /// # Errors
         ///
@@ -155,33 +199,35 @@ pub mod emp_service_v1 {
         /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn employee_hired(
             &self,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee: super::Employee,
         ) -> ::std::result::Result<
             ::rfidl_runtime::types::Uuid,
             ::rfidl_runtime::outbox::OutboxError,
         > {
             let request = EmployeeHiredRequest { employee };
-            self.outbox
-                .enqueue(
-                    tx,
-                    ::rfidl_runtime::outbox::OutgoingMessage {
-                        destination: self.destination.clone(),
-                        message_type: ::rfidl_runtime::MessageType::PushCall,
-                        interface: INTERFACE.to_owned(),
-                        version: VERSION,
-                        fingerprint: FINGERPRINT.to_owned(),
-                        endpoint: "EmployeeHired".to_owned(),
-                        correlation_id: Some(request.employee.id.to_string()),
-                        payload: ::rfidl_runtime::serde_json::to_value(&request)?,
-                        headers: ::std::collections::BTreeMap::new(),
-                        max_retries: Some(10),
-                        ttl: Some(::std::time::Duration::new(172_800, 0)),
-                    },
-                )
+            S::enqueue(
+                &self.outbox,
+                tx,
+                ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::PushCall,
+                    interface: INTERFACE.to_owned(),
+                    version: VERSION,
+                    fingerprint: FINGERPRINT.to_owned(),
+                    endpoint: "EmployeeHired".to_owned(),
+                    correlation_id: Some(request.employee.id.to_string()),
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: Some(10),
+                    ttl: Some(::std::time::Duration::new(172_800, 0)),
+                },
+            )
         }
 
-        /// Enqueues a `OnboardingCompleted` signal in `tx`; returns its message id.
+        /// Enqueues a `OnboardingCompleted` signal in `tx` (a
+        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
+        /// on PostgreSQL); returns its message id.
         ///
         /// # Errors
         ///
@@ -189,7 +235,7 @@ pub mod emp_service_v1 {
         /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn onboarding_completed(
             &self,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee_id: ::rfidl_runtime::types::Uuid,
             completed_at: ::rfidl_runtime::types::Timestamp,
         ) -> ::std::result::Result<
@@ -200,23 +246,23 @@ pub mod emp_service_v1 {
                 employee_id,
                 completed_at,
             };
-            self.outbox
-                .enqueue(
-                    tx,
-                    ::rfidl_runtime::outbox::OutgoingMessage {
-                        destination: self.destination.clone(),
-                        message_type: ::rfidl_runtime::MessageType::Signal,
-                        interface: INTERFACE.to_owned(),
-                        version: VERSION,
-                        fingerprint: FINGERPRINT.to_owned(),
-                        endpoint: "OnboardingCompleted".to_owned(),
-                        correlation_id: None,
-                        payload: ::rfidl_runtime::serde_json::to_value(&request)?,
-                        headers: ::std::collections::BTreeMap::new(),
-                        max_retries: None,
-                        ttl: None,
-                    },
-                )
+            S::enqueue(
+                &self.outbox,
+                tx,
+                ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::Signal,
+                    interface: INTERFACE.to_owned(),
+                    version: VERSION,
+                    fingerprint: FINGERPRINT.to_owned(),
+                    endpoint: "OnboardingCompleted".to_owned(),
+                    correlation_id: None,
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: None,
+                    ttl: None,
+                },
+            )
         }
     }
 
@@ -228,7 +274,17 @@ pub mod emp_service_v1 {
     /// write your effects through `tx` and they commit exactly once, together
     /// with that record. Register with
     /// `Dispatcher::builder(…).responses(EngineAnswerRouter(handler))`.
-    pub trait EngineAnswers: Send + Sync + 'static {
+    ///
+    /// `S` is the dispatcher's store, and so the type of `tx`:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`impl EngineAnswers for …`, `tx: &rusqlite::Transaction<'_>`),
+    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
+    /// rfidl-runtime) for a dispatcher started with `Dispatcher::postgres`
+    /// (`impl EngineAnswers<Postgres> for …`,
+    /// `tx: &mut postgres::Transaction<'_>`).
+    pub trait EngineAnswers<
+        S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
+    >: Send + Sync + 'static {
         /// The answer to a `EmployeeHired` pushcall: `answer` names
         /// the message (`message_id`, `correlation_id`).
         ///
@@ -240,7 +296,7 @@ pub mod emp_service_v1 {
         fn employee_hired(
             &self,
             answer: &::rfidl_runtime::responses::Answer<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             response: super::HireAck,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
     }
@@ -251,8 +307,10 @@ pub mod emp_service_v1 {
     #[derive(Debug)]
     pub struct EngineAnswerRouter<H>(pub H);
 
-    impl<H: EngineAnswers> ::rfidl_runtime::responses::ResponseHandler
-    for EngineAnswerRouter<H> {
+    impl<
+        S: ::rfidl_runtime::Store,
+        H: EngineAnswers<S>,
+    > ::rfidl_runtime::responses::ResponseHandler<S> for EngineAnswerRouter<H> {
         fn interface(&self) -> (&'static str, u32) {
             (INTERFACE, VERSION)
         }
@@ -260,7 +318,7 @@ pub mod emp_service_v1 {
         fn handle(
             &self,
             answer: &::rfidl_runtime::responses::Answer<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
             match answer.endpoint {
                 "EmployeeHired" => {
@@ -284,7 +342,17 @@ pub mod emp_service_v1 {
     /// `tx`. Return [`HandlerError::retryable`](::rfidl_runtime::receiver::HandlerError)
     /// for a failure worth retrying and `HandlerError::poison` for a message
     /// that can never succeed.
-    pub trait EngineHandler: Send + Sync + 'static {
+    ///
+    /// `S` is the receiver's store, and so the type of `tx`:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`impl EngineHandler for …`, `tx: &rusqlite::Transaction<'_>`),
+    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
+    /// rfidl-runtime) for a receiver built with `Receiver::postgres`
+    /// (`impl EngineHandler<Postgres> for …`,
+    /// `tx: &mut postgres::Transaction<'_>`).
+    pub trait EngineHandler<
+        S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
+    >: Send + Sync + 'static {
         /// Raised when an employee is hired; the engine matches waiting
         /// workflows on the employee id.
         ///
@@ -298,7 +366,7 @@ pub mod emp_service_v1 {
         fn employee_hired(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee: super::Employee,
         ) -> ::std::result::Result<
             super::HireAck,
@@ -315,18 +383,19 @@ pub mod emp_service_v1 {
         fn onboarding_completed(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee_id: ::rfidl_runtime::types::Uuid,
             completed_at: ::rfidl_runtime::types::Timestamp,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
     }
 
     /// A shared handler handles too, so one value can serve several receivers.
-    impl<T: EngineHandler + ?Sized> EngineHandler for ::std::sync::Arc<T> {
+    impl<S: ::rfidl_runtime::Store, T: EngineHandler<S> + ?Sized> EngineHandler<S>
+    for ::std::sync::Arc<T> {
         fn employee_hired(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee: super::Employee,
         ) -> ::std::result::Result<
             super::HireAck,
@@ -338,7 +407,7 @@ pub mod emp_service_v1 {
         fn onboarding_completed(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee_id: ::rfidl_runtime::types::Uuid,
             completed_at: ::rfidl_runtime::types::Timestamp,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
@@ -348,12 +417,16 @@ pub mod emp_service_v1 {
 
     /// Hosts a [`EngineHandler`] in an `rfidl_runtime` receiver: decodes
     /// each payload into its request type (422 `payload_mismatch` when it does
-    /// not fit) and routes by endpoint name with a static `match`.
+    /// not fit) and routes by endpoint name with a static `match`. It hosts a
+    /// `EngineHandler<S>` in a receiver of the same store `S`:
+    /// `Receiver::builder` (SQLite) or `Receiver::postgres`.
     #[derive(Debug)]
     pub struct EngineReceiver<H>(pub H);
 
-    impl<H: EngineHandler> ::rfidl_runtime::receiver::HostedService
-    for EngineReceiver<H> {
+    impl<
+        S: ::rfidl_runtime::Store,
+        H: EngineHandler<S>,
+    > ::rfidl_runtime::receiver::HostedService<S> for EngineReceiver<H> {
         fn interfaces(&self) -> &[::rfidl_runtime::receiver::HostedInterface] {
             const ENGINE_HOSTED: &[::rfidl_runtime::receiver::HostedInterface] = &[
                 ::rfidl_runtime::receiver::HostedInterface {
@@ -367,7 +440,7 @@ pub mod emp_service_v1 {
         fn handle(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
         ) -> ::std::result::Result<
             ::rfidl_runtime::serde_json::Value,
             ::rfidl_runtime::receiver::HandlerError,
@@ -403,28 +476,72 @@ pub mod emp_service_v1 {
     /// Sends this interface's messages to the service through the outbox:
     /// each call writes one outbox row in the caller's transaction, so the
     /// message is sent if and only if that transaction commits.
-    #[derive(Debug, Clone)]
-    pub struct ServiceClient {
+    ///
+    /// `S` is the store the outbox is in, and so the type of that
+    /// transaction: [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`&rusqlite::Transaction`, from [`new`](Self::new)), or
+    /// `rfidl_runtime::Postgres` (`&mut postgres::Transaction`, cargo
+    /// feature `postgres` of rfidl-runtime) from
+    /// `ServiceClient::<Postgres>::with_store(outbox, destination)`.
+    pub struct ServiceClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox,
         destination: ::std::string::String,
+        store: ::std::marker::PhantomData<fn() -> S>,
+    }
+
+    impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for ServiceClient<S> {
+        fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+            f.debug_struct("ServiceClient")
+                .field("outbox", &self.outbox)
+                .field("destination", &self.destination)
+                .field("store", &S::NAME)
+                .finish()
+        }
+    }
+
+    impl<S: ::rfidl_runtime::Store> ::std::clone::Clone for ServiceClient<S> {
+        fn clone(&self) -> Self {
+            Self {
+                outbox: self.outbox.clone(),
+                destination: self.destination.clone(),
+                store: ::std::marker::PhantomData,
+            }
+        }
     }
 
     impl ServiceClient {
         /// A client that sends to `destination` (a name mapped to a transport
-        /// and URL in the runtime configuration).
+        /// and URL in the runtime configuration) and enqueues in SQLite
+        /// transactions. For PostgreSQL, see [`with_store`](Self::with_store).
         pub fn new(
+            outbox: ::rfidl_runtime::outbox::Outbox,
+            destination: impl Into<::std::string::String>,
+        ) -> Self {
+            Self::with_store(outbox, destination)
+        }
+    }
+
+    impl<S: ::rfidl_runtime::Store> ServiceClient<S> {
+        /// A client that sends to `destination` (a name mapped to a transport
+        /// and URL in the runtime configuration) and enqueues in transactions
+        /// of the store `S`: `ServiceClient::<Postgres>::with_store(outbox, destination)`
+        /// for an outbox in PostgreSQL.
+        pub fn with_store(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
         ) -> Self {
             Self {
                 outbox,
                 destination: destination.into(),
+                store: ::std::marker::PhantomData,
             }
         }
 
         /// The engine asks the HR service to provision a laptop.
         ///
-        /// Enqueues a `ProvisionLaptop` command in `tx`; returns its message id.
+        /// Enqueues a `ProvisionLaptop` command in `tx` (a
+        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
+        /// on PostgreSQL); returns its message id.
         ///
         /// # Errors
         ///
@@ -432,7 +549,7 @@ pub mod emp_service_v1 {
         /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn provision_laptop(
             &self,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee_id: ::rfidl_runtime::types::Uuid,
             model: String,
         ) -> ::std::result::Result<
@@ -443,23 +560,23 @@ pub mod emp_service_v1 {
                 employee_id,
                 model,
             };
-            self.outbox
-                .enqueue(
-                    tx,
-                    ::rfidl_runtime::outbox::OutgoingMessage {
-                        destination: self.destination.clone(),
-                        message_type: ::rfidl_runtime::MessageType::Command,
-                        interface: INTERFACE.to_owned(),
-                        version: VERSION,
-                        fingerprint: FINGERPRINT.to_owned(),
-                        endpoint: "ProvisionLaptop".to_owned(),
-                        correlation_id: Some(request.employee_id.to_string()),
-                        payload: ::rfidl_runtime::serde_json::to_value(&request)?,
-                        headers: ::std::collections::BTreeMap::new(),
-                        max_retries: None,
-                        ttl: None,
-                    },
-                )
+            S::enqueue(
+                &self.outbox,
+                tx,
+                ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::Command,
+                    interface: INTERFACE.to_owned(),
+                    version: VERSION,
+                    fingerprint: FINGERPRINT.to_owned(),
+                    endpoint: "ProvisionLaptop".to_owned(),
+                    correlation_id: Some(request.employee_id.to_string()),
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: None,
+                    ttl: None,
+                },
+            )
         }
     }
 
@@ -471,7 +588,17 @@ pub mod emp_service_v1 {
     /// write your effects through `tx` and they commit exactly once, together
     /// with that record. Register with
     /// `Dispatcher::builder(…).responses(ServiceAnswerRouter(handler))`.
-    pub trait ServiceAnswers: Send + Sync + 'static {
+    ///
+    /// `S` is the dispatcher's store, and so the type of `tx`:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`impl ServiceAnswers for …`, `tx: &rusqlite::Transaction<'_>`),
+    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
+    /// rfidl-runtime) for a dispatcher started with `Dispatcher::postgres`
+    /// (`impl ServiceAnswers<Postgres> for …`,
+    /// `tx: &mut postgres::Transaction<'_>`).
+    pub trait ServiceAnswers<
+        S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
+    >: Send + Sync + 'static {
         /// The answer to a `ProvisionLaptop` command: `answer` names
         /// the message (`message_id`, `correlation_id`).
         ///
@@ -483,7 +610,7 @@ pub mod emp_service_v1 {
         fn provision_laptop(
             &self,
             answer: &::rfidl_runtime::responses::Answer<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             response: super::LaptopTicket,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
     }
@@ -494,8 +621,10 @@ pub mod emp_service_v1 {
     #[derive(Debug)]
     pub struct ServiceAnswerRouter<H>(pub H);
 
-    impl<H: ServiceAnswers> ::rfidl_runtime::responses::ResponseHandler
-    for ServiceAnswerRouter<H> {
+    impl<
+        S: ::rfidl_runtime::Store,
+        H: ServiceAnswers<S>,
+    > ::rfidl_runtime::responses::ResponseHandler<S> for ServiceAnswerRouter<H> {
         fn interface(&self) -> (&'static str, u32) {
             (INTERFACE, VERSION)
         }
@@ -503,7 +632,7 @@ pub mod emp_service_v1 {
         fn handle(
             &self,
             answer: &::rfidl_runtime::responses::Answer<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
             match answer.endpoint {
                 "ProvisionLaptop" => {
@@ -527,7 +656,17 @@ pub mod emp_service_v1 {
     /// `tx`. Return [`HandlerError::retryable`](::rfidl_runtime::receiver::HandlerError)
     /// for a failure worth retrying and `HandlerError::poison` for a message
     /// that can never succeed.
-    pub trait ServiceHandler: Send + Sync + 'static {
+    ///
+    /// `S` is the receiver's store, and so the type of `tx`:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`impl ServiceHandler for …`, `tx: &rusqlite::Transaction<'_>`),
+    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
+    /// rfidl-runtime) for a receiver built with `Receiver::postgres`
+    /// (`impl ServiceHandler<Postgres> for …`,
+    /// `tx: &mut postgres::Transaction<'_>`).
+    pub trait ServiceHandler<
+        S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
+    >: Send + Sync + 'static {
         /// The engine asks the HR service to provision a laptop.
         ///
         /// Handles one `ProvisionLaptop` command.
@@ -540,7 +679,7 @@ pub mod emp_service_v1 {
         fn provision_laptop(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee_id: ::rfidl_runtime::types::Uuid,
             model: String,
         ) -> ::std::result::Result<
@@ -550,11 +689,12 @@ pub mod emp_service_v1 {
     }
 
     /// A shared handler handles too, so one value can serve several receivers.
-    impl<T: ServiceHandler + ?Sized> ServiceHandler for ::std::sync::Arc<T> {
+    impl<S: ::rfidl_runtime::Store, T: ServiceHandler<S> + ?Sized> ServiceHandler<S>
+    for ::std::sync::Arc<T> {
         fn provision_laptop(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee_id: ::rfidl_runtime::types::Uuid,
             model: String,
         ) -> ::std::result::Result<
@@ -567,12 +707,16 @@ pub mod emp_service_v1 {
 
     /// Hosts a [`ServiceHandler`] in an `rfidl_runtime` receiver: decodes
     /// each payload into its request type (422 `payload_mismatch` when it does
-    /// not fit) and routes by endpoint name with a static `match`.
+    /// not fit) and routes by endpoint name with a static `match`. It hosts a
+    /// `ServiceHandler<S>` in a receiver of the same store `S`:
+    /// `Receiver::builder` (SQLite) or `Receiver::postgres`.
     #[derive(Debug)]
     pub struct ServiceReceiver<H>(pub H);
 
-    impl<H: ServiceHandler> ::rfidl_runtime::receiver::HostedService
-    for ServiceReceiver<H> {
+    impl<
+        S: ::rfidl_runtime::Store,
+        H: ServiceHandler<S>,
+    > ::rfidl_runtime::receiver::HostedService<S> for ServiceReceiver<H> {
         fn interfaces(&self) -> &[::rfidl_runtime::receiver::HostedInterface] {
             const SERVICE_HOSTED: &[::rfidl_runtime::receiver::HostedInterface] = &[
                 ::rfidl_runtime::receiver::HostedInterface {
@@ -586,7 +730,7 @@ pub mod emp_service_v1 {
         fn handle(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
         ) -> ::std::result::Result<
             ::rfidl_runtime::serde_json::Value,
             ::rfidl_runtime::receiver::HandlerError,
@@ -700,28 +844,72 @@ pub mod emp_service_v2 {
     /// Sends this interface's messages to the engine through the outbox:
     /// each call writes one outbox row in the caller's transaction, so the
     /// message is sent if and only if that transaction commits.
-    #[derive(Debug, Clone)]
-    pub struct EngineClient {
+    ///
+    /// `S` is the store the outbox is in, and so the type of that
+    /// transaction: [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`&rusqlite::Transaction`, from [`new`](Self::new)), or
+    /// `rfidl_runtime::Postgres` (`&mut postgres::Transaction`, cargo
+    /// feature `postgres` of rfidl-runtime) from
+    /// `EngineClient::<Postgres>::with_store(outbox, destination)`.
+    pub struct EngineClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox,
         destination: ::std::string::String,
+        store: ::std::marker::PhantomData<fn() -> S>,
+    }
+
+    impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for EngineClient<S> {
+        fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+            f.debug_struct("EngineClient")
+                .field("outbox", &self.outbox)
+                .field("destination", &self.destination)
+                .field("store", &S::NAME)
+                .finish()
+        }
+    }
+
+    impl<S: ::rfidl_runtime::Store> ::std::clone::Clone for EngineClient<S> {
+        fn clone(&self) -> Self {
+            Self {
+                outbox: self.outbox.clone(),
+                destination: self.destination.clone(),
+                store: ::std::marker::PhantomData,
+            }
+        }
     }
 
     impl EngineClient {
         /// A client that sends to `destination` (a name mapped to a transport
-        /// and URL in the runtime configuration).
+        /// and URL in the runtime configuration) and enqueues in SQLite
+        /// transactions. For PostgreSQL, see [`with_store`](Self::with_store).
         pub fn new(
+            outbox: ::rfidl_runtime::outbox::Outbox,
+            destination: impl Into<::std::string::String>,
+        ) -> Self {
+            Self::with_store(outbox, destination)
+        }
+    }
+
+    impl<S: ::rfidl_runtime::Store> EngineClient<S> {
+        /// A client that sends to `destination` (a name mapped to a transport
+        /// and URL in the runtime configuration) and enqueues in transactions
+        /// of the store `S`: `EngineClient::<Postgres>::with_store(outbox, destination)`
+        /// for an outbox in PostgreSQL.
+        pub fn with_store(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
         ) -> Self {
             Self {
                 outbox,
                 destination: destination.into(),
+                store: ::std::marker::PhantomData,
             }
         }
 
         /// Raised when an employee is hired.
         ///
-        /// Enqueues a `EmployeeHired` pushcall in `tx`; returns its message id.
+        /// Enqueues a `EmployeeHired` pushcall in `tx` (a
+        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
+        /// on PostgreSQL); returns its message id.
         ///
         /// # Errors
         ///
@@ -729,7 +917,7 @@ pub mod emp_service_v2 {
         /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn employee_hired(
             &self,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee: super::Employee,
             channel: super::super::super::common::Channel,
             referral_code: Option<String>,
@@ -742,26 +930,28 @@ pub mod emp_service_v2 {
                 channel,
                 referral_code,
             };
-            self.outbox
-                .enqueue(
-                    tx,
-                    ::rfidl_runtime::outbox::OutgoingMessage {
-                        destination: self.destination.clone(),
-                        message_type: ::rfidl_runtime::MessageType::PushCall,
-                        interface: INTERFACE.to_owned(),
-                        version: VERSION,
-                        fingerprint: FINGERPRINT.to_owned(),
-                        endpoint: "EmployeeHired".to_owned(),
-                        correlation_id: Some(request.employee.id.to_string()),
-                        payload: ::rfidl_runtime::serde_json::to_value(&request)?,
-                        headers: ::std::collections::BTreeMap::new(),
-                        max_retries: Some(10),
-                        ttl: Some(::std::time::Duration::new(172_800, 0)),
-                    },
-                )
+            S::enqueue(
+                &self.outbox,
+                tx,
+                ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::PushCall,
+                    interface: INTERFACE.to_owned(),
+                    version: VERSION,
+                    fingerprint: FINGERPRINT.to_owned(),
+                    endpoint: "EmployeeHired".to_owned(),
+                    correlation_id: Some(request.employee.id.to_string()),
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: Some(10),
+                    ttl: Some(::std::time::Duration::new(172_800, 0)),
+                },
+            )
         }
 
-        /// Enqueues a `OnboardingCompleted` signal in `tx`; returns its message id.
+        /// Enqueues a `OnboardingCompleted` signal in `tx` (a
+        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
+        /// on PostgreSQL); returns its message id.
         ///
         /// # Errors
         ///
@@ -769,7 +959,7 @@ pub mod emp_service_v2 {
         /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn onboarding_completed(
             &self,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee_id: ::rfidl_runtime::types::Uuid,
             completed_at: ::rfidl_runtime::types::Timestamp,
         ) -> ::std::result::Result<
@@ -780,28 +970,30 @@ pub mod emp_service_v2 {
                 employee_id,
                 completed_at,
             };
-            self.outbox
-                .enqueue(
-                    tx,
-                    ::rfidl_runtime::outbox::OutgoingMessage {
-                        destination: self.destination.clone(),
-                        message_type: ::rfidl_runtime::MessageType::Signal,
-                        interface: INTERFACE.to_owned(),
-                        version: VERSION,
-                        fingerprint: FINGERPRINT.to_owned(),
-                        endpoint: "OnboardingCompleted".to_owned(),
-                        correlation_id: None,
-                        payload: ::rfidl_runtime::serde_json::to_value(&request)?,
-                        headers: ::std::collections::BTreeMap::new(),
-                        max_retries: None,
-                        ttl: None,
-                    },
-                )
+            S::enqueue(
+                &self.outbox,
+                tx,
+                ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::Signal,
+                    interface: INTERFACE.to_owned(),
+                    version: VERSION,
+                    fingerprint: FINGERPRINT.to_owned(),
+                    endpoint: "OnboardingCompleted".to_owned(),
+                    correlation_id: None,
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: None,
+                    ttl: None,
+                },
+            )
         }
 
         /// An employee goes on leave for a while.
         ///
-        /// Enqueues a `LeaveStarted` signal in `tx`; returns its message id.
+        /// Enqueues a `LeaveStarted` signal in `tx` (a
+        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
+        /// on PostgreSQL); returns its message id.
         ///
         /// # Errors
         ///
@@ -809,7 +1001,7 @@ pub mod emp_service_v2 {
         /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn leave_started(
             &self,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee_id: ::rfidl_runtime::types::Uuid,
             expected_length: ::rfidl_runtime::types::Duration,
             reason: Option<String>,
@@ -822,28 +1014,30 @@ pub mod emp_service_v2 {
                 expected_length,
                 reason,
             };
-            self.outbox
-                .enqueue(
-                    tx,
-                    ::rfidl_runtime::outbox::OutgoingMessage {
-                        destination: self.destination.clone(),
-                        message_type: ::rfidl_runtime::MessageType::Signal,
-                        interface: INTERFACE.to_owned(),
-                        version: VERSION,
-                        fingerprint: FINGERPRINT.to_owned(),
-                        endpoint: "LeaveStarted".to_owned(),
-                        correlation_id: Some(request.employee_id.to_string()),
-                        payload: ::rfidl_runtime::serde_json::to_value(&request)?,
-                        headers: ::std::collections::BTreeMap::new(),
-                        max_retries: None,
-                        ttl: None,
-                    },
-                )
+            S::enqueue(
+                &self.outbox,
+                tx,
+                ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::Signal,
+                    interface: INTERFACE.to_owned(),
+                    version: VERSION,
+                    fingerprint: FINGERPRINT.to_owned(),
+                    endpoint: "LeaveStarted".to_owned(),
+                    correlation_id: Some(request.employee_id.to_string()),
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: None,
+                    ttl: None,
+                },
+            )
         }
 
         /// The org chart changed; the engine re-evaluates approval routes.
         ///
-        /// Enqueues a `OrgChartChanged` pushcall in `tx`; returns its message id.
+        /// Enqueues a `OrgChartChanged` pushcall in `tx` (a
+        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
+        /// on PostgreSQL); returns its message id.
         ///
         /// # Errors
         ///
@@ -851,7 +1045,7 @@ pub mod emp_service_v2 {
         /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn org_chart_changed(
             &self,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             root: super::OrgUnit,
             version: u32,
         ) -> ::std::result::Result<
@@ -862,23 +1056,23 @@ pub mod emp_service_v2 {
                 root,
                 version,
             };
-            self.outbox
-                .enqueue(
-                    tx,
-                    ::rfidl_runtime::outbox::OutgoingMessage {
-                        destination: self.destination.clone(),
-                        message_type: ::rfidl_runtime::MessageType::PushCall,
-                        interface: INTERFACE.to_owned(),
-                        version: VERSION,
-                        fingerprint: FINGERPRINT.to_owned(),
-                        endpoint: "OrgChartChanged".to_owned(),
-                        correlation_id: None,
-                        payload: ::rfidl_runtime::serde_json::to_value(&request)?,
-                        headers: ::std::collections::BTreeMap::new(),
-                        max_retries: None,
-                        ttl: Some(::std::time::Duration::new(5400, 0)),
-                    },
-                )
+            S::enqueue(
+                &self.outbox,
+                tx,
+                ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::PushCall,
+                    interface: INTERFACE.to_owned(),
+                    version: VERSION,
+                    fingerprint: FINGERPRINT.to_owned(),
+                    endpoint: "OrgChartChanged".to_owned(),
+                    correlation_id: None,
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: None,
+                    ttl: Some(::std::time::Duration::new(5400, 0)),
+                },
+            )
         }
     }
 
@@ -890,7 +1084,17 @@ pub mod emp_service_v2 {
     /// write your effects through `tx` and they commit exactly once, together
     /// with that record. Register with
     /// `Dispatcher::builder(…).responses(EngineAnswerRouter(handler))`.
-    pub trait EngineAnswers: Send + Sync + 'static {
+    ///
+    /// `S` is the dispatcher's store, and so the type of `tx`:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`impl EngineAnswers for …`, `tx: &rusqlite::Transaction<'_>`),
+    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
+    /// rfidl-runtime) for a dispatcher started with `Dispatcher::postgres`
+    /// (`impl EngineAnswers<Postgres> for …`,
+    /// `tx: &mut postgres::Transaction<'_>`).
+    pub trait EngineAnswers<
+        S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
+    >: Send + Sync + 'static {
         /// The answer to a `EmployeeHired` pushcall: `answer` names
         /// the message (`message_id`, `correlation_id`).
         ///
@@ -902,7 +1106,7 @@ pub mod emp_service_v2 {
         fn employee_hired(
             &self,
             answer: &::rfidl_runtime::responses::Answer<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             response: super::HireAck,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
     }
@@ -913,8 +1117,10 @@ pub mod emp_service_v2 {
     #[derive(Debug)]
     pub struct EngineAnswerRouter<H>(pub H);
 
-    impl<H: EngineAnswers> ::rfidl_runtime::responses::ResponseHandler
-    for EngineAnswerRouter<H> {
+    impl<
+        S: ::rfidl_runtime::Store,
+        H: EngineAnswers<S>,
+    > ::rfidl_runtime::responses::ResponseHandler<S> for EngineAnswerRouter<H> {
         fn interface(&self) -> (&'static str, u32) {
             (INTERFACE, VERSION)
         }
@@ -922,7 +1128,7 @@ pub mod emp_service_v2 {
         fn handle(
             &self,
             answer: &::rfidl_runtime::responses::Answer<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
             match answer.endpoint {
                 "EmployeeHired" => {
@@ -946,7 +1152,17 @@ pub mod emp_service_v2 {
     /// `tx`. Return [`HandlerError::retryable`](::rfidl_runtime::receiver::HandlerError)
     /// for a failure worth retrying and `HandlerError::poison` for a message
     /// that can never succeed.
-    pub trait EngineHandler: Send + Sync + 'static {
+    ///
+    /// `S` is the receiver's store, and so the type of `tx`:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`impl EngineHandler for …`, `tx: &rusqlite::Transaction<'_>`),
+    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
+    /// rfidl-runtime) for a receiver built with `Receiver::postgres`
+    /// (`impl EngineHandler<Postgres> for …`,
+    /// `tx: &mut postgres::Transaction<'_>`).
+    pub trait EngineHandler<
+        S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
+    >: Send + Sync + 'static {
         /// Raised when an employee is hired.
         ///
         /// Handles one `EmployeeHired` pushcall.
@@ -959,7 +1175,7 @@ pub mod emp_service_v2 {
         fn employee_hired(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee: super::Employee,
             channel: super::super::super::common::Channel,
             referral_code: Option<String>,
@@ -978,7 +1194,7 @@ pub mod emp_service_v2 {
         fn onboarding_completed(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee_id: ::rfidl_runtime::types::Uuid,
             completed_at: ::rfidl_runtime::types::Timestamp,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
@@ -995,7 +1211,7 @@ pub mod emp_service_v2 {
         fn leave_started(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee_id: ::rfidl_runtime::types::Uuid,
             expected_length: ::rfidl_runtime::types::Duration,
             reason: Option<String>,
@@ -1013,18 +1229,19 @@ pub mod emp_service_v2 {
         fn org_chart_changed(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             root: super::OrgUnit,
             version: u32,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
     }
 
     /// A shared handler handles too, so one value can serve several receivers.
-    impl<T: EngineHandler + ?Sized> EngineHandler for ::std::sync::Arc<T> {
+    impl<S: ::rfidl_runtime::Store, T: EngineHandler<S> + ?Sized> EngineHandler<S>
+    for ::std::sync::Arc<T> {
         fn employee_hired(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee: super::Employee,
             channel: super::super::super::common::Channel,
             referral_code: Option<String>,
@@ -1038,7 +1255,7 @@ pub mod emp_service_v2 {
         fn onboarding_completed(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee_id: ::rfidl_runtime::types::Uuid,
             completed_at: ::rfidl_runtime::types::Timestamp,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
@@ -1048,7 +1265,7 @@ pub mod emp_service_v2 {
         fn leave_started(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee_id: ::rfidl_runtime::types::Uuid,
             expected_length: ::rfidl_runtime::types::Duration,
             reason: Option<String>,
@@ -1059,7 +1276,7 @@ pub mod emp_service_v2 {
         fn org_chart_changed(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             root: super::OrgUnit,
             version: u32,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
@@ -1069,12 +1286,16 @@ pub mod emp_service_v2 {
 
     /// Hosts a [`EngineHandler`] in an `rfidl_runtime` receiver: decodes
     /// each payload into its request type (422 `payload_mismatch` when it does
-    /// not fit) and routes by endpoint name with a static `match`.
+    /// not fit) and routes by endpoint name with a static `match`. It hosts a
+    /// `EngineHandler<S>` in a receiver of the same store `S`:
+    /// `Receiver::builder` (SQLite) or `Receiver::postgres`.
     #[derive(Debug)]
     pub struct EngineReceiver<H>(pub H);
 
-    impl<H: EngineHandler> ::rfidl_runtime::receiver::HostedService
-    for EngineReceiver<H> {
+    impl<
+        S: ::rfidl_runtime::Store,
+        H: EngineHandler<S>,
+    > ::rfidl_runtime::receiver::HostedService<S> for EngineReceiver<H> {
         fn interfaces(&self) -> &[::rfidl_runtime::receiver::HostedInterface] {
             const ENGINE_HOSTED: &[::rfidl_runtime::receiver::HostedInterface] = &[
                 ::rfidl_runtime::receiver::HostedInterface {
@@ -1093,7 +1314,7 @@ pub mod emp_service_v2 {
         fn handle(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
         ) -> ::std::result::Result<
             ::rfidl_runtime::serde_json::Value,
             ::rfidl_runtime::receiver::HandlerError,
@@ -1158,28 +1379,72 @@ pub mod emp_service_v2 {
     /// Sends this interface's messages to the service through the outbox:
     /// each call writes one outbox row in the caller's transaction, so the
     /// message is sent if and only if that transaction commits.
-    #[derive(Debug, Clone)]
-    pub struct ServiceClient {
+    ///
+    /// `S` is the store the outbox is in, and so the type of that
+    /// transaction: [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`&rusqlite::Transaction`, from [`new`](Self::new)), or
+    /// `rfidl_runtime::Postgres` (`&mut postgres::Transaction`, cargo
+    /// feature `postgres` of rfidl-runtime) from
+    /// `ServiceClient::<Postgres>::with_store(outbox, destination)`.
+    pub struct ServiceClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox,
         destination: ::std::string::String,
+        store: ::std::marker::PhantomData<fn() -> S>,
+    }
+
+    impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for ServiceClient<S> {
+        fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+            f.debug_struct("ServiceClient")
+                .field("outbox", &self.outbox)
+                .field("destination", &self.destination)
+                .field("store", &S::NAME)
+                .finish()
+        }
+    }
+
+    impl<S: ::rfidl_runtime::Store> ::std::clone::Clone for ServiceClient<S> {
+        fn clone(&self) -> Self {
+            Self {
+                outbox: self.outbox.clone(),
+                destination: self.destination.clone(),
+                store: ::std::marker::PhantomData,
+            }
+        }
     }
 
     impl ServiceClient {
         /// A client that sends to `destination` (a name mapped to a transport
-        /// and URL in the runtime configuration).
+        /// and URL in the runtime configuration) and enqueues in SQLite
+        /// transactions. For PostgreSQL, see [`with_store`](Self::with_store).
         pub fn new(
+            outbox: ::rfidl_runtime::outbox::Outbox,
+            destination: impl Into<::std::string::String>,
+        ) -> Self {
+            Self::with_store(outbox, destination)
+        }
+    }
+
+    impl<S: ::rfidl_runtime::Store> ServiceClient<S> {
+        /// A client that sends to `destination` (a name mapped to a transport
+        /// and URL in the runtime configuration) and enqueues in transactions
+        /// of the store `S`: `ServiceClient::<Postgres>::with_store(outbox, destination)`
+        /// for an outbox in PostgreSQL.
+        pub fn with_store(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
         ) -> Self {
             Self {
                 outbox,
                 destination: destination.into(),
+                store: ::std::marker::PhantomData,
             }
         }
 
         /// The engine asks the HR service to provision a laptop.
         ///
-        /// Enqueues a `ProvisionLaptop` command in `tx`; returns its message id.
+        /// Enqueues a `ProvisionLaptop` command in `tx` (a
+        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
+        /// on PostgreSQL); returns its message id.
         ///
         /// # Errors
         ///
@@ -1187,7 +1452,7 @@ pub mod emp_service_v2 {
         /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn provision_laptop(
             &self,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee_id: ::rfidl_runtime::types::Uuid,
             model: String,
             ship_to: Option<super::super::super::common::Address>,
@@ -1200,23 +1465,23 @@ pub mod emp_service_v2 {
                 model,
                 ship_to,
             };
-            self.outbox
-                .enqueue(
-                    tx,
-                    ::rfidl_runtime::outbox::OutgoingMessage {
-                        destination: self.destination.clone(),
-                        message_type: ::rfidl_runtime::MessageType::Command,
-                        interface: INTERFACE.to_owned(),
-                        version: VERSION,
-                        fingerprint: FINGERPRINT.to_owned(),
-                        endpoint: "ProvisionLaptop".to_owned(),
-                        correlation_id: Some(request.employee_id.to_string()),
-                        payload: ::rfidl_runtime::serde_json::to_value(&request)?,
-                        headers: ::std::collections::BTreeMap::new(),
-                        max_retries: None,
-                        ttl: None,
-                    },
-                )
+            S::enqueue(
+                &self.outbox,
+                tx,
+                ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::Command,
+                    interface: INTERFACE.to_owned(),
+                    version: VERSION,
+                    fingerprint: FINGERPRINT.to_owned(),
+                    endpoint: "ProvisionLaptop".to_owned(),
+                    correlation_id: Some(request.employee_id.to_string()),
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: None,
+                    ttl: None,
+                },
+            )
         }
     }
 
@@ -1228,7 +1493,17 @@ pub mod emp_service_v2 {
     /// write your effects through `tx` and they commit exactly once, together
     /// with that record. Register with
     /// `Dispatcher::builder(…).responses(ServiceAnswerRouter(handler))`.
-    pub trait ServiceAnswers: Send + Sync + 'static {
+    ///
+    /// `S` is the dispatcher's store, and so the type of `tx`:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`impl ServiceAnswers for …`, `tx: &rusqlite::Transaction<'_>`),
+    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
+    /// rfidl-runtime) for a dispatcher started with `Dispatcher::postgres`
+    /// (`impl ServiceAnswers<Postgres> for …`,
+    /// `tx: &mut postgres::Transaction<'_>`).
+    pub trait ServiceAnswers<
+        S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
+    >: Send + Sync + 'static {
         /// The answer to a `ProvisionLaptop` command: `answer` names
         /// the message (`message_id`, `correlation_id`).
         ///
@@ -1240,7 +1515,7 @@ pub mod emp_service_v2 {
         fn provision_laptop(
             &self,
             answer: &::rfidl_runtime::responses::Answer<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             response: super::LaptopTicket,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
     }
@@ -1251,8 +1526,10 @@ pub mod emp_service_v2 {
     #[derive(Debug)]
     pub struct ServiceAnswerRouter<H>(pub H);
 
-    impl<H: ServiceAnswers> ::rfidl_runtime::responses::ResponseHandler
-    for ServiceAnswerRouter<H> {
+    impl<
+        S: ::rfidl_runtime::Store,
+        H: ServiceAnswers<S>,
+    > ::rfidl_runtime::responses::ResponseHandler<S> for ServiceAnswerRouter<H> {
         fn interface(&self) -> (&'static str, u32) {
             (INTERFACE, VERSION)
         }
@@ -1260,7 +1537,7 @@ pub mod emp_service_v2 {
         fn handle(
             &self,
             answer: &::rfidl_runtime::responses::Answer<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
             match answer.endpoint {
                 "ProvisionLaptop" => {
@@ -1284,7 +1561,17 @@ pub mod emp_service_v2 {
     /// `tx`. Return [`HandlerError::retryable`](::rfidl_runtime::receiver::HandlerError)
     /// for a failure worth retrying and `HandlerError::poison` for a message
     /// that can never succeed.
-    pub trait ServiceHandler: Send + Sync + 'static {
+    ///
+    /// `S` is the receiver's store, and so the type of `tx`:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`impl ServiceHandler for …`, `tx: &rusqlite::Transaction<'_>`),
+    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
+    /// rfidl-runtime) for a receiver built with `Receiver::postgres`
+    /// (`impl ServiceHandler<Postgres> for …`,
+    /// `tx: &mut postgres::Transaction<'_>`).
+    pub trait ServiceHandler<
+        S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
+    >: Send + Sync + 'static {
         /// The engine asks the HR service to provision a laptop.
         ///
         /// Handles one `ProvisionLaptop` command.
@@ -1297,7 +1584,7 @@ pub mod emp_service_v2 {
         fn provision_laptop(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee_id: ::rfidl_runtime::types::Uuid,
             model: String,
             ship_to: Option<super::super::super::common::Address>,
@@ -1308,11 +1595,12 @@ pub mod emp_service_v2 {
     }
 
     /// A shared handler handles too, so one value can serve several receivers.
-    impl<T: ServiceHandler + ?Sized> ServiceHandler for ::std::sync::Arc<T> {
+    impl<S: ::rfidl_runtime::Store, T: ServiceHandler<S> + ?Sized> ServiceHandler<S>
+    for ::std::sync::Arc<T> {
         fn provision_laptop(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             employee_id: ::rfidl_runtime::types::Uuid,
             model: String,
             ship_to: Option<super::super::super::common::Address>,
@@ -1326,12 +1614,16 @@ pub mod emp_service_v2 {
 
     /// Hosts a [`ServiceHandler`] in an `rfidl_runtime` receiver: decodes
     /// each payload into its request type (422 `payload_mismatch` when it does
-    /// not fit) and routes by endpoint name with a static `match`.
+    /// not fit) and routes by endpoint name with a static `match`. It hosts a
+    /// `ServiceHandler<S>` in a receiver of the same store `S`:
+    /// `Receiver::builder` (SQLite) or `Receiver::postgres`.
     #[derive(Debug)]
     pub struct ServiceReceiver<H>(pub H);
 
-    impl<H: ServiceHandler> ::rfidl_runtime::receiver::HostedService
-    for ServiceReceiver<H> {
+    impl<
+        S: ::rfidl_runtime::Store,
+        H: ServiceHandler<S>,
+    > ::rfidl_runtime::receiver::HostedService<S> for ServiceReceiver<H> {
         fn interfaces(&self) -> &[::rfidl_runtime::receiver::HostedInterface] {
             const SERVICE_HOSTED: &[::rfidl_runtime::receiver::HostedInterface] = &[
                 ::rfidl_runtime::receiver::HostedInterface {
@@ -1345,7 +1637,7 @@ pub mod emp_service_v2 {
         fn handle(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
         ) -> ::std::result::Result<
             ::rfidl_runtime::serde_json::Value,
             ::rfidl_runtime::receiver::HandlerError,

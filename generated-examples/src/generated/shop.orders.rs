@@ -142,28 +142,72 @@ pub mod order_service_v1 {
     /// Sends this interface's messages to the engine through the outbox:
     /// each call writes one outbox row in the caller's transaction, so the
     /// message is sent if and only if that transaction commits.
-    #[derive(Debug, Clone)]
-    pub struct EngineClient {
+    ///
+    /// `S` is the store the outbox is in, and so the type of that
+    /// transaction: [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`&rusqlite::Transaction`, from [`new`](Self::new)), or
+    /// `rfidl_runtime::Postgres` (`&mut postgres::Transaction`, cargo
+    /// feature `postgres` of rfidl-runtime) from
+    /// `EngineClient::<Postgres>::with_store(outbox, destination)`.
+    pub struct EngineClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox,
         destination: ::std::string::String,
+        store: ::std::marker::PhantomData<fn() -> S>,
+    }
+
+    impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for EngineClient<S> {
+        fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+            f.debug_struct("EngineClient")
+                .field("outbox", &self.outbox)
+                .field("destination", &self.destination)
+                .field("store", &S::NAME)
+                .finish()
+        }
+    }
+
+    impl<S: ::rfidl_runtime::Store> ::std::clone::Clone for EngineClient<S> {
+        fn clone(&self) -> Self {
+            Self {
+                outbox: self.outbox.clone(),
+                destination: self.destination.clone(),
+                store: ::std::marker::PhantomData,
+            }
+        }
     }
 
     impl EngineClient {
         /// A client that sends to `destination` (a name mapped to a transport
-        /// and URL in the runtime configuration).
+        /// and URL in the runtime configuration) and enqueues in SQLite
+        /// transactions. For PostgreSQL, see [`with_store`](Self::with_store).
         pub fn new(
+            outbox: ::rfidl_runtime::outbox::Outbox,
+            destination: impl Into<::std::string::String>,
+        ) -> Self {
+            Self::with_store(outbox, destination)
+        }
+    }
+
+    impl<S: ::rfidl_runtime::Store> EngineClient<S> {
+        /// A client that sends to `destination` (a name mapped to a transport
+        /// and URL in the runtime configuration) and enqueues in transactions
+        /// of the store `S`: `EngineClient::<Postgres>::with_store(outbox, destination)`
+        /// for an outbox in PostgreSQL.
+        pub fn with_store(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
         ) -> Self {
             Self {
                 outbox,
                 destination: destination.into(),
+                store: ::std::marker::PhantomData,
             }
         }
 
         /// A customer placed an order: starts the fulfilment workflow.
         ///
-        /// Enqueues a `OrderPlaced` pushcall in `tx`; returns its message id.
+        /// Enqueues a `OrderPlaced` pushcall in `tx` (a
+        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
+        /// on PostgreSQL); returns its message id.
         ///
         /// # Errors
         ///
@@ -171,35 +215,37 @@ pub mod order_service_v1 {
         /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn order_placed(
             &self,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             order: super::Order,
         ) -> ::std::result::Result<
             ::rfidl_runtime::types::Uuid,
             ::rfidl_runtime::outbox::OutboxError,
         > {
             let request = OrderPlacedRequest { order };
-            self.outbox
-                .enqueue(
-                    tx,
-                    ::rfidl_runtime::outbox::OutgoingMessage {
-                        destination: self.destination.clone(),
-                        message_type: ::rfidl_runtime::MessageType::PushCall,
-                        interface: INTERFACE.to_owned(),
-                        version: VERSION,
-                        fingerprint: FINGERPRINT.to_owned(),
-                        endpoint: "OrderPlaced".to_owned(),
-                        correlation_id: Some(request.order.id.to_string()),
-                        payload: ::rfidl_runtime::serde_json::to_value(&request)?,
-                        headers: ::std::collections::BTreeMap::new(),
-                        max_retries: None,
-                        ttl: None,
-                    },
-                )
+            S::enqueue(
+                &self.outbox,
+                tx,
+                ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::PushCall,
+                    interface: INTERFACE.to_owned(),
+                    version: VERSION,
+                    fingerprint: FINGERPRINT.to_owned(),
+                    endpoint: "OrderPlaced".to_owned(),
+                    correlation_id: Some(request.order.id.to_string()),
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: None,
+                    ttl: None,
+                },
+            )
         }
 
         /// The customer cancelled before shipping.
         ///
-        /// Enqueues a `OrderCancelled` signal in `tx`; returns its message id.
+        /// Enqueues a `OrderCancelled` signal in `tx` (a
+        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
+        /// on PostgreSQL); returns its message id.
         ///
         /// # Errors
         ///
@@ -207,7 +253,7 @@ pub mod order_service_v1 {
         /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn order_cancelled(
             &self,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             order_id: ::rfidl_runtime::types::Uuid,
             reason: String,
         ) -> ::std::result::Result<
@@ -218,23 +264,23 @@ pub mod order_service_v1 {
                 order_id,
                 reason,
             };
-            self.outbox
-                .enqueue(
-                    tx,
-                    ::rfidl_runtime::outbox::OutgoingMessage {
-                        destination: self.destination.clone(),
-                        message_type: ::rfidl_runtime::MessageType::Signal,
-                        interface: INTERFACE.to_owned(),
-                        version: VERSION,
-                        fingerprint: FINGERPRINT.to_owned(),
-                        endpoint: "OrderCancelled".to_owned(),
-                        correlation_id: Some(request.order_id.to_string()),
-                        payload: ::rfidl_runtime::serde_json::to_value(&request)?,
-                        headers: ::std::collections::BTreeMap::new(),
-                        max_retries: None,
-                        ttl: None,
-                    },
-                )
+            S::enqueue(
+                &self.outbox,
+                tx,
+                ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::Signal,
+                    interface: INTERFACE.to_owned(),
+                    version: VERSION,
+                    fingerprint: FINGERPRINT.to_owned(),
+                    endpoint: "OrderCancelled".to_owned(),
+                    correlation_id: Some(request.order_id.to_string()),
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: None,
+                    ttl: None,
+                },
+            )
         }
     }
 
@@ -248,7 +294,17 @@ pub mod order_service_v1 {
     /// `tx`. Return [`HandlerError::retryable`](::rfidl_runtime::receiver::HandlerError)
     /// for a failure worth retrying and `HandlerError::poison` for a message
     /// that can never succeed.
-    pub trait EngineHandler: Send + Sync + 'static {
+    ///
+    /// `S` is the receiver's store, and so the type of `tx`:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`impl EngineHandler for …`, `tx: &rusqlite::Transaction<'_>`),
+    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
+    /// rfidl-runtime) for a receiver built with `Receiver::postgres`
+    /// (`impl EngineHandler<Postgres> for …`,
+    /// `tx: &mut postgres::Transaction<'_>`).
+    pub trait EngineHandler<
+        S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
+    >: Send + Sync + 'static {
         /// A customer placed an order: starts the fulfilment workflow.
         ///
         /// Handles one `OrderPlaced` pushcall.
@@ -261,7 +317,7 @@ pub mod order_service_v1 {
         fn order_placed(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             order: super::Order,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
 
@@ -277,18 +333,19 @@ pub mod order_service_v1 {
         fn order_cancelled(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             order_id: ::rfidl_runtime::types::Uuid,
             reason: String,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
     }
 
     /// A shared handler handles too, so one value can serve several receivers.
-    impl<T: EngineHandler + ?Sized> EngineHandler for ::std::sync::Arc<T> {
+    impl<S: ::rfidl_runtime::Store, T: EngineHandler<S> + ?Sized> EngineHandler<S>
+    for ::std::sync::Arc<T> {
         fn order_placed(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             order: super::Order,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
             (**self).order_placed(call, tx, order)
@@ -297,7 +354,7 @@ pub mod order_service_v1 {
         fn order_cancelled(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             order_id: ::rfidl_runtime::types::Uuid,
             reason: String,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
@@ -307,12 +364,16 @@ pub mod order_service_v1 {
 
     /// Hosts a [`EngineHandler`] in an `rfidl_runtime` receiver: decodes
     /// each payload into its request type (422 `payload_mismatch` when it does
-    /// not fit) and routes by endpoint name with a static `match`.
+    /// not fit) and routes by endpoint name with a static `match`. It hosts a
+    /// `EngineHandler<S>` in a receiver of the same store `S`:
+    /// `Receiver::builder` (SQLite) or `Receiver::postgres`.
     #[derive(Debug)]
     pub struct EngineReceiver<H>(pub H);
 
-    impl<H: EngineHandler> ::rfidl_runtime::receiver::HostedService
-    for EngineReceiver<H> {
+    impl<
+        S: ::rfidl_runtime::Store,
+        H: EngineHandler<S>,
+    > ::rfidl_runtime::receiver::HostedService<S> for EngineReceiver<H> {
         fn interfaces(&self) -> &[::rfidl_runtime::receiver::HostedInterface] {
             const ENGINE_HOSTED: &[::rfidl_runtime::receiver::HostedInterface] = &[
                 ::rfidl_runtime::receiver::HostedInterface {
@@ -326,7 +387,7 @@ pub mod order_service_v1 {
         fn handle(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
         ) -> ::std::result::Result<
             ::rfidl_runtime::serde_json::Value,
             ::rfidl_runtime::receiver::HandlerError,
@@ -356,28 +417,72 @@ pub mod order_service_v1 {
     /// Sends this interface's messages to the service through the outbox:
     /// each call writes one outbox row in the caller's transaction, so the
     /// message is sent if and only if that transaction commits.
-    #[derive(Debug, Clone)]
-    pub struct ServiceClient {
+    ///
+    /// `S` is the store the outbox is in, and so the type of that
+    /// transaction: [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`&rusqlite::Transaction`, from [`new`](Self::new)), or
+    /// `rfidl_runtime::Postgres` (`&mut postgres::Transaction`, cargo
+    /// feature `postgres` of rfidl-runtime) from
+    /// `ServiceClient::<Postgres>::with_store(outbox, destination)`.
+    pub struct ServiceClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox,
         destination: ::std::string::String,
+        store: ::std::marker::PhantomData<fn() -> S>,
+    }
+
+    impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for ServiceClient<S> {
+        fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+            f.debug_struct("ServiceClient")
+                .field("outbox", &self.outbox)
+                .field("destination", &self.destination)
+                .field("store", &S::NAME)
+                .finish()
+        }
+    }
+
+    impl<S: ::rfidl_runtime::Store> ::std::clone::Clone for ServiceClient<S> {
+        fn clone(&self) -> Self {
+            Self {
+                outbox: self.outbox.clone(),
+                destination: self.destination.clone(),
+                store: ::std::marker::PhantomData,
+            }
+        }
     }
 
     impl ServiceClient {
         /// A client that sends to `destination` (a name mapped to a transport
-        /// and URL in the runtime configuration).
+        /// and URL in the runtime configuration) and enqueues in SQLite
+        /// transactions. For PostgreSQL, see [`with_store`](Self::with_store).
         pub fn new(
+            outbox: ::rfidl_runtime::outbox::Outbox,
+            destination: impl Into<::std::string::String>,
+        ) -> Self {
+            Self::with_store(outbox, destination)
+        }
+    }
+
+    impl<S: ::rfidl_runtime::Store> ServiceClient<S> {
+        /// A client that sends to `destination` (a name mapped to a transport
+        /// and URL in the runtime configuration) and enqueues in transactions
+        /// of the store `S`: `ServiceClient::<Postgres>::with_store(outbox, destination)`
+        /// for an outbox in PostgreSQL.
+        pub fn with_store(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
         ) -> Self {
             Self {
                 outbox,
                 destination: destination.into(),
+                store: ::std::marker::PhantomData,
             }
         }
 
         /// Reserve stock for an order; answers what could be reserved.
         ///
-        /// Enqueues a `ReserveStock` command in `tx`; returns its message id.
+        /// Enqueues a `ReserveStock` command in `tx` (a
+        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
+        /// on PostgreSQL); returns its message id.
         ///
         /// # Errors
         ///
@@ -385,7 +490,7 @@ pub mod order_service_v1 {
         /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn reserve_stock(
             &self,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             order_id: ::rfidl_runtime::types::Uuid,
             lines: Vec<super::OrderLine>,
         ) -> ::std::result::Result<
@@ -396,28 +501,30 @@ pub mod order_service_v1 {
                 order_id,
                 lines,
             };
-            self.outbox
-                .enqueue(
-                    tx,
-                    ::rfidl_runtime::outbox::OutgoingMessage {
-                        destination: self.destination.clone(),
-                        message_type: ::rfidl_runtime::MessageType::Command,
-                        interface: INTERFACE.to_owned(),
-                        version: VERSION,
-                        fingerprint: FINGERPRINT.to_owned(),
-                        endpoint: "ReserveStock".to_owned(),
-                        correlation_id: Some(request.order_id.to_string()),
-                        payload: ::rfidl_runtime::serde_json::to_value(&request)?,
-                        headers: ::std::collections::BTreeMap::new(),
-                        max_retries: Some(3),
-                        ttl: Some(::std::time::Duration::new(900, 0)),
-                    },
-                )
+            S::enqueue(
+                &self.outbox,
+                tx,
+                ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::Command,
+                    interface: INTERFACE.to_owned(),
+                    version: VERSION,
+                    fingerprint: FINGERPRINT.to_owned(),
+                    endpoint: "ReserveStock".to_owned(),
+                    correlation_id: Some(request.order_id.to_string()),
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: Some(3),
+                    ttl: Some(::std::time::Duration::new(900, 0)),
+                },
+            )
         }
 
         /// Capture the payment for an order.
         ///
-        /// Enqueues a `CapturePayment` command in `tx`; returns its message id.
+        /// Enqueues a `CapturePayment` command in `tx` (a
+        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
+        /// on PostgreSQL); returns its message id.
         ///
         /// # Errors
         ///
@@ -425,7 +532,7 @@ pub mod order_service_v1 {
         /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn capture_payment(
             &self,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             order_id: ::rfidl_runtime::types::Uuid,
             amount: super::super::super::common::Money,
         ) -> ::std::result::Result<
@@ -436,28 +543,30 @@ pub mod order_service_v1 {
                 order_id,
                 amount,
             };
-            self.outbox
-                .enqueue(
-                    tx,
-                    ::rfidl_runtime::outbox::OutgoingMessage {
-                        destination: self.destination.clone(),
-                        message_type: ::rfidl_runtime::MessageType::Command,
-                        interface: INTERFACE.to_owned(),
-                        version: VERSION,
-                        fingerprint: FINGERPRINT.to_owned(),
-                        endpoint: "CapturePayment".to_owned(),
-                        correlation_id: Some(request.order_id.to_string()),
-                        payload: ::rfidl_runtime::serde_json::to_value(&request)?,
-                        headers: ::std::collections::BTreeMap::new(),
-                        max_retries: Some(8),
-                        ttl: None,
-                    },
-                )
+            S::enqueue(
+                &self.outbox,
+                tx,
+                ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::Command,
+                    interface: INTERFACE.to_owned(),
+                    version: VERSION,
+                    fingerprint: FINGERPRINT.to_owned(),
+                    endpoint: "CapturePayment".to_owned(),
+                    correlation_id: Some(request.order_id.to_string()),
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: Some(8),
+                    ttl: None,
+                },
+            )
         }
 
         /// Ask for the stock level of one SKU.
         ///
-        /// Enqueues a `CheckStock` command in `tx`; returns its message id.
+        /// Enqueues a `CheckStock` command in `tx` (a
+        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
+        /// on PostgreSQL); returns its message id.
         ///
         /// # Errors
         ///
@@ -465,30 +574,30 @@ pub mod order_service_v1 {
         /// row cannot be written (roll `tx` back: nothing is sent).
         pub fn check_stock(
             &self,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             sku: String,
         ) -> ::std::result::Result<
             ::rfidl_runtime::types::Uuid,
             ::rfidl_runtime::outbox::OutboxError,
         > {
             let request = CheckStockRequest { sku };
-            self.outbox
-                .enqueue(
-                    tx,
-                    ::rfidl_runtime::outbox::OutgoingMessage {
-                        destination: self.destination.clone(),
-                        message_type: ::rfidl_runtime::MessageType::Command,
-                        interface: INTERFACE.to_owned(),
-                        version: VERSION,
-                        fingerprint: FINGERPRINT.to_owned(),
-                        endpoint: "CheckStock".to_owned(),
-                        correlation_id: None,
-                        payload: ::rfidl_runtime::serde_json::to_value(&request)?,
-                        headers: ::std::collections::BTreeMap::new(),
-                        max_retries: None,
-                        ttl: None,
-                    },
-                )
+            S::enqueue(
+                &self.outbox,
+                tx,
+                ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::Command,
+                    interface: INTERFACE.to_owned(),
+                    version: VERSION,
+                    fingerprint: FINGERPRINT.to_owned(),
+                    endpoint: "CheckStock".to_owned(),
+                    correlation_id: None,
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: None,
+                    ttl: None,
+                },
+            )
         }
     }
 
@@ -500,7 +609,17 @@ pub mod order_service_v1 {
     /// write your effects through `tx` and they commit exactly once, together
     /// with that record. Register with
     /// `Dispatcher::builder(…).responses(ServiceAnswerRouter(handler))`.
-    pub trait ServiceAnswers: Send + Sync + 'static {
+    ///
+    /// `S` is the dispatcher's store, and so the type of `tx`:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`impl ServiceAnswers for …`, `tx: &rusqlite::Transaction<'_>`),
+    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
+    /// rfidl-runtime) for a dispatcher started with `Dispatcher::postgres`
+    /// (`impl ServiceAnswers<Postgres> for …`,
+    /// `tx: &mut postgres::Transaction<'_>`).
+    pub trait ServiceAnswers<
+        S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
+    >: Send + Sync + 'static {
         /// The answer to a `ReserveStock` command: `answer` names
         /// the message (`message_id`, `correlation_id`).
         ///
@@ -512,7 +631,7 @@ pub mod order_service_v1 {
         fn reserve_stock(
             &self,
             answer: &::rfidl_runtime::responses::Answer<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             response: super::Reservation,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
 
@@ -527,7 +646,7 @@ pub mod order_service_v1 {
         fn capture_payment(
             &self,
             answer: &::rfidl_runtime::responses::Answer<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             response: super::PaymentReceipt,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
 
@@ -542,7 +661,7 @@ pub mod order_service_v1 {
         fn check_stock(
             &self,
             answer: &::rfidl_runtime::responses::Answer<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             response: super::StockLevel,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>;
     }
@@ -553,8 +672,10 @@ pub mod order_service_v1 {
     #[derive(Debug)]
     pub struct ServiceAnswerRouter<H>(pub H);
 
-    impl<H: ServiceAnswers> ::rfidl_runtime::responses::ResponseHandler
-    for ServiceAnswerRouter<H> {
+    impl<
+        S: ::rfidl_runtime::Store,
+        H: ServiceAnswers<S>,
+    > ::rfidl_runtime::responses::ResponseHandler<S> for ServiceAnswerRouter<H> {
         fn interface(&self) -> (&'static str, u32) {
             (INTERFACE, VERSION)
         }
@@ -562,7 +683,7 @@ pub mod order_service_v1 {
         fn handle(
             &self,
             answer: &::rfidl_runtime::responses::Answer<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
         ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
             match answer.endpoint {
                 "ReserveStock" => {
@@ -598,7 +719,17 @@ pub mod order_service_v1 {
     /// `tx`. Return [`HandlerError::retryable`](::rfidl_runtime::receiver::HandlerError)
     /// for a failure worth retrying and `HandlerError::poison` for a message
     /// that can never succeed.
-    pub trait ServiceHandler: Send + Sync + 'static {
+    ///
+    /// `S` is the receiver's store, and so the type of `tx`:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`impl ServiceHandler for …`, `tx: &rusqlite::Transaction<'_>`),
+    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
+    /// rfidl-runtime) for a receiver built with `Receiver::postgres`
+    /// (`impl ServiceHandler<Postgres> for …`,
+    /// `tx: &mut postgres::Transaction<'_>`).
+    pub trait ServiceHandler<
+        S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
+    >: Send + Sync + 'static {
         /// Reserve stock for an order; answers what could be reserved.
         ///
         /// Handles one `ReserveStock` command.
@@ -611,7 +742,7 @@ pub mod order_service_v1 {
         fn reserve_stock(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             order_id: ::rfidl_runtime::types::Uuid,
             lines: Vec<super::OrderLine>,
         ) -> ::std::result::Result<
@@ -631,7 +762,7 @@ pub mod order_service_v1 {
         fn capture_payment(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             order_id: ::rfidl_runtime::types::Uuid,
             amount: super::super::super::common::Money,
         ) -> ::std::result::Result<
@@ -651,7 +782,7 @@ pub mod order_service_v1 {
         fn check_stock(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             sku: String,
         ) -> ::std::result::Result<
             super::StockLevel,
@@ -660,11 +791,12 @@ pub mod order_service_v1 {
     }
 
     /// A shared handler handles too, so one value can serve several receivers.
-    impl<T: ServiceHandler + ?Sized> ServiceHandler for ::std::sync::Arc<T> {
+    impl<S: ::rfidl_runtime::Store, T: ServiceHandler<S> + ?Sized> ServiceHandler<S>
+    for ::std::sync::Arc<T> {
         fn reserve_stock(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             order_id: ::rfidl_runtime::types::Uuid,
             lines: Vec<super::OrderLine>,
         ) -> ::std::result::Result<
@@ -677,7 +809,7 @@ pub mod order_service_v1 {
         fn capture_payment(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             order_id: ::rfidl_runtime::types::Uuid,
             amount: super::super::super::common::Money,
         ) -> ::std::result::Result<
@@ -690,7 +822,7 @@ pub mod order_service_v1 {
         fn check_stock(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
             sku: String,
         ) -> ::std::result::Result<
             super::StockLevel,
@@ -702,12 +834,16 @@ pub mod order_service_v1 {
 
     /// Hosts a [`ServiceHandler`] in an `rfidl_runtime` receiver: decodes
     /// each payload into its request type (422 `payload_mismatch` when it does
-    /// not fit) and routes by endpoint name with a static `match`.
+    /// not fit) and routes by endpoint name with a static `match`. It hosts a
+    /// `ServiceHandler<S>` in a receiver of the same store `S`:
+    /// `Receiver::builder` (SQLite) or `Receiver::postgres`.
     #[derive(Debug)]
     pub struct ServiceReceiver<H>(pub H);
 
-    impl<H: ServiceHandler> ::rfidl_runtime::receiver::HostedService
-    for ServiceReceiver<H> {
+    impl<
+        S: ::rfidl_runtime::Store,
+        H: ServiceHandler<S>,
+    > ::rfidl_runtime::receiver::HostedService<S> for ServiceReceiver<H> {
         fn interfaces(&self) -> &[::rfidl_runtime::receiver::HostedInterface] {
             const SERVICE_HOSTED: &[::rfidl_runtime::receiver::HostedInterface] = &[
                 ::rfidl_runtime::receiver::HostedInterface {
@@ -721,7 +857,7 @@ pub mod order_service_v1 {
         fn handle(
             &self,
             call: &::rfidl_runtime::receiver::IncomingCall<'_>,
-            tx: &::rfidl_runtime::rusqlite::Transaction<'_>,
+            tx: S::Handle<'_, '_>,
         ) -> ::std::result::Result<
             ::rfidl_runtime::serde_json::Value,
             ::rfidl_runtime::receiver::HandlerError,
