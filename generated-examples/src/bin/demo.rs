@@ -70,7 +70,7 @@ async fn main() -> anyhow::Result<()> {
     let engine_settings = Settings {
         service_id: "engine".into(),
         listen: engine_listen,
-        db: dir.join("engine.db"),
+        db: dir.join("engine.db").into(),
         peer_id: "hr-service".into(),
         peer_url: format!("http://{hr_listen}"),
         signing_secret: engine_secret.clone(),
@@ -82,7 +82,7 @@ async fn main() -> anyhow::Result<()> {
     let hr_settings = Settings {
         service_id: "hr-service".into(),
         listen: hr_listen,
-        db: dir.join("hr.db"),
+        db: dir.join("hr.db").into(),
         peer_id: "engine".into(),
         peer_url: format!("http://{engine_listen}"),
         signing_secret: hr_secret,
@@ -171,7 +171,6 @@ async fn scenario(
     );
 
     let started = Instant::now();
-    let mut conn = hr.connection()?;
     let third = args.hires / 3;
     for number in 0..args.hires {
         if number == third {
@@ -186,7 +185,7 @@ async fn scenario(
             engine.bring_up().await?;
             println!("  engine is back");
         }
-        hr.hire(&mut conn, number)?;
+        hr.hire(number).await?;
         if number % 25 == 0 {
             tokio::task::yield_now().await;
         }
@@ -195,7 +194,12 @@ async fn scenario(
 
     // Lost acknowledgements: HR believes 50 hires were never answered and
     // sends them again; the engine must answer from its inbox.
-    let replayed = conn.execute(
+    // (The demo runs on SQLite files; see docs/stores.md for PostgreSQL.)
+    let hr_file = hr
+        .db
+        .sqlite_path()
+        .ok_or_else(|| anyhow::anyhow!("the demo's HR database is a SQLite file"))?;
+    let replayed = rusqlite::Connection::open(hr_file)?.execute(
         "UPDATE outbox_messages SET status = 'Pending', next_retry_at = 0 WHERE message_id IN \
          (SELECT message_id FROM outbox_messages WHERE status = 'Sent' LIMIT 50)",
         [],
@@ -305,7 +309,7 @@ async fn scenario(
 async fn wait_until_delivered(hr: &HrService, engine: &Engine, hires: u32) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let open = |db: &std::path::Path| {
+        let open = |db: &rfidl_runtime::Database| {
             count(
                 db,
                 "SELECT COUNT(*) FROM outbox_messages WHERE status IN ('Pending', 'Sending')",

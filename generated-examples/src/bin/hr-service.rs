@@ -40,7 +40,6 @@ async fn main() -> anyhow::Result<()> {
     tokio::pin!(signal);
     let hr = HrService::start(&args.service.settings("hr-service", "engine")?).await?;
     println!("hr-service listening on {}", hr.url);
-    let mut conn = hr.connection()?;
     let already = count(&hr.db, "SELECT COUNT(*) FROM employees")? as u32;
     let parts = |hr: HrService| RunningParts {
         server: hr.server,
@@ -51,7 +50,7 @@ async fn main() -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     for (done, number) in (already..args.hire).enumerate() {
         // Each hire commits on its own; a signal between two stops cleanly.
-        hr.hire(&mut conn, number)?;
+        hr.hire(number).await?;
         let pause = if args.hire_rate > 0 {
             let due = Duration::from_secs_f64((done + 1) as f64 / f64::from(args.hire_rate));
             due.saturating_sub(started.elapsed())

@@ -7,15 +7,13 @@
 // sends it on purpose: old clients keep using v1 while new ones move to v2.
 #![allow(deprecated)]
 
-use std::path::PathBuf;
-
-use rfidl_runtime::dispatcher::{Dispatcher, DispatcherHandle};
-use rfidl_runtime::outbox::Outbox;
+use rfidl_runtime::dispatcher::DispatcherHandle;
 use rfidl_runtime::receiver::{HandlerError, IncomingCall, Receiver};
 use rfidl_runtime::responses::Answer;
-use rfidl_runtime::rusqlite::{Transaction, params};
 use rfidl_runtime::types::{Duration, Timestamp, Uuid};
+use rfidl_runtime::{Database, Postgres, Sqlite};
 
+use super::store::{DemoStore, Schema};
 use super::{Operations, Settings};
 use crate::generated::common;
 use crate::generated::hr::employees::{
@@ -28,7 +26,9 @@ pub const HR: &str = "hr";
 /// The engine's business table. `message_id` is the hire message that
 /// started the workflow (UNIQUE: one workflow per message, traceable);
 /// `laptop_ticket` is HR's answer to the `ProvisionLaptop` command.
-pub const SCHEMA: &str = "
+/// The same table on both stores.
+pub const SCHEMA: Schema = Schema {
+    sqlite: "
     CREATE TABLE IF NOT EXISTS workflows (
         id TEXT PRIMARY KEY, employee_id TEXT NOT NULL, version INTEGER NOT NULL, state TEXT NOT NULL,
         message_id TEXT NOT NULL UNIQUE, laptop_ticket TEXT
@@ -36,7 +36,15 @@ pub const SCHEMA: &str = "
     -- HR's answers and the lifecycle signals find the workflow by employee:
     -- without this index each one scans the table.
     CREATE INDEX IF NOT EXISTS workflows_employee ON workflows (employee_id);
-";
+",
+    postgres: "
+    CREATE TABLE IF NOT EXISTS workflows (
+        id TEXT PRIMARY KEY, employee_id TEXT NOT NULL, version BIGINT NOT NULL, state TEXT NOT NULL,
+        message_id TEXT NOT NULL UNIQUE, laptop_ticket TEXT
+    );
+    CREATE INDEX IF NOT EXISTS workflows_employee ON workflows (employee_id);
+",
+};
 
 /// Acts on HR's answers to `ProvisionLaptop` (both versions): the workflow
 /// of that employee records its ticket and moves on, in the transaction that
@@ -44,51 +52,45 @@ pub const SCHEMA: &str = "
 pub struct LaptopAnswers;
 
 impl LaptopAnswers {
-    fn ticket_arrived(
+    fn ticket_arrived<S: DemoStore>(
         answer: &Answer<'_>,
-        tx: &Transaction<'_>,
+        mut tx: S::Handle<'_, '_>,
         ticket: &LaptopTicket,
     ) -> Result<(), HandlerError> {
         // The command was sent with `@correlate(employee_id)`.
         let employee_id = answer
             .correlation_id
             .ok_or_else(|| HandlerError::poison("a laptop answer without its employee id"))?;
-        tx.execute(
-            "UPDATE workflows SET laptop_ticket = ?2, \
-             state = CASE state WHEN 'provisioning' THEN 'laptop ordered' ELSE state END \
-             WHERE employee_id = ?1",
-            params![employee_id, ticket.ticket],
-        )?;
-        Ok(())
+        S::record_ticket(&mut tx, employee_id, &ticket.ticket)
     }
 }
 
-impl emp_service_v1::ServiceAnswers for LaptopAnswers {
+impl<S: DemoStore> emp_service_v1::ServiceAnswers<S> for LaptopAnswers {
     fn provision_laptop(
         &self,
         answer: &Answer<'_>,
-        tx: &Transaction<'_>,
+        tx: S::Handle<'_, '_>,
         response: LaptopTicket,
     ) -> Result<(), HandlerError> {
-        Self::ticket_arrived(answer, tx, &response)
+        Self::ticket_arrived::<S>(answer, tx, &response)
     }
 }
 
-impl emp_service_v2::ServiceAnswers for LaptopAnswers {
+impl<S: DemoStore> emp_service_v2::ServiceAnswers<S> for LaptopAnswers {
     fn provision_laptop(
         &self,
         answer: &Answer<'_>,
-        tx: &Transaction<'_>,
+        tx: S::Handle<'_, '_>,
         response: LaptopTicket,
     ) -> Result<(), HandlerError> {
-        Self::ticket_arrived(answer, tx, &response)
+        Self::ticket_arrived::<S>(answer, tx, &response)
     }
 }
 
-/// Handles the pushcalls and signals of both versions.
-pub struct Workflows {
-    v1: emp_service_v1::ServiceClient,
-    v2: emp_service_v2::ServiceClient,
+/// Handles the pushcalls and signals of both versions, on the store `S`.
+pub struct Workflows<S: DemoStore> {
+    v1: emp_service_v1::ServiceClient<S>,
+    v2: emp_service_v2::ServiceClient<S>,
     slow: SlowHandler,
     hires: std::sync::atomic::AtomicU32,
 }
@@ -110,11 +112,11 @@ impl Default for SlowHandler {
     }
 }
 
-impl Workflows {
+impl<S: DemoStore> Workflows<S> {
     fn start_workflow(
         &self,
         call: &IncomingCall<'_>,
-        tx: &Transaction<'_>,
+        mut tx: S::Handle<'_, '_>,
         employee: &Employee,
         version: u32,
     ) -> Result<HireAck, HandlerError> {
@@ -128,23 +130,20 @@ impl Workflows {
         }
         // A fresh random id; nothing in process memory decides what is stored.
         let workflow_id = Uuid::now_v7();
-        tx.execute(
-            "INSERT INTO workflows (id, employee_id, version, state, message_id) \
-             VALUES (?1, ?2, ?3, 'provisioning', ?4)",
-            params![
-                workflow_id.to_string(),
-                employee.id.to_string(),
-                version,
-                call.message_id
-            ],
+        S::insert_workflow(
+            &mut tx,
+            &workflow_id.to_string(),
+            &employee.id.to_string(),
+            version,
+            call.message_id,
         )?;
         // The command to HR commits with the workflow row, or not at all.
         if version == 1 {
             self.v1
-                .provision_laptop(tx, employee.id, "ThinkPad T14".into())?;
+                .provision_laptop(S::reborrow(&mut tx), employee.id, "ThinkPad T14".into())?;
         } else {
             self.v2.provision_laptop(
-                tx,
+                S::reborrow(&mut tx),
                 employee.id,
                 "ThinkPad T14".into(),
                 employee.home.clone(),
@@ -154,11 +153,11 @@ impl Workflows {
     }
 }
 
-impl emp_service_v1::EngineHandler for Workflows {
+impl<S: DemoStore> emp_service_v1::EngineHandler<S> for Workflows<S> {
     fn employee_hired(
         &self,
         call: &IncomingCall<'_>,
-        tx: &Transaction<'_>,
+        tx: S::Handle<'_, '_>,
         employee: Employee,
     ) -> Result<HireAck, HandlerError> {
         self.start_workflow(call, tx, &employee, 1)
@@ -167,23 +166,20 @@ impl emp_service_v1::EngineHandler for Workflows {
     fn onboarding_completed(
         &self,
         _call: &IncomingCall<'_>,
-        tx: &Transaction<'_>,
+        tx: S::Handle<'_, '_>,
         employee_id: Uuid,
         _at: Timestamp,
     ) -> Result<(), HandlerError> {
-        tx.execute(
-            "UPDATE workflows SET state = 'done' WHERE employee_id = ?1",
-            [employee_id.to_string()],
-        )?;
-        Ok(())
+        let mut tx = tx;
+        S::finish_workflow(&mut tx, &employee_id.to_string())
     }
 }
 
-impl emp_service_v2::EngineHandler for Workflows {
+impl<S: DemoStore> emp_service_v2::EngineHandler<S> for Workflows<S> {
     fn employee_hired(
         &self,
         call: &IncomingCall<'_>,
-        tx: &Transaction<'_>,
+        tx: S::Handle<'_, '_>,
         employee: Employee,
         _channel: common::Channel,
         _referral_code: Option<String>,
@@ -194,21 +190,18 @@ impl emp_service_v2::EngineHandler for Workflows {
     fn onboarding_completed(
         &self,
         _call: &IncomingCall<'_>,
-        tx: &Transaction<'_>,
+        tx: S::Handle<'_, '_>,
         employee_id: Uuid,
         _at: Timestamp,
     ) -> Result<(), HandlerError> {
-        tx.execute(
-            "UPDATE workflows SET state = 'done' WHERE employee_id = ?1",
-            [employee_id.to_string()],
-        )?;
-        Ok(())
+        let mut tx = tx;
+        S::finish_workflow(&mut tx, &employee_id.to_string())
     }
 
     fn leave_started(
         &self,
         _call: &IncomingCall<'_>,
-        _tx: &Transaction<'_>,
+        _tx: S::Handle<'_, '_>,
         _employee_id: Uuid,
         _length: Duration,
         _reason: Option<String>,
@@ -219,7 +212,7 @@ impl emp_service_v2::EngineHandler for Workflows {
     fn org_chart_changed(
         &self,
         _call: &IncomingCall<'_>,
-        _tx: &Transaction<'_>,
+        _tx: S::Handle<'_, '_>,
         _root: OrgUnit,
         _version: u32,
     ) -> Result<(), HandlerError> {
@@ -229,7 +222,7 @@ impl emp_service_v2::EngineHandler for Workflows {
 
 /// A running engine.
 pub struct Engine {
-    pub db: PathBuf,
+    pub db: Database,
     pub url: String,
     pub addr: std::net::SocketAddr,
     pub receiver: Receiver,
@@ -245,19 +238,30 @@ impl Engine {
         Self::start_with(settings, SlowHandler::default()).await
     }
 
-    /// [`Engine::start`] with a fault drill for its hire handler.
+    /// [`Engine::start`] with a fault drill for its hire handler, on the
+    /// store `--db` names.
     pub async fn start_with(settings: &Settings, slow: SlowHandler) -> anyhow::Result<Self> {
+        match &settings.db {
+            Database::Postgres(_) => Self::start_on::<Postgres>(settings, slow).await,
+            _ => Self::start_on::<Sqlite>(settings, slow).await,
+        }
+    }
+
+    async fn start_on<S: DemoStore>(
+        settings: &Settings,
+        slow: SlowHandler,
+    ) -> anyhow::Result<Self> {
         let config = settings.runtime_config(HR);
-        rfidl_runtime::db::open(&settings.db, config.outbox.durability)?.execute_batch(SCHEMA)?;
-        let outbox = Outbox::new(config.clone(), &settings.db);
-        let workflows = std::sync::Arc::new(Workflows {
-            v1: emp_service_v1::ServiceClient::new(outbox.clone(), HR),
-            v2: emp_service_v2::ServiceClient::new(outbox.clone(), HR),
+        S::create_schema(&settings.db, &SCHEMA)?;
+        let outbox = super::store::outbox(config.clone(), &settings.db);
+        let workflows = std::sync::Arc::new(Workflows::<S> {
+            v1: emp_service_v1::ServiceClient::with_store(outbox.clone(), HR),
+            v2: emp_service_v2::ServiceClient::with_store(outbox.clone(), HR),
             slow,
             hires: std::sync::atomic::AtomicU32::new(0),
         });
         // One receiver serves EmpService v1 and v2 side by side.
-        let receiver = Receiver::builder(config.clone(), &settings.db)
+        let receiver = S::receiver(config.clone(), &settings.db)?
             .service(emp_service_v1::EngineReceiver(workflows.clone()))
             .service(emp_service_v2::EngineReceiver(workflows))
             .metrics(outbox.metrics().clone())
@@ -272,7 +276,7 @@ impl Engine {
         let listener = tokio::net::TcpListener::bind(settings.listen).await?;
         let addr = listener.local_addr()?;
         let server = super::serve(listener, operations.router.clone());
-        let dispatcher = Dispatcher::builder(&outbox, &settings.db)
+        let dispatcher = S::dispatcher(&outbox)?
             .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
             .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers))
             .start()?;

@@ -5,14 +5,12 @@
 // sends it on purpose: old clients keep using v1 while new ones move to v2.
 #![allow(deprecated)]
 
-use std::path::{Path, PathBuf};
-
-use rfidl_runtime::dispatcher::{Dispatcher, DispatcherHandle};
-use rfidl_runtime::outbox::Outbox;
+use rfidl_runtime::dispatcher::DispatcherHandle;
 use rfidl_runtime::receiver::{HandlerError, IncomingCall, Receiver};
-use rfidl_runtime::rusqlite::{self, Transaction, params};
 use rfidl_runtime::types::{Date, Uuid};
+use rfidl_runtime::{Database, Postgres, Sqlite};
 
+use super::store::{Connection, DemoStore, Schema};
 use super::{Operations, Settings};
 use crate::generated::common;
 use crate::generated::hr::employees::{
@@ -24,19 +22,29 @@ pub const ENGINE: &str = "engine";
 
 /// HR's business tables (in the same database as its outbox and inbox).
 ///
-/// A ticket's number is assigned by SQLite inside the handler's transaction
-/// (`INTEGER PRIMARY KEY`), never counted in process memory: a restarted
+/// A ticket's number is assigned by the database inside the handler's
+/// transaction (SQLite's `INTEGER PRIMARY KEY`, a PostgreSQL identity
+/// column), never counted in process memory: a restarted
 /// process, or a handler run again after a rollback, continues from what is
 /// committed. `message_id` is UNIQUE: the command that caused the row, so an
 /// effect can always be traced to its message, and a second commit of one
 /// message would fail instead of leaving a second ticket.
-pub const SCHEMA: &str = "
+pub const SCHEMA: Schema = Schema {
+    sqlite: "
     CREATE TABLE IF NOT EXISTS employees (id TEXT PRIMARY KEY, name TEXT NOT NULL, hired_on TEXT NOT NULL);
     CREATE TABLE IF NOT EXISTS laptop_tickets (
         number INTEGER PRIMARY KEY, employee_id TEXT NOT NULL, model TEXT NOT NULL,
         message_id TEXT NOT NULL UNIQUE
     );
-";
+",
+    postgres: "
+    CREATE TABLE IF NOT EXISTS employees (id TEXT PRIMARY KEY, name TEXT NOT NULL, hired_on TEXT NOT NULL);
+    CREATE TABLE IF NOT EXISTS laptop_tickets (
+        number BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, employee_id TEXT NOT NULL,
+        model TEXT NOT NULL, message_id TEXT NOT NULL UNIQUE
+    );
+",
+};
 
 /// Handles `ProvisionLaptop` for both versions: one ticket row per command.
 ///
@@ -45,18 +53,14 @@ pub const SCHEMA: &str = "
 pub struct LaptopDesk;
 
 impl LaptopDesk {
-    fn provision(
+    fn provision<S: DemoStore>(
         &self,
         call: &IncomingCall<'_>,
-        tx: &Transaction<'_>,
+        mut tx: S::Handle<'_, '_>,
         employee_id: Uuid,
         model: String,
     ) -> Result<LaptopTicket, HandlerError> {
-        let number: i64 = tx.query_row(
-            "INSERT INTO laptop_tickets (employee_id, model, message_id) VALUES (?1, ?2, ?3) RETURNING number",
-            params![employee_id.to_string(), model, call.message_id],
-            |row| row.get(0),
-        )?;
+        let number = S::insert_ticket(&mut tx, &employee_id.to_string(), &model, call.message_id)?;
         Ok(LaptopTicket {
             ticket: format!("IT-{number:06}"),
             eta: None,
@@ -64,34 +68,34 @@ impl LaptopDesk {
     }
 }
 
-impl emp_service_v1::ServiceHandler for LaptopDesk {
+impl<S: DemoStore> emp_service_v1::ServiceHandler<S> for LaptopDesk {
     fn provision_laptop(
         &self,
         call: &IncomingCall<'_>,
-        tx: &Transaction<'_>,
+        tx: S::Handle<'_, '_>,
         employee_id: Uuid,
         model: String,
     ) -> Result<LaptopTicket, HandlerError> {
-        self.provision(call, tx, employee_id, model)
+        self.provision::<S>(call, tx, employee_id, model)
     }
 }
 
-impl emp_service_v2::ServiceHandler for LaptopDesk {
+impl<S: DemoStore> emp_service_v2::ServiceHandler<S> for LaptopDesk {
     fn provision_laptop(
         &self,
         call: &IncomingCall<'_>,
-        tx: &Transaction<'_>,
+        tx: S::Handle<'_, '_>,
         employee_id: Uuid,
         model: String,
         _ship_to: Option<common::Address>,
     ) -> Result<LaptopTicket, HandlerError> {
-        self.provision(call, tx, employee_id, model)
+        self.provision::<S>(call, tx, employee_id, model)
     }
 }
 
 /// A running HR service.
 pub struct HrService {
-    pub db: PathBuf,
+    pub db: Database,
     pub url: String,
     pub receiver: Receiver,
     pub dispatcher: DispatcherHandle,
@@ -99,19 +103,81 @@ pub struct HrService {
     pub operations: Operations,
     /// Its registration with the engine registry, if `--registry` was given.
     pub directory: Option<super::Directory>,
-    v1: emp_service_v1::EngineClient,
-    v2: emp_service_v2::EngineClient,
+    hiring: std::sync::Arc<dyn Hiring>,
+    /// The connection hires are made on, opened at the first hire.
+    connection: std::sync::Arc<std::sync::Mutex<Option<Connection>>>,
+}
+
+/// Hiring on the service's store (see [`HrService::hire`]).
+trait Hiring: Send + Sync {
+    fn hire(&self, connection: &mut Connection, number: u32) -> anyhow::Result<Uuid>;
+}
+
+/// The clients HR sends with, on the store `S`.
+struct Clients<S: DemoStore> {
+    v1: emp_service_v1::EngineClient<S>,
+    v2: emp_service_v2::EngineClient<S>,
+}
+
+impl<S: DemoStore> Hiring for Clients<S> {
+    fn hire(&self, connection: &mut Connection, number: u32) -> anyhow::Result<Uuid> {
+        S::in_transaction(
+            connection,
+            Hire {
+                clients: self,
+                employee: sample_employee(number),
+                number,
+            },
+        )
+    }
+}
+
+/// One hire, in one transaction: the employee row and the pushcall.
+struct Hire<'h, S: DemoStore> {
+    clients: &'h Clients<S>,
+    employee: Employee,
+    number: u32,
+}
+
+impl<S: DemoStore> super::store::Work<S> for Hire<'_, S> {
+    type Output = Uuid;
+
+    fn run<'a, 'c: 'a>(self, mut tx: S::Handle<'a, 'c>) -> anyhow::Result<Uuid> {
+        let employee = self.employee;
+        let id = employee.id;
+        S::insert_employee(
+            &mut tx,
+            &employee.id.to_string(),
+            &employee.name,
+            &employee.hired_on.to_string(),
+        )?;
+        if self.number.is_multiple_of(5) {
+            self.clients.v1.employee_hired(tx, employee)?;
+        } else {
+            self.clients
+                .v2
+                .employee_hired(tx, employee, common::Channel::Web, None)?;
+        }
+        Ok(id)
+    }
 }
 
 impl HrService {
-    /// Opens the database, starts the receiver (commands from the engine)
-    /// and the dispatcher (messages to the engine).
+    /// Opens the database (the store `--db` names), starts the receiver
+    /// (commands from the engine) and the dispatcher (messages to the engine).
     pub async fn start(settings: &Settings) -> anyhow::Result<Self> {
+        match &settings.db {
+            Database::Postgres(_) => Self::start_on::<Postgres>(settings).await,
+            _ => Self::start_on::<Sqlite>(settings).await,
+        }
+    }
+
+    async fn start_on<S: DemoStore>(settings: &Settings) -> anyhow::Result<Self> {
         let config = settings.runtime_config(ENGINE);
-        rfidl_runtime::db::open(&settings.db, config.outbox.durability)?.execute_batch(SCHEMA)?;
+        S::create_schema(&settings.db, &SCHEMA)?;
         let desk = std::sync::Arc::new(LaptopDesk);
-        let outbox = Outbox::new(config.clone(), &settings.db);
-        let receiver = Receiver::builder(config.clone(), &settings.db)
+        let outbox = super::store::outbox(config.clone(), &settings.db);
+        let receiver = S::receiver(config.clone(), &settings.db)?
             .service(emp_service_v1::ServiceReceiver(desk.clone()))
             .service(emp_service_v2::ServiceReceiver(desk))
             .metrics(outbox.metrics().clone())
@@ -126,7 +192,7 @@ impl HrService {
         let listener = tokio::net::TcpListener::bind(settings.listen).await?;
         let url = format!("http://{}", listener.local_addr()?);
         let server = super::serve(listener, operations.router.clone());
-        let dispatcher = Dispatcher::builder(&outbox, &settings.db).start()?;
+        let dispatcher = S::dispatcher(&outbox)?.start()?;
         // HR provides EmpService (the engine's commands land here).
         let directory = super::register(
             &config,
@@ -143,40 +209,42 @@ impl HrService {
             dispatcher,
             server,
             operations,
-            v1: emp_service_v1::EngineClient::new(outbox.clone(), ENGINE),
-            v2: emp_service_v2::EngineClient::new(outbox, ENGINE),
+            hiring: std::sync::Arc::new(Clients::<S> {
+                v1: emp_service_v1::EngineClient::with_store(outbox.clone(), ENGINE),
+                v2: emp_service_v2::EngineClient::with_store(outbox, ENGINE),
+            }),
+            connection: Default::default(),
         })
     }
 
     /// Hires someone: the employee row and the `EmployeeHired` pushcall
     /// commit together (v2 for most, v1 for every fifth, as old clients do).
-    pub fn hire(&self, conn: &mut rusqlite::Connection, number: u32) -> anyhow::Result<Uuid> {
-        let employee = sample_employee(number);
-        let tx = conn.transaction()?;
-        tx.execute(
-            "INSERT INTO employees (id, name, hired_on) VALUES (?1, ?2, ?3)",
-            params![
-                employee.id.to_string(),
-                employee.name,
-                employee.hired_on.to_string()
-            ],
-        )?;
-        let id = employee.id;
-        if number.is_multiple_of(5) {
-            self.v1.employee_hired(&tx, employee)?;
-        } else {
-            self.v2
-                .employee_hired(&tx, employee, common::Channel::Web, None)?;
-        }
-        tx.commit()?;
-        Ok(id)
-    }
-
-    pub fn connection(&self) -> anyhow::Result<rusqlite::Connection> {
-        Ok(rfidl_runtime::db::open(
-            &self.db,
-            rfidl_runtime::Durability::Normal,
-        )?)
+    /// The transaction runs on the blocking pool, on one connection kept
+    /// for hiring.
+    pub async fn hire(&self, number: u32) -> anyhow::Result<Uuid> {
+        let (hiring, connection, db) = (
+            std::sync::Arc::clone(&self.hiring),
+            std::sync::Arc::clone(&self.connection),
+            self.db.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let mut slot = connection
+                .lock()
+                .map_err(|_| anyhow::anyhow!("the hiring connection is poisoned"))?;
+            if slot.is_none() {
+                *slot = Some(Connection::open(&db)?);
+            }
+            let connection = slot
+                .as_mut()
+                .ok_or_else(|| anyhow::anyhow!("no connection"))?;
+            let hired = hiring.hire(connection, number);
+            if hired.is_err() {
+                // Open a fresh one next time (the server may have closed it).
+                *slot = None;
+            }
+            hired
+        })
+        .await?
     }
 }
 
@@ -202,7 +270,18 @@ pub fn sample_employee(number: u32) -> Employee {
 }
 
 /// Outbox rows of `db` per status.
-pub fn outbox_counts(db: &Path) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
-    let conn = rusqlite::Connection::open(db)?;
-    Ok(rfidl_runtime::outbox::counts(&conn)?)
+pub fn outbox_counts(db: &Database) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
+    super::store::with_connection(db, |connection| {
+        Ok(match connection {
+            Connection::Sqlite(conn) => rfidl_runtime::outbox::counts(conn)?,
+            Connection::Postgres(client) => client
+                .query(
+                    "SELECT status, COUNT(*) FROM outbox_messages GROUP BY status",
+                    &[],
+                )?
+                .iter()
+                .map(|row| (row.get::<_, String>(0), row.get::<_, i64>(1) as u64))
+                .collect(),
+        })
+    })
 }

@@ -10,6 +10,7 @@
 pub mod engine;
 pub mod hr;
 pub mod registry;
+pub mod store;
 pub mod verdict;
 
 use std::net::SocketAddr;
@@ -37,8 +38,9 @@ pub struct Settings {
     pub service_id: String,
     /// Where its receiver listens (`127.0.0.1:0` picks a free port).
     pub listen: SocketAddr,
-    /// Its SQLite file (business rows, outbox and inbox).
-    pub db: PathBuf,
+    /// Its database (business rows, outbox and inbox): a SQLite file or a
+    /// PostgreSQL database.
+    pub db: rfidl_runtime::Database,
     /// The peer's id, base URL, and the secret this service signs with.
     pub peer_id: String,
     pub peer_url: String,
@@ -157,10 +159,10 @@ pub fn emp_service_versions() -> Vec<InterfaceRef> {
     ]
 }
 
-/// Counts rows with one query (the demo's numbers all come from the databases).
-pub fn count(db: &std::path::Path, sql: &str) -> anyhow::Result<i64> {
-    let conn = rusqlite::Connection::open(db)?;
-    Ok(conn.query_row(sql, [], |r| r.get(0))?)
+/// Counts rows with one query, the same SQL on both stores (the demo's
+/// numbers all come from the databases).
+pub fn count(db: &rfidl_runtime::Database, sql: &str) -> anyhow::Result<i64> {
+    store::count(db, sql)
 }
 
 /// What every demo service serves besides its contracts: the receiver's
@@ -177,23 +179,37 @@ impl Operations {
     /// receiver with `.metrics(outbox.metrics().clone())`).
     pub fn start(
         config: &Config,
-        db: &std::path::Path,
+        db: &rfidl_runtime::Database,
         outbox: &Outbox,
         receiver: &Receiver,
         ops_token: Option<&str>,
     ) -> anyhow::Result<Self> {
-        // `/_rf/readyz` checks the database, the receiver's writer thread
-        // and the dispatcher started on `outbox`.
-        let mut diagnostics = Diagnostics::builder(db).outbox(outbox).receiver(receiver);
-        if let Some(token) = ops_token {
-            diagnostics = diagnostics.bearer_token(token);
+        let (diagnostics, retention) = match db {
+            rfidl_runtime::Database::Postgres(url) => (
+                None,
+                Retention::spawn_postgres(config.clone(), url, outbox.metrics().clone())?,
+            ),
+            _ => {
+                let path = db
+                    .sqlite_path()
+                    .ok_or_else(|| anyhow::anyhow!("unsupported database {db}"))?;
+                (
+                    Some(Diagnostics::builder(path)),
+                    Retention::spawn(config.clone(), path, outbox.metrics().clone())?,
+                )
+            }
+        };
+        let mut router = receiver.router();
+        if let Some(diagnostics) = diagnostics {
+            // `/_rf/readyz` checks the database, the receiver's writer thread
+            // and the dispatcher started on `outbox`.
+            let mut diagnostics = diagnostics.outbox(outbox).receiver(receiver);
+            if let Some(token) = ops_token {
+                diagnostics = diagnostics.bearer_token(token);
+            }
+            router = router.merge(diagnostics.build()?.router());
         }
-        let diagnostics = diagnostics.build()?;
-        let retention = Retention::spawn(config.clone(), db, outbox.metrics().clone())?;
-        Ok(Self {
-            router: receiver.router().merge(diagnostics.router()),
-            retention,
-        })
+        Ok(Self { router, retention })
     }
 }
 
@@ -322,9 +338,12 @@ pub struct ServiceArgs {
     /// Address the receiver listens on.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
-    /// SQLite file for business rows, outbox and inbox.
-    #[arg(long)]
-    pub db: PathBuf,
+    /// The database for business rows, outbox and inbox: a SQLite file
+    /// (created if missing) or a PostgreSQL URL,
+    /// `postgres://user:password@host:port/database` (several replicas of a
+    /// service may share one).
+    #[arg(long, value_parser = parse_database)]
+    pub db: rfidl_runtime::Database,
     /// Base URL of the peer's receiver, e.g. http://127.0.0.1:7001.
     #[arg(long)]
     pub peer_url: String,
@@ -393,6 +412,11 @@ impl ServiceArgs {
             ops_token: self.ops_token.clone(),
         })
     }
+}
+
+/// `--db`: a file path or a `postgres://` URL.
+fn parse_database(text: &str) -> Result<rfidl_runtime::Database, String> {
+    rfidl_runtime::Database::parse(text).map_err(|error| error.to_string())
 }
 
 /// The secret given inline or in a file (trailing whitespace dropped).

@@ -51,8 +51,8 @@ fn complete_hire(hr: &Connection, engine: &Connection, n: u32) {
 fn each_kind_of_failure_moves_exactly_its_count() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (hr_db, engine_db) = (dir.path().join("hr.db"), dir.path().join("engine.db"));
-    let hr = open(&hr_db, hr::SCHEMA);
-    let engine = open(&engine_db, engine::SCHEMA);
+    let hr = open(&hr_db, hr::SCHEMA.sqlite);
+    let engine = open(&engine_db, engine::SCHEMA.sqlite);
     for n in 0..3 {
         complete_hire(&hr, &engine, n);
     }

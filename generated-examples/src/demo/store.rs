@@ -1,0 +1,396 @@
+//! The demo services on either store: everything that differs between
+//! SQLite and PostgreSQL is here (the business statements in each dialect,
+//! and which runtime constructors open the store); the services and their
+//! handlers are written once, generic over [`DemoStore`].
+//!
+//! A handler gets the transaction as `S::Handle` and passes it on twice (to
+//! its own statement, then to a generated client): `S::reborrow(&mut tx)`
+//! lends it for one call.
+
+use std::sync::Arc;
+
+use rfidl_runtime::dispatcher::{Dispatcher, DispatcherBuilder};
+use rfidl_runtime::metrics::Metrics;
+use rfidl_runtime::outbox::Outbox;
+use rfidl_runtime::receiver::{HandlerError, Receiver, ReceiverBuilder};
+use rfidl_runtime::rusqlite::params;
+use rfidl_runtime::{Config, Database, Postgres, Sqlite, Store};
+
+/// The receiver's writer threads on PostgreSQL (each with its connection).
+pub const POSTGRES_WRITERS: usize = 4;
+
+/// A store the demo services run on.
+pub trait DemoStore: Store + Sized {
+    /// HR's and the engine's tables, created if missing (`schema` picks
+    /// the service's statements of this dialect).
+    fn create_schema(database: &Database, schema: &Schema) -> anyhow::Result<()>;
+
+    /// A receiver on `database`.
+    fn receiver(config: Config, database: &Database) -> anyhow::Result<ReceiverBuilder<Self>>;
+
+    /// A dispatcher for `outbox`.
+    fn dispatcher(outbox: &Outbox) -> anyhow::Result<DispatcherBuilder<Self>>;
+
+    /// Runs `work` in a transaction of its own on `connection`, and
+    /// commits if it succeeded.
+    fn in_transaction<W: Work<Self>>(
+        connection: &mut Connection,
+        work: W,
+    ) -> anyhow::Result<W::Output>;
+
+    /// The engine: a workflow for a hire message.
+    fn insert_workflow(
+        tx: &mut Self::Handle<'_, '_>,
+        workflow_id: &str,
+        employee_id: &str,
+        version: u32,
+        message_id: &str,
+    ) -> Result<(), HandlerError>;
+
+    /// The engine: HR's laptop ticket arrived for an employee's workflow.
+    fn record_ticket(
+        tx: &mut Self::Handle<'_, '_>,
+        employee_id: &str,
+        ticket: &str,
+    ) -> Result<(), HandlerError>;
+
+    /// The engine: onboarding of an employee completed.
+    fn finish_workflow(
+        tx: &mut Self::Handle<'_, '_>,
+        employee_id: &str,
+    ) -> Result<(), HandlerError>;
+
+    /// HR: a laptop ticket for a command; its number, assigned by the database.
+    fn insert_ticket(
+        tx: &mut Self::Handle<'_, '_>,
+        employee_id: &str,
+        model: &str,
+        message_id: &str,
+    ) -> Result<i64, HandlerError>;
+
+    /// HR: an employee row.
+    fn insert_employee(
+        tx: &mut Self::Handle<'_, '_>,
+        id: &str,
+        name: &str,
+        hired_on: &str,
+    ) -> anyhow::Result<()>;
+}
+
+/// Work done in one transaction of the store `S` (outside handlers, which
+/// are given theirs), see [`DemoStore::in_transaction`].
+pub trait Work<S: Store> {
+    type Output;
+    fn run<'a, 'c: 'a>(self, tx: S::Handle<'a, 'c>) -> anyhow::Result<Self::Output>;
+}
+
+/// A service's tables in both dialects.
+#[derive(Debug, Clone, Copy)]
+pub struct Schema {
+    pub sqlite: &'static str,
+    pub postgres: &'static str,
+}
+
+/// An open connection of either store, for work outside handlers (hiring,
+/// counting).
+pub enum Connection {
+    Sqlite(rfidl_runtime::rusqlite::Connection),
+    Postgres(PgClient),
+}
+
+/// A PostgreSQL client that may be dropped anywhere: the client closes its
+/// session through a runtime of its own, which cannot start on an async
+/// executor's thread, so there it is closed on a thread of its own.
+pub struct PgClient(Option<rfidl_runtime::postgres::Client>);
+
+impl std::ops::Deref for PgClient {
+    type Target = rfidl_runtime::postgres::Client;
+    fn deref(&self) -> &Self::Target {
+        self.0.as_ref().expect("open until dropped")
+    }
+}
+
+impl std::ops::DerefMut for PgClient {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.0.as_mut().expect("open until dropped")
+    }
+}
+
+impl Drop for PgClient {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take()
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
+            let _ = std::thread::Builder::new()
+                .name("pg-close".into())
+                .spawn(move || drop(client));
+        }
+    }
+}
+
+impl Connection {
+    /// Opens (and migrates) `database`.
+    pub fn open(database: &Database) -> anyhow::Result<Self> {
+        Ok(match database {
+            Database::Sqlite(path) => Connection::Sqlite(rfidl_runtime::db::open(
+                path,
+                rfidl_runtime::Durability::Normal,
+            )?),
+            Database::Postgres(url) => {
+                Connection::Postgres(PgClient(Some(rfidl_runtime::pg::open(url)?)))
+            }
+            other => anyhow::bail!("unsupported database {other}"),
+        })
+    }
+
+    /// One number from `sql` (the same SQL on both stores).
+    pub fn count(&mut self, sql: &str) -> anyhow::Result<i64> {
+        Ok(match self {
+            Connection::Sqlite(conn) => conn.query_row(sql, [], |r| r.get(0))?,
+            Connection::Postgres(client) => client.query_one(sql, &[])?.get(0),
+        })
+    }
+}
+
+/// Opens `database`, runs `work` with the connection on a thread of its own
+/// (the PostgreSQL client may not run on an async executor), and closes it.
+pub fn with_connection<T: Send>(
+    database: &Database,
+    work: impl FnOnce(&mut Connection) -> anyhow::Result<T> + Send,
+) -> anyhow::Result<T> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let mut connection = Connection::open(database)?;
+                work(&mut connection)
+            })
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("database thread panicked")))
+    })
+}
+
+/// Counts rows with one query (the same SQL on both stores).
+pub fn count(database: &Database, sql: &str) -> anyhow::Result<i64> {
+    with_connection(database, |connection| connection.count(sql))
+}
+
+/// An outbox on `database` counting into `metrics`.
+pub fn outbox(config: Config, database: &Database) -> Outbox {
+    Outbox::with_database(config, database.clone(), Arc::new(Metrics::default()))
+}
+
+impl DemoStore for Sqlite {
+    fn create_schema(database: &Database, schema: &Schema) -> anyhow::Result<()> {
+        let sql = schema.sqlite;
+        with_connection(database, |connection| match connection {
+            Connection::Sqlite(conn) => Ok(conn.execute_batch(sql)?),
+            Connection::Postgres(_) => anyhow::bail!("not a SQLite database"),
+        })
+    }
+
+    fn receiver(config: Config, database: &Database) -> anyhow::Result<ReceiverBuilder<Self>> {
+        let path = database
+            .sqlite_path()
+            .ok_or_else(|| anyhow::anyhow!("{database} is not a SQLite file"))?;
+        Ok(Receiver::builder(config, path))
+    }
+
+    fn dispatcher(outbox: &Outbox) -> anyhow::Result<DispatcherBuilder<Self>> {
+        let path = outbox
+            .database()
+            .sqlite_path()
+            .ok_or_else(|| anyhow::anyhow!("the outbox is not in a SQLite file"))?;
+        Ok(Dispatcher::builder(outbox, path))
+    }
+
+    fn in_transaction<W: Work<Self>>(
+        connection: &mut Connection,
+        work: W,
+    ) -> anyhow::Result<W::Output> {
+        let Connection::Sqlite(conn) = connection else {
+            anyhow::bail!("not a SQLite connection");
+        };
+        let tx = conn.transaction()?;
+        let value = work.run(&tx)?;
+        tx.commit()?;
+        Ok(value)
+    }
+
+    fn insert_workflow(
+        tx: &mut Self::Handle<'_, '_>,
+        workflow_id: &str,
+        employee_id: &str,
+        version: u32,
+        message_id: &str,
+    ) -> Result<(), HandlerError> {
+        tx.execute(
+            "INSERT INTO workflows (id, employee_id, version, state, message_id) \
+             VALUES (?1, ?2, ?3, 'provisioning', ?4)",
+            params![workflow_id, employee_id, version, message_id],
+        )?;
+        Ok(())
+    }
+
+    fn record_ticket(
+        tx: &mut Self::Handle<'_, '_>,
+        employee_id: &str,
+        ticket: &str,
+    ) -> Result<(), HandlerError> {
+        tx.execute(
+            "UPDATE workflows SET laptop_ticket = ?2, \
+             state = CASE state WHEN 'provisioning' THEN 'laptop ordered' ELSE state END \
+             WHERE employee_id = ?1",
+            params![employee_id, ticket],
+        )?;
+        Ok(())
+    }
+
+    fn finish_workflow(
+        tx: &mut Self::Handle<'_, '_>,
+        employee_id: &str,
+    ) -> Result<(), HandlerError> {
+        tx.execute(
+            "UPDATE workflows SET state = 'done' WHERE employee_id = ?1",
+            [employee_id],
+        )?;
+        Ok(())
+    }
+
+    fn insert_ticket(
+        tx: &mut Self::Handle<'_, '_>,
+        employee_id: &str,
+        model: &str,
+        message_id: &str,
+    ) -> Result<i64, HandlerError> {
+        Ok(tx.query_row(
+            "INSERT INTO laptop_tickets (employee_id, model, message_id) VALUES (?1, ?2, ?3) \
+             RETURNING number",
+            params![employee_id, model, message_id],
+            |row| row.get(0),
+        )?)
+    }
+
+    fn insert_employee(
+        tx: &mut Self::Handle<'_, '_>,
+        id: &str,
+        name: &str,
+        hired_on: &str,
+    ) -> anyhow::Result<()> {
+        tx.execute(
+            "INSERT INTO employees (id, name, hired_on) VALUES (?1, ?2, ?3)",
+            params![id, name, hired_on],
+        )?;
+        Ok(())
+    }
+}
+
+impl DemoStore for Postgres {
+    fn create_schema(database: &Database, schema: &Schema) -> anyhow::Result<()> {
+        let sql = schema.postgres;
+        with_connection(database, |connection| match connection {
+            Connection::Postgres(client) => {
+                // Replicas starting together: one creates, the others wait.
+                let mut tx = client.transaction()?;
+                tx.execute("SELECT pg_advisory_xact_lock(7365)", &[])?;
+                tx.batch_execute(sql)?;
+                Ok(tx.commit()?)
+            }
+            Connection::Sqlite(_) => anyhow::bail!("not a PostgreSQL database"),
+        })
+    }
+
+    fn receiver(config: Config, database: &Database) -> anyhow::Result<ReceiverBuilder<Self>> {
+        let Database::Postgres(url) = database else {
+            anyhow::bail!("{database} is not a PostgreSQL database");
+        };
+        Ok(Receiver::postgres(config, url, POSTGRES_WRITERS))
+    }
+
+    fn dispatcher(outbox: &Outbox) -> anyhow::Result<DispatcherBuilder<Self>> {
+        let Database::Postgres(url) = outbox.database() else {
+            anyhow::bail!("the outbox is not in a PostgreSQL database");
+        };
+        Ok(Dispatcher::postgres(outbox, url))
+    }
+
+    fn in_transaction<W: Work<Self>>(
+        connection: &mut Connection,
+        work: W,
+    ) -> anyhow::Result<W::Output> {
+        let Connection::Postgres(client) = connection else {
+            anyhow::bail!("not a PostgreSQL connection");
+        };
+        let mut tx = client.transaction()?;
+        let value = work.run(&mut tx)?;
+        tx.commit()?;
+        Ok(value)
+    }
+
+    fn insert_workflow(
+        tx: &mut Self::Handle<'_, '_>,
+        workflow_id: &str,
+        employee_id: &str,
+        version: u32,
+        message_id: &str,
+    ) -> Result<(), HandlerError> {
+        tx.execute(
+            "INSERT INTO workflows (id, employee_id, version, state, message_id) \
+             VALUES ($1, $2, $3, 'provisioning', $4)",
+            &[&workflow_id, &employee_id, &i64::from(version), &message_id],
+        )?;
+        Ok(())
+    }
+
+    fn record_ticket(
+        tx: &mut Self::Handle<'_, '_>,
+        employee_id: &str,
+        ticket: &str,
+    ) -> Result<(), HandlerError> {
+        tx.execute(
+            "UPDATE workflows SET laptop_ticket = $2, \
+             state = CASE state WHEN 'provisioning' THEN 'laptop ordered' ELSE state END \
+             WHERE employee_id = $1",
+            &[&employee_id, &ticket],
+        )?;
+        Ok(())
+    }
+
+    fn finish_workflow(
+        tx: &mut Self::Handle<'_, '_>,
+        employee_id: &str,
+    ) -> Result<(), HandlerError> {
+        tx.execute(
+            "UPDATE workflows SET state = 'done' WHERE employee_id = $1",
+            &[&employee_id],
+        )?;
+        Ok(())
+    }
+
+    fn insert_ticket(
+        tx: &mut Self::Handle<'_, '_>,
+        employee_id: &str,
+        model: &str,
+        message_id: &str,
+    ) -> Result<i64, HandlerError> {
+        Ok(tx
+            .query_one(
+                "INSERT INTO laptop_tickets (employee_id, model, message_id) VALUES ($1, $2, $3) \
+                 RETURNING number",
+                &[&employee_id, &model, &message_id],
+            )?
+            .get(0))
+    }
+
+    fn insert_employee(
+        tx: &mut Self::Handle<'_, '_>,
+        id: &str,
+        name: &str,
+        hired_on: &str,
+    ) -> anyhow::Result<()> {
+        tx.execute(
+            "INSERT INTO employees (id, name, hired_on) VALUES ($1, $2, $3)",
+            &[&id, &name, &hired_on],
+        )?;
+        Ok(())
+    }
+}
