@@ -150,28 +150,60 @@ impl Retention {
         for warning in retention_warnings(config.inbox.retention, config.outbox.ttl) {
             tracing::warn!("{warning}");
         }
-        let conn = Arc::new(Mutex::new(db::open(db_path, config.outbox.durability)?));
+        let conn = db::open(db_path, config.outbox.durability)?;
+        let pass_config = config.clone();
+        Ok(Self::start(
+            config,
+            Box::new(move |now| cleanup(&conn, &pass_config, now).map_err(|e| e.to_string())),
+            metrics,
+        ))
+    }
+
+    /// The same on a PostgreSQL database (migrated if needed). Replicas may
+    /// each run one: the passes delete in small batches and skip rows
+    /// another pass has locked.
+    #[cfg(feature = "postgres")]
+    pub fn spawn_postgres(
+        config: Config,
+        url: &crate::pg::PostgresUrl,
+        metrics: Arc<Metrics>,
+    ) -> Result<RetentionHandle, DbError> {
+        for warning in retention_warnings(config.inbox.retention, config.outbox.ttl) {
+            tracing::warn!("{warning}");
+        }
+        let client = crate::pg::open(url)?;
+        let mut conn = crate::pg::Connection::new(url.clone(), client);
+        let pass_config = config.clone();
+        Ok(Self::start(
+            config,
+            Box::new(move |now| crate::pg::cleanup(&mut conn, &pass_config, now)),
+            metrics,
+        ))
+    }
+
+    fn start(config: Config, pass: Pass, metrics: Arc<Metrics>) -> RetentionHandle {
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(run(config, conn, metrics, cancel.clone()));
-        Ok(RetentionHandle { cancel, task })
+        let task = tokio::spawn(run(config, Arc::new(Mutex::new(pass)), metrics, cancel.clone()));
+        RetentionHandle { cancel, task }
     }
 }
 
+/// One clean-up pass at a time (milliseconds now), on the store's connection.
+type Pass = Box<dyn FnMut(i64) -> Result<CleanupReport, String> + Send>;
+
 async fn run(
     config: Config,
-    conn: Arc<Mutex<Connection>>,
+    pass: Arc<Mutex<Pass>>,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) {
     let interval = config.cleanup_interval.max(Duration::from_millis(10));
-    let config = Arc::new(config);
     loop {
         let pass = {
-            let conn = Arc::clone(&conn);
-            let config = Arc::clone(&config);
+            let pass = Arc::clone(&pass);
             tokio::task::spawn_blocking(move || {
-                let conn = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                cleanup(&conn, &config, db::now_ms())
+                let mut pass = pass.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                pass(db::now_ms())
             })
         };
         match pass.await {

@@ -45,6 +45,12 @@ pub trait Store: sealed::Sealed + Send + Sync + 'static {
     /// The store's name, as shown in diagnostics (`sqlite`, `postgres`).
     const NAME: &'static str;
 
+    /// A shorter-lived copy of `handle`, so code generic over the store can
+    /// pass its transaction on more than once (to a client, then to its own
+    /// statements): `S::reborrow(&mut tx)`. (With a concrete store the
+    /// compiler reborrows by itself.)
+    fn reborrow<'s, 'a: 's, 'c: 'a>(handle: &'s mut Self::Handle<'a, 'c>) -> Self::Handle<'s, 'c>;
+
     /// Writes `message` to the outbox in the transaction behind `handle`.
     /// Generated clients call this; application code calls the client.
     #[doc(hidden)]
@@ -62,6 +68,10 @@ pub enum Sqlite {}
 impl Store for Sqlite {
     type Handle<'a, 'c: 'a> = &'a rusqlite::Transaction<'c>;
     const NAME: &'static str = "sqlite";
+
+    fn reborrow<'s, 'a: 's, 'c: 'a>(handle: &'s mut Self::Handle<'a, 'c>) -> Self::Handle<'s, 'c> {
+        handle
+    }
 
     fn enqueue(
         outbox: &crate::outbox::Outbox,
@@ -81,6 +91,10 @@ pub enum Postgres {}
 impl Store for Postgres {
     type Handle<'a, 'c: 'a> = &'a mut postgres::Transaction<'c>;
     const NAME: &'static str = "postgres";
+
+    fn reborrow<'s, 'a: 's, 'c: 'a>(handle: &'s mut Self::Handle<'a, 'c>) -> Self::Handle<'s, 'c> {
+        handle
+    }
 
     fn enqueue(
         outbox: &crate::outbox::Outbox,

@@ -153,21 +153,25 @@ impl PostgresWriter {
     fn run(mut self) {
         let mut stopped: Vec<oneshot::Sender<()>> = Vec::new();
         loop {
+            // Waits for work holding the lock (the other writers wait for
+            // the lock); a Stop closes the queue under that same lock, so
+            // no writer sleeps on a queue that will never be closed.
             let command = match self.commands.lock() {
-                Ok(mut commands) => commands.blocking_recv(),
+                Ok(mut commands) => {
+                    let command = commands.blocking_recv();
+                    if matches!(command, Some(Command::Stop { .. })) {
+                        // Refuse new work; what is queued is still processed
+                        // by whichever writer takes it.
+                        commands.close();
+                    }
+                    command
+                }
                 Err(_) => None,
             };
             match command {
                 None => break,
                 Some(Command::Deliver(job)) => self.commit_job(job),
-                Some(Command::Stop { done }) => {
-                    // Refuse new work; what is queued is still processed
-                    // by whichever writer takes it.
-                    if let Ok(mut commands) = self.commands.lock() {
-                        commands.close();
-                    }
-                    stopped.push(done);
-                }
+                Some(Command::Stop { done }) => stopped.push(done),
             }
         }
         drop(self.conn);

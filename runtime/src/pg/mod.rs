@@ -88,6 +88,12 @@ impl PostgresUrl {
         })
     }
 
+    /// The URL as given, password included: pass it on, never log it (the
+    /// `Display` form hides the password).
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
     /// `host:port/database`, for error messages.
     pub fn target(&self) -> String {
         let hosts: Vec<String> = self
@@ -397,4 +403,54 @@ pub(crate) fn write_group(
         Ok(()) => ids.into_iter().map(Ok).collect(),
         Err(error) => fail(error_text(&error)),
     }
+}
+
+/// One retention pass on PostgreSQL: the statements of
+/// [`crate::retention::cleanup`], each batch committing on its own and
+/// skipping rows another pass (replica) holds.
+pub(crate) fn cleanup(
+    conn: &mut Connection,
+    config: &Config,
+    now_ms: i64,
+) -> Result<crate::retention::CleanupReport, String> {
+    let batch = i64::from(crate::retention::CLEANUP_BATCH);
+    let client = conn.client()?;
+    let mut repeat = |sql: &str, at: i64| -> Result<usize, String> {
+        let mut total = 0;
+        loop {
+            let done = client
+                .execute_typed(sql, &[(&at, Type::INT8), (&batch, Type::INT8)])
+                .map_err(|e| error_text(&e))? as usize;
+            total += done;
+            if done < batch as usize {
+                return Ok(total);
+            }
+        }
+    };
+    let sent_before = now_ms.saturating_sub(config.outbox.sent_retention.as_millis() as i64);
+    let sent_deleted = repeat(
+        "DELETE FROM outbox_messages WHERE message_id IN \
+         (SELECT message_id FROM outbox_messages \
+          WHERE status = 'Sent' AND sent_at < $1 ORDER BY sent_at LIMIT $2 \
+          FOR UPDATE SKIP LOCKED)",
+        sent_before,
+    )?;
+    let expired = repeat(
+        "UPDATE outbox_messages SET status = 'Expired', last_error = 'time to live exceeded' \
+         WHERE message_id IN (SELECT message_id FROM outbox_messages \
+          WHERE status IN ('Pending', 'Sending') AND status = 'Pending' \
+          AND expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        now_ms,
+    )?;
+    let inbox_deleted = repeat(
+        "DELETE FROM inbox_messages WHERE (source_service_id, message_id) IN \
+         (SELECT source_service_id, message_id FROM inbox_messages \
+          WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        now_ms,
+    )?;
+    Ok(crate::retention::CleanupReport {
+        sent_deleted,
+        expired,
+        inbox_deleted,
+    })
 }

@@ -14,6 +14,9 @@ mod prometheus;
 mod receiver;
 mod responses;
 mod support;
+// The same bodies on SQLite and PostgreSQL.
+mod store_delivery;
+mod stores;
 mod tls;
 // Receiver side (rt2): exactly-once, the wire's order of checks, batches.
 mod exactly_once;

@@ -79,6 +79,45 @@ impl HostedService for LedgerService {
     }
 }
 
+/// The same ledger on PostgreSQL: the same statements in its dialect.
+impl HostedService<rfidl_runtime::Postgres> for LedgerService {
+    fn interfaces(&self) -> &[HostedInterface] {
+        HOSTED
+    }
+
+    fn handle(
+        &self,
+        call: &IncomingCall<'_>,
+        tx: &mut ::postgres::Transaction<'_>,
+    ) -> Result<serde_json::Value, HandlerError> {
+        let this = &self.0;
+        this.calls.fetch_add(1, Ordering::SeqCst);
+        match call.endpoint {
+            "Credit" => {
+                let credit: Credit = decode_payload(call.payload)?;
+                tx.execute(
+                    "INSERT INTO ledger (message_id, account, amount) VALUES ($1, $2, $3)",
+                    &[&call.message_id, &credit.account.as_str(), &credit.amount],
+                )?;
+                if this.fail_next.load(Ordering::SeqCst) > 0 {
+                    this.fail_next.fetch_sub(1, Ordering::SeqCst);
+                    return Err(HandlerError::retryable("the bank is down"));
+                }
+                let balance: i64 = tx
+                    .query_one(
+                        "SELECT COALESCE(SUM(amount), 0)::BIGINT FROM ledger WHERE account = $1",
+                        &[&credit.account],
+                    )?
+                    .get(0);
+                Ok(serde_json::json!({ "balance": balance }))
+            }
+            "Poison" => Err(HandlerError::poison("never valid")),
+            "Panic" => panic!("handler bug"),
+            other => Err(HandlerError::unknown_endpoint(other)),
+        }
+    }
+}
+
 /// A receiver with its inbox (and the ledger table) in `dir/receiver.db`.
 pub struct TestReceiver {
     pub url: String,

@@ -1,0 +1,381 @@
+//! Delivery, exactly-once, leases and failures with the same test bodies on
+//! every store (SQLite and PostgreSQL): real databases, real HTTP on
+//! loopback. See `stores.rs` for the harness.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rfidl_runtime::outbox::Status;
+use rfidl_runtime::signing::Secret;
+use rfidl_runtime::transport::HttpTransport;
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::dispatcher::{message, sender_config};
+use crate::stores::{TestStore, on_every_store};
+use crate::support::{self, serve};
+
+on_every_store!(
+    enqueue_commits_and_rolls_back_with_the_callers_transaction,
+    enqueue_follows_the_transaction
+);
+async fn enqueue_follows_the_transaction(store: &TestStore) {
+    let outbox = store.outbox(sender_config(Duration::from_secs(60)));
+    let kept = store.enqueue_then(&outbox, message("peer", "S200", json!({})), true);
+    store.enqueue_then(&outbox, message("peer", "S200", json!({})), false);
+    assert_eq!(store.count("SELECT COUNT(*) FROM outbox_messages"), 1);
+    let row = store.row(&kept);
+    assert_eq!(row.status, Status::Pending);
+    assert_eq!(row.max_retries, 2);
+    // `send` commits a transaction of its own.
+    let sent = outbox
+        .send(message("peer", "S200", json!({})))
+        .await
+        .expect("send");
+    assert_eq!(store.row(&sent).status, Status::Pending);
+    assert_eq!(store.count("SELECT COUNT(*) FROM outbox_messages"), 2);
+}
+
+on_every_store!(
+    sender_to_receiver_over_http_processes_each_message_once,
+    end_to_end
+);
+async fn end_to_end(store: &TestStore) {
+    let receiver_store = match store {
+        TestStore::Sqlite { .. } => TestStore::sqlite(),
+        TestStore::Postgres { .. } => TestStore::postgres().expect("a second database"),
+    };
+    let sender_secret = Secret::generate();
+    let receiver = receiver_store
+        .start_receiver(support::receiver_config(&[&sender_secret]))
+        .await;
+    let outbox = store.outbox(sender_config(Duration::from_millis(50)));
+    let handle = store
+        .dispatcher(&outbox)
+        .route(
+            "ledger",
+            HttpTransport::new(&receiver.url, Duration::from_secs(2)).expect("client"),
+            sender_secret,
+        )
+        .start()
+        .expect("dispatcher");
+    let ids: Vec<Uuid> = (0..20)
+        .map(|i| {
+            store.enqueue(
+                &outbox,
+                message("ledger", "Credit", json!({"account": "e2e", "amount": i})),
+            )
+        })
+        .collect();
+    for id in &ids {
+        store.wait_for(id, Status::Sent).await;
+    }
+    assert_eq!(receiver_store.count("SELECT COUNT(*) FROM ledger"), 20);
+    assert_eq!(
+        receiver_store.count("SELECT CAST(SUM(amount) AS BIGINT) FROM ledger"),
+        (0..20).sum::<i64>()
+    );
+    // Every answer came back into the sender's outbox; the one processed
+    // last saw the whole balance.
+    let balances: Vec<i64> = ids
+        .iter()
+        .map(|id| {
+            store
+                .row(id)
+                .response
+                .and_then(|r| r["balance"].as_i64())
+                .expect("a balance in every response")
+        })
+        .collect();
+    assert_eq!(balances.iter().max(), Some(&(0..20).sum::<i64>()));
+    // Lost acknowledgements: every row is sent again; the receiver answers
+    // duplicate and nothing is processed twice.
+    store.execute("UPDATE outbox_messages SET status = 'Pending', next_retry_at = 0");
+    for id in &ids {
+        store.wait_for(id, Status::Sent).await;
+    }
+    assert_eq!(
+        receiver_store.count("SELECT COUNT(*) FROM ledger"),
+        20,
+        "re-sent messages had no second effect"
+    );
+    assert_eq!(receiver.receiver.metrics().inbox_duplicates.get(), 20);
+    handle.shutdown().await;
+    receiver.receiver.shutdown().await;
+}
+
+on_every_store!(
+    a_crashed_dispatchers_lease_expires_and_its_stale_update_is_refused,
+    lease_recovery
+);
+async fn lease_recovery(store: &TestStore) {
+    let (url, deliveries) = counting_server().await;
+    let outbox = store.outbox(sender_config(Duration::from_millis(20)));
+    let id = store.enqueue(&outbox, message("peer", "S200", json!({})));
+    // A dispatcher claimed the row and died: Sending, lease already expired.
+    store.execute(&format!(
+        "UPDATE outbox_messages SET status = 'Sending', lease_token = 'crashed', next_retry_at = {}",
+        rfidl_runtime::db::now_ms() - 1
+    ));
+    let handle = store
+        .dispatcher(&outbox)
+        .route(
+            "peer",
+            HttpTransport::new(&url, Duration::from_millis(500)).expect("client"),
+            Secret::generate(),
+        )
+        .start()
+        .expect("dispatcher");
+    store.wait_for(&id, Status::Sent).await;
+    assert_eq!(deliveries.of(&id), 1, "re-sent once");
+    // The crashed dispatcher wakes up and records its old attempt: fenced out.
+    store.execute(&format!(
+        "UPDATE outbox_messages SET status = 'Failed' WHERE message_id = '{id}' \
+         AND lease_token = 'crashed' AND status = 'Sending'"
+    ));
+    assert_eq!(store.row(&id).status, Status::Sent);
+    handle.shutdown().await;
+}
+
+on_every_store!(
+    three_dispatchers_on_one_database_never_send_a_message_twice,
+    competing_dispatchers
+);
+async fn competing_dispatchers(store: &TestStore) {
+    let (url, deliveries) = counting_server().await;
+    let outbox = store.outbox(sender_config(Duration::from_millis(5)));
+    let ids: Vec<Uuid> = (0..300)
+        .map(|_| store.enqueue(&outbox, message("peer", "S200", json!({}))))
+        .collect();
+    let start = || {
+        store
+            .dispatcher(&outbox)
+            .route(
+                "peer",
+                HttpTransport::new(&url, Duration::from_secs(2)).expect("client"),
+                Secret::generate(),
+            )
+            .start()
+            .expect("dispatcher")
+    };
+    let dispatchers = [start(), start(), start()];
+    for id in &ids {
+        store.wait_for(id, Status::Sent).await;
+    }
+    assert_eq!(deliveries.distinct(), 300);
+    assert_eq!(deliveries.total(), 300, "a message was sent twice");
+    for handle in dispatchers {
+        handle.shutdown().await;
+    }
+}
+
+on_every_store!(
+    a_failed_handler_rolls_back_and_the_retry_commits_once,
+    handler_failure
+);
+async fn handler_failure(store: &TestStore) {
+    let receiver_store = match store {
+        TestStore::Sqlite { .. } => TestStore::sqlite(),
+        TestStore::Postgres { .. } => TestStore::postgres().expect("a second database"),
+    };
+    let sender_secret = Secret::generate();
+    let receiver = receiver_store
+        .start_receiver(support::receiver_config(&[&sender_secret]))
+        .await;
+    // The first two attempts write their row, then fail: rolled back.
+    receiver
+        .ledger
+        .fail_next
+        .store(2, std::sync::atomic::Ordering::SeqCst);
+    let outbox = store.outbox(sender_config(Duration::from_millis(20)));
+    let handle = store
+        .dispatcher(&outbox)
+        .route(
+            "ledger",
+            HttpTransport::new(&receiver.url, Duration::from_secs(2)).expect("client"),
+            sender_secret,
+        )
+        .start()
+        .expect("dispatcher");
+    let id = store.enqueue(
+        &outbox,
+        message("ledger", "Credit", json!({"account": "a", "amount": 5})),
+    );
+    let row = store.wait_for(&id, Status::Sent).await;
+    assert_eq!(row.retry_count, 2);
+    assert_eq!(
+        receiver
+            .ledger
+            .calls
+            .load(std::sync::atomic::Ordering::SeqCst),
+        3
+    );
+    assert_eq!(receiver_store.count("SELECT COUNT(*) FROM ledger"), 1);
+    // A poisoned message is dead-lettered, its effects rolled back.
+    let poison = store.enqueue(&outbox, message("ledger", "Poison", json!({})));
+    store.wait_for(&poison, Status::DeadLetter).await;
+    assert_eq!(
+        receiver_store.count("SELECT COUNT(*) FROM inbox_messages"),
+        1
+    );
+    handle.shutdown().await;
+    receiver.receiver.shutdown().await;
+}
+
+on_every_store!(
+    copies_of_one_message_on_two_receivers_of_one_database_run_the_handler_once,
+    two_replicas
+);
+async fn two_replicas(store: &TestStore) {
+    let secret = Secret::generate();
+    let config = support::receiver_config(&[&secret]);
+    let ledgers = [
+        Arc::new(support::Ledger::default()),
+        Arc::new(support::Ledger::default()),
+    ];
+    let mut urls = Vec::new();
+    let mut receivers = Vec::new();
+    for ledger in &ledgers {
+        let receiver = store
+            .receiver(config.clone(), ledger.clone())
+            .expect("receiver");
+        let (url, _server) = serve(receiver.router()).await;
+        urls.push(url);
+        receivers.push(receiver);
+    }
+    let client = reqwest::Client::new();
+    for round in 0..10 {
+        let id = Uuid::now_v7().to_string();
+        let body = serde_json::to_vec(&support::envelope(
+            &id,
+            "Credit",
+            json!({"account": "r", "amount": round}),
+        ))
+        .expect("json");
+        // Eight copies at once, four to each replica.
+        let copies = (0..8).map(|i| {
+            let (client, url, body, id, secret) = (
+                client.clone(),
+                urls[i % 2].clone(),
+                body.clone(),
+                id.clone(),
+                secret.clone(),
+            );
+            tokio::spawn(async move {
+                support::post_signed(&client, &url, &body, &id, &secret, now_secs()).await
+            })
+        });
+        let answers = futures_join(copies.collect()).await;
+        let fresh = answers
+            .iter()
+            .filter(|(status, body)| *status == 200 && body["duplicate"] == json!(false))
+            .count();
+        assert_eq!(fresh, 1, "{} round {round}: {answers:?}", store.name());
+        for (status, body) in &answers {
+            assert!(
+                *status == 200 || (*status == 503 && body["error"] == "in_progress"),
+                "{status} {body}"
+            );
+        }
+    }
+    assert_eq!(store.count("SELECT COUNT(*) FROM ledger"), 10);
+    assert_eq!(store.count("SELECT COUNT(*) FROM inbox_messages"), 10);
+    for receiver in receivers {
+        receiver.shutdown().await;
+    }
+}
+
+fn now_secs() -> i64 {
+    rfidl_runtime::signing::unix_now()
+}
+
+async fn futures_join<T: Send + 'static>(handles: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::with_capacity(handles.len());
+    for handle in handles {
+        out.push(handle.await.expect("join"));
+    }
+    out
+}
+
+/// A receiver stand-in that acknowledges everything and counts deliveries
+/// per message id.
+#[derive(Clone, Default)]
+struct Deliveries(Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>>);
+
+impl Deliveries {
+    fn of(&self, id: &Uuid) -> u32 {
+        self.0
+            .lock()
+            .expect("lock")
+            .get(&id.to_string())
+            .copied()
+            .unwrap_or(0)
+    }
+    fn distinct(&self) -> usize {
+        self.0.lock().expect("lock").len()
+    }
+    fn total(&self) -> u32 {
+        self.0.lock().expect("lock").values().sum()
+    }
+}
+
+async fn counting_server() -> (String, Deliveries) {
+    let deliveries = Deliveries::default();
+    let state = deliveries.clone();
+    let router = axum::Router::new().route(
+        "/_rf/receive",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let state = state.clone();
+            async move {
+                let envelope: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                let id = envelope["messageId"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                *state.0.lock().expect("lock").entry(id).or_default() += 1;
+                axum::Json(json!({"acknowledged": true, "duplicate": false, "payload": null}))
+            }
+        }),
+    );
+    let (url, _server) = serve(router).await;
+    (url, deliveries)
+}
+
+/// Start-up errors on PostgreSQL name the server and the cause, and a
+/// database written by a newer version is refused, untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_start_up_errors_name_the_host_and_the_cause() {
+    use rfidl_runtime::pg::PostgresUrl;
+    // Nothing listens on port 9 of loopback.
+    let url = PostgresUrl::parse("postgres://app:s3cret@127.0.0.1:9/orders?connect_timeout=2")
+        .expect("parses");
+    let error = rfidl_runtime::receiver::Receiver::postgres(
+        support::receiver_config(&[&Secret::generate()]),
+        &url,
+        1,
+    )
+    .service(support::LedgerService(Arc::default()))
+    .build()
+    .expect_err("no server");
+    let text = error.to_string();
+    assert!(text.contains("127.0.0.1:9/orders"), "{text}");
+    assert!(text.to_lowercase().contains("refused"), "{text}");
+    assert!(!text.contains("s3cret"), "{text}");
+    let bad = rfidl_runtime::Database::parse("postgres://app@db:notaport/x").expect_err("bad port");
+    assert!(bad.to_string().contains("invalid PostgreSQL URL"), "{bad}");
+
+    let Some(store) = TestStore::postgres() else {
+        return;
+    };
+    store.execute("UPDATE rfidl_schema SET version = 99");
+    let TestStore::Postgres { url, .. } = &store else {
+        unreachable!()
+    };
+    let outbox = store.outbox(sender_config(Duration::from_secs(60)));
+    let error = match rfidl_runtime::dispatcher::Dispatcher::postgres(&outbox, url).start() {
+        Err(error) => error.to_string(),
+        Ok(_) => panic!("started on a newer database"),
+    };
+    assert!(error.contains("schema version 99"), "{error}");
+    assert_eq!(store.count("SELECT version FROM rfidl_schema"), 99);
+}

@@ -1,0 +1,338 @@
+//! One test body, every store: [`TestStore`] is a SQLite file in a temp dir
+//! or a fresh database on the tests' PostgreSQL server, and
+//! [`on_every_store!`] turns one `async fn body(store: &TestStore)` into a
+//! `sqlite` and a `postgres` test. The statements the helpers run are the
+//! same SQL on both (the schemas match), so a body never branches on the
+//! store.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rfidl_runtime::dispatcher::{Dispatcher, DispatcherBuilder, DispatcherError, DispatcherHandle};
+use rfidl_runtime::metrics::Metrics;
+use rfidl_runtime::outbox::{Outbox, OutboxRow, OutgoingMessage, Status};
+use rfidl_runtime::pg::PostgresUrl;
+use rfidl_runtime::receiver::{Receiver, ReceiverBuilder, ReceiverError};
+use rfidl_runtime::signing::Secret;
+use rfidl_runtime::transport::Transport;
+use rfidl_runtime::{Config, Database, Postgres, Sqlite};
+use uuid::Uuid;
+
+use crate::support::postgres::TestDatabase;
+use crate::support::{self, LedgerService};
+
+/// Runs `$body` (an `async fn(&TestStore)` item named `body` inside) once
+/// per store: `NAME::sqlite` and `NAME::postgres`.
+macro_rules! on_every_store {
+    ($name:ident, $body:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                let store = $crate::stores::TestStore::sqlite();
+                super::$body(&store).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                let Some(store) = $crate::stores::TestStore::postgres() else {
+                    return;
+                };
+                super::$body(&store).await;
+            }
+        }
+    };
+}
+pub(crate) use on_every_store;
+
+/// Where a test keeps its outbox, inbox and ledger.
+#[allow(clippy::large_enum_variant)] // one per test
+pub enum TestStore {
+    Sqlite {
+        _dir: tempfile::TempDir,
+        path: PathBuf,
+    },
+    Postgres {
+        url: PostgresUrl,
+        /// Dropped last: the database goes with the test.
+        _db: TestDatabase,
+    },
+}
+
+impl TestStore {
+    pub fn sqlite() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("service.db");
+        let store = TestStore::Sqlite { _dir: dir, path };
+        store.create_ledger_table();
+        store
+    }
+
+    /// `None` (the test is skipped, loudly) without a PostgreSQL server.
+    pub fn postgres() -> Option<Self> {
+        let db = crate::support::postgres::database()?;
+        let url = PostgresUrl::parse(db.url()).expect("test database URL");
+        let store = TestStore::Postgres { url, _db: db };
+        store.create_ledger_table();
+        Some(store)
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            TestStore::Sqlite { .. } => "sqlite",
+            TestStore::Postgres { .. } => "postgres",
+        }
+    }
+
+    pub fn database(&self) -> Database {
+        match self {
+            TestStore::Sqlite { path, .. } => Database::Sqlite(path.clone()),
+            TestStore::Postgres { url, .. } => Database::parse(&url_text(url)).expect("database"),
+        }
+    }
+
+    pub fn outbox(&self, config: Config) -> Outbox {
+        Outbox::with_database(config, self.database(), Arc::new(Metrics::default()))
+    }
+
+    /// Runs `sql` (the same on both stores) on a connection of its own.
+    pub fn execute(&self, sql: &str) {
+        match self {
+            TestStore::Sqlite { path, .. } => {
+                let conn =
+                    rfidl_runtime::db::open(path, rfidl_runtime::Durability::Normal).expect("open");
+                conn.execute_batch(sql).expect("sql");
+            }
+            TestStore::Postgres { .. } => {
+                let sql = sql.to_owned();
+                self.with_pg(move |client| client.batch_execute(&sql).expect("sql"));
+            }
+        }
+    }
+
+    fn create_ledger_table(&self) {
+        self.execute(
+            "CREATE TABLE IF NOT EXISTS ledger (message_id TEXT NOT NULL, account TEXT NOT NULL, \
+             amount BIGINT NOT NULL)",
+        );
+        // The outbox and inbox tables too, so counting works before any
+        // part of the runtime opened the database.
+        match self {
+            TestStore::Sqlite { path, .. } => {
+                rfidl_runtime::db::open(path, rfidl_runtime::Durability::Normal).expect("migrate");
+            }
+            TestStore::Postgres { url, .. } => {
+                let url = url.clone();
+                std::thread::spawn(move || rfidl_runtime::pg::open(&url).map(drop))
+                    .join()
+                    .expect("join")
+                    .expect("migrate");
+            }
+        }
+    }
+
+    /// Runs `work` with a fresh PostgreSQL session, off the async executor.
+    fn with_pg<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut postgres::Client) -> T + Send + 'static,
+    ) -> T {
+        let TestStore::Postgres { url, .. } = self else {
+            unreachable!("a PostgreSQL helper on SQLite")
+        };
+        let url = url.clone();
+        std::thread::spawn(move || {
+            let mut client = url.connect().expect("connect");
+            work(&mut client)
+        })
+        .join()
+        .expect("PostgreSQL helper thread")
+    }
+
+    /// A single number (`SELECT count(*) …`), the same SQL on both stores.
+    pub fn count(&self, sql: &str) -> i64 {
+        match self {
+            TestStore::Sqlite { path, .. } => {
+                let conn = rusqlite::Connection::open(path).expect("open");
+                conn.query_row(sql, [], |r| r.get(0)).expect("count")
+            }
+            TestStore::Postgres { .. } => {
+                let sql = sql.to_owned();
+                self.with_pg(move |client| client.query_one(&sql, &[]).expect("count").get(0))
+            }
+        }
+    }
+
+    /// Enqueues `message` in a transaction of the store's own kind, then
+    /// commits (`commit = true`) or rolls back.
+    pub fn enqueue_then(&self, outbox: &Outbox, message: OutgoingMessage, commit: bool) -> Uuid {
+        match self {
+            TestStore::Sqlite { path, .. } => {
+                let mut conn =
+                    rfidl_runtime::db::open(path, rfidl_runtime::Durability::Normal).expect("open");
+                let tx = conn.transaction().expect("tx");
+                let id = outbox.enqueue(&tx, message).expect("enqueue");
+                if commit {
+                    tx.commit().expect("commit");
+                }
+                id
+            }
+            TestStore::Postgres { .. } => {
+                let outbox = outbox.clone();
+                self.with_pg(move |client| {
+                    let mut tx = client.transaction().expect("tx");
+                    let id = outbox.enqueue_postgres(&mut tx, message).expect("enqueue");
+                    if commit {
+                        tx.commit().expect("commit");
+                    }
+                    id
+                })
+            }
+        }
+    }
+
+    /// Enqueues `message` and commits.
+    pub fn enqueue(&self, outbox: &Outbox, message: OutgoingMessage) -> Uuid {
+        self.enqueue_then(outbox, message, true)
+    }
+
+    /// The outbox row of `id`.
+    pub fn row(&self, id: &Uuid) -> OutboxRow {
+        match self {
+            TestStore::Sqlite { path, .. } => {
+                let conn = rusqlite::Connection::open(path).expect("open");
+                rfidl_runtime::outbox::row(&conn, id)
+                    .expect("query")
+                    .expect("row exists")
+            }
+            TestStore::Postgres { .. } => {
+                let id = id.to_string();
+                self.with_pg(move |client| {
+                    let r = client
+                        .query_one(
+                            "SELECT message_id, destination, endpoint, status, retry_count, \
+                             max_retries, last_error, response FROM outbox_messages \
+                             WHERE message_id = $1",
+                            &[&id],
+                        )
+                        .expect("row exists");
+                    let status: String = r.get(3);
+                    let response: Option<String> = r.get(7);
+                    OutboxRow {
+                        message_id: r.get(0),
+                        destination: r.get(1),
+                        endpoint: r.get(2),
+                        status: Status::parse(&status).expect("status"),
+                        retry_count: r.get::<_, i64>(4) as u32,
+                        max_retries: r.get::<_, i64>(5) as u32,
+                        last_error: r.get(6),
+                        response: response.and_then(|t| serde_json::from_str(&t).ok()),
+                    }
+                })
+            }
+        }
+    }
+
+    /// Waits (at most 10 s) for `id` to reach `wanted`.
+    pub async fn wait_for(&self, id: &Uuid, wanted: Status) -> OutboxRow {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let row = self.row(id);
+            if row.status == wanted || Instant::now() > deadline {
+                assert_eq!(row.status, wanted, "{} {row:?}", self.name());
+                return row;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// A dispatcher for `outbox` on this store.
+    pub fn dispatcher(&self, outbox: &Outbox) -> AnyDispatcher {
+        match self {
+            TestStore::Sqlite { path, .. } => {
+                AnyDispatcher::Sqlite(Dispatcher::builder(outbox, path))
+            }
+            TestStore::Postgres { url, .. } => {
+                AnyDispatcher::Postgres(Dispatcher::postgres(outbox, url))
+            }
+        }
+    }
+
+    /// A receiver hosting the ledger on this store, built.
+    pub fn receiver(
+        &self,
+        config: Config,
+        ledger: Arc<support::Ledger>,
+    ) -> Result<Receiver, ReceiverError> {
+        self.receiver_with(config, ledger, |b| b, |b| b)
+    }
+
+    /// A receiver hosting the ledger, with store-specific builder settings.
+    pub fn receiver_with(
+        &self,
+        config: Config,
+        ledger: Arc<support::Ledger>,
+        sqlite: impl FnOnce(ReceiverBuilder<Sqlite>) -> ReceiverBuilder<Sqlite>,
+        postgres: impl FnOnce(ReceiverBuilder<Postgres>) -> ReceiverBuilder<Postgres>,
+    ) -> Result<Receiver, ReceiverError> {
+        match self {
+            TestStore::Sqlite { path, .. } => {
+                sqlite(Receiver::builder(config, path).service(LedgerService(ledger))).build()
+            }
+            TestStore::Postgres { url, .. } => {
+                postgres(Receiver::postgres(config, url, 4).service(LedgerService(ledger))).build()
+            }
+        }
+    }
+
+    /// A receiver hosting the ledger, served on a free loopback port.
+    pub async fn start_receiver(&self, config: Config) -> support::TestReceiver {
+        let ledger = Arc::new(support::Ledger::default());
+        let receiver = self
+            .receiver(config.clone(), ledger.clone())
+            .expect("receiver");
+        let (url, server) = support::serve(receiver.router()).await;
+        let secret = Secret::parse(&config.peers[support::SOURCE][0]).expect("secret");
+        support::TestReceiver {
+            url,
+            db: match self {
+                TestStore::Sqlite { path, .. } => path.clone(),
+                TestStore::Postgres { .. } => PathBuf::new(),
+            },
+            ledger,
+            secret,
+            receiver,
+            _server: server,
+        }
+    }
+}
+
+/// The URL text of a test database (with its password, for `Database::parse`).
+fn url_text(url: &PostgresUrl) -> String {
+    url.as_str().to_owned()
+}
+
+/// A dispatcher builder of either store.
+pub enum AnyDispatcher {
+    Sqlite(DispatcherBuilder<Sqlite>),
+    Postgres(DispatcherBuilder<Postgres>),
+}
+
+impl AnyDispatcher {
+    pub fn route(self, destination: &str, transport: impl Transport, secret: Secret) -> Self {
+        match self {
+            AnyDispatcher::Sqlite(b) => {
+                AnyDispatcher::Sqlite(b.route(destination, transport, secret))
+            }
+            AnyDispatcher::Postgres(b) => {
+                AnyDispatcher::Postgres(b.route(destination, transport, secret))
+            }
+        }
+    }
+
+    pub fn start(self) -> Result<DispatcherHandle, DispatcherError> {
+        match self {
+            AnyDispatcher::Sqlite(b) => b.start(),
+            AnyDispatcher::Postgres(b) => b.start(),
+        }
+    }
+}
