@@ -394,7 +394,10 @@ fn assert_seated(program: &str, output: &Output) {
             .split_once(": desk ")
             .unwrap_or_else(|| panic!("{program}: unexpected line {line:?} in:\n{stdout}"));
         names.push(name.to_owned());
-        desks.push(desk.parse::<i64>().unwrap_or_else(|e| panic!("{program}: {line:?}: {e}")));
+        desks.push(
+            desk.parse::<i64>()
+                .unwrap_or_else(|e| panic!("{program}: {line:?}: {e}")),
+        );
     }
     desks.sort_unstable();
     assert_eq!(names, ["Ada", "Grace"], "{program}:\n{stdout}");
@@ -430,7 +433,10 @@ fn the_stores_guide_runs() {
         "EngineClient::<Postgres>::with_store(outbox, \"engine\")",
         "client.joined(&mut tx, name.into())",
     ] {
-        assert!(postgres.contains(expected), "docs/stores.md: no `{expected}`");
+        assert!(
+            postgres.contains(expected),
+            "docs/stores.md: no `{expected}`"
+        );
     }
 
     let dir = tempfile::tempdir().expect("tempdir");
@@ -451,7 +457,14 @@ fn the_stores_guide_runs() {
     let started = Instant::now();
     let run = cargo(
         dir.path(),
-        &["run", "--bin", "postgres", "--", service.url(), engine.url()],
+        &[
+            "run",
+            "--bin",
+            "postgres",
+            "--",
+            service.url(),
+            engine.url(),
+        ],
     );
     assert_success("cargo run --bin postgres", &run);
     assert_seated("postgres", &run);
