@@ -441,6 +441,19 @@ fn the_stores_guide_runs() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     write_guide(dir.path(), &files);
+    // The guide's Rust is laid out as `cargo fmt` would (readers copy it).
+    let rustfmt = Command::new("rustfmt")
+        .args(["--edition", "2024", "--check"])
+        .args([
+            "build.rs",
+            "src/lib.rs",
+            "src/bin/sqlite.rs",
+            "src/bin/postgres.rs",
+        ])
+        .current_dir(dir.path())
+        .output()
+        .expect("run rustfmt");
+    assert_success("rustfmt --check of docs/stores.md", &rustfmt);
     let started = Instant::now();
     let build = cargo(dir.path(), &["build", "--bins"]);
     assert_success("cargo build of the stores crate", &build);

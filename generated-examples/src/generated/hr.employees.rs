@@ -160,8 +160,9 @@ pub mod emp_service_v1 {
 
     impl EngineClient {
         /// A client that sends to `destination` (a name mapped to a transport
-        /// and URL in the runtime configuration) and enqueues in SQLite
-        /// transactions. For PostgreSQL, see [`with_store`](Self::with_store).
+        /// and URL in the runtime configuration) and enqueues in transactions
+        /// of the default store, [`Sqlite`](::rfidl_runtime::Sqlite). For
+        /// another store, see [`with_store`](Self::with_store).
         pub fn new(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
@@ -174,7 +175,7 @@ pub mod emp_service_v1 {
         /// A client that sends to `destination` (a name mapped to a transport
         /// and URL in the runtime configuration) and enqueues in transactions
         /// of the store `S`: `EngineClient::<Postgres>::with_store(outbox, destination)`
-        /// for an outbox in PostgreSQL.
+        /// for an outbox in a `postgres://` database.
         pub fn with_store(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
@@ -190,8 +191,8 @@ pub mod emp_service_v1 {
         /// workflows on the employee id.
         ///
         /// Enqueues a `EmployeeHired` pushcall in `tx` (a
-        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
-        /// on PostgreSQL); returns its message id.
+        /// `&rusqlite::Transaction` with the store `Sqlite`, a
+        /// `&mut postgres::Transaction` with `Postgres`); returns its message id.
         ///
         /// # Errors
         ///
@@ -226,8 +227,8 @@ pub mod emp_service_v1 {
         }
 
         /// Enqueues a `OnboardingCompleted` signal in `tx` (a
-        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
-        /// on PostgreSQL); returns its message id.
+        /// `&rusqlite::Transaction` with the store `Sqlite`, a
+        /// `&mut postgres::Transaction` with `Postgres`); returns its message id.
         ///
         /// # Errors
         ///
@@ -419,7 +420,7 @@ pub mod emp_service_v1 {
     /// each payload into its request type (422 `payload_mismatch` when it does
     /// not fit) and routes by endpoint name with a static `match`. It hosts a
     /// `EngineHandler<S>` in a receiver of the same store `S`:
-    /// `Receiver::builder` (SQLite) or `Receiver::postgres`.
+    /// `Receiver::builder` (`Sqlite`) or `Receiver::postgres` (`Postgres`).
     #[derive(Debug)]
     pub struct EngineReceiver<H>(pub H);
 
@@ -511,8 +512,9 @@ pub mod emp_service_v1 {
 
     impl ServiceClient {
         /// A client that sends to `destination` (a name mapped to a transport
-        /// and URL in the runtime configuration) and enqueues in SQLite
-        /// transactions. For PostgreSQL, see [`with_store`](Self::with_store).
+        /// and URL in the runtime configuration) and enqueues in transactions
+        /// of the default store, [`Sqlite`](::rfidl_runtime::Sqlite). For
+        /// another store, see [`with_store`](Self::with_store).
         pub fn new(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
@@ -525,7 +527,7 @@ pub mod emp_service_v1 {
         /// A client that sends to `destination` (a name mapped to a transport
         /// and URL in the runtime configuration) and enqueues in transactions
         /// of the store `S`: `ServiceClient::<Postgres>::with_store(outbox, destination)`
-        /// for an outbox in PostgreSQL.
+        /// for an outbox in a `postgres://` database.
         pub fn with_store(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
@@ -540,8 +542,8 @@ pub mod emp_service_v1 {
         /// The engine asks the HR service to provision a laptop.
         ///
         /// Enqueues a `ProvisionLaptop` command in `tx` (a
-        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
-        /// on PostgreSQL); returns its message id.
+        /// `&rusqlite::Transaction` with the store `Sqlite`, a
+        /// `&mut postgres::Transaction` with `Postgres`); returns its message id.
         ///
         /// # Errors
         ///
@@ -709,7 +711,7 @@ pub mod emp_service_v1 {
     /// each payload into its request type (422 `payload_mismatch` when it does
     /// not fit) and routes by endpoint name with a static `match`. It hosts a
     /// `ServiceHandler<S>` in a receiver of the same store `S`:
-    /// `Receiver::builder` (SQLite) or `Receiver::postgres`.
+    /// `Receiver::builder` (`Sqlite`) or `Receiver::postgres` (`Postgres`).
     #[derive(Debug)]
     pub struct ServiceReceiver<H>(pub H);
 
@@ -879,8 +881,9 @@ pub mod emp_service_v2 {
 
     impl EngineClient {
         /// A client that sends to `destination` (a name mapped to a transport
-        /// and URL in the runtime configuration) and enqueues in SQLite
-        /// transactions. For PostgreSQL, see [`with_store`](Self::with_store).
+        /// and URL in the runtime configuration) and enqueues in transactions
+        /// of the default store, [`Sqlite`](::rfidl_runtime::Sqlite). For
+        /// another store, see [`with_store`](Self::with_store).
         pub fn new(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
@@ -893,7 +896,7 @@ pub mod emp_service_v2 {
         /// A client that sends to `destination` (a name mapped to a transport
         /// and URL in the runtime configuration) and enqueues in transactions
         /// of the store `S`: `EngineClient::<Postgres>::with_store(outbox, destination)`
-        /// for an outbox in PostgreSQL.
+        /// for an outbox in a `postgres://` database.
         pub fn with_store(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
@@ -908,8 +911,8 @@ pub mod emp_service_v2 {
         /// Raised when an employee is hired.
         ///
         /// Enqueues a `EmployeeHired` pushcall in `tx` (a
-        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
-        /// on PostgreSQL); returns its message id.
+        /// `&rusqlite::Transaction` with the store `Sqlite`, a
+        /// `&mut postgres::Transaction` with `Postgres`); returns its message id.
         ///
         /// # Errors
         ///
@@ -950,8 +953,8 @@ pub mod emp_service_v2 {
         }
 
         /// Enqueues a `OnboardingCompleted` signal in `tx` (a
-        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
-        /// on PostgreSQL); returns its message id.
+        /// `&rusqlite::Transaction` with the store `Sqlite`, a
+        /// `&mut postgres::Transaction` with `Postgres`); returns its message id.
         ///
         /// # Errors
         ///
@@ -992,8 +995,8 @@ pub mod emp_service_v2 {
         /// An employee goes on leave for a while.
         ///
         /// Enqueues a `LeaveStarted` signal in `tx` (a
-        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
-        /// on PostgreSQL); returns its message id.
+        /// `&rusqlite::Transaction` with the store `Sqlite`, a
+        /// `&mut postgres::Transaction` with `Postgres`); returns its message id.
         ///
         /// # Errors
         ///
@@ -1036,8 +1039,8 @@ pub mod emp_service_v2 {
         /// The org chart changed; the engine re-evaluates approval routes.
         ///
         /// Enqueues a `OrgChartChanged` pushcall in `tx` (a
-        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
-        /// on PostgreSQL); returns its message id.
+        /// `&rusqlite::Transaction` with the store `Sqlite`, a
+        /// `&mut postgres::Transaction` with `Postgres`); returns its message id.
         ///
         /// # Errors
         ///
@@ -1288,7 +1291,7 @@ pub mod emp_service_v2 {
     /// each payload into its request type (422 `payload_mismatch` when it does
     /// not fit) and routes by endpoint name with a static `match`. It hosts a
     /// `EngineHandler<S>` in a receiver of the same store `S`:
-    /// `Receiver::builder` (SQLite) or `Receiver::postgres`.
+    /// `Receiver::builder` (`Sqlite`) or `Receiver::postgres` (`Postgres`).
     #[derive(Debug)]
     pub struct EngineReceiver<H>(pub H);
 
@@ -1414,8 +1417,9 @@ pub mod emp_service_v2 {
 
     impl ServiceClient {
         /// A client that sends to `destination` (a name mapped to a transport
-        /// and URL in the runtime configuration) and enqueues in SQLite
-        /// transactions. For PostgreSQL, see [`with_store`](Self::with_store).
+        /// and URL in the runtime configuration) and enqueues in transactions
+        /// of the default store, [`Sqlite`](::rfidl_runtime::Sqlite). For
+        /// another store, see [`with_store`](Self::with_store).
         pub fn new(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
@@ -1428,7 +1432,7 @@ pub mod emp_service_v2 {
         /// A client that sends to `destination` (a name mapped to a transport
         /// and URL in the runtime configuration) and enqueues in transactions
         /// of the store `S`: `ServiceClient::<Postgres>::with_store(outbox, destination)`
-        /// for an outbox in PostgreSQL.
+        /// for an outbox in a `postgres://` database.
         pub fn with_store(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
@@ -1443,8 +1447,8 @@ pub mod emp_service_v2 {
         /// The engine asks the HR service to provision a laptop.
         ///
         /// Enqueues a `ProvisionLaptop` command in `tx` (a
-        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
-        /// on PostgreSQL); returns its message id.
+        /// `&rusqlite::Transaction` with the store `Sqlite`, a
+        /// `&mut postgres::Transaction` with `Postgres`); returns its message id.
         ///
         /// # Errors
         ///
@@ -1616,7 +1620,7 @@ pub mod emp_service_v2 {
     /// each payload into its request type (422 `payload_mismatch` when it does
     /// not fit) and routes by endpoint name with a static `match`. It hosts a
     /// `ServiceHandler<S>` in a receiver of the same store `S`:
-    /// `Receiver::builder` (SQLite) or `Receiver::postgres`.
+    /// `Receiver::builder` (`Sqlite`) or `Receiver::postgres` (`Postgres`).
     #[derive(Debug)]
     pub struct ServiceReceiver<H>(pub H);
 

@@ -177,8 +177,9 @@ pub mod order_service_v1 {
 
     impl EngineClient {
         /// A client that sends to `destination` (a name mapped to a transport
-        /// and URL in the runtime configuration) and enqueues in SQLite
-        /// transactions. For PostgreSQL, see [`with_store`](Self::with_store).
+        /// and URL in the runtime configuration) and enqueues in transactions
+        /// of the default store, [`Sqlite`](::rfidl_runtime::Sqlite). For
+        /// another store, see [`with_store`](Self::with_store).
         pub fn new(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
@@ -191,7 +192,7 @@ pub mod order_service_v1 {
         /// A client that sends to `destination` (a name mapped to a transport
         /// and URL in the runtime configuration) and enqueues in transactions
         /// of the store `S`: `EngineClient::<Postgres>::with_store(outbox, destination)`
-        /// for an outbox in PostgreSQL.
+        /// for an outbox in a `postgres://` database.
         pub fn with_store(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
@@ -206,8 +207,8 @@ pub mod order_service_v1 {
         /// A customer placed an order: starts the fulfilment workflow.
         ///
         /// Enqueues a `OrderPlaced` pushcall in `tx` (a
-        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
-        /// on PostgreSQL); returns its message id.
+        /// `&rusqlite::Transaction` with the store `Sqlite`, a
+        /// `&mut postgres::Transaction` with `Postgres`); returns its message id.
         ///
         /// # Errors
         ///
@@ -244,8 +245,8 @@ pub mod order_service_v1 {
         /// The customer cancelled before shipping.
         ///
         /// Enqueues a `OrderCancelled` signal in `tx` (a
-        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
-        /// on PostgreSQL); returns its message id.
+        /// `&rusqlite::Transaction` with the store `Sqlite`, a
+        /// `&mut postgres::Transaction` with `Postgres`); returns its message id.
         ///
         /// # Errors
         ///
@@ -366,7 +367,7 @@ pub mod order_service_v1 {
     /// each payload into its request type (422 `payload_mismatch` when it does
     /// not fit) and routes by endpoint name with a static `match`. It hosts a
     /// `EngineHandler<S>` in a receiver of the same store `S`:
-    /// `Receiver::builder` (SQLite) or `Receiver::postgres`.
+    /// `Receiver::builder` (`Sqlite`) or `Receiver::postgres` (`Postgres`).
     #[derive(Debug)]
     pub struct EngineReceiver<H>(pub H);
 
@@ -452,8 +453,9 @@ pub mod order_service_v1 {
 
     impl ServiceClient {
         /// A client that sends to `destination` (a name mapped to a transport
-        /// and URL in the runtime configuration) and enqueues in SQLite
-        /// transactions. For PostgreSQL, see [`with_store`](Self::with_store).
+        /// and URL in the runtime configuration) and enqueues in transactions
+        /// of the default store, [`Sqlite`](::rfidl_runtime::Sqlite). For
+        /// another store, see [`with_store`](Self::with_store).
         pub fn new(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
@@ -466,7 +468,7 @@ pub mod order_service_v1 {
         /// A client that sends to `destination` (a name mapped to a transport
         /// and URL in the runtime configuration) and enqueues in transactions
         /// of the store `S`: `ServiceClient::<Postgres>::with_store(outbox, destination)`
-        /// for an outbox in PostgreSQL.
+        /// for an outbox in a `postgres://` database.
         pub fn with_store(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
@@ -481,8 +483,8 @@ pub mod order_service_v1 {
         /// Reserve stock for an order; answers what could be reserved.
         ///
         /// Enqueues a `ReserveStock` command in `tx` (a
-        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
-        /// on PostgreSQL); returns its message id.
+        /// `&rusqlite::Transaction` with the store `Sqlite`, a
+        /// `&mut postgres::Transaction` with `Postgres`); returns its message id.
         ///
         /// # Errors
         ///
@@ -523,8 +525,8 @@ pub mod order_service_v1 {
         /// Capture the payment for an order.
         ///
         /// Enqueues a `CapturePayment` command in `tx` (a
-        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
-        /// on PostgreSQL); returns its message id.
+        /// `&rusqlite::Transaction` with the store `Sqlite`, a
+        /// `&mut postgres::Transaction` with `Postgres`); returns its message id.
         ///
         /// # Errors
         ///
@@ -565,8 +567,8 @@ pub mod order_service_v1 {
         /// Ask for the stock level of one SKU.
         ///
         /// Enqueues a `CheckStock` command in `tx` (a
-        /// `&rusqlite::Transaction` on SQLite, a `&mut postgres::Transaction`
-        /// on PostgreSQL); returns its message id.
+        /// `&rusqlite::Transaction` with the store `Sqlite`, a
+        /// `&mut postgres::Transaction` with `Postgres`); returns its message id.
         ///
         /// # Errors
         ///
@@ -836,7 +838,7 @@ pub mod order_service_v1 {
     /// each payload into its request type (422 `payload_mismatch` when it does
     /// not fit) and routes by endpoint name with a static `match`. It hosts a
     /// `ServiceHandler<S>` in a receiver of the same store `S`:
-    /// `Receiver::builder` (SQLite) or `Receiver::postgres`.
+    /// `Receiver::builder` (`Sqlite`) or `Receiver::postgres` (`Postgres`).
     #[derive(Debug)]
     pub struct ServiceReceiver<H>(pub H);
 
