@@ -223,3 +223,15 @@ fn unix_transport(path: &str, timeout: Duration) -> Result<Arc<dyn Transport>, S
 fn unix_transport(_: &str, _: Duration) -> Result<Arc<dyn Transport>, String> {
     Err("unix:// destinations exist only on unix".to_owned())
 }
+
+/// A shared transport: route a clone and keep a handle, e.g. to read
+/// [`SpreadTransport::endpoints`] for diagnostics.
+impl<T: Transport + ?Sized> Transport for Arc<T> {
+    fn send(&self, request: OutgoingRequest) -> SendFuture<'_> {
+        (**self).send(request)
+    }
+
+    fn send_batch(&self, requests: Vec<OutgoingRequest>) -> BatchFuture<'_> {
+        (**self).send_batch(requests)
+    }
+}

@@ -12,6 +12,7 @@ mod probes;
 mod prometheus;
 mod receiver;
 mod responses;
+mod spread;
 mod support;
 mod tls;
 // Receiver side (rt2): exactly-once, the wire's order of checks, batches.
