@@ -7,15 +7,18 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use axum::http::StatusCode;
 use rfidl_runtime::config::DestinationConfig;
 use rfidl_runtime::dispatcher::{Dispatcher, DispatcherError};
 use rfidl_runtime::outbox::{Outbox, OutgoingMessage};
 use rfidl_runtime::receiver::Receiver;
 use rfidl_runtime::signing::Secret;
-use rfidl_runtime::transport::{HttpTransport, SpreadTransport};
+use rfidl_runtime::transport::{
+    HttpTransport, OutgoingRequest, RECEIVE_PATH, SpreadTransport, Transport,
+};
 use serde_json::json;
 use tokio::sync::oneshot;
 
@@ -337,4 +340,92 @@ async fn several_urls_must_all_be_http_and_distinct() {
         );
         assert!(error.to_string().contains(expected), "{error}");
     }
+}
+
+fn unsigned(body: &str) -> OutgoingRequest {
+    OutgoingRequest {
+        path: RECEIVE_PATH,
+        headers: Vec::new(),
+        body: body.as_bytes().to_vec(),
+    }
+}
+
+#[tokio::test]
+async fn an_http_answer_of_any_status_is_not_failed_over_but_no_answer_is() {
+    // `busy` answers 503 to everything; `counted` answers 200 and counts.
+    let hits = Arc::new(AtomicU32::new(0));
+    let busy = axum::Router::new().fallback(|| async { (StatusCode::SERVICE_UNAVAILABLE, "busy") });
+    let counted = {
+        let hits = hits.clone();
+        axum::Router::new().fallback(move || {
+            hits.fetch_add(1, Ordering::SeqCst);
+            async { "[]" }
+        })
+    };
+    let (busy_url, _busy) = support::serve(busy).await;
+    let (counted_url, _counted) = support::serve(counted).await;
+    let client = |url: &str| HttpTransport::new(url, Duration::from_secs(2)).expect("client");
+    let spread = SpreadTransport::new(vec![client(&busy_url), client(&counted_url)]);
+    // Turns: busy, counted, busy.
+    let first = spread.send(unsigned("{}")).await.expect("an answer");
+    assert_eq!(first.status, 503, "the 503 is returned, not failed over");
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        spread.send(unsigned("{}")).await.expect("answer").status,
+        200
+    );
+    let batch = spread
+        .send_batch(vec![unsigned("{}"), unsigned("{}")])
+        .await;
+    assert_eq!(batch.len(), 2);
+    assert!(
+        batch.iter().all(|answer| answer
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("batch answered 503"))),
+        "{batch:?}"
+    );
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        1,
+        "the batch was not failed over"
+    );
+    assert!(
+        spread.endpoints().iter().all(|e| e.up && e.failures == 0),
+        "{:?}",
+        spread.endpoints()
+    );
+
+    // No answer (refused) moves the whole batch to the next endpoint: a
+    // real receiver, which answers each (unsigned) item on its own.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let receiver =
+        support::start_receiver(dir.path(), support::receiver_config(&[&Secret::generate()])).await;
+    let refused = format!("http://127.0.0.1:{}", closed_port().await);
+    let spread = SpreadTransport::new(vec![client(&refused), client(&receiver.url)]);
+    let answers = spread
+        .send_batch(vec![unsigned("{}"), unsigned("{}"), unsigned("{}")])
+        .await;
+    let statuses: Vec<u16> = answers
+        .iter()
+        .map(|answer| answer.as_ref().expect("answered by the receiver").status)
+        .collect();
+    assert_eq!(
+        statuses,
+        [400, 400, 400],
+        "each item (no signature headers) answered on its own"
+    );
+    let endpoints = spread.endpoints();
+    assert!(
+        !endpoints[0].up && endpoints[0].failures == 1,
+        "{endpoints:?}"
+    );
+    assert!(endpoints[1].up, "{endpoints:?}");
+    // The same for a single request; the refused endpoint, down, is tried last.
+    let single = spread.send(unsigned("{}")).await.expect("answered");
+    assert_eq!(single.status, 400);
+    assert_eq!(
+        spread.endpoints()[0].failures,
+        1,
+        "not tried again while down"
+    );
 }
