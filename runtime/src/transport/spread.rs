@@ -19,6 +19,8 @@
 //!   endpoint.
 //! * **Batches** (`/_rf/receive/batch`) go whole to one endpoint, and whole
 //!   to the next one if it fails.
+//! * **Timeouts add up**: one request may wait the timeout of each endpoint
+//!   that does not answer before one does.
 //!
 //! **Why sending the same request again is safe.** A timeout or a lost
 //! connection does not say whether the first endpoint processed the message
