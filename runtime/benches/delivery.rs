@@ -254,6 +254,7 @@ async fn pair(dir: &Path, name: &str, durability: Durability) -> Pair {
         "ledger".into(),
         DestinationConfig {
             url: url.clone(),
+            urls: Vec::new(),
             secret: secret.to_whsec(),
             ca_file: None,
         },

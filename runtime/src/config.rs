@@ -156,6 +156,14 @@ pub struct DestinationConfig {
     /// is appended; HTTPS needs the default cargo feature `tls`), `unix:///path.sock`,
     /// or `inproc://name` for a receiver registered in the same process.
     pub url: String,
+    /// More base URLs of the same destination: instances of one receiving
+    /// service that share its inbox database. Messages are spread
+    /// round-robin over `url` and these, and a message whose instance does
+    /// not answer goes to the next at once
+    /// ([`crate::transport::SpreadTransport`]). All must be `http://` or
+    /// `https://`. Empty by default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub urls: Vec<String>,
     /// The secret this service signs with when sending there (`whsec_...`).
     pub secret: String,
     /// For `https://` URLs: a PEM file of CA certificates to trust besides
@@ -299,11 +307,19 @@ fn parse_yaml(text: &str) -> Result<Config, serde_path_to_error::Error<yaml_serd
     serde_path_to_error::deserialize(yaml_serde::Deserializer::from_str(text))
 }
 
+impl DestinationConfig {
+    /// `url`, then each of `urls`: every base URL of this destination.
+    pub fn base_urls(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.url.as_str()).chain(self.urls.iter().map(String::as_str))
+    }
+}
+
 impl std::fmt::Debug for DestinationConfig {
     /// Everything but the secret.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DestinationConfig")
             .field("url", &self.url)
+            .field("urls", &self.urls)
             .field("secret", &"<redacted>")
             .field("ca_file", &self.ca_file)
             .finish()
@@ -380,6 +396,36 @@ mod tests {
     }
 
     #[test]
+    fn a_destination_may_list_more_base_urls() {
+        let one =
+            Config::from_yaml_str("destinations:\n  hr: {url: 'http://a:1', secret: whsec_AAAA}\n")
+                .expect("one url");
+        assert!(one.destinations["hr"].urls.is_empty());
+        assert_eq!(
+            one.destinations["hr"].base_urls().collect::<Vec<_>>(),
+            ["http://a:1"]
+        );
+        let several = Config::from_yaml_str(
+            "destinations:\n  hr:\n    url: http://a:1\n    urls: [http://b:1, http://c:1]\n    secret: whsec_AAAA\n",
+        )
+        .expect("several urls");
+        assert_eq!(
+            several.destinations["hr"].base_urls().collect::<Vec<_>>(),
+            ["http://a:1", "http://b:1", "http://c:1"]
+        );
+        assert!(several.to_yaml().contains("urls:"));
+        assert_eq!(
+            Config::from_yaml_str(&several.to_yaml()).expect("round trip"),
+            several
+        );
+        let typo = Config::from_yaml_str(
+            "destinations:\n  hr: {url: 'http://a:1', url2: 'http://b:1', secret: whsec_AAAA}\n",
+        )
+        .unwrap_err();
+        assert!(typo.to_string().contains("unknown field `url2`"), "{typo}");
+    }
+
+    #[test]
     fn yaml_errors_name_the_setting_and_line_but_not_the_value() {
         for text in [
             "outbox:\n  max_retries: whsec_TOPSECRET\n",
@@ -405,6 +451,7 @@ mod tests {
             "hr".into(),
             DestinationConfig {
                 url: "http://127.0.0.1:1".into(),
+                urls: vec!["http://127.0.0.1:2".into()],
                 secret: "whsec_TOPSECRET1".into(),
                 ca_file: None,
             },
@@ -415,6 +462,7 @@ mod tests {
         let shown = format!("{config:?} {config:#?}");
         assert!(!shown.contains("TOPSECRET"), "{shown}");
         assert!(shown.contains("http://127.0.0.1:1"), "{shown}");
+        assert!(shown.contains("http://127.0.0.1:2"), "{shown}");
     }
 
     /// The YAML form of a config, pinned: what serde_yaml 0.9 wrote, byte
@@ -429,6 +477,7 @@ mod tests {
             "engine".into(),
             DestinationConfig {
                 url: "http://127.0.0.1:7002".into(),
+                urls: Vec::new(),
                 secret: "whsec_AAAA".into(),
                 ca_file: None,
             },

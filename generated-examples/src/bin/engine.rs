@@ -1,5 +1,5 @@
 //! The stand-in workflow engine as a process of its own:
-//! `engine --listen 127.0.0.1:7002 --db engine.db --peer-url http://127.0.0.1:7001 --secret whsec_… --peer-secret whsec_…`.
+//! `engine --listen 127.0.0.1:7002 --db engine.db --peer-url http://127.0.0.1:7001 [--peer-url URL …] --secret whsec_… --peer-secret whsec_…`.
 //! Runs until SIGTERM or SIGINT, then stops gracefully (exit 0 within 10 s);
 //! safe to kill at any moment (SIGKILL included).
 

@@ -1,5 +1,5 @@
 //! The HR service as a process of its own:
-//! `hr-service --listen 127.0.0.1:7001 --db hr.db --peer-url http://127.0.0.1:7002 --secret whsec_… --peer-secret whsec_… [--hire 100] [--exit-when-done]`.
+//! `hr-service --listen 127.0.0.1:7001 --db hr.db --peer-url http://127.0.0.1:7002 [--peer-url URL …] --secret whsec_… --peer-secret whsec_… [--hire 100] [--exit-when-done]`.
 //! Stops gracefully on SIGTERM or SIGINT (exit 0 within 10 s).
 
 use std::time::Duration;

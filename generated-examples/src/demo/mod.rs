@@ -44,6 +44,9 @@ pub struct Settings {
     /// The peer's id, base URL, and the secret this service signs with.
     pub peer_id: String,
     pub peer_url: String,
+    /// More base URLs of the peer (instances sharing its database): the
+    /// dispatcher spreads over them and fails over (`DestinationConfig::urls`).
+    pub peer_urls: Vec<String>,
     pub signing_secret: String,
     /// The secret the peer signs with (accepted by this service's receiver).
     pub peer_secret: String,
@@ -67,6 +70,7 @@ impl std::fmt::Debug for Settings {
             .field("db", &self.db)
             .field("peer_id", &self.peer_id)
             .field("peer_url", &self.peer_url)
+            .field("peer_urls", &self.peer_urls)
             .field("base_config", &self.base_config)
             .finish_non_exhaustive()
     }
@@ -83,6 +87,7 @@ impl Settings {
             destination.to_owned(),
             DestinationConfig {
                 url: self.peer_url.clone(),
+                urls: self.peer_urls.clone(),
                 secret: self.signing_secret.clone(),
                 ca_file: None,
             },
@@ -344,9 +349,12 @@ pub struct ServiceArgs {
     /// service may share one).
     #[arg(long, value_parser = parse_database)]
     pub db: rfidl_runtime::Database,
-    /// Base URL of the peer's receiver, e.g. http://127.0.0.1:7001.
-    #[arg(long)]
-    pub peer_url: String,
+    /// Base URL of the peer's receiver, e.g. http://127.0.0.1:7001. Give it
+    /// more than once for several instances of the peer that share its
+    /// database: messages are spread over them, and one that does not
+    /// answer is skipped (docs/operations.md, "Several receivers").
+    #[arg(long = "peer-url", required = true, value_name = "URL")]
+    pub peer_url: Vec<String>,
     /// Secret this service signs with (`whsec_…`). Prefer `--secret-file`
     /// or the environment: a flag's value is visible to every local user
     /// in the process list.
@@ -404,7 +412,8 @@ impl ServiceArgs {
             listen: self.listen,
             db: self.db.clone(),
             peer_id: peer_id.into(),
-            peer_url: self.peer_url.clone(),
+            peer_url: self.peer_url[0].clone(),
+            peer_urls: self.peer_url[1..].to_vec(),
             signing_secret,
             peer_secret,
             base_config: Some(config),

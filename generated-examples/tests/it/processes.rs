@@ -2,7 +2,9 @@
 //! SIGKILL mid-stream and restarted on the same database and port: the
 //! engine (a receiver, with effects half done) or the HR service (a sender,
 //! with outbox rows claimed and in flight). Every hire must still produce
-//! exactly one workflow and one laptop ticket.
+//! exactly one workflow and one laptop ticket. And two engine instances on
+//! one database behind HR's two `--peer-url`s, one of them SIGKILLed for
+//! good: the other takes over its share.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -43,8 +45,13 @@ outbox:
 ";
 
 fn engine(dir: &Path, peers: &Peers) -> Child {
+    engine_on(dir, peers, peers.engine_port)
+}
+
+/// An engine instance on `port` (every instance shares `engine.db`).
+fn engine_on(dir: &Path, peers: &Peers, port: u16) -> Child {
     Command::new(env!("CARGO_BIN_EXE_engine"))
-        .args(["--listen", &format!("127.0.0.1:{}", peers.engine_port)])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
         .arg("--db")
         .arg(dir.join("engine.db"))
         .args(["--peer-url", &format!("http://127.0.0.1:{}", peers.hr_port)])
@@ -64,14 +71,21 @@ fn engine(dir: &Path, peers: &Peers) -> Child {
 /// Hires until `hires` employees exist (counting those of an earlier run),
 /// and exits 0 once every hire has its laptop ticket.
 fn hr_service(dir: &Path, peers: &Peers, hires: i64) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_hr-service"))
+    hr_service_to(dir, peers, hires, &[peers.engine_port], 0)
+}
+
+/// [`hr_service`] sending to the engine instances on `engine_ports`, one
+/// `--peer-url` each, hiring `rate` a second (0: at once).
+fn hr_service_to(dir: &Path, peers: &Peers, hires: i64, engine_ports: &[u16], rate: u32) -> Child {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hr-service"));
+    command
         .args(["--listen", &format!("127.0.0.1:{}", peers.hr_port)])
         .arg("--db")
-        .arg(dir.join("hr.db"))
-        .args([
-            "--peer-url",
-            &format!("http://127.0.0.1:{}", peers.engine_port),
-        ])
+        .arg(dir.join("hr.db"));
+    for port in engine_ports {
+        command.args(["--peer-url", &format!("http://127.0.0.1:{port}")]);
+    }
+    command
         .args([
             "--secret",
             &peers.hr_secret,
@@ -81,6 +95,7 @@ fn hr_service(dir: &Path, peers: &Peers, hires: i64) -> Child {
         .arg("--config")
         .arg(dir.join("config.yaml"))
         .args(["--hire", &hires.to_string(), "--exit-when-done"])
+        .args(["--hire-rate", &rate.to_string()])
         .stdout(Stdio::null())
         .spawn()
         .expect("start hr-service")
@@ -216,4 +231,87 @@ fn exactly_once_across_a_sigkilled_and_restarted_sender() {
         0,
         "every message of both runs was acknowledged"
     );
+}
+
+/// Kills its process when dropped, so a failed assertion leaves no
+/// service running.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Until `port` on loopback accepts connections (the process is serving).
+fn wait_listening(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {port}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `processed` of `GET /_rf/inbox/stats`: messages this process handled.
+fn processed_by(port: u16) -> i64 {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let stats: serde_json::Value =
+            reqwest::get(format!("http://127.0.0.1:{port}/_rf/inbox/stats"))
+                .await
+                .expect("inbox stats")
+                .json()
+                .await
+                .expect("json");
+        stats["processed"].as_i64().expect("processed")
+    })
+}
+
+#[test]
+fn exactly_once_across_two_engine_instances_when_one_is_sigkilled_for_good() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let peers = peers(dir.path());
+    // A steady stream (about 1.5 s), so the kill falls in the middle of it.
+    let hires = 600;
+    let second_port = free_port();
+    let mut first = KillOnDrop(engine_on(dir.path(), &peers, peers.engine_port));
+    wait_listening(peers.engine_port);
+    let mut second = KillOnDrop(engine_on(dir.path(), &peers, second_port));
+    wait_listening(second_port);
+    let mut hr = KillOnDrop(hr_service_to(
+        dir.path(),
+        &peers,
+        hires,
+        &[peers.engine_port, second_port],
+        400,
+    ));
+
+    let engine_db = dir.path().join("engine.db");
+    wait_for_count(&engine_db, "SELECT COUNT(*) FROM workflows", 100);
+    let (by_first, by_second) = (processed_by(peers.engine_port), processed_by(second_port));
+    assert!(
+        by_first > 0 && by_second > 0,
+        "HR spread its hires over both instances: {by_first} and {by_second}"
+    );
+    second.0.kill().expect("SIGKILL the second engine");
+    second.0.wait().expect("reap");
+    let at_kill = count(&engine_db, "SELECT COUNT(*) FROM workflows");
+    let killed = Instant::now();
+
+    // Never restarted: the first instance gets everything from now on.
+    wait_done(&mut hr.0, &mut first.0);
+    eprintln!(
+        "two engines: {by_first} + {by_second} processed before the SIGKILL, \
+         {at_kill} of {hires} workflows at the kill, done {:?} later",
+        killed.elapsed()
+    );
+    assert!(
+        at_kill < hires,
+        "the kill happened mid-stream ({at_kill} of {hires})"
+    );
+    assert_exactly_once(dir.path(), hires);
 }

@@ -10,7 +10,7 @@
 //!
 //! | variable | sets |
 //! | --- | --- |
-//! | `RFIDL_DESTINATIONS_NAME_URL` | `destinations.NAME.url` (adds the destination if the config has none of that name) |
+//! | `RFIDL_DESTINATIONS_NAME_URL` | `destinations.NAME.url` (adds the destination if the config has none of that name); several base URLs separated by commas set `url` to the first and `urls` to the others |
 //! | `RFIDL_DESTINATIONS_NAME_SECRET` | `destinations.NAME.secret` |
 //! | `RFIDL_DESTINATIONS_NAME_SECRET_FILE` | the same, read from a file (trailing whitespace dropped) |
 //! | `RFIDL_DESTINATIONS_NAME_CA_FILE` | `destinations.NAME.ca_file` |
@@ -193,11 +193,26 @@ impl Config {
                         .entry(name)
                         .or_insert_with(|| DestinationConfig {
                             url: String::new(),
+                            urls: Vec::new(),
                             secret: String::new(),
                             ca_file: None,
                         });
                 match field {
-                    Field::Url => destination.url = value.to_owned(),
+                    Field::Url => {
+                        let mut urls = value
+                            .split(',')
+                            .map(str::trim)
+                            .filter(|url| !url.is_empty())
+                            .map(str::to_owned);
+                        let Some(first) = urls.next() else {
+                            return Err(ConfigError::Env {
+                                variable: variable.to_owned(),
+                                message: "no URL given".into(),
+                            });
+                        };
+                        destination.url = first;
+                        destination.urls = urls.collect();
+                    }
                     Field::Secret => destination.secret = value.to_owned(),
                     Field::SecretFile => destination.secret = read_secret_file(variable, value)?,
                     Field::CaFile => destination.ca_file = Some(PathBuf::from(value)),

@@ -36,7 +36,7 @@ use crate::responses::ResponseHandler;
 use crate::signing::{self, Secret, SignatureHeaders};
 use crate::store::{Sqlite, Store};
 use crate::transport::{
-    HttpTransport, OutgoingRequest, RECEIVE_PATH, Transport, TransportError, TransportResponse,
+    OutgoingRequest, RECEIVE_PATH, Transport, TransportError, TransportResponse,
 };
 
 /// Why a dispatcher could not start.
@@ -102,7 +102,8 @@ impl<S: Store> DispatcherBuilder<S> {
     }
 
     /// Starts the task. Destinations from `Config::destinations` with an
-    /// `http(s)://` or `unix://` URL are added unless routed explicitly.
+    /// `http(s)://` or `unix://` URL are added unless routed explicitly
+    /// (several base URLs: [`crate::transport::SpreadTransport`]).
     pub fn start(mut self) -> Result<DispatcherHandle, DispatcherError> {
         let config = self.outbox.config().clone();
         for (name, destination) in &config.destinations {
@@ -114,19 +115,12 @@ impl<S: Store> DispatcherBuilder<S> {
                     name: name.clone(),
                     message: e.to_string(),
                 })?;
-            let transport: Arc<dyn Transport> =
-                if let Some(path) = destination.url.strip_prefix("unix://") {
-                    unix_transport(path, config.outbox.request_timeout)
-                } else {
-                    Arc::new(
-                        http_transport(destination, config.outbox.request_timeout).map_err(
-                            |message| DispatcherError::Destination {
-                                name: name.clone(),
-                                message,
-                            },
-                        )?,
-                    )
-                };
+            let transport =
+                crate::transport::for_destination(destination, config.outbox.request_timeout)
+                    .map_err(|message| DispatcherError::Destination {
+                        name: name.clone(),
+                        message,
+                    })?;
             self.routes.insert(
                 name.clone(),
                 Route {
@@ -163,44 +157,6 @@ impl<S: Store> DispatcherBuilder<S> {
             liveness,
         })
     }
-}
-
-/// The HTTP(S) transport of a configured destination, trusting its
-/// `ca_file` if it names one.
-fn http_transport(
-    destination: &crate::config::DestinationConfig,
-    timeout: Duration,
-) -> Result<HttpTransport, String> {
-    let Some(ca_file) = &destination.ca_file else {
-        return HttpTransport::new(&destination.url, timeout).map_err(|e| e.to_string());
-    };
-    let pem = std::fs::read(ca_file)
-        .map_err(|e| format!("cannot read CA file {}: {e}", ca_file.display()))?;
-    with_root_certificates(&destination.url, timeout, &pem)
-}
-
-#[cfg(feature = "tls")]
-fn with_root_certificates(
-    url: &str,
-    timeout: Duration,
-    pem: &[u8],
-) -> Result<HttpTransport, String> {
-    HttpTransport::with_root_certificates(url, timeout, pem).map_err(|e| e.to_string())
-}
-
-#[cfg(not(feature = "tls"))]
-fn with_root_certificates(_: &str, _: Duration, _: &[u8]) -> Result<HttpTransport, String> {
-    Err("`ca_file` needs HTTPS: build rfidl-runtime with its `tls` feature".to_owned())
-}
-
-#[cfg(unix)]
-fn unix_transport(path: &str, timeout: Duration) -> Arc<dyn Transport> {
-    Arc::new(crate::transport::UnixSocketTransport::new(path, timeout))
-}
-
-#[cfg(not(unix))]
-fn unix_transport(_: &str, _: Duration) -> Arc<dyn Transport> {
-    unreachable!("unix:// destinations exist only on unix")
 }
 
 /// The entry point: `Dispatcher::builder(&outbox, db_path).route(…).start()`

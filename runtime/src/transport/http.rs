@@ -113,28 +113,54 @@ impl Transport for HttpTransport {
     }
 
     fn send_batch(&self, requests: Vec<OutgoingRequest>) -> BatchFuture<'_> {
-        use std::sync::atomic::Ordering;
         Box::pin(async move {
-            if !self.no_batches.load(Ordering::Relaxed) {
-                let batch = OutgoingRequest {
-                    path: RECEIVE_BATCH_PATH,
-                    headers: Vec::new(),
-                    body: batch_body(&requests),
-                };
-                match self.send(batch).await {
-                    Ok(answer) if answer.status == 404 || answer.status == 405 => {
-                        tracing::info!(url = %self.base_url, "receiver has no batch endpoint; sending one by one");
-                        self.no_batches.store(true, Ordering::Relaxed);
+            match self.send_whole_batch(&requests).await {
+                Some(Ok(answers)) => answers,
+                Some(Err(error)) => split_batch_answer(requests.len(), Err(error)),
+                None => {
+                    let mut answers = Vec::with_capacity(requests.len());
+                    for request in requests {
+                        answers.push(self.send(request).await);
                     }
-                    answer => return split_batch_answer(requests.len(), answer),
+                    answers
                 }
             }
-            let mut answers = Vec::with_capacity(requests.len());
-            for request in requests {
-                answers.push(self.send(request).await);
-            }
-            answers
         })
+    }
+}
+
+impl HttpTransport {
+    /// The base URL requests go to (no trailing `/`).
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// One request to `/_rf/receive/batch`: `Err` when it got no answer (the
+    /// endpoint failed, not the messages), the per-message answers when it
+    /// did, and `None` when this receiver has no batch endpoint (remembered:
+    /// send one by one from then on).
+    pub(crate) async fn send_whole_batch(
+        &self,
+        requests: &[OutgoingRequest],
+    ) -> Option<Result<Vec<Result<TransportResponse, TransportError>>, TransportError>> {
+        use std::sync::atomic::Ordering;
+        if self.no_batches.load(Ordering::Relaxed) {
+            return None;
+        }
+        let batch = OutgoingRequest {
+            path: RECEIVE_BATCH_PATH,
+            headers: Vec::new(),
+            body: batch_body(requests),
+        };
+        match self.send(batch).await {
+            Ok(answer) if answer.status == 404 || answer.status == 405 => {
+                tracing::info!(url = %self.base_url, "receiver has no batch endpoint; sending one by one");
+                self.no_batches.store(true, Ordering::Relaxed);
+                None
+            }
+            Ok(answer) => Some(Ok(split_batch_answer(requests.len(), Ok(answer)))),
+            Err(error) => Some(Err(error)),
+        }
     }
 }
 

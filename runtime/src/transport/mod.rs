@@ -3,20 +3,25 @@
 //! A [`Transport`] moves exact bytes and reports the status and body it got
 //! back; it never interprets them (the dispatcher classifies answers).
 //! Implementations: HTTP (`reqwest`, connection reuse), in-process (calls an
-//! axum `Router` directly, so the very same receiver code runs), and Unix
-//! domain sockets (HTTP/1.1 over a socket file, Linux and macOS).
+//! axum `Router` directly, so the very same receiver code runs), Unix
+//! domain sockets (HTTP/1.1 over a socket file, Linux and macOS), and a
+//! spread over several HTTP base URLs of one destination, with failover
+//! ([`SpreadTransport`]).
 
 mod http;
 mod in_process;
+mod spread;
 #[cfg(unix)]
 mod unix;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use http::HttpTransport;
 pub use in_process::InProcessTransport;
+pub use spread::{DEFAULT_DOWN_BASE, DEFAULT_DOWN_MAX, EndpointState, SpreadTransport};
 #[cfg(unix)]
 pub use unix::UnixSocketTransport;
 
@@ -134,4 +139,99 @@ pub(crate) fn retry_after(value: Option<&str>) -> Option<Duration> {
     value
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(Duration::from_secs)
+}
+
+/// The transport of a configured destination: a [`UnixSocketTransport`] for
+/// a `unix://` URL, an [`HttpTransport`] for one `http(s)://` URL (trusting
+/// its `ca_file`, if named), a [`SpreadTransport`] over several. Errors name
+/// what is wrong, never a URL (it may hold credentials).
+pub(crate) fn for_destination(
+    destination: &crate::config::DestinationConfig,
+    timeout: Duration,
+) -> Result<Arc<dyn Transport>, String> {
+    if destination.urls.is_empty() {
+        if let Some(path) = destination.url.strip_prefix("unix://") {
+            return unix_transport(path, timeout);
+        }
+        return Ok(Arc::new(http_transport(
+            destination,
+            &destination.url,
+            timeout,
+        )?));
+    }
+    let mut endpoints = Vec::with_capacity(destination.urls.len() + 1);
+    for (position, url) in destination.base_urls().enumerate() {
+        let shown = if position == 0 {
+            "`url`".to_owned()
+        } else {
+            format!("`urls[{}]`", position - 1)
+        };
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(format!(
+                "{shown} is not an http:// or https:// URL: a destination with several \
+                 base URLs spreads over HTTP(S) only (unix:// and other schemes take one `url`)"
+            ));
+        }
+        let normal = url.trim_end_matches('/');
+        if destination
+            .base_urls()
+            .take(position)
+            .any(|earlier| earlier.trim_end_matches('/') == normal)
+        {
+            return Err(format!("{shown} repeats an earlier base URL"));
+        }
+        endpoints.push(http_transport(destination, url, timeout)?);
+    }
+    Ok(Arc::new(SpreadTransport::new(endpoints)))
+}
+
+/// The HTTP(S) transport to `url`, trusting the destination's `ca_file` if
+/// it names one.
+fn http_transport(
+    destination: &crate::config::DestinationConfig,
+    url: &str,
+    timeout: Duration,
+) -> Result<HttpTransport, String> {
+    let Some(ca_file) = &destination.ca_file else {
+        return HttpTransport::new(url, timeout).map_err(|e| e.to_string());
+    };
+    let pem = std::fs::read(ca_file)
+        .map_err(|e| format!("cannot read CA file {}: {e}", ca_file.display()))?;
+    with_root_certificates(url, timeout, &pem)
+}
+
+#[cfg(feature = "tls")]
+fn with_root_certificates(
+    url: &str,
+    timeout: Duration,
+    pem: &[u8],
+) -> Result<HttpTransport, String> {
+    HttpTransport::with_root_certificates(url, timeout, pem).map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "tls"))]
+fn with_root_certificates(_: &str, _: Duration, _: &[u8]) -> Result<HttpTransport, String> {
+    Err("`ca_file` needs HTTPS: build rfidl-runtime with its `tls` feature".to_owned())
+}
+
+#[cfg(unix)]
+fn unix_transport(path: &str, timeout: Duration) -> Result<Arc<dyn Transport>, String> {
+    Ok(Arc::new(UnixSocketTransport::new(path, timeout)))
+}
+
+#[cfg(not(unix))]
+fn unix_transport(_: &str, _: Duration) -> Result<Arc<dyn Transport>, String> {
+    Err("unix:// destinations exist only on unix".to_owned())
+}
+
+/// A shared transport: route a clone and keep a handle, e.g. to read
+/// [`SpreadTransport::endpoints`] for diagnostics.
+impl<T: Transport + ?Sized> Transport for Arc<T> {
+    fn send(&self, request: OutgoingRequest) -> SendFuture<'_> {
+        (**self).send(request)
+    }
+
+    fn send_batch(&self, requests: Vec<OutgoingRequest>) -> BatchFuture<'_> {
+        (**self).send_batch(requests)
+    }
 }

@@ -76,7 +76,10 @@ fn the_environment_wins_over_yaml_and_reads_secrets_from_files() {
                 "RFIDL_DESTINATIONS_ENGINE_EU_SECRET_FILE",
                 engine_secret.to_str().unwrap(),
             ),
-            ("RFIDL_DESTINATIONS_BILLING_URL", "http://billing:7003"),
+            (
+                "RFIDL_DESTINATIONS_BILLING_URL",
+                "http://billing:7003, http://billing-2:7003",
+            ),
             ("RFIDL_DESTINATIONS_BILLING_SECRET", "whsec_BILL"),
             (
                 "RFIDL_PEERS_HR_SERVICE_SECRETS_FILE",
@@ -101,6 +104,8 @@ fn the_environment_wins_over_yaml_and_reads_secrets_from_files() {
         (billing.url.as_str(), billing.secret.as_str()),
         ("http://billing:7003", "whsec_BILL")
     );
+    assert_eq!(billing.urls, ["http://billing-2:7003"], "more base URLs");
+    assert!(engine.urls.is_empty());
     assert_eq!(config.peers["hr-service"], ["whsec_NEW", "whsec_OLD"]);
     assert_eq!(config.peers["engine"], ["whsec_A", "whsec_B"]);
     let shown = format!("{config:?}");
@@ -112,7 +117,7 @@ fn the_environment_wins_over_yaml_and_reads_secrets_from_files() {
 
 #[test]
 fn bad_variables_are_named_and_their_values_never_shown() {
-    let cases: [(&[(&str, &str)], &str); 8] = [
+    let cases: [(&[(&str, &str)], &str); 9] = [
         (
             &[("RFIDL_OUTBOX_MAX_RETRIES", SECRET)],
             "RFIDL_OUTBOX_MAX_RETRIES",
@@ -133,6 +138,13 @@ fn bad_variables_are_named_and_their_values_never_shown() {
         (
             &[("RFIDL_DESTINATIONS_BILLING_SECRET", SECRET)],
             "RFIDL_DESTINATIONS_BILLING_URL",
+        ),
+        (
+            &[
+                ("RFIDL_DESTINATIONS_HR_URL", " , "),
+                ("RFIDL_DESTINATIONS_HR_SECRET", SECRET),
+            ],
+            "RFIDL_DESTINATIONS_HR_URL: no URL given",
         ),
         (
             &[

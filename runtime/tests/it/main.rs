@@ -13,6 +13,7 @@ mod probes;
 mod prometheus;
 mod receiver;
 mod responses;
+mod spread;
 mod support;
 // The same bodies on SQLite and PostgreSQL.
 mod store_delivery;

@@ -75,6 +75,7 @@ async fn metrics_follow_prometheus_conventions_per_destination() {
         "later".into(),
         rfidl_runtime::config::DestinationConfig {
             url: "http://127.0.0.1:9".into(),
+            urls: Vec::new(),
             secret: Secret::generate().to_whsec(),
             ca_file: None,
         },

@@ -57,6 +57,7 @@ fn https_config(url: &str, secret: &Secret, ca_file: Option<&Path>) -> Config {
         "ledger".into(),
         DestinationConfig {
             url: url.to_owned(),
+            urls: Vec::new(),
             secret: secret.to_whsec(),
             ca_file: ca_file.map(Path::to_path_buf),
         },

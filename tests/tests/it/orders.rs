@@ -123,6 +123,7 @@ async fn a_command_through_generated_code_is_processed_once_and_answered() {
         "shop".into(),
         DestinationConfig {
             url,
+            urls: Vec::new(),
             secret: secret.to_whsec(),
             ca_file: None,
         },
