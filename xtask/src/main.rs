@@ -376,10 +376,13 @@ fn chaos(extra: &[String]) -> Result<(), String> {
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("target"));
     let bins = target.join(if release { "release" } else { "debug" });
+    // The `replicas` scenario runs engines on a PostgreSQL database.
+    let (postgres_url, _cluster) = test_postgres()?;
     run(Command::new(bins.join("chaos"))
         .arg("--bin-dir")
         .arg(&bins)
-        .args(rest))
+        .args(rest)
+        .env("RFIDL_POSTGRES_URL", &postgres_url))
 }
 
 fn regen() -> Result<(), String> {

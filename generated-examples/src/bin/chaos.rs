@@ -45,6 +45,7 @@ const SCENARIOS: &[&str] = &[
     "disk-full",
     "clock-skew",
     "corrupt-db",
+    "replicas",
 ];
 
 #[derive(Parser, Debug)]
@@ -73,6 +74,9 @@ struct Args {
     /// Seed of the fault schedule (default: from the clock; printed).
     #[arg(long)]
     seed: Option<u64>,
+    /// Hires of `replicas` (three engines on one PostgreSQL database).
+    #[arg(long, default_value_t = 5000)]
+    replica_hires: u32,
     /// Longest wait for a drain.
     #[arg(long, value_parser = rfidl_runtime::duration::parse_duration, default_value = "120s")]
     drain_timeout: Duration,
@@ -160,6 +164,7 @@ fn main() -> anyhow::Result<()> {
             kills: args.kills,
             outage: args.outage,
             drain_timeout: args.drain_timeout,
+            replica_hires: args.replica_hires,
         };
         let outcome = runtime.block_on(run(name, &context, &mut rng));
         match outcome {
@@ -186,6 +191,7 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+#[derive(Clone)]
 struct Context {
     bins: PathBuf,
     dir: PathBuf,
@@ -193,6 +199,7 @@ struct Context {
     kills: u32,
     outage: Duration,
     drain_timeout: Duration,
+    replica_hires: u32,
 }
 
 async fn run(name: &str, context: &Context, rng: &mut StdRng) -> anyhow::Result<Report> {
@@ -207,6 +214,7 @@ async fn run(name: &str, context: &Context, rng: &mut StdRng) -> anyhow::Result<
         "disk-full" => disk_full(context).await,
         "clock-skew" => clock_skew(context).await,
         "corrupt-db" => corrupt_db(context).await,
+        "replicas" => replicas(context, rng).await,
         other => bail!("no scenario `{other}`"),
     }
 }
@@ -317,7 +325,7 @@ impl Cluster {
         &self,
         binary: &str,
         log: &str,
-        (port, db, peer): (u16, &Path, &str),
+        (port, db, peers): (u16, &std::ffi::OsStr, &[&str]),
         (secret, peer_secret): (&str, &str),
         customize: impl FnOnce(&mut Command),
     ) -> anyhow::Result<Child> {
@@ -326,7 +334,7 @@ impl Cluster {
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .arg("--db")
             .arg(db)
-            .args(["--peer-url", peer])
+            .args(peers.iter().flat_map(|peer| ["--peer-url", peer]))
             .args(["--secret", secret])
             .args(["--peer-secret", peer_secret])
             .arg("--config")
@@ -345,7 +353,7 @@ impl Cluster {
         let child = self.spawn(
             "hr-service",
             "hr",
-            (self.hr_port, &self.hr_db, &self.hr_peer),
+            (self.hr_port, self.hr_db.as_os_str(), &[&self.hr_peer]),
             (&self.hr_secret, &self.engine_secret),
             |command| {
                 command
@@ -363,7 +371,7 @@ impl Cluster {
         let child = self.spawn(
             "engine",
             "engine",
-            (self.engine_port, &self.engine_db, &self.engine_peer),
+            (self.engine_port, self.engine_db.as_os_str(), &[&self.engine_peer]),
             (&self.engine_secret, &self.hr_secret),
             |command| {
                 command.args(&flags).envs(env);
@@ -1161,4 +1169,142 @@ fn make_garbage(path: &Path) -> anyhow::Result<()> {
 fn make_not_a_db(path: &Path) -> anyhow::Result<()> {
     std::fs::write(path, vec![b'x'; 8192])?;
     Ok(())
+}
+
+/// Three `engine` replicas on one PostgreSQL database behind one
+/// `hr-service` that lists all three (`--peer-url` three times), while
+/// `--replica-hires` hires flow: SIGKILLs of a random replica at random
+/// moments, each restarted on the same port after a pause. The database
+/// decides which replica processes a message; every hire must still come
+/// out exactly once. Needs `RFIDL_POSTGRES_URL` (`cargo xtask chaos` starts
+/// a throw-away server).
+async fn replicas(context: &Context, rng: &mut StdRng) -> anyhow::Result<Report> {
+    const REPLICAS: usize = 3;
+    let server = std::env::var("RFIDL_POSTGRES_URL").context(
+        "`replicas` needs a PostgreSQL server: set RFIDL_POSTGRES_URL (cargo xtask chaos starts one)",
+    )?;
+    let database = format!("rfidl_chaos_{}", std::process::id());
+    let engine_url = postgres_database(&server, &database)?;
+    let admin = server.clone();
+    let create = format!("DROP DATABASE IF EXISTS {database} WITH (FORCE); CREATE DATABASE {database}");
+    std::thread::spawn(move || -> anyhow::Result<()> {
+        let mut client = rfidl_runtime::postgres::Client::connect(&admin, rfidl_runtime::postgres::NoTls)?;
+        Ok(client.batch_execute(&create)?)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("database set-up panicked"))??;
+
+    let hires = context.replica_hires;
+    let mut cluster = Cluster::new(&Context {
+        messages: hires,
+        ..context.clone()
+    })?;
+    cluster.hire_rate = (hires / 10).max(1);
+    let ports: Vec<u16> = (0..REPLICAS).map(|_| free_port()).collect::<anyhow::Result<_>>()?;
+    let peers: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let peer_refs: Vec<&str> = peers.iter().map(String::as_str).collect();
+    let engine_db = std::ffi::OsString::from(&engine_url);
+    let start = |cluster: &Cluster, index: usize| {
+        cluster.spawn(
+            "engine",
+            &format!("engine-{index}"),
+            (ports[index], &engine_db, &[&cluster.engine_peer]),
+            (&cluster.engine_secret, &cluster.hr_secret),
+            |command| {
+                command.args(["--slow-handler", "2ms", "--slow-every", "10"]);
+            },
+        )
+    };
+    let mut engines: Vec<Option<Child>> = Vec::new();
+    for index in 0..REPLICAS {
+        engines.push(Some(start(&cluster, index)?));
+    }
+    for port in &ports {
+        wait_listening(*port, Duration::from_secs(20)).await?;
+    }
+    let hr = cluster.spawn(
+        "hr-service",
+        "hr",
+        (cluster.hr_port, cluster.hr_db.as_os_str(), &peer_refs),
+        (&cluster.hr_secret, &cluster.engine_secret),
+        |command| {
+            command
+                .args(["--hire", &hires.to_string()])
+                .args(["--hire-rate", &cluster.hire_rate.to_string()]);
+        },
+    )?;
+    cluster.hr = Some(hr);
+    let engine_database = rfidl_runtime::Database::parse(&engine_url)?;
+    let mut faults = 0;
+    for _ in 0..context.kills {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(200..600))).await;
+        cluster.check_alive()?;
+        let victim = rng.random_range(0..REPLICAS);
+        Cluster::kill(&mut engines[victim]);
+        faults += 1;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..300))).await;
+        engines[victim] = Some(start(&cluster, victim)?);
+    }
+    let open = "SELECT COUNT(*) FROM outbox_messages WHERE status IN ('Pending', 'Sending')";
+    let engine_count = |sql: &str| rfidl_examples::demo::count(&engine_database, sql).unwrap_or(-1);
+    let started = Instant::now();
+    let drained_in = loop {
+        cluster.check_alive()?;
+        for (index, engine) in engines.iter_mut().enumerate() {
+            if let Some(child) = engine
+                && let Some(status) = child.try_wait()?
+            {
+                bail!("engine-{index} exited by itself ({status})");
+            }
+        }
+        let hired = i64::from(hires);
+        if Cluster::count(&cluster.hr_db, "SELECT COUNT(*) FROM employees") >= hired
+            && Cluster::count(&cluster.hr_db, open) == 0
+            && Cluster::count(&cluster.hr_db, "SELECT COUNT(*) FROM laptop_tickets") >= hired
+            && engine_count(open) == 0
+            && engine_count("SELECT COUNT(*) FROM outbox_messages") >= hired
+        {
+            break Some(started.elapsed());
+        }
+        if started.elapsed() > context.drain_timeout {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let verdict = rfidl_examples::demo::verdict::verdict_of(
+        &rfidl_runtime::Database::Sqlite(cluster.hr_db.clone()),
+        &engine_database,
+        &context.dir,
+    )?;
+    for engine in &mut engines {
+        Cluster::kill(engine);
+    }
+    cluster.stop();
+    let processed: Vec<String> = (0..REPLICAS)
+        .map(|index| {
+            let log = std::fs::read_to_string(context.dir.join(format!("engine-{index}.log")))
+                .unwrap_or_default();
+            format!("engine-{index}:{}starts", log.matches("listening on").count())
+        })
+        .collect();
+    Ok(Report {
+        messages: hires,
+        faults,
+        verdict,
+        drained_in,
+        notes: vec![format!("replicas={REPLICAS}"), processed.join(",")],
+    })
+}
+
+/// `server` (a `postgres://` URL) with its database replaced by `name`.
+fn postgres_database(server: &str, name: &str) -> anyhow::Result<String> {
+    let (scheme, rest) = server
+        .split_once("://")
+        .context("RFIDL_POSTGRES_URL is not a URL")?;
+    let (location, query) = rest.split_once('?').map_or((rest, None), |(l, q)| (l, Some(q)));
+    let authority = location.split_once('/').map_or(location, |(a, _)| a);
+    Ok(match query {
+        Some(query) => format!("{scheme}://{authority}/{name}?{query}"),
+        None => format!("{scheme}://{authority}/{name}"),
+    })
 }

@@ -57,3 +57,65 @@ pub fn verdict(hr_db: &Path, engine_db: &Path) -> anyhow::Result<Verdict> {
         )?,
     })
 }
+
+/// [`verdict`] for services on either store: a database that is not a
+/// SQLite file (a PostgreSQL one) is first copied, the rows the verdict
+/// reads, into a SQLite file in `scratch`, so the counting is the same SQL.
+pub fn verdict_of(
+    hr: &rfidl_runtime::Database,
+    engine: &rfidl_runtime::Database,
+    scratch: &Path,
+) -> anyhow::Result<Verdict> {
+    let hr_file = local_copy(hr, &scratch.join("verdict-hr.db"))?;
+    let engine_file = local_copy(engine, &scratch.join("verdict-engine.db"))?;
+    verdict(&hr_file, &engine_file)
+}
+
+/// The SQLite file of `database`, or a copy of the verdict's tables.
+fn local_copy(database: &rfidl_runtime::Database, copy: &Path) -> anyhow::Result<std::path::PathBuf> {
+    if let Some(path) = database.sqlite_path() {
+        return Ok(path.to_path_buf());
+    }
+    let _ = std::fs::remove_file(copy);
+    let local = Connection::open(copy)?;
+    local.execute_batch(
+        "CREATE TABLE employees (id TEXT);
+         CREATE TABLE workflows (employee_id TEXT, message_id TEXT);
+         CREATE TABLE laptop_tickets (employee_id TEXT, message_id TEXT);
+         CREATE TABLE outbox_messages (message_id TEXT, status TEXT);",
+    )?;
+    // Each table the services have; the others stay empty.
+    let tables: [(&str, &str); 4] = [
+        ("employees", "SELECT id, NULL FROM employees"),
+        ("workflows", "SELECT employee_id, message_id FROM workflows"),
+        ("laptop_tickets", "SELECT employee_id, message_id FROM laptop_tickets"),
+        ("outbox_messages", "SELECT message_id, status FROM outbox_messages"),
+    ];
+    let rows = super::store::with_connection(database, |connection| {
+        let super::store::Connection::Postgres(client) = connection else {
+            anyhow::bail!("not a PostgreSQL database");
+        };
+        let mut all = Vec::new();
+        for (table, sql) in tables {
+            let exists: bool = client
+                .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])?
+                .get(0);
+            if !exists {
+                continue;
+            }
+            for row in client.query(sql, &[])? {
+                all.push((table, row.get::<_, Option<String>>(0), row.get::<_, Option<String>>(1)));
+            }
+        }
+        Ok(all)
+    })?;
+    let tx = local.unchecked_transaction()?;
+    for (table, a, b) in rows {
+        match table {
+            "employees" => tx.execute("INSERT INTO employees VALUES (?1)", [a])?,
+            other => tx.execute(&format!("INSERT INTO {other} VALUES (?1, ?2)"), [a, b])?,
+        };
+    }
+    tx.commit()?;
+    Ok(copy.to_path_buf())
+}
