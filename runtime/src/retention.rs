@@ -183,7 +183,12 @@ impl Retention {
 
     fn start(config: Config, pass: Pass, metrics: Arc<Metrics>) -> RetentionHandle {
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(run(config, Arc::new(Mutex::new(pass)), metrics, cancel.clone()));
+        let task = tokio::spawn(run(
+            config,
+            Arc::new(Mutex::new(pass)),
+            metrics,
+            cancel.clone(),
+        ));
         RetentionHandle { cancel, task }
     }
 }
