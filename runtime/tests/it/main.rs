@@ -16,6 +16,7 @@ mod responses;
 mod support;
 // The same bodies on SQLite and PostgreSQL.
 mod store_delivery;
+mod store_operations;
 mod stores;
 mod tls;
 // Receiver side (rt2): exactly-once, the wire's order of checks, batches.
