@@ -110,18 +110,50 @@ impl PostgresDiagnostics {
         Ok(())
     }
 
-    /// Runs `work` on the client, connecting first if needed.
+    /// Runs the read `work` on the client, connecting first if needed. A
+    /// read that failed because the connection broke (the server restarted,
+    /// an administrator ended the session) runs once more on a new one, so
+    /// the first request after a restart is answered too.
     fn with_client<T>(
         &self,
-        work: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
+        mut work: impl FnMut(&mut Client) -> Result<T, postgres::Error>,
     ) -> Result<T, DiagnosticsError> {
-        self.connect().map_err(|cause| self.unavailable(cause))?;
+        match self.once(&mut work) {
+            Err(Broken::Closed(_)) => self
+                .once(&mut work)
+                .map_err(|broken| broken.into_error(self)),
+            done => done.map_err(|broken| broken.into_error(self)),
+        }
+    }
+
+    /// Runs the write `work` once: a write whose connection broke may have
+    /// committed, so it is not run again (the caller sees 503 and asks again).
+    fn write<T>(
+        &self,
+        mut work: impl FnMut(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, DiagnosticsError> {
+        self.once(&mut work)
+            .map_err(|broken| broken.into_error(self))
+    }
+
+    fn once<T>(
+        &self,
+        work: &mut impl FnMut(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, Broken> {
+        self.connect().map_err(Broken::Other)?;
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         let client = conn
             .client
             .as_mut()
-            .ok_or_else(|| self.unavailable("no connection"))?;
-        work(client).map_err(|e| self.unavailable(error_text(&e)))
+            .ok_or_else(|| Broken::Other("no connection".to_owned()))?;
+        work(client).map_err(|error| {
+            let text = error_text(&error);
+            if client.is_closed() {
+                Broken::Closed(text)
+            } else {
+                Broken::Other(text)
+            }
+        })
     }
 
     fn count(
@@ -132,6 +164,20 @@ impl PostgresDiagnostics {
         let count: i64 =
             self.with_client(|client| client.query_typed_one(sql, params).map(|row| row.get(0)))?;
         Ok(count.max(0) as u64)
+    }
+}
+
+/// Why a statement failed: its connection closed, or anything else.
+enum Broken {
+    Closed(String),
+    Other(String),
+}
+
+impl Broken {
+    fn into_error(self, store: &PostgresDiagnostics) -> DiagnosticsError {
+        match self {
+            Broken::Closed(cause) | Broken::Other(cause) => store.unavailable(cause),
+        }
     }
 }
 
@@ -227,7 +273,7 @@ impl DiagnosticsStore for PostgresDiagnostics {
         now_ms: i64,
         renew_until_ms: i64,
     ) -> Result<usize, DiagnosticsError> {
-        let updated = self.with_client(|client| {
+        let updated = self.write(|client| {
             client.execute_typed(
                 "UPDATE outbox_messages \
                  SET status = 'Pending', retry_count = 0, next_retry_at = $2, \
@@ -262,7 +308,7 @@ impl DiagnosticsStore for PostgresDiagnostics {
         renew_until_ms: i64,
     ) -> Result<usize, DiagnosticsError> {
         let status = status.map(Status::as_str);
-        let updated = self.with_client(|client| {
+        let updated = self.write(|client| {
             client.execute_typed(
                 "UPDATE outbox_messages \
                  SET status = 'Pending', retry_count = 0, next_retry_at = $3, \

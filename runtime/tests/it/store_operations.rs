@@ -511,3 +511,47 @@ async fn diagnostics_on_a_missing_postgresql_database_names_it() {
     assert!(error.contains("rfidl_no_such_database"), "{error}");
     assert!(error.contains("does not exist"), "{error}");
 }
+
+/// PostgreSQL only: the routes and the probe open their sessions again when
+/// the server ended them (a restart, an administrator), and readiness says
+/// when the schema is not the one this build knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgresql_diagnostics_reconnect_and_readiness_checks_the_schema() {
+    let Some(store) = TestStore::postgres() else {
+        return;
+    };
+    let ops = store.diagnostics().build().expect("diagnostics");
+    let (url, _server) = serve(ops.router()).await;
+    let client = reqwest::Client::new();
+    let get = |path: &str| {
+        let url = format!("{url}{path}");
+        let client = client.clone();
+        async move { call(&client, reqwest::Method::GET, &url, None).await }
+    };
+    for path in ["/_rf/health", "/_rf/readyz"] {
+        let (status, _, body) = get(path).await;
+        assert_eq!(status, 200, "{path}: {body}");
+    }
+    // Every other session on the test database ends, as in a restart.
+    let ended = store.count(
+        "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    );
+    assert!(ended >= 2, "the routes' and the probe's sessions: {ended}");
+    for path in ["/_rf/health", "/_rf/outbox/stats", "/_rf/readyz"] {
+        let (status, _, body) = get(path).await;
+        assert_eq!(status, 200, "{path} after the sessions ended: {body}");
+    }
+
+    store.execute("UPDATE rfidl_schema SET version = version + 1");
+    let (status, _, body) = get("/_rf/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    let readiness = json_of(&body);
+    assert_eq!(readiness["failed"], json!(["migrations"]), "{body}");
+    let known = rfidl_runtime::pg::MIGRATIONS.len();
+    assert_eq!(
+        readiness["checks"]["migrations"],
+        format!("schema version {}, this build needs {known}", known + 1),
+        "{body}"
+    );
+}
