@@ -1454,6 +1454,59 @@ mod tests {
         OutboxStats::default()
     }
 
+    fn group(destination: &str, status: Status, rows: u64, oldest: i64) -> UnsentGroup {
+        UnsentGroup {
+            destination: destination.to_owned(),
+            status,
+            rows,
+            oldest_created_at: oldest,
+        }
+    }
+
+    /// The one folding both stores' groups go through.
+    #[test]
+    fn groups_fold_into_counts_and_gauges() {
+        let groups = vec![
+            group("ledger", Status::Pending, 3, 1_000),
+            group("ledger", Status::Sending, 1, 500),
+            group("billing", Status::Pending, 2, 4_000),
+            group("billing", Status::Failed, 4, 100),
+            group("audit", Status::Expired, 1, 100),
+        ];
+        let stats = fold_unsent(groups.clone(), Some(9_000), 10_000);
+        assert_eq!(
+            (stats.pending, stats.sending, stats.failed, stats.expired),
+            (5, 1, 4, 1)
+        );
+        assert_eq!(
+            stats.oldest_pending_age_ms,
+            Some(9_500),
+            "ledger's Sending row"
+        );
+        assert_eq!(stats.last_sent_at.as_deref(), Some("1970-01-01T00:00:09Z"));
+        assert_eq!(stats.sent, None);
+        assert_eq!(stats.destinations["ledger"][&Status::Pending], 3);
+        assert_eq!(stats.destinations["billing"][&Status::Failed], 4);
+
+        let gauges = fold_gauges(groups, 10_000, &["ledger".into(), "idle".into()]);
+        let names: Vec<&str> = gauges.iter().map(|g| g.destination.as_str()).collect();
+        assert_eq!(names, ["audit", "billing", "idle", "ledger"]);
+        let ledger = &gauges[3];
+        assert_eq!(
+            (ledger.pending, ledger.oldest_pending_age_ms),
+            (4, Some(9_500))
+        );
+        assert_eq!((gauges[1].pending, gauges[1].failed), (2, 4));
+        assert_eq!(gauges[0].expired, 1);
+        assert_eq!(
+            gauges[2],
+            DestinationGauges {
+                destination: "idle".into(),
+                ..Default::default()
+            }
+        );
+    }
+
     #[test]
     fn health_is_a_traffic_light() {
         let thresholds = HealthThresholds::default();
