@@ -25,6 +25,13 @@
 //! Every query runs on the blocking pool against one connection of its own,
 //! and reads only through the partial indexes of [`crate::db`], so a large
 //! table of `Sent` rows does not slow the health check down.
+//!
+//! **Both stores.** [`Diagnostics::builder`] serves a SQLite file,
+//! `Diagnostics::postgres` (cargo feature `postgres`) a PostgreSQL database,
+//! and [`Diagnostics::builder_for`] either. The statements sit behind a
+//! store trait (`DiagnosticsStore`, here for SQLite and in `pg/diagnostics.rs`
+//! for PostgreSQL) that returns raw rows; what the routes make of them (the
+//! counts, the gauges, the filters, the retry errors) is written once, here.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -704,7 +711,7 @@ impl DiagnosticsBuilder {
 
     /// Opens the database (creating and migrating it if needed). On
     /// PostgreSQL, an unreachable server or a wrong URL is
-    /// [`DbError::Postgres`], naming the host and the cause.
+    /// `DbError::Postgres`, naming the host and the cause.
     pub fn build(self) -> Result<Diagnostics, DbError> {
         let (conn, ready_conn) = match &self.database {
             Database::Sqlite(path) => {
