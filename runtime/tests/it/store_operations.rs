@@ -513,14 +513,19 @@ async fn diagnostics_on_a_missing_postgresql_database_names_it() {
 }
 
 /// PostgreSQL only: the routes and the probe open their sessions again when
-/// the server ended them (a restart, an administrator), and readiness says
-/// when the schema is not the one this build knows.
+/// the server ended them (a restart, an administrator); readiness answers
+/// within its timeout when the database does not, and says when the schema
+/// is not the one this build knows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgresql_diagnostics_reconnect_and_readiness_checks_the_schema() {
     let Some(store) = TestStore::postgres() else {
         return;
     };
-    let ops = store.diagnostics().build().expect("diagnostics");
+    let ops = store
+        .diagnostics()
+        .readiness_timeout(Duration::from_millis(300))
+        .build()
+        .expect("diagnostics");
     let (url, _server) = serve(ops.router()).await;
     let client = reqwest::Client::new();
     let get = |path: &str| {
@@ -542,6 +547,45 @@ async fn postgresql_diagnostics_reconnect_and_readiness_checks_the_schema() {
         let (status, _, body) = get(path).await;
         assert_eq!(status, 200, "{path} after the sessions ended: {body}");
     }
+
+    // A session that holds the schema table locked: the probe's read of it
+    // gives up at the readiness timeout (`statement_timeout`), and answers.
+    let TestStore::Postgres { url: pg_url, .. } = &store else {
+        unreachable!()
+    };
+    let pg_url = pg_url.clone();
+    let (locked_tx, locked) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    let locker = std::thread::spawn(move || {
+        let mut client = pg_url.connect().expect("connect");
+        let mut tx = client.transaction().expect("tx");
+        tx.batch_execute("LOCK TABLE rfidl_schema IN ACCESS EXCLUSIVE MODE")
+            .expect("lock");
+        locked_tx.send(()).expect("signal");
+        let _ = release_rx.recv();
+        tx.rollback().expect("release");
+    });
+    locked.recv().expect("locked");
+    let started = Instant::now();
+    let (status, _, body) = get("/_rf/readyz").await;
+    let waited = started.elapsed();
+    release.send(()).expect("release");
+    locker.join().expect("locker");
+    assert_eq!(status, 503, "{body}");
+    let readiness = json_of(&body);
+    assert_eq!(readiness["failed"], json!(["migrations"]), "{body}");
+    assert!(
+        readiness["checks"]["migrations"]
+            .as_str()
+            .is_some_and(|m| m.contains("statement timeout")),
+        "{body}"
+    );
+    assert!(
+        (Duration::from_millis(250)..Duration::from_secs(3)).contains(&waited),
+        "answered after {waited:?}, the readiness timeout is 300ms"
+    );
+    let (status, _, body) = get("/_rf/readyz").await;
+    assert_eq!(status, 200, "the lock is gone: {body}");
 
     store.execute("UPDATE rfidl_schema SET version = version + 1");
     let (status, _, body) = get("/_rf/readyz").await;
