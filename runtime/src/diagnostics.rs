@@ -25,6 +25,13 @@
 //! Every query runs on the blocking pool against one connection of its own,
 //! and reads only through the partial indexes of [`crate::db`], so a large
 //! table of `Sent` rows does not slow the health check down.
+//!
+//! **Both stores.** [`Diagnostics::builder`] serves a SQLite file,
+//! `Diagnostics::postgres` (cargo feature `postgres`) a PostgreSQL database,
+//! and [`Diagnostics::builder_for`] either. The statements sit behind a
+//! store trait (`DiagnosticsStore`, here for SQLite and in `pg/diagnostics.rs`
+//! for PostgreSQL) that returns raw rows; what the routes make of them (the
+//! counts, the gauges, the filters, the retry errors) is written once, here.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -37,7 +44,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use rusqlite::{Connection, OptionalExtension as _, params};
+use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -46,10 +53,10 @@ use crate::circuit::{Circuits, DestinationState};
 use crate::config::Config;
 use crate::db::{self, DbError};
 use crate::envelope::ErrorBody;
-use crate::inbox;
 use crate::liveness::Liveness;
 use crate::metrics::{DestinationGauges, Gauges, Metrics};
 use crate::outbox::{Outbox, Status};
+use crate::store::Database;
 
 /// The statuses that need a human; the only ones a retry accepts.
 const ATTENTION: [Status; 3] = [Status::Failed, Status::DeadLetter, Status::Expired];
@@ -249,14 +256,123 @@ pub struct InboxStats {
     pub rejected: u64,
 }
 
+/// One (destination, status) group of undelivered outbox rows, as a store
+/// reads it: the raw material of [`OutboxStats`] and [`DestinationGauges`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct UnsentGroup {
+    pub destination: String,
+    pub status: Status,
+    pub rows: u64,
+    /// `created_at` of the group's oldest row (ms).
+    pub oldest_created_at: i64,
+}
+
+/// One row of the failed list as a store reads it (times in ms); made into
+/// an [`AttentionMessage`] in one place.
+#[derive(Debug, Clone)]
+pub(crate) struct AttentionRow {
+    pub message_id: String,
+    pub correlation_id: Option<String>,
+    pub message_type: String,
+    pub destination: String,
+    pub interface: String,
+    pub version: i64,
+    pub endpoint: String,
+    pub status: String,
+    pub retry_count: i64,
+    pub max_retries: i64,
+    pub last_error: Option<String>,
+    pub created_at: i64,
+    pub last_attempt_at: Option<i64>,
+    pub expires_at: i64,
+}
+
+impl From<AttentionRow> for AttentionMessage {
+    fn from(row: AttentionRow) -> Self {
+        let small = |n: i64| u32::try_from(n.max(0)).unwrap_or(u32::MAX);
+        AttentionMessage {
+            message_id: row.message_id,
+            correlation_id: row.correlation_id,
+            message_type: row.message_type,
+            destination: row.destination,
+            interface: row.interface,
+            version: small(row.version),
+            endpoint: row.endpoint,
+            status: Status::parse(&row.status).unwrap_or(Status::Failed),
+            retry_count: small(row.retry_count),
+            max_retries: small(row.max_retries),
+            last_error: row.last_error,
+            created_at: rfc3339(row.created_at),
+            last_attempt_at: row.last_attempt_at.map(rfc3339),
+            expires_at: rfc3339(row.expires_at),
+        }
+    }
+}
+
+/// The statements behind the diagnostics routes, one implementation per
+/// store: SQLite below (on `rusqlite::Connection`), PostgreSQL in
+/// `crate::pg::diagnostics`. Synchronous: the routes call it on the blocking
+/// pool, one call at a time per connection. Each method reads or writes raw
+/// rows; what the routes make of them (the folding into [`OutboxStats`] and
+/// [`DestinationGauges`], the filters, the retry errors) is written once,
+/// in this module, for both.
+pub(crate) trait DiagnosticsStore {
+    /// Every (destination, status) group of rows not `Sent`, read through
+    /// the partial indexes `outbox_due` and `outbox_attention` only.
+    fn unsent_groups(&self) -> Result<Vec<UnsentGroup>, DiagnosticsError>;
+    /// `sent_at` of the last acknowledged row kept (one index look-up).
+    fn last_sent_at(&self) -> Result<Option<i64>, DiagnosticsError>;
+    /// Kept `Sent` rows (a scan of the `outbox_sent` index).
+    fn sent_count(&self) -> Result<u64, DiagnosticsError>;
+    /// `Failed`, `DeadLetter` and `Expired` rows matching the filter,
+    /// oldest first, at most `limit`.
+    fn attention_rows(
+        &self,
+        status: Option<Status>,
+        destination: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<AttentionRow>, DiagnosticsError>;
+    /// Puts `message_id` back to `Pending` if it needs a human: due at
+    /// `now_ms`, retry count 0, expiring no earlier than `renew_until_ms`.
+    /// Returns the rows changed (0 or 1).
+    fn retry_one(
+        &self,
+        message_id: &str,
+        now_ms: i64,
+        renew_until_ms: i64,
+    ) -> Result<usize, DiagnosticsError>;
+    /// The status of `message_id`, if the row exists.
+    fn status_of(&self, message_id: &str) -> Result<Option<String>, DiagnosticsError>;
+    /// [`retry_one`](Self::retry_one) for every row needing a human that
+    /// matches the filter.
+    fn retry_matching(
+        &self,
+        status: Option<Status>,
+        destination: Option<&str>,
+        now_ms: i64,
+        renew_until_ms: i64,
+    ) -> Result<usize, DiagnosticsError>;
+    /// Rows needing a human, matching the filter (and `message_id`), created
+    /// before `before_ms`.
+    fn count_older(
+        &self,
+        message_id: Option<&str>,
+        status: Option<Status>,
+        destination: Option<&str>,
+        before_ms: i64,
+    ) -> Result<usize, DiagnosticsError>;
+    /// Rows in the inbox.
+    fn inbox_size(&self) -> Result<u64, DiagnosticsError>;
+    /// The `database` and `migrations` checks of `GET /_rf/readyz`, each
+    /// `"ok"` or why not, answered within the readiness timeout.
+    fn database_checks(&self) -> BTreeMap<String, String>;
+}
+
 /// The outbox counts, read through the partial indexes only, with the
 /// number of kept `Sent` rows (which costs a scan of their index).
 pub fn outbox_stats(conn: &Connection, now_ms: i64) -> rusqlite::Result<OutboxStats> {
     let mut stats = unsent_stats(conn, now_ms)?;
-    let sent: i64 = conn
-        .prepare_cached("SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'")?
-        .query_row([], |row| row.get(0))?;
-    stats.sent = Some(sent.max(0) as u64);
+    stats.sent = Some(sqlite::sent_count(conn)?);
     Ok(stats)
 }
 
@@ -264,29 +380,57 @@ pub fn outbox_stats(conn: &Connection, now_ms: i64) -> rusqlite::Result<OutboxSt
 /// and the time of the last delivery. Its cost does not grow with the
 /// number of kept `Sent` rows; the health check uses it.
 pub fn unsent_stats(conn: &Connection, now_ms: i64) -> rusqlite::Result<OutboxStats> {
+    Ok(fold_unsent(
+        sqlite::unsent_groups(conn)?,
+        sqlite::last_sent_at(conn)?,
+        now_ms,
+    ))
+}
+
+/// [`outbox_stats`] on any store.
+fn outbox_stats_in(
+    store: &dyn DiagnosticsStore,
+    now_ms: i64,
+) -> Result<OutboxStats, DiagnosticsError> {
+    let mut stats = unsent_stats_in(store, now_ms)?;
+    stats.sent = Some(store.sent_count()?);
+    Ok(stats)
+}
+
+/// [`unsent_stats`] on any store.
+fn unsent_stats_in(
+    store: &dyn DiagnosticsStore,
+    now_ms: i64,
+) -> Result<OutboxStats, DiagnosticsError> {
+    Ok(fold_unsent(
+        store.unsent_groups()?,
+        store.last_sent_at()?,
+        now_ms,
+    ))
+}
+
+/// The one folding of the (destination, status) groups into the counts.
+fn fold_unsent(groups: Vec<UnsentGroup>, last_sent: Option<i64>, now_ms: i64) -> OutboxStats {
     let mut stats = OutboxStats::default();
     let mut oldest_pending: Option<i64> = None;
-    for_each_unsent_group(conn, |destination, status, count, oldest| {
-        if matches!(status, Status::Pending | Status::Sending) {
+    for group in groups {
+        if matches!(group.status, Status::Pending | Status::Sending) {
+            let oldest = group.oldest_created_at;
             oldest_pending = Some(oldest_pending.map_or(oldest, |o| o.min(oldest)));
         }
-        if let Some(total) = status_total(&mut stats, status) {
-            *total += count;
+        if let Some(total) = status_total(&mut stats, group.status) {
+            *total += group.rows;
         }
         *stats
             .destinations
-            .entry(destination)
+            .entry(group.destination)
             .or_default()
-            .entry(status)
-            .or_default() += count;
-    })?;
-    // One look-up at the end of `outbox_sent`, not a scan.
-    let last_sent: Option<i64> = conn
-        .prepare_cached("SELECT MAX(sent_at) FROM outbox_messages WHERE status = 'Sent'")?
-        .query_row([], |row| row.get(0))?;
+            .entry(group.status)
+            .or_default() += group.rows;
+    }
     stats.last_sent_at = last_sent.map(rfc3339);
     stats.oldest_pending_age_ms = oldest_pending.map(|created| (now_ms - created).max(0));
-    Ok(stats)
+    stats
 }
 
 /// The counter of an unsent status (`Sent` rows are counted on their own).
@@ -410,37 +554,20 @@ pub fn attention_messages(
     conn: &Connection,
     filter: &AttentionFilter,
 ) -> Result<Vec<AttentionMessage>, DiagnosticsError> {
-    let status = filter.status()?.map(Status::as_str);
+    attention_messages_in(conn, filter)
+}
+
+/// [`attention_messages`] on any store.
+fn attention_messages_in(
+    store: &dyn DiagnosticsStore,
+    filter: &AttentionFilter,
+) -> Result<Vec<AttentionMessage>, DiagnosticsError> {
     let limit = filter.limit.unwrap_or(100).clamp(1, MAX_LIST_LIMIT);
-    let mut statement = conn.prepare_cached(
-        "SELECT message_id, correlation_id, message_type, destination, interface, version, \
-                endpoint, status, retry_count, max_retries, last_error, created_at, \
-                last_attempt_at, expires_at \
-         FROM outbox_messages \
-         WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
-           AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2) \
-         ORDER BY created_at LIMIT ?3",
-    )?;
-    let rows = statement.query_map(params![status, filter.destination, limit], |row| {
-        let status: String = row.get(7)?;
-        Ok(AttentionMessage {
-            message_id: row.get(0)?,
-            correlation_id: row.get(1)?,
-            message_type: row.get(2)?,
-            destination: row.get(3)?,
-            interface: row.get(4)?,
-            version: row.get(5)?,
-            endpoint: row.get(6)?,
-            status: Status::parse(&status).unwrap_or(Status::Failed),
-            retry_count: row.get(8)?,
-            max_retries: row.get(9)?,
-            last_error: row.get(10)?,
-            created_at: rfc3339(row.get(11)?),
-            last_attempt_at: row.get::<_, Option<i64>>(12)?.map(rfc3339),
-            expires_at: rfc3339(row.get(13)?),
-        })
-    })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(store
+        .attention_rows(filter.status()?, filter.destination.as_deref(), limit)?
+        .into_iter()
+        .map(AttentionMessage::from)
+        .collect())
 }
 
 /// Puts one `Failed`, `DeadLetter` or `Expired` message back to `Pending`,
@@ -451,26 +578,21 @@ pub fn retry_message(
     ttl: Duration,
     now_ms: i64,
 ) -> Result<(), DiagnosticsError> {
+    retry_message_in(conn, message_id, ttl, now_ms)
+}
+
+/// [`retry_message`] on any store.
+fn retry_message_in(
+    store: &dyn DiagnosticsStore,
+    message_id: &Uuid,
+    ttl: Duration,
+    now_ms: i64,
+) -> Result<(), DiagnosticsError> {
     let id = message_id.to_string();
-    let updated = conn
-        .prepare_cached(
-            "UPDATE outbox_messages \
-             SET status = 'Pending', retry_count = 0, next_retry_at = ?2, lease_token = NULL, \
-                 expires_at = MAX(expires_at, ?3) \
-             WHERE message_id = ?1 AND status IN ('Failed', 'DeadLetter', 'Expired')",
-        )?
-        .execute(params![id, now_ms, now_ms + ttl.as_millis() as i64])?;
-    if updated == 1 {
+    if store.retry_one(&id, now_ms, renewed_expiry(now_ms, ttl))? == 1 {
         return Ok(());
     }
-    let status: Option<String> = conn
-        .query_row(
-            "SELECT status FROM outbox_messages WHERE message_id = ?1",
-            params![id],
-            |row| row.get(0),
-        )
-        .optional()?;
-    match status.as_deref().and_then(Status::parse) {
+    match store.status_of(&id)?.as_deref().and_then(Status::parse) {
         None => Err(DiagnosticsError::NotFound(id)),
         Some(status) => Err(DiagnosticsError::NotRetryable {
             message_id: id,
@@ -487,21 +609,27 @@ pub fn retry_matching(
     ttl: Duration,
     now_ms: i64,
 ) -> Result<usize, DiagnosticsError> {
-    let status = filter.status()?.map(Status::as_str);
-    Ok(conn
-        .prepare_cached(
-            "UPDATE outbox_messages \
-             SET status = 'Pending', retry_count = 0, next_retry_at = ?3, lease_token = NULL, \
-                 expires_at = MAX(expires_at, ?4) \
-             WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
-               AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2)",
-        )?
-        .execute(params![
-            status,
-            filter.destination,
-            now_ms,
-            now_ms + ttl.as_millis() as i64
-        ])?)
+    retry_matching_in(conn, filter, ttl, now_ms)
+}
+
+/// [`retry_matching`] on any store.
+fn retry_matching_in(
+    store: &dyn DiagnosticsStore,
+    filter: &AttentionFilter,
+    ttl: Duration,
+    now_ms: i64,
+) -> Result<usize, DiagnosticsError> {
+    store.retry_matching(
+        filter.status()?,
+        filter.destination.as_deref(),
+        now_ms,
+        renewed_expiry(now_ms, ttl),
+    )
+}
+
+/// The expiry of a message retried by hand at `now_ms`: a full TTL from now.
+fn renewed_expiry(now_ms: i64, ttl: Duration) -> i64 {
+    now_ms.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
 }
 
 fn rfc3339(ms: i64) -> String {
@@ -512,7 +640,7 @@ fn rfc3339(ms: i64) -> String {
 
 /// Builds a [`Diagnostics`]; see [`Diagnostics::builder`].
 pub struct DiagnosticsBuilder {
-    db_path: std::path::PathBuf,
+    database: Database,
     metrics: Arc<Metrics>,
     wake: Option<Arc<Notify>>,
     circuits: Option<Arc<Circuits>>,
@@ -554,8 +682,10 @@ impl DiagnosticsBuilder {
         self
     }
 
-    /// How long `GET /_rf/readyz` waits for the database's write lock
-    /// before it answers 503 (default 1 s; a probe must answer quickly).
+    /// How long `GET /_rf/readyz` waits for the database before it answers
+    /// 503 (default 1 s; a probe must answer quickly): on SQLite, for the
+    /// write lock; on PostgreSQL, for a new connection and for each of its
+    /// statements (`statement_timeout`).
     pub fn readiness_timeout(mut self, timeout: Duration) -> Self {
         self.readiness_timeout = timeout;
         self
@@ -579,18 +709,30 @@ impl DiagnosticsBuilder {
         self
     }
 
-    /// Opens the database (creating and migrating it if needed).
+    /// Opens the database (creating and migrating it if needed). On
+    /// PostgreSQL, an unreachable server or a wrong URL is
+    /// `DbError::Postgres`, naming the host and the cause.
     pub fn build(self) -> Result<Diagnostics, DbError> {
-        let conn = db::open(&self.db_path, crate::config::Durability::Normal)?;
-        // A connection of its own, so a probe never queues behind a slow
-        // diagnostics query, with a short busy timeout.
-        let ready_conn = db::open(&self.db_path, crate::config::Durability::Normal)?;
-        ready_conn
-            .busy_timeout(self.readiness_timeout)
-            .map_err(|source| DbError::Sqlite {
-                path: self.db_path.display().to_string(),
-                source,
-            })?;
+        let (conn, ready_conn) = match &self.database {
+            Database::Sqlite(path) => {
+                let conn = db::open(path, crate::config::Durability::Normal)?;
+                // A connection of its own, so a probe never queues behind a
+                // slow diagnostics query, with a short busy timeout.
+                let ready_conn = db::open(path, crate::config::Durability::Normal)?;
+                ready_conn
+                    .busy_timeout(self.readiness_timeout)
+                    .map_err(|source| DbError::Sqlite {
+                        path: path.display().to_string(),
+                        source,
+                    })?;
+                (Box::new(conn) as StoreBox, Box::new(ready_conn) as StoreBox)
+            }
+            #[cfg(feature = "postgres")]
+            Database::Postgres(url) => {
+                let (conn, ready_conn) = crate::pg::diagnostics::open(url, self.readiness_timeout)?;
+                (Box::new(conn) as StoreBox, Box::new(ready_conn) as StoreBox)
+            }
+        };
         Ok(Diagnostics {
             shared: Arc::new(Shared {
                 conn: Mutex::new(conn),
@@ -603,6 +745,7 @@ impl DiagnosticsBuilder {
                 thresholds: self.thresholds,
                 destinations: self.destinations,
                 ready_conn: Mutex::new(ready_conn),
+                readiness_timeout: self.readiness_timeout,
                 outbox: self.outbox,
                 workers: self.workers,
             }),
@@ -616,8 +759,11 @@ pub struct Diagnostics {
     shared: Arc<Shared>,
 }
 
+/// A store's connection behind the routes.
+type StoreBox = Box<dyn DiagnosticsStore + Send>;
+
 struct Shared {
-    conn: Mutex<Connection>,
+    conn: Mutex<StoreBox>,
     metrics: Arc<Metrics>,
     wake: Option<Arc<Notify>>,
     circuits: Option<Arc<Circuits>>,
@@ -630,16 +776,29 @@ struct Shared {
     thresholds: HealthThresholds,
     /// Configured destinations: their gauges are rendered even at zero.
     destinations: Vec<String>,
-    ready_conn: Mutex<Connection>,
+    ready_conn: Mutex<StoreBox>,
+    readiness_timeout: Duration,
     outbox: Option<Outbox>,
     workers: Vec<(String, Liveness)>,
 }
 
 impl Diagnostics {
-    /// Diagnostics of the service database at `db_path`.
+    /// Diagnostics of the SQLite service database at `db_path`.
     pub fn builder(db_path: impl AsRef<Path>) -> DiagnosticsBuilder {
+        Self::builder_for(Database::Sqlite(db_path.as_ref().to_path_buf()))
+    }
+
+    /// Diagnostics of the service database in PostgreSQL: the same routes
+    /// and answers as on SQLite.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(url: &crate::pg::PostgresUrl) -> DiagnosticsBuilder {
+        Self::builder_for(Database::Postgres(Box::new(url.clone())))
+    }
+
+    /// Diagnostics of the service database `database`, either store.
+    pub fn builder_for(database: impl Into<Database>) -> DiagnosticsBuilder {
         DiagnosticsBuilder {
-            db_path: db_path.as_ref().to_path_buf(),
+            database: database.into(),
             metrics: Arc::new(Metrics::default()),
             wake: None,
             circuits: None,
@@ -710,7 +869,7 @@ impl Diagnostics {
     /// Runs `query` on the diagnostics connection, on the blocking pool.
     async fn query<T: Send + 'static>(
         shared: &Arc<Shared>,
-        query: impl FnOnce(&Connection) -> Result<T, DiagnosticsError> + Send + 'static,
+        query: impl FnOnce(&dyn DiagnosticsStore) -> Result<T, DiagnosticsError> + Send + 'static,
     ) -> Result<T, DiagnosticsError> {
         let shared = Arc::clone(shared);
         tokio::task::spawn_blocking(move || {
@@ -718,7 +877,7 @@ impl Diagnostics {
                 .conn
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            query(&conn)
+            query(conn.as_ref())
         })
         .await
         .map_err(|error| DiagnosticsError::Unavailable(error.to_string()))?
@@ -809,15 +968,31 @@ async fn serve_livez() -> Json<serde_json::Value> {
 
 async fn serve_readyz(State(shared): State<Arc<Shared>>) -> Response {
     let probe = Arc::clone(&shared);
-    let mut checks = tokio::task::spawn_blocking(move || {
+    let checked = tokio::task::spawn_blocking(move || {
         let conn = probe
             .ready_conn
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        database_checks(&conn)
-    })
-    .await
-    .unwrap_or_else(|error| BTreeMap::from([("database".to_owned(), error.to_string())]));
+        conn.database_checks()
+    });
+    // The store bounds each step by the readiness timeout; this bounds the
+    // whole (a connection that hangs without an error, a probe queued
+    // behind one that does).
+    let limit = shared
+        .readiness_timeout
+        .saturating_mul(3)
+        .saturating_add(Duration::from_secs(1));
+    let mut checks = match tokio::time::timeout(limit, checked).await {
+        Ok(Ok(checks)) => checks,
+        Ok(Err(error)) => BTreeMap::from([("database".to_owned(), error.to_string())]),
+        Err(_) => BTreeMap::from([(
+            "database".to_owned(),
+            format!(
+                "no answer within {}",
+                crate::duration::format_duration(limit)
+            ),
+        )]),
+    };
     if let Some(outbox) = &shared.outbox {
         let dispatcher = match outbox.dispatcher_liveness() {
             None => "not started".to_owned(),
@@ -854,7 +1029,7 @@ async fn serve_readyz(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn serve_health(State(shared): State<Arc<Shared>>) -> Result<Json<Health>, DiagnosticsError> {
     let thresholds = shared.thresholds;
-    let stats = Diagnostics::query(&shared, |conn| Ok(unsent_stats(conn, db::now_ms())?)).await?;
+    let stats = Diagnostics::query(&shared, |store| unsent_stats_in(store, db::now_ms())).await?;
     let states = shared
         .circuits
         .as_ref()
@@ -866,7 +1041,7 @@ async fn serve_health(State(shared): State<Arc<Shared>>) -> Result<Json<Health>,
 async fn serve_outbox_stats(
     State(shared): State<Arc<Shared>>,
 ) -> Result<Json<OutboxStats>, DiagnosticsError> {
-    let stats = Diagnostics::query(&shared, |conn| Ok(outbox_stats(conn, db::now_ms())?)).await?;
+    let stats = Diagnostics::query(&shared, |store| outbox_stats_in(store, db::now_ms())).await?;
     Ok(Json(stats))
 }
 
@@ -881,7 +1056,7 @@ async fn serve_failed(
 ) -> Result<Json<impl Serialize>, DiagnosticsError> {
     let Query(filter) = filter.map_err(|e| DiagnosticsError::BadRequest(e.body_text()))?;
     let messages =
-        Diagnostics::query(&shared, move |conn| attention_messages(conn, &filter)).await?;
+        Diagnostics::query(&shared, move |store| attention_messages_in(store, &filter)).await?;
     Ok(Json(AttentionList { messages }))
 }
 
@@ -913,24 +1088,17 @@ fn horizon_warning(old: usize, horizon: Duration) -> Option<String> {
 /// Messages matching `filter` (or the one `message_id`) that are waiting for
 /// a human and were created before `before_ms`.
 fn count_older(
-    conn: &Connection,
+    store: &dyn DiagnosticsStore,
     message_id: Option<&str>,
     filter: &AttentionFilter,
     before_ms: i64,
 ) -> Result<usize, DiagnosticsError> {
-    let status = filter.status()?.map(Status::as_str);
-    let count: i64 = conn
-        .prepare_cached(
-            "SELECT COUNT(*) FROM outbox_messages \
-             WHERE status IN ('Failed', 'DeadLetter', 'Expired') AND created_at < ?4 \
-               AND (?1 IS NULL OR message_id = ?1) AND (?2 IS NULL OR status = ?2) \
-               AND (?3 IS NULL OR destination = ?3)",
-        )?
-        .query_row(
-            params![message_id, status, filter.destination, before_ms],
-            |row| row.get(0),
-        )?;
-    Ok(count.max(0) as usize)
+    store.count_older(
+        message_id,
+        filter.status()?,
+        filter.destination.as_deref(),
+        before_ms,
+    )
 }
 
 async fn serve_retry(
@@ -946,16 +1114,16 @@ async fn serve_retry(
     })?;
     let ttl = shared.ttl;
     let horizon = shared.dedup_horizon;
-    let old = Diagnostics::query(&shared, move |conn| {
+    let old = Diagnostics::query(&shared, move |store| {
         let now = db::now_ms();
         let key = id.to_string();
         let old = count_older(
-            conn,
+            store,
             Some(&key),
             &AttentionFilter::default(),
             now.saturating_sub(i64::try_from(horizon.as_millis()).unwrap_or(i64::MAX)),
         )?;
-        retry_message(conn, &id, ttl, now)?;
+        retry_message_in(store, &id, ttl, now)?;
         Ok(old)
     })
     .await?;
@@ -973,15 +1141,15 @@ async fn serve_retry_matching(
     let Query(filter) = filter.map_err(|e| DiagnosticsError::BadRequest(e.body_text()))?;
     let ttl = shared.ttl;
     let horizon = shared.dedup_horizon;
-    let (retried, old) = Diagnostics::query(&shared, move |conn| {
+    let (retried, old) = Diagnostics::query(&shared, move |store| {
         let now = db::now_ms();
         let old = count_older(
-            conn,
+            store,
             None,
             &filter,
             now.saturating_sub(i64::try_from(horizon.as_millis()).unwrap_or(i64::MAX)),
         )?;
-        Ok((retry_matching(conn, &filter, ttl, now)?, old))
+        Ok((retry_matching_in(store, &filter, ttl, now)?, old))
     })
     .await?;
     if retried > 0 {
@@ -1002,7 +1170,7 @@ fn wake_dispatcher(shared: &Shared) {
 async fn serve_inbox_stats(
     State(shared): State<Arc<Shared>>,
 ) -> Result<Json<InboxStats>, DiagnosticsError> {
-    let size = Diagnostics::query(&shared, |conn| Ok(inbox::count(conn)?)).await?;
+    let size = Diagnostics::query(&shared, |store| store.inbox_size()).await?;
     let metrics = &shared.metrics;
     let processed = metrics.inbox_processed.get();
     let duplicates = metrics.inbox_duplicates.get();
@@ -1023,10 +1191,10 @@ async fn serve_inbox_stats(
 
 async fn serve_metrics(State(shared): State<Arc<Shared>>) -> Result<Response, DiagnosticsError> {
     let configured = shared.destinations.clone();
-    let gauges = Diagnostics::query(&shared, move |conn| {
+    let gauges = Diagnostics::query(&shared, move |store| {
         Ok(Gauges {
-            destinations: destination_gauges(conn, db::now_ms(), &configured)?,
-            inbox_size: Some(inbox::count(conn)?),
+            destinations: fold_gauges(store.unsent_groups()?, db::now_ms(), &configured),
+            inbox_size: Some(store.inbox_size()?),
         })
     })
     .await?;
@@ -1050,6 +1218,19 @@ pub fn destination_gauges(
     now_ms: i64,
     configured: &[String],
 ) -> rusqlite::Result<Vec<DestinationGauges>> {
+    Ok(fold_gauges(
+        sqlite::unsent_groups(conn)?,
+        now_ms,
+        configured,
+    ))
+}
+
+/// The one folding of the (destination, status) groups into the gauges.
+fn fold_gauges(
+    groups: Vec<UnsentGroup>,
+    now_ms: i64,
+    configured: &[String],
+) -> Vec<DestinationGauges> {
     let mut by_name: BTreeMap<String, DestinationGauges> = configured
         .iter()
         .map(|name| {
@@ -1060,17 +1241,19 @@ pub fn destination_gauges(
             (name.clone(), gauges)
         })
         .collect();
-    for_each_unsent_group(conn, |destination, status, count, oldest| {
-        let gauges = by_name
-            .entry(destination.clone())
-            .or_insert_with(|| DestinationGauges {
-                destination,
-                ..DestinationGauges::default()
-            });
-        match status {
+    for group in groups {
+        let gauges =
+            by_name
+                .entry(group.destination.clone())
+                .or_insert_with(|| DestinationGauges {
+                    destination: group.destination,
+                    ..DestinationGauges::default()
+                });
+        let count = group.rows;
+        match group.status {
             Status::Pending | Status::Sending => {
                 gauges.pending += count;
-                let age = (now_ms - oldest).max(0);
+                let age = (now_ms - group.oldest_created_at).max(0);
                 gauges.oldest_pending_age_ms =
                     Some(gauges.oldest_pending_age_ms.map_or(age, |a| a.max(age)));
             }
@@ -1079,40 +1262,195 @@ pub fn destination_gauges(
             Status::Expired => gauges.expired += count,
             Status::Sent => {}
         }
-    })?;
-    Ok(by_name.into_values().collect())
+    }
+    by_name.into_values().collect()
 }
 
-/// Calls `f(destination, status, rows, oldest created_at)` for every
-/// (destination, status) group of undelivered rows. The two `status IN
-/// (…)` conditions repeat those of the partial indexes `outbox_due` and
-/// `outbox_attention`, so neither query scans the table.
-fn for_each_unsent_group(
-    conn: &Connection,
-    mut f: impl FnMut(String, Status, u64, i64),
-) -> rusqlite::Result<()> {
-    for sql in [
-        "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
-         WHERE status IN ('Pending', 'Sending') GROUP BY destination, status",
-        "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
-         WHERE status IN ('Failed', 'DeadLetter', 'Expired') GROUP BY destination, status",
-    ] {
-        let mut statement = conn.prepare_cached(sql)?;
-        let mut rows = statement.query([])?;
-        while let Some(row) = rows.next()? {
-            let status: String = row.get(1)?;
-            let Some(status) = Status::parse(&status) else {
-                continue;
-            };
-            f(
-                row.get(0)?,
-                status,
-                row.get::<_, i64>(2)?.max(0) as u64,
-                row.get(3)?,
-            );
+/// The statements on SQLite. `?n` placeholders; the two `status IN (…)`
+/// conditions of the group queries repeat those of the partial indexes
+/// `outbox_due` and `outbox_attention`, so neither query scans the table.
+mod sqlite {
+    use std::collections::BTreeMap;
+
+    use rusqlite::{Connection, OptionalExtension as _, params};
+
+    use super::{AttentionRow, DiagnosticsError, DiagnosticsStore, UnsentGroup};
+    use crate::outbox::Status;
+
+    pub(super) fn unsent_groups(conn: &Connection) -> rusqlite::Result<Vec<UnsentGroup>> {
+        let mut groups = Vec::new();
+        for sql in [
+            "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
+             WHERE status IN ('Pending', 'Sending') GROUP BY destination, status",
+            "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
+             WHERE status IN ('Failed', 'DeadLetter', 'Expired') GROUP BY destination, status",
+        ] {
+            let mut statement = conn.prepare_cached(sql)?;
+            let mut rows = statement.query([])?;
+            while let Some(row) = rows.next()? {
+                let status: String = row.get(1)?;
+                let Some(status) = Status::parse(&status) else {
+                    continue;
+                };
+                groups.push(UnsentGroup {
+                    destination: row.get(0)?,
+                    status,
+                    rows: row.get::<_, i64>(2)?.max(0) as u64,
+                    oldest_created_at: row.get(3)?,
+                });
+            }
+        }
+        Ok(groups)
+    }
+
+    /// One look-up at the end of `outbox_sent`, not a scan.
+    pub(super) fn last_sent_at(conn: &Connection) -> rusqlite::Result<Option<i64>> {
+        conn.prepare_cached("SELECT MAX(sent_at) FROM outbox_messages WHERE status = 'Sent'")?
+            .query_row([], |row| row.get(0))
+    }
+
+    pub(super) fn sent_count(conn: &Connection) -> rusqlite::Result<u64> {
+        let sent: i64 = conn
+            .prepare_cached("SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'")?
+            .query_row([], |row| row.get(0))?;
+        Ok(sent.max(0) as u64)
+    }
+
+    impl DiagnosticsStore for Connection {
+        fn unsent_groups(&self) -> Result<Vec<UnsentGroup>, DiagnosticsError> {
+            Ok(unsent_groups(self)?)
+        }
+
+        fn last_sent_at(&self) -> Result<Option<i64>, DiagnosticsError> {
+            Ok(last_sent_at(self)?)
+        }
+
+        fn sent_count(&self) -> Result<u64, DiagnosticsError> {
+            Ok(sent_count(self)?)
+        }
+
+        fn attention_rows(
+            &self,
+            status: Option<Status>,
+            destination: Option<&str>,
+            limit: u32,
+        ) -> Result<Vec<AttentionRow>, DiagnosticsError> {
+            let mut statement = self.prepare_cached(
+                "SELECT message_id, correlation_id, message_type, destination, interface, \
+                        version, endpoint, status, retry_count, max_retries, last_error, \
+                        created_at, last_attempt_at, expires_at \
+                 FROM outbox_messages \
+                 WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
+                   AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2) \
+                 ORDER BY created_at LIMIT ?3",
+            )?;
+            let rows = statement.query_map(
+                params![status.map(Status::as_str), destination, limit],
+                |row| {
+                    Ok(AttentionRow {
+                        message_id: row.get(0)?,
+                        correlation_id: row.get(1)?,
+                        message_type: row.get(2)?,
+                        destination: row.get(3)?,
+                        interface: row.get(4)?,
+                        version: row.get(5)?,
+                        endpoint: row.get(6)?,
+                        status: row.get(7)?,
+                        retry_count: row.get(8)?,
+                        max_retries: row.get(9)?,
+                        last_error: row.get(10)?,
+                        created_at: row.get(11)?,
+                        last_attempt_at: row.get(12)?,
+                        expires_at: row.get(13)?,
+                    })
+                },
+            )?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        }
+
+        fn retry_one(
+            &self,
+            message_id: &str,
+            now_ms: i64,
+            renew_until_ms: i64,
+        ) -> Result<usize, DiagnosticsError> {
+            Ok(self
+                .prepare_cached(
+                    "UPDATE outbox_messages \
+                     SET status = 'Pending', retry_count = 0, next_retry_at = ?2, \
+                         lease_token = NULL, expires_at = MAX(expires_at, ?3) \
+                     WHERE message_id = ?1 AND status IN ('Failed', 'DeadLetter', 'Expired')",
+                )?
+                .execute(params![message_id, now_ms, renew_until_ms])?)
+        }
+
+        fn status_of(&self, message_id: &str) -> Result<Option<String>, DiagnosticsError> {
+            Ok(self
+                .query_row(
+                    "SELECT status FROM outbox_messages WHERE message_id = ?1",
+                    params![message_id],
+                    |row| row.get(0),
+                )
+                .optional()?)
+        }
+
+        fn retry_matching(
+            &self,
+            status: Option<Status>,
+            destination: Option<&str>,
+            now_ms: i64,
+            renew_until_ms: i64,
+        ) -> Result<usize, DiagnosticsError> {
+            Ok(self
+                .prepare_cached(
+                    "UPDATE outbox_messages \
+                     SET status = 'Pending', retry_count = 0, next_retry_at = ?3, \
+                         lease_token = NULL, expires_at = MAX(expires_at, ?4) \
+                     WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
+                       AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2)",
+                )?
+                .execute(params![
+                    status.map(Status::as_str),
+                    destination,
+                    now_ms,
+                    renew_until_ms
+                ])?)
+        }
+
+        fn count_older(
+            &self,
+            message_id: Option<&str>,
+            status: Option<Status>,
+            destination: Option<&str>,
+            before_ms: i64,
+        ) -> Result<usize, DiagnosticsError> {
+            let count: i64 = self
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM outbox_messages \
+                     WHERE status IN ('Failed', 'DeadLetter', 'Expired') AND created_at < ?4 \
+                       AND (?1 IS NULL OR message_id = ?1) AND (?2 IS NULL OR status = ?2) \
+                       AND (?3 IS NULL OR destination = ?3)",
+                )?
+                .query_row(
+                    params![
+                        message_id,
+                        status.map(Status::as_str),
+                        destination,
+                        before_ms
+                    ],
+                    |row| row.get(0),
+                )?;
+            Ok(count.max(0) as usize)
+        }
+
+        fn inbox_size(&self) -> Result<u64, DiagnosticsError> {
+            Ok(crate::inbox::count(self)?)
+        }
+
+        fn database_checks(&self) -> BTreeMap<String, String> {
+            super::database_checks(self)
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -1121,6 +1459,59 @@ mod tests {
 
     fn stats() -> OutboxStats {
         OutboxStats::default()
+    }
+
+    fn group(destination: &str, status: Status, rows: u64, oldest: i64) -> UnsentGroup {
+        UnsentGroup {
+            destination: destination.to_owned(),
+            status,
+            rows,
+            oldest_created_at: oldest,
+        }
+    }
+
+    /// The one folding both stores' groups go through.
+    #[test]
+    fn groups_fold_into_counts_and_gauges() {
+        let groups = vec![
+            group("ledger", Status::Pending, 3, 1_000),
+            group("ledger", Status::Sending, 1, 500),
+            group("billing", Status::Pending, 2, 4_000),
+            group("billing", Status::Failed, 4, 100),
+            group("audit", Status::Expired, 1, 100),
+        ];
+        let stats = fold_unsent(groups.clone(), Some(9_000), 10_000);
+        assert_eq!(
+            (stats.pending, stats.sending, stats.failed, stats.expired),
+            (5, 1, 4, 1)
+        );
+        assert_eq!(
+            stats.oldest_pending_age_ms,
+            Some(9_500),
+            "ledger's Sending row"
+        );
+        assert_eq!(stats.last_sent_at.as_deref(), Some("1970-01-01T00:00:09Z"));
+        assert_eq!(stats.sent, None);
+        assert_eq!(stats.destinations["ledger"][&Status::Pending], 3);
+        assert_eq!(stats.destinations["billing"][&Status::Failed], 4);
+
+        let gauges = fold_gauges(groups, 10_000, &["ledger".into(), "idle".into()]);
+        let names: Vec<&str> = gauges.iter().map(|g| g.destination.as_str()).collect();
+        assert_eq!(names, ["audit", "billing", "idle", "ledger"]);
+        let ledger = &gauges[3];
+        assert_eq!(
+            (ledger.pending, ledger.oldest_pending_age_ms),
+            (4, Some(9_500))
+        );
+        assert_eq!((gauges[1].pending, gauges[1].failed), (2, 4));
+        assert_eq!(gauges[0].expired, 1);
+        assert_eq!(
+            gauges[2],
+            DestinationGauges {
+                destination: "idle".into(),
+                ..Default::default()
+            }
+        );
     }
 
     #[test]

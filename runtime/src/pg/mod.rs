@@ -18,6 +18,7 @@
 //! migrate once; `rfidl_schema.version` records how many ran, and a database
 //! at a version this build does not know is refused, never altered.
 
+pub(crate) mod diagnostics;
 mod dispatch;
 mod inbox;
 

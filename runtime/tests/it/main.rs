@@ -17,6 +17,7 @@ mod spread;
 mod support;
 // The same bodies on SQLite and PostgreSQL.
 mod store_delivery;
+mod store_operations;
 mod stores;
 mod tls;
 // Receiver side (rt2): exactly-once, the wire's order of checks, batches.

@@ -201,7 +201,7 @@ async fn the_retention_task_cleans_on_its_interval_and_counts_what_it_removed() 
 }
 
 /// `GET`/`POST` `path` with an optional bearer token; (status, content type, body).
-async fn call(
+pub(crate) async fn call(
     client: &reqwest::Client,
     method: reqwest::Method,
     url: &str,
@@ -222,7 +222,7 @@ async fn call(
     (status, content_type, response.text().await.expect("body"))
 }
 
-fn json_of(body: &str) -> Value {
+pub(crate) fn json_of(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
 }
 

@@ -9,11 +9,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rfidl_runtime::diagnostics::{Diagnostics, DiagnosticsBuilder};
 use rfidl_runtime::dispatcher::{Dispatcher, DispatcherBuilder, DispatcherError, DispatcherHandle};
 use rfidl_runtime::metrics::Metrics;
 use rfidl_runtime::outbox::{Outbox, OutboxRow, OutgoingMessage, Status};
 use rfidl_runtime::pg::PostgresUrl;
 use rfidl_runtime::receiver::{Receiver, ReceiverBuilder, ReceiverError};
+use rfidl_runtime::retention::{Retention, RetentionHandle};
 use rfidl_runtime::signing::Secret;
 use rfidl_runtime::transport::Transport;
 use rfidl_runtime::{Config, Database, Postgres, Sqlite};
@@ -193,6 +195,90 @@ impl TestStore {
     /// Enqueues `message` and commits.
     pub fn enqueue(&self, outbox: &Outbox, message: OutgoingMessage) -> Uuid {
         self.enqueue_then(outbox, message, true)
+    }
+
+    /// Enqueues every message of `messages` in one transaction, committed.
+    pub fn enqueue_many(&self, outbox: &Outbox, messages: Vec<OutgoingMessage>) -> Vec<Uuid> {
+        match self {
+            TestStore::Sqlite { path, .. } => {
+                let mut conn =
+                    rfidl_runtime::db::open(path, rfidl_runtime::Durability::Normal).expect("open");
+                let tx = conn.transaction().expect("tx");
+                let ids = messages
+                    .into_iter()
+                    .map(|message| outbox.enqueue(&tx, message).expect("enqueue"))
+                    .collect();
+                tx.commit().expect("commit");
+                ids
+            }
+            TestStore::Postgres { .. } => {
+                let outbox = outbox.clone();
+                self.with_pg(move |client| {
+                    let mut tx = client.transaction().expect("tx");
+                    let ids = messages
+                        .into_iter()
+                        .map(|message| outbox.enqueue_postgres(&mut tx, message).expect("enqueue"))
+                        .collect();
+                    tx.commit().expect("commit");
+                    ids
+                })
+            }
+        }
+    }
+
+    /// `n` processed inbox rows from `billing` (ids `{prefix}-{i}`) that
+    /// expire at `expires_at` (ms), in one transaction.
+    pub fn insert_inbox_rows(&self, prefix: &str, n: usize, expires_at: i64) {
+        let rows: Vec<(String, i64, i64)> = (0..n)
+            .map(|i| (format!("{prefix}-{i}"), expires_at - 86_400_000, expires_at))
+            .collect();
+        match self {
+            TestStore::Sqlite { path, .. } => {
+                let mut conn = rusqlite::Connection::open(path).expect("open");
+                let tx = conn.transaction().expect("tx");
+                for (id, processed_at, expires_at) in rows {
+                    tx.execute(
+                        "INSERT INTO inbox_messages (source_service_id, message_id, endpoint, \
+                         payload_sha256, processed_at, response, expires_at) \
+                         VALUES ('billing', ?1, 'Credit', ?2, ?3, NULL, ?4)",
+                        rusqlite::params![id, vec![0_u8; 32], processed_at, expires_at],
+                    )
+                    .expect("insert inbox row");
+                }
+                tx.commit().expect("commit");
+            }
+            TestStore::Postgres { .. } => self.with_pg(move |client| {
+                let mut tx = client.transaction().expect("tx");
+                for (id, processed_at, expires_at) in rows {
+                    tx.execute(
+                        "INSERT INTO inbox_messages (source_service_id, message_id, endpoint, \
+                         payload_sha256, processed_at, response, expires_at) \
+                         VALUES ('billing', $1, 'Credit', $2, $3, NULL, $4)",
+                        &[&id, &vec![0_u8; 32], &processed_at, &expires_at],
+                    )
+                    .expect("insert inbox row");
+                }
+                tx.commit().expect("commit");
+            }),
+        }
+    }
+
+    /// Diagnostics of this store (`Diagnostics::builder` or `::postgres`).
+    pub fn diagnostics(&self) -> DiagnosticsBuilder {
+        match self {
+            TestStore::Sqlite { path, .. } => Diagnostics::builder(path),
+            TestStore::Postgres { url, .. } => Diagnostics::postgres(url),
+        }
+    }
+
+    /// The retention task on this store (`Retention::spawn` or
+    /// `::spawn_postgres`); its first pass runs at once.
+    pub fn retention(&self, config: Config, metrics: Arc<Metrics>) -> RetentionHandle {
+        match self {
+            TestStore::Sqlite { path, .. } => Retention::spawn(config, path, metrics),
+            TestStore::Postgres { url, .. } => Retention::spawn_postgres(config, url, metrics),
+        }
+        .expect("retention")
     }
 
     /// The outbox row of `id`.

@@ -1,0 +1,391 @@
+//! The diagnostics routes' statements on PostgreSQL
+//! ([`crate::diagnostics::DiagnosticsStore`]): the SQLite ones in
+//! PostgreSQL's dialect (`$n` placeholders with typed parameters, one round
+//! trip each and no prepare; `GREATEST` for SQLite's two-argument `MAX`;
+//! `($1::text IS NULL OR …)` for an optional filter). What the routes make
+//! of the rows is shared with SQLite in [`crate::diagnostics`].
+//!
+//! Two connections, as on SQLite: one for the routes, one for
+//! `GET /_rf/readyz`, so a probe never queues behind a slow query. The
+//! probe's connection connects and runs each statement within the
+//! readiness timeout (`connect_timeout`, `statement_timeout`). Either is
+//! opened again before its next use when it broke.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use postgres::types::{ToSql, Type};
+use postgres::{Client, NoTls};
+
+use super::{Connection, PostgresUrl, error_text};
+use crate::db::DbError;
+use crate::diagnostics::{AttentionRow, DiagnosticsError, DiagnosticsStore, UnsentGroup};
+use crate::outbox::Status;
+
+/// One connection of the diagnostics routes.
+pub(crate) struct PostgresDiagnostics {
+    url: PostgresUrl,
+    /// For the readiness connection: how long a connection attempt and each
+    /// statement may take.
+    timeout: Option<Duration>,
+    conn: Mutex<Connection>,
+}
+
+/// Connects (and migrates), for [`crate::diagnostics::DiagnosticsBuilder::build`]:
+/// the routes' connection and the readiness probe's. A wrong URL or an
+/// unreachable server is [`DbError::Postgres`] naming host and cause.
+pub(crate) fn open(
+    url: &PostgresUrl,
+    readiness_timeout: Duration,
+) -> Result<(PostgresDiagnostics, PostgresDiagnostics), DbError> {
+    let client = super::open(url)?;
+    let routes = PostgresDiagnostics {
+        url: url.clone(),
+        timeout: None,
+        conn: Mutex::new(Connection::new(url.clone(), client)),
+    };
+    let probe = PostgresDiagnostics {
+        url: url.clone(),
+        timeout: Some(readiness_timeout),
+        conn: Mutex::new(Connection {
+            url: url.clone(),
+            client: None,
+        }),
+    };
+    // Connected now, so a server that takes the routes' connection but not
+    // a second one is a start-up error too.
+    probe.connect().map_err(|cause| DbError::Postgres {
+        target: url.target(),
+        cause,
+    })?;
+    Ok((routes, probe))
+}
+
+/// The group queries: the two `status IN (…)` conditions repeat those of the
+/// partial indexes `outbox_due` and `outbox_attention`.
+const UNSENT_GROUPS: [&str; 2] = [
+    "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
+     WHERE status IN ('Pending', 'Sending') GROUP BY destination, status",
+    "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
+     WHERE status IN ('Failed', 'DeadLetter', 'Expired') GROUP BY destination, status",
+];
+
+impl PostgresDiagnostics {
+    fn unavailable(&self, cause: impl std::fmt::Display) -> DiagnosticsError {
+        DiagnosticsError::Unavailable(format!(
+            "PostgreSQL database at {}: {cause}",
+            self.url.target()
+        ))
+    }
+
+    /// Opens the connection if it is not open (or broke): within the
+    /// timeout, and with it as `statement_timeout`, on the probe's.
+    fn connect(&self) -> Result<(), String> {
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if conn.client.as_ref().is_some_and(|c| !c.is_closed()) {
+            return Ok(());
+        }
+        conn.client = None;
+        let mut config = self.url.config.clone();
+        if let Some(timeout) = self.timeout {
+            config.connect_timeout(timeout);
+        }
+        let timeout = self.timeout;
+        let client = super::off_runtime(move || -> Result<Client, String> {
+            let mut client = config
+                .connect(NoTls)
+                .map_err(|e| format!("cannot connect: {}", error_text(&e)))?;
+            if let Some(timeout) = timeout {
+                client
+                    .batch_execute(&format!(
+                        "SET statement_timeout = {}",
+                        timeout.as_millis().max(1)
+                    ))
+                    .map_err(|e| error_text(&e))?;
+            }
+            Ok(client)
+        })?;
+        conn.client = Some(client);
+        Ok(())
+    }
+
+    /// Runs the read `work` on the client, connecting first if needed. A
+    /// read that failed because the connection broke (the server restarted,
+    /// an administrator ended the session) runs once more on a new one, so
+    /// the first request after a restart is answered too.
+    fn with_client<T>(
+        &self,
+        mut work: impl FnMut(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, DiagnosticsError> {
+        match self.once(&mut work) {
+            Err(Broken::Closed(_)) => self
+                .once(&mut work)
+                .map_err(|broken| broken.into_error(self)),
+            done => done.map_err(|broken| broken.into_error(self)),
+        }
+    }
+
+    /// Runs the write `work` once: a write whose connection broke may have
+    /// committed, so it is not run again (the caller sees 503 and asks again).
+    fn write<T>(
+        &self,
+        mut work: impl FnMut(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, DiagnosticsError> {
+        self.once(&mut work)
+            .map_err(|broken| broken.into_error(self))
+    }
+
+    fn once<T>(
+        &self,
+        work: &mut impl FnMut(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, Broken> {
+        self.connect().map_err(Broken::Other)?;
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let client = conn
+            .client
+            .as_mut()
+            .ok_or_else(|| Broken::Other("no connection".to_owned()))?;
+        work(client).map_err(|error| {
+            let text = error_text(&error);
+            if client.is_closed() {
+                Broken::Closed(text)
+            } else {
+                Broken::Other(text)
+            }
+        })
+    }
+
+    fn count(
+        &self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<u64, DiagnosticsError> {
+        let count: i64 =
+            self.with_client(|client| client.query_typed_one(sql, params).map(|row| row.get(0)))?;
+        Ok(count.max(0) as u64)
+    }
+}
+
+/// Why a statement failed: its connection closed, or anything else.
+enum Broken {
+    Closed(String),
+    Other(String),
+}
+
+impl Broken {
+    fn into_error(self, store: &PostgresDiagnostics) -> DiagnosticsError {
+        match self {
+            Broken::Closed(cause) | Broken::Other(cause) => store.unavailable(cause),
+        }
+    }
+}
+
+impl DiagnosticsStore for PostgresDiagnostics {
+    fn unsent_groups(&self) -> Result<Vec<UnsentGroup>, DiagnosticsError> {
+        self.with_client(|client| {
+            let mut groups = Vec::new();
+            for sql in UNSENT_GROUPS {
+                for row in client.query_typed(sql, &[])? {
+                    let status: String = row.get(1);
+                    let Some(status) = Status::parse(&status) else {
+                        continue;
+                    };
+                    groups.push(UnsentGroup {
+                        destination: row.get(0),
+                        status,
+                        rows: row.get::<_, i64>(2).max(0) as u64,
+                        oldest_created_at: row.get(3),
+                    });
+                }
+            }
+            Ok(groups)
+        })
+    }
+
+    fn last_sent_at(&self) -> Result<Option<i64>, DiagnosticsError> {
+        self.with_client(|client| {
+            client
+                .query_typed_one(
+                    "SELECT MAX(sent_at) FROM outbox_messages WHERE status = 'Sent'",
+                    &[],
+                )
+                .map(|row| row.get(0))
+        })
+    }
+
+    fn sent_count(&self) -> Result<u64, DiagnosticsError> {
+        self.count(
+            "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'",
+            &[],
+        )
+    }
+
+    fn attention_rows(
+        &self,
+        status: Option<Status>,
+        destination: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<AttentionRow>, DiagnosticsError> {
+        let status = status.map(Status::as_str);
+        let limit = i64::from(limit);
+        let rows = self.with_client(|client| {
+            client.query_typed(
+                "SELECT message_id, correlation_id, message_type, destination, interface, \
+                        version, endpoint, status, retry_count, max_retries, last_error, \
+                        created_at, last_attempt_at, expires_at \
+                 FROM outbox_messages \
+                 WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
+                   AND ($1::text IS NULL OR status = $1) \
+                   AND ($2::text IS NULL OR destination = $2) \
+                 ORDER BY created_at LIMIT $3",
+                &[
+                    (&status, Type::TEXT),
+                    (&destination, Type::TEXT),
+                    (&limit, Type::INT8),
+                ],
+            )
+        })?;
+        Ok(rows
+            .iter()
+            .map(|row| AttentionRow {
+                message_id: row.get(0),
+                correlation_id: row.get(1),
+                message_type: row.get(2),
+                destination: row.get(3),
+                interface: row.get(4),
+                version: row.get(5),
+                endpoint: row.get(6),
+                status: row.get(7),
+                retry_count: row.get(8),
+                max_retries: row.get(9),
+                last_error: row.get(10),
+                created_at: row.get(11),
+                last_attempt_at: row.get(12),
+                expires_at: row.get(13),
+            })
+            .collect())
+    }
+
+    fn retry_one(
+        &self,
+        message_id: &str,
+        now_ms: i64,
+        renew_until_ms: i64,
+    ) -> Result<usize, DiagnosticsError> {
+        let updated = self.write(|client| {
+            client.execute_typed(
+                "UPDATE outbox_messages \
+                 SET status = 'Pending', retry_count = 0, next_retry_at = $2, \
+                     lease_token = NULL, expires_at = GREATEST(expires_at, $3) \
+                 WHERE message_id = $1 AND status IN ('Failed', 'DeadLetter', 'Expired')",
+                &[
+                    (&message_id, Type::TEXT),
+                    (&now_ms, Type::INT8),
+                    (&renew_until_ms, Type::INT8),
+                ],
+            )
+        })?;
+        Ok(updated as usize)
+    }
+
+    fn status_of(&self, message_id: &str) -> Result<Option<String>, DiagnosticsError> {
+        self.with_client(|client| {
+            client
+                .query_typed_opt(
+                    "SELECT status FROM outbox_messages WHERE message_id = $1",
+                    &[(&message_id, Type::TEXT)],
+                )
+                .map(|row| row.map(|row| row.get(0)))
+        })
+    }
+
+    fn retry_matching(
+        &self,
+        status: Option<Status>,
+        destination: Option<&str>,
+        now_ms: i64,
+        renew_until_ms: i64,
+    ) -> Result<usize, DiagnosticsError> {
+        let status = status.map(Status::as_str);
+        let updated = self.write(|client| {
+            client.execute_typed(
+                "UPDATE outbox_messages \
+                 SET status = 'Pending', retry_count = 0, next_retry_at = $3, \
+                     lease_token = NULL, expires_at = GREATEST(expires_at, $4) \
+                 WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
+                   AND ($1::text IS NULL OR status = $1) \
+                   AND ($2::text IS NULL OR destination = $2)",
+                &[
+                    (&status, Type::TEXT),
+                    (&destination, Type::TEXT),
+                    (&now_ms, Type::INT8),
+                    (&renew_until_ms, Type::INT8),
+                ],
+            )
+        })?;
+        Ok(updated as usize)
+    }
+
+    fn count_older(
+        &self,
+        message_id: Option<&str>,
+        status: Option<Status>,
+        destination: Option<&str>,
+        before_ms: i64,
+    ) -> Result<usize, DiagnosticsError> {
+        let status = status.map(Status::as_str);
+        let count = self.count(
+            "SELECT COUNT(*) FROM outbox_messages \
+             WHERE status IN ('Failed', 'DeadLetter', 'Expired') AND created_at < $4 \
+               AND ($1::text IS NULL OR message_id = $1) \
+               AND ($2::text IS NULL OR status = $2) \
+               AND ($3::text IS NULL OR destination = $3)",
+            &[
+                (&message_id, Type::TEXT),
+                (&status, Type::TEXT),
+                (&destination, Type::TEXT),
+                (&before_ms, Type::INT8),
+            ],
+        )?;
+        Ok(count as usize)
+    }
+
+    fn inbox_size(&self) -> Result<u64, DiagnosticsError> {
+        self.count("SELECT COUNT(*) FROM inbox_messages", &[])
+    }
+
+    /// `SELECT 1` answers within the readiness timeout, and `rfidl_schema`
+    /// records the migrations this build knows.
+    fn database_checks(&self) -> BTreeMap<String, String> {
+        let mut checks = BTreeMap::new();
+        let known = super::MIGRATIONS.len() as i64;
+        let reached = self.with_client(|client| client.query_typed_one("SELECT 1", &[]).map(drop));
+        let (database, migrations) = match reached {
+            Err(DiagnosticsError::Unavailable(cause)) => (
+                format!("cannot reach the database: {cause}"),
+                "not checked: the database does not answer".to_owned(),
+            ),
+            Err(error) => (error.to_string(), "not checked".to_owned()),
+            Ok(()) => {
+                let version = self.with_client(|client| {
+                    client
+                        .query_typed_opt("SELECT version FROM rfidl_schema", &[])
+                        .map(|row| row.map(|row| row.get::<_, i64>(0)))
+                });
+                let migrations = match version {
+                    Ok(Some(version)) if version == known => "ok".to_owned(),
+                    Ok(Some(version)) => {
+                        format!("schema version {version}, this build needs {known}")
+                    }
+                    Ok(None) => format!("schema version 0, this build needs {known}"),
+                    Err(error) => format!("cannot read the schema version: {error}"),
+                };
+                ("ok".to_owned(), migrations)
+            }
+        };
+        checks.insert("database".to_owned(), database);
+        checks.insert("migrations".to_owned(), migrations);
+        checks
+    }
+}
