@@ -371,7 +371,11 @@ impl Cluster {
         let child = self.spawn(
             "engine",
             "engine",
-            (self.engine_port, self.engine_db.as_os_str(), &[&self.engine_peer]),
+            (
+                self.engine_port,
+                self.engine_db.as_os_str(),
+                &[&self.engine_peer],
+            ),
             (&self.engine_secret, &self.hr_secret),
             |command| {
                 command.args(&flags).envs(env);
@@ -1186,10 +1190,17 @@ async fn replicas(context: &Context, rng: &mut StdRng) -> anyhow::Result<Report>
     let database = format!("rfidl_chaos_{}", std::process::id());
     let engine_url = postgres_database(&server, &database)?;
     let admin = server.clone();
-    let create = format!("DROP DATABASE IF EXISTS {database} WITH (FORCE); CREATE DATABASE {database}");
+    let statements = [
+        format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"),
+        format!("CREATE DATABASE {database}"),
+    ];
     std::thread::spawn(move || -> anyhow::Result<()> {
-        let mut client = rfidl_runtime::postgres::Client::connect(&admin, rfidl_runtime::postgres::NoTls)?;
-        Ok(client.batch_execute(&create)?)
+        let mut client =
+            rfidl_runtime::postgres::Client::connect(&admin, rfidl_runtime::postgres::NoTls)?;
+        for statement in statements {
+            client.batch_execute(&statement)?;
+        }
+        Ok(())
     })
     .join()
     .map_err(|_| anyhow::anyhow!("database set-up panicked"))??;
@@ -1200,8 +1211,13 @@ async fn replicas(context: &Context, rng: &mut StdRng) -> anyhow::Result<Report>
         ..context.clone()
     })?;
     cluster.hire_rate = (hires / 10).max(1);
-    let ports: Vec<u16> = (0..REPLICAS).map(|_| free_port()).collect::<anyhow::Result<_>>()?;
-    let peers: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let ports: Vec<u16> = (0..REPLICAS)
+        .map(|_| free_port())
+        .collect::<anyhow::Result<_>>()?;
+    let peers: Vec<String> = ports
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect();
     let peer_refs: Vec<&str> = peers.iter().map(String::as_str).collect();
     let engine_db = std::ffi::OsString::from(&engine_url);
     let start = |cluster: &Cluster, index: usize| {
@@ -1284,7 +1300,10 @@ async fn replicas(context: &Context, rng: &mut StdRng) -> anyhow::Result<Report>
         .map(|index| {
             let log = std::fs::read_to_string(context.dir.join(format!("engine-{index}.log")))
                 .unwrap_or_default();
-            format!("engine-{index}:{}starts", log.matches("listening on").count())
+            format!(
+                "engine-{index}:{}starts",
+                log.matches("listening on").count()
+            )
         })
         .collect();
     Ok(Report {
@@ -1301,7 +1320,9 @@ fn postgres_database(server: &str, name: &str) -> anyhow::Result<String> {
     let (scheme, rest) = server
         .split_once("://")
         .context("RFIDL_POSTGRES_URL is not a URL")?;
-    let (location, query) = rest.split_once('?').map_or((rest, None), |(l, q)| (l, Some(q)));
+    let (location, query) = rest
+        .split_once('?')
+        .map_or((rest, None), |(l, q)| (l, Some(q)));
     let authority = location.split_once('/').map_or(location, |(a, _)| a);
     Ok(match query {
         Some(query) => format!("{scheme}://{authority}/{name}?{query}"),

@@ -189,31 +189,26 @@ impl Operations {
         receiver: &Receiver,
         ops_token: Option<&str>,
     ) -> anyhow::Result<Self> {
-        let (diagnostics, retention) = match db {
-            rfidl_runtime::Database::Postgres(url) => (
-                None,
-                Retention::spawn_postgres(config.clone(), url, outbox.metrics().clone())?,
-            ),
+        let retention = match db {
+            rfidl_runtime::Database::Postgres(url) => {
+                Retention::spawn_postgres(config.clone(), url, outbox.metrics().clone())?
+            }
             _ => {
                 let path = db
                     .sqlite_path()
                     .ok_or_else(|| anyhow::anyhow!("unsupported database {db}"))?;
-                (
-                    Some(Diagnostics::builder(path)),
-                    Retention::spawn(config.clone(), path, outbox.metrics().clone())?,
-                )
+                Retention::spawn(config.clone(), path, outbox.metrics().clone())?
             }
         };
-        let mut router = receiver.router();
-        if let Some(diagnostics) = diagnostics {
-            // `/_rf/readyz` checks the database, the receiver's writer thread
-            // and the dispatcher started on `outbox`.
-            let mut diagnostics = diagnostics.outbox(outbox).receiver(receiver);
-            if let Some(token) = ops_token {
-                diagnostics = diagnostics.bearer_token(token);
-            }
-            router = router.merge(diagnostics.build()?.router());
+        // `/_rf/readyz` checks the database, the receiver's writer thread
+        // and the dispatcher started on `outbox`.
+        let mut diagnostics = Diagnostics::builder_for(db.clone())
+            .outbox(outbox)
+            .receiver(receiver);
+        if let Some(token) = ops_token {
+            diagnostics = diagnostics.bearer_token(token);
         }
+        let router = receiver.router().merge(diagnostics.build()?.router());
         Ok(Self { router, retention })
     }
 }

@@ -72,7 +72,10 @@ pub fn verdict_of(
 }
 
 /// The SQLite file of `database`, or a copy of the verdict's tables.
-fn local_copy(database: &rfidl_runtime::Database, copy: &Path) -> anyhow::Result<std::path::PathBuf> {
+fn local_copy(
+    database: &rfidl_runtime::Database,
+    copy: &Path,
+) -> anyhow::Result<std::path::PathBuf> {
     if let Some(path) = database.sqlite_path() {
         return Ok(path.to_path_buf());
     }
@@ -88,8 +91,14 @@ fn local_copy(database: &rfidl_runtime::Database, copy: &Path) -> anyhow::Result
     let tables: [(&str, &str); 4] = [
         ("employees", "SELECT id, NULL FROM employees"),
         ("workflows", "SELECT employee_id, message_id FROM workflows"),
-        ("laptop_tickets", "SELECT employee_id, message_id FROM laptop_tickets"),
-        ("outbox_messages", "SELECT message_id, status FROM outbox_messages"),
+        (
+            "laptop_tickets",
+            "SELECT employee_id, message_id FROM laptop_tickets",
+        ),
+        (
+            "outbox_messages",
+            "SELECT message_id, status FROM outbox_messages",
+        ),
     ];
     let rows = super::store::with_connection(database, |connection| {
         let super::store::Connection::Postgres(client) = connection else {
@@ -104,7 +113,11 @@ fn local_copy(database: &rfidl_runtime::Database, copy: &Path) -> anyhow::Result
                 continue;
             }
             for row in client.query(sql, &[])? {
-                all.push((table, row.get::<_, Option<String>>(0), row.get::<_, Option<String>>(1)));
+                all.push((
+                    table,
+                    row.get::<_, Option<String>>(0),
+                    row.get::<_, Option<String>>(1),
+                ));
             }
         }
         Ok(all)
