@@ -10,6 +10,11 @@
 //!     dispatcher -> HTTP -> receiver -> inbox, receiver FULL and NORMAL;
 //! (d) inbox duplicate-check latency with 1,000,000 inbox rows;
 //! (e) latency from the sender's commit to the handler's effect, low load.
+//!
+//! With `RFIDL_POSTGRES_URL` set (`cargo xtask bench delivery` starts a
+//! throw-away server), the same figures follow on the PostgreSQL store, each
+//! on a fresh database of that server, with the raw insert rate of a
+//! same-sized row on PostgreSQL as their reference.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -86,6 +91,11 @@ fn main() {
         format!("{:.2} ms", p50),
     );
     report("    p99", format!("{:.2} ms", p99));
+
+    match std::env::var("RFIDL_POSTGRES_URL") {
+        Ok(server) if !server.is_empty() => postgres::figures(&runtime, &server),
+        _ => println!("(PostgreSQL figures skipped: RFIDL_POSTGRES_URL is not set)"),
+    }
 }
 
 fn report(name: &str, value: String) {
@@ -184,6 +194,27 @@ const HOSTED: &[HostedInterface] = &[HostedInterface {
     endpoints: &["Credit"],
     manifest_json: "{}",
 }];
+
+impl HostedService<rfidl_runtime::Postgres> for Ledger {
+    fn interfaces(&self) -> &[HostedInterface] {
+        HOSTED
+    }
+
+    fn handle(
+        &self,
+        call: &IncomingCall<'_>,
+        tx: &mut ::postgres::Transaction<'_>,
+    ) -> Result<serde_json::Value, HandlerError> {
+        tx.execute(
+            "INSERT INTO ledger (message_id, amount) VALUES ($1, $2)",
+            &[&call.message_id, &call.payload["amount"].as_i64().unwrap_or(0)],
+        )?;
+        if let Ok(mut effects) = self.effects.lock() {
+            effects.push(Instant::now());
+        }
+        Ok(serde_json::Value::Null)
+    }
+}
 
 impl HostedService for Ledger {
     fn interfaces(&self) -> &[HostedInterface] {
@@ -376,4 +407,304 @@ async fn commit_to_effect(dir: &Path) -> (f64, f64) {
     dispatcher.shutdown().await;
     samples.sort_by(f64::total_cmp);
     (percentile(&samples, 0.5), percentile(&samples, 0.99))
+}
+
+/// The same figures on the PostgreSQL store.
+mod postgres {
+    use super::*;
+    use ::postgres::{Client, NoTls};
+    use rfidl_runtime::pg::PostgresUrl;
+
+    /// Where the receiver's writer threads run their handlers.
+    const WRITERS: usize = 8;
+
+    pub fn figures(runtime: &tokio::runtime::Runtime, server: &str) {
+        let raw = raw_insert_rate(&database(server, "raw"));
+        report("(ref) PostgreSQL: raw insert, 1 row/txn", format!("{raw:.0} rows/s"));
+        let enqueue = enqueue_rate(&database(server, "enqueue"));
+        report(
+            "(a) PostgreSQL: Outbox::enqueue_postgres, 1 message/caller txn",
+            format!("{enqueue:.0} msg/s"),
+        );
+        report(
+            "    ... as a share of the raw insert rate",
+            format!("{:.0} %", 100.0 * enqueue / raw),
+        );
+        let send_url = database(server, "send");
+        let send = runtime.block_on(send_rate(&send_url, 64));
+        report(
+            "(b) PostgreSQL: Outbox::send, 64 concurrent callers",
+            format!("{send:.0} msg/s"),
+        );
+        let rate = delivery_rate(runtime, server);
+        report(
+            "(c) PostgreSQL: exactly-once deliveries, HTTP loopback",
+            format!("{rate:.0} msg/s"),
+        );
+        let (p50, p99, p999) = dedupe_latency(&database(server, "inbox"));
+        report(
+            "(d) PostgreSQL: inbox look-up statement, 1,000,000 rows: p50",
+            format!("{p50:.1} µs"),
+        );
+        report("    p99", format!("{p99:.1} µs"));
+        report("    p99.9", format!("{p999:.1} µs"));
+        let (p50, p99) = commit_to_effect(runtime, server);
+        report(
+            "(e) PostgreSQL: sender commit -> handler effect, low load: p50",
+            format!("{p50:.2} ms"),
+        );
+        report("    p99", format!("{p99:.2} ms"));
+    }
+
+    /// A fresh database `rfidl_bench_<name>` on `server`, migrated.
+    fn database(server: &str, name: &str) -> PostgresUrl {
+        let name = format!("rfidl_bench_{name}");
+        let mut admin = Client::connect(server, NoTls).expect("connect to RFIDL_POSTGRES_URL");
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .expect("drop");
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .expect("create");
+        let (scheme, rest) = server.split_once("://").expect("a URL");
+        let authority = rest.split(['/', '?']).next().unwrap_or(rest);
+        let url = PostgresUrl::parse(&format!("{scheme}://{authority}/{name}")).expect("url");
+        rfidl_runtime::pg::open(&url).expect("migrate");
+        url
+    }
+
+    fn connect(url: &PostgresUrl) -> Client {
+        url.connect().expect("connect")
+    }
+
+    fn raw_insert_rate(url: &PostgresUrl) -> f64 {
+        let mut client = connect(url);
+        client
+            .batch_execute("CREATE TABLE t (id TEXT PRIMARY KEY, body TEXT NOT NULL, at BIGINT NOT NULL)")
+            .expect("table");
+        let body = "x".repeat(300);
+        let started = Instant::now();
+        for _ in 0..ROWS {
+            let mut tx = client.transaction().expect("tx");
+            tx.execute(
+                "INSERT INTO t (id, body, at) VALUES ($1, $2, $3)",
+                &[&uuid::Uuid::now_v7().to_string(), &body, &db::now_ms()],
+            )
+            .expect("insert");
+            tx.commit().expect("commit");
+        }
+        rate(ROWS, started.elapsed())
+    }
+
+    fn outbox(url: &PostgresUrl, config: Config) -> Outbox {
+        Outbox::with_database(
+            config,
+            rfidl_runtime::Database::parse(url.as_str()).expect("database"),
+            Arc::default(),
+        )
+    }
+
+    fn enqueue_rate(url: &PostgresUrl) -> f64 {
+        let outbox = outbox(url, Config::default());
+        let mut client = connect(url);
+        let started = Instant::now();
+        for n in 0..ROWS {
+            let mut tx = client.transaction().expect("tx");
+            outbox
+                .enqueue_postgres(&mut tx, message("peer", n))
+                .expect("enqueue");
+            tx.commit().expect("commit");
+        }
+        rate(ROWS, started.elapsed())
+    }
+
+    async fn send_rate(url: &PostgresUrl, callers: usize) -> f64 {
+        let outbox = outbox(url, Config::default());
+        let per_caller = ROWS / callers;
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for caller in 0..callers {
+            let outbox = outbox.clone();
+            tasks.spawn(async move {
+                for n in 0..per_caller {
+                    outbox
+                        .send(message("peer", caller * per_caller + n))
+                        .await
+                        .expect("send");
+                }
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+        rate(per_caller * callers, started.elapsed())
+    }
+
+    struct PgPair {
+        outbox: Outbox,
+        sender: PostgresUrl,
+        receiver: PostgresUrl,
+        effects: Arc<Mutex<Vec<Instant>>>,
+        _receiver: Receiver,
+    }
+
+    fn pair(runtime: &tokio::runtime::Runtime, server: &str, name: &str) -> PgPair {
+        let secret = Secret::generate();
+        let receiver_url = database(server, &format!("{name}_receiver"));
+        connect(&receiver_url)
+            .batch_execute("CREATE TABLE ledger (message_id TEXT NOT NULL, amount BIGINT NOT NULL)")
+            .expect("table");
+        let mut config = Config {
+            service_id: "ledger".into(),
+            ..Config::default()
+        };
+        config.peers.insert("bench".into(), vec![secret.to_whsec()]);
+        let effects = Arc::new(Mutex::new(Vec::new()));
+        let receiver = Receiver::postgres(config, &receiver_url, WRITERS)
+            .service(Ledger {
+                effects: effects.clone(),
+            })
+            .build()
+            .expect("receiver");
+        let router = receiver.router();
+        let url = runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let url = format!("http://{}", listener.local_addr().expect("addr"));
+            tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
+            url
+        });
+        let sender_url = database(server, &format!("{name}_sender"));
+        let mut sender = Config {
+            service_id: "bench".into(),
+            ..Config::default()
+        };
+        sender.outbox.max_in_flight = 64;
+        sender.outbox.batch_size = 256;
+        sender.destinations.insert(
+            "ledger".into(),
+            DestinationConfig {
+                url,
+                urls: Vec::new(),
+                secret: secret.to_whsec(),
+                ca_file: None,
+            },
+        );
+        PgPair {
+            outbox: outbox(&sender_url, sender),
+            sender: sender_url,
+            receiver: receiver_url,
+            effects,
+            _receiver: receiver,
+        }
+    }
+
+    fn count(url: &PostgresUrl, sql: &str) -> i64 {
+        connect(url).query_one(sql, &[]).expect("count").get(0)
+    }
+
+    fn delivery_rate(runtime: &tokio::runtime::Runtime, server: &str) -> f64 {
+        let pair = pair(runtime, server, "c");
+        let mut client = connect(&pair.sender);
+        let mut tx = client.transaction().expect("tx");
+        for n in 0..DELIVERIES {
+            pair.outbox
+                .enqueue_postgres(&mut tx, message("ledger", n))
+                .expect("enqueue");
+        }
+        tx.commit().expect("commit");
+        let started = Instant::now();
+        let dispatcher = runtime.block_on(async {
+            Dispatcher::postgres(&pair.outbox, &pair.sender)
+                .start()
+                .expect("dispatcher")
+        });
+        loop {
+            let sent = count(
+                &pair.sender,
+                "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'",
+            );
+            if sent as usize == DELIVERIES {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let elapsed = started.elapsed();
+        runtime.block_on(dispatcher.shutdown());
+        let effects = count(&pair.receiver, "SELECT COUNT(*) FROM ledger");
+        assert_eq!(effects as usize, DELIVERIES, "exactly once");
+        rate(DELIVERIES, elapsed)
+    }
+
+    fn dedupe_latency(url: &PostgresUrl) -> (f64, f64, f64) {
+        let mut client = connect(url);
+        // Bulk-load the inbox with generate_series (a million single
+        // inserts would take minutes and measure nothing of interest).
+        client
+            .batch_execute(
+                "INSERT INTO inbox_messages (source_service_id, message_id, endpoint, payload_sha256, \
+                 processed_at, response, expires_at) \
+                 SELECT 'bench', 'message-' || i, 'Credit', sha256(i::text::bytea), 0, \
+                 '{\"ok\":true}', 9223372036854775807 FROM generate_series(1, 1000000) AS i; \
+                 ANALYZE inbox_messages",
+            )
+            .expect("load");
+        let mut samples = Vec::with_capacity(100_000);
+        let mut seed: u64 = 42;
+        for _ in 0..100_000 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let id = format!("message-{}", (seed >> 33) % 1_000_000 + 1);
+            let started = Instant::now();
+            let found = client
+                .query_typed_opt(
+                    "SELECT endpoint, payload_sha256, processed_at, response, expires_at \
+                     FROM inbox_messages WHERE source_service_id = $1 AND message_id = $2",
+                    &[
+                        (&"bench", ::postgres::types::Type::TEXT),
+                        (&id, ::postgres::types::Type::TEXT),
+                    ],
+                )
+                .expect("lookup");
+            samples.push(started.elapsed().as_secs_f64() * 1e6);
+            assert!(found.is_some(), "{id}");
+        }
+        samples.sort_by(f64::total_cmp);
+        (
+            percentile(&samples, 0.5),
+            percentile(&samples, 0.99),
+            percentile(&samples, 0.999),
+        )
+    }
+
+    fn commit_to_effect(runtime: &tokio::runtime::Runtime, server: &str) -> (f64, f64) {
+        let pair = pair(runtime, server, "e");
+        let dispatcher = runtime.block_on(async {
+            Dispatcher::postgres(&pair.outbox, &pair.sender)
+                .start()
+                .expect("dispatcher")
+        });
+        let mut client = connect(&pair.sender);
+        let mut samples = Vec::new();
+        for n in 0..300 {
+            let before = pair.effects.lock().expect("lock").len();
+            let mut tx = client.transaction().expect("tx");
+            pair.outbox
+                .enqueue_postgres(&mut tx, message("ledger", n))
+                .expect("enqueue");
+            tx.commit().expect("commit");
+            let committed = Instant::now();
+            let effect = loop {
+                if let Some(at) = pair.effects.lock().expect("lock").get(before).copied() {
+                    break at;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            };
+            samples.push(effect.duration_since(committed).as_secs_f64() * 1e3);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        runtime.block_on(dispatcher.shutdown());
+        samples.sort_by(f64::total_cmp);
+        (percentile(&samples, 0.5), percentile(&samples, 0.99))
+    }
 }

@@ -434,5 +434,7 @@ fn bench(extra: &[String]) -> Result<(), String> {
     if let Some(name) = extra.first() {
         command.args(["--bench", name]);
     }
-    run(&mut command)
+    // The delivery figures on the PostgreSQL store, beside SQLite's.
+    let (postgres_url, _cluster) = test_postgres()?;
+    run(command.env("RFIDL_POSTGRES_URL", &postgres_url))
 }
