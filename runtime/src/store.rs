@@ -194,6 +194,20 @@ impl From<PathBuf> for Database {
     }
 }
 
+#[cfg(feature = "postgres")]
+impl From<crate::pg::PostgresUrl> for Database {
+    fn from(url: crate::pg::PostgresUrl) -> Self {
+        Database::Postgres(Box::new(url))
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<&crate::pg::PostgresUrl> for Database {
+    fn from(url: &crate::pg::PostgresUrl) -> Self {
+        Database::Postgres(Box::new(url.clone()))
+    }
+}
+
 impl From<&Path> for Database {
     fn from(path: &Path) -> Self {
         Database::Sqlite(path.to_path_buf())
