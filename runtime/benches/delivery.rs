@@ -207,7 +207,10 @@ impl HostedService<rfidl_runtime::Postgres> for Ledger {
     ) -> Result<serde_json::Value, HandlerError> {
         tx.execute(
             "INSERT INTO ledger (message_id, amount) VALUES ($1, $2)",
-            &[&call.message_id, &call.payload["amount"].as_i64().unwrap_or(0)],
+            &[
+                &call.message_id,
+                &call.payload["amount"].as_i64().unwrap_or(0),
+            ],
         )?;
         if let Ok(mut effects) = self.effects.lock() {
             effects.push(Instant::now());
@@ -420,7 +423,10 @@ mod postgres {
 
     pub fn figures(runtime: &tokio::runtime::Runtime, server: &str) {
         let raw = raw_insert_rate(&database(server, "raw"));
-        report("(ref) PostgreSQL: raw insert, 1 row/txn", format!("{raw:.0} rows/s"));
+        report(
+            "(ref) PostgreSQL: raw insert, 1 row/txn",
+            format!("{raw:.0} rows/s"),
+        );
         let enqueue = enqueue_rate(&database(server, "enqueue"));
         report(
             "(a) PostgreSQL: Outbox::enqueue_postgres, 1 message/caller txn",
@@ -480,7 +486,9 @@ mod postgres {
     fn raw_insert_rate(url: &PostgresUrl) -> f64 {
         let mut client = connect(url);
         client
-            .batch_execute("CREATE TABLE t (id TEXT PRIMARY KEY, body TEXT NOT NULL, at BIGINT NOT NULL)")
+            .batch_execute(
+                "CREATE TABLE t (id TEXT PRIMARY KEY, body TEXT NOT NULL, at BIGINT NOT NULL)",
+            )
             .expect("table");
         let body = "x".repeat(300);
         let started = Instant::now();

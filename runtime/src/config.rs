@@ -173,6 +173,20 @@ pub struct DestinationConfig {
     pub ca_file: Option<std::path::PathBuf>,
 }
 
+impl DestinationConfig {
+    /// A destination at one base URL, signed with `secret` (`whsec_…`); add
+    /// more instances with [`urls`](Self::urls) and an internal CA with
+    /// [`ca_file`](Self::ca_file) (the fields are public too).
+    pub fn new(url: impl Into<String>, secret: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            urls: Vec::new(),
+            secret: secret.into(),
+            ca_file: None,
+        }
+    }
+}
+
 /// The whole runtime configuration.
 ///
 /// Its `Debug` form leaves the secrets out, so a config can be logged.
