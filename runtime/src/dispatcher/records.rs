@@ -229,7 +229,14 @@ pub(crate) fn record_in(
                     continue;
                 }
                 let delay = backoff_of(row.retry_count).max(retry_after.unwrap_or_default());
-                tracing::debug!(message_id = %row.message_id, %error, attempt, "send failed; retrying in {delay:?}");
+                tracing::debug!(
+                    name: "retry",
+                    message_id = %row.message_id,
+                    attempt,
+                    delay_ms = delay.as_millis() as u64,
+                    %error,
+                    "send failed; retrying"
+                );
                 if tx.again(row, attempt, at(delay), error)? {
                     counts.retries += 1;
                 }
@@ -241,7 +248,14 @@ pub(crate) fn record_in(
                 error, retry_after, ..
             } => {
                 let delay = backoff_of(0).max(retry_after.unwrap_or_default());
-                tracing::debug!(message_id = %row.message_id, %error, "not delivered; retrying in {delay:?} (not counted)");
+                tracing::debug!(
+                    name: "retry",
+                    message_id = %row.message_id,
+                    attempt = row.retry_count,
+                    delay_ms = delay.as_millis() as u64,
+                    %error,
+                    "not delivered; retrying (not counted)"
+                );
                 if tx.again(row, row.retry_count, at(delay), error)? {
                     counts.retries += 1;
                 }
