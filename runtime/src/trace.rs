@@ -326,9 +326,7 @@ pub(crate) fn stamp(headers: &mut BTreeMap<String, String>) -> Option<TraceParen
 /// The context a received message's handler runs in, and the one the
 /// message carried: its valid `traceparent`, else a new trace. A malformed
 /// value is ignored (logged at `debug`), never an error.
-pub(crate) fn received(
-    headers: &BTreeMap<String, String>,
-) -> (TraceParent, Option<TraceParent>) {
+pub(crate) fn received(headers: &BTreeMap<String, String>) -> (TraceParent, Option<TraceParent>) {
     let carried = header_value(headers).and_then(|text| match TraceParent::parse(text) {
         Ok(traceparent) => Some(traceparent),
         Err(reason) => {
@@ -361,7 +359,10 @@ mod tests {
     #[test]
     fn the_spec_examples_parse_and_format_back() {
         let tp = TraceParent::parse(SPEC_EXAMPLE).expect("valid");
-        assert_eq!(tp.trace_id().to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(
+            tp.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
         assert_eq!(tp.parent_id().to_string(), "00f067aa0ba902b7");
         assert_eq!(tp.flags(), 1);
         assert!(tp.sampled());
@@ -383,20 +384,59 @@ mod tests {
         use TraceParentError::*;
         let cases: &[(&str, TraceParentError)] = &[
             ("", Shape),
-            ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7", Shape),
-            ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-", Shape),
-            ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-010", Shape),
-            ("00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", Shape),
-            ("00-4bf92f3577b34da6a3ce929d0e0e473-600f067aa0ba902b7-01", Shape),
-            ("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", NotHex),
-            ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902bz-01", NotHex),
-            ("0g-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", NotHex),
-            ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0x", NotHex),
-            ("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", InvalidVersion),
-            ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", ZeroTraceId),
-            ("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", ZeroParentId),
+            (
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+                Shape,
+            ),
+            (
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-",
+                Shape,
+            ),
+            (
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-010",
+                Shape,
+            ),
+            (
+                "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                Shape,
+            ),
+            (
+                "00-4bf92f3577b34da6a3ce929d0e0e473-600f067aa0ba902b7-01",
+                Shape,
+            ),
+            (
+                "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+                NotHex,
+            ),
+            (
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902bz-01",
+                NotHex,
+            ),
+            (
+                "0g-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                NotHex,
+            ),
+            (
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0x",
+                NotHex,
+            ),
+            (
+                "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                InvalidVersion,
+            ),
+            (
+                "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+                ZeroTraceId,
+            ),
+            (
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+                ZeroParentId,
+            ),
             // A higher version must not continue without a dash.
-            ("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x", Shape),
+            (
+                "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
+                Shape,
+            ),
         ];
         for (text, reason) in cases {
             assert_eq!(TraceParent::parse(text), Err(*reason), "{text:?}");
@@ -405,8 +445,10 @@ mod tests {
 
     #[test]
     fn a_higher_version_is_read_by_its_version_00_prefix() {
-        let tp = TraceParent::parse("cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-the-future-holds")
-            .expect("forward compatible");
+        let tp = TraceParent::parse(
+            "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-the-future-holds",
+        )
+        .expect("forward compatible");
         assert_eq!(tp.to_string(), SPEC_EXAMPLE, "re-emitted as version 00");
         let tp = TraceParent::parse("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
             .expect("exactly 55 characters");
@@ -436,7 +478,10 @@ mod tests {
 
         let mut headers = BTreeMap::from([("traceparent".to_owned(), "garbage".to_owned())]);
         assert_eq!(stamp(&mut headers), None);
-        assert_eq!(headers["traceparent"], "garbage", "the application's value is kept");
+        assert_eq!(
+            headers["traceparent"], "garbage",
+            "the application's value is kept"
+        );
 
         let outer = TraceParent::parse(SPEC_EXAMPLE).expect("valid");
         let stamped = with_traceparent(outer, || {
@@ -451,7 +496,11 @@ mod tests {
         assert_eq!(current(), None, "restored after the closure");
 
         let fresh = stamp(&mut BTreeMap::new()).expect("stamped");
-        assert_ne!(fresh.trace_id(), outer.trace_id(), "no context: a new trace");
+        assert_ne!(
+            fresh.trace_id(),
+            outer.trace_id(),
+            "no context: a new trace"
+        );
     }
 
     #[test]

@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use rand::Rng as _;
 use tokio::task::JoinSet;
-use tracing::Instrument as _;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::circuit::{Admission, Circuits, GroupOutcome};
 use crate::config::Config;
@@ -646,7 +646,13 @@ async fn send_group(state: &State, group: Group) -> GroupResult {
     );
     let answers = match requests.len() {
         0 => Vec::new(),
-        1 => vec![route.transport.send(requests.remove(0)).instrument(span).await],
+        1 => vec![
+            route
+                .transport
+                .send(requests.remove(0))
+                .instrument(span)
+                .await,
+        ],
         _ => route.transport.send_batch(requests).instrument(span).await,
     };
     let elapsed = started.elapsed();

@@ -170,7 +170,15 @@ pub(crate) fn record_in(
                 let response_text = serde_json::to_string(response).unwrap_or_default();
                 let changed = tx.mark_sent(row, now, &response_text)?;
                 let failed = if handled && changed {
-                    tx.act_on_answer(row, response)
+                    // What the response handler enqueues continues the
+                    // message's trace.
+                    let headers = serde_json::from_str(&row.headers).unwrap_or_default();
+                    match crate::trace::TraceParent::from_headers(&headers) {
+                        Some(traceparent) => crate::trace::with_traceparent(traceparent, || {
+                            tx.act_on_answer(row, response)
+                        }),
+                        None => tx.act_on_answer(row, response),
+                    }
                 } else {
                     None
                 };

@@ -91,6 +91,14 @@ impl<S: Store> Handlers<S> {
     ) -> Result<serde_json::Value, ReceiveError> {
         let envelope = &delivery.envelope;
         let source = envelope.source_service_id.as_str();
+        let span = tracing::info_span!(
+            parent: &delivery.span,
+            "handler",
+            message_id = %delivery.message_id,
+            endpoint = %envelope.endpoint,
+            trace_id = %delivery.trace.trace_id(),
+        );
+        let _entered = span.enter();
         if let Some(hosted) = delivery.hosted_fingerprint_differs {
             self.metrics.inbox_fingerprint_mismatches.inc();
             warn!(
@@ -115,14 +123,6 @@ impl<S: Store> Handlers<S> {
             headers: &envelope.headers,
         };
         let service = &self.services[delivery.service];
-        let span = tracing::info_span!(
-            parent: &delivery.span,
-            "handler",
-            message_id = %delivery.message_id,
-            endpoint = %envelope.endpoint,
-            trace_id = %delivery.trace.trace_id(),
-        );
-        let _entered = span.enter();
         // Messages the handler enqueues continue the incoming trace.
         let handled = crate::trace::with_traceparent(delivery.trace, || {
             catch_unwind(AssertUnwindSafe(|| service.handle(&call, tx)))

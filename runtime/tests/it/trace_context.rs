@@ -23,6 +23,7 @@ use rfidl_runtime::outbox::{Outbox, OutgoingMessage, Status};
 use rfidl_runtime::receiver::{
     HandlerError, HostedInterface, HostedService, IncomingCall, Receiver,
 };
+use rfidl_runtime::responses::{Answer, ResponseHandler};
 use rfidl_runtime::signing::Secret;
 use rfidl_runtime::trace::{TraceParent, with_traceparent};
 use rfidl_runtime::transport::HttpTransport;
@@ -74,8 +75,7 @@ impl Visit for Fields<'_> {
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0
-            .insert(field.name().to_owned(), format!("{value:?}"));
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
     }
 }
 
@@ -154,7 +154,11 @@ impl Recording {
     /// Exactly one such span.
     fn one(&self, name: &str, field: &str, value: &str) -> Captured {
         let found = self.spans(name, field, value);
-        assert_eq!(found.len(), 1, "one `{name}` span with {field}={value}: {found:?}");
+        assert_eq!(
+            found.len(),
+            1,
+            "one `{name}` span with {field}={value}: {found:?}"
+        );
         found.into_iter().next().expect("one")
     }
 }
@@ -264,6 +268,40 @@ impl HostedService<rfidl_runtime::Postgres> for Relay {
     }
 }
 
+/// The sender's response handler: on the relay's answer, enqueues a
+/// message of its own in the transaction that marks the row `Sent`, and
+/// keeps that message's stored `traceparent`.
+struct OnAnswer {
+    outbox: Outbox,
+    enqueued: Arc<Mutex<Option<String>>>,
+}
+
+impl ResponseHandler for OnAnswer {
+    fn interface(&self) -> (&'static str, u32) {
+        (RELAY, 1)
+    }
+
+    fn handle(
+        &self,
+        _answer: &Answer<'_>,
+        tx: &rusqlite::Transaction<'_>,
+    ) -> Result<(), HandlerError> {
+        let id = self
+            .outbox
+            .enqueue(tx, follow_up())
+            .map_err(|e| HandlerError::retryable(e.to_string()))?;
+        let headers: String = tx.query_row(
+            "SELECT headers FROM outbox_messages WHERE message_id = ?1",
+            [id.to_string()],
+            |r| r.get(0),
+        )?;
+        let headers: BTreeMap<String, String> =
+            serde_json::from_str(&headers).expect("stored headers are JSON");
+        *self.enqueued.lock().expect("enqueued") = headers.get("traceparent").cloned();
+        Ok(())
+    }
+}
+
 /// A relay on `store`, served on a free loopback port: its URL, the secret
 /// senders sign with, what its handler saw, and the server task.
 async fn start_relay(
@@ -286,7 +324,9 @@ async fn start_relay(
     };
     let receiver = match store {
         TestStore::Sqlite { path, .. } => Receiver::builder(config, path).service(relay).build(),
-        TestStore::Postgres { url, .. } => Receiver::postgres(config, url, 2).service(relay).build(),
+        TestStore::Postgres { url, .. } => {
+            Receiver::postgres(config, url, 2).service(relay).build()
+        }
     }
     .expect("receiver");
     // The router keeps the receiver's state alive.
@@ -314,7 +354,10 @@ fn stored_traceparent(db: &Path, id: &Uuid) -> String {
         )
         .expect("row");
     let headers: BTreeMap<String, String> = serde_json::from_str(&headers).expect("JSON");
-    headers.get("traceparent").cloned().expect("a traceparent header")
+    headers
+        .get("traceparent")
+        .cloned()
+        .expect("a traceparent header")
 }
 
 fn relay_message() -> OutgoingMessage {
@@ -338,12 +381,17 @@ async fn one_trace_spans_sender_receiver_and_next_hop(store: &TestStore) {
     let id = enqueue(&outbox, &db, relay_message());
     let sent = TraceParent::parse(&stored_traceparent(&db, &id)).expect("a valid traceparent");
 
+    let on_answer = Arc::new(Mutex::new(None));
     let dispatcher = Dispatcher::builder(&outbox, &db)
         .route(
             "relay",
             HttpTransport::new(&url, Duration::from_secs(2)).expect("client"),
             secret,
         )
+        .responses(OnAnswer {
+            outbox: outbox.clone(),
+            enqueued: on_answer.clone(),
+        })
         .start()
         .expect("dispatcher");
     wait_for(&db, &id, Status::Sent).await;
@@ -356,6 +404,16 @@ async fn one_trace_spans_sender_receiver_and_next_hop(store: &TestStore) {
     let next = TraceParent::parse(&relayed.follow_up_headers["traceparent"]).expect("valid");
     assert_eq!(next.trace_id(), sent.trace_id(), "same trace");
     assert_ne!(next.parent_id(), sent.parent_id(), "a new parent id");
+    // So does what the sender's response handler enqueues on the answer.
+    let on_answer = on_answer.lock().expect("on answer").clone();
+    let on_answer =
+        TraceParent::parse(&on_answer.expect("the response handler ran")).expect("valid");
+    assert_eq!(
+        on_answer.trace_id(),
+        sent.trace_id(),
+        "same trace on the answer"
+    );
+    assert_ne!(on_answer.parent_id(), sent.parent_id());
 
     // The spans, with the message ids and the trace id.
     let trace_id = sent.trace_id().to_string();
@@ -370,7 +428,10 @@ async fn one_trace_spans_sender_receiver_and_next_hop(store: &TestStore) {
     assert!(!dispatched.is_empty(), "a dispatch span for {id_text}");
     for span in &dispatched {
         assert_eq!(span.field("destination"), "relay");
-        assert!(span.field("trace_ids").split(',').any(|t| t == trace_id), "{span:?}");
+        assert!(
+            span.field("trace_ids").split(',').any(|t| t == trace_id),
+            "{span:?}"
+        );
         assert_eq!(span.field("attempt"), "1", "{span:?}");
     }
     let received = recording.one("receive", "message_id", &id_text);
@@ -380,11 +441,23 @@ async fn one_trace_spans_sender_receiver_and_next_hop(store: &TestStore) {
     assert_eq!(received.field("endpoint"), "Forward");
     let handled = recording.one("handler", "message_id", &id_text);
     assert_eq!(handled.field("trace_id"), trace_id);
-    assert_eq!(handled.parent, Some("receive"), "the handler span is inside receive");
+    assert_eq!(
+        handled.parent,
+        Some("receive"),
+        "the handler span is inside receive"
+    );
     let onward = recording.one("enqueue", "message_id", &relayed.follow_up.to_string());
-    assert_eq!(onward.field("trace_id"), trace_id, "the follow-up's enqueue span");
+    assert_eq!(
+        onward.field("trace_id"),
+        trace_id,
+        "the follow-up's enqueue span"
+    );
     assert_eq!(onward.field("destination"), "next");
-    assert_eq!(onward.parent, Some("handler"), "enqueued inside the handler");
+    assert_eq!(
+        onward.parent,
+        Some("handler"),
+        "enqueued inside the handler"
+    );
 }
 
 on_every_store!(
@@ -423,7 +496,11 @@ async fn a_malformed_traceparent_starts_a_new_trace(store: &TestStore) {
         let next = TraceParent::parse(&relayed.follow_up_headers["traceparent"])
             .expect("the follow-up carries a valid traceparent");
         let received = recording.one("receive", "message_id", &id.to_string());
-        assert_eq!(received.field("parent_id"), "", "no valid parent: {traceparent:?}");
+        assert_eq!(
+            received.field("parent_id"),
+            "",
+            "no valid parent: {traceparent:?}"
+        );
         assert_eq!(
             received.field("trace_id"),
             next.trace_id().to_string(),
@@ -433,7 +510,11 @@ async fn a_malformed_traceparent_starts_a_new_trace(store: &TestStore) {
     }
     trace_ids.sort();
     trace_ids.dedup();
-    assert_eq!(trace_ids.len(), cases.len(), "each message starts a trace of its own");
+    assert_eq!(
+        trace_ids.len(),
+        cases.len(),
+        "each message starts a trace of its own"
+    );
 }
 
 on_every_store!(
@@ -460,7 +541,11 @@ async fn the_applications_traceparent_is_continued_or_kept() {
     let mut explicit = relay_message();
     explicit.headers.insert("traceparent".into(), own.into());
     let id = with_traceparent(incoming, || enqueue(&outbox, &db, explicit));
-    assert_eq!(stored_traceparent(&db, &id), own, "the application's header wins");
+    assert_eq!(
+        stored_traceparent(&db, &id),
+        own,
+        "the application's header wins"
+    );
 
     // `send` takes the context of the thread that calls it.
     let future = with_traceparent(incoming, || outbox.send(relay_message()));
