@@ -444,6 +444,24 @@ mod tests {
     }
 
     #[test]
+    fn no_input_makes_the_parser_panic() {
+        let valid = SPEC_EXAMPLE.as_bytes();
+        let alphabet = ["0", "f", "F", "-", " ", "é", "\u{0}", "ff"];
+        for length in 0..=80 {
+            for (i, filler) in alphabet.iter().enumerate() {
+                // A prefix of a valid value padded with odd characters.
+                let mut text: String =
+                    String::from_utf8_lossy(&valid[..length.min(valid.len())]).into_owned();
+                while text.len() < length {
+                    text.push_str(alphabet[(i + text.len()) % alphabet.len()]);
+                }
+                text.push_str(filler);
+                let _ = TraceParent::parse(&text);
+            }
+        }
+    }
+
+    #[test]
     fn a_higher_version_is_read_by_its_version_00_prefix() {
         let tp = TraceParent::parse(
             "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-the-future-holds",

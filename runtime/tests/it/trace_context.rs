@@ -43,8 +43,8 @@ use crate::support::{self, SOURCE, count, post_signed, receiver_config};
 
 // ---------------------------------------------------------------- capture
 
-/// One span as the layer saw it: its name, its fields (as displayed), and
-/// its parent span's name.
+/// One span (or `retry` event) as the layer saw it: its name, its fields
+/// (as displayed), and its parent span's name.
 #[derive(Debug, Clone)]
 struct Captured {
     name: &'static str,
@@ -83,9 +83,9 @@ struct Collect;
 
 impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Collect {
     fn register_callsite(&self, metadata: &'static Metadata<'static>) -> Interest {
-        if metadata.is_span()
-            && metadata.target().starts_with("rfidl_runtime")
-            && SPAN_NAMES.contains(&metadata.name())
+        let ours = metadata.target().starts_with("rfidl_runtime");
+        if ours && metadata.is_span() && SPAN_NAMES.contains(&metadata.name())
+            || ours && metadata.is_event() && metadata.name() == "retry"
         {
             Interest::always()
         } else {
@@ -108,6 +108,23 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Collect {
             parent,
         });
         span.extensions_mut().insert(Slot(spans.len() - 1));
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: Context<'_, S>) {
+        if RECORDING.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let mut fields = BTreeMap::new();
+        event.record(&mut Fields(&mut fields));
+        let parent = ctx.event_span(event).map(|span| span.name());
+        SPANS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Captured {
+                name: event.metadata().name(),
+                fields,
+                parent,
+            });
     }
 
     fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
@@ -560,4 +577,60 @@ async fn the_applications_traceparent_is_continued_or_kept() {
     let b = TraceParent::parse(&stored_traceparent(&db, &b)).expect("valid");
     assert_ne!(a.trace_id(), b.trace_id());
     assert_eq!(count(&db, "SELECT COUNT(*) FROM outbox_messages"), 5);
+}
+
+/// A failed attempt logs a `retry` event with the message id, the attempt,
+/// the delay and the error; the next `dispatch` span says `attempt` 2.
+#[tokio::test]
+async fn a_retry_is_logged_with_the_message_id_and_the_next_attempt_is_counted() {
+    let recording = Recording::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret = Secret::generate();
+    let receiver = support::start_receiver(dir.path(), receiver_config(&[&secret])).await;
+    receiver.ledger.fail_next.store(1, Ordering::SeqCst);
+    let db = dir.path().join("sender.db");
+    let outbox = Outbox::new(sender_config(Duration::from_millis(20)), &db);
+    let id = enqueue(
+        &outbox,
+        &db,
+        message("ledger", "Credit", json!({"account": "a-1", "amount": 5})),
+    );
+    let dispatcher = Dispatcher::builder(&outbox, &db)
+        .route(
+            "ledger",
+            HttpTransport::new(&receiver.url, Duration::from_secs(2)).expect("client"),
+            secret,
+        )
+        .start()
+        .expect("dispatcher");
+    wait_for(&db, &id, Status::Sent).await;
+    dispatcher.shutdown().await;
+
+    let id_text = id.to_string();
+    let retry = recording.one("retry", "message_id", &id_text);
+    assert_eq!(retry.field("attempt"), "1", "{retry:?}");
+    assert!(
+        retry.field("error").contains("the bank is down"),
+        "{retry:?}"
+    );
+    assert!(retry.field("delay_ms").parse::<u64>().is_ok(), "{retry:?}");
+    let mut attempts: Vec<String> = recording
+        .spans("dispatch", "message_ids", &id_text)
+        .iter()
+        .map(|span| span.field("attempt").to_owned())
+        .collect();
+    attempts.sort();
+    assert_eq!(attempts, ["1", "2"]);
+    // Both attempts carried the same stored traceparent.
+    let trace_id = TraceParent::parse(&stored_traceparent(&db, &id))
+        .expect("valid")
+        .trace_id()
+        .to_string();
+    let received = recording.spans("receive", "message_id", &id_text);
+    assert_eq!(received.len(), 2, "{received:?}");
+    assert!(
+        received
+            .iter()
+            .all(|span| span.field("trace_id") == trace_id)
+    );
 }
