@@ -13,6 +13,9 @@
 //! * [`retention`]: the scheduled clean-up of sent outbox rows and expired
 //!   inbox rows; [`diagnostics`]: health, statistics, the failed list, manual
 //!   retry and `/_rf/metrics` for operators.
+//! * [`trace`]: the W3C `traceparent` each message carries in its envelope
+//!   headers, and the `tracing` spans `enqueue`, `dispatch`, `receive` and
+//!   `handler` that carry its trace id.
 //!
 //! The runtime never depends on the code generator; generated code depends on it.
 
@@ -37,6 +40,7 @@ pub mod responses;
 pub mod retention;
 pub mod signing;
 pub mod store;
+pub mod trace;
 pub mod transport;
 pub mod types;
 

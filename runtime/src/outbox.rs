@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use rusqlite::{Transaction, params};
 use tokio::sync::Notify;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::config::Config;
@@ -40,6 +41,9 @@ pub struct OutgoingMessage {
     pub correlation_id: Option<String>,
     /// One member per method parameter.
     pub payload: serde_json::Value,
+    /// Free-form envelope headers. Enqueueing adds `traceparent` (W3C Trace
+    /// Context) unless one is already here, which is then kept as it is:
+    /// see [`crate::trace`].
     pub headers: BTreeMap<String, String>,
     /// `@delivery(max_retries)`; the configured default when `None`.
     pub max_retries: Option<u32>,
@@ -171,12 +175,18 @@ impl Outbox {
     }
 
     /// Writes `message` in `tx`; it is sent if and only if `tx` commits.
+    ///
+    /// The message gets a `traceparent` header unless it has one (see
+    /// [`crate::trace`]); the write runs in an `enqueue` span.
     pub fn enqueue(
         &self,
         tx: &Transaction<'_>,
-        message: OutgoingMessage,
+        mut message: OutgoingMessage,
     ) -> Result<Uuid, OutboxError> {
+        let span = enqueue_span(&mut message);
+        let _entered = span.enter();
         let id = insert(tx, &self.inner.config, &message)?;
+        span.record("message_id", tracing::field::display(id));
         self.inner.metrics.outbox_enqueued.inc();
         self.inner.wake.notify_one();
         Ok(id)
@@ -188,9 +198,12 @@ impl Outbox {
     pub fn enqueue_postgres(
         &self,
         tx: &mut postgres::Transaction<'_>,
-        message: OutgoingMessage,
+        mut message: OutgoingMessage,
     ) -> Result<Uuid, OutboxError> {
+        let span = enqueue_span(&mut message);
+        let _entered = span.enter();
         let id = crate::pg::insert_outbox(tx, &self.inner.config, &message)?;
+        span.record("message_id", tracing::field::display(id));
         self.inner.metrics.outbox_enqueued.inc();
         self.inner.wake.notify_one();
         Ok(id)
@@ -204,17 +217,30 @@ impl Outbox {
     /// Writes `message` in a transaction of its own and commits it.
     /// Concurrent calls share commits (one writer thread, group commit), so
     /// many callers together go much faster than one commit each.
-    pub async fn send(&self, message: OutgoingMessage) -> Result<Uuid, OutboxError> {
-        let sender = self.send_writer()?;
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        sender
-            .send((message, reply))
-            .await
-            .map_err(|_| OutboxError::Stopped)?;
-        let id = answer.await.map_err(|_| OutboxError::Stopped)??;
-        self.inner.metrics.outbox_enqueued.inc();
-        self.inner.wake.notify_one();
-        Ok(id)
+    ///
+    /// The `traceparent` header is set when `send` is called (from the
+    /// calling thread's [current](crate::trace::current) context), not when
+    /// the future is first polled.
+    pub fn send(
+        &self,
+        mut message: OutgoingMessage,
+    ) -> impl Future<Output = Result<Uuid, OutboxError>> + Send + '_ {
+        let span = enqueue_span(&mut message);
+        let recorded = span.clone();
+        async move {
+            let sender = self.send_writer()?;
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            sender
+                .send((message, reply))
+                .await
+                .map_err(|_| OutboxError::Stopped)?;
+            let id = answer.await.map_err(|_| OutboxError::Stopped)??;
+            recorded.record("message_id", tracing::field::display(id));
+            self.inner.metrics.outbox_enqueued.inc();
+            self.inner.wake.notify_one();
+            Ok(id)
+        }
+        .instrument(span)
     }
 
     fn send_writer(&self) -> Result<tokio::sync::mpsc::Sender<SendJob>, OutboxError> {
@@ -258,6 +284,21 @@ impl Outbox {
         *guard = Some(sender.clone());
         Ok(sender)
     }
+}
+
+/// Stamps the message's `traceparent` (see [`crate::trace::stamp`]) and
+/// opens its `enqueue` span; `message_id` is recorded once the row is written.
+fn enqueue_span(message: &mut OutgoingMessage) -> tracing::Span {
+    let trace = crate::trace::stamp(&mut message.headers);
+    tracing::info_span!(
+        "enqueue",
+        message_id = tracing::field::Empty,
+        destination = %message.destination,
+        interface = %message.interface,
+        version = message.version,
+        endpoint = %message.endpoint,
+        trace_id = %crate::trace::OptionalId(trace.map(|t| t.trace_id())),
+    )
 }
 
 fn write_group(

@@ -24,6 +24,7 @@ use std::time::Duration;
 use rand::Rng as _;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::circuit::{Admission, Circuits, GroupOutcome};
 use crate::config::Config;
@@ -635,10 +636,24 @@ async fn send_group(state: &State, group: Group) -> GroupResult {
             Err(error) => attempts.push((row, Outcome::Unsendable(error), started.elapsed())),
         }
     }
+    let span = tracing::info_span!(
+        "dispatch",
+        destination = %destination,
+        messages = ready.len(),
+        message_ids = %MessageIds(&ready),
+        trace_ids = %TraceIds(&ready),
+        attempt = ready.iter().map(|row| row.retry_count).max().unwrap_or(0) + 1,
+    );
     let answers = match requests.len() {
         0 => Vec::new(),
-        1 => vec![route.transport.send(requests.remove(0)).await],
-        _ => route.transport.send_batch(requests).await,
+        1 => vec![
+            route
+                .transport
+                .send(requests.remove(0))
+                .instrument(span)
+                .await,
+        ],
+        _ => route.transport.send_batch(requests).instrument(span).await,
     };
     let elapsed = started.elapsed();
     attempts.extend(
@@ -651,6 +666,43 @@ async fn send_group(state: &State, group: Group) -> GroupResult {
         destination,
         probe,
         attempts,
+    }
+}
+
+/// The `message_ids` field of a `dispatch` span: the request's message ids,
+/// comma-separated (formatted only when the span is recorded).
+struct MessageIds<'a>(&'a [Claimed]);
+
+impl std::fmt::Display for MessageIds<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, row) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            f.write_str(&row.message_id)?;
+        }
+        Ok(())
+    }
+}
+
+/// The `trace_ids` field of a `dispatch` span: each message's trace id from
+/// its stored `traceparent` (empty for a row without a valid one),
+/// comma-separated, in the order of `message_ids`.
+struct TraceIds<'a>(&'a [Claimed]);
+
+impl std::fmt::Display for TraceIds<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, row) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            let headers: BTreeMap<String, String> =
+                serde_json::from_str(&row.headers).unwrap_or_default();
+            if let Some(traceparent) = crate::trace::TraceParent::from_headers(&headers) {
+                write!(f, "{}", traceparent.trace_id())?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -170,7 +170,15 @@ pub(crate) fn record_in(
                 let response_text = serde_json::to_string(response).unwrap_or_default();
                 let changed = tx.mark_sent(row, now, &response_text)?;
                 let failed = if handled && changed {
-                    tx.act_on_answer(row, response)
+                    // What the response handler enqueues continues the
+                    // message's trace.
+                    let headers = serde_json::from_str(&row.headers).unwrap_or_default();
+                    match crate::trace::TraceParent::from_headers(&headers) {
+                        Some(traceparent) => crate::trace::with_traceparent(traceparent, || {
+                            tx.act_on_answer(row, response)
+                        }),
+                        None => tx.act_on_answer(row, response),
+                    }
                 } else {
                     None
                 };
@@ -229,7 +237,14 @@ pub(crate) fn record_in(
                     continue;
                 }
                 let delay = backoff_of(row.retry_count).max(retry_after.unwrap_or_default());
-                tracing::debug!(message_id = %row.message_id, %error, attempt, "send failed; retrying in {delay:?}");
+                tracing::debug!(
+                    name: "retry",
+                    message_id = %row.message_id,
+                    attempt,
+                    delay_ms = delay.as_millis() as u64,
+                    %error,
+                    "send failed; retrying"
+                );
                 if tx.again(row, attempt, at(delay), error)? {
                     counts.retries += 1;
                 }
@@ -241,7 +256,14 @@ pub(crate) fn record_in(
                 error, retry_after, ..
             } => {
                 let delay = backoff_of(0).max(retry_after.unwrap_or_default());
-                tracing::debug!(message_id = %row.message_id, %error, "not delivered; retrying in {delay:?} (not counted)");
+                tracing::debug!(
+                    name: "retry",
+                    message_id = %row.message_id,
+                    attempt = row.retry_count,
+                    delay_ms = delay.as_millis() as u64,
+                    %error,
+                    "not delivered; retrying (not counted)"
+                );
                 if tx.again(row, row.retry_count, at(delay), error)? {
                     counts.retries += 1;
                 }

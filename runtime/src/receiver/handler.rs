@@ -58,7 +58,8 @@ pub struct IncomingCall<'a> {
     pub endpoint: &'a str,
     /// The envelope's `payload`: one member per method parameter.
     pub payload: &'a serde_json::Value,
-    /// The envelope's free-form `headers`.
+    /// The envelope's free-form `headers`, as sent (with the sender's W3C
+    /// `traceparent`: [`crate::trace::TraceParent::from_headers`]).
     pub headers: &'a BTreeMap<String, String>,
 }
 

@@ -730,8 +730,22 @@ impl Shared {
         }
         let hosted_fingerprint_differs =
             (envelope.fingerprint != route.hosted.fingerprint).then_some(route.hosted.fingerprint);
+        let message_id = canonical_id(envelope.message_id);
+        let (trace, carried) = crate::trace::received(&envelope.headers);
+        let span = tracing::info_span!(
+            "receive",
+            message_id = %message_id,
+            source = %envelope.source_service_id,
+            interface = %envelope.interface,
+            version = envelope.version,
+            endpoint = %envelope.endpoint,
+            trace_id = %trace.trace_id(),
+            parent_id = %crate::trace::OptionalId(carried.map(|t| t.parent_id())),
+        );
         Ok(Delivery {
-            message_id: canonical_id(envelope.message_id),
+            trace,
+            span,
+            message_id,
             payload_sha256: payload_digest(&envelope.payload),
             service: route.service,
             hosted_fingerprint_differs,

@@ -43,6 +43,11 @@ pub(crate) struct Delivery {
     pub service: usize,
     /// The hosted fingerprint, when the sender's differs from it.
     pub hosted_fingerprint_differs: Option<&'static str>,
+    /// The trace the handler continues: the envelope's `traceparent`, or a
+    /// new trace when it carries none (or a malformed one).
+    pub trace: crate::trace::TraceParent,
+    /// The message's `receive` span (closed when the delivery is dropped).
+    pub span: tracing::Span,
 }
 
 /// Deliveries answered together (one request: one, or a whole batch).
@@ -86,6 +91,14 @@ impl<S: Store> Handlers<S> {
     ) -> Result<serde_json::Value, ReceiveError> {
         let envelope = &delivery.envelope;
         let source = envelope.source_service_id.as_str();
+        let span = tracing::info_span!(
+            parent: &delivery.span,
+            "handler",
+            message_id = %delivery.message_id,
+            endpoint = %envelope.endpoint,
+            trace_id = %delivery.trace.trace_id(),
+        );
+        let _entered = span.enter();
         if let Some(hosted) = delivery.hosted_fingerprint_differs {
             self.metrics.inbox_fingerprint_mismatches.inc();
             warn!(
@@ -110,7 +123,11 @@ impl<S: Store> Handlers<S> {
             headers: &envelope.headers,
         };
         let service = &self.services[delivery.service];
-        match catch_unwind(AssertUnwindSafe(|| service.handle(&call, tx))) {
+        // Messages the handler enqueues continue the incoming trace.
+        let handled = crate::trace::with_traceparent(delivery.trace, || {
+            catch_unwind(AssertUnwindSafe(|| service.handle(&call, tx)))
+        });
+        match handled {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(handler_error)) => Err(refusal_of(handler_error, envelope)),
             Err(panic) => {

@@ -20,6 +20,8 @@ mod store_delivery;
 mod store_operations;
 mod stores;
 mod tls;
+// One W3C trace across sender, receiver and the next hop; the tracing spans.
+mod trace_context;
 // Receiver side (rt2): exactly-once, the wire's order of checks, batches.
 mod exactly_once;
 mod hostile;
