@@ -2,10 +2,14 @@
 //! every store (SQLite and PostgreSQL): real databases, real HTTP on
 //! loopback. See `stores.rs` for the harness.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use rfidl_runtime::outbox::Status;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use rfidl_runtime::outbox::{OutgoingMessage, Status};
 use rfidl_runtime::signing::Secret;
 use rfidl_runtime::transport::HttpTransport;
 use serde_json::json;
@@ -21,7 +25,13 @@ on_every_store!(
 );
 async fn enqueue_follows_the_transaction(store: &TestStore) {
     let outbox = store.outbox(sender_config(Duration::from_secs(60)));
-    let kept = store.enqueue_then(&outbox, message("peer", "S200", json!({})), true);
+    // The business row and the message commit or roll back together.
+    let business = "INSERT INTO ledger (message_id, account, amount) VALUES ('order', 'orders', 1)";
+    store.enqueue_with(&outbox, message("peer", "S200", json!({})), business, false);
+    assert_eq!(store.count("SELECT COUNT(*) FROM outbox_messages"), 0);
+    assert_eq!(store.count("SELECT COUNT(*) FROM ledger"), 0);
+    let kept = store.enqueue_with(&outbox, message("peer", "S200", json!({})), business, true);
+    assert_eq!(store.count("SELECT COUNT(*) FROM ledger"), 1);
     store.enqueue_then(&outbox, message("peer", "S200", json!({})), false);
     assert_eq!(store.count("SELECT COUNT(*) FROM outbox_messages"), 1);
     let row = store.row(&kept);
@@ -34,6 +44,246 @@ async fn enqueue_follows_the_transaction(store: &TestStore) {
         .expect("send");
     assert_eq!(store.row(&sent).status, Status::Pending);
     assert_eq!(store.count("SELECT COUNT(*) FROM outbox_messages"), 2);
+}
+
+/// Answers by endpoint name: `S200`, `S409`, `S503`, … ; `Slow` never in time.
+#[derive(Clone, Default)]
+struct Scripted {
+    deliveries: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+impl Scripted {
+    fn of(&self, id: &Uuid) -> u32 {
+        self.deliveries
+            .lock()
+            .expect("lock")
+            .get(&id.to_string())
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+async fn scripted(
+    State(script): State<Scripted>,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
+    let envelope: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let id = envelope["messageId"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    *script
+        .deliveries
+        .lock()
+        .expect("lock")
+        .entry(id)
+        .or_default() += 1;
+    let endpoint = envelope["endpoint"].as_str().unwrap_or_default();
+    match endpoint {
+        "S200" => {
+            axum::Json(json!({"acknowledged": true, "duplicate": false, "payload": {"ok": 1}}))
+                .into_response()
+        }
+        "S200dup" => {
+            axum::Json(json!({"acknowledged": true, "duplicate": true, "payload": {"ok": 2}}))
+                .into_response()
+        }
+        "Slow" => {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            StatusCode::OK.into_response()
+        }
+        other => {
+            let code: u16 = other.trim_start_matches('S').parse().unwrap_or(500);
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            (
+                status,
+                axum::Json(json!({"error": "scripted", "message": other})),
+            )
+                .into_response()
+        }
+    }
+}
+
+async fn scripted_server() -> (String, Scripted) {
+    let script = Scripted::default();
+    let router = axum::Router::new()
+        .route("/_rf/receive", axum::routing::post(scripted))
+        .with_state(script.clone());
+    let (url, _server) = serve(router).await;
+    (url, script)
+}
+
+on_every_store!(
+    each_answer_drives_the_row_to_the_status_the_wire_protocol_names,
+    wire_protocol_statuses
+);
+async fn wire_protocol_statuses(store: &TestStore) {
+    let (url, script) = scripted_server().await;
+    let outbox = store.outbox(sender_config(Duration::from_millis(20)));
+    let secret = Secret::generate();
+    let handle = store
+        .dispatcher(&outbox)
+        .route(
+            "peer",
+            HttpTransport::new(&url, Duration::from_millis(300)).expect("client"),
+            secret.clone(),
+        )
+        .route(
+            "nobody",
+            HttpTransport::new("http://127.0.0.1:9", Duration::from_millis(300)).expect("client"),
+            secret,
+        )
+        .start()
+        .expect("dispatcher");
+    // Answers that end the row, or count against max_retries (2).
+    let cases = [
+        ("peer", "S200", Status::Sent, 1),
+        ("peer", "S200dup", Status::Sent, 1),
+        ("peer", "S409", Status::Sent, 1),
+        ("peer", "S400", Status::DeadLetter, 1),
+        ("peer", "S404", Status::DeadLetter, 1),
+        ("peer", "S413", Status::DeadLetter, 1),
+        ("peer", "S422", Status::DeadLetter, 1),
+        ("peer", "S401", Status::DeadLetter, 3),
+        ("peer", "S500", Status::Failed, 3),
+    ];
+    // An unreachable or overloaded receiver: retried until the TTL, never
+    // counted, never Failed.
+    let waiting = [
+        ("peer", "S429"),
+        ("peer", "S503"),
+        ("peer", "Slow"),
+        ("nobody", "S200"),
+    ];
+    let ids: Vec<Uuid> = cases
+        .iter()
+        .map(|(to, endpoint, _, _)| store.enqueue(&outbox, message(to, endpoint, json!({}))))
+        .collect();
+    let waiting_ids: Vec<Uuid> = waiting
+        .iter()
+        .map(|(to, endpoint)| store.enqueue(&outbox, message(to, endpoint, json!({}))))
+        .collect();
+    for ((to, endpoint, wanted, attempts), id) in cases.iter().zip(&ids) {
+        let row = store.wait_for(id, *wanted).await;
+        assert_eq!(script.of(id), *attempts, "{to}/{endpoint}: attempts");
+        if *wanted == Status::Failed {
+            assert_eq!(row.retry_count, 2, "{endpoint}: retried max_retries times");
+            assert!(row.last_error.is_some());
+        }
+    }
+    for ((to, endpoint), id) in waiting.iter().zip(&waiting_ids) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let row = loop {
+            let row = store.row(id);
+            let tried = if *to == "nobody" {
+                row.last_error.is_some()
+            } else {
+                script.of(id) >= 3
+            };
+            if tried {
+                break row;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{to}/{endpoint} never tried: {row:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert!(
+            matches!(row.status, Status::Pending | Status::Sending),
+            "{to}/{endpoint} waits: {row:?}"
+        );
+        assert_eq!(row.retry_count, 0, "{to}/{endpoint}: not counted: {row:?}");
+    }
+    assert_eq!(
+        store.row(&ids[0]).response,
+        Some(json!({"ok": 1})),
+        "the response is stored"
+    );
+    handle.shutdown().await;
+}
+
+on_every_store!(
+    messages_past_their_ttl_expire_instead_of_being_sent,
+    ttl_expiry
+);
+async fn ttl_expiry(store: &TestStore) {
+    let (url, script) = scripted_server().await;
+    let outbox = store.outbox(sender_config(Duration::from_millis(20)));
+    let id = store.enqueue(
+        &outbox,
+        OutgoingMessage {
+            ttl: Some(Duration::ZERO),
+            ..message("peer", "S200", json!({}))
+        },
+    );
+    let retrying = store.enqueue(
+        &outbox,
+        OutgoingMessage {
+            ttl: Some(Duration::from_millis(150)),
+            max_retries: Some(1000),
+            ..message("peer", "S503", json!({}))
+        },
+    );
+    let handle = store
+        .dispatcher(&outbox)
+        .route(
+            "peer",
+            HttpTransport::new(&url, Duration::from_millis(300)).expect("client"),
+            Secret::generate(),
+        )
+        .start()
+        .expect("dispatcher");
+    store.wait_for(&id, Status::Expired).await;
+    assert_eq!(script.of(&id), 0, "never sent");
+    let row = store.wait_for(&retrying, Status::Expired).await;
+    assert!(
+        script.of(&retrying) >= 2,
+        "it was retried until its TTL ran out: {row:?}"
+    );
+    handle.shutdown().await;
+}
+
+on_every_store!(
+    a_committed_enqueue_wakes_the_dispatcher_without_waiting_for_the_poll,
+    enqueue_wakes_the_dispatcher
+);
+async fn enqueue_wakes_the_dispatcher(store: &TestStore) {
+    let (url, _script) = scripted_server().await;
+    let outbox = store.outbox(sender_config(Duration::from_secs(60)));
+    let handle = store
+        .dispatcher(&outbox)
+        .route(
+            "peer",
+            HttpTransport::new(&url, Duration::from_secs(2)).expect("client"),
+            Secret::generate(),
+        )
+        .start()
+        .expect("dispatcher");
+    tokio::time::sleep(Duration::from_millis(200)).await; // the dispatcher is idle, polling every 60 s
+    let started = Instant::now();
+    let id = store.enqueue(&outbox, message("peer", "S200", json!({})));
+    store.wait_for(&id, Status::Sent).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{}: took {:?}",
+        store.name(),
+        started.elapsed()
+    );
+    // `send` (its own transaction) is just as fast.
+    let started = Instant::now();
+    let id = outbox
+        .send(message("peer", "S200", json!({})))
+        .await
+        .expect("send");
+    store.wait_for(&id, Status::Sent).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{}: took {:?}",
+        store.name(),
+        started.elapsed()
+    );
+    handle.shutdown().await;
 }
 
 on_every_store!(

@@ -167,11 +167,25 @@ impl TestStore {
     /// Enqueues `message` in a transaction of the store's own kind, then
     /// commits (`commit = true`) or rolls back.
     pub fn enqueue_then(&self, outbox: &Outbox, message: OutgoingMessage, commit: bool) -> Uuid {
+        self.enqueue_with(outbox, message, "", commit)
+    }
+
+    /// Runs `business_sql` (the same on both stores; may be empty), then
+    /// enqueues `message`, in one transaction of the store's own kind, and
+    /// commits (`commit = true`) or rolls back.
+    pub fn enqueue_with(
+        &self,
+        outbox: &Outbox,
+        message: OutgoingMessage,
+        business_sql: &str,
+        commit: bool,
+    ) -> Uuid {
         match self {
             TestStore::Sqlite { path, .. } => {
                 let mut conn =
                     rfidl_runtime::db::open(path, rfidl_runtime::Durability::Normal).expect("open");
                 let tx = conn.transaction().expect("tx");
+                tx.execute_batch(business_sql).expect("business sql");
                 let id = outbox.enqueue(&tx, message).expect("enqueue");
                 if commit {
                     tx.commit().expect("commit");
@@ -180,8 +194,10 @@ impl TestStore {
             }
             TestStore::Postgres { .. } => {
                 let outbox = outbox.clone();
+                let business_sql = business_sql.to_owned();
                 self.with_pg(move |client| {
                     let mut tx = client.transaction().expect("tx");
+                    tx.batch_execute(&business_sql).expect("business sql");
                     let id = outbox.enqueue_postgres(&mut tx, message).expect("enqueue");
                     if commit {
                         tx.commit().expect("commit");
