@@ -8,6 +8,7 @@ mod faults;
 mod interop;
 mod operations;
 mod ops_access;
+mod postgres_faults;
 mod postgres_harness;
 mod probes;
 mod prometheus;

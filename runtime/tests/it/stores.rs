@@ -150,6 +150,32 @@ impl TestStore {
         .expect("PostgreSQL helper thread")
     }
 
+    /// Ends every session of this PostgreSQL database but the caller's
+    /// (`pg_terminate_backend`, from a session on the server's URL as the
+    /// tests were given it), as a server restart or a network cut does;
+    /// returns how many sessions it ended.
+    pub fn terminate_sessions(&self) -> i64 {
+        let TestStore::Postgres { _db: db, .. } = self else {
+            unreachable!("a PostgreSQL helper on SQLite")
+        };
+        let admin_url = std::env::var("RFIDL_POSTGRES_URL").expect("RFIDL_POSTGRES_URL");
+        let name = db.name().to_owned();
+        std::thread::spawn(move || {
+            let mut admin =
+                postgres::Client::connect(&admin_url, postgres::NoTls).expect("admin session");
+            let ended = admin
+                .query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE datname = $1 AND pid <> pg_backend_pid()",
+                    &[&name],
+                )
+                .expect("terminate");
+            ended.len() as i64
+        })
+        .join()
+        .expect("PostgreSQL admin thread")
+    }
+
     /// A single number (`SELECT count(*) …`), the same SQL on both stores.
     pub fn count(&self, sql: &str) -> i64 {
         match self {
@@ -161,6 +187,31 @@ impl TestStore {
                 let sql = sql.to_owned();
                 self.with_pg(move |client| client.query_one(&sql, &[]).expect("count").get(0))
             }
+        }
+    }
+
+    /// `(status, count)` of the outbox, by status.
+    pub fn status_counts(&self) -> Vec<(String, i64)> {
+        const SQL: &str =
+            "SELECT status, COUNT(*) FROM outbox_messages GROUP BY status ORDER BY status";
+        match self {
+            TestStore::Sqlite { path, .. } => {
+                let conn = rusqlite::Connection::open(path).expect("open");
+                let mut statement = conn.prepare(SQL).expect("prepare");
+                statement
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .expect("query")
+                    .collect::<Result<_, _>>()
+                    .expect("rows")
+            }
+            TestStore::Postgres { .. } => self.with_pg(|client| {
+                client
+                    .query(SQL, &[])
+                    .expect("query")
+                    .iter()
+                    .map(|r| (r.get(0), r.get(1)))
+                    .collect()
+            }),
         }
     }
 
