@@ -291,10 +291,7 @@ on_every_store!(
     end_to_end
 );
 async fn end_to_end(store: &TestStore) {
-    let receiver_store = match store {
-        TestStore::Sqlite { .. } => TestStore::sqlite(),
-        TestStore::Postgres { .. } => TestStore::postgres().expect("a second database"),
-    };
+    let receiver_store = store.another();
     let sender_secret = Secret::generate();
     let receiver = receiver_store
         .start_receiver(support::receiver_config(&[&sender_secret]))
@@ -424,10 +421,7 @@ on_every_store!(
     handler_failure
 );
 async fn handler_failure(store: &TestStore) {
-    let receiver_store = match store {
-        TestStore::Sqlite { .. } => TestStore::sqlite(),
-        TestStore::Postgres { .. } => TestStore::postgres().expect("a second database"),
-    };
+    let receiver_store = store.another();
     let sender_secret = Secret::generate();
     let receiver = receiver_store
         .start_receiver(support::receiver_config(&[&sender_secret]))

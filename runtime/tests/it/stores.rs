@@ -15,6 +15,7 @@ use rfidl_runtime::metrics::Metrics;
 use rfidl_runtime::outbox::{Outbox, OutboxRow, OutgoingMessage, Status};
 use rfidl_runtime::pg::PostgresUrl;
 use rfidl_runtime::receiver::{Receiver, ReceiverBuilder, ReceiverError};
+use rfidl_runtime::responses::ResponseHandler;
 use rfidl_runtime::retention::{Retention, RetentionHandle};
 use rfidl_runtime::signing::Secret;
 use rfidl_runtime::transport::Transport;
@@ -77,6 +78,14 @@ impl TestStore {
         let store = TestStore::Postgres { url, _db: db };
         store.create_ledger_table();
         Some(store)
+    }
+
+    /// A second, empty store of the same kind (a peer's database).
+    pub fn another(&self) -> Self {
+        match self {
+            TestStore::Sqlite { .. } => TestStore::sqlite(),
+            TestStore::Postgres { .. } => TestStore::postgres().expect("a second database"),
+        }
     }
 
     pub fn name(&self) -> &'static str {
@@ -479,6 +488,17 @@ impl AnyDispatcher {
             AnyDispatcher::Postgres(b) => {
                 AnyDispatcher::Postgres(b.route(destination, transport, secret))
             }
+        }
+    }
+
+    /// Registers a response handler written for both stores.
+    pub fn responses<H>(self, handler: H) -> Self
+    where
+        H: ResponseHandler<Sqlite> + ResponseHandler<Postgres>,
+    {
+        match self {
+            AnyDispatcher::Sqlite(b) => AnyDispatcher::Sqlite(b.responses(handler)),
+            AnyDispatcher::Postgres(b) => AnyDispatcher::Postgres(b.responses(handler)),
         }
     }
 
