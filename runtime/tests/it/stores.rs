@@ -14,7 +14,7 @@ use rfidl_runtime::dispatcher::{Dispatcher, DispatcherBuilder, DispatcherError, 
 use rfidl_runtime::metrics::Metrics;
 use rfidl_runtime::outbox::{Outbox, OutboxRow, OutgoingMessage, Status};
 use rfidl_runtime::pg::PostgresUrl;
-use rfidl_runtime::receiver::{Receiver, ReceiverBuilder, ReceiverError};
+use rfidl_runtime::receiver::{HostedService, Receiver, ReceiverBuilder, ReceiverError};
 use rfidl_runtime::responses::ResponseHandler;
 use rfidl_runtime::retention::{Retention, RetentionHandle};
 use rfidl_runtime::signing::Secret;
@@ -118,6 +118,15 @@ impl TestStore {
                 let sql = sql.to_owned();
                 self.with_pg(move |client| client.batch_execute(&sql).expect("sql"));
             }
+        }
+    }
+
+    /// Runs `sqlite` or `postgres`, whichever is this store's dialect: for
+    /// the few statements one text cannot say on both (an auto-numbered key).
+    pub fn execute_dialects(&self, sqlite: &str, postgres: &str) {
+        match self {
+            TestStore::Sqlite { .. } => self.execute(sqlite),
+            TestStore::Postgres { .. } => self.execute(postgres),
         }
     }
 
@@ -415,6 +424,22 @@ impl TestStore {
             }
             TestStore::Postgres { url, .. } => {
                 AnyDispatcher::Postgres(Dispatcher::postgres(outbox, url))
+            }
+        }
+    }
+
+    /// A receiver hosting `service` (written for both stores) on this
+    /// store, built.
+    pub fn receiver_hosting<H>(&self, config: Config, service: H) -> Result<Receiver, ReceiverError>
+    where
+        H: HostedService<Sqlite> + HostedService<Postgres>,
+    {
+        match self {
+            TestStore::Sqlite { path, .. } => {
+                Receiver::builder(config, path).service(service).build()
+            }
+            TestStore::Postgres { url, .. } => {
+                Receiver::postgres(config, url, 4).service(service).build()
             }
         }
     }
