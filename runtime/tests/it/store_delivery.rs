@@ -529,6 +529,79 @@ async fn two_replicas(store: &TestStore) {
     }
 }
 
+on_every_store!(
+    batch_items_keep_their_own_exactly_once_semantics,
+    batch_items
+);
+async fn batch_items(store: &TestStore) {
+    let receiver = store
+        .start_receiver(support::receiver_config(&[&Secret::generate()]))
+        .await;
+    let now = now_secs();
+    let item = |id: &str, endpoint: &str, payload: serde_json::Value, secret: &Secret| {
+        let body = serde_json::to_string(&support::envelope(id, endpoint, payload)).expect("json");
+        let headers = rfidl_runtime::signing::SignatureHeaders::sign(
+            id,
+            now,
+            body.as_bytes(),
+            std::slice::from_ref(secret),
+        );
+        json!({ "headers": headers.to_pairs().iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<std::collections::BTreeMap<_, _>>(), "body": body })
+    };
+    let new_id = || Uuid::now_v7().to_string();
+    let repeated = new_id();
+    let items = json!([
+        item(
+            &new_id(),
+            "Credit",
+            json!({"account": "b", "amount": 1}),
+            &receiver.secret
+        ),
+        item(
+            &repeated,
+            "Credit",
+            json!({"account": "b", "amount": 2}),
+            &receiver.secret
+        ),
+        item(
+            &repeated,
+            "Credit",
+            json!({"account": "b", "amount": 2}),
+            &receiver.secret
+        ),
+        item(
+            &new_id(),
+            "Credit",
+            json!({"account": "b"}),
+            &receiver.secret
+        ),
+        item(
+            &new_id(),
+            "Credit",
+            json!({"account": "b", "amount": 4}),
+            &Secret::generate()
+        ),
+    ]);
+    let results: Vec<serde_json::Value> = reqwest::Client::new()
+        .post(format!("{}/_rf/receive/batch", receiver.url))
+        .json(&items)
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    let statuses: Vec<u64> = results
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(statuses, [200, 200, 200, 422, 401]);
+    assert_eq!(results[1]["body"]["duplicate"], false);
+    assert_eq!(results[2]["body"]["duplicate"], true);
+    assert_eq!(store.count("SELECT COUNT(*) FROM ledger"), 2);
+    receiver.receiver.shutdown().await;
+}
+
 fn now_secs() -> i64 {
     rfidl_runtime::signing::unix_now()
 }
