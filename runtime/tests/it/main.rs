@@ -16,7 +16,9 @@ mod receiver;
 mod responses;
 mod spread;
 mod support;
-// The same bodies on SQLite and PostgreSQL.
+// The same bodies on SQLite and PostgreSQL (`stores::on_every_store!`; also
+// used by exactly_once, faults, responses and spread); PostgreSQL's own
+// failures in postgres_faults.
 mod store_delivery;
 mod store_operations;
 mod stores;
