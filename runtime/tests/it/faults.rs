@@ -117,16 +117,20 @@ async fn outage(store: &TestStore) {
         .start()
         .expect("dispatcher");
     let messages = 300;
-    for i in 0..messages {
-        store.enqueue(
-            &outbox,
-            message(
-                "ledger",
-                "Credit",
-                json!({"account": "outage", "amount": i}),
-            ),
-        );
-    }
+    // In one transaction: the outage below starts when they are all due
+    // (one at a time, on a busy machine, the enqueues alone took seconds).
+    store.enqueue_many(
+        &outbox,
+        (0..messages)
+            .map(|i| {
+                message(
+                    "ledger",
+                    "Credit",
+                    json!({"account": "outage", "amount": i}),
+                )
+            })
+            .collect(),
+    );
     let outage = Duration::from_secs(2);
     tokio::time::sleep(outage).await;
     let attempts_during_outage = front.dropped.load(Ordering::SeqCst);
@@ -235,12 +239,12 @@ async fn lost_batch_answers(store: &TestStore) {
     config.outbox.batch_size = 32;
     let outbox = store.outbox(config);
     let messages = 64;
-    for i in 0..messages {
-        store.enqueue(
-            &outbox,
-            message("ledger", "Credit", json!({"account": "lossy", "amount": i})),
-        );
-    }
+    store.enqueue_many(
+        &outbox,
+        (0..messages)
+            .map(|i| message("ledger", "Credit", json!({"account": "lossy", "amount": i})))
+            .collect(),
+    );
     let dispatcher = store
         .dispatcher(&outbox)
         .route(
