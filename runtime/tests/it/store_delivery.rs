@@ -314,9 +314,7 @@ async fn end_to_end(store: &TestStore) {
             )
         })
         .collect();
-    for id in &ids {
-        store.wait_for(id, Status::Sent).await;
-    }
+    store.wait_for_all(&ids, Status::Sent).await;
     assert_eq!(receiver_store.count("SELECT COUNT(*) FROM ledger"), 20);
     assert_eq!(
         receiver_store.count("SELECT CAST(SUM(amount) AS BIGINT) FROM ledger"),
@@ -341,9 +339,7 @@ async fn end_to_end(store: &TestStore) {
     // Lost acknowledgements: every row is sent again; the receiver answers
     // duplicate and nothing is processed twice.
     store.execute("UPDATE outbox_messages SET status = 'Pending', next_retry_at = 0");
-    for id in &ids {
-        store.wait_for(id, Status::Sent).await;
-    }
+    store.wait_for_all(&ids, Status::Sent).await;
     assert_eq!(
         receiver_store.count("SELECT COUNT(*) FROM ledger"),
         20,
@@ -394,9 +390,12 @@ on_every_store!(
 async fn competing_dispatchers(store: &TestStore) {
     let (url, deliveries) = counting_server().await;
     let outbox = store.outbox(sender_config(Duration::from_millis(5)));
-    let ids: Vec<Uuid> = (0..300)
-        .map(|_| store.enqueue(&outbox, message("peer", "S200", json!({}))))
-        .collect();
+    let ids = store.enqueue_many(
+        &outbox,
+        (0..300)
+            .map(|_| message("peer", "S200", json!({})))
+            .collect(),
+    );
     let start = || {
         store
             .dispatcher(&outbox)
@@ -409,9 +408,7 @@ async fn competing_dispatchers(store: &TestStore) {
             .expect("dispatcher")
     };
     let dispatchers = [start(), start(), start()];
-    for id in &ids {
-        store.wait_for(id, Status::Sent).await;
-    }
+    store.wait_for_all(&ids, Status::Sent).await;
     assert_eq!(deliveries.distinct(), 300);
     assert_eq!(deliveries.total(), 300, "a message was sent twice");
     for handle in dispatchers {

@@ -416,6 +416,52 @@ impl TestStore {
         }
     }
 
+    /// Waits (at most 10 s) for every message of `ids` to reach `wanted`,
+    /// reading all statuses in one query per look (one session, where a
+    /// `wait_for` per message would open hundreds on PostgreSQL).
+    pub async fn wait_for_all(&self, ids: &[Uuid], wanted: Status) {
+        const SQL: &str = "SELECT message_id, status FROM outbox_messages";
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let statuses: std::collections::HashMap<String, String> = match self {
+                TestStore::Sqlite { path, .. } => {
+                    let conn = rusqlite::Connection::open(path).expect("open");
+                    let mut statement = conn.prepare(SQL).expect("prepare");
+                    statement
+                        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                        .expect("query")
+                        .collect::<Result<_, _>>()
+                        .expect("rows")
+                }
+                TestStore::Postgres { .. } => self.with_pg(|client| {
+                    client
+                        .query(SQL, &[])
+                        .expect("query")
+                        .iter()
+                        .map(|r| (r.get(0), r.get(1)))
+                        .collect()
+                }),
+            };
+            let behind: Vec<(&Uuid, Option<&String>)> = ids
+                .iter()
+                .map(|id| (id, statuses.get(&id.to_string())))
+                .filter(|(_, status)| status.map(String::as_str) != Some(wanted.as_str()))
+                .collect();
+            if behind.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: {} of {} not {wanted:?}, e.g. {:?}",
+                self.name(),
+                behind.len(),
+                ids.len(),
+                &behind[..behind.len().min(3)]
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// A dispatcher for `outbox` on this store.
     pub fn dispatcher(&self, outbox: &Outbox) -> AnyDispatcher {
         match self {
