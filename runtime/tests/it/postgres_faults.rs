@@ -88,6 +88,11 @@ async fn lost_connections_in_flight_are_retried_and_lose_nothing() {
         "nothing Failed, nothing left behind"
     );
     assert_eq!(
+        sender.count("SELECT MAX(retry_count) FROM outbox_messages"),
+        0,
+        "a lost connection is answered retryable (503), not counted against max_retries"
+    );
+    assert_eq!(
         receiver_store.count("SELECT COUNT(*) FROM ledger"),
         total,
         "each message took effect once"
