@@ -127,6 +127,38 @@ impl<'s> StoreFixture<'s> {
 }
 
 on_every_store!(
+    processes_a_signed_message_and_answers_only_after_its_commit,
+    answers_after_commit
+);
+async fn answers_after_commit(store: &TestStore) {
+    let fixture = StoreFixture::start(store).await;
+    let message = Message::hired("Ada");
+    let reply = fixture.post(&message).await;
+    reply.assert_acknowledged(false);
+    assert_eq!(reply.body["payload"]["welcomed"], "Ada");
+    assert_eq!(reply.body["payload"]["version"], 1);
+    // A fresh connection sees both rows as soon as the answer arrived.
+    let row = format!(
+        "FROM inbox_messages WHERE source_service_id = '{SOURCE}' AND message_id = '{}'",
+        message.id
+    );
+    assert_eq!(
+        store.text(&format!("SELECT endpoint {row}")).as_deref(),
+        Some("EmployeeHired"),
+        "inbox row committed before the answer"
+    );
+    let response = store
+        .text(&format!("SELECT response {row}"))
+        .expect("a stored response");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&response).expect("json"),
+        reply.body["payload"]
+    );
+    assert_eq!(fixture.count("employees"), 1);
+    assert_eq!(fixture.metrics().inbox_processed.get(), 1);
+}
+
+on_every_store!(
     the_same_message_100_times_concurrently_then_sequentially_runs_once,
     hundred_copies
 );

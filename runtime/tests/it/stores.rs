@@ -208,6 +208,28 @@ impl TestStore {
         }
     }
 
+    /// A single text (`SELECT response …`), the same SQL on both stores;
+    /// `None` for no row or NULL.
+    pub fn text(&self, sql: &str) -> Option<String> {
+        match self {
+            TestStore::Sqlite { path, .. } => {
+                let conn = rusqlite::Connection::open(path).expect("open");
+                rusqlite::OptionalExtension::optional(conn.query_row(sql, [], |r| r.get(0)))
+                    .expect("query")
+                    .flatten()
+            }
+            TestStore::Postgres { .. } => {
+                let sql = sql.to_owned();
+                self.with_pg(move |client| {
+                    client
+                        .query_opt(&sql, &[])
+                        .expect("query")
+                        .and_then(|r| r.get(0))
+                })
+            }
+        }
+    }
+
     /// `(status, count)` of the outbox, by status.
     pub fn status_counts(&self) -> Vec<(String, i64)> {
         const SQL: &str =
