@@ -57,9 +57,68 @@ pub enum TestStore {
     },
     Postgres {
         url: PostgresUrl,
+        /// The helpers' own session (dropped before the database).
+        session: Session,
         /// Dropped last: the database goes with the test.
         _db: TestDatabase,
     },
+}
+
+/// A job for the helpers' session.
+type Job = Box<dyn FnOnce(&mut postgres::Client) + Send>;
+
+/// The helpers' PostgreSQL session: one connection for the whole test, on
+/// a thread of its own (the sync client cannot run on a tokio runtime's
+/// thread). A connection per look would cost a backend start each, and
+/// the polling loops look every few milliseconds.
+pub struct Session {
+    jobs: std::sync::mpsc::Sender<Job>,
+    /// Its backend's process id (`terminate_sessions` spares it).
+    pid: i32,
+}
+
+impl Session {
+    fn open(url: &PostgresUrl) -> Self {
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        let (ready, started) = std::sync::mpsc::channel();
+        let url = url.clone();
+        std::thread::Builder::new()
+            .name("test-store-session".into())
+            .spawn(move || {
+                let mut client = url.connect().expect("connect");
+                let pid: i32 = client
+                    .query_one("SELECT pg_backend_pid()", &[])
+                    .expect("pid")
+                    .get(0);
+                ready.send(pid).expect("ready");
+                // Ends when the store (the sender) is dropped.
+                while let Ok(job) = queue.recv() {
+                    job(&mut client);
+                }
+            })
+            .expect("session thread");
+        let pid = started.recv().expect("the session started");
+        Self { jobs, pid }
+    }
+
+    /// Runs `work` on the session and returns its value (or its panic).
+    fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut postgres::Client) -> T + Send + 'static,
+    ) -> T {
+        let (done, result) = std::sync::mpsc::channel();
+        self.jobs
+            .send(Box::new(move |client| {
+                let outcome =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(client)));
+                let _ = done.send(outcome);
+            }))
+            .expect("the session thread is running");
+        match result.recv().expect("the session answered") {
+            Ok(value) => value,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
 }
 
 impl TestStore {
@@ -75,7 +134,12 @@ impl TestStore {
     pub fn postgres() -> Option<Self> {
         let db = crate::support::postgres::database()?;
         let url = PostgresUrl::parse(db.url()).expect("test database URL");
-        let store = TestStore::Postgres { url, _db: db };
+        let session = Session::open(&url);
+        let store = TestStore::Postgres {
+            url,
+            session,
+            _db: db,
+        };
         store.create_ledger_table();
         Some(store)
     }
@@ -151,41 +215,39 @@ impl TestStore {
         }
     }
 
-    /// Runs `work` with a fresh PostgreSQL session, off the async executor.
+    /// Runs `work` on the helpers' PostgreSQL session, off the async
+    /// executor.
     fn with_pg<T: Send + 'static>(
         &self,
         work: impl FnOnce(&mut postgres::Client) -> T + Send + 'static,
     ) -> T {
-        let TestStore::Postgres { url, .. } = self else {
+        let TestStore::Postgres { session, .. } = self else {
             unreachable!("a PostgreSQL helper on SQLite")
         };
-        let url = url.clone();
-        std::thread::spawn(move || {
-            let mut client = url.connect().expect("connect");
-            work(&mut client)
-        })
-        .join()
-        .expect("PostgreSQL helper thread")
+        session.run(work)
     }
 
-    /// Ends every session of this PostgreSQL database but the caller's
+    /// Ends every session of this PostgreSQL database but the helpers' own
     /// (`pg_terminate_backend`, from a session on the server's URL as the
     /// tests were given it), as a server restart or a network cut does;
     /// returns how many sessions it ended.
     pub fn terminate_sessions(&self) -> i64 {
-        let TestStore::Postgres { _db: db, .. } = self else {
+        let TestStore::Postgres {
+            _db: db, session, ..
+        } = self
+        else {
             unreachable!("a PostgreSQL helper on SQLite")
         };
         let admin_url = std::env::var("RFIDL_POSTGRES_URL").expect("RFIDL_POSTGRES_URL");
-        let name = db.name().to_owned();
+        let (name, spared) = (db.name().to_owned(), session.pid);
         std::thread::spawn(move || {
             let mut admin =
                 postgres::Client::connect(&admin_url, postgres::NoTls).expect("admin session");
             let ended = admin
                 .query(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                     WHERE datname = $1 AND pid <> pg_backend_pid()",
-                    &[&name],
+                     WHERE datname = $1 AND pid <> pg_backend_pid() AND pid <> $2",
+                    &[&name, &spared],
                 )
                 .expect("terminate");
             ended.len() as i64
