@@ -17,7 +17,7 @@ use crate::support;
 
 /// While 200 messages flow from a sender on one database to a receiver on
 /// another, every session of both databases is ended ten times (the
-/// dispatcher's, the outbox writer's, the receiver's writers' and
+/// dispatcher's, the receiver's writers' and
 /// look-ups'): each message still ends `Sent`, takes effect exactly once,
 /// none is `Failed`, and no retry was counted (a lost transaction is
 /// answered 503, retryable).
