@@ -17,10 +17,9 @@ use crate::support;
 
 /// While 200 messages flow from a sender on one database to a receiver on
 /// another, every session of both databases is ended ten times (the
-/// dispatcher's, the receiver's writers' and
-/// look-ups'): each message still ends `Sent`, takes effect exactly once,
-/// none is `Failed`, and no retry was counted (a lost transaction is
-/// answered 503, retryable).
+/// dispatcher's, the receiver's writers' and look-ups'): each message still
+/// ends `Sent`, takes effect exactly once, none is `Failed`, and no retry
+/// was counted (a lost transaction is answered 503, retryable).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_connections_in_flight_are_retried_and_lose_nothing() {
     let (Some(sender), Some(receiver_store)) = (TestStore::postgres(), TestStore::postgres())
