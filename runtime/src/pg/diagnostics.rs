@@ -146,14 +146,20 @@ impl PostgresDiagnostics {
             .client
             .as_mut()
             .ok_or_else(|| Broken::Other("no connection".to_owned()))?;
-        work(client).map_err(|error| {
-            let text = error_text(&error);
-            if client.is_closed() {
-                Broken::Closed(text)
-            } else {
-                Broken::Other(text)
+        match work(client) {
+            Ok(value) => Ok(value),
+            Err(error) => {
+                let text = error_text(&error);
+                if client.is_closed() || session_ended(&error) {
+                    // The client may not have seen its socket close yet:
+                    // drop it, so the next `connect` opens a new session.
+                    conn.client = None;
+                    Err(Broken::Closed(text))
+                } else {
+                    Err(Broken::Other(text))
+                }
             }
-        })
+        }
     }
 
     fn count(
@@ -165,6 +171,16 @@ impl PostgresDiagnostics {
             self.with_client(|client| client.query_typed_one(sql, params).map(|row| row.get(0)))?;
         Ok(count.max(0) as u64)
     }
+}
+
+/// The error a server sends as it ends the session (SQLSTATE class 57P:
+/// an administrator's command, a crash, a shutdown) or a connection
+/// exception (class 08): it can arrive before the socket's close does.
+fn session_ended(error: &postgres::Error) -> bool {
+    error.code().is_some_and(|code| {
+        let code = code.code();
+        code.starts_with("57P") || code.starts_with("08")
+    })
 }
 
 /// Why a statement failed: its connection closed, or anything else.

@@ -2,6 +2,9 @@
 //! quota, [`crate::faultfs`]): refusals are retryable, nothing is half
 //! written, the database stays intact, and once space returns every message
 //! is processed exactly once.
+//!
+//! SQLite-only: the quota is a SQLite VFS's; the store-independent failures
+//! run on both stores in `faults.rs`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,25 +1,171 @@
-//! Exactly-once processing: duplicates (concurrent and sequential), rollback
-//! of failed and panicking handlers, and the writer surviving them.
+//! Exactly-once processing on every store (`on_every_store!`): duplicates
+//! (concurrent and sequential), rollback of failed and panicking handlers,
+//! the writer surviving them, shutdown, inbox expiry and the in-progress
+//! answer. A real receiver hosting [`Employees`] on loopback, its inbox and
+//! business rows in a SQLite file or a PostgreSQL database.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
-use crate::receiver_fixture::{Fixture, Message, SOURCE};
+use rfidl_runtime::Config;
+use rfidl_runtime::metrics::Metrics;
+use rfidl_runtime::receiver::Receiver;
+use rfidl_runtime::signing::{Secret, unix_now};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_same_message_100_times_concurrently_then_sequentially_runs_once() {
-    let fixture = Arc::new(Fixture::start().await);
+use crate::receiver_fixture::{
+    EMPLOYEES_POSTGRES, EMPLOYEES_SQLITE, Employees, Message, Reply, SOURCE, sign,
+};
+use crate::stores::{TestStore, on_every_store};
+
+/// A receiver hosting [`Employees`] on a test store, served on loopback.
+struct StoreFixture<'s> {
+    store: &'s TestStore,
+    poster: Poster,
+    receiver: Receiver,
+    service_failures: Arc<AtomicU32>,
+    handler_runs: Arc<AtomicU32>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+/// Posts signed messages to the fixture's receiver (from any task).
+#[derive(Clone)]
+struct Poster {
+    base: String,
+    secret: Secret,
+    client: reqwest::Client,
+}
+
+impl Poster {
+    /// Signs `message` with the peer's secret, now, and posts it.
+    async fn post(&self, message: &Message) -> Reply {
+        let body = message.body();
+        let mut request = self
+            .client
+            .post(format!("{}/_rf/receive", self.base))
+            .header("content-type", "application/json")
+            .body(body.clone());
+        for (name, value) in sign(&message.id.to_string(), unix_now(), &body, &self.secret) {
+            request = request.header(name, value);
+        }
+        Reply::from(request.send().await.expect("send")).await
+    }
+}
+
+/// Posts every message of `messages` at once (a task each); the replies
+/// in the same order.
+async fn post_all(poster: &Poster, messages: Vec<Message>) -> Vec<Reply> {
+    let tasks: Vec<_> = messages
+        .into_iter()
+        .map(|message| {
+            let poster = poster.clone();
+            tokio::spawn(async move { poster.post(&message).await })
+        })
+        .collect();
+    let mut replies = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        replies.push(task.await.expect("post task"));
+    }
+    replies
+}
+
+impl Drop for StoreFixture<'_> {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl<'s> StoreFixture<'s> {
+    async fn start(store: &'s TestStore) -> Self {
+        Self::start_with_config(store, |_| {}).await
+    }
+
+    async fn start_with_config(store: &'s TestStore, configure: impl FnOnce(&mut Config)) -> Self {
+        store.execute_dialects(EMPLOYEES_SQLITE, EMPLOYEES_POSTGRES);
+        let secret = Secret::generate();
+        let mut config = Config {
+            service_id: "payroll".to_owned(),
+            ..Config::default()
+        };
+        config
+            .peers
+            .insert(SOURCE.to_owned(), vec![secret.to_whsec()]);
+        configure(&mut config);
+        let employees = Employees::default();
+        let service_failures = Arc::clone(&employees.failures_left);
+        let handler_runs = Arc::clone(&employees.handler_runs);
+        let receiver = store
+            .receiver_hosting(config, employees)
+            .expect("build receiver");
+        let (base, server) = crate::support::serve(receiver.router()).await;
+        Self {
+            store,
+            poster: Poster {
+                base,
+                secret,
+                client: reqwest::Client::new(),
+            },
+            receiver,
+            service_failures,
+            handler_runs,
+            server,
+        }
+    }
+
+    async fn post(&self, message: &Message) -> Reply {
+        self.poster.post(message).await
+    }
+
+    /// The committed rows of `table`.
+    fn count(&self, table: &str) -> i64 {
+        self.store.count(&format!("SELECT COUNT(*) FROM {table}"))
+    }
+
+    fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(self.receiver.metrics())
+    }
+}
+
+on_every_store!(
+    processes_a_signed_message_and_answers_only_after_its_commit,
+    answers_after_commit
+);
+async fn answers_after_commit(store: &TestStore) {
+    let fixture = StoreFixture::start(store).await;
     let message = Message::hired("Ada");
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..100 {
-        let fixture = Arc::clone(&fixture);
-        let message = message.clone();
-        tasks.spawn(async move { fixture.post(&message).await });
-    }
-    let mut replies = Vec::new();
-    while let Some(reply) = tasks.join_next().await {
-        replies.push(reply.expect("task"));
-    }
+    let reply = fixture.post(&message).await;
+    reply.assert_acknowledged(false);
+    assert_eq!(reply.body["payload"]["welcomed"], "Ada");
+    assert_eq!(reply.body["payload"]["version"], 1);
+    // A fresh connection sees both rows as soon as the answer arrived.
+    let row = format!(
+        "FROM inbox_messages WHERE source_service_id = '{SOURCE}' AND message_id = '{}'",
+        message.id
+    );
+    assert_eq!(
+        store.text(&format!("SELECT endpoint {row}")).as_deref(),
+        Some("EmployeeHired"),
+        "inbox row committed before the answer"
+    );
+    let response = store
+        .text(&format!("SELECT response {row}"))
+        .expect("a stored response");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&response).expect("json"),
+        reply.body["payload"]
+    );
+    assert_eq!(fixture.count("employees"), 1);
+    assert_eq!(fixture.metrics().inbox_processed.get(), 1);
+}
+
+on_every_store!(
+    the_same_message_100_times_concurrently_then_sequentially_runs_once,
+    hundred_copies
+);
+async fn hundred_copies(store: &TestStore) {
+    let fixture = StoreFixture::start(store).await;
+    let message = Message::hired("Ada");
+    let mut replies = post_all(&fixture.poster, vec![message.clone(); 100]).await;
     for _ in 0..100 {
         replies.push(fixture.post(&message).await);
     }
@@ -44,20 +190,15 @@ async fn the_same_message_100_times_concurrently_then_sequentially_runs_once() {
     assert_eq!(metrics.inbox_duplicates.get(), 199);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn many_messages_at_once_are_group_committed_each_exactly_once() {
-    let fixture = Arc::new(Fixture::start().await);
+on_every_store!(
+    many_messages_at_once_are_group_committed_each_exactly_once,
+    many_at_once
+);
+async fn many_at_once(store: &TestStore) {
+    let fixture = StoreFixture::start(store).await;
     let messages: Vec<Message> = (0..200).map(|i| Message::hired(&format!("n{i}"))).collect();
-    let mut tasks = tokio::task::JoinSet::new();
-    for round in 0..2 {
-        for message in &messages {
-            let fixture = Arc::clone(&fixture);
-            let message = message.clone();
-            tasks.spawn(async move { (round, fixture.post(&message).await) });
-        }
-    }
-    while let Some(done) = tasks.join_next().await {
-        let (_, reply) = done.expect("task");
+    let twice = [messages.clone(), messages].concat();
+    for reply in post_all(&fixture.poster, twice).await {
         reply.assert_acknowledged(reply.body["duplicate"] == true);
     }
     assert_eq!(fixture.count("employees"), 200);
@@ -65,9 +206,12 @@ async fn many_messages_at_once_are_group_committed_each_exactly_once() {
     assert_eq!(fixture.metrics().inbox_processed.get(), 200);
 }
 
-#[tokio::test]
-async fn a_failed_handler_rolls_back_and_the_retry_succeeds_once() {
-    let fixture = Fixture::start().await;
+on_every_store!(
+    a_failed_handler_rolls_back_and_the_retry_succeeds_once,
+    failed_handler
+);
+async fn failed_handler(store: &TestStore) {
+    let fixture = StoreFixture::start(store).await;
     fixture.service_failures.store(1, Ordering::SeqCst);
     let message = Message::hired("flaky Bob");
     let failed = fixture.post(&message).await;
@@ -84,9 +228,12 @@ async fn a_failed_handler_rolls_back_and_the_retry_succeeds_once() {
     assert_eq!(fixture.count("inbox_messages"), 1);
 }
 
-#[tokio::test]
-async fn a_panicking_handler_is_answered_500_and_the_writer_keeps_serving() {
-    let fixture = Fixture::start().await;
+on_every_store!(
+    a_panicking_handler_is_answered_500_and_the_writer_keeps_serving,
+    panicking_handler
+);
+async fn panicking_handler(store: &TestStore) {
+    let fixture = StoreFixture::start(store).await;
     let panics = fixture.post(&Message::hired("panic now")).await;
     panics.assert_error(500, "handler_failed");
     assert!(
@@ -105,21 +252,24 @@ async fn a_panicking_handler_is_answered_500_and_the_writer_keeps_serving() {
     assert_eq!(fixture.count("employees"), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn one_failing_message_in_a_group_rolls_back_alone() {
-    let fixture = Arc::new(Fixture::start().await);
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..60 {
-        let fixture = Arc::clone(&fixture);
-        let name = match i % 3 {
-            0 => format!("broken {i}"),
-            1 => format!("panic {i}"),
-            _ => format!("good {i}"),
-        };
-        tasks.spawn(async move { (i, fixture.post(&Message::hired(&name)).await) });
-    }
-    while let Some(done) = tasks.join_next().await {
-        let (i, reply) = done.expect("task");
+on_every_store!(
+    one_failing_message_in_a_group_rolls_back_alone,
+    one_failure_in_a_group
+);
+async fn one_failure_in_a_group(store: &TestStore) {
+    let fixture = StoreFixture::start(store).await;
+    let messages = (0..60)
+        .map(|i| match i % 3 {
+            0 => Message::hired(&format!("broken {i}")),
+            1 => Message::hired(&format!("panic {i}")),
+            _ => Message::hired(&format!("good {i}")),
+        })
+        .collect();
+    for (i, reply) in post_all(&fixture.poster, messages)
+        .await
+        .into_iter()
+        .enumerate()
+    {
         if i % 3 == 2 {
             reply.assert_acknowledged(false);
         } else {
@@ -128,20 +278,16 @@ async fn one_failing_message_in_a_group_rolls_back_alone() {
     }
     assert_eq!(fixture.count("employees"), 20);
     assert_eq!(fixture.count("inbox_messages"), 20);
-    let leaked: i64 = fixture
-        .conn()
-        .query_row(
-            "SELECT count(*) FROM employees WHERE name NOT LIKE 'good %'",
-            [],
-            |r| r.get(0),
-        )
-        .expect("count");
-    assert_eq!(leaked, 0);
+    assert_eq!(
+        store.count("SELECT COUNT(*) FROM employees WHERE name NOT LIKE 'good %'"),
+        0,
+        "a failed handler's row leaked"
+    );
 }
 
-#[tokio::test]
-async fn shutdown_finishes_and_later_requests_are_retryable() {
-    let fixture = Fixture::start().await;
+on_every_store!(shutdown_finishes_and_later_requests_are_retryable, shutdown);
+async fn shutdown(store: &TestStore) {
+    let fixture = StoreFixture::start(store).await;
     fixture
         .post(&Message::hired("before shutdown"))
         .await
@@ -153,49 +299,59 @@ async fn shutdown_finishes_and_later_requests_are_retryable() {
     assert_eq!(fixture.count("inbox_messages"), 1);
 }
 
-#[tokio::test]
-async fn inbox_rows_expire_after_the_retention() {
-    let fixture = Fixture::start().await;
+on_every_store!(inbox_rows_expire_after_the_retention, inbox_expiry);
+async fn inbox_expiry(store: &TestStore) {
+    let fixture = StoreFixture::start(store).await;
     let message = Message::hired("old");
     fixture.post(&message).await.assert_acknowledged(false);
-    let conn = fixture.conn();
-    let expires: i64 = conn
-        .query_row(
-            "SELECT expires_at - processed_at FROM inbox_messages WHERE source_service_id = ?1",
-            [SOURCE],
-            |r| r.get(0),
-        )
-        .expect("row");
-    assert_eq!(expires, 25 * 3600 * 1000, "default retention 25 h");
-    let now = rfidl_runtime::db::now_ms();
-    assert_eq!(
-        rfidl_runtime::inbox::delete_expired(&conn, now, 100).expect("delete"),
-        0
-    );
-    assert_eq!(
-        rfidl_runtime::inbox::delete_expired(&conn, now + expires + 1, 100).expect("delete"),
-        1
-    );
-    // Once expired and deleted, the same message would be processed again:
-    // this is why retention must exceed the sender's retry window.
+    let kept_for = store.count(&format!(
+        "SELECT expires_at - processed_at FROM inbox_messages WHERE source_service_id = '{SOURCE}'"
+    ));
+    assert_eq!(kept_for, 25 * 3600 * 1000, "default retention 25 h");
+    // A pass before the row expires keeps it.
+    assert_eq!(retention_pass(store).await, 0);
+    assert_eq!(fixture.count("inbox_messages"), 1);
+    // Twenty-five hours later (moved back, not waited for), a pass deletes it.
+    store.execute(&format!(
+        "UPDATE inbox_messages SET processed_at = processed_at - {kept_for} - 1, \
+         expires_at = expires_at - {kept_for} - 1"
+    ));
+    assert_eq!(retention_pass(store).await, 1);
     assert_eq!(fixture.count("inbox_messages"), 0);
+    // Once expired and deleted, the same message is processed again: this
+    // is why retention must exceed the sender's retry window.
+    fixture.post(&message).await.assert_acknowledged(false);
+    assert_eq!(fixture.count("employees"), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_copy_that_waits_too_long_is_told_in_progress_never_409() {
-    let fixture = Arc::new(
-        Fixture::start_with_config(|config| {
-            config.inbox.in_progress_wait = std::time::Duration::from_millis(200);
-        })
-        .await,
-    );
+/// One pass of the retention task on `store`; the inbox rows it deleted.
+async fn retention_pass(store: &TestStore) -> u64 {
+    let metrics = Arc::new(Metrics::default());
+    let config = Config {
+        cleanup_interval: Duration::from_secs(3600),
+        ..Config::default()
+    };
+    // The task runs its first pass before it looks at the cancellation, and
+    // `shutdown` waits for the pass in progress: exactly one pass.
+    store.retention(config, metrics.clone()).shutdown().await;
+    metrics.inbox_deleted.get()
+}
+
+on_every_store!(
+    a_copy_that_waits_too_long_is_told_in_progress_never_409,
+    in_progress
+);
+async fn in_progress(store: &TestStore) {
+    let fixture = StoreFixture::start_with_config(store, |config| {
+        config.inbox.in_progress_wait = Duration::from_millis(200);
+    })
+    .await;
     let message = Message::hired("slow Sam");
     let first = {
-        let fixture = Arc::clone(&fixture);
-        let message = message.clone();
-        tokio::spawn(async move { fixture.post(&message).await })
+        let (poster, message) = (fixture.poster.clone(), message.clone());
+        tokio::spawn(async move { poster.post(&message).await })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
     let second = fixture.post(&message).await;
     second.assert_error(503, "in_progress");
     assert_eq!(second.retry_after.as_deref(), Some("1"));
@@ -208,7 +364,7 @@ async fn a_copy_that_waits_too_long_is_told_in_progress_never_409() {
         if retried.status != 503 {
             break;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
         retried = fixture.post(&message).await;
     }
     retried.assert_acknowledged(true);

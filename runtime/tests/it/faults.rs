@@ -3,7 +3,10 @@
 //! the receiver is back (circuit breaker), a batch whose answer keeps getting
 //! lost is split until every message goes through, a message older than the
 //! receiver's dedup horizon is refused and fails at the sender (and a manual
-//! retry warns), and clock skew is reported as such.
+//! retry warns), and clock skew is reported as such. Each body runs on
+//! every store (`on_every_store!`): none of these faults is about the
+//! SQLite file (those are in `powerloss.rs`, `disk_full.rs`, `faultfs.rs`
+//! and `operations.rs`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,14 +17,13 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use rfidl_runtime::diagnostics::Diagnostics;
-use rfidl_runtime::dispatcher::Dispatcher;
-use rfidl_runtime::outbox::{Outbox, Status};
+use rfidl_runtime::outbox::Status;
 use rfidl_runtime::transport::HttpTransport;
 use serde_json::json;
 
-use crate::dispatcher::{enqueue, message, sender_config, status_of, wait_for};
-use crate::support::{count, receiver_config, serve, start_receiver};
+use crate::dispatcher::{message, sender_config};
+use crate::stores::{TestStore, on_every_store};
+use crate::support::{receiver_config, serve};
 
 /// A loopback front door for a receiver: forwards connections while up;
 /// while down, accepts and drops each one at once (counted), as a host
@@ -69,18 +71,6 @@ fn address_of(url: &str) -> SocketAddr {
     url.trim_start_matches("http://").parse().expect("address")
 }
 
-fn statuses(db: &std::path::Path) -> Vec<(String, i64)> {
-    let conn = rusqlite::Connection::open(db).expect("open");
-    let mut statement = conn
-        .prepare("SELECT status, COUNT(*) FROM outbox_messages GROUP BY status ORDER BY status")
-        .expect("prepare");
-    statement
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .expect("query")
-        .collect::<Result<_, _>>()
-        .expect("rows")
-}
-
 /// `GET /_rf/health` of the diagnostics served at `url`.
 async fn health_of(url: &str) -> serde_json::Value {
     reqwest::get(format!("{url}/_rf/health"))
@@ -100,20 +90,25 @@ async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool)
     started.elapsed()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_outage_shorter_than_the_ttl_needs_no_human_and_the_backlog_resumes_at_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
+on_every_store!(
+    an_outage_shorter_than_the_ttl_needs_no_human_and_the_backlog_resumes_at_once,
+    outage
+);
+async fn outage(store: &TestStore) {
     let secret = rfidl_runtime::signing::Secret::generate();
-    let receiver = start_receiver(dir.path(), receiver_config(&[&secret])).await;
+    let receiver_store = store.another();
+    let receiver = receiver_store
+        .start_receiver(receiver_config(&[&secret]))
+        .await;
     let front = front(address_of(&receiver.url)).await;
-    let db = dir.path().join("sender.db");
     // Two counted retries would fail every message within ~100 ms of outage.
     let mut config = sender_config(Duration::from_millis(50));
     config.outbox.max_retries = 2;
     config.outbox.probe_interval_max = Duration::from_millis(200);
     config.outbox.jitter = Duration::from_millis(20);
-    let outbox = Outbox::new(config, &db);
-    let dispatcher = Dispatcher::builder(&outbox, &db)
+    let outbox = store.outbox(config);
+    let dispatcher = store
+        .dispatcher(&outbox)
         .route(
             "ledger",
             HttpTransport::new(&front.url, Duration::from_millis(300)).expect("client"),
@@ -122,31 +117,33 @@ async fn an_outage_shorter_than_the_ttl_needs_no_human_and_the_backlog_resumes_a
         .start()
         .expect("dispatcher");
     let messages = 300;
-    for i in 0..messages {
-        enqueue(
-            &outbox,
-            &db,
-            message(
-                "ledger",
-                "Credit",
-                json!({"account": "outage", "amount": i}),
-            ),
-        );
-    }
+    // In one transaction: the outage below starts when they are all due
+    // (one at a time, on a busy machine, the enqueues alone took seconds).
+    store.enqueue_many(
+        &outbox,
+        (0..messages)
+            .map(|i| {
+                message(
+                    "ledger",
+                    "Credit",
+                    json!({"account": "outage", "amount": i}),
+                )
+            })
+            .collect(),
+    );
     let outage = Duration::from_secs(2);
     tokio::time::sleep(outage).await;
     let attempts_during_outage = front.dropped.load(Ordering::SeqCst);
     assert_eq!(
-        count(
-            &db,
+        store.count(
             "SELECT COUNT(*) FROM outbox_messages WHERE status IN ('Failed', 'DeadLetter', 'Expired')"
         ),
         0,
         "an outage shorter than the TTL needs no human: {:?}",
-        statuses(&db)
+        store.status_counts()
     );
     assert_eq!(
-        count(&db, "SELECT MAX(retry_count) FROM outbox_messages"),
+        store.count("SELECT MAX(retry_count) FROM outbox_messages"),
         0,
         "an unreachable receiver is not counted against max_retries"
     );
@@ -156,7 +153,8 @@ async fn an_outage_shorter_than_the_ttl_needs_no_human_and_the_backlog_resumes_a
         attempts_during_outage <= 30,
         "{attempts_during_outage} connections in {outage:?} of outage"
     );
-    let health = Diagnostics::builder(&db)
+    let health = store
+        .diagnostics()
         .outbox(&outbox)
         .build()
         .expect("diagnostics");
@@ -172,10 +170,7 @@ async fn an_outage_shorter_than_the_ttl_needs_no_human_and_the_backlog_resumes_a
 
     front.up.store(true, Ordering::SeqCst);
     let drained = wait_until("drain after the outage", Duration::from_secs(10), || {
-        count(
-            &db,
-            "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'",
-        ) == messages
+        store.count("SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'") == messages
     })
     .await;
     // The waiting rows were due all along; only the next probe (≤ 200 ms
@@ -184,12 +179,12 @@ async fn an_outage_shorter_than_the_ttl_needs_no_human_and_the_backlog_resumes_a
         drained < Duration::from_secs(3),
         "the backlog resumed at once: drained in {drained:?}"
     );
-    assert_eq!(count(&receiver.db, "SELECT COUNT(*) FROM ledger"), messages);
     assert_eq!(
-        count(
-            &receiver.db,
-            "SELECT COUNT(DISTINCT message_id) FROM ledger"
-        ),
+        receiver_store.count("SELECT COUNT(*) FROM ledger"),
+        messages
+    );
+    assert_eq!(
+        receiver_store.count("SELECT COUNT(DISTINCT message_id) FROM ledger"),
         messages,
         "each message took effect once"
     );
@@ -224,30 +219,34 @@ async fn lose_answers_of_big_batches(request: Request, next: Next) -> Response {
     response
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_whose_answer_keeps_getting_lost_is_split_until_every_message_goes_through() {
-    let dir = tempfile::tempdir().expect("tempdir");
+on_every_store!(
+    a_batch_whose_answer_keeps_getting_lost_is_split_until_every_message_goes_through,
+    lost_batch_answers
+);
+async fn lost_batch_answers(store: &TestStore) {
     let secret = rfidl_runtime::signing::Secret::generate();
-    let receiver = start_receiver(dir.path(), receiver_config(&[&secret])).await;
+    let receiver_store = store.another();
+    let receiver = receiver_store
+        .start_receiver(receiver_config(&[&secret]))
+        .await;
     let lossy = receiver
         .receiver
         .router()
         .layer(axum::middleware::from_fn(lose_answers_of_big_batches));
     let (url, _server) = serve(lossy).await;
-    let db = dir.path().join("sender.db");
     let mut config = sender_config(Duration::from_millis(20));
     config.outbox.max_retries = 1;
     config.outbox.batch_size = 32;
-    let outbox = Outbox::new(config, &db);
+    let outbox = store.outbox(config);
     let messages = 64;
-    for i in 0..messages {
-        enqueue(
-            &outbox,
-            &db,
-            message("ledger", "Credit", json!({"account": "lossy", "amount": i})),
-        );
-    }
-    let dispatcher = Dispatcher::builder(&outbox, &db)
+    store.enqueue_many(
+        &outbox,
+        (0..messages)
+            .map(|i| message("ledger", "Credit", json!({"account": "lossy", "amount": i})))
+            .collect(),
+    );
+    let dispatcher = store
+        .dispatcher(&outbox)
         .route(
             "ledger",
             HttpTransport::new(&url, Duration::from_millis(300)).expect("client"),
@@ -258,67 +257,56 @@ async fn a_batch_whose_answer_keeps_getting_lost_is_split_until_every_message_go
     wait_until(
         "every message acknowledged",
         Duration::from_secs(30),
-        || {
-            count(
-                &db,
-                "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'",
-            ) == messages
-        },
+        || store.count("SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'") == messages,
     )
     .await;
     assert_eq!(
-        statuses(&db),
+        store.status_counts(),
         vec![("Sent".to_owned(), messages)],
         "none failed for the company it travelled in"
     );
     assert_eq!(
-        count(
-            &receiver.db,
-            "SELECT COUNT(DISTINCT message_id) FROM ledger"
-        ),
+        receiver_store.count("SELECT COUNT(DISTINCT message_id) FROM ledger"),
         messages
     );
     assert_eq!(
-        count(&receiver.db, "SELECT COUNT(*) FROM ledger"),
+        receiver_store.count("SELECT COUNT(*) FROM ledger"),
         messages,
         "answers were lost, effects were not doubled"
     );
     dispatcher.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_message_older_than_the_receivers_dedup_horizon_is_refused_and_fails_at_the_sender() {
-    let dir = tempfile::tempdir().expect("tempdir");
+on_every_store!(
+    a_message_older_than_the_receivers_dedup_horizon_is_refused_and_fails_at_the_sender,
+    dedup_horizon
+);
+async fn dedup_horizon(store: &TestStore) {
     let secret = rfidl_runtime::signing::Secret::generate();
     let mut config = receiver_config(&[&secret]);
     config.inbox.retention = Duration::from_secs(60);
     config.inbox.signature_tolerance = Duration::from_secs(5);
-    let receiver = start_receiver(dir.path(), config).await;
-    let db = dir.path().join("sender.db");
+    let receiver_store = store.another();
+    let receiver = receiver_store.start_receiver(config).await;
     let mut sender = sender_config(Duration::from_millis(20));
     // The sender assumes the same horizon for its manual-retry warning.
     sender.inbox.retention = Duration::from_secs(60);
     sender.inbox.signature_tolerance = Duration::from_secs(5);
-    let outbox = Outbox::new(sender, &db);
-    let fresh = enqueue(
+    let outbox = store.outbox(sender);
+    let fresh = store.enqueue(
         &outbox,
-        &db,
         message("ledger", "Credit", json!({"account": "h", "amount": 1})),
     );
-    let old = enqueue(
+    let old = store.enqueue(
         &outbox,
-        &db,
         message("ledger", "Credit", json!({"account": "h", "amount": 2})),
     );
     // Restored from an old backup: created two minutes ago, never acknowledged.
-    rusqlite::Connection::open(&db)
-        .expect("open")
-        .execute(
-            "UPDATE outbox_messages SET created_at = created_at - 120000 WHERE message_id = ?1",
-            [old.to_string()],
-        )
-        .expect("age it");
-    let dispatcher = Dispatcher::builder(&outbox, &db)
+    store.execute(&format!(
+        "UPDATE outbox_messages SET created_at = created_at - 120000 WHERE message_id = '{old}'"
+    ));
+    let dispatcher = store
+        .dispatcher(&outbox)
         .route(
             "ledger",
             HttpTransport::new(&receiver.url, Duration::from_millis(300)).expect("client"),
@@ -326,24 +314,25 @@ async fn a_message_older_than_the_receivers_dedup_horizon_is_refused_and_fails_a
         )
         .start()
         .expect("dispatcher");
-    wait_for(&db, &fresh, Status::Sent).await;
-    let row = wait_for(&db, &old, Status::Failed).await;
+    store.wait_for(&fresh, Status::Sent).await;
+    let row = store.wait_for(&old, Status::Failed).await;
     let error = row.last_error.unwrap_or_default();
     assert!(error.contains("beyond_dedup_horizon"), "{error}");
     assert_eq!(row.retry_count, 0, "refused at once, not retried");
     assert_eq!(
-        count(&receiver.db, "SELECT COUNT(*) FROM ledger WHERE amount = 2"),
+        receiver_store.count("SELECT COUNT(*) FROM ledger WHERE amount = 2"),
         0,
         "never processed"
     );
     assert_eq!(
-        count(&receiver.db, "SELECT COUNT(*) FROM inbox_messages"),
+        receiver_store.count("SELECT COUNT(*) FROM inbox_messages"),
         1,
         "only the fresh message left an inbox row"
     );
 
     // An operator retries it: the answer warns, and it comes back Failed.
-    let diagnostics = Diagnostics::builder(&db)
+    let diagnostics = store
+        .diagnostics()
         .outbox(&outbox)
         .bearer_token("ops-token")
         .build()
@@ -375,9 +364,9 @@ async fn a_message_older_than_the_receivers_dedup_horizon_is_refused_and_fails_a
         .await
         .expect("json");
     assert!(bulk["retried"].as_u64().is_some(), "{bulk}");
-    wait_for(&db, &old, Status::Failed).await;
+    store.wait_for(&old, Status::Failed).await;
     assert_eq!(
-        count(&receiver.db, "SELECT COUNT(*) FROM ledger WHERE amount = 2"),
+        receiver_store.count("SELECT COUNT(*) FROM ledger WHERE amount = 2"),
         0,
         "still never processed"
     );
@@ -397,9 +386,11 @@ async fn a_message_older_than_the_receivers_dedup_horizon_is_refused_and_fails_a
     dispatcher.shutdown().await;
 }
 
-#[tokio::test]
-async fn clock_skew_is_retried_without_counting_and_reported_as_a_clock_problem() {
-    let dir = tempfile::tempdir().expect("tempdir");
+on_every_store!(
+    clock_skew_is_retried_without_counting_and_reported_as_a_clock_problem,
+    clock_skew
+);
+async fn clock_skew(store: &TestStore) {
     // A receiver whose clock is far from ours refuses every timestamp.
     let router = axum::Router::new().route(
         "/_rf/receive",
@@ -414,10 +405,10 @@ async fn clock_skew_is_retried_without_counting_and_reported_as_a_clock_problem(
         }),
     );
     let (url, _server) = serve(router).await;
-    let db = dir.path().join("sender.db");
-    let outbox = Outbox::new(sender_config(Duration::from_millis(20)), &db);
-    let id = enqueue(&outbox, &db, message("skewed", "Credit", json!({})));
-    let dispatcher = Dispatcher::builder(&outbox, &db)
+    let outbox = store.outbox(sender_config(Duration::from_millis(20)));
+    let id = store.enqueue(&outbox, message("skewed", "Credit", json!({})));
+    let dispatcher = store
+        .dispatcher(&outbox)
         .route(
             "skewed",
             HttpTransport::new(&url, Duration::from_millis(300)).expect("client"),
@@ -427,7 +418,7 @@ async fn clock_skew_is_retried_without_counting_and_reported_as_a_clock_problem(
         .expect("dispatcher");
     // sender_config allows 2 counted retries: go well past them.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let row = status_of(&db, &id);
+    let row = store.row(&id);
     assert!(
         matches!(row.status, Status::Pending | Status::Sending),
         "{row:?}"
@@ -439,7 +430,8 @@ async fn clock_skew_is_retried_without_counting_and_reported_as_a_clock_problem(
             .is_some_and(|e| e.starts_with("clock problem")),
         "{row:?}"
     );
-    let diagnostics = Diagnostics::builder(&db)
+    let diagnostics = store
+        .diagnostics()
         .outbox(&outbox)
         .build()
         .expect("diagnostics");

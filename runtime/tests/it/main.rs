@@ -8,6 +8,7 @@ mod faults;
 mod interop;
 mod operations;
 mod ops_access;
+mod postgres_faults;
 mod postgres_harness;
 mod probes;
 mod prometheus;
@@ -15,7 +16,9 @@ mod receiver;
 mod responses;
 mod spread;
 mod support;
-// The same bodies on SQLite and PostgreSQL.
+// The same bodies on SQLite and PostgreSQL (`stores::on_every_store!`; also
+// used by exactly_once, faults, responses and spread); PostgreSQL's own
+// failures in postgres_faults.
 mod store_delivery;
 mod store_operations;
 mod stores;

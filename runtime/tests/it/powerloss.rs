@@ -6,6 +6,10 @@
 //! ordinary VFS and counts the inbox row and the handler's effect (a `ledger`
 //! row) of every acknowledged message.
 //!
+//! SQLite-only: power loss is a property of the SQLite file and its
+//! `synchronous` setting (PostgreSQL's durability is the server's); the
+//! store-independent failures run on both stores in `faults.rs`.
+//!
 //! Findings (see `docs/guarantees-durability.md`):
 //! * `inbox.durability: full` (`synchronous=FULL`): every acknowledged
 //!   message survives, in every trial.

@@ -3,9 +3,11 @@
 //! inbox database, as two instances of one service do) each get a share;
 //! one stopped mid-run loses nothing and duplicates nothing; a destination
 //! whose every URL is down is retried behind its circuit as before, and
-//! drains once one URL answers again.
+//! drains once one URL answers again. The two runs with receivers run on
+//! every store (`on_every_store!`: on PostgreSQL the instances share one
+//! database, as replicas do); the URL checks and the transport's own
+//! failover rules need no store.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -23,7 +25,8 @@ use serde_json::json;
 use tokio::sync::oneshot;
 
 use crate::dispatcher::{message, sender_config};
-use crate::support::{self, Ledger, LedgerService, count};
+use crate::stores::{TestStore, on_every_store};
+use crate::support::{self, Ledger};
 
 /// A receiver instance whose server can be stopped for real: the listener
 /// closes (connections refused) and open connections end.
@@ -35,14 +38,12 @@ struct Instance {
     server: tokio::task::JoinHandle<()>,
 }
 
-/// An instance on `db` (shared by every instance of the service), on a
+/// An instance on `store` (shared by every instance of the service), on a
 /// free port or on `port`.
-async fn instance(db: &Path, secret: &Secret, port: u16) -> Instance {
-    support::create_ledger_table(db);
+async fn instance(store: &TestStore, secret: &Secret, port: u16) -> Instance {
     let ledger = Arc::new(Ledger::default());
-    let receiver = Receiver::builder(support::receiver_config(&[secret]), db)
-        .service(LedgerService(ledger.clone()))
-        .build()
+    let receiver = store
+        .receiver(support::receiver_config(&[secret]), ledger.clone())
         .expect("receiver");
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
@@ -89,15 +90,6 @@ async fn closed_port() -> u16 {
     listener.local_addr().expect("addr").port()
 }
 
-fn enqueue_all(outbox: &Outbox, db: &Path, messages: impl IntoIterator<Item = OutgoingMessage>) {
-    let mut conn = rfidl_runtime::db::open(db, rfidl_runtime::Durability::Normal).expect("open");
-    let tx = conn.transaction().expect("tx");
-    for message in messages {
-        outbox.enqueue(&tx, message).expect("enqueue");
-    }
-    tx.commit().expect("commit");
-}
-
 fn credit(amount: i64) -> OutgoingMessage {
     message(
         "ledger",
@@ -115,35 +107,33 @@ async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool)
     started.elapsed()
 }
 
-fn sent(db: &Path) -> i64 {
-    count(
-        db,
-        "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'",
-    )
+fn sent(store: &TestStore) -> i64 {
+    store.count("SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'")
 }
 
 /// Rows that are not `Sent` or `Pending`/`Sending` (would need a human).
-fn needing_a_human(db: &Path) -> i64 {
-    count(
-        db,
+fn needing_a_human(store: &TestStore) -> i64 {
+    store.count(
         "SELECT COUNT(*) FROM outbox_messages WHERE status IN ('Failed', 'DeadLetter', 'Expired')",
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn messages_spread_over_two_receivers_and_one_stopping_mid_run_loses_and_repeats_nothing() {
-    let dir = tempfile::tempdir().expect("tempdir");
+on_every_store!(
+    messages_spread_over_two_receivers_and_one_stopping_mid_run_loses_and_repeats_nothing,
+    one_instance_stops
+);
+async fn one_instance_stops(store: &TestStore) {
     let secret = Secret::generate();
-    let inbox_db: PathBuf = dir.path().join("receiver.db");
-    let a = instance(&inbox_db, &secret, 0).await;
-    let mut b = instance(&inbox_db, &secret, 0).await;
+    let inbox = store.another();
+    let a = instance(&inbox, &secret, 0).await;
+    let mut b = instance(&inbox, &secret, 0).await;
     let spread = Arc::new(SpreadTransport::new(vec![
         HttpTransport::new(&a.url, Duration::from_millis(500)).expect("client"),
         HttpTransport::new(&b.url, Duration::from_millis(500)).expect("client"),
     ]));
-    let db = dir.path().join("sender.db");
-    let outbox = Outbox::new(sender_config(Duration::from_millis(50)), &db);
-    let dispatcher = Dispatcher::builder(&outbox, &db)
+    let outbox = store.outbox(sender_config(Duration::from_millis(50)));
+    let dispatcher = store
+        .dispatcher(&outbox)
         .route("ledger", spread.clone(), secret.clone())
         .start()
         .expect("dispatcher");
@@ -151,12 +141,12 @@ async fn messages_spread_over_two_receivers_and_one_stopping_mid_run_loses_and_r
     // Both up: singles (paced) and batches (one transaction of 100) are
     // spread over both.
     for i in 0..30 {
-        enqueue_all(&outbox, &db, [credit(i)]);
+        store.enqueue(&outbox, credit(i));
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    enqueue_all(&outbox, &db, (30..130).map(credit));
+    store.enqueue_many(&outbox, (30..130).map(credit).collect());
     wait_until("the first 130 sent", Duration::from_secs(10), || {
-        sent(&db) == 130
+        sent(store) == 130
     })
     .await;
     let (a_before, b_before) = (
@@ -173,22 +163,25 @@ async fn messages_spread_over_two_receivers_and_one_stopping_mid_run_loses_and_r
     // after the 20th, then a batch of 100 with B gone.
     let started = Instant::now();
     for i in 130..190 {
-        enqueue_all(&outbox, &db, [credit(i)]);
+        store.enqueue(&outbox, credit(i));
         if i == 150 {
             b.stop().await;
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let b_at_stop = b.ledger.calls.load(Ordering::SeqCst);
-    enqueue_all(&outbox, &db, (190..290).map(credit));
-    let drained = wait_until("all 290 sent", Duration::from_secs(10), || sent(&db) == 290).await;
+    store.enqueue_many(&outbox, (190..290).map(credit).collect());
+    let drained = wait_until("all 290 sent", Duration::from_secs(10), || {
+        sent(store) == 290
+    })
+    .await;
     eprintln!(
         "spread: before the stop A {a_before} / B {b_before}; B stopped after {b_at_stop}; \
          160 more sent {:?} after the run's start ({drained:?} after the last enqueue); endpoints {:?}",
         started.elapsed(),
         spread.endpoints()
     );
-    assert_eq!(needing_a_human(&db), 0);
+    assert_eq!(needing_a_human(store), 0);
     assert_eq!(
         outbox.metrics().outbox_retries.get(),
         0,
@@ -208,27 +201,27 @@ async fn messages_spread_over_two_receivers_and_one_stopping_mid_run_loses_and_r
         endpoints[1].failures >= 1,
         "the stopped instance was tried and marked down: {endpoints:?}"
     );
-    assert_eq!(count(&inbox_db, "SELECT COUNT(*) FROM ledger"), 290);
+    assert_eq!(inbox.count("SELECT COUNT(*) FROM ledger"), 290);
     assert_eq!(
-        count(&inbox_db, "SELECT COUNT(DISTINCT message_id) FROM ledger"),
+        inbox.count("SELECT COUNT(DISTINCT message_id) FROM ledger"),
         290,
         "each message took effect exactly once"
     );
     assert_eq!(
-        count(&inbox_db, "SELECT SUM(amount) FROM ledger"),
+        inbox.count("SELECT CAST(SUM(amount) AS BIGINT) FROM ledger"),
         (0..290).sum::<i64>()
     );
     dispatcher.shutdown().await;
     a.receiver.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_destination_whose_every_url_is_down_is_retried_behind_its_circuit_and_drains_when_one_returns()
- {
-    let dir = tempfile::tempdir().expect("tempdir");
+on_every_store!(
+    a_destination_whose_every_url_is_down_is_retried_behind_its_circuit_and_drains_when_one_returns,
+    every_url_down
+);
+async fn every_url_down(store: &TestStore) {
     let secret = Secret::generate();
     let (first, second) = (closed_port().await, closed_port().await);
-    let db = dir.path().join("sender.db");
     let mut config = sender_config(Duration::from_millis(50));
     config.outbox.probe_interval_max = Duration::from_millis(200);
     config.destinations.insert(
@@ -240,11 +233,9 @@ async fn a_destination_whose_every_url_is_down_is_retried_behind_its_circuit_and
             ca_file: None,
         },
     );
-    let outbox = Outbox::new(config, &db);
-    let dispatcher = Dispatcher::builder(&outbox, &db)
-        .start()
-        .expect("dispatcher");
-    enqueue_all(&outbox, &db, (0..20).map(credit));
+    let outbox = store.outbox(config);
+    let dispatcher = store.dispatcher(&outbox).start().expect("dispatcher");
+    let ids = store.enqueue_many(&outbox, (0..20).map(credit).collect());
     let circuit_open = || {
         outbox
             .circuits()
@@ -256,41 +247,36 @@ async fn a_destination_whose_every_url_is_down_is_retried_behind_its_circuit_and
     // A few probes while everything is down.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(circuit_open(), "still open while every URL is down");
-    assert_eq!(sent(&db), 0);
+    assert_eq!(sent(store), 0);
     assert_eq!(
-        needing_a_human(&db),
+        needing_a_human(store),
         0,
         "an outage is not the messages' fault"
     );
     assert_eq!(
-        count(&db, "SELECT MAX(retry_count) FROM outbox_messages"),
+        store.count("SELECT MAX(retry_count) FROM outbox_messages"),
         0,
         "an unreachable destination is not counted against max_retries"
     );
-    let last_error: String = {
-        let conn = rusqlite::Connection::open(&db).expect("open");
-        conn.query_row(
-            "SELECT last_error FROM outbox_messages WHERE last_error IS NOT NULL LIMIT 1",
-            [],
-            |r| r.get(0),
-        )
-        .expect("a row with last_error")
-    };
+    let last_error = ids
+        .iter()
+        .find_map(|id| store.row(id).last_error)
+        .expect("a row with last_error");
     assert!(last_error.contains("cannot connect"), "{last_error}");
 
     // The second URL comes back: the next probe finds it, the backlog drains.
-    let inbox_db = dir.path().join("receiver.db");
-    let back = instance(&inbox_db, &secret, second).await;
+    let inbox = store.another();
+    let back = instance(&inbox, &secret, second).await;
     let drained = wait_until("drain after the outage", Duration::from_secs(10), || {
-        sent(&db) == 20
+        sent(store) == 20
     })
     .await;
     eprintln!("every URL down, then one back: 20 drained in {drained:?}");
     assert_eq!(
-        count(&inbox_db, "SELECT COUNT(DISTINCT message_id) FROM ledger"),
+        inbox.count("SELECT COUNT(DISTINCT message_id) FROM ledger"),
         20
     );
-    assert_eq!(count(&inbox_db, "SELECT COUNT(*) FROM ledger"), 20);
+    assert_eq!(inbox.count("SELECT COUNT(*) FROM ledger"), 20);
     wait_until("the circuit closes", Duration::from_secs(5), || {
         !circuit_open()
     })

@@ -14,7 +14,8 @@ use rfidl_runtime::dispatcher::{Dispatcher, DispatcherBuilder, DispatcherError, 
 use rfidl_runtime::metrics::Metrics;
 use rfidl_runtime::outbox::{Outbox, OutboxRow, OutgoingMessage, Status};
 use rfidl_runtime::pg::PostgresUrl;
-use rfidl_runtime::receiver::{Receiver, ReceiverBuilder, ReceiverError};
+use rfidl_runtime::receiver::{HostedService, Receiver, ReceiverBuilder, ReceiverError};
+use rfidl_runtime::responses::ResponseHandler;
 use rfidl_runtime::retention::{Retention, RetentionHandle};
 use rfidl_runtime::signing::Secret;
 use rfidl_runtime::transport::Transport;
@@ -56,9 +57,68 @@ pub enum TestStore {
     },
     Postgres {
         url: PostgresUrl,
+        /// The helpers' own session (dropped before the database).
+        session: Session,
         /// Dropped last: the database goes with the test.
         _db: TestDatabase,
     },
+}
+
+/// A job for the helpers' session.
+type Job = Box<dyn FnOnce(&mut postgres::Client) + Send>;
+
+/// The helpers' PostgreSQL session: one connection for the whole test, on
+/// a thread of its own (the sync client cannot run on a tokio runtime's
+/// thread). A connection per look would cost a backend start each, and
+/// the polling loops look every few milliseconds.
+pub struct Session {
+    jobs: std::sync::mpsc::Sender<Job>,
+    /// Its backend's process id (`terminate_sessions` spares it).
+    pid: i32,
+}
+
+impl Session {
+    fn open(url: &PostgresUrl) -> Self {
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        let (ready, started) = std::sync::mpsc::channel();
+        let url = url.clone();
+        std::thread::Builder::new()
+            .name("test-store-session".into())
+            .spawn(move || {
+                let mut client = url.connect().expect("connect");
+                let pid: i32 = client
+                    .query_one("SELECT pg_backend_pid()", &[])
+                    .expect("pid")
+                    .get(0);
+                ready.send(pid).expect("ready");
+                // Ends when the store (the sender) is dropped.
+                while let Ok(job) = queue.recv() {
+                    job(&mut client);
+                }
+            })
+            .expect("session thread");
+        let pid = started.recv().expect("the session started");
+        Self { jobs, pid }
+    }
+
+    /// Runs `work` on the session and returns its value (or its panic).
+    fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut postgres::Client) -> T + Send + 'static,
+    ) -> T {
+        let (done, result) = std::sync::mpsc::channel();
+        self.jobs
+            .send(Box::new(move |client| {
+                let outcome =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(client)));
+                let _ = done.send(outcome);
+            }))
+            .expect("the session thread is running");
+        match result.recv().expect("the session answered") {
+            Ok(value) => value,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
 }
 
 impl TestStore {
@@ -74,9 +134,22 @@ impl TestStore {
     pub fn postgres() -> Option<Self> {
         let db = crate::support::postgres::database()?;
         let url = PostgresUrl::parse(db.url()).expect("test database URL");
-        let store = TestStore::Postgres { url, _db: db };
+        let session = Session::open(&url);
+        let store = TestStore::Postgres {
+            url,
+            session,
+            _db: db,
+        };
         store.create_ledger_table();
         Some(store)
+    }
+
+    /// A second, empty store of the same kind (a peer's database).
+    pub fn another(&self) -> Self {
+        match self {
+            TestStore::Sqlite { .. } => TestStore::sqlite(),
+            TestStore::Postgres { .. } => TestStore::postgres().expect("a second database"),
+        }
     }
 
     pub fn name(&self) -> &'static str {
@@ -112,6 +185,15 @@ impl TestStore {
         }
     }
 
+    /// Runs `sqlite` or `postgres`, whichever is this store's dialect: for
+    /// the few statements one text cannot say on both (an auto-numbered key).
+    pub fn execute_dialects(&self, sqlite: &str, postgres: &str) {
+        match self {
+            TestStore::Sqlite { .. } => self.execute(sqlite),
+            TestStore::Postgres { .. } => self.execute(postgres),
+        }
+    }
+
     fn create_ledger_table(&self) {
         self.execute(
             "CREATE TABLE IF NOT EXISTS ledger (message_id TEXT NOT NULL, account TEXT NOT NULL, \
@@ -133,21 +215,45 @@ impl TestStore {
         }
     }
 
-    /// Runs `work` with a fresh PostgreSQL session, off the async executor.
+    /// Runs `work` on the helpers' PostgreSQL session, off the async
+    /// executor.
     fn with_pg<T: Send + 'static>(
         &self,
         work: impl FnOnce(&mut postgres::Client) -> T + Send + 'static,
     ) -> T {
-        let TestStore::Postgres { url, .. } = self else {
+        let TestStore::Postgres { session, .. } = self else {
             unreachable!("a PostgreSQL helper on SQLite")
         };
-        let url = url.clone();
+        session.run(work)
+    }
+
+    /// Ends every session of this PostgreSQL database but the helpers' own
+    /// (`pg_terminate_backend`, from a session on the server's URL as the
+    /// tests were given it), as a server restart or a network cut does;
+    /// returns how many sessions it ended.
+    pub fn terminate_sessions(&self) -> i64 {
+        let TestStore::Postgres {
+            _db: db, session, ..
+        } = self
+        else {
+            unreachable!("a PostgreSQL helper on SQLite")
+        };
+        let admin_url = std::env::var("RFIDL_POSTGRES_URL").expect("RFIDL_POSTGRES_URL");
+        let (name, spared) = (db.name().to_owned(), session.pid);
         std::thread::spawn(move || {
-            let mut client = url.connect().expect("connect");
-            work(&mut client)
+            let mut admin =
+                postgres::Client::connect(&admin_url, postgres::NoTls).expect("admin session");
+            let ended = admin
+                .query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE datname = $1 AND pid <> pg_backend_pid() AND pid <> $2",
+                    &[&name, &spared],
+                )
+                .expect("terminate");
+            ended.len() as i64
         })
         .join()
-        .expect("PostgreSQL helper thread")
+        .expect("PostgreSQL admin thread")
     }
 
     /// A single number (`SELECT count(*) …`), the same SQL on both stores.
@@ -164,14 +270,75 @@ impl TestStore {
         }
     }
 
+    /// A single text (`SELECT response …`), the same SQL on both stores;
+    /// `None` for no row or NULL.
+    pub fn text(&self, sql: &str) -> Option<String> {
+        match self {
+            TestStore::Sqlite { path, .. } => {
+                let conn = rusqlite::Connection::open(path).expect("open");
+                rusqlite::OptionalExtension::optional(conn.query_row(sql, [], |r| r.get(0)))
+                    .expect("query")
+                    .flatten()
+            }
+            TestStore::Postgres { .. } => {
+                let sql = sql.to_owned();
+                self.with_pg(move |client| {
+                    client
+                        .query_opt(&sql, &[])
+                        .expect("query")
+                        .and_then(|r| r.get(0))
+                })
+            }
+        }
+    }
+
+    /// `(status, count)` of the outbox, by status.
+    pub fn status_counts(&self) -> Vec<(String, i64)> {
+        const SQL: &str =
+            "SELECT status, COUNT(*) FROM outbox_messages GROUP BY status ORDER BY status";
+        match self {
+            TestStore::Sqlite { path, .. } => {
+                let conn = rusqlite::Connection::open(path).expect("open");
+                let mut statement = conn.prepare(SQL).expect("prepare");
+                statement
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .expect("query")
+                    .collect::<Result<_, _>>()
+                    .expect("rows")
+            }
+            TestStore::Postgres { .. } => self.with_pg(|client| {
+                client
+                    .query(SQL, &[])
+                    .expect("query")
+                    .iter()
+                    .map(|r| (r.get(0), r.get(1)))
+                    .collect()
+            }),
+        }
+    }
+
     /// Enqueues `message` in a transaction of the store's own kind, then
     /// commits (`commit = true`) or rolls back.
     pub fn enqueue_then(&self, outbox: &Outbox, message: OutgoingMessage, commit: bool) -> Uuid {
+        self.enqueue_with(outbox, message, "", commit)
+    }
+
+    /// Runs `business_sql` (the same on both stores; may be empty), then
+    /// enqueues `message`, in one transaction of the store's own kind, and
+    /// commits (`commit = true`) or rolls back.
+    pub fn enqueue_with(
+        &self,
+        outbox: &Outbox,
+        message: OutgoingMessage,
+        business_sql: &str,
+        commit: bool,
+    ) -> Uuid {
         match self {
             TestStore::Sqlite { path, .. } => {
                 let mut conn =
                     rfidl_runtime::db::open(path, rfidl_runtime::Durability::Normal).expect("open");
                 let tx = conn.transaction().expect("tx");
+                tx.execute_batch(business_sql).expect("business sql");
                 let id = outbox.enqueue(&tx, message).expect("enqueue");
                 if commit {
                     tx.commit().expect("commit");
@@ -180,8 +347,10 @@ impl TestStore {
             }
             TestStore::Postgres { .. } => {
                 let outbox = outbox.clone();
+                let business_sql = business_sql.to_owned();
                 self.with_pg(move |client| {
                     let mut tx = client.transaction().expect("tx");
+                    tx.batch_execute(&business_sql).expect("business sql");
                     let id = outbox.enqueue_postgres(&mut tx, message).expect("enqueue");
                     if commit {
                         tx.commit().expect("commit");
@@ -331,6 +500,52 @@ impl TestStore {
         }
     }
 
+    /// Waits (at most 10 s) for every message of `ids` to reach `wanted`,
+    /// reading all statuses in one query per look (one session, where a
+    /// `wait_for` per message would open hundreds on PostgreSQL).
+    pub async fn wait_for_all(&self, ids: &[Uuid], wanted: Status) {
+        const SQL: &str = "SELECT message_id, status FROM outbox_messages";
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let statuses: std::collections::HashMap<String, String> = match self {
+                TestStore::Sqlite { path, .. } => {
+                    let conn = rusqlite::Connection::open(path).expect("open");
+                    let mut statement = conn.prepare(SQL).expect("prepare");
+                    statement
+                        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                        .expect("query")
+                        .collect::<Result<_, _>>()
+                        .expect("rows")
+                }
+                TestStore::Postgres { .. } => self.with_pg(|client| {
+                    client
+                        .query(SQL, &[])
+                        .expect("query")
+                        .iter()
+                        .map(|r| (r.get(0), r.get(1)))
+                        .collect()
+                }),
+            };
+            let behind: Vec<(&Uuid, Option<&String>)> = ids
+                .iter()
+                .map(|id| (id, statuses.get(&id.to_string())))
+                .filter(|(_, status)| status.map(String::as_str) != Some(wanted.as_str()))
+                .collect();
+            if behind.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: {} of {} not {wanted:?}, e.g. {:?}",
+                self.name(),
+                behind.len(),
+                ids.len(),
+                &behind[..behind.len().min(3)]
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// A dispatcher for `outbox` on this store.
     pub fn dispatcher(&self, outbox: &Outbox) -> AnyDispatcher {
         match self {
@@ -339,6 +554,22 @@ impl TestStore {
             }
             TestStore::Postgres { url, .. } => {
                 AnyDispatcher::Postgres(Dispatcher::postgres(outbox, url))
+            }
+        }
+    }
+
+    /// A receiver hosting `service` (written for both stores) on this
+    /// store, built.
+    pub fn receiver_hosting<H>(&self, config: Config, service: H) -> Result<Receiver, ReceiverError>
+    where
+        H: HostedService<Sqlite> + HostedService<Postgres>,
+    {
+        match self {
+            TestStore::Sqlite { path, .. } => {
+                Receiver::builder(config, path).service(service).build()
+            }
+            TestStore::Postgres { url, .. } => {
+                Receiver::postgres(config, url, 4).service(service).build()
             }
         }
     }
@@ -412,6 +643,17 @@ impl AnyDispatcher {
             AnyDispatcher::Postgres(b) => {
                 AnyDispatcher::Postgres(b.route(destination, transport, secret))
             }
+        }
+    }
+
+    /// Registers a response handler written for both stores.
+    pub fn responses<H>(self, handler: H) -> Self
+    where
+        H: ResponseHandler<Sqlite> + ResponseHandler<Postgres>,
+    {
+        match self {
+            AnyDispatcher::Sqlite(b) => AnyDispatcher::Sqlite(b.responses(handler)),
+            AnyDispatcher::Postgres(b) => AnyDispatcher::Postgres(b.responses(handler)),
         }
     }
 
