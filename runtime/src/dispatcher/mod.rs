@@ -140,6 +140,7 @@ impl<S: Store> DispatcherBuilder<S> {
             routes: self.routes,
             metrics: self.outbox.metrics().clone(),
             circuits: self.outbox.circuits().clone(),
+            lifecycle: self.outbox.lifecycle().clone(),
             unrouted: Mutex::new(Vec::new()),
             rotation: std::sync::atomic::AtomicUsize::new(0),
         });
@@ -245,6 +246,8 @@ struct State {
     routes: BTreeMap<String, Route>,
     metrics: Arc<Metrics>,
     circuits: Arc<Circuits>,
+    /// Decommissioned versions: their claimed rows are held, not sent.
+    lifecycle: crate::lifecycle::Lifecycle,
     /// Destinations with waiting rows but no route (found by [`discover`]):
     /// their rows are claimed too, and fail as unroutable, so they surface.
     unrouted: Mutex<Vec<String>>,
@@ -309,6 +312,10 @@ pub enum Verdict {
         retry_after: Option<Duration>,
         clock_problem: bool,
     },
+    /// Not sent: its interface version is decommissioned here. The row
+    /// stays `Pending`, due never, until a re-commission
+    /// ([`crate::lifecycle`]).
+    Held { error: String },
 }
 
 /// The wire protocol's table: what an answer means for the outbox row.
@@ -378,7 +385,15 @@ pub fn classify(result: &Result<TransportResponse, TransportError>) -> Verdict {
             retry_after: None,
             dead_letter_when_exhausted: true,
         },
-        (503, Some("in_progress")) => Verdict::Wait {
+        // The provider decommissioned this version: wait (not counted,
+        // destination untouched) at its `Retry-After`, until it is
+        // re-commissioned or the TTL runs out.
+        (410, Some(crate::receiver::VERSION_DECOMMISSIONED)) => Verdict::Wait {
+            error: error(),
+            retry_after: response.retry_after,
+            clock_problem: false,
+        },
+                (503, Some("in_progress")) => Verdict::Wait {
             error: error(),
             retry_after: response.retry_after,
             clock_problem: false,
@@ -506,10 +521,18 @@ async fn run(state: Arc<State>, wake: Arc<tokio::sync::Notify>, cancel: Cancella
 }
 
 /// Finds destinations with waiting rows that have no route (one index
-/// look-up per distinct destination), so that their rows are claimed too.
+/// look-up per distinct destination), so that their rows are claimed too;
+/// and re-reads the decommissioned versions.
 async fn discover(state: &Arc<State>) {
     let db = state.db.clone();
-    let found = tokio::task::spawn_blocking(move || db.discover()).await;
+    let found = tokio::task::spawn_blocking(move || (db.discover(), db.decommissioned())).await;
+    let found = found.map(|(destinations, decommissioned)| {
+        match decommissioned {
+            Ok(versions) => state.lifecycle.replace(versions),
+            Err(error) => tracing::warn!(%error, "cannot read the decommissioned versions"),
+        }
+        destinations
+    });
     if let Ok(Ok(destinations)) = found {
         let unrouted: Vec<String> = destinations
             .into_iter()
@@ -586,6 +609,8 @@ async fn claim(state: &Arc<State>, capacity: usize) -> Vec<Group> {
 pub(crate) enum Outcome {
     Answer(Result<TransportResponse, TransportError>),
     Unsendable(String),
+    /// Not sent: its version is decommissioned here.
+    Held(String),
 }
 
 impl Outcome {
@@ -596,6 +621,9 @@ impl Outcome {
                 error: error.clone(),
                 retry_after: None,
                 dead_letter_when_exhausted: false,
+            },
+            Outcome::Held(error) => Verdict::Held {
+                error: error.clone(),
             },
         }
     }
@@ -627,6 +655,11 @@ async fn send_group(state: &State, group: Group) -> GroupResult {
     let mut ready = Vec::with_capacity(rows.len());
     let mut attempts = Vec::with_capacity(rows.len());
     for row in rows {
+        if state.lifecycle.is_decommissioned(&row.interface, row.version) {
+            let reason = crate::lifecycle::held_reason(&row.interface, row.version);
+            attempts.push((row, Outcome::Held(reason), started.elapsed()));
+            continue;
+        }
         match signed_request(state, route, &row) {
             Ok(request) => {
                 requests.push(request);
@@ -849,6 +882,14 @@ mod tests {
             classify(&refusal(500, "handler_failed")),
             Verdict::Retry {
                 dead_letter_when_exhausted: false,
+                ..
+            }
+        ));
+        // A decommissioned version: waits, destination untouched.
+        assert!(matches!(
+            classify(&refusal(410, "version_decommissioned")),
+            Verdict::Wait {
+                clock_problem: false,
                 ..
             }
         ));

@@ -17,6 +17,9 @@ pub(crate) trait DispatchDb: Send + Sync + 'static {
     /// Destinations with waiting rows (`Pending` or `Sending`).
     fn discover(&self) -> Result<Vec<String>, String>;
 
+    /// The decommissioned interface versions (`crate::lifecycle`).
+    fn decommissioned(&self) -> Result<Vec<(String, u32, i64)>, String>;
+
     /// Claims due rows as `plan` admits them; returns the groups to send
     /// and how many rows expired instead.
     fn claim(
@@ -233,6 +236,12 @@ pub(crate) fn record_in(
                 if tx.again(row, attempt, at(delay), error)? {
                     counts.retries += 1;
                 }
+            }
+            // Held until the version is re-commissioned: not counted, never
+            // due, never expired (`crate::lifecycle`).
+            Verdict::Held { error } => {
+                tracing::info!(message_id = %row.message_id, %error, "message held");
+                tx.again(row, row.retry_count, crate::lifecycle::HELD_DUE_MS, error)?;
             }
             // Not counted: the row waits (its circuit gates an unreachable
             // destination) and is due again after one base backoff.

@@ -67,6 +67,10 @@ impl DispatchDb for SqliteDispatch {
         Ok(destinations)
     }
 
+    fn decommissioned(&self) -> Result<Vec<(String, u32, i64)>, String> {
+        crate::lifecycle::read_sqlite(&*self.lock()?).map_err(text)
+    }
+
     fn claim(
         &self,
         plan: &[(String, Admission)],
