@@ -1076,7 +1076,10 @@ async fn serve_readyz(State(shared): State<Arc<Shared>>) -> Response {
 async fn serve_health(State(shared): State<Arc<Shared>>) -> Result<Json<Health>, DiagnosticsError> {
     let thresholds = shared.thresholds;
     let (stats, decommissioned) = Diagnostics::query(&shared, |store| {
-        Ok((unsent_stats_in(store, db::now_ms())?, store.decommissioned()?))
+        Ok((
+            unsent_stats_in(store, db::now_ms())?,
+            store.decommissioned()?,
+        ))
     })
     .await?;
     let decommissioned = decommissioned
@@ -1381,7 +1384,9 @@ mod sqlite {
         fn decommissioned(&self) -> Result<Vec<(String, i64, i64, i64)>, DiagnosticsError> {
             let mut statement = self.prepare_cached(super::DECOMMISSIONED_SQL)?;
             let rows = statement
-                .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)))?
+                .query_map([], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+                })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             Ok(rows)
         }

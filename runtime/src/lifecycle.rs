@@ -134,7 +134,10 @@ impl Lifecycle {
         };
         versions
             .iter()
-            .flat_map(|(interface, v)| v.iter().map(|(version, at)| (interface.clone(), *version, *at)))
+            .flat_map(|(interface, v)| {
+                v.iter()
+                    .map(|(version, at)| (interface.clone(), *version, *at))
+            })
             .collect()
     }
 
@@ -145,9 +148,10 @@ impl Lifecycle {
             fresh.entry(interface).or_default().insert(version, at);
         }
         let released = if let Ok(mut versions) = self.inner.versions.write() {
-            let released = versions
-                .iter()
-                .any(|(i, v)| v.keys().any(|version| !fresh.get(i).is_some_and(|f| f.contains_key(version))));
+            let released = versions.iter().any(|(i, v)| {
+                v.keys()
+                    .any(|version| !fresh.get(i).is_some_and(|f| f.contains_key(version)))
+            });
             *versions = fresh;
             released
         } else {
@@ -206,10 +210,11 @@ impl Lifecycle {
 }
 
 /// The rows of `rf_decommissioned` on SQLite.
-pub(crate) fn read_sqlite(conn: &rusqlite::Connection) -> rusqlite::Result<Vec<(String, u32, i64)>> {
-    let mut statement = conn.prepare_cached(
-        "SELECT interface, version, decommissioned_at FROM rf_decommissioned",
-    )?;
+pub(crate) fn read_sqlite(
+    conn: &rusqlite::Connection,
+) -> rusqlite::Result<Vec<(String, u32, i64)>> {
+    let mut statement =
+        conn.prepare_cached("SELECT interface, version, decommissioned_at FROM rf_decommissioned")?;
     statement
         .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?
         .collect()
@@ -228,7 +233,11 @@ pub(crate) fn read_postgres(
         .into_iter()
         .map(|row| {
             let version: i64 = row.get(1);
-            (row.get(0), u32::try_from(version).unwrap_or(u32::MAX), row.get(2))
+            (
+                row.get(0),
+                u32::try_from(version).unwrap_or(u32::MAX),
+                row.get(2),
+            )
         })
         .collect())
 }
@@ -276,11 +285,20 @@ impl LifecycleService {
         Ok((decommission, target))
     }
 
-    fn done(&self, decommission: bool, target: &VersionRef, at: Option<i64>, rows: u64) -> serde_json::Value {
+    fn done(
+        &self,
+        decommission: bool,
+        target: &VersionRef,
+        at: Option<i64>,
+        rows: u64,
+    ) -> serde_json::Value {
         // Set before the commit (a handler has no after-commit hook): a
         // rollback is corrected by the dispatcher's next refresh.
-        self.lifecycle
-            .set(&target.interface, target.version, if decommission { at } else { None });
+        self.lifecycle.set(
+            &target.interface,
+            target.version,
+            if decommission { at } else { None },
+        );
         tracing::info!(
             interface = %target.interface,
             version = target.version,
@@ -325,7 +343,12 @@ impl HostedService<Sqlite> for LifecycleService {
                 "UPDATE outbox_messages SET next_retry_at = ?3, last_error = ?4 \
                  WHERE status IN ('Pending', 'Sending') AND status = 'Pending' \
                  AND interface = ?1 AND version = ?2 AND next_retry_at < ?3",
-                rusqlite::params![interface, version, HELD_DUE_MS, held_reason(interface, version)],
+                rusqlite::params![
+                    interface,
+                    version,
+                    HELD_DUE_MS,
+                    held_reason(interface, version)
+                ],
             )?;
             Ok(self.done(true, &target, Some(at), held as u64))
         } else {
@@ -414,7 +437,10 @@ impl HostedService<crate::store::Postgres> for LifecycleService {
                     &version,
                     &now,
                     &shift,
-                    &format!("released: {interface} v{} was re-commissioned", target.version),
+                    &format!(
+                        "released: {interface} v{} was re-commissioned",
+                        target.version
+                    ),
                     &HELD_DUE_MS,
                 ],
             )?;

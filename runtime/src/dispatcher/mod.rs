@@ -315,7 +315,9 @@ pub enum Verdict {
     /// Not sent: its interface version is decommissioned here. The row
     /// stays `Pending`, due never, until a re-commission
     /// ([`crate::lifecycle`]).
-    Held { error: String },
+    Held {
+        error: String,
+    },
 }
 
 /// The wire protocol's table: what an answer means for the outbox row.
@@ -393,7 +395,7 @@ pub fn classify(result: &Result<TransportResponse, TransportError>) -> Verdict {
             retry_after: response.retry_after,
             clock_problem: false,
         },
-                (503, Some("in_progress")) => Verdict::Wait {
+        (503, Some("in_progress")) => Verdict::Wait {
             error: error(),
             retry_after: response.retry_after,
             clock_problem: false,
@@ -655,7 +657,10 @@ async fn send_group(state: &State, group: Group) -> GroupResult {
     let mut ready = Vec::with_capacity(rows.len());
     let mut attempts = Vec::with_capacity(rows.len());
     for row in rows {
-        if state.lifecycle.is_decommissioned(&row.interface, row.version) {
+        if state
+            .lifecycle
+            .is_decommissioned(&row.interface, row.version)
+        {
             let reason = crate::lifecycle::held_reason(&row.interface, row.version);
             attempts.push((row, Outcome::Held(reason), started.elapsed()));
             continue;

@@ -241,6 +241,36 @@ impl OutboxTx for PostgresOps<'_, '_> {
         )
     }
 
+    fn hold(&mut self, row: &Claimed, now: i64, error: &str) -> Result<bool, String> {
+        let still = !self
+            .tx
+            .query_typed(
+                "SELECT 1 FROM rf_decommissioned WHERE interface = $1 AND version = $2 FOR SHARE",
+                &[
+                    (&row.interface, Type::TEXT),
+                    (&i64::from(row.version), Type::INT8),
+                ],
+            )
+            .map_err(|e| error_text(&e))?
+            .is_empty();
+        let due = if still {
+            crate::lifecycle::HELD_DUE_MS
+        } else {
+            now
+        };
+        self.update(
+            "UPDATE outbox_messages SET status = 'Pending', next_retry_at = $3, \
+             last_error = COALESCE($4, last_error), lease_token = NULL \
+             WHERE message_id = $1 AND lease_token = $2 AND status = 'Sending'",
+            &[
+                (&row.message_id, Type::TEXT),
+                (&row.lease, Type::TEXT),
+                (&due, Type::INT8),
+                (&still.then_some(error), Type::TEXT),
+            ],
+        )
+    }
+
     fn mark_sent(&mut self, row: &Claimed, now: i64, response: &str) -> Result<bool, String> {
         self.update(
             "UPDATE outbox_messages SET status = 'Sent', sent_at = $3, response = $4, lease_token = NULL, \
