@@ -73,9 +73,27 @@ pub struct DispatcherBuilder<S: Store = Sqlite> {
     routes: BTreeMap<String, Route>,
     errors: Vec<DispatcherError>,
     responses: Vec<Arc<dyn ResponseHandler<S>>>,
+    resolver: Option<Resolver>,
 }
 
+/// Finds the route of a destination that has none of its own
+/// ([`DispatcherBuilder::route_by`]).
+type Resolver = Arc<dyn Fn(&str) -> Option<Route> + Send + Sync>;
+
 impl<S: Store> DispatcherBuilder<S> {
+    /// Routes every destination that has no route of its own through
+    /// `resolve`, called once per request to such a destination (cache in
+    /// it when building a route costs). For senders whose destinations come
+    /// and go, such as the registry's commands to service instances, whose
+    /// destination names are base URLs. `None` fails the rows as unroutable.
+    pub fn route_by(
+        mut self,
+        resolve: impl Fn(&str) -> Option<Route> + Send + Sync + 'static,
+    ) -> Self {
+        self.resolver = Some(Arc::new(resolve));
+        self
+    }
+
     /// Acts on the answers to messages of `handler`'s interface version,
     /// inside the transaction that marks each one `Sent` (see
     /// [`crate::responses`]).
@@ -141,6 +159,7 @@ impl<S: Store> DispatcherBuilder<S> {
             metrics: self.outbox.metrics().clone(),
             circuits: self.outbox.circuits().clone(),
             lifecycle: self.outbox.lifecycle().clone(),
+            resolver: self.resolver,
             unrouted: Mutex::new(Vec::new()),
             rotation: std::sync::atomic::AtomicUsize::new(0),
         });
@@ -209,6 +228,7 @@ impl Dispatcher {
             routes: BTreeMap::new(),
             errors: Vec::new(),
             responses: Vec::new(),
+            resolver: None,
         }
     }
 }
@@ -248,6 +268,8 @@ struct State {
     circuits: Arc<Circuits>,
     /// Decommissioned versions: their claimed rows are held, not sent.
     lifecycle: crate::lifecycle::Lifecycle,
+    /// Routes destinations without a route of their own.
+    resolver: Option<Resolver>,
     /// Destinations with waiting rows but no route (found by [`discover`]):
     /// their rows are claimed too, and fail as unroutable, so they surface.
     unrouted: Mutex<Vec<String>>,
@@ -642,7 +664,14 @@ async fn send_group(state: &State, group: Group) -> GroupResult {
         probe,
     } = group;
     let started = std::time::Instant::now();
-    let Some(route) = state.routes.get(&destination) else {
+    let resolved = match state.routes.get(&destination) {
+        Some(_) => None,
+        None => state
+            .resolver
+            .as_ref()
+            .and_then(|resolve| resolve(&destination)),
+    };
+    let Some(route) = state.routes.get(&destination).or(resolved.as_ref()) else {
         let error = format!("no route for destination `{destination}`");
         return GroupResult {
             destination,
