@@ -7,6 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use rfidl_codegen::cli::{self, DiagnosticFormat, Outcome, Report};
+use rfidl_codegen::registry::Remote;
 use rfidl_registry::Registry;
 use rfidl_registry::commands::CommandSender;
 use rfidl_runtime::lifecycle::{self, HELD_DUE_MS};
@@ -198,10 +200,21 @@ fn a_decommission_reaches_every_provider_instance_and_a_recommission_releases_th
 
     // Decommission: the registry names the instance it sends the command to,
     // and the provider applies it: its row is held, its set says so.
-    let path = format!("{}/v1/decommissioned/{INTERFACE}/v1", server.url);
-    let (status, answer) = send(reqwest::Method::PUT, &path, None);
-    assert_eq!(status, 200, "{answer}");
-    assert_eq!(answer["commandsSentTo"], json!([first.url]), "{answer}");
+    // Through the CLI's `rfidl decommission` (the same function).
+    let report = Report::capturing(DiagnosticFormat::Json);
+    let remote: Remote = format!("{INTERFACE}@v1").parse().expect("remote");
+    assert_eq!(
+        cli::decommission_with(
+            &server.url,
+            None,
+            std::slice::from_ref(&remote),
+            true,
+            &report
+        ),
+        Outcome::Success
+    );
+    let line: Value = serde_json::from_str(report.captured().trim()).expect("json line");
+    assert_eq!(line["commandsSentTo"], json!([first.url]), "{line}");
     wait_until("the first provider holds its row", || held(&first) == 1);
     assert!(first.outbox.lifecycle().is_decommissioned(INTERFACE, 1));
 
@@ -240,6 +253,7 @@ fn a_decommission_reaches_every_provider_instance_and_a_recommission_releases_th
     wait_until("the late provider holds its row", || held(&second) == 1);
 
     // Re-commission: both release their rows.
+    let path = format!("{}/v1/decommissioned/{INTERFACE}/v1", server.url);
     let (status, answer) = send(reqwest::Method::DELETE, &path, None);
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["decommissioned"], false);
