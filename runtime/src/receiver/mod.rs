@@ -159,6 +159,8 @@ pub(crate) struct WriterParts<S: Store> {
     pub durability: crate::config::Durability,
     /// Dropped when the last writer thread ends.
     pub alive: Arc<crate::liveness::LivenessGuard>,
+    /// Loaded from the database before the first delivery, when set.
+    pub lifecycle: Option<crate::lifecycle::Lifecycle>,
 }
 
 /// Started writers: the inbox look-up and the writer threads.
@@ -306,6 +308,7 @@ impl<S: Store> ReceiverBuilder<S> {
             group_limit: self.group_commit_limit,
             durability: self.config.inbox.durability,
             alive: Arc::new(alive),
+            lifecycle: self.lifecycle.clone(),
         })?;
 
         Ok(Receiver {
@@ -384,6 +387,14 @@ impl Receiver {
             shown,
             Box::new(move |parts: WriterParts<Sqlite>| {
                 let conn = crate::db::open(&path, parts.durability)?;
+                if let Some(lifecycle) = &parts.lifecycle {
+                    lifecycle
+                        .load_sqlite(&conn)
+                        .map_err(|source| crate::db::DbError::Sqlite {
+                            path: path.display().to_string(),
+                            source,
+                        })?;
+                }
                 let reader = InboxReader::open(&path)?;
                 let writer = Writer {
                     conn,

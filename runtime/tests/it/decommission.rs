@@ -238,6 +238,19 @@ async fn decommission_and_recommission(store: &TestStore) {
     let refusal: serde_json::Value = response.json().await.expect("json");
     assert_eq!(refusal["error"], "version_decommissioned", "{refusal}");
 
+    // A restarted receiver (a fresh set) reads the state from the database.
+    let restarted = lifecycle::Lifecycle::new();
+    let again = store
+        .receiver_with(
+            config.clone(),
+            std::sync::Arc::new(support::Ledger::default()),
+            |b| b.lifecycle(&restarted),
+            |b| b.lifecycle(&restarted),
+        )
+        .expect("restarted receiver");
+    assert!(restarted.is_decommissioned(support::INTERFACE, 1));
+    again.shutdown().await;
+
     // Health lists the version and its held rows, and says why it warns.
     let health = get_health(&client, &ops_url).await;
     assert_eq!(
