@@ -105,20 +105,16 @@ impl CommandSender {
         })
     }
 
-    /// Writes one command per instance base URL in `instances`: `decommission`
-    /// (or recommission) `interface` `version`. Returns how many it wrote.
+    /// Writes `command` for `interface` `version` to each instance base URL
+    /// in `instances`. Returns how many it wrote.
     pub async fn send(
         &self,
         instances: &[String],
         interface: &str,
         version: u32,
-        decommission: bool,
+        command: lifecycle::Command,
     ) -> Result<usize, rfidl_runtime::outbox::OutboxError> {
-        let endpoint = if decommission {
-            lifecycle::DECOMMISSION
-        } else {
-            lifecycle::RECOMMISSION
-        };
+        let endpoint = command.endpoint();
         for base_url in instances {
             let id = self
                 .outbox

@@ -106,7 +106,16 @@ async fn serve_set(
     let notified = match &shared.commands {
         Some(commands) => {
             commands
-                .send(&providers, &interface, version, on)
+                .send(
+                    &providers,
+                    &interface,
+                    version,
+                    if on {
+                        rfidl_runtime::lifecycle::Command::Decommission
+                    } else {
+                        rfidl_runtime::lifecycle::Command::Recommission
+                    },
+                )
                 .await
                 .map_err(|e| {
                     ApiError::Unavailable(format!(

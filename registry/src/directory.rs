@@ -450,7 +450,7 @@ pub(crate) async fn serve_register(
                     std::slice::from_ref(&registered.base_url),
                     interface,
                     *version,
-                    true,
+                    rfidl_runtime::lifecycle::Command::Decommission,
                 )
                 .await
                 .map_err(|e| {

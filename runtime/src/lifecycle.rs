@@ -72,6 +72,25 @@ pub const HOSTED: HostedInterface = HostedInterface {
     manifest_json: MANIFEST_JSON,
 };
 
+/// A lifecycle command: the endpoint of [`INTERFACE`] v1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Stop dispatching a version, hold its rows, answer its routes 410.
+    Decommission,
+    /// Undo it: the held rows become due.
+    Recommission,
+}
+
+impl Command {
+    /// The endpoint name on the wire.
+    pub fn endpoint(self) -> &'static str {
+        match self {
+            Command::Decommission => DECOMMISSION,
+            Command::Recommission => RECOMMISSION,
+        }
+    }
+}
+
 /// `last_error` of a held row.
 pub fn held_reason(interface: &str, version: u32) -> String {
     format!("held: {interface} v{version} is decommissioned")
@@ -259,16 +278,16 @@ impl LifecycleService {
     }
 
     /// Checks the source and decodes the payload: which command, for what.
-    fn command(&self, call: &IncomingCall<'_>) -> Result<(bool, VersionRef), HandlerError> {
+    fn command(&self, call: &IncomingCall<'_>) -> Result<(Command, VersionRef), HandlerError> {
         if call.source != self.registry {
             return Err(HandlerError::poison(format!(
                 "lifecycle commands are accepted from the registry (`{}`) only, not from `{}`",
                 self.registry, call.source
             )));
         }
-        let decommission = match call.endpoint {
-            DECOMMISSION => true,
-            RECOMMISSION => false,
+        let command = match call.endpoint {
+            DECOMMISSION => Command::Decommission,
+            RECOMMISSION => Command::Recommission,
             other => return Err(HandlerError::unknown_endpoint(other)),
         };
         let target: VersionRef = crate::receiver::decode_payload(call.payload)?;
@@ -282,35 +301,33 @@ impl LifecycleService {
                 "the control interface `{INTERFACE}` cannot be decommissioned"
             )));
         }
-        Ok((decommission, target))
+        Ok((command, target))
     }
 
-    fn done(
-        &self,
-        decommission: bool,
-        target: &VersionRef,
-        at: Option<i64>,
-        rows: u64,
-    ) -> serde_json::Value {
+    /// Updates the set and answers; `at` is when the version was
+    /// decommissioned (for a decommission), `rows` how many rows were held
+    /// or released.
+    fn done(&self, command: Command, target: &VersionRef, at: i64, rows: u64) -> serde_json::Value {
         // Set before the commit (a handler has no after-commit hook): a
         // rollback is corrected by the dispatcher's next refresh.
+        let decommissioned = command == Command::Decommission;
         self.lifecycle.set(
             &target.interface,
             target.version,
-            if decommission { at } else { None },
+            decommissioned.then_some(at),
         );
         tracing::info!(
             interface = %target.interface,
             version = target.version,
-            decommissioned = decommission,
+            decommissioned,
             rows,
             "lifecycle command processed"
         );
         serde_json::json!({
             "interface": target.interface,
             "version": target.version,
-            "decommissioned": decommission,
-            if decommission { "held" } else { "released" }: rows,
+            "decommissioned": decommissioned,
+            if decommissioned { "held" } else { "released" }: rows,
         })
     }
 }
@@ -325,10 +342,10 @@ impl HostedService<Sqlite> for LifecycleService {
         call: &IncomingCall<'_>,
         tx: &rusqlite::Transaction<'_>,
     ) -> Result<serde_json::Value, HandlerError> {
-        let (decommission, target) = self.command(call)?;
+        let (command, target) = self.command(call)?;
         let now = crate::db::now_ms();
         let (interface, version) = (target.interface.as_str(), target.version);
-        if decommission {
+        if command == Command::Decommission {
             tx.execute(
                 "INSERT INTO rf_decommissioned (interface, version, decommissioned_at) \
                  VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
@@ -350,7 +367,7 @@ impl HostedService<Sqlite> for LifecycleService {
                     held_reason(interface, version)
                 ],
             )?;
-            Ok(self.done(true, &target, Some(at), held as u64))
+            Ok(self.done(command, &target, at, held as u64))
         } else {
             let since: Option<i64> = rusqlite::OptionalExtension::optional(tx.query_row(
                 "DELETE FROM rf_decommissioned WHERE interface = ?1 AND version = ?2 \
@@ -373,7 +390,7 @@ impl HostedService<Sqlite> for LifecycleService {
                     HELD_DUE_MS
                 ],
             )?;
-            Ok(self.done(false, &target, None, released as u64))
+            Ok(self.done(command, &target, now, released as u64))
         }
     }
 }
@@ -389,11 +406,11 @@ impl HostedService<crate::store::Postgres> for LifecycleService {
         call: &IncomingCall<'_>,
         tx: &mut postgres::Transaction<'_>,
     ) -> Result<serde_json::Value, HandlerError> {
-        let (decommission, target) = self.command(call)?;
+        let (command, target) = self.command(call)?;
         let now = crate::db::now_ms();
         let interface = target.interface.as_str();
         let version = i64::from(target.version);
-        if decommission {
+        if command == Command::Decommission {
             tx.execute(
                 "INSERT INTO rf_decommissioned (interface, version, decommissioned_at) \
                  VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
@@ -417,7 +434,7 @@ impl HostedService<crate::store::Postgres> for LifecycleService {
                     &held_reason(interface, target.version),
                 ],
             )?;
-            Ok(self.done(true, &target, Some(at), held))
+            Ok(self.done(command, &target, at, held))
         } else {
             let since: Option<i64> = tx
                 .query_opt(
@@ -444,7 +461,7 @@ impl HostedService<crate::store::Postgres> for LifecycleService {
                     &HELD_DUE_MS,
                 ],
             )?;
-            Ok(self.done(false, &target, None, released))
+            Ok(self.done(command, &target, now, released))
         }
     }
 }
