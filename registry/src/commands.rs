@@ -33,6 +33,11 @@ use rfidl_runtime::signing::Secret;
 use rfidl_runtime::transport::HttpTransport;
 use rfidl_runtime::{Config, MessageType};
 
+/// How often the command dispatcher looks for new destinations (instances):
+/// a command to an instance with no command waiting yet leaves within this
+/// time. One index look-up per round on a small file.
+pub const DEFAULT_POLL: Duration = Duration::from_millis(250);
+
 /// Sends lifecycle commands to provider instances. Cheap to clone.
 #[derive(Clone)]
 pub struct CommandSender {
@@ -62,7 +67,7 @@ impl CommandSender {
     /// missing) and its dispatcher, signing with `secret`. Call on a tokio
     /// runtime.
     pub fn start(db: &Path, secret: Secret) -> Result<Self, CommandError> {
-        Self::start_with(db, secret, Duration::from_secs(1))
+        Self::start_with(db, secret, DEFAULT_POLL)
     }
 
     /// [`start`](Self::start) with another poll interval (how soon a command

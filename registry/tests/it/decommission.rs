@@ -281,3 +281,87 @@ fn a_decommission_reaches_every_provider_instance_and_a_recommission_releases_th
     drop(server);
     rt.block_on(commands.shutdown());
 }
+
+/// The binary: `--command-secret-file` turns the commands on (their outbox
+/// in `<db>.commands`), `rfidl decommission` reaches a provider through it;
+/// a secret that is not `whsec_…` stops the start with a clear message.
+#[test]
+fn the_binary_sends_commands_with_its_command_secret_and_refuses_a_bad_one() {
+    use std::io::{BufRead as _, BufReader};
+    use std::process::{Command, Stdio};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("registry.db");
+    let secret_file = dir.path().join("commands.secret");
+    std::fs::write(&secret_file, "not-a-secret\n").expect("write");
+    let output = Command::new(env!("CARGO_BIN_EXE_rfidl-registry"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .arg(&db)
+        .arg("--command-secret-file")
+        .arg(&secret_file)
+        .output()
+        .expect("run");
+    assert_ne!(output.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("command secret"), "{stderr}");
+    assert!(
+        !stderr.contains("not-a-secret"),
+        "the secret is not printed: {stderr}"
+    );
+
+    let secret = Secret::generate();
+    std::fs::write(&secret_file, format!("{}\n", secret.to_whsec())).expect("write");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rfidl-registry"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .arg(&db)
+        .arg("--command-secret-file")
+        .arg(&secret_file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let url = lines
+        .next()
+        .expect("a line")
+        .expect("read")
+        .strip_prefix("listening on ")
+        .expect("listening on")
+        .to_owned();
+    let v1 = schema_manifest(INTERFACE, 1);
+    assert_eq!(
+        put(&url, &manifest_path(&v1), v1.to_pretty_json(), None).0,
+        201
+    );
+    let fingerprint: &'static str = Box::leak(v1.fingerprint.clone().into_boxed_str());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let hr = provider(&rt, dir.path(), "hr", &secret, fingerprint);
+    let (status, body) = send(
+        reqwest::Method::POST,
+        &format!("{url}/v1/services/hr/instances"),
+        Some(&json!({
+            "baseUrl": hr.url,
+            "hosts": [{"interface": INTERFACE, "version": 1, "fingerprint": fingerprint}],
+        })),
+    );
+    assert_eq!(status, 201, "{body}");
+    let report = Report::capturing(DiagnosticFormat::Json);
+    let remote: Remote = format!("{INTERFACE}@v1").parse().expect("remote");
+    let started = Instant::now();
+    assert_eq!(
+        cli::decommission_with(&url, None, std::slice::from_ref(&remote), true, &report),
+        Outcome::Success
+    );
+    let line: Value = serde_json::from_str(report.captured().trim()).expect("json line");
+    assert_eq!(line["commandsSentTo"], json!([hr.url]), "{line}");
+    wait_until("the provider holds its row", || held(&hr) == 1);
+    let took = started.elapsed();
+    assert!(dir.path().join("registry.db.commands").exists());
+    let _ = child.kill();
+    let _ = child.wait();
+    eprintln!("decommission to held on the provider, through the binary: {took:?}");
+}
