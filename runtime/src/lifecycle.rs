@@ -27,7 +27,10 @@
 //! set is read from the database when the dispatcher starts and again on
 //! every discovery round (every `outbox.poll_interval`), so replicas on one
 //! PostgreSQL database, and a transaction that rolled back after its handler
-//! updated the set, agree with the table within one poll interval. No claim
+//! updated the set, agree with the table within one poll interval (a refresh
+//! read before the handler's update is dropped, not applied over it). A held
+//! row is checked against the table when it is recorded, so a stale set can
+//! delay a row, never strand it. No claim
 //! joins the table: the hot path costs one look-up in an empty map.
 //!
 //! The receiver answers a message for a decommissioned version 410
@@ -118,6 +121,9 @@ struct Inner {
     versions: RwLock<BTreeMap<String, BTreeMap<u32, i64>>>,
     /// Wakes the dispatcher after a re-commission.
     wake: Mutex<Option<Arc<Notify>>>,
+    /// Counts the handler's changes, so that a refresh read before a change
+    /// committed does not undo it ([`Lifecycle::replace_since`]).
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Lifecycle {
@@ -160,6 +166,22 @@ impl Lifecycle {
             .collect()
     }
 
+    /// The change count, read before a refresh reads the database.
+    pub(crate) fn generation(&self) -> u64 {
+        self.inner
+            .generation
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// [`replace`](Self::replace), unless the handler changed the set since
+    /// `seen` (then the rows may predate that change's commit; the next
+    /// refresh reconciles).
+    pub(crate) fn replace_since(&self, rows: Vec<(String, u32, i64)>, seen: u64) {
+        if self.generation() == seen {
+            self.replace(rows);
+        }
+    }
+
     /// Replaces the set with what the database holds.
     pub(crate) fn replace(&self, rows: Vec<(String, u32, i64)>) {
         let mut fresh: BTreeMap<String, BTreeMap<u32, i64>> = BTreeMap::new();
@@ -183,6 +205,9 @@ impl Lifecycle {
 
     /// Marks (`Some(at)`) or unmarks one version.
     pub(crate) fn set(&self, interface: &str, version: u32, at: Option<i64>) {
+        self.inner
+            .generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         if let Ok(mut versions) = self.inner.versions.write() {
             match at {
                 Some(at) => {
@@ -495,5 +520,12 @@ mod tests {
         assert_eq!(set.decommissioned(), vec![("c.D".to_owned(), 2, 7)]);
         set.set("c.D", 2, None);
         assert!(set.decommissioned().is_empty());
+        // A refresh read before the handler's change does not undo it.
+        let seen = set.generation();
+        set.set("e.F", 1, Some(9));
+        set.replace_since(Vec::new(), seen);
+        assert!(set.is_decommissioned("e.F", 1));
+        set.replace_since(Vec::new(), set.generation());
+        assert!(!set.is_decommissioned("e.F", 1));
     }
 }

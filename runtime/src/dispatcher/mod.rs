@@ -549,10 +549,11 @@ async fn run(state: Arc<State>, wake: Arc<tokio::sync::Notify>, cancel: Cancella
 /// and re-reads the decommissioned versions.
 async fn discover(state: &Arc<State>) {
     let db = state.db.clone();
+    let seen = state.lifecycle.generation();
     let found = tokio::task::spawn_blocking(move || (db.discover(), db.decommissioned())).await;
     let found = found.map(|(destinations, decommissioned)| {
         match decommissioned {
-            Ok(versions) => state.lifecycle.replace(versions),
+            Ok(versions) => state.lifecycle.replace_since(versions, seen),
             Err(error) => tracing::warn!(%error, "cannot read the decommissioned versions"),
         }
         destinations
