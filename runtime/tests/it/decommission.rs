@@ -238,6 +238,41 @@ async fn decommission_and_recommission(store: &TestStore) {
     let refusal: serde_json::Value = response.json().await.expect("json");
     assert_eq!(refusal["error"], "version_decommissioned", "{refusal}");
 
+    // A consumer's dispatcher that meets the 410 waits: the row stays
+    // Pending, uncounted, and says why (not dead-lettered: nothing lost).
+    let consumer_store = TestStore::sqlite();
+    let consumer = consumer_store.outbox(sender_config(Duration::from_millis(50)));
+    let consumer_dispatcher = consumer_store
+        .dispatcher(&consumer)
+        .route(
+            "provider",
+            HttpTransport::new(&provider_url, Duration::from_secs(2)).expect("client"),
+            billing_secret.clone(),
+        )
+        .start()
+        .expect("consumer dispatcher");
+    let waiting = consumer_store.enqueue(
+        &consumer,
+        message("provider", "Credit", json!({"account": "c", "amount": 1})),
+    );
+    let deadline = now() + Duration::from_secs(10);
+    let row = loop {
+        let row = consumer_store.row(&waiting);
+        if row.last_error.is_some() || now() > deadline {
+            break row;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(row.status, Status::Pending, "{row:?}");
+    assert_eq!(row.retry_count, 0, "{row:?}");
+    assert!(
+        row.last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("410 version_decommissioned")),
+        "{row:?}"
+    );
+    consumer_dispatcher.shutdown().await;
+
     // A restarted receiver (a fresh set) reads the state from the database.
     let restarted = lifecycle::Lifecycle::new();
     let again = store
