@@ -785,8 +785,9 @@ pub fn deploy_check_with(registry_url: &str, paths: &[PathBuf], report: &Report)
 /// `remotes` decommissioned in the registry, or not any more. A
 /// decommissioned version fails the manifest scan of every consumer that
 /// calls it (`rfidl deploy-check`, registrations). One sentence per version
-/// on stderr (json: `{"event": "decommissioned" | "recommissioned",
-/// "interface", "version"}`); exit 2 when the registry refuses (an unknown
+/// on stderr, naming the provider instances the registry sent its command to
+/// (json: `{"event": "decommissioned" | "recommissioned", "interface",
+/// "version", "commandsSentTo": [base URLs] | null}`); exit 2 when the registry refuses (an unknown
 /// version: 404) or cannot be reached.
 #[cfg(feature = "registry")]
 pub fn decommission_with(
@@ -819,16 +820,27 @@ pub fn decommission_with(
     };
     for remote in remotes {
         match client.decommission(remote, on) {
-            Ok(_) => report.progress(
-                &format!("{event} {} v{}", remote.interface, remote.version),
-                || {
-                    serde_json::json!({
-                        "event": event,
-                        "interface": remote.interface,
-                        "version": remote.version,
-                    })
-                },
-            ),
+            Ok(answer) => {
+                let told = match &answer.commands_sent_to {
+                    Some(urls) if urls.is_empty() => {
+                        "; no provider instance is registered".to_owned()
+                    }
+                    Some(urls) => format!("; command sent to {}", urls.join(", ")),
+                    None => "; the registry has no command secret: its providers are not told"
+                        .to_owned(),
+                };
+                report.progress(
+                    &format!("{event} {} v{}{told}", remote.interface, remote.version),
+                    || {
+                        serde_json::json!({
+                            "event": event,
+                            "interface": remote.interface,
+                            "version": remote.version,
+                            "commandsSentTo": answer.commands_sent_to,
+                        })
+                    },
+                )
+            }
             Err(error) => {
                 report.error(&error.to_string());
                 return Outcome::UsageOrIo;

@@ -94,13 +94,52 @@ async fn serve_set(
     authorize(&shared, &headers)?;
     let version = version_of(&version)?;
     let name = interface.clone();
-    let at = with_db(&shared, move |conn| set(conn, &name, version, on, now_ms())).await?;
+    let (at, providers) = with_db(&shared, move |conn| {
+        let at = set(conn, &name, version, on, now_ms())?;
+        Ok((at, crate::commands::providers(conn, &name, version)?))
+    })
+    .await?;
     tracing::info!(%interface, version, decommissioned = on, "decommission state changed");
+    // Every provider instance is told, also on a repeated request (the
+    // command is idempotent there): repeating is how a failed write is
+    // recovered.
+    let notified = match &shared.commands {
+        Some(commands) => {
+            commands
+                .send(
+                    &providers,
+                    &interface,
+                    version,
+                    if on {
+                        rfidl_runtime::lifecycle::Command::Decommission
+                    } else {
+                        rfidl_runtime::lifecycle::Command::Recommission
+                    },
+                )
+                .await
+                .map_err(|e| {
+                    ApiError::Unavailable(format!(
+                        "the decommission state is stored, but its commands to the providers \
+                         could not be written ({e}); repeat the request"
+                    ))
+                })?;
+            Some(providers)
+        }
+        None => {
+            tracing::warn!(
+                %interface,
+                version,
+                "no command secret configured: the providers are not told"
+            );
+            None
+        }
+    };
     Ok(Json(serde_json::json!({
         "interface": interface,
         "version": version,
         "decommissioned": at.is_some(),
         "decommissionedAt": at.map(store::rfc3339),
+        "commandsSentTo": notified,
     }))
     .into_response())
 }

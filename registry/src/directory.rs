@@ -429,9 +429,38 @@ pub(crate) async fn serve_register(
         ));
     }
     let registered = with_db(&shared, move |conn| {
-        register(conn, &service, &registration, &base_url, now_ms())
+        let registered = register(conn, &service, &registration, &base_url, now_ms())?;
+        // Hosted versions that are decommissioned: the new instance is told.
+        let mut retired = Vec::new();
+        for hosted in &registration.hosts {
+            if crate::decommission::decommissioned_at(conn, &hosted.interface, hosted.version)?
+                .is_some()
+            {
+                retired.push((hosted.interface.clone(), hosted.version));
+            }
+        }
+        Ok((registered, retired))
     })
     .await?;
+    let (registered, retired) = registered;
+    if let Some(commands) = &shared.commands {
+        for (interface, version) in &retired {
+            commands
+                .send(
+                    std::slice::from_ref(&registered.base_url),
+                    interface,
+                    *version,
+                    rfidl_runtime::lifecycle::Command::Decommission,
+                )
+                .await
+                .map_err(|e| {
+                    ApiError::Unavailable(format!(
+                        "registered, but the decommission command for {interface} v{version} \
+                         could not be written ({e}); register again"
+                    ))
+                })?;
+        }
+    }
     tracing::info!(
         service = %registered.service,
         instance = %registered.instance_id,

@@ -26,6 +26,7 @@
 //! Nothing is stored for a refused publish.
 
 pub mod aggregator;
+pub mod commands;
 pub mod conditional;
 mod dashboard;
 pub mod decommission;
@@ -209,6 +210,7 @@ pub struct Registry {
     conn: Arc<Mutex<Connection>>,
     token: Option<String>,
     refresh_secs: u64,
+    commands: Option<commands::CommandSender>,
 }
 
 pub(crate) struct Shared {
@@ -216,6 +218,8 @@ pub(crate) struct Shared {
     token: Option<String>,
     /// How often the dashboard reloads itself.
     refresh_secs: u64,
+    /// Sends lifecycle commands to providers, when configured.
+    commands: Option<commands::CommandSender>,
 }
 
 impl Registry {
@@ -225,7 +229,17 @@ impl Registry {
             conn: Arc::new(Mutex::new(store::open(path)?)),
             token: None,
             refresh_secs: 60,
+            commands: None,
         })
+    }
+
+    /// Sends `Decommission` / `Recommission` commands to the provider
+    /// instances of a version through `sender` ([`commands`]). Without it,
+    /// a decommission is recorded here only.
+    #[must_use]
+    pub fn commands(mut self, sender: commands::CommandSender) -> Self {
+        self.commands = Some(sender);
+        self
     }
 
     /// Requires `Authorization: Bearer <token>` to publish (reads stay open).
@@ -382,6 +396,7 @@ impl Registry {
                 conn: Arc::clone(&self.conn),
                 token: self.token.clone(),
                 refresh_secs: self.refresh_secs,
+                commands: self.commands.clone(),
             }))
     }
 }

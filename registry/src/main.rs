@@ -60,6 +60,25 @@ enum Command {
             value_parser = parse_interval
         )]
         health_interval: Duration,
+        /// The secret (`whsec_…`) the registry signs its lifecycle commands
+        /// (decommission, re-commission) to provider instances with; each
+        /// provider lists it in `peers` under `rfidl-registry`. Without it,
+        /// a decommission is recorded here but the providers are not told.
+        /// Prefer --command-secret-file or the environment.
+        #[arg(
+            long,
+            env = "RFIDL_REGISTRY_COMMAND_SECRET",
+            hide_env_values = true,
+            conflicts_with = "command_secret_file"
+        )]
+        command_secret: Option<String>,
+        /// Read the command secret from this file (its first line).
+        #[arg(long, env = "RFIDL_REGISTRY_COMMAND_SECRET_FILE")]
+        command_secret_file: Option<PathBuf>,
+        /// SQLite file of the command outbox (default: the registry's
+        /// database path with `.commands` appended).
+        #[arg(long, env = "RFIDL_REGISTRY_COMMANDS_DB")]
+        commands_db: Option<PathBuf>,
     },
 }
 
@@ -91,7 +110,14 @@ async fn main() -> anyhow::Result<()> {
         publish_token_file,
         shutdown_grace,
         health_interval,
+        command_secret,
+        command_secret_file,
+        commands_db,
     } = Cli::parse().command;
+    let command_secret = match command_secret_file {
+        Some(path) => Some(read_token_file(&path)?),
+        None => command_secret,
+    };
     let publish_token = match publish_token_file {
         Some(path) => Some(read_token_file(&path)?),
         None => publish_token,
@@ -104,6 +130,20 @@ async fn main() -> anyhow::Result<()> {
              --publish-token-file or RFIDL_REGISTRY_TOKEN, or none of them for an open registry"
         );
         registry = registry.publish_token(token);
+    }
+    let mut commands = None;
+    if let Some(text) = command_secret {
+        let secret = rfidl_runtime::signing::Secret::parse(&text)
+            .context("the command secret is not a valid `whsec_…` secret")?;
+        let path = commands_db.unwrap_or_else(|| {
+            let mut path = db.clone().into_os_string();
+            path.push(".commands");
+            PathBuf::from(path)
+        });
+        let sender = rfidl_registry::commands::CommandSender::start(&path, secret)
+            .with_context(|| format!("cannot start the command outbox in {}", path.display()))?;
+        registry = registry.commands(sender.clone());
+        commands = Some(sender);
     }
     // Handlers first: a signal that comes once `listening on` is out must
     // find them in place.
@@ -140,6 +180,9 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     aggregator.abort();
+    if let Some(commands) = &commands {
+        commands.shutdown().await;
+    }
     let grace = Duration::from_secs(shutdown_grace);
     match tokio::time::timeout(grace, &mut server).await {
         Ok(result) => {

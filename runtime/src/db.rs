@@ -74,6 +74,17 @@ pub const MIGRATIONS: &[&str] = &[
     CREATE INDEX outbox_due ON outbox_messages (destination, next_retry_at)
         WHERE status IN ('Pending', 'Sending');
     "#,
+    // 3: decommissioned interface versions (`crate::lifecycle`): the
+    // versions this service must not dispatch, set by the registry's
+    // `Decommission` command.
+    r#"
+    CREATE TABLE rf_decommissioned (
+        interface         TEXT NOT NULL,
+        version           INTEGER NOT NULL,
+        decommissioned_at INTEGER NOT NULL,
+        PRIMARY KEY (interface, version)
+    ) STRICT;
+    "#,
 ];
 
 /// Errors opening or migrating a database.

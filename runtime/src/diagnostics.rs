@@ -220,6 +220,40 @@ pub struct Health {
     /// closed, batch limit, clock problems (empty without an outbox).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub destinations: Vec<DestinationState>,
+    /// Interface versions decommissioned on this service, with their held
+    /// outbox rows ([`crate::lifecycle`]); left out when none is.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub decommissioned: Vec<DecommissionedVersion>,
+}
+
+/// One decommissioned interface version in `GET /_rf/health`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DecommissionedVersion {
+    pub interface: String,
+    pub version: u32,
+    /// When the registry's command decommissioned it (RFC 3339).
+    pub decommissioned_at: String,
+    /// Its outbox rows held (`Pending`, not sent) until it is re-commissioned.
+    pub held: u64,
+}
+
+/// Adds the decommissioned versions to `health`; held rows turn a healthy
+/// service to `warning`, with a reason per version.
+pub fn with_decommissioned(mut health: Health, versions: Vec<DecommissionedVersion>) -> Health {
+    for version in &versions {
+        if version.held > 0 {
+            health.reasons.push(format!(
+                "{} v{} is decommissioned: {} outbox message(s) held until it is re-commissioned",
+                version.interface, version.version, version.held
+            ));
+            if health.status == HealthStatus::Healthy {
+                health.status = HealthStatus::Warning;
+            }
+        }
+    }
+    health.decommissioned = versions;
+    health
 }
 
 /// One message of `GET /_rf/outbox/failed`: everything but the payload.
@@ -363,10 +397,21 @@ pub(crate) trait DiagnosticsStore {
     ) -> Result<usize, DiagnosticsError>;
     /// Rows in the inbox.
     fn inbox_size(&self) -> Result<u64, DiagnosticsError>;
+    /// `rf_decommissioned` with each version's held rows: (interface,
+    /// version, decommissioned at, held).
+    fn decommissioned(&self) -> Result<Vec<(String, i64, i64, i64)>, DiagnosticsError>;
     /// The `database` and `migrations` checks of `GET /_rf/readyz`, each
     /// `"ok"` or why not, answered within the readiness timeout.
     fn database_checks(&self) -> BTreeMap<String, String>;
 }
+
+/// The decommissioned versions and their held rows (the same SQL on both
+/// stores; `4611686018427387904` is [`crate::lifecycle::HELD_DUE_MS`]).
+pub(crate) const DECOMMISSIONED_SQL: &str = "SELECT d.interface, d.version, d.decommissioned_at, \
+     (SELECT COUNT(*) FROM outbox_messages o WHERE o.status IN ('Pending', 'Sending') \
+      AND o.status = 'Pending' AND o.next_retry_at >= 4611686018427387904 \
+      AND o.interface = d.interface AND o.version = d.version) \
+     FROM rf_decommissioned d ORDER BY d.interface, d.version";
 
 /// The outbox counts, read through the partial indexes only, with the
 /// number of kept `Sent` rows (which costs a scan of their index).
@@ -487,6 +532,7 @@ pub fn health(stats: OutboxStats, thresholds: HealthThresholds) -> Health {
         reasons,
         outbox: stats,
         destinations: Vec::new(),
+        decommissioned: Vec::new(),
     }
 }
 
@@ -1029,13 +1075,31 @@ async fn serve_readyz(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn serve_health(State(shared): State<Arc<Shared>>) -> Result<Json<Health>, DiagnosticsError> {
     let thresholds = shared.thresholds;
-    let stats = Diagnostics::query(&shared, |store| unsent_stats_in(store, db::now_ms())).await?;
+    let (stats, decommissioned) = Diagnostics::query(&shared, |store| {
+        Ok((
+            unsent_stats_in(store, db::now_ms())?,
+            store.decommissioned()?,
+        ))
+    })
+    .await?;
+    let decommissioned = decommissioned
+        .into_iter()
+        .map(|(interface, version, at, held)| DecommissionedVersion {
+            interface,
+            version: u32::try_from(version.max(0)).unwrap_or(u32::MAX),
+            decommissioned_at: rfc3339(at),
+            held: held.max(0) as u64,
+        })
+        .collect();
     let states = shared
         .circuits
         .as_ref()
         .map(|circuits| circuits.states())
         .unwrap_or_default();
-    Ok(Json(with_destinations(health(stats, thresholds), states)))
+    Ok(Json(with_decommissioned(
+        with_destinations(health(stats, thresholds), states),
+        decommissioned,
+    )))
 }
 
 async fn serve_outbox_stats(
@@ -1317,6 +1381,16 @@ mod sqlite {
     }
 
     impl DiagnosticsStore for Connection {
+        fn decommissioned(&self) -> Result<Vec<(String, i64, i64, i64)>, DiagnosticsError> {
+            let mut statement = self.prepare_cached(super::DECOMMISSIONED_SQL)?;
+            let rows = statement
+                .query_map([], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        }
+
         fn unsent_groups(&self) -> Result<Vec<UnsentGroup>, DiagnosticsError> {
             Ok(unsent_groups(self)?)
         }

@@ -29,6 +29,7 @@ pub mod dispatcher;
 pub mod duration;
 pub mod envelope;
 pub mod inbox;
+pub mod lifecycle;
 pub mod liveness;
 pub mod metrics;
 pub mod outbox;

@@ -86,6 +86,8 @@ struct Inner {
     sender: std::sync::Mutex<Option<tokio::sync::mpsc::Sender<SendJob>>>,
     /// The dispatcher started on this outbox, for readiness probes.
     dispatcher: std::sync::Mutex<Option<Liveness>>,
+    /// Decommissioned interface versions (`crate::lifecycle`).
+    lifecycle: crate::lifecycle::Lifecycle,
 }
 
 impl std::fmt::Debug for Outbox {
@@ -124,15 +126,19 @@ impl Outbox {
         database: impl Into<Database>,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let wake = Arc::new(Notify::new());
+        let lifecycle = crate::lifecycle::Lifecycle::new();
+        lifecycle.set_wake(wake.clone());
         Self {
             inner: Arc::new(Inner {
                 circuits: Arc::new(crate::circuit::Circuits::new(&config.outbox)),
                 config,
                 metrics,
-                wake: Arc::new(Notify::new()),
+                wake,
                 database: database.into(),
                 sender: std::sync::Mutex::new(None),
                 dispatcher: std::sync::Mutex::new(None),
+                lifecycle,
             }),
         }
     }
@@ -207,6 +213,13 @@ impl Outbox {
         self.inner.metrics.outbox_enqueued.inc();
         self.inner.wake.notify_one();
         Ok(id)
+    }
+
+    /// The decommissioned interface versions this outbox's dispatcher holds
+    /// (see [`crate::lifecycle`]); give it to
+    /// [`ReceiverBuilder::lifecycle`](crate::receiver::ReceiverBuilder::lifecycle).
+    pub fn lifecycle(&self) -> &crate::lifecycle::Lifecycle {
+        &self.inner.lifecycle
     }
 
     /// The database this outbox writes to.

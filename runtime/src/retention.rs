@@ -64,6 +64,8 @@ pub fn cleanup(conn: &Connection, config: &Config, now_ms: i64) -> rusqlite::Res
         )?
         .execute(params![sent_before, CLEANUP_BATCH])
     })?;
+    // Held rows (due at `lifecycle::HELD_DUE_MS`, 2^62) never expire: their
+    // version is decommissioned and they wait for its re-commission.
     // `status IN ('Pending', 'Sending')` repeats the condition of the partial
     // index `outbox_due`, so SQLite uses it instead of scanning the table.
     let expired = repeat_in_batches(|| {
@@ -73,7 +75,7 @@ pub fn cleanup(conn: &Connection, config: &Config, now_ms: i64) -> rusqlite::Res
              WHERE message_id IN \
              (SELECT message_id FROM outbox_messages \
               WHERE status IN ('Pending', 'Sending') AND status = 'Pending' \
-              AND expires_at <= ?1 LIMIT ?2)",
+              AND expires_at <= ?1 AND next_retry_at < 4611686018427387904 LIMIT ?2)",
         )?
         .execute(params![now_ms, CLEANUP_BATCH])
     })?;

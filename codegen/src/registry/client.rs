@@ -250,7 +250,7 @@ impl RegistryClient {
 impl RegistryClient {
     /// Decommissions (`on`) or re-commissions `remote` (needs the publish
     /// token when the registry has one); the state it is in afterwards.
-    pub fn decommission(&self, remote: &Remote, on: bool) -> Result<bool, RegistryError> {
+    pub fn decommission(&self, remote: &Remote, on: bool) -> Result<Decommission, RegistryError> {
         let url = format!(
             "{}/v1/decommissioned/{}/v{}",
             self.base, remote.interface, remote.version
@@ -273,8 +273,25 @@ impl RegistryClient {
             code: "unexpected_answer".to_owned(),
             message: error_chain(&e),
         })?;
-        Ok(body["decommissioned"].as_bool().unwrap_or(on))
+        Ok(Decommission {
+            decommissioned: body["decommissioned"].as_bool().unwrap_or(on),
+            commands_sent_to: body["commandsSentTo"].as_array().map(|urls| {
+                urls.iter()
+                    .filter_map(|url| url.as_str().map(str::to_owned))
+                    .collect()
+            }),
+        })
     }
+}
+
+/// What the registry answered to a decommission or re-commission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decommission {
+    /// Whether the version is decommissioned now.
+    pub decommissioned: bool,
+    /// The provider instances (base URLs) the registry sent the lifecycle
+    /// command to; `None` when it has no command secret configured.
+    pub commands_sent_to: Option<Vec<String>>,
 }
 
 /// `error` and every source under it, joined with `: ` (`error sending

@@ -172,7 +172,10 @@ impl HrService {
         }
     }
 
-    async fn start_on<S: DemoStore>(settings: &Settings) -> anyhow::Result<Self> {
+    async fn start_on<S: DemoStore>(settings: &Settings) -> anyhow::Result<Self>
+    where
+        rfidl_runtime::lifecycle::LifecycleService: rfidl_runtime::receiver::HostedService<S>,
+    {
         let config = settings.runtime_config(ENGINE);
         S::create_schema(&settings.db, &SCHEMA)?;
         let desk = std::sync::Arc::new(LaptopDesk);
@@ -180,6 +183,9 @@ impl HrService {
         let receiver = S::receiver(config.clone(), &settings.db)?
             .service(emp_service_v1::ServiceReceiver(desk.clone()))
             .service(emp_service_v2::ServiceReceiver(desk))
+            // The registry's Decommission/Recommission commands (accepted
+            // when the config lists a `peers` secret for `rfidl-registry`).
+            .lifecycle(outbox.lifecycle())
             .metrics(outbox.metrics().clone())
             .build()?;
         let operations = Operations::start(

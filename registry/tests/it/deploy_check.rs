@@ -268,7 +268,9 @@ fn a_decommissioned_version_fails_the_scan_until_it_is_recommissioned() {
     );
     assert_eq!(
         lines(&report),
-        [json!({"event": "decommissioned", "interface": "hr.employees.EmpService", "version": 1})]
+        [
+            json!({"event": "decommissioned", "interface": "hr.employees.EmpService", "version": 1, "commandsSentTo": null})
+        ]
     );
     assert_eq!(listed()["decommissioned"][0]["version"], 1);
     let report = Report::capturing(DiagnosticFormat::Json);

@@ -7,6 +7,7 @@ mod api;
 mod cli_formats;
 mod client;
 mod dashboard;
+mod decommission;
 mod deploy_check;
 mod directory;
 mod hostile;

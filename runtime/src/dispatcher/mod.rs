@@ -74,9 +74,27 @@ pub struct DispatcherBuilder<S: Store = Sqlite> {
     routes: BTreeMap<String, Route>,
     errors: Vec<DispatcherError>,
     responses: Vec<Arc<dyn ResponseHandler<S>>>,
+    resolver: Option<Resolver>,
 }
 
+/// Finds the route of a destination that has none of its own
+/// ([`DispatcherBuilder::route_by`]).
+type Resolver = Arc<dyn Fn(&str) -> Option<Route> + Send + Sync>;
+
 impl<S: Store> DispatcherBuilder<S> {
+    /// Routes every destination that has no route of its own through
+    /// `resolve`, called once per request to such a destination (cache in
+    /// it when building a route costs). For senders whose destinations come
+    /// and go, such as the registry's commands to service instances, whose
+    /// destination names are base URLs. `None` fails the rows as unroutable.
+    pub fn route_by(
+        mut self,
+        resolve: impl Fn(&str) -> Option<Route> + Send + Sync + 'static,
+    ) -> Self {
+        self.resolver = Some(Arc::new(resolve));
+        self
+    }
+
     /// Acts on the answers to messages of `handler`'s interface version,
     /// inside the transaction that marks each one `Sent` (see
     /// [`crate::responses`]).
@@ -141,6 +159,8 @@ impl<S: Store> DispatcherBuilder<S> {
             routes: self.routes,
             metrics: self.outbox.metrics().clone(),
             circuits: self.outbox.circuits().clone(),
+            lifecycle: self.outbox.lifecycle().clone(),
+            resolver: self.resolver,
             unrouted: Mutex::new(Vec::new()),
             rotation: std::sync::atomic::AtomicUsize::new(0),
         });
@@ -209,6 +229,7 @@ impl Dispatcher {
             routes: BTreeMap::new(),
             errors: Vec::new(),
             responses: Vec::new(),
+            resolver: None,
         }
     }
 }
@@ -246,6 +267,10 @@ struct State {
     routes: BTreeMap<String, Route>,
     metrics: Arc<Metrics>,
     circuits: Arc<Circuits>,
+    /// Decommissioned versions: their claimed rows are held, not sent.
+    lifecycle: crate::lifecycle::Lifecycle,
+    /// Routes destinations without a route of their own.
+    resolver: Option<Resolver>,
     /// Destinations with waiting rows but no route (found by [`discover`]):
     /// their rows are claimed too, and fail as unroutable, so they surface.
     unrouted: Mutex<Vec<String>>,
@@ -309,6 +334,12 @@ pub enum Verdict {
         error: String,
         retry_after: Option<Duration>,
         clock_problem: bool,
+    },
+    /// Not sent: its interface version is decommissioned here. The row
+    /// stays `Pending`, due never, until a re-commission
+    /// ([`crate::lifecycle`]).
+    Held {
+        error: String,
     },
 }
 
@@ -378,6 +409,14 @@ pub fn classify(result: &Result<TransportResponse, TransportError>) -> Verdict {
             error: error(),
             retry_after: None,
             dead_letter_when_exhausted: true,
+        },
+        // The provider decommissioned this version: wait (not counted,
+        // destination untouched) at its `Retry-After`, until it is
+        // re-commissioned or the TTL runs out.
+        (410, Some(crate::receiver::VERSION_DECOMMISSIONED)) => Verdict::Wait {
+            error: error(),
+            retry_after: response.retry_after,
+            clock_problem: false,
         },
         (503, Some("in_progress")) => Verdict::Wait {
             error: error(),
@@ -507,10 +546,19 @@ async fn run(state: Arc<State>, wake: Arc<tokio::sync::Notify>, cancel: Cancella
 }
 
 /// Finds destinations with waiting rows that have no route (one index
-/// look-up per distinct destination), so that their rows are claimed too.
+/// look-up per distinct destination), so that their rows are claimed too;
+/// and re-reads the decommissioned versions.
 async fn discover(state: &Arc<State>) {
     let db = state.db.clone();
-    let found = tokio::task::spawn_blocking(move || db.discover()).await;
+    let seen = state.lifecycle.generation();
+    let found = tokio::task::spawn_blocking(move || (db.discover(), db.decommissioned())).await;
+    let found = found.map(|(destinations, decommissioned)| {
+        match decommissioned {
+            Ok(versions) => state.lifecycle.replace_since(versions, seen),
+            Err(error) => tracing::warn!(%error, "cannot read the decommissioned versions"),
+        }
+        destinations
+    });
     if let Ok(Ok(destinations)) = found {
         let unrouted: Vec<String> = destinations
             .into_iter()
@@ -587,6 +635,8 @@ async fn claim(state: &Arc<State>, capacity: usize) -> Vec<Group> {
 pub(crate) enum Outcome {
     Answer(Result<TransportResponse, TransportError>),
     Unsendable(String),
+    /// Not sent: its version is decommissioned here.
+    Held(String),
 }
 
 impl Outcome {
@@ -597,6 +647,9 @@ impl Outcome {
                 error: error.clone(),
                 retry_after: None,
                 dead_letter_when_exhausted: false,
+            },
+            Outcome::Held(error) => Verdict::Held {
+                error: error.clone(),
             },
         }
     }
@@ -613,7 +666,14 @@ async fn send_group(state: &State, group: Group) -> GroupResult {
         probe,
     } = group;
     let started = std::time::Instant::now();
-    let Some(route) = state.routes.get(&destination) else {
+    let resolved = match state.routes.get(&destination) {
+        Some(_) => None,
+        None => state
+            .resolver
+            .as_ref()
+            .and_then(|resolve| resolve(&destination)),
+    };
+    let Some(route) = state.routes.get(&destination).or(resolved.as_ref()) else {
         let error = format!("no route for destination `{destination}`");
         return GroupResult {
             destination,
@@ -628,6 +688,14 @@ async fn send_group(state: &State, group: Group) -> GroupResult {
     let mut ready = Vec::with_capacity(rows.len());
     let mut attempts = Vec::with_capacity(rows.len());
     for row in rows {
+        if state
+            .lifecycle
+            .is_decommissioned(&row.interface, row.version)
+        {
+            let reason = crate::lifecycle::held_reason(&row.interface, row.version);
+            attempts.push((row, Outcome::Held(reason), started.elapsed()));
+            continue;
+        }
         match signed_request(state, route, &row) {
             Ok(request) => {
                 requests.push(request);
@@ -901,6 +969,14 @@ mod tests {
             classify(&refusal(500, "handler_failed")),
             Verdict::Retry {
                 dead_letter_when_exhausted: false,
+                ..
+            }
+        ));
+        // A decommissioned version: waits, destination untouched.
+        assert!(matches!(
+            classify(&refusal(410, "version_decommissioned")),
+            Verdict::Wait {
+                clock_problem: false,
                 ..
             }
         ));

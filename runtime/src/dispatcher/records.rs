@@ -17,6 +17,9 @@ pub(crate) trait DispatchDb: Send + Sync + 'static {
     /// Destinations with waiting rows (`Pending` or `Sending`).
     fn discover(&self) -> Result<Vec<String>, String>;
 
+    /// The decommissioned interface versions (`crate::lifecycle`).
+    fn decommissioned(&self) -> Result<Vec<(String, u32, i64)>, String>;
+
     /// Claims due rows as `plan` admits them; returns the groups to send
     /// and how many rows expired instead.
     fn claim(
@@ -73,6 +76,14 @@ pub(crate) trait OutboxTx {
         error: &str,
     ) -> Result<bool, String>;
     fn mark_sent(&mut self, row: &Claimed, now: i64, response: &str) -> Result<bool, String>;
+    /// Holds a claimed row of a decommissioned version (`Pending`, due at
+    /// `lifecycle::HELD_DUE_MS`, `error`) if `rf_decommissioned` still lists
+    /// its version; gives it back due at `now` if a re-commission committed
+    /// meanwhile, so no row is ever held for a version that is back. On
+    /// PostgreSQL the check locks the table row (`FOR SHARE`): a
+    /// re-commission's delete waits for this transaction, and its release
+    /// then sees the held row.
+    fn hold(&mut self, row: &Claimed, now: i64, error: &str) -> Result<bool, String>;
     /// Whether a response handler is registered for the row's interface version.
     fn has_answer_handler(&self, row: &Claimed) -> bool;
     fn savepoint(&mut self) -> Result<(), String>;
@@ -248,6 +259,12 @@ pub(crate) fn record_in(
                 if tx.again(row, attempt, at(delay), error)? {
                     counts.retries += 1;
                 }
+            }
+            // Held until the version is re-commissioned: not counted, never
+            // due, never expired (`crate::lifecycle`).
+            Verdict::Held { error } => {
+                tracing::info!(message_id = %row.message_id, %error, "message held");
+                tx.hold(row, now, error)?;
             }
             // Not counted: the row waits (its circuit gates an unreachable
             // destination) and is due again after one base backoff.

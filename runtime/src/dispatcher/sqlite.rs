@@ -67,6 +67,10 @@ impl DispatchDb for SqliteDispatch {
         Ok(destinations)
     }
 
+    fn decommissioned(&self) -> Result<Vec<(String, u32, i64)>, String> {
+        crate::lifecycle::read_sqlite(&*self.lock()?).map_err(text)
+    }
+
     fn claim(
         &self,
         plan: &[(String, Admission)],
@@ -246,6 +250,31 @@ impl OutboxTx for SqliteOps<'_, '_> {
                  last_error = NULL WHERE message_id = ?1 AND lease_token = ?2 AND status = 'Sending'",
             )
             .and_then(|mut s| s.execute(params![row.message_id, row.lease, now, response]))
+            .map(|n| n == 1)
+            .map_err(text)
+    }
+
+    fn hold(&mut self, row: &Claimed, now: i64, error: &str) -> Result<bool, String> {
+        self.tx
+            .prepare_cached(
+                "UPDATE outbox_messages SET status = 'Pending', lease_token = NULL, \
+                 next_retry_at = CASE WHEN EXISTS (SELECT 1 FROM rf_decommissioned d \
+                     WHERE d.interface = ?3 AND d.version = ?4) THEN ?5 ELSE ?6 END, \
+                 last_error = CASE WHEN EXISTS (SELECT 1 FROM rf_decommissioned d \
+                     WHERE d.interface = ?3 AND d.version = ?4) THEN ?7 ELSE last_error END \
+                 WHERE message_id = ?1 AND lease_token = ?2 AND status = 'Sending'",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    row.message_id,
+                    row.lease,
+                    row.interface,
+                    row.version,
+                    crate::lifecycle::HELD_DUE_MS,
+                    now,
+                    error
+                ])
+            })
             .map(|n| n == 1)
             .map_err(text)
     }

@@ -79,6 +79,12 @@ impl DispatchDb for PostgresDispatch {
         })
     }
 
+    fn decommissioned(&self) -> Result<Vec<(String, u32, i64)>, String> {
+        self.in_transaction(|ops| {
+            crate::lifecycle::read_postgres(&mut *ops.tx).map_err(|e| error_text(&e))
+        })
+    }
+
     fn claim(
         &self,
         plan: &[(String, Admission)],
@@ -231,6 +237,36 @@ impl OutboxTx for PostgresOps<'_, '_> {
                 (&i64::from(retry_count), Type::INT8),
                 (&next_at, Type::INT8),
                 (&error, Type::TEXT),
+            ],
+        )
+    }
+
+    fn hold(&mut self, row: &Claimed, now: i64, error: &str) -> Result<bool, String> {
+        let still = !self
+            .tx
+            .query_typed(
+                "SELECT 1 FROM rf_decommissioned WHERE interface = $1 AND version = $2 FOR SHARE",
+                &[
+                    (&row.interface, Type::TEXT),
+                    (&i64::from(row.version), Type::INT8),
+                ],
+            )
+            .map_err(|e| error_text(&e))?
+            .is_empty();
+        let due = if still {
+            crate::lifecycle::HELD_DUE_MS
+        } else {
+            now
+        };
+        self.update(
+            "UPDATE outbox_messages SET status = 'Pending', next_retry_at = $3, \
+             last_error = COALESCE($4, last_error), lease_token = NULL \
+             WHERE message_id = $1 AND lease_token = $2 AND status = 'Sending'",
+            &[
+                (&row.message_id, Type::TEXT),
+                (&row.lease, Type::TEXT),
+                (&due, Type::INT8),
+                (&still.then_some(error), Type::TEXT),
             ],
         )
     }

@@ -105,7 +105,16 @@ pub(crate) fn start_receiver(
     writers: usize,
     parts: WriterParts<Postgres>,
 ) -> Result<Started, ReceiverError> {
-    let client = super::open(url)?;
+    let mut client = super::open(url)?;
+    if let Some(lifecycle) = &parts.lifecycle {
+        let rows = super::off_runtime(|| crate::lifecycle::read_postgres(&mut client)).map_err(
+            |error| crate::db::DbError::Postgres {
+                target: url.target(),
+                cause: super::error_text(&error),
+            },
+        )?;
+        lifecycle.replace(rows);
+    }
     let reader = PostgresInbox {
         url: url.clone(),
         idle: Mutex::new(vec![Connection::new(url.clone(), client)]),

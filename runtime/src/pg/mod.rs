@@ -208,6 +208,15 @@ pub const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX inbox_expiry ON inbox_messages (expires_at);
     "#,
+    // 2: decommissioned interface versions (`crate::lifecycle`).
+    r#"
+    CREATE TABLE rf_decommissioned (
+        interface         TEXT NOT NULL,
+        version           BIGINT NOT NULL,
+        decommissioned_at BIGINT NOT NULL,
+        PRIMARY KEY (interface, version)
+    );
+    "#,
 ];
 
 /// The advisory lock that serialises migrations across processes
@@ -440,7 +449,8 @@ pub(crate) fn cleanup(
         "UPDATE outbox_messages SET status = 'Expired', last_error = 'time to live exceeded' \
          WHERE message_id IN (SELECT message_id FROM outbox_messages \
           WHERE status IN ('Pending', 'Sending') AND status = 'Pending' \
-          AND expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
+          AND expires_at <= $1 AND next_retry_at < 4611686018427387904 \
+          LIMIT $2 FOR UPDATE SKIP LOCKED)",
         now_ms,
     )?;
     let inbox_deleted = repeat(

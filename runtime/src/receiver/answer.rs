@@ -56,6 +56,11 @@ pub enum ReceiveError {
         age_secs: u64,
         horizon_secs: u64,
     },
+    #[error(
+        "interface `{interface}` v{version} is decommissioned on this service; \
+         it is answered again once the registry re-commissions it"
+    )]
+    VersionDecommissioned { interface: String, version: u32 },
     #[error("{0}")]
     PayloadMismatch(String),
     #[error("{0}")]
@@ -89,6 +94,7 @@ impl ReceiveError {
             | Self::BeyondDedupHorizon { .. }
             | Self::PayloadMismatch(_)
             | Self::Poison(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::VersionDecommissioned { .. } => StatusCode::GONE,
             Self::HandlerFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::InProgress | Self::Unavailable(_) | Self::ShuttingDown => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -110,6 +116,7 @@ impl ReceiveError {
             Self::UnknownEndpoint { .. } => "unknown_endpoint",
             Self::MessageIdReused { .. } => "message_id_reused",
             Self::BeyondDedupHorizon { .. } => super::BEYOND_DEDUP_HORIZON,
+            Self::VersionDecommissioned { .. } => super::VERSION_DECOMMISSIONED,
             Self::PayloadMismatch(_) => "payload_mismatch",
             Self::Poison(_) => "poison",
             Self::HandlerFailed(_) => "handler_failed",
@@ -125,6 +132,7 @@ impl ReceiveError {
     pub fn retry_after_secs(&self) -> Option<u32> {
         match self {
             Self::InProgress | Self::Unavailable(_) | Self::ShuttingDown => Some(1),
+            Self::VersionDecommissioned { .. } => Some(super::DECOMMISSIONED_RETRY_AFTER_SECS),
             _ => None,
         }
     }

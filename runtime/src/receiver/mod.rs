@@ -68,6 +68,12 @@ pub const RECEIVE_BATCH_PATH: &str = "/_rf/receive/batch";
 /// The wire code (422) of a message older than the receiver's dedup horizon
 /// that it has no inbox record of; the sender marks it `Failed`.
 pub const BEYOND_DEDUP_HORIZON: &str = "beyond_dedup_horizon";
+/// The wire code of 410: the interface version is decommissioned here
+/// ([`crate::lifecycle`]).
+pub const VERSION_DECOMMISSIONED: &str = "version_decommissioned";
+/// `Retry-After` of a 410 `version_decommissioned`: how often a sender
+/// looks again whether the version came back.
+pub const DECOMMISSIONED_RETRY_AFTER_SECS: u32 = 30;
 /// Path of the hosted-interfaces listing.
 pub const METADATA_PATH: &str = "/_rf/metadata";
 
@@ -131,6 +137,7 @@ pub struct ReceiverBuilder<S: Store = Sqlite> {
     group_commit_limit: usize,
     batch_body_limit: usize,
     verification: Verification,
+    lifecycle: Option<crate::lifecycle::Lifecycle>,
 }
 
 impl<S: Store> std::fmt::Debug for ReceiverBuilder<S> {
@@ -152,6 +159,8 @@ pub(crate) struct WriterParts<S: Store> {
     pub durability: crate::config::Durability,
     /// Dropped when the last writer thread ends.
     pub alive: Arc<crate::liveness::LivenessGuard>,
+    /// Loaded from the database before the first delivery, when set.
+    pub lifecycle: Option<crate::lifecycle::Lifecycle>,
 }
 
 /// Started writers: the inbox look-up and the writer threads.
@@ -198,6 +207,32 @@ impl<S: Store> ReceiverBuilder<S> {
     pub fn danger_accept_unsigned_for_local_development(mut self) -> Self {
         self.verification = Verification::DisabledForLocalDevelopment;
         self
+    }
+
+    /// Hosts the control interface `rfidl.control.Lifecycle` v1 (commands
+    /// from the registry's source id [`crate::lifecycle::DEFAULT_REGISTRY_SOURCE`]
+    /// only; configure a `peers` secret for it) and answers the routes of
+    /// every version in `lifecycle` 410 `version_decommissioned`. Pass the
+    /// outbox's set ([`Outbox::lifecycle`](crate::outbox::Outbox::lifecycle))
+    /// so that its dispatcher holds what the commands decommission.
+    pub fn lifecycle(self, lifecycle: &crate::lifecycle::Lifecycle) -> Self
+    where
+        crate::lifecycle::LifecycleService: HostedService<S>,
+    {
+        self.lifecycle_from(lifecycle, crate::lifecycle::DEFAULT_REGISTRY_SOURCE)
+    }
+
+    /// [`lifecycle`](Self::lifecycle) with commands accepted from the source
+    /// id `registry` instead.
+    pub fn lifecycle_from(mut self, lifecycle: &crate::lifecycle::Lifecycle, registry: &str) -> Self
+    where
+        crate::lifecycle::LifecycleService: HostedService<S>,
+    {
+        self.lifecycle = Some(lifecycle.clone());
+        self.service(crate::lifecycle::LifecycleService::new(
+            lifecycle.clone(),
+            registry,
+        ))
     }
 
     /// Opens (and migrates) the database, starts the writer thread.
@@ -273,6 +308,7 @@ impl<S: Store> ReceiverBuilder<S> {
             group_limit: self.group_commit_limit,
             durability: self.config.inbox.durability,
             alive: Arc::new(alive),
+            lifecycle: self.lifecycle.clone(),
         })?;
 
         Ok(Receiver {
@@ -295,6 +331,7 @@ impl<S: Store> ReceiverBuilder<S> {
                 metrics,
                 writer_threads: Mutex::new(threads),
                 liveness,
+                lifecycle: self.lifecycle,
             }),
         })
     }
@@ -318,6 +355,8 @@ struct Shared {
     metrics: Arc<Metrics>,
     writer_threads: Mutex<Vec<JoinHandle<()>>>,
     liveness: crate::liveness::Liveness,
+    /// Decommissioned versions, answered 410.
+    lifecycle: Option<crate::lifecycle::Lifecycle>,
 }
 
 /// A running receiver: verification, routing, the inbox and the writer
@@ -348,6 +387,14 @@ impl Receiver {
             shown,
             Box::new(move |parts: WriterParts<Sqlite>| {
                 let conn = crate::db::open(&path, parts.durability)?;
+                if let Some(lifecycle) = &parts.lifecycle {
+                    lifecycle
+                        .load_sqlite(&conn)
+                        .map_err(|source| crate::db::DbError::Sqlite {
+                            path: path.display().to_string(),
+                            source,
+                        })?;
+                }
                 let reader = InboxReader::open(&path)?;
                 let writer = Writer {
                     conn,
@@ -403,6 +450,7 @@ impl Receiver {
             group_commit_limit: DEFAULT_GROUP_COMMIT_LIMIT,
             batch_body_limit: DEFAULT_BATCH_BODY_LIMIT,
             verification: Verification::Required,
+            lifecycle: None,
         }
     }
 
@@ -726,6 +774,14 @@ impl Shared {
                 interface: envelope.interface,
                 version: envelope.version,
                 endpoint: envelope.endpoint,
+            });
+        }
+        if let Some(lifecycle) = &self.lifecycle
+            && lifecycle.is_decommissioned(&envelope.interface, envelope.version)
+        {
+            return Err(ReceiveError::VersionDecommissioned {
+                interface: envelope.interface,
+                version: envelope.version,
             });
         }
         let hosted_fingerprint_differs =

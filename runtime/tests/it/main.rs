@@ -2,6 +2,7 @@
 //! SQLite files in temp dirs, real HTTP on 127.0.0.1.
 
 mod config_env;
+mod decommission;
 mod directory;
 mod dispatcher;
 mod faults;

@@ -1,0 +1,531 @@
+//! Decommissioned interface versions on the provider side (plan §6.2,
+//! `docs/registry.md` "Decommissioning a version").
+//!
+//! The registry retires an interface version by sending every provider
+//! instance of it a signed command of the control interface
+//! [`INTERFACE`] `v1` (`Decommission {interface, version}`, and
+//! `Recommission {interface, version}` to bring it back), through its own
+//! outbox and the ordinary wire. A receiver built with
+//! [`ReceiverBuilder::lifecycle`](crate::receiver::ReceiverBuilder::lifecycle)
+//! hosts that interface by itself; the command is verified like any message
+//! (source [`DEFAULT_REGISTRY_SOURCE`] with a `peers` secret), accepted only
+//! from the registry's source id, and processed exactly once through the
+//! inbox. In the command's transaction:
+//!
+//! * `Decommission` records the version in `rf_decommissioned` and **holds**
+//!   its `Pending` outbox rows: they stay `Pending`, with `last_error`
+//!   `held: <interface> v<version> is decommissioned` and the due time
+//!   [`HELD_DUE_MS`], which no claim reaches and which the TTL expiry of the
+//!   retention task skips. Nothing is lost.
+//! * `Recommission` deletes the record and makes the held rows due now, their
+//!   `expires_at` moved on by the time they were held.
+//!
+//! The dispatcher keeps the set of decommissioned versions in memory
+//! ([`Lifecycle`], shared by the outbox, the dispatcher and the receiver):
+//! a row of a decommissioned version that is claimed later (enqueued after
+//! the command, or back from a failed attempt) is held instead of sent. The
+//! set is read from the database when the dispatcher starts and again on
+//! every discovery round (every `outbox.poll_interval`), so replicas on one
+//! PostgreSQL database, and a transaction that rolled back after its handler
+//! updated the set, agree with the table within one poll interval (a refresh
+//! read before the handler's update is dropped, not applied over it). A held
+//! row is checked against the table when it is recorded, so a stale set can
+//! delay a row, never strand it. No claim
+//! joins the table: the hot path costs one look-up in an empty map.
+//!
+//! The receiver answers a message for a decommissioned version 410
+//! `version_decommissioned` (with `Retry-After`), before the inbox is
+//! touched; `GET /_rf/health` lists the versions and their held rows.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use crate::receiver::{HandlerError, HostedInterface, HostedService, IncomingCall};
+use crate::store::Sqlite;
+
+/// The control interface every receiver with a lifecycle hosts.
+pub const INTERFACE: &str = "rfidl.control.Lifecycle";
+/// Its only version.
+pub const VERSION: u32 = 1;
+/// Endpoint: stop dispatching a version, answer its routes 410.
+pub const DECOMMISSION: &str = "Decommission";
+/// Endpoint: undo [`DECOMMISSION`]; held rows become due.
+pub const RECOMMISSION: &str = "Recommission";
+/// The source id the registry sends lifecycle commands as (its
+/// `sourceServiceId`); a provider configures a `peers` secret for it.
+pub const DEFAULT_REGISTRY_SOURCE: &str = "rfidl-registry";
+/// `next_retry_at` of a held outbox row: far beyond any clock (about the
+/// year 146 million), yet far from `i64` overflow when added to.
+pub const HELD_DUE_MS: i64 = 1 << 62;
+/// The canonical manifest of [`INTERFACE`] v1.
+pub const MANIFEST_JSON: &str = r#"{"interface":"rfidl.control.Lifecycle","version":1,"methods":[{"name":"Decommission","kind":"Command","params":[{"name":"interface","type":"string"},{"name":"version","type":"u32"}]},{"name":"Recommission","kind":"Command","params":[{"name":"interface","type":"string"},{"name":"version","type":"u32"}]}]}"#;
+/// `sha256:` of [`MANIFEST_JSON`] (checked by a unit test).
+pub const FINGERPRINT: &str =
+    "sha256:e5c70b7781d7c9f8bb07208b77ab6837467bb9540db1729f292d581066ff2c7e";
+
+/// The hosted interface of the control service.
+pub const HOSTED: HostedInterface = HostedInterface {
+    interface: INTERFACE,
+    version: VERSION,
+    fingerprint: FINGERPRINT,
+    endpoints: &[DECOMMISSION, RECOMMISSION],
+    manifest_json: MANIFEST_JSON,
+};
+
+/// A lifecycle command: the endpoint of [`INTERFACE`] v1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Stop dispatching a version, hold its rows, answer its routes 410.
+    Decommission,
+    /// Undo it: the held rows become due.
+    Recommission,
+}
+
+impl Command {
+    /// The endpoint name on the wire.
+    pub fn endpoint(self) -> &'static str {
+        match self {
+            Command::Decommission => DECOMMISSION,
+            Command::Recommission => RECOMMISSION,
+        }
+    }
+}
+
+/// `last_error` of a held row.
+pub fn held_reason(interface: &str, version: u32) -> String {
+    format!("held: {interface} v{version} is decommissioned")
+}
+
+/// The payload of both commands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VersionRef {
+    pub interface: String,
+    pub version: u32,
+}
+
+/// The decommissioned versions this process knows of, shared by the outbox,
+/// its dispatcher and the receiver. Cheap to clone; every clone is the same
+/// set.
+#[derive(Clone, Default)]
+pub struct Lifecycle {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// interface → version → decommissioned at (ms).
+    versions: RwLock<BTreeMap<String, BTreeMap<u32, i64>>>,
+    /// Wakes the dispatcher after a re-commission.
+    wake: Mutex<Option<Arc<Notify>>>,
+    /// Counts the handler's changes, so that a refresh read before a change
+    /// committed does not undo it ([`Lifecycle::replace_since`]).
+    generation: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for Lifecycle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lifecycle")
+            .field("decommissioned", &self.decommissioned())
+            .finish()
+    }
+}
+
+impl Lifecycle {
+    /// An empty set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether `interface` `version` is decommissioned. One read lock and
+    /// one look-up in a (usually empty) map.
+    pub fn is_decommissioned(&self, interface: &str, version: u32) -> bool {
+        let Ok(versions) = self.inner.versions.read() else {
+            return false;
+        };
+        !versions.is_empty()
+            && versions
+                .get(interface)
+                .is_some_and(|v| v.contains_key(&version))
+    }
+
+    /// Every decommissioned version with the time it was decommissioned (ms).
+    pub fn decommissioned(&self) -> Vec<(String, u32, i64)> {
+        let Ok(versions) = self.inner.versions.read() else {
+            return Vec::new();
+        };
+        versions
+            .iter()
+            .flat_map(|(interface, v)| {
+                v.iter()
+                    .map(|(version, at)| (interface.clone(), *version, *at))
+            })
+            .collect()
+    }
+
+    /// The change count, read before a refresh reads the database.
+    pub(crate) fn generation(&self) -> u64 {
+        self.inner
+            .generation
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// [`replace`](Self::replace), unless the handler changed the set since
+    /// `seen` (then the rows may predate that change's commit; the next
+    /// refresh reconciles).
+    pub(crate) fn replace_since(&self, rows: Vec<(String, u32, i64)>, seen: u64) {
+        if self.generation() == seen {
+            self.replace(rows);
+        }
+    }
+
+    /// Replaces the set with what the database holds.
+    pub(crate) fn replace(&self, rows: Vec<(String, u32, i64)>) {
+        let mut fresh: BTreeMap<String, BTreeMap<u32, i64>> = BTreeMap::new();
+        for (interface, version, at) in rows {
+            fresh.entry(interface).or_default().insert(version, at);
+        }
+        let released = if let Ok(mut versions) = self.inner.versions.write() {
+            let released = versions.iter().any(|(i, v)| {
+                v.keys()
+                    .any(|version| !fresh.get(i).is_some_and(|f| f.contains_key(version)))
+            });
+            *versions = fresh;
+            released
+        } else {
+            false
+        };
+        if released {
+            self.wake();
+        }
+    }
+
+    /// Marks (`Some(at)`) or unmarks one version.
+    pub(crate) fn set(&self, interface: &str, version: u32, at: Option<i64>) {
+        self.inner
+            .generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        if let Ok(mut versions) = self.inner.versions.write() {
+            match at {
+                Some(at) => {
+                    versions
+                        .entry(interface.to_owned())
+                        .or_default()
+                        .insert(version, at);
+                }
+                None => {
+                    if let Some(v) = versions.get_mut(interface) {
+                        v.remove(&version);
+                        if v.is_empty() {
+                            versions.remove(interface);
+                        }
+                    }
+                }
+            }
+        }
+        if at.is_none() {
+            self.wake();
+        }
+    }
+
+    /// Wakes this dispatcher when held rows become due.
+    pub(crate) fn set_wake(&self, wake: Arc<Notify>) {
+        if let Ok(mut slot) = self.inner.wake.lock() {
+            *slot = Some(wake);
+        }
+    }
+
+    fn wake(&self) {
+        if let Ok(slot) = self.inner.wake.lock()
+            && let Some(wake) = slot.as_ref()
+        {
+            wake.notify_one();
+        }
+    }
+
+    /// Reads the decommissioned versions from a SQLite service database.
+    pub fn load_sqlite(&self, conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+        self.replace(read_sqlite(conn)?);
+        Ok(())
+    }
+}
+
+/// The rows of `rf_decommissioned` on SQLite.
+pub(crate) fn read_sqlite(
+    conn: &rusqlite::Connection,
+) -> rusqlite::Result<Vec<(String, u32, i64)>> {
+    let mut statement =
+        conn.prepare_cached("SELECT interface, version, decommissioned_at FROM rf_decommissioned")?;
+    statement
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?
+        .collect()
+}
+
+/// The rows of `rf_decommissioned` on PostgreSQL.
+#[cfg(feature = "postgres")]
+pub(crate) fn read_postgres(
+    client: &mut impl postgres::GenericClient,
+) -> Result<Vec<(String, u32, i64)>, postgres::Error> {
+    Ok(client
+        .query(
+            "SELECT interface, version, decommissioned_at FROM rf_decommissioned",
+            &[],
+        )?
+        .into_iter()
+        .map(|row| {
+            let version: i64 = row.get(1);
+            (
+                row.get(0),
+                u32::try_from(version).unwrap_or(u32::MAX),
+                row.get(2),
+            )
+        })
+        .collect())
+}
+
+/// The control service: hosts [`INTERFACE`] v1 on a receiver built with
+/// [`ReceiverBuilder::lifecycle`](crate::receiver::ReceiverBuilder::lifecycle).
+pub struct LifecycleService {
+    lifecycle: Lifecycle,
+    registry: String,
+}
+
+impl LifecycleService {
+    /// Accepts commands from the source id `registry` only.
+    pub fn new(lifecycle: Lifecycle, registry: impl Into<String>) -> Self {
+        Self {
+            lifecycle,
+            registry: registry.into(),
+        }
+    }
+
+    /// Checks the source and decodes the payload: which command, for what.
+    fn command(&self, call: &IncomingCall<'_>) -> Result<(Command, VersionRef), HandlerError> {
+        if call.source != self.registry {
+            return Err(HandlerError::poison(format!(
+                "lifecycle commands are accepted from the registry (`{}`) only, not from `{}`",
+                self.registry, call.source
+            )));
+        }
+        let command = match call.endpoint {
+            DECOMMISSION => Command::Decommission,
+            RECOMMISSION => Command::Recommission,
+            other => return Err(HandlerError::unknown_endpoint(other)),
+        };
+        let target: VersionRef = crate::receiver::decode_payload(call.payload)?;
+        if target.interface.is_empty() || target.version == 0 {
+            return Err(HandlerError::payload_mismatch(
+                "`interface` must be non-empty and `version` at least 1",
+            ));
+        }
+        if target.interface == INTERFACE {
+            return Err(HandlerError::poison(format!(
+                "the control interface `{INTERFACE}` cannot be decommissioned"
+            )));
+        }
+        Ok((command, target))
+    }
+
+    /// Updates the set and answers; `at` is when the version was
+    /// decommissioned (for a decommission), `rows` how many rows were held
+    /// or released.
+    fn done(&self, command: Command, target: &VersionRef, at: i64, rows: u64) -> serde_json::Value {
+        // Set before the commit (a handler has no after-commit hook): a
+        // rollback is corrected by the dispatcher's next refresh.
+        let decommissioned = command == Command::Decommission;
+        self.lifecycle.set(
+            &target.interface,
+            target.version,
+            decommissioned.then_some(at),
+        );
+        tracing::info!(
+            interface = %target.interface,
+            version = target.version,
+            decommissioned,
+            rows,
+            "lifecycle command processed"
+        );
+        serde_json::json!({
+            "interface": target.interface,
+            "version": target.version,
+            "decommissioned": decommissioned,
+            if decommissioned { "held" } else { "released" }: rows,
+        })
+    }
+}
+
+impl HostedService<Sqlite> for LifecycleService {
+    fn interfaces(&self) -> &[HostedInterface] {
+        std::slice::from_ref(&HOSTED)
+    }
+
+    fn handle(
+        &self,
+        call: &IncomingCall<'_>,
+        tx: &rusqlite::Transaction<'_>,
+    ) -> Result<serde_json::Value, HandlerError> {
+        let (command, target) = self.command(call)?;
+        let now = crate::db::now_ms();
+        let (interface, version) = (target.interface.as_str(), target.version);
+        if command == Command::Decommission {
+            tx.execute(
+                "INSERT INTO rf_decommissioned (interface, version, decommissioned_at) \
+                 VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+                rusqlite::params![interface, version, now],
+            )?;
+            let at: i64 = tx.query_row(
+                "SELECT decommissioned_at FROM rf_decommissioned WHERE interface = ?1 AND version = ?2",
+                rusqlite::params![interface, version],
+                |row| row.get(0),
+            )?;
+            let held = tx.execute(
+                "UPDATE outbox_messages SET next_retry_at = ?3, last_error = ?4 \
+                 WHERE status IN ('Pending', 'Sending') AND status = 'Pending' \
+                 AND interface = ?1 AND version = ?2 AND next_retry_at < ?3",
+                rusqlite::params![
+                    interface,
+                    version,
+                    HELD_DUE_MS,
+                    held_reason(interface, version)
+                ],
+            )?;
+            Ok(self.done(command, &target, at, held as u64))
+        } else {
+            let since: Option<i64> = rusqlite::OptionalExtension::optional(tx.query_row(
+                "DELETE FROM rf_decommissioned WHERE interface = ?1 AND version = ?2 \
+                 RETURNING decommissioned_at",
+                rusqlite::params![interface, version],
+                |row| row.get(0),
+            ))?;
+            let shift = since.map_or(0, |since| (now - since).max(0));
+            let released = tx.execute(
+                "UPDATE outbox_messages SET next_retry_at = ?3, expires_at = expires_at + ?4, \
+                 last_error = ?5 \
+                 WHERE status IN ('Pending', 'Sending') AND status = 'Pending' \
+                 AND interface = ?1 AND version = ?2 AND next_retry_at >= ?6",
+                rusqlite::params![
+                    interface,
+                    version,
+                    now,
+                    shift,
+                    format!("released: {interface} v{version} was re-commissioned"),
+                    HELD_DUE_MS
+                ],
+            )?;
+            Ok(self.done(command, &target, now, released as u64))
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl HostedService<crate::store::Postgres> for LifecycleService {
+    fn interfaces(&self) -> &[HostedInterface] {
+        std::slice::from_ref(&HOSTED)
+    }
+
+    fn handle(
+        &self,
+        call: &IncomingCall<'_>,
+        tx: &mut postgres::Transaction<'_>,
+    ) -> Result<serde_json::Value, HandlerError> {
+        let (command, target) = self.command(call)?;
+        let now = crate::db::now_ms();
+        let interface = target.interface.as_str();
+        let version = i64::from(target.version);
+        if command == Command::Decommission {
+            tx.execute(
+                "INSERT INTO rf_decommissioned (interface, version, decommissioned_at) \
+                 VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                &[&interface, &version, &now],
+            )?;
+            let at: i64 = tx
+                .query_one(
+                    "SELECT decommissioned_at FROM rf_decommissioned \
+                     WHERE interface = $1 AND version = $2",
+                    &[&interface, &version],
+                )?
+                .get(0);
+            let held = tx.execute(
+                "UPDATE outbox_messages SET next_retry_at = $3, last_error = $4 \
+                 WHERE status = 'Pending' AND interface = $1 AND version = $2 \
+                 AND next_retry_at < $3",
+                &[
+                    &interface,
+                    &version,
+                    &HELD_DUE_MS,
+                    &held_reason(interface, target.version),
+                ],
+            )?;
+            Ok(self.done(command, &target, at, held))
+        } else {
+            let since: Option<i64> = tx
+                .query_opt(
+                    "DELETE FROM rf_decommissioned WHERE interface = $1 AND version = $2 \
+                     RETURNING decommissioned_at",
+                    &[&interface, &version],
+                )?
+                .map(|row| row.get(0));
+            let shift = since.map_or(0, |since| (now - since).max(0));
+            let released = tx.execute(
+                "UPDATE outbox_messages SET next_retry_at = $3, expires_at = expires_at + $4, \
+                 last_error = $5 \
+                 WHERE status = 'Pending' AND interface = $1 AND version = $2 \
+                 AND next_retry_at >= $6",
+                &[
+                    &interface,
+                    &version,
+                    &now,
+                    &shift,
+                    &format!(
+                        "released: {interface} v{} was re-commissioned",
+                        target.version
+                    ),
+                    &HELD_DUE_MS,
+                ],
+            )?;
+            Ok(self.done(command, &target, now, released))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sha2::Digest as _;
+
+    #[test]
+    fn the_fingerprint_is_the_manifests() {
+        let digest = hex::encode(sha2::Sha256::digest(MANIFEST_JSON.as_bytes()));
+        assert_eq!(FINGERPRINT, format!("sha256:{digest}"));
+    }
+
+    #[test]
+    fn the_held_due_time_is_the_one_the_expiry_statements_skip() {
+        // runtime/src/retention.rs and runtime/src/pg/mod.rs spell it out.
+        assert_eq!(HELD_DUE_MS, 4_611_686_018_427_387_904);
+    }
+
+    #[test]
+    fn the_set_marks_unmarks_and_replaces() {
+        let set = Lifecycle::new();
+        assert!(!set.is_decommissioned("a.B", 1));
+        set.set("a.B", 1, Some(5));
+        assert!(set.is_decommissioned("a.B", 1));
+        assert!(!set.is_decommissioned("a.B", 2));
+        set.replace(vec![("c.D".into(), 2, 7)]);
+        assert!(!set.is_decommissioned("a.B", 1));
+        assert_eq!(set.decommissioned(), vec![("c.D".to_owned(), 2, 7)]);
+        set.set("c.D", 2, None);
+        assert!(set.decommissioned().is_empty());
+        // A refresh read before the handler's change does not undo it.
+        let seen = set.generation();
+        set.set("e.F", 1, Some(9));
+        set.replace_since(Vec::new(), seen);
+        assert!(set.is_decommissioned("e.F", 1));
+        set.replace_since(Vec::new(), set.generation());
+        assert!(!set.is_decommissioned("e.F", 1));
+    }
+}
