@@ -165,7 +165,12 @@ fn replicas_starting_together_migrate_once() {
         .collect();
     assert_eq!(
         tables,
-        ["inbox_messages", "outbox_messages", "rfidl_schema"],
+        [
+            "inbox_messages",
+            "outbox_messages",
+            "rf_decommissioned",
+            "rfidl_schema"
+        ],
         "each table once"
     );
 }
