@@ -76,6 +76,18 @@ pub(crate) trait OutboxTx {
         error: &str,
     ) -> Result<bool, String>;
     fn mark_sent(&mut self, row: &Claimed, now: i64, response: &str) -> Result<bool, String>;
+    /// [`mark_sent`](Self::mark_sent) for several rows (no response
+    /// handler involved); how many changed. One statement where the store
+    /// can (PostgreSQL: a round trip per statement), else one per row.
+    fn mark_sent_many(&mut self, rows: &[(&Claimed, String)], now: i64) -> Result<u64, String> {
+        let mut changed = 0;
+        for (row, response) in rows {
+            if self.mark_sent(row, now, response)? {
+                changed += 1;
+            }
+        }
+        Ok(changed)
+    }
     /// Holds a claimed row of a decommissioned version (`Pending`, due at
     /// `lifecycle::HELD_DUE_MS`, `error`) if `rf_decommissioned` still lists
     /// its version; gives it back due at `now` if a re-commission committed
@@ -169,8 +181,22 @@ pub(crate) fn record_in(
         )
     };
     let at = |delay: Duration| now + delay.as_millis() as i64;
+    // Answers nobody acts on are recorded together.
+    let plain: Vec<(&Claimed, String)> = attempts
+        .iter()
+        .filter_map(|((row, _, _), verdict)| match verdict {
+            Verdict::Sent { response } if !tx.has_answer_handler(row) => {
+                Some((row, serde_json::to_string(response).unwrap_or_default()))
+            }
+            _ => None,
+        })
+        .collect();
+    if !plain.is_empty() {
+        counts.sent += tx.mark_sent_many(&plain, now)?;
+    }
     for ((row, _, _), verdict) in attempts {
         match verdict {
+            Verdict::Sent { .. } if !tx.has_answer_handler(row) => {}
             Verdict::Sent { response } => {
                 // A response handler's writes and the `Sent` status commit
                 // together or roll back together.

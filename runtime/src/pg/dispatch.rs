@@ -271,6 +271,30 @@ impl OutboxTx for PostgresOps<'_, '_> {
         )
     }
 
+    fn mark_sent_many(&mut self, rows: &[(&Claimed, String)], now: i64) -> Result<u64, String> {
+        let ids: Vec<&str> = rows
+            .iter()
+            .map(|(row, _)| row.message_id.as_str())
+            .collect();
+        let leases: Vec<&str> = rows.iter().map(|(row, _)| row.lease.as_str()).collect();
+        let responses: Vec<&str> = rows.iter().map(|(_, response)| response.as_str()).collect();
+        self.tx
+            .execute_typed(
+                "UPDATE outbox_messages AS o SET status = 'Sent', sent_at = $1, \
+                 response = u.response, lease_token = NULL, last_error = NULL \
+                 FROM unnest($2::text[], $3::text[], $4::text[]) AS u(message_id, lease, response) \
+                 WHERE o.message_id = u.message_id AND o.lease_token = u.lease \
+                 AND o.status = 'Sending'",
+                &[
+                    (&now, Type::INT8),
+                    (&ids, Type::TEXT_ARRAY),
+                    (&leases, Type::TEXT_ARRAY),
+                    (&responses, Type::TEXT_ARRAY),
+                ],
+            )
+            .map_err(|e| error_text(&e))
+    }
+
     fn mark_sent(&mut self, row: &Claimed, now: i64, response: &str) -> Result<bool, String> {
         self.update(
             "UPDATE outbox_messages SET status = 'Sent', sent_at = $3, response = $4, lease_token = NULL, \

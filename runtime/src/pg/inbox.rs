@@ -1,8 +1,8 @@
 //! The receiver on PostgreSQL: the committed-inbox look-up, and writer
 //! threads that run handlers in transactions of the shared database.
 //!
-//! **Copies on two replicas.** Each message's savepoint first inserts its
-//! inbox row (`ON CONFLICT DO NOTHING`), then runs the handler, then stores
+//! **Copies on two replicas.** Each message (in a savepoint of its own when
+//! it shares its request with others) first inserts its inbox row (`ON CONFLICT DO NOTHING`), then runs the handler, then stores
 //! the answer in that row. A copy of the same (source, id) being processed
 //! by another transaction (another writer thread, or another replica) makes
 //! the insert wait until that transaction ends: if it committed, the insert
@@ -15,7 +15,10 @@
 //!
 //! Each writer thread commits one request (one message, or one batch) per
 //! transaction; several threads (`writers`) work side by side, and the
-//! server's own group commit shares fsyncs between them.
+//! server's own group commit shares fsyncs between them. Every statement is
+//! a round trip, so they are few: a lone message has no savepoint (a refusal
+//! rolls its transaction back), and in a batch one round trip releases the
+//! previous message's savepoint and opens the next one's.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -215,17 +218,44 @@ impl PostgresWriter {
         let expires_at = now.saturating_add(self.retention_ms);
         let mut answers = Vec::with_capacity(count);
         let mut lost: Option<String> = None;
-        for delivery in &job.deliveries {
+        let mut refused_alone = false;
+        for (index, delivery) in job.deliveries.iter().enumerate() {
             if let Some(reason) = &lost {
                 answers.push(Answer::Refused(ReceiveError::Unavailable(reason.clone())));
                 continue;
             }
-            let (answer, intact) = process(&mut tx, &self.handlers, delivery, now, expires_at);
-            if !intact {
-                error!("receiver transaction compromised mid-request; rolling it back");
-                lost = Some("the write transaction was lost; retry".to_owned());
+            // A request of one message needs no savepoint: its transaction
+            // is the message's. In a batch, each message opens one, and the
+            // next message's opening releases it in the same round trip
+            // (COMMIT releases the last).
+            let savepoint = match (count, index) {
+                (1, _) => Savepoint::None,
+                (_, 0) => Savepoint::Open,
+                _ => Savepoint::ReleaseAndOpen,
+            };
+            let (answer, state) = process(
+                &mut tx,
+                &self.handlers,
+                delivery,
+                now,
+                expires_at,
+                savepoint,
+            );
+            match state {
+                State::Intact => {}
+                State::RollBack => refused_alone = true,
+                State::Compromised => {
+                    error!("receiver transaction compromised mid-request; rolling it back");
+                    lost = Some("the write transaction was lost; retry".to_owned());
+                }
             }
             answers.push(answer);
+        }
+        if refused_alone {
+            // The one message was refused: nothing of it may commit.
+            let _ = tx.rollback();
+            let _ = job.reply.send(answers);
+            return;
         }
         let failure = match lost {
             Some(reason) => {
@@ -266,15 +296,38 @@ impl PostgresWriter {
     }
 }
 
-/// One message in its own savepoint; `false` when the transaction could not
-/// be brought back to a usable state.
+/// How a message's work is set apart from the rest of its request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Savepoint {
+    /// Alone in its transaction: a refusal rolls the transaction back.
+    None,
+    /// The first of a batch: opens `rf_message`.
+    Open,
+    /// A later one: releases the previous message's savepoint and opens its
+    /// own, in one round trip.
+    ReleaseAndOpen,
+}
+
+/// What became of the transaction after one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Usable; the message's work is kept or was undone to its savepoint.
+    Intact,
+    /// The message (alone in its transaction) was refused: roll back.
+    RollBack,
+    /// Could not be brought back to a usable state.
+    Compromised,
+}
+
+/// One message: claim its inbox row, run the handler, store the answer.
 fn process(
     tx: &mut postgres::Transaction<'_>,
     handlers: &Handlers<Postgres>,
     delivery: &Delivery,
     now: i64,
     expires_at: i64,
-) -> (Answer, bool) {
+    savepoint: Savepoint,
+) -> (Answer, State) {
     let envelope = &delivery.envelope;
     let source = envelope.source_service_id.as_str();
     let unavailable = |what: &str, e: &postgres::Error| {
@@ -282,8 +335,18 @@ fn process(
         error!(error = %text, "{what}");
         Answer::Refused(ReceiveError::Unavailable(format!("{what}: {text}")))
     };
-    if let Err(e) = tx.batch_execute("SAVEPOINT rf_message") {
-        return (unavailable("cannot open a savepoint", &e), false);
+    let opening = match savepoint {
+        Savepoint::None => None,
+        Savepoint::Open => Some("SAVEPOINT rf_message"),
+        Savepoint::ReleaseAndOpen => Some("RELEASE SAVEPOINT rf_message; SAVEPOINT rf_message"),
+    };
+    if let Some(sql) = opening
+        && let Err(e) = tx.batch_execute(sql)
+    {
+        return (
+            unavailable("cannot open a savepoint", &e),
+            State::Compromised,
+        );
     }
     // Claim the message: waits for a concurrent copy's transaction to end.
     let claimed = tx.execute_typed(
@@ -324,32 +387,27 @@ fn process(
                 Ok(None) => Answer::Refused(ReceiveError::InProgress),
                 Err(e) => unavailable("inbox look-up failed", &e),
             };
-            return match tx.batch_execute("RELEASE SAVEPOINT rf_message") {
-                Ok(()) => (answer, true),
-                Err(e) => (unavailable("cannot release a savepoint", &e), false),
-            };
+            return (answer, State::Intact);
         }
         Ok(_) => match handlers.run(delivery, tx) {
             Ok(response) => {
-                let stored = tx
-                    .execute_typed(
-                        "UPDATE inbox_messages SET response = $3 \
+                let stored = tx.execute_typed(
+                    "UPDATE inbox_messages SET response = $3 \
                          WHERE source_service_id = $1 AND message_id = $2",
-                        &[
-                            (&source, Type::TEXT),
-                            (&delivery.message_id, Type::TEXT),
-                            (&response.to_string(), Type::TEXT),
-                        ],
-                    )
-                    .and_then(|_| tx.batch_execute("RELEASE SAVEPOINT rf_message"));
+                    &[
+                        (&source, Type::TEXT),
+                        (&delivery.message_id, Type::TEXT),
+                        (&response.to_string(), Type::TEXT),
+                    ],
+                );
                 match stored {
-                    Ok(()) => {
+                    Ok(_) => {
                         return (
                             Answer::Acknowledged {
                                 duplicate: false,
                                 payload: response,
                             },
-                            true,
+                            State::Intact,
                         );
                     }
                     Err(e) => {
@@ -367,11 +425,15 @@ fn process(
             ReceiveError::Unavailable(format!("cannot record the message: {text}"))
         }
     };
-    match tx.batch_execute("ROLLBACK TO SAVEPOINT rf_message; RELEASE SAVEPOINT rf_message") {
-        Ok(()) => (Answer::Refused(refusal), true),
+    if savepoint == Savepoint::None {
+        return (Answer::Refused(refusal), State::RollBack);
+    }
+    // The savepoint stays open: the next message (or COMMIT) releases it.
+    match tx.batch_execute("ROLLBACK TO SAVEPOINT rf_message") {
+        Ok(()) => (Answer::Refused(refusal), State::Intact),
         Err(e) => {
             error!(error = %error_text(&e), "cannot roll back a failed message's savepoint");
-            (Answer::Refused(refusal), false)
+            (Answer::Refused(refusal), State::Compromised)
         }
     }
 }
