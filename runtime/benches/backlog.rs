@@ -148,9 +148,10 @@ fn main() {
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         let router = receiver.router();
         tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
-        sender
-            .destinations
-            .insert("ledger".into(), DestinationConfig::new(url, secret.to_whsec()));
+        sender.destinations.insert(
+            "ledger".into(),
+            DestinationConfig::new(url, secret.to_whsec()),
+        );
         let outbox = Outbox::new(sender, &sender_db);
         let started = Instant::now();
         let dispatcher = Dispatcher::builder(&outbox, &sender_db)

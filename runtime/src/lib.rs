@@ -20,6 +20,7 @@
 //! The runtime never depends on the code generator; generated code depends on it.
 
 pub mod auth;
+mod chain;
 pub mod circuit;
 pub mod config;
 pub mod db;

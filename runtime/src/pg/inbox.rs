@@ -29,7 +29,9 @@ use tracing::error;
 
 use crate::inbox::{InboxEntry, InboxError, InboxLookup, RawEntry};
 use crate::receiver::answer::{Answer, ReceiveError};
-use crate::receiver::writer::{Command, Delivery, Handlers, Job, entry_response};
+use crate::receiver::writer::{
+    Command, Delivery, Handlers, Job, acknowledged, count_committed, entry_response,
+};
 use crate::receiver::{ReceiverError, Started, WriterParts};
 use crate::store::Postgres;
 
@@ -272,26 +274,13 @@ impl PostgresWriter {
             let _ = job.reply.send(refuse_all(reason));
             return;
         }
-        let metrics = &self.handlers.metrics;
-        let mut processed = 0u64;
-        let mut duplicates = 0u64;
-        for answer in &answers {
-            match answer {
-                Answer::Acknowledged {
-                    duplicate: false, ..
-                } => processed += 1,
-                Answer::Acknowledged {
-                    duplicate: true, ..
-                } => duplicates += 1,
-                Answer::Refused(_) => {}
-            }
-        }
-        metrics.inbox_processed.add(processed);
-        metrics.inbox_duplicates.add(duplicates);
-        let elapsed = started.elapsed();
-        for _ in 0..processed {
-            metrics.inbox_process_duration.observe(elapsed);
-        }
+        let (processed, duplicates) = acknowledged(&answers);
+        count_committed(
+            &self.handlers.metrics,
+            processed,
+            duplicates,
+            started.elapsed(),
+        );
         let _ = job.reply.send(answers);
     }
 }

@@ -148,17 +148,7 @@ pub(crate) fn error_text(error: &postgres::Error) -> String {
         }
         return text;
     }
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
+    crate::chain::with_causes(error)
 }
 
 /// Schema migrations, applied in order; index + 1 is the resulting

@@ -252,27 +252,18 @@ impl Writer {
                 }
                 continue;
             }
-            for answer in answers.iter() {
-                match answer {
-                    Answer::Acknowledged {
-                        duplicate: false, ..
-                    } => processed += 1,
-                    Answer::Acknowledged {
-                        duplicate: true, ..
-                    } => duplicates += 1,
-                    Answer::Refused(_) => {}
-                }
-            }
+            let (fresh, again) = acknowledged(answers);
+            processed += fresh;
+            duplicates += again;
         }
         // Count before answering, so a caller that saw its answer sees the count.
-        let metrics = &self.handlers.metrics;
-        metrics.inbox_processed.add(processed);
-        metrics.inbox_duplicates.add(duplicates);
         // Each message processed now waited for the whole group's commit.
-        let elapsed = started.elapsed();
-        for _ in 0..processed {
-            metrics.inbox_process_duration.observe(elapsed);
-        }
+        count_committed(
+            &self.handlers.metrics,
+            processed,
+            duplicates,
+            started.elapsed(),
+        );
         for (reply, answers) in answered {
             let _ = reply.send(answers);
         }
@@ -344,6 +335,36 @@ impl Handlers<Sqlite> {
             return (Answer::Refused(refusal), TransactionState::Compromised);
         }
         (Answer::Refused(refusal), TransactionState::Intact)
+    }
+}
+
+/// How many of `answers` were processed now and how many were duplicates.
+pub(crate) fn acknowledged(answers: &[Answer]) -> (u64, u64) {
+    answers
+        .iter()
+        .fold((0, 0), |(fresh, again), answer| match answer {
+            Answer::Acknowledged {
+                duplicate: false, ..
+            } => (fresh + 1, again),
+            Answer::Acknowledged {
+                duplicate: true, ..
+            } => (fresh, again + 1),
+            Answer::Refused(_) => (fresh, again),
+        })
+}
+
+/// Counts a commit's messages: each one processed waited `elapsed` (the
+/// whole transaction).
+pub(crate) fn count_committed(
+    metrics: &Metrics,
+    processed: u64,
+    duplicates: u64,
+    elapsed: Duration,
+) {
+    metrics.inbox_processed.add(processed);
+    metrics.inbox_duplicates.add(duplicates);
+    for _ in 0..processed {
+        metrics.inbox_process_duration.observe(elapsed);
     }
 }
 

@@ -164,19 +164,9 @@ impl HttpTransport {
     }
 }
 
-/// `error: cause: cause …`: reqwest's own message names only the URL; the
-/// reason (connection refused, an untrusted certificate) is in its sources,
-/// and it is what an operator reading `last_error` needs.
+/// reqwest's own message names only the URL; the reason (connection
+/// refused, an untrusted certificate) is in its sources, and it is what an
+/// operator reading `last_error` needs.
 fn with_causes(error: &reqwest::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
+    crate::chain::with_causes(error)
 }
