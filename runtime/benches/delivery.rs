@@ -44,6 +44,16 @@ fn main() {
     println!("rfidl-runtime delivery benchmarks ({cores} cores)");
     println!("{:<66} {:>16}", "figure", "value");
 
+    // `RFIDL_BENCH_ONLY=c1`: that figure alone, e.g. under `perf record`.
+    if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("c1") {
+        let rate = runtime.block_on(delivery_rate(dir.path(), Durability::Full, 1));
+        report(
+            "(c1) exactly-once deliveries, one message per request, receiver Full",
+            format!("{rate:.0} msg/s"),
+        );
+        return;
+    }
+
     let raw = raw_insert_rate(&dir.path().join("raw-normal.db"), Durability::Normal);
     report(
         "(ref) raw rusqlite insert, 1 row/txn, NORMAL",
@@ -72,10 +82,15 @@ fn main() {
     );
 
     for durability in [Durability::Full, Durability::Normal] {
-        let rate = runtime.block_on(delivery_rate(dir.path(), durability));
+        let rate = runtime.block_on(delivery_rate(dir.path(), durability, 256));
         let label = format!("(c) exactly-once deliveries, HTTP loopback, receiver {durability:?}");
         report(&label, format!("{rate:.0} msg/s"));
     }
+    let rate = runtime.block_on(delivery_rate(dir.path(), Durability::Full, 1));
+    report(
+        "(c1) the same, one message per request (batch_size 1), receiver Full",
+        format!("{rate:.0} msg/s"),
+    );
 
     let (p50, p99, p999) = dedupe_latency(&dir.path().join("inbox.db"));
     report(
@@ -251,7 +266,7 @@ struct Pair {
     url: String,
 }
 
-async fn pair(dir: &Path, name: &str, durability: Durability) -> Pair {
+async fn pair(dir: &Path, name: &str, durability: Durability, batch_size: u32) -> Pair {
     let secret = Secret::generate();
     let receiver_db = dir.join(format!("{name}-receiver.db"));
     let mut config = Config {
@@ -283,7 +298,7 @@ async fn pair(dir: &Path, name: &str, durability: Durability) -> Pair {
         ..Config::default()
     };
     sender.outbox.max_in_flight = 64;
-    sender.outbox.batch_size = 256;
+    sender.outbox.batch_size = batch_size;
     sender.destinations.insert(
         "ledger".into(),
         DestinationConfig {
@@ -309,8 +324,14 @@ fn count(path: &Path, sql: &str) -> i64 {
         .expect("count")
 }
 
-async fn delivery_rate(dir: &Path, durability: Durability) -> f64 {
-    let pair = pair(dir, &format!("c-{durability:?}"), durability).await;
+async fn delivery_rate(dir: &Path, durability: Durability, batch_size: u32) -> f64 {
+    let pair = pair(
+        dir,
+        &format!("c-{durability:?}-{batch_size}"),
+        durability,
+        batch_size,
+    )
+    .await;
     let mut conn = db::open(&pair.sender_db, Durability::Normal).expect("open");
     let tx = conn.transaction().expect("tx");
     for n in 0..DELIVERIES {
@@ -384,7 +405,7 @@ fn dedupe_latency(path: &Path) -> (f64, f64, f64) {
 }
 
 async fn commit_to_effect(dir: &Path) -> (f64, f64) {
-    let pair = pair(dir, "e", Durability::Full).await;
+    let pair = pair(dir, "e", Durability::Full, 256).await;
     let dispatcher = Dispatcher::builder(&pair.outbox, &pair.sender_db)
         .start()
         .expect("dispatcher");
