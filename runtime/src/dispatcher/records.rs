@@ -200,13 +200,10 @@ pub(crate) fn record_in(
             Verdict::Sent { response } => {
                 // A response handler's writes and the `Sent` status commit
                 // together or roll back together.
-                let handled = tx.has_answer_handler(row);
-                if handled {
-                    tx.savepoint()?;
-                }
+                tx.savepoint()?;
                 let response_text = serde_json::to_string(response).unwrap_or_default();
                 let changed = tx.mark_sent(row, now, &response_text)?;
-                let failed = if handled && changed {
+                let failed = if changed {
                     // What the response handler enqueues continues the
                     // message's trace.
                     let headers = serde_json::from_str(&row.headers).unwrap_or_default();
@@ -232,9 +229,7 @@ pub(crate) fn record_in(
                     }
                     continue;
                 }
-                if handled {
-                    tx.release_savepoint()?;
-                }
+                tx.release_savepoint()?;
                 if changed {
                     counts.sent += 1;
                 }
