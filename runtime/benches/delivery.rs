@@ -44,7 +44,16 @@ fn main() {
     println!("rfidl-runtime delivery benchmarks ({cores} cores)");
     println!("{:<66} {:>16}", "figure", "value");
 
-    // `RFIDL_BENCH_ONLY=c1`: that figure alone, e.g. under `perf record`.
+    // `RFIDL_BENCH_ONLY=a` or `c1`: that figure alone, e.g. under `perf record`.
+    if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("a") {
+        let raw = raw_insert_rate(&dir.path().join("raw-normal.db"), Durability::Normal);
+        let enqueue = enqueue_rate(&dir.path().join("enqueue.db"));
+        report(
+            "(a) Outbox::enqueue, 1 message/caller txn, NORMAL",
+            format!("{enqueue:.0} msg/s = {:.0} % of raw {raw:.0}", 100.0 * enqueue / raw),
+        );
+        return;
+    }
     if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("c1") {
         let rate = runtime.block_on(delivery_rate(dir.path(), Durability::Full, 1));
         report(
