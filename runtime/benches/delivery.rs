@@ -50,7 +50,10 @@ fn main() {
         let enqueue = enqueue_rate(&dir.path().join("enqueue.db"));
         report(
             "(a) Outbox::enqueue, 1 message/caller txn, NORMAL",
-            format!("{enqueue:.0} msg/s = {:.0} % of raw {raw:.0}", 100.0 * enqueue / raw),
+            format!(
+                "{enqueue:.0} msg/s = {:.0} % of raw {raw:.0}",
+                100.0 * enqueue / raw
+            ),
         );
         return;
     }
