@@ -254,8 +254,18 @@ impl PostgresWriter {
             answers.push(answer);
         }
         if refused_alone {
-            // The one message was refused: nothing of it may commit.
-            let _ = tx.rollback();
+            // The one message was refused: nothing of it may commit. If the
+            // rollback fails too, the connection was lost under the handler
+            // (its error said so only as a failed statement): that is the
+            // database's fault, not the message's, and is answered 503 (not
+            // counted against the message's retries), as a lost commit is.
+            let answers = match tx.rollback() {
+                Ok(()) => answers,
+                Err(e) => refuse_all(format!(
+                    "the database connection was lost: {}",
+                    error_text(&e)
+                )),
+            };
             let _ = job.reply.send(answers);
             return;
         }
