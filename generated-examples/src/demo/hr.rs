@@ -277,7 +277,7 @@ pub fn sample_employee(number: u32) -> Employee {
 
 /// Outbox rows of `db` per status.
 pub fn outbox_counts(db: &Database) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
-    super::store::with_connection(db, |connection| {
+    super::store::reading(db, |connection| {
         Ok(match connection {
             Connection::Sqlite(conn) => rfidl_runtime::outbox::counts(conn)?,
             Connection::Postgres(client) => client

@@ -143,6 +143,21 @@ impl Connection {
         })
     }
 
+    /// Opens `database` to read what the services wrote: no migration (the
+    /// services ran it at start-up), so polling it never takes the
+    /// migration's write lock.
+    pub fn open_to_read(database: &Database) -> anyhow::Result<Self> {
+        Ok(match database {
+            Database::Sqlite(path) => {
+                let conn = rfidl_runtime::rusqlite::Connection::open(path)?;
+                conn.busy_timeout(rfidl_runtime::db::BUSY_TIMEOUT)?;
+                Connection::Sqlite(conn)
+            }
+            Database::Postgres(url) => Connection::Postgres(PgClient(Some(url.connect()?))),
+            other => anyhow::bail!("unsupported database {other}"),
+        })
+    }
+
     /// One number from `sql` (the same SQL on both stores).
     pub fn count(&mut self, sql: &str) -> anyhow::Result<i64> {
         Ok(match self {
@@ -152,16 +167,34 @@ impl Connection {
     }
 }
 
-/// Opens `database`, runs `work` with the connection on a thread of its own
-/// (the PostgreSQL client may not run on an async executor), and closes it.
+/// Opens `database` (and migrates it), runs `work` with the connection on
+/// a thread of its own (the PostgreSQL client may not run on an async
+/// executor), and closes it.
 pub fn with_connection<T: Send>(
     database: &Database,
+    work: impl FnOnce(&mut Connection) -> anyhow::Result<T> + Send,
+) -> anyhow::Result<T> {
+    on_thread(database, Connection::open, work)
+}
+
+/// [`with_connection`] to read only: no migration, see
+/// [`Connection::open_to_read`].
+pub fn reading<T: Send>(
+    database: &Database,
+    work: impl FnOnce(&mut Connection) -> anyhow::Result<T> + Send,
+) -> anyhow::Result<T> {
+    on_thread(database, Connection::open_to_read, work)
+}
+
+fn on_thread<T: Send>(
+    database: &Database,
+    open: fn(&Database) -> anyhow::Result<Connection>,
     work: impl FnOnce(&mut Connection) -> anyhow::Result<T> + Send,
 ) -> anyhow::Result<T> {
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
-                let mut connection = Connection::open(database)?;
+                let mut connection = open(database)?;
                 work(&mut connection)
             })
             .join()
@@ -171,7 +204,7 @@ pub fn with_connection<T: Send>(
 
 /// Counts rows with one query (the same SQL on both stores).
 pub fn count(database: &Database, sql: &str) -> anyhow::Result<i64> {
-    with_connection(database, |connection| connection.count(sql))
+    reading(database, |connection| connection.count(sql))
 }
 
 /// An outbox on `database` counting into `metrics`.

@@ -100,7 +100,7 @@ fn local_copy(
             "SELECT message_id, status FROM outbox_messages",
         ),
     ];
-    let rows = super::store::with_connection(database, |connection| {
+    let rows = super::store::reading(database, |connection| {
         let super::store::Connection::Postgres(client) = connection else {
             anyhow::bail!("not a PostgreSQL database");
         };
