@@ -59,12 +59,15 @@ fn main() {
         sized_message(d, n, BYTES)
     }));
     let e2e = rate(MESSAGES, rfidl.deliver);
+    eprintln!("rfidl (c): {e2e:.0} msg/s");
     let with_enqueue = rate(MESSAGES, rfidl.enqueue + rfidl.deliver);
 
     let nats = std::env::var_os("RFIDL_NATS_SERVER").map(PathBuf::from);
     let jetstream = nats.map(|server| {
         let default = runtime.block_on(jetstream_run(&server, dir.path(), Fsync::Default));
+        eprintln!("JetStream default: {:?}", default.total);
         let always = runtime.block_on(jetstream_run(&server, dir.path(), Fsync::Always));
+        eprintln!("JetStream always: {:?}", always.total);
         (default, always)
     });
 
@@ -100,10 +103,7 @@ fn main() {
     );
     match &jetstream {
         Some((default, always)) => {
-            for (name, run) in [
-                ("default fsync", default),
-                ("sync_interval: always", always),
-            ] {
+            for (name, run) in [("default fsync", default), ("sync always", always)] {
                 row(
                     &format!("JetStream {name}: e2e, first publish -> last double ack"),
                     rate(MESSAGES, run.total),
@@ -147,7 +147,7 @@ fn main() {
     );
     if let Some((default, always)) = &jetstream {
         report(
-            "rfidl (c) / JetStream sync_interval: always (target ≥ 3×)",
+            "rfidl (c) / JetStream sync always (target ≥ 3×)",
             format!("{:.2}×", e2e / rate(MESSAGES, always.total)),
         );
         report(
@@ -441,6 +441,7 @@ mod apalis_queue {
         let started = Instant::now();
         storage.push_bulk(jobs).await.expect("push");
         let pushed = started.elapsed();
+        eprintln!("apalis: pushed in {pushed:?}");
         let done_at = Arc::new(Mutex::new(None));
         let worker = WorkerBuilder::new("peers-worker")
             .backend(storage)
