@@ -71,10 +71,19 @@ fn main() {
         (default, always)
     });
 
+    // apalis's default fetch size (10), and the batch size of rfidl's (c).
     #[cfg(rfidl_bench_peers)]
-    let apalis = Some(runtime.block_on(apalis_queue::run(dir.path())));
+    let apalis: Vec<(usize, Phases)> = [10, BATCH as usize]
+        .into_iter()
+        .map(|batch| {
+            (
+                batch,
+                runtime.block_on(apalis_queue::run(dir.path(), batch)),
+            )
+        })
+        .collect();
     #[cfg(not(rfidl_bench_peers))]
-    let apalis: Option<Phases> = None;
+    let apalis: Vec<(usize, Phases)> = Vec::new();
 
     println!("load average at end: {}", load_average());
     println!();
@@ -118,27 +127,27 @@ fn main() {
         }
         None => println!("(JetStream skipped: RFIDL_NATS_SERVER is not set)"),
     }
-    match &apalis {
-        Some(run) => {
-            row(
-                "apalis-sqlite, FULL: e2e, first push -> last job Done",
-                rate(MESSAGES, run.total),
-                "msg/s",
-            );
-            row(
-                "    ... push only (push_bulk)",
-                rate(MESSAGES, run.first),
-                "msg/s",
-            );
-            row(
-                "    ... drain only (worker start -> last job Done)",
-                rate(MESSAGES, run.total - run.first),
-                "msg/s",
-            );
-        }
-        None => println!(
+    for (batch, run) in &apalis {
+        row(
+            &format!("apalis-sqlite, FULL, batch_size {batch}: e2e, first push -> last Done"),
+            rate(MESSAGES, run.total),
+            "msg/s",
+        );
+        row(
+            "    ... push only (push_bulk)",
+            rate(MESSAGES, run.first),
+            "msg/s",
+        );
+        row(
+            "    ... drain only (worker start -> last job Done)",
+            rate(MESSAGES, run.total - run.first),
+            "msg/s",
+        );
+    }
+    if apalis.is_empty() {
+        println!(
             "(apalis skipped: build with RUSTFLAGS=\"--cfg rfidl_bench_peers\", as `cargo xtask bench peers` does)"
-        ),
+        );
     }
     println!();
     report(
@@ -155,9 +164,9 @@ fn main() {
             format!("{:.2}×", e2e / rate(MESSAGES, default.total)),
         );
     }
-    if let Some(run) = &apalis {
+    for (batch, run) in &apalis {
         report(
-            "rfidl (c) / apalis-sqlite e2e",
+            &format!("rfidl (c) / apalis-sqlite e2e, batch_size {batch}"),
             format!("{:.2}×", e2e / rate(MESSAGES, run.total)),
         );
     }
@@ -387,8 +396,9 @@ async fn jetstream_run(binary: &Path, dir: &Path, fsync: Fsync) -> Phases {
 }
 
 /// apalis with its SQLite backend: the backlog pushed with `push_bulk`,
-/// then one worker (defaults) drains it; a job counts once the backend
-/// recorded it `Done`.
+/// then one worker (otherwise default settings) drains it, fetching
+/// `batch_size` jobs at a time; a job counts once the backend recorded it
+/// `Done`.
 #[cfg(rfidl_bench_peers)]
 mod apalis_queue {
     use std::path::Path;
@@ -409,8 +419,8 @@ mod apalis_queue {
         Ok(())
     }
 
-    pub async fn run(dir: &Path) -> Phases {
-        let path = dir.join("apalis.db");
+    pub async fn run(dir: &Path, batch_size: usize) -> Phases {
+        let path = dir.join(format!("apalis-{batch_size}.db"));
         // `setup` migrates and sets `synchronous = OFF` on the connection
         // it runs on: a pool of its own, closed before the measured one.
         let setup = SqlitePool::connect_with(
@@ -432,7 +442,7 @@ mod apalis_queue {
             .await
             .expect("pool");
         let mut storage = SqliteStorage::<serde_json::Value>::new(&pool)
-            .with_config(Config::default().queue("peers"));
+            .with_config(Config::default().queue("peers").batch_size(batch_size));
         let jobs: Vec<serde_json::Value> = payloads()
             .iter()
             .map(|body| serde_json::from_slice(body).expect("json"))
@@ -441,7 +451,7 @@ mod apalis_queue {
         let started = Instant::now();
         storage.push_bulk(jobs).await.expect("push");
         let pushed = started.elapsed();
-        eprintln!("apalis: pushed in {pushed:?}");
+        eprintln!("apalis (batch_size {batch_size}): pushed in {pushed:?}");
         let done_at = Arc::new(Mutex::new(None));
         let worker = WorkerBuilder::new("peers-worker")
             .backend(storage)
