@@ -85,6 +85,23 @@ pub const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (interface, version)
     ) STRICT;
     "#,
+    // 4: the JetStream transport (`crate::nats`). `answered_at`: when the
+    //    answer to a message sent through a broker arrived and its response
+    //    handler ran (the marker that makes a redelivered answer a no-op).
+    //    `rf_terminated`: broker deliveries refused for good (never
+    //    redelivered), kept for an operator.
+    r#"
+    ALTER TABLE outbox_messages ADD COLUMN answered_at INTEGER;
+    CREATE TABLE rf_terminated (
+        stream_sequence INTEGER NOT NULL,
+        stream          TEXT NOT NULL,
+        message_id      TEXT,                -- Nats-Msg-Id, when the message had one
+        subject         TEXT NOT NULL,
+        error           TEXT NOT NULL,       -- `<status> <code>: <message>`
+        at              INTEGER NOT NULL,
+        PRIMARY KEY (stream, stream_sequence)
+    ) STRICT;
+    "#,
 ];
 
 /// Errors opening or migrating a database.
