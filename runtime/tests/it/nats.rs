@@ -206,3 +206,258 @@ async fn two_hundred_messages_are_delivered_exactly_once() {
     receiver.shutdown().await;
     drop(pair.dir);
 }
+
+/// A client of the test's server, for publishing by hand.
+async fn jetstream(server: &NatsServer) -> async_nats::jetstream::Context {
+    let client = async_nats::connect(format!("127.0.0.1:{}", server.port()))
+        .await
+        .expect("connect");
+    async_nats::jetstream::new(client)
+}
+
+/// Publishes `body` with `headers` and `Nats-Msg-Id = msg_id` to the
+/// pair's subject, retrying while the stream does not exist yet (the
+/// consumer creates it as it starts); returns the stream's acknowledgement.
+async fn publish_raw(
+    context: &async_nats::jetstream::Context,
+    headers: &[(&str, String)],
+    body: &[u8],
+    msg_id: &str,
+) -> async_nats::jetstream::publish::PublishAck {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut map = async_nats::HeaderMap::new();
+        for (name, value) in headers {
+            map.insert(*name, value.as_str());
+        }
+        map.insert(async_nats::header::NATS_MESSAGE_ID, msg_id);
+        let ack = match context
+            .publish_with_headers(SUBJECT, map, body.to_vec().into())
+            .await
+        {
+            Ok(future) => future.await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match ack {
+            Ok(ack) => return ack,
+            Err(error) => {
+                assert!(Instant::now() < deadline, "cannot publish: {error}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+/// An envelope of `endpoint` signed with `secret` now: (headers, body).
+fn signed(
+    id: &str,
+    endpoint: &str,
+    payload: serde_json::Value,
+    secret: &Secret,
+) -> (Vec<(&'static str, String)>, Vec<u8>) {
+    let body = serde_json::to_vec(&support::envelope(id, endpoint, payload)).expect("json");
+    let headers = rfidl_runtime::signing::SignatureHeaders::sign(
+        id,
+        rfidl_runtime::signing::unix_now(),
+        &body,
+        std::slice::from_ref(secret),
+    );
+    (headers.to_pairs().to_vec(), body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_messages_are_terminated_recorded_and_not_redelivered() {
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let pair = Pair::new(&server);
+    let mut config = pair.receiver_config();
+    config.inbox.body_limit = 4_096;
+    let receiver = pair.receiver(config);
+    let metrics = receiver.metrics().clone();
+    let consumer = pair.consumer(receiver.clone());
+    let context = jetstream(&server).await;
+
+    // 401, counted: terminated after max_retries (2) + 1 deliveries.
+    let id = Uuid::now_v7().to_string();
+    let (headers, body) = signed(
+        &id,
+        "Credit",
+        json!({"account": "p", "amount": 1}),
+        &Secret::generate(),
+    );
+    publish_raw(&context, &headers, &body, &id).await;
+    // 404: no such endpoint.
+    let id = Uuid::now_v7().to_string();
+    let (headers, body) = signed(&id, "Refund", json!({}), &pair.secret);
+    publish_raw(&context, &headers, &body, &id).await;
+    // 413: larger than inbox.body_limit.
+    let id = Uuid::now_v7().to_string();
+    let (headers, body) = signed(
+        &id,
+        "Credit",
+        json!({"account": "x".repeat(8_000), "amount": 1}),
+        &pair.secret,
+    );
+    publish_raw(&context, &headers, &body, &id).await;
+    // 400: not an envelope (signed, so the signature passes).
+    let id = Uuid::now_v7().to_string();
+    let body = b"{\"not\": \"an envelope\"".to_vec();
+    let headers = rfidl_runtime::signing::SignatureHeaders::sign(
+        &id,
+        rfidl_runtime::signing::unix_now(),
+        &body,
+        std::slice::from_ref(&pair.secret),
+    )
+    .to_pairs()
+    .to_vec();
+    publish_raw(&context, &headers, &body, &id).await;
+    // 422: the handler says poison.
+    let id = Uuid::now_v7().to_string();
+    let (headers, body) = signed(&id, "Poison", json!({}), &pair.secret);
+    publish_raw(&context, &headers, &body, &id).await;
+    // And a good message behind them all.
+    let good = Uuid::now_v7().to_string();
+    let (headers, body) = signed(
+        &good,
+        "Credit",
+        json!({"account": "ok", "amount": 7}),
+        &pair.secret,
+    );
+    publish_raw(&context, &headers, &body, &good).await;
+
+    wait_until("5 terminated, 1 processed", Duration::from_secs(10), || {
+        pair.receiver_count("SELECT COUNT(*) FROM rf_terminated") == 5
+            && pair.receiver_count("SELECT COUNT(*) FROM ledger") == 1
+    })
+    .await;
+    let errors: Vec<String> = {
+        let conn = rusqlite::Connection::open(&pair.receiver_db).expect("open");
+        let mut statement = conn
+            .prepare("SELECT error FROM rf_terminated ORDER BY stream_sequence")
+            .expect("prepare");
+        statement
+            .query_map([], |r| r.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows")
+    };
+    for (error, wanted) in errors.iter().zip([
+        "401 bad_signature",
+        "404 unknown_endpoint",
+        "413 payload_too_large",
+        "400 malformed_envelope",
+        "422 poison",
+    ]) {
+        assert!(error.starts_with(wanted), "{error} (wanted {wanted})");
+    }
+    assert!(errors[0].contains("delivered 3 times"), "{}", errors[0]);
+    assert_eq!(
+        pair.receiver_count("SELECT COUNT(*) FROM rf_terminated WHERE subject = 'ledger.inbound' AND message_id IS NOT NULL"),
+        5
+    );
+    // Nothing left for the consumer, and nothing comes back after ack_wait.
+    let mut backlog = consumer_backlog(&server, "ledger").await;
+    for _ in 0..100 {
+        if backlog == (0, 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        backlog = consumer_backlog(&server, "ledger").await;
+    }
+    assert_eq!(backlog, (0, 0));
+    tokio::time::sleep(Duration::from_millis(2_300)).await;
+    assert_eq!(metrics.inbox_terminated.get(), 5, "each terminated once");
+    assert_eq!(
+        metrics.inbox_signature_failures.get(),
+        3,
+        "the bad signature was delivered 3 times, then never again"
+    );
+    assert_eq!(pair.receiver_count("SELECT COUNT(*) FROM ledger"), 1);
+    assert!(
+        metrics
+            .render(&Default::default())
+            .contains("rf_inbox_terminated_total 5\n")
+    );
+    consumer.shutdown().await;
+    receiver.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_republish_is_dropped_by_the_stream_and_a_late_copy_by_the_inbox() {
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let pair = Pair::new(&server);
+    let receiver = pair.receiver(pair.receiver_config());
+    let consumer = pair.consumer(receiver.clone());
+    let context = jetstream(&server).await;
+    let id = Uuid::now_v7().to_string();
+    let (headers, body) = signed(
+        &id,
+        "Credit",
+        json!({"account": "d", "amount": 5}),
+        &pair.secret,
+    );
+    let first = publish_raw(&context, &headers, &body, &id).await;
+    let second = publish_raw(&context, &headers, &body, &id).await;
+    assert!(!first.duplicate);
+    assert!(second.duplicate, "the same Nats-Msg-Id inside the window");
+    assert_eq!(first.sequence, second.sequence);
+    let mut stream = context
+        .get_stream("RF_ledger_inbound")
+        .await
+        .expect("stream");
+    assert_eq!(
+        stream.info().await.expect("info").state.messages,
+        1,
+        "one stream message"
+    );
+    assert_eq!(
+        stream.info().await.expect("info").config.duplicate_window,
+        rfidl_runtime::nats::DUPLICATE_WINDOW
+    );
+    wait_until("processed", Duration::from_secs(5), || {
+        pair.receiver_count("SELECT COUNT(*) FROM ledger") == 1
+    })
+    .await;
+
+    // Outside the window the stream no longer knows the id: shrink the
+    // window, let it pass, publish the very same message again.
+    let mut config = stream.info().await.expect("info").config.clone();
+    config.duplicate_window = Duration::from_millis(100);
+    context.update_stream(config).await.expect("update stream");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let late = publish_raw(&context, &headers, &body, &id).await;
+    assert!(!late.duplicate, "outside the window the stream takes it");
+    assert_eq!(stream.info().await.expect("info").state.messages, 2);
+    let mut backlog = consumer_backlog(&server, "ledger").await;
+    for _ in 0..200 {
+        if backlog == (0, 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        backlog = consumer_backlog(&server, "ledger").await;
+    }
+    assert_eq!(
+        backlog,
+        (0, 0),
+        "the late copy was delivered and acknowledged"
+    );
+    assert_eq!(
+        pair.receiver_count("SELECT COUNT(*) FROM ledger"),
+        1,
+        "one effect"
+    );
+    assert_eq!(
+        pair.ledger.calls.load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    assert_eq!(
+        receiver.metrics().inbox_duplicates.get(),
+        1,
+        "the inbox answered the copy"
+    );
+    consumer.shutdown().await;
+    receiver.shutdown().await;
+}
