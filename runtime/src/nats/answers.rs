@@ -117,6 +117,12 @@ impl AnswersBuilder {
         self
     }
 
+    /// Bounds connecting and each acknowledgement (5 s).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
     /// Starts the task (on the current tokio runtime); it reconnects after
     /// losing the broker until [`AnswersHandle::shutdown`].
     ///
@@ -206,7 +212,8 @@ async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
                     nats
                 }
             };
-            let context = jetstream::new(nats);
+            let mut context = jetstream::new(nats);
+            context.set_timeout(shared.timeout);
             let stream = ensure_stream(&context, &shared.url).await?;
             let consumer = ensure_consumer(
                 &stream,
@@ -312,8 +319,9 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
     );
     match recorded {
         Recorded::Done => {
-            if let Err(error) = message.double_ack().await {
-                tracing::debug!(message_id = %id, %error, "answer ack not confirmed; a redelivery is a no-op");
+            let acked = tokio::time::timeout(shared.timeout, message.double_ack()).await;
+            if !matches!(acked, Ok(Ok(()))) {
+                tracing::debug!(message_id = %id, "answer ack not confirmed; a redelivery is a no-op");
             }
         }
         Recorded::NotYet => {

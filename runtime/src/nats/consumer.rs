@@ -236,7 +236,8 @@ async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
                     nats
                 }
             };
-            let context = jetstream::new(nats);
+            let mut context = jetstream::new(nats);
+            context.set_timeout(shared.timeout);
             let stream = ensure_stream(&context, &shared.url).await?;
             let consumer = ensure_consumer(
                 &stream,
@@ -372,10 +373,11 @@ async fn handle(shared: &Shared, context: &jetstream::Context, message: jetstrea
                     return;
                 }
             }
-            if let Err(error) = message.double_ack().await {
+            let acked = tokio::time::timeout(shared.timeout, message.double_ack()).await;
+            if !matches!(acked, Ok(Ok(()))) {
                 // Redelivered after ack_wait; the inbox answers it as a
                 // duplicate.
-                tracing::warn!(message_id = ?message_id, %error, "ack not confirmed; the message may be redelivered");
+                tracing::warn!(message_id = ?message_id, "ack not confirmed; the message may be redelivered");
             }
         }
         Action::Nak(delay) => nak(&message, delay).await,

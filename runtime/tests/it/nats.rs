@@ -83,6 +83,7 @@ impl Pair {
             .ack_wait(Duration::from_secs(2))
             .backoff(Duration::from_millis(20), Duration::from_millis(100))
             .max_retries(2)
+            .timeout(Duration::from_secs(1))
             .spawn()
             .expect("consumer")
     }
@@ -458,6 +459,64 @@ async fn a_republish_is_dropped_by_the_stream_and_a_late_copy_by_the_inbox() {
         1,
         "the inbox answered the copy"
     );
+    consumer.shutdown().await;
+    receiver.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_broker_killed_and_restarted_mid_stream_loses_nothing_and_duplicates_no_effect() {
+    let Some(mut server) = NatsServer::start() else {
+        return;
+    };
+    let pair = Pair::new(&server);
+    let receiver = pair.receiver(pair.receiver_config());
+    let consumer = pair.consumer(receiver.clone());
+    let dispatcher = pair.dispatcher();
+    let messages = 400;
+    pair.credits(messages as usize);
+    wait_until(
+        "some effects before the kill",
+        Duration::from_secs(10),
+        || pair.receiver_count("SELECT COUNT(*) FROM ledger") >= 40,
+    )
+    .await;
+    server.kill();
+    let at_kill = pair.receiver_count("SELECT COUNT(*) FROM ledger");
+    let sent_at_kill =
+        pair.sender_count("SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'");
+    // Down for a moment: publishes fail (retryable, not counted).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.restart_same_store();
+    let recovered = wait_until(
+        "every row Sent and every effect once after the restart",
+        Duration::from_secs(30),
+        || {
+            pair.sender_count("SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'")
+                == messages
+                && pair.receiver_count("SELECT COUNT(*) FROM ledger") >= messages
+        },
+    )
+    .await;
+    let mut backlog = consumer_backlog(&server, "ledger").await;
+    for _ in 0..200 {
+        if backlog == (0, 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        backlog = consumer_backlog(&server, "ledger").await;
+    }
+    assert_eq!(backlog, (0, 0), "everything acknowledged after the restart");
+    assert_exactly_once(&pair, messages);
+    assert_eq!(
+        pair.sender_count("SELECT MAX(retry_count) FROM outbox_messages"),
+        0,
+        "an unreachable broker is not counted against max_retries"
+    );
+    eprintln!(
+        "jetstream restart: killed at {at_kill} effects / {sent_at_kill} Sent of {messages}; \
+         all delivered exactly once {recovered:?} after the restart"
+    );
+    dispatcher.shutdown().await;
     consumer.shutdown().await;
     receiver.shutdown().await;
 }
