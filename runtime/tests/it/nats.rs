@@ -520,3 +520,289 @@ async fn the_broker_killed_and_restarted_mid_stream_loses_nothing_and_duplicates
     consumer.shutdown().await;
     receiver.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_broker_is_retried_uncounted_and_shows_in_health() {
+    // Nothing listens on this port: no nats-server needed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("sender.db");
+    let mut config = sender_config(Duration::from_millis(20));
+    config.outbox.request_timeout = Duration::from_millis(300);
+    config.destinations.insert(
+        "ledger".into(),
+        DestinationConfig::new(
+            format!("nats://svc:pa55word@127.0.0.1:{port}/{SUBJECT}"),
+            Secret::generate().to_whsec(),
+        ),
+    );
+    let outbox = Outbox::new(config, &db);
+    let dispatcher = Dispatcher::builder(&outbox, &db)
+        .start()
+        .expect("dispatcher");
+    let mut conn = rfidl_runtime::db::open(&db, rfidl_runtime::Durability::Normal).expect("open");
+    let tx = conn.transaction().expect("tx");
+    for i in 0..5 {
+        outbox
+            .enqueue(
+                &tx,
+                message("ledger", "Credit", json!({"account": "u", "amount": i})),
+            )
+            .expect("enqueue");
+    }
+    tx.commit().expect("commit");
+    let diagnostics = rfidl_runtime::diagnostics::Diagnostics::builder(&db)
+        .outbox(&outbox)
+        .build()
+        .expect("diagnostics");
+    let (url, _server) = support::serve(diagnostics.router()).await;
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let health = loop {
+        let health: serde_json::Value = client
+            .get(format!("{url}/_rf/health"))
+            .send()
+            .await
+            .expect("health")
+            .json()
+            .await
+            .expect("json");
+        if health["reasons"]
+            .to_string()
+            .contains("destination `ledger` unreachable")
+        {
+            break health;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never shown unreachable: {health}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(health["status"], "warning", "{health}");
+    assert!(!health.to_string().contains("pa55word"), "{health}");
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM outbox_messages WHERE status IN ('Pending', 'Sending')"
+        ),
+        5
+    );
+    assert_eq!(
+        count(&db, "SELECT MAX(retry_count) FROM outbox_messages"),
+        0,
+        "not counted"
+    );
+    let errors = count(
+        &db,
+        "SELECT COUNT(*) FROM outbox_messages WHERE last_error LIKE '%cannot connect%' \
+         AND last_error NOT LIKE '%pa55word%'",
+    );
+    assert!(errors >= 1, "the cause is kept, without the password");
+    dispatcher.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_nats_url_is_a_configuration_error_naming_the_field_not_the_secret() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("sender.db");
+    for (url, wanted) in [
+        ("nats://alice:hunter2@broker:99999/ledger", "invalid port"),
+        ("nats://alice:hunter2@broker:4222", "no subject"),
+        ("nats://alice:hunter2@broker:4222/led ger", "dot-separated"),
+    ] {
+        let mut config = sender_config(Duration::from_millis(50));
+        config.destinations.insert(
+            "ledger".into(),
+            DestinationConfig::new(url, Secret::generate().to_whsec()),
+        );
+        let outbox = Outbox::new(config, &db);
+        let error = Dispatcher::builder(&outbox, &db)
+            .start()
+            .err()
+            .expect("refused at start")
+            .to_string();
+        assert!(
+            error.starts_with("destination `ledger`: `url`: "),
+            "{error}"
+        );
+        assert!(error.contains(wanted), "{error}");
+        assert!(
+            !error.contains("hunter2") && !error.contains(url),
+            "{error}"
+        );
+    }
+    support::create_ledger_table(&dir.path().join("receiver.db"));
+    let receiver = Receiver::builder(Config::default(), dir.path().join("receiver.db"))
+        .build()
+        .expect("receiver");
+    let error = JetStreamConsumer::builder(
+        receiver.clone(),
+        "nats://alice:hunter2@broker:4222/a.*",
+        dir.path().join("receiver.db"),
+    )
+    .spawn()
+    .expect_err("refused")
+    .to_string();
+    assert!(error.starts_with("nats url: "), "{error}");
+    assert!(!error.contains("hunter2"), "{error}");
+    let error = JetStreamConsumer::builder(
+        receiver.clone(),
+        "nats://127.0.0.1:4222/ledger",
+        dir.path().join("receiver.db"),
+    )
+    .durable("a.b")
+    .spawn()
+    .expect_err("refused")
+    .to_string();
+    assert!(error.starts_with("durable: "), "{error}");
+    receiver.shutdown().await;
+}
+
+/// The child process of the kill test: set by the parent, read by the child.
+const CHILD_ENV: &str = "RFIDL_NATS_TEST_CHILD";
+
+/// A ledger whose `Credit` leaves a marker file, then blocks (the parent
+/// kills the process meanwhile), then would write its row.
+struct SlowLedger {
+    marker: PathBuf,
+}
+
+impl rfidl_runtime::receiver::HostedService for SlowLedger {
+    fn interfaces(&self) -> &[rfidl_runtime::receiver::HostedInterface] {
+        const HOSTED: &[rfidl_runtime::receiver::HostedInterface] =
+            &[rfidl_runtime::receiver::HostedInterface {
+                interface: support::INTERFACE,
+                version: 1,
+                fingerprint: support::FINGERPRINT,
+                endpoints: &["Credit"],
+                manifest_json: r#"{"interface":"test.Ledger","version":1}"#,
+            }];
+        HOSTED
+    }
+
+    fn handle(
+        &self,
+        call: &rfidl_runtime::receiver::IncomingCall<'_>,
+        tx: &rusqlite::Transaction<'_>,
+    ) -> Result<serde_json::Value, rfidl_runtime::receiver::HandlerError> {
+        tx.execute(
+            "INSERT INTO ledger (message_id, account, amount) VALUES (?1, 'slow', 1)",
+            [call.message_id],
+        )?;
+        std::fs::write(&self.marker, call.message_id).expect("marker");
+        std::thread::sleep(Duration::from_secs(30));
+        Ok(json!({}))
+    }
+}
+
+/// Not a test of its own: the body of the child process that
+/// `a_consumer_killed_mid_handler_…` starts (this test binary, re-executed
+/// with [`CHILD_ENV`] set) and SIGKILLs. Without the variable it returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_consumer_of_the_kill_test() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let spec: serde_json::Value = serde_json::from_str(&spec).expect("child spec");
+    let text = |key: &str| spec[key].as_str().expect(key).to_owned();
+    let secret = Secret::parse(&text("secret")).expect("secret");
+    let db = PathBuf::from(text("db"));
+    let receiver = Receiver::builder(support::receiver_config(&[&secret]), &db)
+        .service(SlowLedger {
+            marker: PathBuf::from(text("marker")),
+        })
+        .build()
+        .expect("receiver");
+    let _consumer = JetStreamConsumer::builder(receiver, &text("url"), &db)
+        .durable("ledger")
+        .ack_wait(Duration::from_secs(2))
+        .spawn()
+        .expect("consumer");
+    // Killed by the parent long before this ends.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    panic!("the parent did not kill this child");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_killed_mid_handler_leaves_the_message_to_the_next_which_processes_it_once() {
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let pair = Pair::new(&server);
+    let marker = pair.dir.path().join("in-handler");
+    let spec = json!({
+        "url": pair.url,
+        "db": pair.receiver_db,
+        "secret": pair.secret.to_whsec(),
+        "marker": marker,
+    });
+    let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "nats::child_consumer_of_the_kill_test",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, spec.to_string())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("child process");
+    let context = jetstream(&server).await;
+    let id = Uuid::now_v7().to_string();
+    let (headers, body) = signed(
+        &id,
+        "Credit",
+        json!({"account": "k", "amount": 3}),
+        &pair.secret,
+    );
+    publish_raw(&context, &headers, &body, &id).await;
+    wait_until("the child's handler runs", Duration::from_secs(20), || {
+        marker.exists()
+    })
+    .await;
+    // SIGKILL inside the handler's transaction.
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    assert_eq!(
+        pair.receiver_count("SELECT COUNT(*) FROM ledger"),
+        0,
+        "rolled back"
+    );
+    assert_eq!(
+        pair.receiver_count("SELECT COUNT(*) FROM inbox_messages"),
+        0
+    );
+
+    // A new consumer on the same database and durable: the unacknowledged
+    // message comes back after ack_wait and is processed once.
+    let receiver = pair.receiver(pair.receiver_config());
+    let consumer = pair.consumer(receiver.clone());
+    wait_until("redelivered and processed", Duration::from_secs(10), || {
+        pair.receiver_count("SELECT COUNT(*) FROM ledger") == 1
+    })
+    .await;
+    let mut backlog = consumer_backlog(&server, "ledger").await;
+    for _ in 0..100 {
+        if backlog == (0, 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        backlog = consumer_backlog(&server, "ledger").await;
+    }
+    assert_eq!(backlog, (0, 0));
+    assert_eq!(
+        pair.receiver_count("SELECT COUNT(*) FROM ledger"),
+        1,
+        "one effect"
+    );
+    assert_eq!(
+        pair.ledger.calls.load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    consumer.shutdown().await;
+    receiver.shutdown().await;
+}

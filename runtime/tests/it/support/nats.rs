@@ -14,7 +14,7 @@
 //! it: `#[path = "<relative path>/runtime/tests/it/support/nats.rs"] mod nats;`.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -70,11 +70,6 @@ impl NatsServer {
     /// The port it listens on.
     pub fn port(&self) -> u16 {
         self.port
-    }
-
-    /// The JetStream store directory.
-    pub fn store_dir(&self) -> &Path {
-        self.store.path()
     }
 
     /// SIGKILLs the server and waits for it to be gone.
