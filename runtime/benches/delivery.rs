@@ -44,7 +44,7 @@ fn main() {
     println!("rfidl-runtime delivery benchmarks ({cores} cores)");
     println!("{:<66} {:>16}", "figure", "value");
 
-    // `RFIDL_BENCH_ONLY=a` or `c1`: that figure alone, e.g. under `perf record`.
+    // `RFIDL_BENCH_ONLY=a`, `c1` or `e`: that figure alone, e.g. under `perf record`.
     if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("a") {
         let (enqueue, raw) = enqueue_beside_raw(dir.path());
         report(
@@ -53,6 +53,14 @@ fn main() {
                 "{enqueue:.0} msg/s = {:.0} % of raw {raw:.0}",
                 100.0 * enqueue / raw
             ),
+        );
+        return;
+    }
+    if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("e") {
+        let (p50, p99) = runtime.block_on(commit_to_effect(dir.path()));
+        report(
+            "(e) sender commit -> handler effect, low load: p50 / p99",
+            format!("{p50:.2} / {p99:.2} ms"),
         );
         return;
     }

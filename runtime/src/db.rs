@@ -145,6 +145,23 @@ pub const MIGRATIONS: &[&str] = &[
         r#";
     "#
     ),
+    // 5: the JetStream transport (`crate::nats`). `answered_at`: when the
+    //    answer to a message sent through a broker arrived and its response
+    //    handler ran (the marker that makes a redelivered answer a no-op).
+    //    `rf_terminated`: broker deliveries refused for good (never
+    //    redelivered), kept for an operator.
+    r#"
+    ALTER TABLE outbox_messages ADD COLUMN answered_at INTEGER;
+    CREATE TABLE rf_terminated (
+        stream_sequence INTEGER NOT NULL,
+        stream          TEXT NOT NULL,
+        message_id      TEXT,                -- Nats-Msg-Id, when the message had one
+        subject         TEXT NOT NULL,
+        error           TEXT NOT NULL,       -- `<status> <code>: <message>`
+        at              INTEGER NOT NULL,
+        PRIMARY KEY (stream, stream_sequence)
+    ) STRICT;
+    "#,
 ];
 
 /// Errors opening or migrating a database.
@@ -503,7 +520,13 @@ mod tests {
         }
         let dump = |conn: &Connection| -> Vec<String> {
             let mut statement = conn
-                .prepare("SELECT * FROM outbox_messages ORDER BY message_id")
+                .prepare(
+                    "SELECT message_id, correlation_id, message_type, destination, interface, \
+                     version, fingerprint, endpoint, payload, headers, status, retry_count, \
+                     max_retries, next_retry_at, lease_token, last_attempt_at, last_error, \
+                     response, created_at, expires_at, sent_at \
+                     FROM outbox_messages ORDER BY message_id",
+                )
                 .expect("select");
             let columns = statement.column_count();
             statement

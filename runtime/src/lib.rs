@@ -33,6 +33,8 @@ pub mod inbox;
 pub mod lifecycle;
 pub mod liveness;
 pub mod metrics;
+#[cfg(feature = "nats")]
+pub mod nats;
 pub mod outbox;
 #[cfg(feature = "postgres")]
 pub mod pg;

@@ -7,6 +7,8 @@ mod directory;
 mod dispatcher;
 mod faults;
 mod interop;
+// The NATS JetStream transport against a real nats-server.
+mod nats;
 mod operations;
 mod ops_access;
 mod postgres_faults;

@@ -1,0 +1,144 @@
+//! The NATS JetStream transport (cargo feature `nats`): a `nats://` destination.
+//!
+//! Each request is published to the destination's subject with its signing
+//! headers as NATS headers, its exact body, and `Nats-Msg-Id` = the message
+//! id (the stream drops a re-publish inside its duplicate window). The
+//! stream's publish acknowledgement is the answer: it becomes a
+//! [`BROKER_ACCEPTED`] response that [`classify`](crate::dispatcher::classify)
+//! maps to [`Verdict::Published`](crate::dispatcher::Verdict::Published)
+//! (the row is `Sent`; a command's answer comes back later through
+//! [`crate::nats::AnswersConsumer`]). No acknowledgement within the timeout,
+//! or no broker, is a [`TransportError`]: retried, not counted, and the
+//! destination's circuit opens as for HTTP. See `docs/transports.md`.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use tokio::sync::Mutex;
+
+use super::{OutgoingRequest, SendFuture, Transport, TransportError, TransportResponse};
+use crate::nats::{NatsUrl, REPLY_TO_HEADER, answers_subject, ensure_stream};
+
+/// The status a broker-accepted publish is reported with (`202 Accepted`,
+/// with a body marked `"deferred": true`).
+pub const BROKER_ACCEPTED: u16 = crate::dispatcher::BROKER_ACCEPTED_STATUS;
+
+/// The body of a [`BROKER_ACCEPTED`] response.
+pub(crate) const DEFERRED_BODY: &[u8] =
+    br#"{"acknowledged":true,"duplicate":false,"payload":null,"deferred":true}"#;
+
+/// Publishes to a JetStream stream; connects (and creates the stream if it
+/// is missing) on first use and again after a failed connection.
+pub struct JetStreamTransport {
+    url: NatsUrl,
+    timeout: Duration,
+    context: Mutex<Option<jetstream::Context>>,
+}
+
+impl std::fmt::Debug for JetStreamTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JetStreamTransport")
+            .field("url", &self.url)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the transport reads from an envelope.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Head {
+    message_id: String,
+    #[serde(default)]
+    message_type: String,
+    #[serde(default)]
+    source_service_id: String,
+}
+
+impl JetStreamTransport {
+    /// A transport to `url` (`nats://[user:password@]host:port/<subject>`);
+    /// `timeout` bounds the connection and each publish acknowledgement.
+    ///
+    /// # Errors
+    ///
+    /// A malformed URL, named without its credentials.
+    pub fn new(url: &str, timeout: Duration) -> Result<Self, String> {
+        Ok(Self::with_url(NatsUrl::parse(url)?, timeout))
+    }
+
+    /// A transport to an already parsed URL.
+    pub fn with_url(url: NatsUrl, timeout: Duration) -> Self {
+        Self {
+            url,
+            timeout,
+            context: Mutex::new(None),
+        }
+    }
+
+    /// The JetStream context, connecting and creating the stream first if
+    /// there is none yet.
+    async fn context(&self) -> Result<jetstream::Context, TransportError> {
+        let mut slot = self.context.lock().await;
+        if let Some(context) = slot.as_ref() {
+            return Ok(context.clone());
+        }
+        let client = self.url.connect(self.timeout).await?;
+        let mut context = jetstream::new(client);
+        context.set_timeout(self.timeout);
+        tokio::time::timeout(self.timeout.max(Duration::from_secs(2)), async {
+            ensure_stream(&context, &self.url).await
+        })
+        .await
+        .map_err(|_| TransportError::Timeout)?
+        .map_err(TransportError::Other)?;
+        *slot = Some(context.clone());
+        Ok(context)
+    }
+
+    async fn publish(&self, request: OutgoingRequest) -> Result<TransportResponse, TransportError> {
+        let head: Head = serde_json::from_slice(&request.body)
+            .map_err(|_| TransportError::Other("the body is not an rfidl envelope".to_owned()))?;
+        let context = self.context().await?;
+        let mut headers = async_nats::HeaderMap::new();
+        for (name, value) in &request.headers {
+            headers.insert(*name, value.as_str());
+        }
+        headers.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            head.message_id.as_str(),
+        );
+        if matches!(head.message_type.as_str(), "Command" | "PushCall") {
+            headers.insert(
+                REPLY_TO_HEADER,
+                answers_subject(self.url.subject(), &head.source_service_id),
+            );
+        }
+        let published = tokio::time::timeout(self.timeout, async {
+            context
+                .publish_with_headers(self.url.subject().to_owned(), headers, request.body.into())
+                .await
+                .map_err(|e| TransportError::Other(format!("publish: {}", e.kind())))?
+                .await
+                .map_err(|e| match e.kind() {
+                    jetstream::context::PublishErrorKind::TimedOut => TransportError::Timeout,
+                    kind => TransportError::Other(format!("no publish acknowledgement: {kind}")),
+                })
+        })
+        .await;
+        match published {
+            Ok(Ok(_ack)) => Ok(TransportResponse {
+                status: BROKER_ACCEPTED,
+                body: DEFERRED_BODY.to_vec(),
+                retry_after: None,
+            }),
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(TransportError::Timeout),
+        }
+    }
+}
+
+impl Transport for JetStreamTransport {
+    fn send(&self, request: OutgoingRequest) -> SendFuture<'_> {
+        Box::pin(self.publish(request))
+    }
+}
