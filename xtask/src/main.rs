@@ -404,12 +404,15 @@ fn chaos(extra: &[String]) -> Result<(), String> {
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("target"));
     let bins = target.join(if release { "release" } else { "debug" });
+    // The `jetstream` scenario starts (and kills) its own nats-server.
+    let nats = nats_server(&python_venv()?)?;
     // The `replicas` scenario runs engines on a PostgreSQL database.
     let (postgres_url, _cluster) = test_postgres()?;
     run(Command::new(bins.join("chaos"))
         .arg("--bin-dir")
         .arg(&bins)
         .args(rest)
+        .env("RFIDL_NATS_SERVER", &nats)
         .env("RFIDL_POSTGRES_URL", &postgres_url))
 }
 

@@ -78,6 +78,7 @@ async fn main() -> anyhow::Result<()> {
         peer_secret: hr_secret.clone(),
         base_config: None,
         registry: Some(registry.url.clone()),
+        nats: None,
         ops_token: None,
     };
     let hr_settings = Settings {
@@ -91,6 +92,7 @@ async fn main() -> anyhow::Result<()> {
         peer_secret: engine_secret,
         base_config: None,
         registry: Some(registry.url.clone()),
+        nats: None,
         ops_token: None,
     };
     // HR (the provider of EmpService) registers first: the registry's
@@ -118,12 +120,14 @@ async fn main() -> anyhow::Result<()> {
                 receiver: hr.receiver,
                 dispatcher: hr.dispatcher,
                 retention: hr.operations.retention,
+                broker: hr.broker,
             },
             RunningParts {
                 server: engine.server,
                 receiver: engine.receiver,
                 dispatcher: engine.dispatcher,
                 retention: engine.operations.retention,
+                broker: engine.broker,
             },
         ] {
             stop_gracefully(parts, SHUTDOWN_BOUND).await?;

@@ -44,6 +44,7 @@ async fn main() -> anyhow::Result<()> {
         receiver: engine.receiver,
         dispatcher: engine.dispatcher,
         retention: engine.operations.retention,
+        broker: engine.broker,
     };
     run_until_signal("engine", signal, parts).await
 }

@@ -46,6 +46,7 @@ async fn main() -> anyhow::Result<()> {
         receiver: hr.receiver,
         dispatcher: hr.dispatcher,
         retention: hr.operations.retention,
+        broker: hr.broker,
     };
     let started = std::time::Instant::now();
     for (done, number) in (already..args.hire).enumerate() {

@@ -229,6 +229,8 @@ pub struct Engine {
     pub dispatcher: DispatcherHandle,
     pub server: tokio::task::JoinHandle<()>,
     pub operations: Operations,
+    /// Its JetStream consumers (`--nats`, `--peer-url nats://…`).
+    pub broker: super::broker::Broker,
     /// Its registration with the engine registry, if `--registry` was given.
     pub directory: Option<super::Directory>,
 }
@@ -280,6 +282,13 @@ impl Engine {
             .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
             .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers))
             .start()?;
+        // Over JetStream the answers to its ProvisionLaptop commands come
+        // back through the broker: the same handlers, once per answer.
+        let broker = super::broker::Broker::start(settings, &receiver, |answers| {
+            answers
+                .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
+                .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers))
+        })?;
         // The engine calls EmpService (its commands go to HR).
         let directory = super::register(
             &config,
@@ -297,6 +306,7 @@ impl Engine {
             dispatcher,
             server,
             operations,
+            broker,
         })
     }
 

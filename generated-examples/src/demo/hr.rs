@@ -101,6 +101,8 @@ pub struct HrService {
     pub dispatcher: DispatcherHandle,
     pub server: tokio::task::JoinHandle<()>,
     pub operations: Operations,
+    /// Its JetStream consumers (`--nats`, `--peer-url nats://…`).
+    pub broker: super::broker::Broker,
     /// Its registration with the engine registry, if `--registry` was given.
     pub directory: Option<super::Directory>,
     hiring: std::sync::Arc<dyn Hiring>,
@@ -199,6 +201,8 @@ impl HrService {
         let url = format!("http://{}", listener.local_addr()?);
         let server = super::serve(listener, operations.router.clone());
         let dispatcher = S::dispatcher(&outbox)?.start()?;
+        // HR acts on no answer: the engine's answers are only recorded.
+        let broker = super::broker::Broker::start(settings, &receiver, |answers| answers)?;
         // HR provides EmpService (the engine's commands land here).
         let directory = super::register(
             &config,
@@ -215,6 +219,7 @@ impl HrService {
             dispatcher,
             server,
             operations,
+            broker,
             hiring: std::sync::Arc::new(Clients::<S> {
                 v1: emp_service_v1::EngineClient::with_store(outbox.clone(), ENGINE),
                 v2: emp_service_v2::EngineClient::with_store(outbox, ENGINE),

@@ -7,6 +7,7 @@
 //! row, exactly once) and, in the same transaction, enqueues the
 //! `ProvisionLaptop` command back to HR, whose handler stores the ticket.
 
+pub mod broker;
 pub mod engine;
 pub mod hr;
 pub mod registry;
@@ -56,6 +57,9 @@ pub struct Settings {
     /// The engine registry to register with (`--registry URL`); overrides
     /// the URL of the config file's `registry:` section.
     pub registry: Option<String>,
+    /// Consume this service's inbound messages from NATS JetStream at this
+    /// `nats://host:port/<subject>` URL (`--nats`), besides HTTP.
+    pub nats: Option<String>,
     /// The bearer token of the `/_rf/…` diagnostics routes (`--ops-token`);
     /// without it the retries refuse (403) and the service must listen on
     /// loopback only. Given to the registry for its health checks.
@@ -71,6 +75,7 @@ impl std::fmt::Debug for Settings {
             .field("peer_id", &self.peer_id)
             .field("peer_url", &self.peer_url)
             .field("peer_urls", &self.peer_urls)
+            .field("nats", &self.nats.is_some())
             .field("base_config", &self.base_config)
             .finish_non_exhaustive()
     }
@@ -265,20 +270,25 @@ pub struct RunningParts {
     pub receiver: Receiver,
     pub dispatcher: rfidl_runtime::dispatcher::DispatcherHandle,
     pub retention: RetentionHandle,
+    /// Its JetStream consumers, if it uses the broker.
+    pub broker: broker::Broker,
 }
 
 /// Stops a service gracefully: stops accepting HTTP and finishes the
-/// requests in flight, lets the receiver's writer commit what it queued,
+/// requests in flight (and the JetStream messages in hand), lets the receiver's writer commit what it queued,
 /// stops the dispatcher claiming and lets its in-flight sends finish and
 /// record their results, stops the clean-up. Every step commits before it
 /// returns, so nothing is left `Sending`. Errs when it takes longer than
 /// `bound`.
 pub async fn stop_gracefully(parts: RunningParts, bound: Duration) -> anyhow::Result<()> {
     let stop = async move {
+        let mut broker = parts.broker;
         shutdown_token().cancel();
         let _ = parts.server.await;
+        broker.stop_consuming().await;
         parts.receiver.shutdown().await;
         parts.dispatcher.shutdown().await;
+        broker.stop_answers().await;
         parts.retention.shutdown().await;
     };
     tokio::time::timeout(bound, stop)
@@ -348,8 +358,16 @@ pub struct ServiceArgs {
     /// more than once for several instances of the peer that share its
     /// database: messages are spread over them, and one that does not
     /// answer is skipped (docs/operations.md, "Several receivers").
+    /// `grpc://host:port` and `nats://host:port/<subject>` (JetStream)
+    /// choose those transports (docs/transports.md).
     #[arg(long = "peer-url", required = true, value_name = "URL")]
     pub peer_url: Vec<String>,
+    /// Also consume this service's inbound messages from NATS JetStream:
+    /// `nats://host:port/<subject>` (the stream and a durable consumer
+    /// named after the service are created if missing). Needs a SQLite
+    /// `--db`.
+    #[arg(long, value_name = "URL")]
+    pub nats: Option<String>,
     /// Secret this service signs with (`whsec_…`). Prefer `--secret-file`
     /// or the environment: a flag's value is visible to every local user
     /// in the process list.
@@ -413,6 +431,7 @@ impl ServiceArgs {
             peer_secret,
             base_config: Some(config),
             registry: self.registry.clone(),
+            nats: self.nats.clone(),
             ops_token: self.ops_token.clone(),
         })
     }
