@@ -499,6 +499,12 @@ impl Receiver {
         &self.shared.metadata
     }
 
+    /// The largest body [`receive`](Self::receive) takes (`inbox.body_limit`);
+    /// larger ones are answered 413 `payload_too_large`.
+    pub fn body_limit(&self) -> usize {
+        self.shared.body_limit
+    }
+
     /// Processes one envelope as `POST /_rf/receive` would, without HTTP (for
     /// in-process transports and tests).
     pub async fn receive(&self, headers: &HeaderMap, body: Bytes) -> Answer {
