@@ -97,24 +97,25 @@ enum Backend {
 #[derive(Clone)]
 pub struct ReceiverService {
     backend: Backend,
-    max_decoding: usize,
+    body_limit: usize,
 }
 
 impl std::fmt::Debug for ReceiverService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReceiverService")
-            .field("max_decoding", &self.max_decoding)
+            .field("body_limit", &self.body_limit)
             .finish_non_exhaustive()
     }
 }
 
 impl ReceiverService {
     /// Answers with `receiver` ([`Receiver::receive`]). Requests up to its
-    /// body limit plus [`DECODING_HEADROOM`] are decoded; the receiver
-    /// answers 413 to a body over its limit.
+    /// body limit plus [`DECODING_HEADROOM`] are decoded; a body over its
+    /// limit is answered 413 `payload_too_large`, as on HTTP (a request too
+    /// large to decode is not read: it gets the same answer).
     pub fn new(receiver: Receiver) -> Self {
         Self {
-            max_decoding: receiver.body_limit().saturating_add(DECODING_HEADROOM),
+            body_limit: receiver.body_limit(),
             backend: Backend::Receiver(receiver),
         }
     }
@@ -126,7 +127,7 @@ impl ReceiverService {
     pub fn from_router(router: axum::Router, body_limit: usize) -> Self {
         Self {
             backend: Backend::Router(router),
-            max_decoding: body_limit.saturating_add(DECODING_HEADROOM),
+            body_limit,
         }
     }
 }
@@ -198,6 +199,38 @@ async fn reply(response: axum::response::Response) -> ReceiveReply {
     }
 }
 
+/// A successful call answering 413 `payload_too_large`.
+async fn too_large(
+    grpc: &mut tonic::server::Grpc<tonic_prost::ProstCodec<ReceiveReply, ReceiveRequest>>,
+    backend: Backend,
+    body_limit: usize,
+) -> Response<tonic::body::Body> {
+    let answer = match &backend {
+        Backend::Receiver(receiver) => receiver.payload_too_large(),
+        Backend::Router(_) => ReceiveError::PayloadTooLarge { limit: body_limit }.into(),
+    };
+    let reply = reply(answer.into_response()).await;
+    // One empty `ReceiveRequest` frame (uncompressed, length 0) to run the
+    // unary machinery on, so the reply is framed as any other.
+    let empty = Request::new(tonic::body::Body::new(http_body_util::Full::new(
+        axum::body::Bytes::from_static(&[0, 0, 0, 0, 0]),
+    )));
+    grpc.unary(Fixed(reply), empty).await
+}
+
+/// Answers every call with the same reply.
+struct Fixed(ReceiveReply);
+
+impl UnaryService<ReceiveRequest> for Fixed {
+    type Response = ReceiveReply;
+    type Future = BoxFuture<tonic::Response<ReceiveReply>, tonic::Status>;
+
+    fn call(&mut self, _: tonic::Request<ReceiveRequest>) -> Self::Future {
+        let reply = self.0.clone();
+        Box::pin(async move { Ok(tonic::Response::new(reply)) })
+    }
+}
+
 /// The `Receive` method as tonic's unary service.
 struct ReceiveMethod(Backend);
 
@@ -237,12 +270,21 @@ where
                 )
             });
         }
-        let method = ReceiveMethod(self.backend.clone());
-        let max_decoding = self.max_decoding;
+        let backend = self.backend.clone();
+        let body_limit = self.body_limit;
         Box::pin(async move {
             let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default())
-                .max_decoding_message_size(max_decoding);
-            Ok(grpc.unary(method, request).await)
+                .max_decoding_message_size(body_limit.saturating_add(DECODING_HEADROOM));
+            let response = grpc.unary(ReceiveMethod(backend.clone()), request).await;
+            // `Receive` itself never fails: `OutOfRange` is tonic refusing a
+            // request over the decoding limit (unread). Answer it as HTTP
+            // does a body over the limit.
+            if tonic::Status::from_header_map(response.headers())
+                .is_some_and(|status| status.code() == tonic::Code::OutOfRange)
+            {
+                return Ok(too_large(&mut grpc, backend, body_limit).await);
+            }
+            Ok(response)
         })
     }
 }

@@ -518,6 +518,17 @@ impl Receiver {
         self.shared.receive_one(headers, body).await
     }
 
+    /// The answer to a body over [`body_limit`](Self::body_limit) that was
+    /// refused before it was read whole (counted like any refusal).
+    #[cfg(feature = "grpc")]
+    pub(crate) fn payload_too_large(&self) -> Answer {
+        let refusal = ReceiveError::PayloadTooLarge {
+            limit: self.shared.body_limit,
+        };
+        self.shared.count_refusal(&refusal);
+        Answer::Refused(refusal)
+    }
+
     /// Stops taking messages, lets the writer finish what is queued, and waits
     /// for its thread to end. Requests after this answer 503 `unavailable`.
     pub async fn shutdown(&self) {
