@@ -70,6 +70,7 @@ async fn main() -> anyhow::Result<()> {
     let engine_settings = Settings {
         service_id: "engine".into(),
         listen: engine_listen,
+        grpc_listen: None,
         db: dir.join("engine.db").into(),
         peer_id: "hr-service".into(),
         peer_url: format!("http://{hr_listen}"),
@@ -83,6 +84,7 @@ async fn main() -> anyhow::Result<()> {
     let hr_settings = Settings {
         service_id: "hr-service".into(),
         listen: hr_listen,
+        grpc_listen: None,
         db: dir.join("hr.db").into(),
         peer_id: "engine".into(),
         peer_url: format!("http://{engine_listen}"),

@@ -224,6 +224,8 @@ impl<S: DemoStore> emp_service_v2::EngineHandler<S> for Workflows<S> {
 pub struct Engine {
     pub db: Database,
     pub url: String,
+    /// Where its receiver is also served over gRPC (`--grpc-listen`).
+    pub grpc_url: Option<String>,
     pub addr: std::net::SocketAddr,
     pub receiver: Receiver,
     pub dispatcher: DispatcherHandle,
@@ -276,6 +278,7 @@ impl Engine {
         let listener = tokio::net::TcpListener::bind(settings.listen).await?;
         let addr = listener.local_addr()?;
         let server = super::serve(listener, operations.router.clone());
+        let grpc_url = super::serve_grpc_receiver(settings, &receiver).await?;
         let dispatcher = S::dispatcher(&outbox)?
             .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
             .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers))
@@ -291,6 +294,7 @@ impl Engine {
         Ok(Self {
             db: settings.db.clone(),
             url: format!("http://{addr}"),
+            grpc_url,
             directory,
             addr,
             receiver,

@@ -97,6 +97,8 @@ impl<S: DemoStore> emp_service_v2::ServiceHandler<S> for LaptopDesk {
 pub struct HrService {
     pub db: Database,
     pub url: String,
+    /// Where its receiver is also served over gRPC (`--grpc-listen`).
+    pub grpc_url: Option<String>,
     pub receiver: Receiver,
     pub dispatcher: DispatcherHandle,
     pub server: tokio::task::JoinHandle<()>,
@@ -198,6 +200,7 @@ impl HrService {
         let listener = tokio::net::TcpListener::bind(settings.listen).await?;
         let url = format!("http://{}", listener.local_addr()?);
         let server = super::serve(listener, operations.router.clone());
+        let grpc_url = super::serve_grpc_receiver(settings, &receiver).await?;
         let dispatcher = S::dispatcher(&outbox)?.start()?;
         // HR provides EmpService (the engine's commands land here).
         let directory = super::register(
@@ -210,6 +213,7 @@ impl HrService {
         Ok(Self {
             db: settings.db.clone(),
             url,
+            grpc_url,
             directory,
             receiver,
             dispatcher,

@@ -38,6 +38,9 @@ pub struct Settings {
     pub service_id: String,
     /// Where its receiver listens (`127.0.0.1:0` picks a free port).
     pub listen: SocketAddr,
+    /// Where it also serves its receiver over gRPC (`rfidl.RFReceiver`),
+    /// if anywhere (`--grpc-listen`).
+    pub grpc_listen: Option<SocketAddr>,
     /// Its database (business rows, outbox and inbox): a SQLite file or a
     /// PostgreSQL database.
     pub db: rfidl_runtime::Database,
@@ -67,6 +70,7 @@ impl std::fmt::Debug for Settings {
         f.debug_struct("Settings")
             .field("service_id", &self.service_id)
             .field("listen", &self.listen)
+            .field("grpc_listen", &self.grpc_listen)
             .field("db", &self.db)
             .field("peer_id", &self.peer_id)
             .field("peer_url", &self.peer_url)
@@ -238,6 +242,28 @@ pub fn serve(
     })
 }
 
+/// Serves `receiver` over gRPC (`rfidl.RFReceiver/Receive`) on
+/// `settings.grpc_listen`, if set, until [`shutdown_token`] is cancelled;
+/// its `grpc://` URL.
+pub async fn serve_grpc_receiver(
+    settings: &Settings,
+    receiver: &Receiver,
+) -> anyhow::Result<Option<String>> {
+    let Some(address) = settings.grpc_listen else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    let url = format!("grpc://{}", listener.local_addr()?);
+    let receiver = receiver.clone();
+    tokio::spawn(async move {
+        let stop = shutdown_token().cancelled();
+        if let Err(error) = rfidl_runtime::grpc::serve_grpc(receiver, listener, stop).await {
+            tracing::error!(%error, "gRPC server stopped");
+        }
+    });
+    Ok(Some(url))
+}
+
 /// How long a graceful stop may take before the process gives up and
 /// exits non-zero.
 pub const SHUTDOWN_BOUND: Duration = Duration::from_secs(10);
@@ -344,12 +370,19 @@ pub struct ServiceArgs {
     /// service may share one).
     #[arg(long, value_parser = parse_database)]
     pub db: rfidl_runtime::Database,
-    /// Base URL of the peer's receiver, e.g. http://127.0.0.1:7001. Give it
-    /// more than once for several instances of the peer that share its
-    /// database: messages are spread over them, and one that does not
-    /// answer is skipped (docs/operations.md, "Several receivers").
+    /// Base URL of the peer's receiver, e.g. http://127.0.0.1:7001; its
+    /// scheme chooses the transport: http(s)://, unix:///path.sock, or
+    /// grpc://host:port (the peer's --grpc-listen; docs/transports.md). Give
+    /// an http(s) URL more than once for several instances of the peer that
+    /// share its database: messages are spread over them, and one that does
+    /// not answer is skipped (docs/operations.md, "Several receivers").
     #[arg(long = "peer-url", required = true, value_name = "URL")]
     pub peer_url: Vec<String>,
+    /// Also serve this service's receiver over gRPC (`rfidl.RFReceiver`,
+    /// plain HTTP/2) on this address, for peers that send with
+    /// `--peer-url grpc://ADDR`. The HTTP receiver (`--listen`) stays.
+    #[arg(long, value_name = "ADDR")]
+    pub grpc_listen: Option<SocketAddr>,
     /// Secret this service signs with (`whsec_…`). Prefer `--secret-file`
     /// or the environment: a flag's value is visible to every local user
     /// in the process list.
@@ -405,6 +438,7 @@ impl ServiceArgs {
         Ok(Settings {
             service_id: service_id.into(),
             listen: self.listen,
+            grpc_listen: self.grpc_listen,
             db: self.db.clone(),
             peer_id: peer_id.into(),
             peer_url: self.peer_url[0].clone(),
