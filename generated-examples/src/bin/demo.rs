@@ -117,12 +117,14 @@ async fn main() -> anyhow::Result<()> {
         for parts in [
             RunningParts {
                 server: hr.server,
+                grpc_server: hr.grpc_server,
                 receiver: hr.receiver,
                 dispatcher: hr.dispatcher,
                 retention: hr.operations.retention,
             },
             RunningParts {
                 server: engine.server,
+                grpc_server: engine.grpc_server,
                 receiver: engine.receiver,
                 dispatcher: engine.dispatcher,
                 retention: engine.operations.retention,

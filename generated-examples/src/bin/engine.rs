@@ -46,6 +46,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let parts = RunningParts {
         server: engine.server,
+        grpc_server: engine.grpc_server,
         receiver: engine.receiver,
         dispatcher: engine.dispatcher,
         retention: engine.operations.retention,

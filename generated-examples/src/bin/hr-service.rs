@@ -49,6 +49,7 @@ async fn main() -> anyhow::Result<()> {
     let already = count(&hr.db, "SELECT COUNT(*) FROM employees")? as u32;
     let parts = |hr: HrService| RunningParts {
         server: hr.server,
+        grpc_server: hr.grpc_server,
         receiver: hr.receiver,
         dispatcher: hr.dispatcher,
         retention: hr.operations.retention,

@@ -226,6 +226,8 @@ pub struct Engine {
     pub url: String,
     /// Where its receiver is also served over gRPC (`--grpc-listen`).
     pub grpc_url: Option<String>,
+    /// The gRPC server's task (`--grpc-listen`).
+    pub grpc_server: Option<tokio::task::JoinHandle<()>>,
     pub addr: std::net::SocketAddr,
     pub receiver: Receiver,
     pub dispatcher: DispatcherHandle,
@@ -278,7 +280,7 @@ impl Engine {
         let listener = tokio::net::TcpListener::bind(settings.listen).await?;
         let addr = listener.local_addr()?;
         let server = super::serve(listener, operations.router.clone());
-        let grpc_url = super::serve_grpc_receiver(settings, &receiver).await?;
+        let (grpc_url, grpc_server) = super::serve_grpc_receiver(settings, &receiver).await?;
         let dispatcher = S::dispatcher(&outbox)?
             .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
             .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers))
@@ -295,6 +297,7 @@ impl Engine {
             db: settings.db.clone(),
             url: format!("http://{addr}"),
             grpc_url,
+            grpc_server,
             directory,
             addr,
             receiver,

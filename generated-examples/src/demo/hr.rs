@@ -99,6 +99,8 @@ pub struct HrService {
     pub url: String,
     /// Where its receiver is also served over gRPC (`--grpc-listen`).
     pub grpc_url: Option<String>,
+    /// The gRPC server's task (`--grpc-listen`).
+    pub grpc_server: Option<tokio::task::JoinHandle<()>>,
     pub receiver: Receiver,
     pub dispatcher: DispatcherHandle,
     pub server: tokio::task::JoinHandle<()>,
@@ -200,7 +202,7 @@ impl HrService {
         let listener = tokio::net::TcpListener::bind(settings.listen).await?;
         let url = format!("http://{}", listener.local_addr()?);
         let server = super::serve(listener, operations.router.clone());
-        let grpc_url = super::serve_grpc_receiver(settings, &receiver).await?;
+        let (grpc_url, grpc_server) = super::serve_grpc_receiver(settings, &receiver).await?;
         let dispatcher = S::dispatcher(&outbox)?.start()?;
         // HR provides EmpService (the engine's commands land here).
         let directory = super::register(
@@ -214,6 +216,7 @@ impl HrService {
             db: settings.db.clone(),
             url,
             grpc_url,
+            grpc_server,
             directory,
             receiver,
             dispatcher,

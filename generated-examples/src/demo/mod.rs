@@ -243,25 +243,25 @@ pub fn serve(
 }
 
 /// Serves `receiver` over gRPC (`rfidl.RFReceiver/Receive`) on
-/// `settings.grpc_listen`, if set, until [`shutdown_token`] is cancelled;
-/// its `grpc://` URL.
+/// `settings.grpc_listen`, if set, until [`shutdown_token`] is cancelled
+/// (then the calls in flight finish): its `grpc://` URL and the server task.
 pub async fn serve_grpc_receiver(
     settings: &Settings,
     receiver: &Receiver,
-) -> anyhow::Result<Option<String>> {
+) -> anyhow::Result<(Option<String>, Option<tokio::task::JoinHandle<()>>)> {
     let Some(address) = settings.grpc_listen else {
-        return Ok(None);
+        return Ok((None, None));
     };
     let listener = tokio::net::TcpListener::bind(address).await?;
     let url = format!("grpc://{}", listener.local_addr()?);
     let receiver = receiver.clone();
-    tokio::spawn(async move {
+    let server = tokio::spawn(async move {
         let stop = shutdown_token().cancelled();
         if let Err(error) = rfidl_runtime::grpc::serve_grpc(receiver, listener, stop).await {
             tracing::error!(%error, "gRPC server stopped");
         }
     });
-    Ok(Some(url))
+    Ok((Some(url), Some(server)))
 }
 
 /// How long a graceful stop may take before the process gives up and
@@ -288,6 +288,8 @@ pub fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = &'s
 /// What a running demo service owns, in the order it is stopped.
 pub struct RunningParts {
     pub server: tokio::task::JoinHandle<()>,
+    /// The gRPC server of `--grpc-listen`, if any.
+    pub grpc_server: Option<tokio::task::JoinHandle<()>>,
     pub receiver: Receiver,
     pub dispatcher: rfidl_runtime::dispatcher::DispatcherHandle,
     pub retention: RetentionHandle,
@@ -303,6 +305,9 @@ pub async fn stop_gracefully(parts: RunningParts, bound: Duration) -> anyhow::Re
     let stop = async move {
         shutdown_token().cancel();
         let _ = parts.server.await;
+        if let Some(grpc_server) = parts.grpc_server {
+            let _ = grpc_server.await;
+        }
         parts.receiver.shutdown().await;
         parts.dispatcher.shutdown().await;
         parts.retention.shutdown().await;

@@ -159,22 +159,31 @@ impl Transport for GrpcTransport {
 
     /// The calls of a batch go out together, multiplexed on the channel (the
     /// receiver group-commits them as it does HTTP requests that arrive
-    /// together); the answers come back in request order.
+    /// together); the answers come back in request order. Dropping the
+    /// future cancels the calls still running.
     fn send_batch(&self, requests: Vec<OutgoingRequest>) -> BatchFuture<'_> {
         Box::pin(async move {
-            let calls: Vec<_> = requests
-                .into_iter()
-                .map(|request| tokio::spawn(call(self.channel.clone(), self.timeout, request)))
-                .collect();
-            let mut answers = Vec::with_capacity(calls.len());
-            for handle in calls {
-                answers.push(handle.await.unwrap_or_else(|e| {
-                    Err(TransportError::Other(format!(
-                        "the call's task failed: {e}"
-                    )))
-                }));
+            let count = requests.len();
+            let mut calls = tokio::task::JoinSet::new();
+            for (position, request) in requests.into_iter().enumerate() {
+                let (channel, timeout) = (self.channel.clone(), self.timeout);
+                calls.spawn(async move { (position, call(channel, timeout, request).await) });
+            }
+            let mut answers: Vec<Option<Result<TransportResponse, TransportError>>> =
+                (0..count).map(|_| None).collect();
+            while let Some(joined) = calls.join_next().await {
+                if let Ok((position, answer)) = joined {
+                    answers[position] = Some(answer);
+                }
             }
             answers
+                .into_iter()
+                .map(|answer| {
+                    answer.unwrap_or_else(|| {
+                        Err(TransportError::Other("the call's task failed".to_owned()))
+                    })
+                })
+                .collect()
         })
     }
 }
