@@ -7,7 +7,7 @@
 //! domain sockets (HTTP/1.1 over a socket file, Linux and macOS), and a
 //! spread over several HTTP base URLs of one destination, with failover
 //! ([`SpreadTransport`]). With the cargo feature `grpc`, a gRPC call per
-//! request ([`GrpcTransport`], `grpc://` destinations).
+//! request (`GrpcTransport`, `grpc://` destinations).
 
 #[cfg(feature = "grpc")]
 mod grpc;
