@@ -9,7 +9,9 @@
 //! (c) messages delivered and processed exactly once per second, outbox ->
 //!     dispatcher -> HTTP -> receiver -> inbox, receiver FULL and NORMAL;
 //! (d) inbox duplicate-check latency with 1,000,000 inbox rows;
-//! (e) latency from the sender's commit to the handler's effect, low load.
+//! (e) latency from the sender's commit to the handler's effect, low load;
+//! (c) and (e) again over gRPC (`grpc://`, the receiver served by
+//!     `rfidl_runtime::grpc::serve_grpc`).
 //!
 //! With `RFIDL_POSTGRES_URL` set (`cargo xtask bench delivery` starts a
 //! throw-away server), the same figures follow on the PostgreSQL store, each
@@ -44,7 +46,8 @@ fn main() {
     println!("rfidl-runtime delivery benchmarks ({cores} cores)");
     println!("{:<66} {:>16}", "figure", "value");
 
-    // `RFIDL_BENCH_ONLY=a`, `c1` or `e`: that figure alone, e.g. under `perf record`.
+    // `RFIDL_BENCH_ONLY=a`, `c1` or `e`: that figure alone, e.g. under `perf record`;
+    // `grpc`: (c) and (e) over HTTP and gRPC side by side.
     if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("a") {
         let (enqueue, raw) = enqueue_beside_raw(dir.path());
         report(
@@ -65,11 +68,27 @@ fn main() {
         return;
     }
     if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("c1") {
-        let rate = runtime.block_on(delivery_rate(dir.path(), Durability::Full, 1));
+        let rate = runtime.block_on(delivery_rate(dir.path(), Durability::Full, 1, Wire::Http));
         report(
             "(c1) exactly-once deliveries, one message per request, receiver Full",
             format!("{rate:.0} msg/s"),
         );
+        return;
+    }
+
+    if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("grpc") {
+        for wire in [Wire::Http, Wire::Grpc] {
+            let rate = runtime.block_on(delivery_rate(dir.path(), Durability::Full, 256, wire));
+            report(
+                &format!("(c) exactly-once deliveries, {wire:?} loopback, receiver Full"),
+                format!("{rate:.0} msg/s"),
+            );
+            let (p50, p99) = runtime.block_on(commit_to_effect(dir.path(), wire));
+            report(
+                &format!("(e) commit -> effect over {wire:?}: p50 / p99"),
+                format!("{p50:.2} / {p99:.2} ms"),
+            );
+        }
         return;
     }
 
@@ -109,11 +128,11 @@ fn main() {
     );
 
     for durability in [Durability::Full, Durability::Normal] {
-        let rate = runtime.block_on(delivery_rate(dir.path(), durability, 256));
+        let rate = runtime.block_on(delivery_rate(dir.path(), durability, 256, Wire::Http));
         let label = format!("(c) exactly-once deliveries, HTTP loopback, receiver {durability:?}");
         report(&label, format!("{rate:.0} msg/s"));
     }
-    let rate = runtime.block_on(delivery_rate(dir.path(), Durability::Full, 1));
+    let rate = runtime.block_on(delivery_rate(dir.path(), Durability::Full, 1, Wire::Http));
     report(
         "(c1) the same, one message per request (batch_size 1), receiver Full",
         format!("{rate:.0} msg/s"),
@@ -127,9 +146,21 @@ fn main() {
     report("    p99", format!("{:.1} µs", p99));
     report("    p99.9", format!("{:.1} µs", p999));
 
-    let (p50, p99) = runtime.block_on(commit_to_effect(dir.path()));
+    let (p50, p99) = runtime.block_on(commit_to_effect(dir.path(), Wire::Http));
     report(
         "(e) sender commit -> handler effect, low load: p50",
+        format!("{:.2} ms", p50),
+    );
+    report("    p99", format!("{:.2} ms", p99));
+
+    let rate = runtime.block_on(delivery_rate(dir.path(), Durability::Full, 256, Wire::Grpc));
+    report(
+        "(c-grpc) exactly-once deliveries, gRPC loopback, receiver Full",
+        format!("{rate:.0} msg/s"),
+    );
+    let (p50, p99) = runtime.block_on(commit_to_effect(dir.path(), Wire::Grpc));
+    report(
+        "(e-grpc) sender commit -> handler effect over gRPC: p50",
         format!("{:.2} ms", p50),
     );
     report("    p99", format!("{:.2} ms", p99));
@@ -325,6 +356,13 @@ impl HostedService for Ledger {
     }
 }
 
+/// How the pair's receiver is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wire {
+    Http,
+    Grpc,
+}
+
 struct Pair {
     outbox: Outbox,
     sender_db: std::path::PathBuf,
@@ -333,7 +371,7 @@ struct Pair {
     url: String,
 }
 
-async fn pair(dir: &Path, name: &str, durability: Durability, batch_size: u32) -> Pair {
+async fn pair(dir: &Path, name: &str, durability: Durability, batch_size: u32, wire: Wire) -> Pair {
     let secret = Secret::generate();
     let receiver_db = dir.join(format!("{name}-receiver.db"));
     let mut config = Config {
@@ -356,9 +394,23 @@ async fn pair(dir: &Path, name: &str, durability: Durability, batch_size: u32) -
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    let router = receiver.router();
-    tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
+    let address = listener.local_addr().expect("addr");
+    let url = match wire {
+        Wire::Http => {
+            let router = receiver.router();
+            tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
+            format!("http://{address}")
+        }
+        Wire::Grpc => {
+            let never = std::future::pending::<()>();
+            tokio::spawn(async move {
+                rfidl_runtime::grpc::serve_grpc(receiver, listener, never)
+                    .await
+                    .expect("serve")
+            });
+            format!("grpc://{address}")
+        }
+    };
     let sender_db = dir.join(format!("{name}-sender.db"));
     let mut sender = Config {
         service_id: "bench".into(),
@@ -391,12 +443,13 @@ fn count(path: &Path, sql: &str) -> i64 {
         .expect("count")
 }
 
-async fn delivery_rate(dir: &Path, durability: Durability, batch_size: u32) -> f64 {
+async fn delivery_rate(dir: &Path, durability: Durability, batch_size: u32, wire: Wire) -> f64 {
     let pair = pair(
         dir,
-        &format!("c-{durability:?}-{batch_size}"),
+        &format!("c-{durability:?}-{batch_size}-{wire:?}"),
         durability,
         batch_size,
+        wire,
     )
     .await;
     let mut conn = db::open(&pair.sender_db, Durability::Normal).expect("open");
@@ -471,8 +524,8 @@ fn dedupe_latency(path: &Path) -> (f64, f64, f64) {
     )
 }
 
-async fn commit_to_effect(dir: &Path) -> (f64, f64) {
-    let pair = pair(dir, "e", Durability::Full, 256).await;
+async fn commit_to_effect(dir: &Path, wire: Wire) -> (f64, f64) {
+    let pair = pair(dir, &format!("e-{wire:?}"), Durability::Full, 256, wire).await;
     let dispatcher = Dispatcher::builder(&pair.outbox, &pair.sender_db)
         .start()
         .expect("dispatcher");

@@ -154,6 +154,7 @@ impl Default for InboxConfig {
 pub struct DestinationConfig {
     /// `http://host:port` or `https://host:port` (base URL; `/_rf/receive`
     /// is appended; HTTPS needs the default cargo feature `tls`), `unix:///path.sock`,
+    /// `grpc://host:port` (cargo feature `grpc`; `docs/transports.md`),
     /// or `inproc://name` for a receiver registered in the same process.
     pub url: String,
     /// More base URLs of the same destination: instances of one receiving

@@ -29,6 +29,8 @@ pub mod directory;
 pub mod dispatcher;
 pub mod duration;
 pub mod envelope;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 pub mod inbox;
 pub mod lifecycle;
 pub mod liveness;

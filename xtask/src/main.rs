@@ -374,6 +374,20 @@ fn ci() -> Result<(), String> {
         "-D",
         "warnings",
     ]))?;
+    // The gRPC transport on its own (no TLS, no PostgreSQL); the tests run
+    // it with --all-features.
+    run(cargo().args([
+        "clippy",
+        "-p",
+        "rfidl-runtime",
+        "--lib",
+        "--no-default-features",
+        "--features",
+        "grpc",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     test(&[])?;
     // Every fault scenario with a small load (docs/guarantees.md).
     chaos(&["--messages".to_owned(), "200".to_owned()])

@@ -70,6 +70,7 @@ async fn main() -> anyhow::Result<()> {
     let engine_settings = Settings {
         service_id: "engine".into(),
         listen: engine_listen,
+        grpc_listen: None,
         db: dir.join("engine.db").into(),
         peer_id: "hr-service".into(),
         peer_url: format!("http://{hr_listen}"),
@@ -84,6 +85,7 @@ async fn main() -> anyhow::Result<()> {
     let hr_settings = Settings {
         service_id: "hr-service".into(),
         listen: hr_listen,
+        grpc_listen: None,
         db: dir.join("hr.db").into(),
         peer_id: "engine".into(),
         peer_url: format!("http://{engine_listen}"),
@@ -117,6 +119,7 @@ async fn main() -> anyhow::Result<()> {
         for parts in [
             RunningParts {
                 server: hr.server,
+                grpc_server: hr.grpc_server,
                 receiver: hr.receiver,
                 dispatcher: hr.dispatcher,
                 retention: hr.operations.retention,
@@ -124,6 +127,7 @@ async fn main() -> anyhow::Result<()> {
             },
             RunningParts {
                 server: engine.server,
+                grpc_server: engine.grpc_server,
                 receiver: engine.receiver,
                 dispatcher: engine.dispatcher,
                 retention: engine.operations.retention,

@@ -224,6 +224,10 @@ impl<S: DemoStore> emp_service_v2::EngineHandler<S> for Workflows<S> {
 pub struct Engine {
     pub db: Database,
     pub url: String,
+    /// Where its receiver is also served over gRPC (`--grpc-listen`).
+    pub grpc_url: Option<String>,
+    /// The gRPC server's task (`--grpc-listen`).
+    pub grpc_server: Option<tokio::task::JoinHandle<()>>,
     pub addr: std::net::SocketAddr,
     pub receiver: Receiver,
     pub dispatcher: DispatcherHandle,
@@ -278,6 +282,7 @@ impl Engine {
         let listener = tokio::net::TcpListener::bind(settings.listen).await?;
         let addr = listener.local_addr()?;
         let server = super::serve(listener, operations.router.clone());
+        let (grpc_url, grpc_server) = super::serve_grpc_receiver(settings, &receiver).await?;
         let dispatcher = S::dispatcher(&outbox)?
             .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
             .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers))
@@ -300,6 +305,8 @@ impl Engine {
         Ok(Self {
             db: settings.db.clone(),
             url: format!("http://{addr}"),
+            grpc_url,
+            grpc_server,
             directory,
             addr,
             receiver,

@@ -97,6 +97,10 @@ impl<S: DemoStore> emp_service_v2::ServiceHandler<S> for LaptopDesk {
 pub struct HrService {
     pub db: Database,
     pub url: String,
+    /// Where its receiver is also served over gRPC (`--grpc-listen`).
+    pub grpc_url: Option<String>,
+    /// The gRPC server's task (`--grpc-listen`).
+    pub grpc_server: Option<tokio::task::JoinHandle<()>>,
     pub receiver: Receiver,
     pub dispatcher: DispatcherHandle,
     pub server: tokio::task::JoinHandle<()>,
@@ -200,6 +204,7 @@ impl HrService {
         let listener = tokio::net::TcpListener::bind(settings.listen).await?;
         let url = format!("http://{}", listener.local_addr()?);
         let server = super::serve(listener, operations.router.clone());
+        let (grpc_url, grpc_server) = super::serve_grpc_receiver(settings, &receiver).await?;
         let dispatcher = S::dispatcher(&outbox)?.start()?;
         // HR acts on no answer: the engine's answers are only recorded.
         let broker = super::broker::Broker::start(settings, &receiver, |answers| answers)?;
@@ -214,6 +219,8 @@ impl HrService {
         Ok(Self {
             db: settings.db.clone(),
             url,
+            grpc_url,
+            grpc_server,
             directory,
             receiver,
             dispatcher,

@@ -315,3 +315,84 @@ fn exactly_once_across_two_engine_instances_when_one_is_sigkilled_for_good() {
     );
     assert_exactly_once(dir.path(), hires);
 }
+
+/// The gRPC ports of both services (`--grpc-listen`) beside their HTTP ones.
+struct GrpcPorts {
+    hr: u16,
+    engine: u16,
+}
+
+/// An engine that receives over gRPC too and sends to HR over gRPC.
+fn engine_over_grpc(dir: &Path, peers: &Peers, grpc: &GrpcPorts) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args(["--listen", &format!("127.0.0.1:{}", peers.engine_port)])
+        .args(["--grpc-listen", &format!("127.0.0.1:{}", grpc.engine)])
+        .arg("--db")
+        .arg(dir.join("engine.db"))
+        .args(["--peer-url", &format!("grpc://127.0.0.1:{}", grpc.hr)])
+        .args([
+            "--secret",
+            &peers.engine_secret,
+            "--peer-secret",
+            &peers.hr_secret,
+        ])
+        .arg("--config")
+        .arg(dir.join("config.yaml"))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start engine")
+}
+
+/// An HR service that receives over gRPC too and sends to the engine over
+/// gRPC (the spec's form of the URL, with the method's path).
+fn hr_service_over_grpc(dir: &Path, peers: &Peers, grpc: &GrpcPorts, hires: i64) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_hr-service"))
+        .args(["--listen", &format!("127.0.0.1:{}", peers.hr_port)])
+        .args(["--grpc-listen", &format!("127.0.0.1:{}", grpc.hr)])
+        .arg("--db")
+        .arg(dir.join("hr.db"))
+        .args([
+            "--peer-url",
+            &format!("grpc://127.0.0.1:{}/RFReceiver/Receive", grpc.engine),
+        ])
+        .args([
+            "--secret",
+            &peers.hr_secret,
+            "--peer-secret",
+            &peers.engine_secret,
+        ])
+        .arg("--config")
+        .arg(dir.join("config.yaml"))
+        .args(["--hire", &hires.to_string(), "--exit-when-done"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start hr-service")
+}
+
+#[test]
+fn exactly_once_over_grpc_both_ways_across_a_sigkilled_and_restarted_engine() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let peers = peers(dir.path());
+    let grpc = GrpcPorts {
+        hr: free_port(),
+        engine: free_port(),
+    };
+    let hires = 100;
+    let mut engine_process = engine_over_grpc(dir.path(), &peers, &grpc);
+    let mut hr = hr_service_over_grpc(dir.path(), &peers, &grpc, hires);
+
+    let engine_db = dir.path().join("engine.db");
+    wait_for_count(&engine_db, "SELECT COUNT(*) FROM workflows", 10);
+    engine_process.kill().expect("SIGKILL the engine");
+    engine_process.wait().expect("reap");
+    let at_kill = count(&engine_db, "SELECT COUNT(*) FROM workflows");
+    let mut engine_process = engine_over_grpc(dir.path(), &peers, &grpc);
+
+    wait_done(&mut hr, &mut engine_process);
+    assert!(
+        at_kill < hires,
+        "the kill happened mid-stream ({at_kill} of {hires})"
+    );
+    // Both peer URLs are grpc://: every message went over gRPC.
+    assert_exactly_once(dir.path(), hires);
+}

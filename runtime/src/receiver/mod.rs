@@ -499,6 +499,12 @@ impl Receiver {
         &self.shared.metadata
     }
 
+    /// The largest body [`receive`](Self::receive) takes (`inbox.body_limit`);
+    /// larger ones are answered 413 `payload_too_large`.
+    pub fn body_limit(&self) -> usize {
+        self.shared.body_limit
+    }
+
     /// Processes one envelope as `POST /_rf/receive` would, without HTTP (for
     /// in-process transports and tests).
     pub async fn receive(&self, headers: &HeaderMap, body: Bytes) -> Answer {
@@ -510,6 +516,17 @@ impl Receiver {
             return Answer::Refused(refusal);
         }
         self.shared.receive_one(headers, body).await
+    }
+
+    /// The answer to a body over [`body_limit`](Self::body_limit) that was
+    /// refused before it was read whole (counted like any refusal).
+    #[cfg(feature = "grpc")]
+    pub(crate) fn payload_too_large(&self) -> Answer {
+        let refusal = ReceiveError::PayloadTooLarge {
+            limit: self.shared.body_limit,
+        };
+        self.shared.count_refusal(&refusal);
+        Answer::Refused(refusal)
     }
 
     /// Stops taking messages, lets the writer finish what is queued, and waits

@@ -6,8 +6,11 @@
 //! axum `Router` directly, so the very same receiver code runs), Unix
 //! domain sockets (HTTP/1.1 over a socket file, Linux and macOS), and a
 //! spread over several HTTP base URLs of one destination, with failover
-//! ([`SpreadTransport`]).
+//! ([`SpreadTransport`]). With the cargo feature `grpc`, a gRPC call per
+//! request (`GrpcTransport`, `grpc://` destinations).
 
+#[cfg(feature = "grpc")]
+mod grpc;
 mod http;
 mod in_process;
 #[cfg(feature = "nats")]
@@ -21,6 +24,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "grpc")]
+pub use grpc::GrpcTransport;
 pub use http::HttpTransport;
 pub use in_process::InProcessTransport;
 #[cfg(feature = "nats")]
@@ -146,9 +151,10 @@ pub(crate) fn retry_after(value: Option<&str>) -> Option<Duration> {
 }
 
 /// The transport of a configured destination: a [`UnixSocketTransport`] for
-/// a `unix://` URL, an [`HttpTransport`] for one `http(s)://` URL (trusting
-/// its `ca_file`, if named), a [`SpreadTransport`] over several, a
-/// `JetStreamTransport` for a `nats://` URL (cargo feature `nats`). Errors name
+/// a `unix://` URL, a `GrpcTransport` for a `grpc://` one (cargo feature
+/// `grpc`), a `JetStreamTransport` for a `nats://` one (cargo feature
+/// `nats`), an [`HttpTransport`] for one `http(s)://` URL (trusting its
+/// `ca_file`, if named), a [`SpreadTransport`] over several. Errors name
 /// what is wrong, never a URL (it may hold credentials).
 pub(crate) fn for_destination(
     destination: &crate::config::DestinationConfig,
@@ -160,6 +166,9 @@ pub(crate) fn for_destination(
     if destination.urls.is_empty() {
         if let Some(path) = destination.url.strip_prefix("unix://") {
             return unix_transport(path, timeout);
+        }
+        if destination.url.starts_with("grpc://") {
+            return grpc_transport(&destination.url, timeout);
         }
         return Ok(Arc::new(http_transport(
             destination,
@@ -244,6 +253,18 @@ fn nats_transport(
     _: Duration,
 ) -> Result<Arc<dyn Transport>, String> {
     Err("`url`: nats:// destinations need rfidl-runtime's cargo feature `nats`".to_owned())
+}
+
+#[cfg(feature = "grpc")]
+fn grpc_transport(url: &str, timeout: Duration) -> Result<Arc<dyn Transport>, String> {
+    GrpcTransport::new(url, timeout)
+        .map(|transport| Arc::new(transport) as Arc<dyn Transport>)
+        .map_err(|what| format!("`url` {what}"))
+}
+
+#[cfg(not(feature = "grpc"))]
+fn grpc_transport(_: &str, _: Duration) -> Result<Arc<dyn Transport>, String> {
+    Err("`url` is a grpc:// URL: build rfidl-runtime with its `grpc` feature".to_owned())
 }
 
 #[cfg(unix)]

@@ -6,6 +6,8 @@ mod decommission;
 mod directory;
 mod dispatcher;
 mod faults;
+// The gRPC transport: the HTTP table over gRPC, byte-for-byte answers.
+mod grpc;
 mod interop;
 // The NATS JetStream transport against a real nats-server.
 mod nats;
