@@ -366,12 +366,12 @@ async fn handle(shared: &Shared, context: &jetstream::Context, message: jetstrea
                 .get(REPLY_TO_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
-            if let (Some(reply), Some(id)) = (reply, &message_id) {
-                if let Err(error) = publish_answer(shared, context, &reply, id, answer).await {
-                    tracing::warn!(message_id = %id, %error, "cannot publish the answer; redelivered later");
-                    nak(&message, backoff_of(shared, delivered)).await;
-                    return;
-                }
+            if let (Some(reply), Some(id)) = (reply, &message_id)
+                && let Err(error) = publish_answer(shared, context, &reply, id, answer).await
+            {
+                tracing::warn!(message_id = %id, %error, "cannot publish the answer; redelivered later");
+                nak(&message, backoff_of(shared, delivered)).await;
+                return;
             }
             let acked = tokio::time::timeout(shared.timeout, message.double_ack()).await;
             if !matches!(acked, Ok(Ok(()))) {
