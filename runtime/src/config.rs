@@ -154,7 +154,9 @@ impl Default for InboxConfig {
 pub struct DestinationConfig {
     /// `http://host:port` or `https://host:port` (base URL; `/_rf/receive`
     /// is appended; HTTPS needs the default cargo feature `tls`), `unix:///path.sock`,
-    /// or `inproc://name` for a receiver registered in the same process.
+    /// `inproc://name` for a receiver registered in the same process, or
+    /// `nats://[user:password@]host:port/<subject>` for a NATS JetStream
+    /// stream (cargo feature `nats`; `docs/transports.md`).
     pub url: String,
     /// More base URLs of the same destination: instances of one receiving
     /// service that share its inbox database. Messages are spread
