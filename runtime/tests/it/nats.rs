@@ -892,3 +892,136 @@ async fn command_answers_come_back_and_their_handler_runs_once() {
     consumer.shutdown().await;
     receiver.shutdown().await;
 }
+
+impl rfidl_runtime::responses::ResponseHandler<rfidl_runtime::Postgres> for BalancesHandler {
+    fn interface(&self) -> (&'static str, u32) {
+        (support::INTERFACE, 1)
+    }
+
+    fn handle(
+        &self,
+        answer: &rfidl_runtime::responses::Answer<'_>,
+        tx: &mut ::postgres::Transaction<'_>,
+    ) -> Result<(), rfidl_runtime::receiver::HandlerError> {
+        self.0
+            .calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tx.execute(
+            "INSERT INTO answers (message_id, balance) VALUES ($1, $2)",
+            &[&answer.message_id, &answer.payload["balance"].as_i64()],
+        )?;
+        Ok(())
+    }
+}
+
+crate::stores::on_every_store!(
+    commands_over_jetstream_take_effect_once_and_their_answers_are_handled_once,
+    answers_on_every_store
+);
+async fn answers_on_every_store(store: &crate::stores::TestStore) {
+    use crate::stores::TestStore;
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let receiver_store = store.another();
+    store.execute_dialects(
+        "CREATE TABLE answers (message_id TEXT PRIMARY KEY, balance INTEGER)",
+        "CREATE TABLE answers (message_id TEXT PRIMARY KEY, balance BIGINT)",
+    );
+    let secret = Secret::generate();
+    let url = server.url(SUBJECT);
+    let mut config = sender_config(Duration::from_millis(50));
+    config.outbox.request_timeout = Duration::from_secs(1);
+    config.destinations.insert(
+        "ledger".into(),
+        DestinationConfig::new(url.clone(), secret.to_whsec()),
+    );
+    let outbox = store.outbox(config);
+    let ledger = Arc::new(Ledger::default());
+    let receiver = receiver_store
+        .receiver(support::receiver_config(&[&secret]), ledger.clone())
+        .expect("receiver");
+    let consumer = match &receiver_store {
+        TestStore::Sqlite { path, .. } => JetStreamConsumer::builder(receiver.clone(), &url, path),
+        TestStore::Postgres { url: database, .. } => {
+            JetStreamConsumer::postgres(receiver.clone(), &url, database)
+        }
+    }
+    .durable("ledger")
+    .ack_wait(Duration::from_secs(2))
+    .timeout(Duration::from_secs(1))
+    .spawn()
+    .expect("consumer");
+    let balances = Arc::new(Balances::default());
+    let handler = BalancesHandler(balances.clone());
+    let answers = match store {
+        TestStore::Sqlite { path, .. } => {
+            rfidl_runtime::nats::AnswersConsumer::builder(support::SOURCE, &url, path)
+                .responses(handler)
+                .timeout(Duration::from_secs(1))
+                .spawn()
+        }
+        TestStore::Postgres { url: database, .. } => {
+            rfidl_runtime::nats::AnswersConsumer::postgres(support::SOURCE, &url, database)
+                .responses(handler)
+                .timeout(Duration::from_secs(1))
+                .spawn()
+        }
+    }
+    .expect("answers consumer");
+    let dispatcher = store.dispatcher(&outbox).start().expect("dispatcher");
+    let messages = 50;
+    store.enqueue_many(
+        &outbox,
+        (0..messages)
+            .map(|i| message("ledger", "Credit", json!({"account": "s", "amount": i})))
+            .collect(),
+    );
+    // And one that will never succeed: terminated into the receiver's database.
+    let context = jetstream(&server).await;
+    let poison = Uuid::now_v7().to_string();
+    let (headers, body) = signed(&poison, "Refund", json!({}), &secret);
+    publish_raw(&context, &headers, &body, &poison).await;
+    wait_until("every answer handled", Duration::from_secs(15), || {
+        store.count("SELECT COUNT(*) FROM answers") == messages
+            && receiver_store.count("SELECT COUNT(*) FROM rf_terminated") == 1
+    })
+    .await;
+    assert_eq!(
+        receiver_store.count("SELECT COUNT(*) FROM ledger"),
+        messages
+    );
+    assert_eq!(
+        receiver_store.count("SELECT COUNT(DISTINCT message_id) FROM ledger"),
+        messages
+    );
+    assert_eq!(
+        store.count(
+            "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent' AND answered_at IS NOT NULL"
+        ),
+        messages
+    );
+    // Each answer carries the receiver's response (a balance; concurrent
+    // PostgreSQL writers do not see each other's rows, so no total here).
+    assert_eq!(
+        store.count("SELECT COUNT(*) FROM answers WHERE balance IS NOT NULL"),
+        messages
+    );
+    assert_eq!(
+        receiver_store.count(&format!(
+            "SELECT COUNT(*) FROM rf_terminated WHERE message_id = '{poison}' \
+             AND error LIKE '404 unknown_endpoint%'"
+        )),
+        1
+    );
+    assert_eq!(
+        balances.calls.load(std::sync::atomic::Ordering::SeqCst),
+        messages as u32
+    );
+    assert_eq!(drained(&server, "ledger").await, (0, 0));
+    assert_eq!(drained(&server, "rfidl-answers-billing").await, (0, 0));
+    dispatcher.shutdown().await;
+    answers.shutdown().await;
+    consumer.shutdown().await;
+    receiver.shutdown().await;
+}
