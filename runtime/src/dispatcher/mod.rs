@@ -963,6 +963,21 @@ mod tests {
             classify(&answer(200, "not json")),
             Verdict::Retry { .. }
         ));
+        // A broker's acceptance (JetStream): Sent, the answer comes later.
+        let deferred = r#"{"acknowledged":true,"duplicate":false,"payload":null,"deferred":true}"#;
+        assert_eq!(classify(&answer(202, deferred)), Verdict::Published);
+        // Only with the marker: a 202 acknowledgement of an HTTP receiver
+        // is an answer like a 200.
+        assert_eq!(
+            classify(&answer(202, ack)),
+            Verdict::Sent {
+                response: serde_json::json!({"x": 1})
+            }
+        );
+        assert!(matches!(
+            classify(&answer(200, deferred)),
+            Verdict::Sent { .. }
+        ));
         assert!(matches!(classify(&answer(409, "")), Verdict::Sent { .. }));
         for status in [400, 404, 413, 422] {
             assert!(

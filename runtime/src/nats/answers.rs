@@ -13,7 +13,7 @@
 //! the dispatcher recorded the publish (the row is not `Sent` yet) is
 //! negatively acknowledged for a moment.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,7 +27,7 @@ use super::{
     validate_durable,
 };
 use crate::responses::ResponseHandler;
-use crate::store::Sqlite;
+use crate::store::{Sqlite, Store};
 
 /// The entry point: `AnswersConsumer::builder("engine", "nats://…/orders",
 /// "engine.db").responses(router).spawn()`.
@@ -41,12 +41,52 @@ impl AnswersConsumer {
         service_id: &str,
         destination_url: &str,
         db_path: impl AsRef<Path>,
-    ) -> AnswersBuilder {
+    ) -> AnswersBuilder<Sqlite> {
+        let path = db_path.as_ref().to_path_buf();
+        Self::with_store(
+            service_id,
+            destination_url,
+            Box::new(move || {
+                let conn = crate::db::open(&path, crate::config::Durability::Full)?;
+                Ok(Arc::new(SqliteAnswers(Mutex::new(conn))) as Arc<dyn AnswerStore<Sqlite>>)
+            }),
+        )
+    }
+
+    /// [`builder`](Self::builder) for an outbox on PostgreSQL: the answer,
+    /// its marker and the handler's writes commit in one transaction of
+    /// that database (the row locked, so replicas apply an answer once).
+    #[cfg(feature = "postgres")]
+    pub fn postgres(
+        service_id: &str,
+        destination_url: &str,
+        database: &crate::pg::PostgresUrl,
+    ) -> AnswersBuilder<crate::store::Postgres> {
+        let url = database.clone();
+        Self::with_store(
+            service_id,
+            destination_url,
+            Box::new(move || {
+                let client = crate::pg::open(&url)?;
+                Ok(
+                    Arc::new(PostgresAnswers(Mutex::new(crate::pg::Connection::new(
+                        url, client,
+                    )))) as Arc<dyn AnswerStore<crate::store::Postgres>>,
+                )
+            }),
+        )
+    }
+
+    fn with_store<S: Store>(
+        service_id: &str,
+        destination_url: &str,
+        open: OpenStore<S>,
+    ) -> AnswersBuilder<S> {
         let defaults = crate::Config::default();
         AnswersBuilder {
             service_id: service_id.to_owned(),
             url: NatsUrl::parse(destination_url),
-            db: db_path.as_ref().to_path_buf(),
+            open,
             durable: None,
             handlers: Vec::new(),
             ack_wait: super::consumer::DEFAULT_ACK_WAIT,
@@ -60,12 +100,12 @@ impl AnswersConsumer {
 
 /// Configures an [`AnswersConsumer`].
 #[must_use = "call .spawn() to start the consumer"]
-pub struct AnswersBuilder {
+pub struct AnswersBuilder<S: Store = Sqlite> {
     service_id: String,
     url: Result<NatsUrl, String>,
-    db: PathBuf,
+    open: OpenStore<S>,
     durable: Option<String>,
-    handlers: Vec<Arc<dyn ResponseHandler<Sqlite>>>,
+    handlers: Vec<Arc<dyn ResponseHandler<S>>>,
     ack_wait: Duration,
     backoff_base: Duration,
     backoff_max: Duration,
@@ -73,7 +113,10 @@ pub struct AnswersBuilder {
     timeout: Duration,
 }
 
-impl std::fmt::Debug for AnswersBuilder {
+/// Opens the sender's database when the consumer starts.
+type OpenStore<S> = Box<dyn FnOnce() -> Result<Arc<dyn AnswerStore<S>>, crate::db::DbError> + Send>;
+
+impl<S: Store> std::fmt::Debug for AnswersBuilder<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AnswersBuilder")
             .field("service_id", &self.service_id)
@@ -82,11 +125,11 @@ impl std::fmt::Debug for AnswersBuilder {
     }
 }
 
-impl AnswersBuilder {
+impl<S: Store> AnswersBuilder<S> {
     /// Runs `handler` on the answers to messages of its interface version
     /// (the same handler as the dispatcher's
     /// [`responses`](crate::dispatcher::DispatcherBuilder::responses)).
-    pub fn responses(mut self, handler: impl ResponseHandler<Sqlite>) -> Self {
+    pub fn responses(mut self, handler: impl ResponseHandler<S>) -> Self {
         self.handlers.push(Arc::new(handler));
         self
     }
@@ -143,7 +186,7 @@ impl AnswersBuilder {
             field: "durable",
             message,
         })?;
-        let conn = crate::db::open(&self.db, crate::config::Durability::Full)?;
+        let store = (self.open)()?;
         let shared = Arc::new(Shared {
             filter: answers_subject(url.subject(), &self.service_id),
             url,
@@ -154,7 +197,7 @@ impl AnswersBuilder {
             backoff_max: self.backoff_max,
             max_retries: self.max_retries,
             timeout: self.timeout,
-            conn: Arc::new(Mutex::new(conn)),
+            store,
         });
         let cancel = CancellationToken::new();
         let task = tokio::spawn(run(shared, cancel.clone()));
@@ -182,20 +225,20 @@ impl AnswersHandle {
     }
 }
 
-struct Shared {
+struct Shared<S: Store> {
     url: NatsUrl,
     filter: String,
     durable: String,
-    handlers: Vec<Arc<dyn ResponseHandler<Sqlite>>>,
+    handlers: Vec<Arc<dyn ResponseHandler<S>>>,
     ack_wait: Duration,
     backoff_base: Duration,
     backoff_max: Duration,
     max_retries: u32,
     timeout: Duration,
-    conn: Arc<Mutex<rusqlite::Connection>>,
+    store: Arc<dyn AnswerStore<S>>,
 }
 
-async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
+async fn run<S: Store>(shared: Arc<Shared<S>>, cancel: CancellationToken) {
     let mut failures = 0u32;
     let mut client = None;
     while !cancel.is_cancelled() {
@@ -275,7 +318,7 @@ async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
 /// `{messageId, status, body}` as the receiving consumer publishes it.
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Published {
+pub(crate) struct Published {
     message_id: String,
     status: u16,
     #[serde(default)]
@@ -283,7 +326,7 @@ struct Published {
 }
 
 /// What recording an answer came to.
-enum Recorded {
+pub(crate) enum Recorded {
     /// Committed now, or found recorded before: acknowledge.
     Done,
     /// The row is not `Sent` yet: the dispatcher has not recorded the
@@ -293,7 +336,7 @@ enum Recorded {
     Failed(String),
 }
 
-async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
+async fn handle<S: Store>(shared: &Arc<Shared<S>>, message: jetstream::Message) {
     let delivered = message
         .info()
         .map(|info| info.delivered.max(1) as u32)
@@ -308,9 +351,10 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
     };
     let worker = shared.clone();
     let id = published.message_id.clone();
-    let recorded = tokio::task::spawn_blocking(move || record(&worker, &published))
-        .await
-        .unwrap_or_else(|_| Recorded::Failed("the response handler panicked".to_owned()));
+    let recorded =
+        tokio::task::spawn_blocking(move || worker.store.record(&worker.handlers, &published))
+            .await
+            .unwrap_or_else(|_| Recorded::Failed("the response handler panicked".to_owned()));
     let backoff = crate::dispatcher::backoff(
         delivered.saturating_sub(1),
         shared.backoff_base,
@@ -333,15 +377,10 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         }
         Recorded::Failed(error) if delivered > shared.max_retries => {
             tracing::error!(message_id = %id, %error, "response handler failed {delivered} times; answer terminated");
-            let conn = shared.conn.clone();
+            let store = shared.store.clone();
             let id = id.clone();
             let _ = tokio::task::spawn_blocking(move || {
-                if let Ok(conn) = conn.lock() {
-                    let _ = conn.execute(
-                        "UPDATE outbox_messages SET last_error = ?1 WHERE message_id = ?2",
-                        rusqlite::params![format!("answer not handled: {error}"), id],
-                    );
-                }
+                store.note_failure(&id, &format!("answer not handled: {error}"));
             })
             .await;
             let _ = message.ack_with(AckKind::Term).await;
@@ -351,6 +390,16 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
             let _ = message.ack_with(AckKind::Nak(Some(backoff))).await;
         }
     }
+}
+
+/// The sender's database, as the answers consumer uses it (on the
+/// blocking pool).
+pub(crate) trait AnswerStore<S: Store>: Send + Sync + 'static {
+    /// In one transaction: the row's marker and response, and its
+    /// handler's writes.
+    fn record(&self, handlers: &[Arc<dyn ResponseHandler<S>>], published: &Published) -> Recorded;
+    /// Keeps why an answer was given up in the row's `last_error`.
+    fn note_failure(&self, message_id: &str, error: &str);
 }
 
 /// The outbox row an answer belongs to.
@@ -364,19 +413,84 @@ struct Row {
     headers: String,
 }
 
-/// One transaction: the marker, the response and the handler's writes.
-fn record(shared: &Shared, published: &Published) -> Recorded {
-    let Ok(mut conn) = shared.conn.lock() else {
-        return Recorded::Failed("connection lock poisoned".to_owned());
+/// The payload of an answer (`null` when it has none).
+fn payload_of(published: &Published) -> serde_json::Value {
+    if published.status >= 300 {
+        tracing::warn!(message_id = %published.message_id, status = published.status, "answer is not an acknowledgement");
+    }
+    published
+        .body
+        .get("payload")
+        .cloned()
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// Runs the row's handler, if one is registered, in the caller's
+/// transaction, in the message's trace.
+fn run_handler<S: Store>(
+    handlers: &[Arc<dyn ResponseHandler<S>>],
+    row: &Row,
+    message_id: &str,
+    payload: &serde_json::Value,
+    tx: S::Handle<'_, '_>,
+) -> Result<(), String> {
+    let Some(handler) = handlers
+        .iter()
+        .find(|h| h.interface() == (row.interface.as_str(), row.version))
+    else {
+        return Ok(());
     };
-    let result = (|| -> Result<Recorded, rusqlite::Error> {
-        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let row = tx
-            .query_row(
-                "SELECT status, answered_at IS NOT NULL, interface, version, endpoint, \
-                 correlation_id, headers FROM outbox_messages WHERE message_id = ?1",
-                [&published.message_id],
-                |r| {
+    let answer = crate::responses::Answer {
+        message_id,
+        interface: &row.interface,
+        version: row.version,
+        endpoint: &row.endpoint,
+        correlation_id: row.correlation_id.as_deref(),
+        payload,
+    };
+    let headers = serde_json::from_str(&row.headers).unwrap_or_default();
+    let outcome = match crate::trace::TraceParent::from_headers(&headers) {
+        Some(traceparent) => {
+            crate::trace::with_traceparent(traceparent, || handler.handle(&answer, tx))
+        }
+        None => handler.handle(&answer, tx),
+    };
+    outcome.map_err(|error| format!("response handler: {error}"))
+}
+
+/// What a row says about an answer before it is applied.
+fn precheck(row: Option<&Row>, message_id: &str) -> Option<Recorded> {
+    let Some(row) = row else {
+        tracing::warn!(%message_id, "answer to a message this outbox does not hold (deleted by retention?); acknowledged");
+        return Some(Recorded::Done);
+    };
+    if row.answered {
+        return Some(Recorded::Done);
+    }
+    if row.status != "Sent" {
+        return Some(Recorded::NotYet);
+    }
+    None
+}
+
+const SELECT_ROW: &str = "SELECT status, answered_at IS NOT NULL, interface, version, endpoint, \
+     correlation_id, headers FROM outbox_messages WHERE message_id = ";
+
+struct SqliteAnswers(Mutex<rusqlite::Connection>);
+
+impl AnswerStore<Sqlite> for SqliteAnswers {
+    fn record(
+        &self,
+        handlers: &[Arc<dyn ResponseHandler<Sqlite>>],
+        published: &Published,
+    ) -> Recorded {
+        let Ok(mut conn) = self.0.lock() else {
+            return Recorded::Failed("connection lock poisoned".to_owned());
+        };
+        let result = (|| -> Result<Recorded, rusqlite::Error> {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let row = tx
+                .query_row(&format!("{SELECT_ROW}?1"), [&published.message_id], |r| {
                     Ok(Row {
                         status: r.get(0)?,
                         answered: r.get(1)?,
@@ -386,62 +500,112 @@ fn record(shared: &Shared, published: &Published) -> Recorded {
                         correlation_id: r.get(5)?,
                         headers: r.get(6)?,
                     })
-                },
-            )
-            .optional()?;
-        let Some(row) = row else {
-            tracing::warn!(message_id = %published.message_id, "answer to a message this outbox does not hold (deleted by retention?); acknowledged");
-            return Ok(Recorded::Done);
-        };
-        if row.answered {
-            return Ok(Recorded::Done);
-        }
-        if row.status != "Sent" {
-            return Ok(Recorded::NotYet);
-        }
-        let payload = published
-            .body
-            .get("payload")
-            .cloned()
-            .unwrap_or(serde_json::Value::Null);
-        if published.status >= 300 {
-            tracing::warn!(message_id = %published.message_id, status = published.status, "answer is not an acknowledgement");
-        }
-        tx.execute(
-            "UPDATE outbox_messages SET answered_at = ?1, response = ?2 WHERE message_id = ?3",
-            rusqlite::params![
-                crate::db::now_ms(),
-                serde_json::to_string(&payload).unwrap_or_default(),
-                published.message_id
-            ],
-        )?;
-        let handler = shared
-            .handlers
-            .iter()
-            .find(|h| h.interface() == (row.interface.as_str(), row.version));
-        if let Some(handler) = handler {
-            let answer = crate::responses::Answer {
-                message_id: &published.message_id,
-                interface: &row.interface,
-                version: row.version,
-                endpoint: &row.endpoint,
-                correlation_id: row.correlation_id.as_deref(),
-                payload: &payload,
-            };
-            let headers = serde_json::from_str(&row.headers).unwrap_or_default();
-            let outcome = match crate::trace::TraceParent::from_headers(&headers) {
-                Some(traceparent) => {
-                    crate::trace::with_traceparent(traceparent, || handler.handle(&answer, &tx))
-                }
-                None => handler.handle(&answer, &tx),
-            };
-            if let Err(error) = outcome {
-                // Dropping `tx` rolls the marker back too.
-                return Ok(Recorded::Failed(format!("response handler: {error}")));
+                })
+                .optional()?;
+            if let Some(done) = precheck(row.as_ref(), &published.message_id) {
+                return Ok(done);
             }
+            let Some(row) = row else {
+                return Ok(Recorded::Done);
+            };
+            let payload = payload_of(published);
+            tx.execute(
+                "UPDATE outbox_messages SET answered_at = ?1, response = ?2 WHERE message_id = ?3",
+                rusqlite::params![
+                    crate::db::now_ms(),
+                    serde_json::to_string(&payload).unwrap_or_default(),
+                    published.message_id
+                ],
+            )?;
+            if let Err(error) = run_handler(handlers, &row, &published.message_id, &payload, &tx) {
+                // Dropping `tx` rolls the marker back too.
+                return Ok(Recorded::Failed(error));
+            }
+            tx.commit()?;
+            Ok(Recorded::Done)
+        })();
+        result.unwrap_or_else(|error| Recorded::Failed(format!("database: {error}")))
+    }
+
+    fn note_failure(&self, message_id: &str, error: &str) {
+        if let Ok(conn) = self.0.lock() {
+            let _ = conn.execute(
+                "UPDATE outbox_messages SET last_error = ?1 WHERE message_id = ?2",
+                rusqlite::params![error, message_id],
+            );
         }
-        tx.commit()?;
-        Ok(Recorded::Done)
-    })();
-    result.unwrap_or_else(|error| Recorded::Failed(format!("database: {error}")))
+    }
+}
+
+#[cfg(feature = "postgres")]
+struct PostgresAnswers(Mutex<crate::pg::Connection>);
+
+#[cfg(feature = "postgres")]
+impl AnswerStore<crate::store::Postgres> for PostgresAnswers {
+    fn record(
+        &self,
+        handlers: &[Arc<dyn ResponseHandler<crate::store::Postgres>>],
+        published: &Published,
+    ) -> Recorded {
+        let Ok(mut conn) = self.0.lock() else {
+            return Recorded::Failed("connection lock poisoned".to_owned());
+        };
+        let client = match conn.client() {
+            Ok(client) => client,
+            Err(error) => return Recorded::Failed(format!("database: {error}")),
+        };
+        let result = (|| -> Result<Recorded, postgres::Error> {
+            let mut tx = client.transaction()?;
+            // Locked: a replica's consumer of the same answer waits, then
+            // finds the marker.
+            let row = tx
+                .query_opt(
+                    &format!("{SELECT_ROW}$1 FOR UPDATE"),
+                    &[&published.message_id],
+                )?
+                .map(|r| Row {
+                    status: r.get(0),
+                    answered: r.get(1),
+                    interface: r.get(2),
+                    version: u32::try_from(r.get::<_, i64>(3)).unwrap_or(0),
+                    endpoint: r.get(4),
+                    correlation_id: r.get(5),
+                    headers: r.get(6),
+                });
+            if let Some(done) = precheck(row.as_ref(), &published.message_id) {
+                return Ok(done);
+            }
+            let Some(row) = row else {
+                return Ok(Recorded::Done);
+            };
+            let payload = payload_of(published);
+            tx.execute(
+                "UPDATE outbox_messages SET answered_at = $1, response = $2 WHERE message_id = $3",
+                &[
+                    &crate::db::now_ms(),
+                    &serde_json::to_string(&payload).unwrap_or_default(),
+                    &published.message_id,
+                ],
+            )?;
+            if let Err(error) =
+                run_handler(handlers, &row, &published.message_id, &payload, &mut tx)
+            {
+                return Ok(Recorded::Failed(error));
+            }
+            tx.commit()?;
+            Ok(Recorded::Done)
+        })();
+        result.unwrap_or_else(|error| Recorded::Failed(crate::pg::error_text(&error)))
+    }
+
+    fn note_failure(&self, message_id: &str, error: &str) {
+        if let Ok(mut conn) = self.0.lock()
+            && let Ok(client) = conn.client()
+        {
+            let _ = client.execute(
+                "UPDATE outbox_messages SET last_error = $1 WHERE message_id = $2",
+                &[&error, &message_id],
+            );
+        }
+    }
 }

@@ -22,7 +22,7 @@
 //! its transaction had committed. Several consumers (replicas, each with
 //! its receiver on the shared database) may pull from one durable consumer.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -61,11 +61,35 @@ impl JetStreamConsumer {
         nats_url: &str,
         db_path: impl AsRef<Path>,
     ) -> ConsumerBuilder {
+        Self::with_database(
+            receiver,
+            nats_url,
+            crate::Database::Sqlite(db_path.as_ref().to_path_buf()),
+        )
+    }
+
+    /// [`builder`](Self::builder) for a receiver on PostgreSQL
+    /// ([`Receiver::postgres`]): terminated messages are recorded in its
+    /// database.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(
+        receiver: Receiver,
+        nats_url: &str,
+        database: &crate::pg::PostgresUrl,
+    ) -> ConsumerBuilder {
+        Self::with_database(receiver, nats_url, database.into())
+    }
+
+    fn with_database(
+        receiver: Receiver,
+        nats_url: &str,
+        database: crate::Database,
+    ) -> ConsumerBuilder {
         let defaults = crate::Config::default();
         ConsumerBuilder {
             receiver,
             url: NatsUrl::parse(nats_url),
-            db: db_path.as_ref().to_path_buf(),
+            db: database,
             durable: DEFAULT_DURABLE.to_owned(),
             ack_wait: DEFAULT_ACK_WAIT,
             concurrency: DEFAULT_CONCURRENCY,
@@ -82,7 +106,7 @@ impl JetStreamConsumer {
 pub struct ConsumerBuilder {
     receiver: Receiver,
     url: Result<NatsUrl, String>,
-    db: PathBuf,
+    db: crate::Database,
     durable: String,
     ack_wait: Duration,
     concurrency: usize,
@@ -165,7 +189,19 @@ impl ConsumerBuilder {
             field: "durable",
             message,
         })?;
-        let conn = crate::db::open(&self.db, crate::config::Durability::Full)?;
+        let terminated = match &self.db {
+            crate::Database::Sqlite(path) => Terminated::Sqlite(Arc::new(Mutex::new(
+                crate::db::open(path, crate::config::Durability::Full)?,
+            ))),
+            #[cfg(feature = "postgres")]
+            crate::Database::Postgres(url) => {
+                let client = crate::pg::open(url)?;
+                Terminated::Postgres(Arc::new(Mutex::new(crate::pg::Connection::new(
+                    (**url).clone(),
+                    client,
+                ))))
+            }
+        };
         let shared = Arc::new(Shared {
             receiver: self.receiver,
             url,
@@ -176,7 +212,7 @@ impl ConsumerBuilder {
             backoff_max: self.backoff_max,
             max_retries: self.max_retries,
             timeout: self.timeout,
-            terminated: Arc::new(Mutex::new(conn)),
+            terminated,
         });
         let cancel = CancellationToken::new();
         let task = tokio::spawn(run(shared, cancel.clone()));
@@ -216,7 +252,15 @@ struct Shared {
     max_retries: u32,
     timeout: Duration,
     /// Where terminated messages are recorded.
-    terminated: Arc<Mutex<rusqlite::Connection>>,
+    terminated: Terminated,
+}
+
+/// The database of the `rf_terminated` table.
+#[derive(Clone)]
+enum Terminated {
+    Sqlite(Arc<Mutex<rusqlite::Connection>>),
+    #[cfg(feature = "postgres")]
+    Postgres(Arc<Mutex<crate::pg::Connection>>),
 }
 
 async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
@@ -366,12 +410,12 @@ async fn handle(shared: &Shared, context: &jetstream::Context, message: jetstrea
                 .get(REPLY_TO_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
-            if let (Some(reply), Some(id)) = (reply, &message_id) {
-                if let Err(error) = publish_answer(shared, context, &reply, id, answer).await {
-                    tracing::warn!(message_id = %id, %error, "cannot publish the answer; redelivered later");
-                    nak(&message, backoff_of(shared, delivered)).await;
-                    return;
-                }
+            if let (Some(reply), Some(id)) = (reply, &message_id)
+                && let Err(error) = publish_answer(shared, context, &reply, id, answer).await
+            {
+                tracing::warn!(message_id = %id, %error, "cannot publish the answer; redelivered later");
+                nak(&message, backoff_of(shared, delivered)).await;
+                return;
             }
             let acked = tokio::time::timeout(shared.timeout, message.double_ack()).await;
             if !matches!(acked, Ok(Ok(()))) {
@@ -515,24 +559,46 @@ async fn record_terminated(
     error: &str,
 ) -> Result<(), String> {
     let now = crate::db::now_ms();
-    let conn = shared.terminated.clone();
+    let terminated = shared.terminated.clone();
     let (stream, message_id, subject, error) = (
         stream.to_owned(),
         message_id.map(str::to_owned),
         subject.to_owned(),
         error.to_owned(),
     );
-    let result = tokio::task::spawn_blocking(move || {
-        let conn = conn.lock().map_err(|_| "poisoned".to_owned())?;
-        conn.execute(
-            "INSERT OR IGNORE INTO rf_terminated \
-             (stream_sequence, stream, message_id, subject, error, at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            rusqlite::params![sequence as i64, stream, message_id, subject, error, now],
-        )
-        .map_err(|e| e.to_string())
+    tokio::task::spawn_blocking(move || match terminated {
+        Terminated::Sqlite(conn) => {
+            let conn = conn.lock().map_err(|_| "poisoned".to_owned())?;
+            conn.execute(
+                "INSERT OR IGNORE INTO rf_terminated \
+                 (stream_sequence, stream, message_id, subject, error, at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                rusqlite::params![sequence as i64, stream, message_id, subject, error, now],
+            )
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        }
+        #[cfg(feature = "postgres")]
+        Terminated::Postgres(conn) => {
+            let mut conn = conn.lock().map_err(|_| "poisoned".to_owned())?;
+            conn.client()?
+                .execute(
+                    "INSERT INTO rf_terminated \
+                     (stream_sequence, stream, message_id, subject, error, at) \
+                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+                    &[
+                        &(sequence as i64),
+                        &stream,
+                        &message_id,
+                        &subject,
+                        &error,
+                        &now,
+                    ],
+                )
+                .map(|_| ())
+                .map_err(|e| crate::pg::error_text(&e))
+        }
     })
     .await
-    .map_err(|e| e.to_string())?;
-    result.map(|_| ())
+    .map_err(|e| e.to_string())?
 }

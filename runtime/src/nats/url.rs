@@ -226,9 +226,9 @@ mod tests {
 
         let url = NatsUrl::parse("nats://alice:s%40cret@broker/orders").expect("user");
         assert_eq!(url.server(), "nats://broker:4222");
-        assert_eq!(
-            url.credentials,
-            Credentials::UserPassword("alice".into(), "s@cret".into())
+        assert!(
+            url.credentials == Credentials::UserPassword("alice".into(), "s@cret".into()),
+            "user and percent-decoded password"
         );
         assert_eq!(url.shown(), "nats://***@broker:4222/orders");
         assert!(!format!("{url:?}").contains("cret"));

@@ -16,7 +16,9 @@ use std::time::Duration;
 use async_nats::jetstream;
 use tokio::sync::Mutex;
 
-use super::{OutgoingRequest, SendFuture, Transport, TransportError, TransportResponse};
+use super::{
+    BatchFuture, OutgoingRequest, SendFuture, Transport, TransportError, TransportResponse,
+};
 use crate::nats::{NatsUrl, REPLY_TO_HEADER, answers_subject, ensure_stream};
 
 /// The status a broker-accepted publish is reported with (`202 Accepted`,
@@ -95,10 +97,13 @@ impl JetStreamTransport {
         Ok(context)
     }
 
-    async fn publish(&self, request: OutgoingRequest) -> Result<TransportResponse, TransportError> {
+    /// The headers and body of one request, ready to publish.
+    fn prepare(
+        &self,
+        request: OutgoingRequest,
+    ) -> Result<(async_nats::HeaderMap, axum::body::Bytes), TransportError> {
         let head: Head = serde_json::from_slice(&request.body)
             .map_err(|_| TransportError::Other("the body is not an rfidl envelope".to_owned()))?;
-        let context = self.context().await?;
         let mut headers = async_nats::HeaderMap::new();
         for (name, value) in &request.headers {
             headers.insert(*name, value.as_str());
@@ -113,32 +118,77 @@ impl JetStreamTransport {
                 answers_subject(self.url.subject(), &head.source_service_id),
             );
         }
-        let published = tokio::time::timeout(self.timeout, async {
-            context
-                .publish_with_headers(self.url.subject().to_owned(), headers, request.body.into())
+        Ok((headers, request.body.into()))
+    }
+
+    /// Publishes every request, then waits for their acknowledgements
+    /// (pipelined: one round trip's latency for the lot), all within the
+    /// timeout.
+    async fn publish_all(
+        &self,
+        requests: Vec<OutgoingRequest>,
+    ) -> Vec<Result<TransportResponse, TransportError>> {
+        let count = requests.len();
+        let context = match self.context().await {
+            Ok(context) => context,
+            Err(error) => return (0..count).map(|_| Err(error.clone())).collect(),
+        };
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut pending = Vec::with_capacity(count);
+        for request in requests {
+            let published = match self.prepare(request) {
+                Ok((headers, body)) => tokio::time::timeout_at(
+                    deadline,
+                    context.publish_with_headers(self.url.subject().to_owned(), headers, body),
+                )
                 .await
-                .map_err(|e| TransportError::Other(format!("publish: {}", e.kind())))?
-                .await
-                .map_err(|e| match e.kind() {
-                    jetstream::context::PublishErrorKind::TimedOut => TransportError::Timeout,
-                    kind => TransportError::Other(format!("no publish acknowledgement: {kind}")),
-                })
-        })
-        .await;
-        match published {
-            Ok(Ok(_ack)) => Ok(TransportResponse {
-                status: BROKER_ACCEPTED,
-                body: DEFERRED_BODY.to_vec(),
-                retry_after: None,
-            }),
-            Ok(Err(error)) => Err(error),
-            Err(_) => Err(TransportError::Timeout),
+                .map_err(|_| TransportError::Timeout)
+                .and_then(|sent| {
+                    sent.map_err(|e| TransportError::Other(format!("publish: {}", e.kind())))
+                }),
+                Err(error) => Err(error),
+            };
+            pending.push(published);
         }
+        let mut answers = Vec::with_capacity(count);
+        for published in pending {
+            let answer = match published {
+                Ok(ack) => match tokio::time::timeout_at(deadline, ack).await {
+                    Ok(Ok(_ack)) => Ok(TransportResponse {
+                        status: BROKER_ACCEPTED,
+                        body: DEFERRED_BODY.to_vec(),
+                        retry_after: None,
+                    }),
+                    Ok(Err(e)) => Err(match e.kind() {
+                        jetstream::context::PublishErrorKind::TimedOut => TransportError::Timeout,
+                        kind => {
+                            TransportError::Other(format!("no publish acknowledgement: {kind}"))
+                        }
+                    }),
+                    Err(_) => Err(TransportError::Timeout),
+                },
+                Err(error) => Err(error),
+            };
+            answers.push(answer);
+        }
+        answers
     }
 }
 
 impl Transport for JetStreamTransport {
     fn send(&self, request: OutgoingRequest) -> SendFuture<'_> {
-        Box::pin(self.publish(request))
+        Box::pin(async move {
+            self.publish_all(vec![request])
+                .await
+                .pop()
+                .unwrap_or(Err(TransportError::Other("no answer".to_owned())))
+        })
+    }
+
+    /// Publishes the batch's messages one by one (each its own stream
+    /// message, deduplicated by its own `Nats-Msg-Id`) and awaits their
+    /// acknowledgements together.
+    fn send_batch(&self, requests: Vec<OutgoingRequest>) -> BatchFuture<'_> {
+        Box::pin(self.publish_all(requests))
     }
 }

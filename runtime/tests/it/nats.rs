@@ -150,6 +150,20 @@ fn assert_exactly_once(pair: &Pair, messages: i64) {
     );
 }
 
+/// Waits (at most 4 s) until the durable consumer has nothing pending and
+/// nothing unacknowledged; returns what it last saw.
+async fn drained(server: &NatsServer, durable: &str) -> (u64, usize) {
+    let mut backlog = consumer_backlog(server, durable).await;
+    for _ in 0..200 {
+        if backlog == (0, 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        backlog = consumer_backlog(server, durable).await;
+    }
+    backlog
+}
+
 /// The durable consumer's pending and unacknowledged counts, from the server.
 async fn consumer_backlog(server: &NatsServer, durable: &str) -> (u64, usize) {
     let client = async_nats::connect(format!("127.0.0.1:{}", server.port()))
@@ -187,14 +201,7 @@ async fn two_hundred_messages_are_delivered_exactly_once() {
     .await;
     let elapsed = started.elapsed();
     // Every delivery acknowledged: nothing pending, nothing redelivered later.
-    let mut backlog = consumer_backlog(&server, "ledger").await;
-    for _ in 0..100 {
-        if backlog == (0, 0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        backlog = consumer_backlog(&server, "ledger").await;
-    }
+    let backlog = drained(&server, "ledger").await;
     assert_eq!(backlog, (0, 0), "every message acknowledged");
     assert_exactly_once(&pair, 200);
     assert_eq!(
@@ -358,14 +365,7 @@ async fn poison_messages_are_terminated_recorded_and_not_redelivered() {
         5
     );
     // Nothing left for the consumer, and nothing comes back after ack_wait.
-    let mut backlog = consumer_backlog(&server, "ledger").await;
-    for _ in 0..100 {
-        if backlog == (0, 0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        backlog = consumer_backlog(&server, "ledger").await;
-    }
+    let backlog = drained(&server, "ledger").await;
     assert_eq!(backlog, (0, 0));
     tokio::time::sleep(Duration::from_millis(2_300)).await;
     assert_eq!(metrics.inbox_terminated.get(), 5, "each terminated once");
@@ -432,14 +432,7 @@ async fn a_republish_is_dropped_by_the_stream_and_a_late_copy_by_the_inbox() {
     let late = publish_raw(&context, &headers, &body, &id).await;
     assert!(!late.duplicate, "outside the window the stream takes it");
     assert_eq!(stream.info().await.expect("info").state.messages, 2);
-    let mut backlog = consumer_backlog(&server, "ledger").await;
-    for _ in 0..200 {
-        if backlog == (0, 0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        backlog = consumer_backlog(&server, "ledger").await;
-    }
+    let backlog = drained(&server, "ledger").await;
     assert_eq!(
         backlog,
         (0, 0),
@@ -497,14 +490,7 @@ async fn the_broker_killed_and_restarted_mid_stream_loses_nothing_and_duplicates
         },
     )
     .await;
-    let mut backlog = consumer_backlog(&server, "ledger").await;
-    for _ in 0..200 {
-        if backlog == (0, 0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        backlog = consumer_backlog(&server, "ledger").await;
-    }
+    let backlog = drained(&server, "ledger").await;
     assert_eq!(backlog, (0, 0), "everything acknowledged after the restart");
     assert_exactly_once(&pair, messages);
     assert_eq!(
@@ -785,14 +771,7 @@ async fn a_consumer_killed_mid_handler_leaves_the_message_to_the_next_which_proc
         pair.receiver_count("SELECT COUNT(*) FROM ledger") == 1
     })
     .await;
-    let mut backlog = consumer_backlog(&server, "ledger").await;
-    for _ in 0..100 {
-        if backlog == (0, 0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        backlog = consumer_backlog(&server, "ledger").await;
-    }
+    let backlog = drained(&server, "ledger").await;
     assert_eq!(backlog, (0, 0));
     assert_eq!(
         pair.receiver_count("SELECT COUNT(*) FROM ledger"),
@@ -803,6 +782,246 @@ async fn a_consumer_killed_mid_handler_leaves_the_message_to_the_next_which_proc
         pair.ledger.calls.load(std::sync::atomic::Ordering::SeqCst),
         1
     );
+    consumer.shutdown().await;
+    receiver.shutdown().await;
+}
+
+/// Writes each answer's balance into the sender's `answers` table.
+#[derive(Default)]
+struct Balances {
+    calls: std::sync::atomic::AtomicU32,
+}
+
+struct BalancesHandler(Arc<Balances>);
+
+impl rfidl_runtime::responses::ResponseHandler for BalancesHandler {
+    fn interface(&self) -> (&'static str, u32) {
+        (support::INTERFACE, 1)
+    }
+
+    fn handle(
+        &self,
+        answer: &rfidl_runtime::responses::Answer<'_>,
+        tx: &rusqlite::Transaction<'_>,
+    ) -> Result<(), rfidl_runtime::receiver::HandlerError> {
+        self.0
+            .calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tx.execute(
+            "INSERT INTO answers (message_id, balance) VALUES (?1, ?2)",
+            rusqlite::params![answer.message_id, answer.payload["balance"].as_i64()],
+        )?;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn command_answers_come_back_and_their_handler_runs_once() {
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let pair = Pair::new(&server);
+    rfidl_runtime::db::open(&pair.sender_db, rfidl_runtime::Durability::Normal)
+        .expect("open")
+        .execute_batch("CREATE TABLE answers (message_id TEXT PRIMARY KEY, balance INTEGER)")
+        .expect("answers table");
+    let receiver = pair.receiver(pair.receiver_config());
+    let consumer = pair.consumer(receiver.clone());
+    let balances = Arc::new(Balances::default());
+    let answers =
+        rfidl_runtime::nats::AnswersConsumer::builder(support::SOURCE, &pair.url, &pair.sender_db)
+            .responses(BalancesHandler(balances.clone()))
+            .ack_wait(Duration::from_secs(2))
+            .timeout(Duration::from_secs(1))
+            .spawn()
+            .expect("answers consumer");
+    let dispatcher = pair.dispatcher();
+    let messages = 50;
+    let ids = pair.credits(messages as usize);
+    wait_until("every answer handled", Duration::from_secs(15), || {
+        pair.sender_count("SELECT COUNT(*) FROM answers") == messages
+    })
+    .await;
+    assert_exactly_once(&pair, messages);
+    assert_eq!(
+        pair.sender_count(
+            "SELECT COUNT(*) FROM outbox_messages WHERE answered_at IS NOT NULL \
+             AND json_extract(response, '$.balance') IS NOT NULL"
+        ),
+        messages,
+        "each row keeps its answer and the marker"
+    );
+    // The balances are the receiver's answers: the last processed saw all.
+    assert_eq!(
+        pair.sender_count("SELECT MAX(balance) FROM answers"),
+        (0..messages).sum::<i64>()
+    );
+
+    // An answer delivered again (here: published again under another
+    // Nats-Msg-Id, so the stream takes it) is only acknowledged.
+    let context = jetstream(&server).await;
+    let again = json!({"messageId": ids[0].to_string(), "status": 200,
+        "body": {"acknowledged": true, "duplicate": true, "payload": {"balance": -1}}});
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, "answer-again");
+    context
+        .publish_with_headers(
+            format!("{SUBJECT}.answers.{}", support::SOURCE),
+            headers,
+            serde_json::to_vec(&again).expect("json").into(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
+    let backlog = drained(&server, "rfidl-answers-billing").await;
+    assert_eq!(backlog, (0, 0), "the copy was taken and acknowledged");
+    assert_eq!(
+        balances.calls.load(std::sync::atomic::Ordering::SeqCst),
+        messages as u32,
+        "the response handler ran once per message"
+    );
+    assert_eq!(pair.sender_count("SELECT COUNT(*) FROM answers"), messages);
+    assert_eq!(
+        pair.sender_count("SELECT COUNT(*) FROM answers WHERE balance < 0"),
+        0,
+        "the copy's payload was not acted on"
+    );
+    dispatcher.shutdown().await;
+    answers.shutdown().await;
+    consumer.shutdown().await;
+    receiver.shutdown().await;
+}
+
+impl rfidl_runtime::responses::ResponseHandler<rfidl_runtime::Postgres> for BalancesHandler {
+    fn interface(&self) -> (&'static str, u32) {
+        (support::INTERFACE, 1)
+    }
+
+    fn handle(
+        &self,
+        answer: &rfidl_runtime::responses::Answer<'_>,
+        tx: &mut ::postgres::Transaction<'_>,
+    ) -> Result<(), rfidl_runtime::receiver::HandlerError> {
+        self.0
+            .calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tx.execute(
+            "INSERT INTO answers (message_id, balance) VALUES ($1, $2)",
+            &[&answer.message_id, &answer.payload["balance"].as_i64()],
+        )?;
+        Ok(())
+    }
+}
+
+crate::stores::on_every_store!(
+    commands_over_jetstream_take_effect_once_and_their_answers_are_handled_once,
+    answers_on_every_store
+);
+async fn answers_on_every_store(store: &crate::stores::TestStore) {
+    use crate::stores::TestStore;
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let receiver_store = store.another();
+    store.execute_dialects(
+        "CREATE TABLE answers (message_id TEXT PRIMARY KEY, balance INTEGER)",
+        "CREATE TABLE answers (message_id TEXT PRIMARY KEY, balance BIGINT)",
+    );
+    let secret = Secret::generate();
+    let url = server.url(SUBJECT);
+    let mut config = sender_config(Duration::from_millis(50));
+    config.outbox.request_timeout = Duration::from_secs(1);
+    config.destinations.insert(
+        "ledger".into(),
+        DestinationConfig::new(url.clone(), secret.to_whsec()),
+    );
+    let outbox = store.outbox(config);
+    let ledger = Arc::new(Ledger::default());
+    let receiver = receiver_store
+        .receiver(support::receiver_config(&[&secret]), ledger.clone())
+        .expect("receiver");
+    let consumer = match &receiver_store {
+        TestStore::Sqlite { path, .. } => JetStreamConsumer::builder(receiver.clone(), &url, path),
+        TestStore::Postgres { url: database, .. } => {
+            JetStreamConsumer::postgres(receiver.clone(), &url, database)
+        }
+    }
+    .durable("ledger")
+    .ack_wait(Duration::from_secs(2))
+    .timeout(Duration::from_secs(1))
+    .spawn()
+    .expect("consumer");
+    let balances = Arc::new(Balances::default());
+    let handler = BalancesHandler(balances.clone());
+    let answers = match store {
+        TestStore::Sqlite { path, .. } => {
+            rfidl_runtime::nats::AnswersConsumer::builder(support::SOURCE, &url, path)
+                .responses(handler)
+                .timeout(Duration::from_secs(1))
+                .spawn()
+        }
+        TestStore::Postgres { url: database, .. } => {
+            rfidl_runtime::nats::AnswersConsumer::postgres(support::SOURCE, &url, database)
+                .responses(handler)
+                .timeout(Duration::from_secs(1))
+                .spawn()
+        }
+    }
+    .expect("answers consumer");
+    let dispatcher = store.dispatcher(&outbox).start().expect("dispatcher");
+    let messages = 50;
+    store.enqueue_many(
+        &outbox,
+        (0..messages)
+            .map(|i| message("ledger", "Credit", json!({"account": "s", "amount": i})))
+            .collect(),
+    );
+    // And one that will never succeed: terminated into the receiver's database.
+    let context = jetstream(&server).await;
+    let poison = Uuid::now_v7().to_string();
+    let (headers, body) = signed(&poison, "Refund", json!({}), &secret);
+    publish_raw(&context, &headers, &body, &poison).await;
+    wait_until("every answer handled", Duration::from_secs(15), || {
+        store.count("SELECT COUNT(*) FROM answers") == messages
+            && receiver_store.count("SELECT COUNT(*) FROM rf_terminated") == 1
+    })
+    .await;
+    assert_eq!(
+        receiver_store.count("SELECT COUNT(*) FROM ledger"),
+        messages
+    );
+    assert_eq!(
+        receiver_store.count("SELECT COUNT(DISTINCT message_id) FROM ledger"),
+        messages
+    );
+    assert_eq!(
+        store.count(
+            "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent' AND answered_at IS NOT NULL"
+        ),
+        messages
+    );
+    // Each answer carries the receiver's response (a balance; concurrent
+    // PostgreSQL writers do not see each other's rows, so no total here).
+    assert_eq!(
+        store.count("SELECT COUNT(*) FROM answers WHERE balance IS NOT NULL"),
+        messages
+    );
+    assert_eq!(
+        receiver_store.count(&format!(
+            "SELECT COUNT(*) FROM rf_terminated WHERE message_id = '{poison}' \
+             AND error LIKE '404 unknown_endpoint%'"
+        )),
+        1
+    );
+    assert_eq!(
+        balances.calls.load(std::sync::atomic::Ordering::SeqCst),
+        messages as u32
+    );
+    assert_eq!(drained(&server, "ledger").await, (0, 0));
+    assert_eq!(drained(&server, "rfidl-answers-billing").await, (0, 0));
+    dispatcher.shutdown().await;
+    answers.shutdown().await;
     consumer.shutdown().await;
     receiver.shutdown().await;
 }
