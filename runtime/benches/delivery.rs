@@ -60,7 +60,7 @@ fn main() {
         return;
     }
     if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("e") {
-        let (p50, p99) = runtime.block_on(commit_to_effect(dir.path()));
+        let (p50, p99) = runtime.block_on(commit_to_effect(dir.path(), Wire::Http));
         report(
             "(e) sender commit -> handler effect, low load: p50 / p99",
             format!("{p50:.2} / {p99:.2} ms"),
