@@ -18,22 +18,20 @@
 //! on a fresh database of that server, with the raw insert rate of a
 //! same-sized row on PostgreSQL as their reference.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::*;
 use rfidl_runtime::config::{Config, DestinationConfig, Durability};
 use rfidl_runtime::dispatcher::Dispatcher;
-use rfidl_runtime::outbox::{Outbox, OutgoingMessage};
-use rfidl_runtime::receiver::{
-    HandlerError, HostedInterface, HostedService, IncomingCall, Receiver,
-};
+use rfidl_runtime::outbox::Outbox;
+use rfidl_runtime::receiver::Receiver;
 use rfidl_runtime::signing::Secret;
-use rfidl_runtime::{MessageType, db, inbox};
+use rfidl_runtime::{db, inbox};
 
-const ROWS: usize = 20_000;
-const DELIVERIES: usize = 20_000;
 const INBOX_ROWS: usize = 1_000_000;
 
 fn main() {
@@ -171,56 +169,9 @@ fn main() {
     }
 }
 
-fn report(name: &str, value: String) {
-    println!("{name:<66} {value:>16}");
-}
-
-fn rate(count: usize, elapsed: Duration) -> f64 {
-    count as f64 / elapsed.as_secs_f64()
-}
-
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[index]
-}
-
-/// The ceiling the outbox is measured against: one INSERT of a row the size
-/// of an outbox row per transaction, nothing else.
-fn raw_insert_rate(path: &Path, durability: Durability) -> f64 {
-    let mut conn = rusqlite::Connection::open(path).expect("open");
-    db::configure(&conn, durability).expect("pragmas");
-    conn.execute_batch(
-        "CREATE TABLE t (id TEXT PRIMARY KEY, body TEXT NOT NULL, at INTEGER NOT NULL)",
-    )
-    .expect("table");
-    let body = "x".repeat(300);
-    let started = Instant::now();
-    for _ in 0..ROWS {
-        let tx = conn.transaction().expect("tx");
-        tx.execute(
-            "INSERT INTO t (id, body, at) VALUES (?1, ?2, ?3)",
-            rusqlite::params![uuid::Uuid::now_v7().to_string(), body, db::now_ms()],
-        )
-        .expect("insert");
-        tx.commit().expect("commit");
-    }
-    rate(ROWS, started.elapsed())
-}
-
-fn message(destination: &str, n: usize) -> OutgoingMessage {
-    OutgoingMessage {
-        destination: destination.into(),
-        message_type: MessageType::Signal,
-        interface: "bench.Ledger".into(),
-        version: 1,
-        fingerprint: "sha256:bench".into(),
-        endpoint: "Credit".into(),
-        correlation_id: Some(format!("order-{n}")),
-        payload: serde_json::json!({"account": format!("acct-{}", n % 100), "amount": n, "note": "x".repeat(200)}),
-        headers: BTreeMap::new(),
-        max_retries: None,
-        ttl: None,
-    }
 }
 
 fn enqueue_rate(path: &Path) -> f64 {
@@ -293,192 +244,6 @@ async fn send_rate(path: &Path, callers: usize) -> f64 {
     }
     while tasks.join_next().await.is_some() {}
     rate(per_caller * callers, started.elapsed())
-}
-
-/// Writes one ledger row per credit, in the delivery's transaction.
-struct Ledger {
-    effects: Arc<Mutex<Vec<Instant>>>,
-}
-
-const HOSTED: &[HostedInterface] = &[HostedInterface {
-    interface: "bench.Ledger",
-    version: 1,
-    fingerprint: "sha256:bench",
-    endpoints: &["Credit"],
-    manifest_json: "{}",
-}];
-
-impl HostedService<rfidl_runtime::Postgres> for Ledger {
-    fn interfaces(&self) -> &[HostedInterface] {
-        HOSTED
-    }
-
-    fn handle(
-        &self,
-        call: &IncomingCall<'_>,
-        tx: &mut ::postgres::Transaction<'_>,
-    ) -> Result<serde_json::Value, HandlerError> {
-        tx.execute(
-            "INSERT INTO ledger (message_id, amount) VALUES ($1, $2)",
-            &[
-                &call.message_id,
-                &call.payload["amount"].as_i64().unwrap_or(0),
-            ],
-        )?;
-        if let Ok(mut effects) = self.effects.lock() {
-            effects.push(Instant::now());
-        }
-        Ok(serde_json::Value::Null)
-    }
-}
-
-impl HostedService for Ledger {
-    fn interfaces(&self) -> &[HostedInterface] {
-        HOSTED
-    }
-
-    fn handle(
-        &self,
-        call: &IncomingCall<'_>,
-        tx: &rusqlite::Transaction<'_>,
-    ) -> Result<serde_json::Value, HandlerError> {
-        tx.execute(
-            "INSERT INTO ledger (message_id, amount) VALUES (?1, ?2)",
-            rusqlite::params![
-                call.message_id,
-                call.payload["amount"].as_i64().unwrap_or(0)
-            ],
-        )?;
-        if let Ok(mut effects) = self.effects.lock() {
-            effects.push(Instant::now());
-        }
-        Ok(serde_json::Value::Null)
-    }
-}
-
-/// How the pair's receiver is reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Wire {
-    Http,
-    Grpc,
-}
-
-struct Pair {
-    outbox: Outbox,
-    sender_db: std::path::PathBuf,
-    receiver_db: std::path::PathBuf,
-    effects: Arc<Mutex<Vec<Instant>>>,
-    url: String,
-}
-
-async fn pair(dir: &Path, name: &str, durability: Durability, batch_size: u32, wire: Wire) -> Pair {
-    let secret = Secret::generate();
-    let receiver_db = dir.join(format!("{name}-receiver.db"));
-    let mut config = Config {
-        service_id: "ledger".into(),
-        ..Config::default()
-    };
-    config.inbox.durability = durability;
-    config.peers.insert("bench".into(), vec![secret.to_whsec()]);
-    db::open(&receiver_db, durability)
-        .expect("open")
-        .execute_batch("CREATE TABLE ledger (message_id TEXT NOT NULL, amount INTEGER NOT NULL)")
-        .expect("table");
-    let effects = Arc::new(Mutex::new(Vec::new()));
-    let receiver = Receiver::builder(config, &receiver_db)
-        .service(Ledger {
-            effects: effects.clone(),
-        })
-        .build()
-        .expect("receiver");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("addr");
-    let url = match wire {
-        Wire::Http => {
-            let router = receiver.router();
-            tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
-            format!("http://{address}")
-        }
-        Wire::Grpc => {
-            let never = std::future::pending::<()>();
-            tokio::spawn(async move {
-                rfidl_runtime::grpc::serve_grpc(receiver, listener, never)
-                    .await
-                    .expect("serve")
-            });
-            format!("grpc://{address}")
-        }
-    };
-    let sender_db = dir.join(format!("{name}-sender.db"));
-    let mut sender = Config {
-        service_id: "bench".into(),
-        ..Config::default()
-    };
-    sender.outbox.max_in_flight = 64;
-    sender.outbox.batch_size = batch_size;
-    sender.destinations.insert(
-        "ledger".into(),
-        DestinationConfig {
-            url: url.clone(),
-            urls: Vec::new(),
-            secret: secret.to_whsec(),
-            ca_file: None,
-        },
-    );
-    let outbox = Outbox::new(sender, &sender_db);
-    Pair {
-        outbox,
-        sender_db,
-        receiver_db,
-        effects,
-        url,
-    }
-}
-
-fn count(path: &Path, sql: &str) -> i64 {
-    rusqlite::Connection::open(path)
-        .and_then(|c| c.query_row(sql, [], |r| r.get(0)))
-        .expect("count")
-}
-
-async fn delivery_rate(dir: &Path, durability: Durability, batch_size: u32, wire: Wire) -> f64 {
-    let pair = pair(
-        dir,
-        &format!("c-{durability:?}-{batch_size}-{wire:?}"),
-        durability,
-        batch_size,
-        wire,
-    )
-    .await;
-    let mut conn = db::open(&pair.sender_db, Durability::Normal).expect("open");
-    let tx = conn.transaction().expect("tx");
-    for n in 0..DELIVERIES {
-        pair.outbox
-            .enqueue(&tx, message("ledger", n))
-            .expect("enqueue");
-    }
-    tx.commit().expect("commit");
-    let started = Instant::now();
-    let dispatcher = Dispatcher::builder(&pair.outbox, &pair.sender_db)
-        .start()
-        .expect("dispatcher");
-    loop {
-        let sent = count(
-            &pair.sender_db,
-            "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'",
-        );
-        if sent as usize == DELIVERIES {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let elapsed = started.elapsed();
-    dispatcher.shutdown().await;
-    let effects = count(&pair.receiver_db, "SELECT COUNT(*) FROM ledger");
-    assert_eq!(effects as usize, DELIVERIES, "exactly once at {}", pair.url);
-    rate(DELIVERIES, elapsed)
 }
 
 fn dedupe_latency(path: &Path) -> (f64, f64, f64) {

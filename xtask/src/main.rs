@@ -11,6 +11,8 @@
 //!   waits for Ctrl-C.
 //! * `cargo xtask ci`    — formatting check, clippy with `-D warnings`, `test`, then `chaos`.
 //! * `cargo xtask bench` — every benchmark, release build; figures go to BENCHMARKS.md.
+//! * `cargo xtask bench peers` — rfidl's exactly-once rate beside NATS
+//!   JetStream and apalis (SQLite), measured in the same run.
 //! * `cargo xtask chaos` — the fault-injection harness over the demo services
 //!   as separate processes (`--messages N`, `--scenario NAME`, `--release`).
 //!
@@ -42,7 +44,7 @@ fn main() -> ExitCode {
         "postgres" => postgres_task(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <task>\n\n  test [cargo test args]  set up .venv (Python interop deps) and run all tests\n  ci                      fmt --check, clippy -D warnings, then test\n  bench [name]            run the benchmarks (release)\n  chaos [--release] [--messages N] [--scenario NAME]\n                          fault-injection harness (demo services as processes)\n  postgres [command...]   start a throw-away PostgreSQL, print its URL, run the\n                          command with RFIDL_POSTGRES_URL set (or wait for Ctrl-C)\n  regen                   regenerate generated-examples/src/generated from schemas/"
+                "usage: cargo xtask <task>\n\n  test [cargo test args]  set up .venv (Python interop deps) and run all tests\n  ci                      fmt --check, clippy -D warnings, then test\n  bench [name]            run the benchmarks (release)\n  bench peers             rfidl beside NATS JetStream and apalis, one run\n  chaos [--release] [--messages N] [--scenario NAME]\n                          fault-injection harness (demo services as processes)\n  postgres [command...]   start a throw-away PostgreSQL, print its URL, run the\n                          command with RFIDL_POSTGRES_URL set (or wait for Ctrl-C)\n  regen                   regenerate generated-examples/src/generated from schemas/"
             );
             return if task == "help" {
                 ExitCode::SUCCESS
@@ -474,6 +476,9 @@ fn repin_e2e_remote() -> Result<(), String> {
 }
 
 fn bench(extra: &[String]) -> Result<(), String> {
+    if extra.first().map(String::as_str) == Some("peers") {
+        return bench_peers();
+    }
     let mut command = cargo();
     command.args(["bench", "--workspace"]);
     if let Some(name) = extra.first() {
@@ -485,5 +490,24 @@ fn bench(extra: &[String]) -> Result<(), String> {
     let (postgres_url, _cluster) = test_postgres()?;
     run(command
         .env("RFIDL_POSTGRES_URL", &postgres_url)
+        .env("RFIDL_NATS_SERVER", &nats))
+}
+
+/// `cargo xtask bench peers`: rfidl's exactly-once rate beside NATS
+/// JetStream (the benchmark starts its own nats-server from
+/// `RFIDL_NATS_SERVER`) and apalis with SQLite. apalis is a dev-dependency
+/// only under `--cfg rfidl_bench_peers`, so that CI (whose clippy runs with
+/// `--all-features`) never compiles sqlx; the flag gets artifacts of its own
+/// in `target/`, so the first run builds the runtime's dependencies again.
+/// (Plain `cargo xtask bench` runs the same benchmark without the apalis rows.)
+fn bench_peers() -> Result<(), String> {
+    let nats = nats_server(&python_venv()?)?;
+    let rustflags = match std::env::var("RUSTFLAGS") {
+        Ok(flags) if !flags.trim().is_empty() => format!("{flags} --cfg rfidl_bench_peers"),
+        _ => "--cfg rfidl_bench_peers".to_owned(),
+    };
+    run(cargo()
+        .args(["bench", "-p", "rfidl-runtime", "--bench", "peers"])
+        .env("RUSTFLAGS", rustflags)
         .env("RFIDL_NATS_SERVER", &nats))
 }

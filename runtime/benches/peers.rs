@@ -1,0 +1,483 @@
+//! Peers measured in the same run as rfidl's exactly-once rate (issue 12):
+//! `cargo xtask bench peers` (see BENCHMARKS.md, "Peers in the same run").
+//!
+//! One run, one machine, the same 300-byte JSON message for everyone:
+//! * rfidl: the raw one-row `synchronous=FULL` insert (ref) and (c), the
+//!   delivery benchmark's exactly-once end-to-end scenario (its code, from
+//!   `common`), receiver `FULL`, batched;
+//! * NATS JetStream (a `nats-server` started here, file storage in a temp
+//!   dir), once with the default fsync policy and once with
+//!   `sync_interval: always`: publishes carry `Nats-Msg-Id` (de-duplication
+//!   on), with a bounded window of outstanding publish acks; a durable pull
+//!   consumer double-acks every message (a bounded window of acks awaiting
+//!   the server's confirmation);
+//! * apalis with its SQLite backend (only when built with
+//!   `--cfg rfidl_bench_peers`, which `cargo xtask bench peers` sets): a
+//!   pushed backlog, drained by one worker.
+//!
+//! `RFIDL_NATS_SERVER` names the `nats-server` binary (`cargo xtask` sets
+//! it); without it the JetStream rows are skipped, loudly.
+
+mod common;
+
+use std::collections::{HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use common::*;
+use futures_util::StreamExt;
+use rfidl_runtime::config::Durability;
+
+/// Bytes of every message's payload (rfidl's JSON payload, and the body of
+/// the JetStream message and the apalis job).
+const BYTES: usize = 300;
+/// Messages per figure: the same count as (c).
+const MESSAGES: usize = DELIVERIES;
+/// Publishes whose ack the publisher may wait for at once.
+const PUBLISH_WINDOW: usize = 256;
+/// Double acks the consumer may wait for at once.
+const ACK_WINDOW: usize = 256;
+/// (c)'s batch size, as in the delivery benchmark.
+const BATCH: u32 = 256;
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "rfidl-runtime peers benchmark ({cores} cores, {MESSAGES} messages of {BYTES} bytes each)"
+    );
+    println!("load average at start: {}", load_average());
+
+    let raw_full = raw_insert_rate(&dir.path().join("raw-full.db"), Durability::Full);
+    let rfidl = runtime.block_on(delivery_run(
+        dir.path(),
+        Durability::Full,
+        BATCH,
+        Wire::Http,
+        |d, n| sized_message(d, n, BYTES),
+    ));
+    let e2e = rate(MESSAGES, rfidl.deliver);
+    let with_enqueue = rate(MESSAGES, rfidl.enqueue + rfidl.deliver);
+
+    let nats = std::env::var_os("RFIDL_NATS_SERVER").map(PathBuf::from);
+    let jetstream = nats.map(|server| {
+        let default = runtime.block_on(jetstream_run(&server, dir.path(), Fsync::Default));
+        let always = runtime.block_on(jetstream_run(&server, dir.path(), Fsync::Always));
+        (default, always)
+    });
+
+    #[cfg(rfidl_bench_peers)]
+    let apalis = Some(runtime.block_on(apalis_queue::run(dir.path())));
+    #[cfg(not(rfidl_bench_peers))]
+    let apalis: Option<Phases> = None;
+
+    println!("load average at end: {}", load_average());
+    println!();
+    println!("{:<66} {:>16} {:>12}", "figure", "rate", "rfidl (c) ÷");
+    let row = |name: &str, value: f64, unit: &str| {
+        println!(
+            "{name:<66} {:>16} {:>11.2}×",
+            format!("{value:.0} {unit}"),
+            e2e / value
+        );
+    };
+    row(
+        "(ref) raw rusqlite insert, 1 row/txn, FULL",
+        raw_full,
+        "rows/s",
+    );
+    row(
+        "rfidl (c) exactly-once e2e, receiver FULL, batched",
+        e2e,
+        "msg/s",
+    );
+    row(
+        "    ... counting the backlog's enqueue (1 txn) too",
+        with_enqueue,
+        "msg/s",
+    );
+    match &jetstream {
+        Some((default, always)) => {
+            for (name, run) in [
+                ("default fsync", default),
+                ("sync_interval: always", always),
+            ] {
+                row(
+                    &format!("JetStream {name}: e2e, first publish -> last double ack"),
+                    rate(MESSAGES, run.total),
+                    "msg/s",
+                );
+                row(
+                    "    ... publish only (to the last publish ack)",
+                    rate(MESSAGES, run.first),
+                    "msg/s",
+                );
+            }
+        }
+        None => println!("(JetStream skipped: RFIDL_NATS_SERVER is not set)"),
+    }
+    match &apalis {
+        Some(run) => {
+            row(
+                "apalis-sqlite, FULL: e2e, first push -> last job Done",
+                rate(MESSAGES, run.total),
+                "msg/s",
+            );
+            row(
+                "    ... push only (push_bulk)",
+                rate(MESSAGES, run.first),
+                "msg/s",
+            );
+            row(
+                "    ... drain only (worker start -> last job Done)",
+                rate(MESSAGES, run.total - run.first),
+                "msg/s",
+            );
+        }
+        None => println!(
+            "(apalis skipped: build with RUSTFLAGS=\"--cfg rfidl_bench_peers\", as `cargo xtask bench peers` does)"
+        ),
+    }
+    println!();
+    report(
+        "rfidl (c) / raw FULL insert (target ≥ 2.5×)",
+        format!("{:.2}×", e2e / raw_full),
+    );
+    if let Some((default, always)) = &jetstream {
+        report(
+            "rfidl (c) / JetStream sync_interval: always (target ≥ 3×)",
+            format!("{:.2}×", e2e / rate(MESSAGES, always.total)),
+        );
+        report(
+            "rfidl (c) / JetStream default fsync",
+            format!("{:.2}×", e2e / rate(MESSAGES, default.total)),
+        );
+    }
+    if let Some(run) = &apalis {
+        report(
+            "rfidl (c) / apalis-sqlite e2e",
+            format!("{:.2}×", e2e / rate(MESSAGES, run.total)),
+        );
+    }
+}
+
+/// `/proc/loadavg`'s first three fields (other work on the machine skews
+/// every figure; they are printed beside them).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// A peer's run in two phases: `first` (publishing or pushing) and `total`
+/// (from the first publish or push to the last message processed).
+struct Phases {
+    first: Duration,
+    total: Duration,
+}
+
+/// The payloads every peer carries: rfidl's JSON payload of message `n`.
+fn payloads() -> Vec<Vec<u8>> {
+    (0..MESSAGES)
+        .map(|n| {
+            let body =
+                serde_json::to_vec(&sized_message("ledger", n, BYTES).payload).expect("json");
+            assert_eq!(body.len(), BYTES);
+            body
+        })
+        .collect()
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Fsync {
+    /// nats-server's default (`sync_interval` 2 minutes: writes reach the
+    /// OS at once, the disk at the next sync).
+    Default,
+    /// `sync_interval: always`: an fsync after every write.
+    Always,
+}
+
+/// A `nats-server` with JetStream on a free loopback port, its store in a
+/// directory of its own; killed when dropped.
+struct NatsServer {
+    child: Child,
+    url: String,
+}
+
+impl NatsServer {
+    fn start(binary: &Path, dir: &Path, fsync: Fsync) -> NatsServer {
+        let base = dir.join(format!("nats-{fsync:?}"));
+        let store = base.join("store");
+        let ports = base.join("ports");
+        std::fs::create_dir_all(&store).expect("store dir");
+        std::fs::create_dir_all(&ports).expect("ports dir");
+        let sync = match fsync {
+            Fsync::Default => "",
+            Fsync::Always => "  sync_interval: always\n",
+        };
+        // Port -1: the server picks a free one and writes it to a file in
+        // `ports_file_dir` (no race with another process for the port).
+        let config = format!(
+            "host: 127.0.0.1\nport: -1\nports_file_dir: {ports:?}\njetstream {{\n  store_dir: {store:?}\n{sync}}}\n"
+        );
+        let config_path = base.join("nats.conf");
+        std::fs::write(&config_path, config).expect("config");
+        let log = std::fs::File::create(base.join("nats.log")).expect("log");
+        let child = Command::new(binary)
+            .arg("-c")
+            .arg(&config_path)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let mut server = NatsServer {
+            child,
+            url: String::new(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        server.url = loop {
+            let written = std::fs::read_dir(&ports)
+                .expect("ports dir")
+                .filter_map(Result::ok)
+                .find_map(|entry| std::fs::read_to_string(entry.path()).ok());
+            if let Some(url) = written.as_deref().and_then(nats_url) {
+                break url;
+            }
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!(
+                    "nats-server exited with {status}; see {}",
+                    base.join("nats.log").display()
+                );
+            }
+            assert!(Instant::now() < deadline, "nats-server wrote no ports file");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        server
+    }
+}
+
+/// The client URL in a ports file (`{"nats":["nats://127.0.0.1:4222"],…}`).
+fn nats_url(ports_file: &str) -> Option<String> {
+    let start = ports_file.find("nats://")?;
+    let end = ports_file[start..].find('"')?;
+    Some(ports_file[start..start + end].to_owned())
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// JetStream: every message published with its `Nats-Msg-Id` to a file
+/// stream, consumed by a durable pull consumer that double-acks it. `first`
+/// ends at the last publish ack, `total` at the last confirmed double ack
+/// (the consumer runs from before the first publish).
+async fn jetstream_run(binary: &Path, dir: &Path, fsync: Fsync) -> Phases {
+    let server = NatsServer::start(binary, dir, fsync);
+    let client = async_nats::connect(&server.url).await.expect("connect");
+    let js = jetstream::new(client);
+    let stream = js
+        .create_stream(jetstream::stream::Config {
+            name: "PEERS".into(),
+            subjects: vec!["peers.ledger".into()],
+            storage: jetstream::stream::StorageType::File,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .expect("stream");
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            durable_name: Some("ledger".into()),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await
+        .expect("consumer");
+    let payloads = payloads();
+
+    let consuming = tokio::spawn(async move {
+        let mut messages = consumer
+            .stream()
+            .max_messages_per_batch(500)
+            .messages()
+            .await
+            .expect("messages");
+        let mut seen = HashSet::with_capacity(MESSAGES);
+        let mut acks = tokio::task::JoinSet::<Result<(), String>>::new();
+        while seen.len() < MESSAGES {
+            while acks.len() >= ACK_WINDOW {
+                acks.join_next()
+                    .await
+                    .expect("an ack")
+                    .expect("ack task")
+                    .expect("double ack");
+            }
+            let message = messages
+                .next()
+                .await
+                .expect("the stream ended")
+                .expect("message");
+            let id = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Nats-Msg-Id"))
+                .map(|v| v.as_str().to_owned())
+                .expect("Nats-Msg-Id");
+            assert!(seen.insert(id), "a message came twice");
+            acks.spawn(async move { message.double_ack().await.map_err(|e| e.to_string()) });
+        }
+        while let Some(done) = acks.join_next().await {
+            done.expect("ack task").expect("double ack");
+        }
+        Instant::now()
+    });
+
+    let started = Instant::now();
+    let mut pending: VecDeque<jetstream::context::PublishAckFuture> =
+        VecDeque::with_capacity(PUBLISH_WINDOW);
+    for (n, body) in payloads.into_iter().enumerate() {
+        if pending.len() >= PUBLISH_WINDOW {
+            let ack: jetstream::publish::PublishAck = pending
+                .pop_front()
+                .expect("pending")
+                .await
+                .expect("publish ack");
+            assert!(!ack.duplicate);
+        }
+        let publish = jetstream::message::PublishMessage::build()
+            .payload(body.into())
+            .message_id(format!("order-{n}"));
+        pending.push_back(
+            js.send_publish("peers.ledger", publish)
+                .await
+                .expect("publish"),
+        );
+    }
+    for ack in pending {
+        assert!(!ack.await.expect("publish ack").duplicate);
+    }
+    let published = started.elapsed();
+    let last_ack = consuming.await.expect("consumer");
+    let total = last_ack.duration_since(started);
+
+    // De-duplication is on: publishing message 0 again is recognised.
+    let again = jetstream::message::PublishMessage::build()
+        .payload(b"again".to_vec().into())
+        .message_id("order-0");
+    let ack = js
+        .send_publish("peers.ledger", again)
+        .await
+        .expect("publish")
+        .await
+        .expect("publish ack");
+    assert!(ack.duplicate, "the stream did not de-duplicate");
+    let mut stream = stream;
+    let info = stream.info().await.expect("stream info");
+    assert_eq!(info.state.messages as usize, MESSAGES);
+    drop(server);
+    Phases {
+        first: published,
+        total,
+    }
+}
+
+/// apalis with its SQLite backend: the backlog pushed with `push_bulk`,
+/// then one worker (defaults) drains it; a job counts once the backend
+/// recorded it `Done`.
+#[cfg(rfidl_bench_peers)]
+mod apalis_queue {
+    use std::path::Path;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use apalis::prelude::*;
+    use apalis_sqlite::{
+        Config, SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteStorage,
+    };
+
+    use super::{MESSAGES, Phases, count, payloads};
+
+    async fn handle(job: serde_json::Value) -> Result<(), BoxDynError> {
+        if job.get("amount").is_none() {
+            return Err("not a credit".into());
+        }
+        Ok(())
+    }
+
+    pub async fn run(dir: &Path) -> Phases {
+        let path = dir.join("apalis.db");
+        // `setup` migrates and sets `synchronous = OFF` on the connection
+        // it runs on: a pool of its own, closed before the measured one.
+        let setup = SqlitePool::connect_with(
+            SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true),
+        )
+        .await
+        .expect("open");
+        SqliteStorage::setup(&setup).await.expect("setup");
+        setup.close().await;
+        // The same durability as rfidl's receiver: WAL (set by setup,
+        // persistent) and synchronous=FULL on every connection.
+        let options = SqliteConnectOptions::new()
+            .filename(&path)
+            .pragma("synchronous", "FULL");
+        let pool = SqlitePoolOptions::new()
+            .connect_with(options)
+            .await
+            .expect("pool");
+        let mut storage = SqliteStorage::<serde_json::Value>::new(&pool)
+            .with_config(Config::default().queue("peers"));
+        let jobs: Vec<serde_json::Value> = payloads()
+            .iter()
+            .map(|body| serde_json::from_slice(body).expect("json"))
+            .collect();
+
+        let started = Instant::now();
+        storage.push_bulk(jobs).await.expect("push");
+        let pushed = started.elapsed();
+        let done_at = Arc::new(Mutex::new(None));
+        let worker = WorkerBuilder::new("peers-worker")
+            .backend(storage)
+            .build(handle);
+        let watch = done_at.clone();
+        let db = path.clone();
+        worker
+            .run_with_ctx(move |ctx| {
+                let watch = watch.clone();
+                let db = db.clone();
+                async move {
+                    let deadline = Instant::now() + Duration::from_secs(300);
+                    loop {
+                        let done = count(&db, "SELECT COUNT(*) FROM Jobs WHERE status = 'Done'");
+                        if done as usize == MESSAGES {
+                            break;
+                        }
+                        assert!(
+                            Instant::now() < deadline,
+                            "apalis: {done} jobs Done after 300 s"
+                        );
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    *watch.lock().expect("lock") = Some(Instant::now());
+                    ctx.stop()
+                }
+            })
+            .await
+            .expect("worker");
+        let done = done_at.lock().expect("lock").expect("drained");
+        Phases {
+            first: pushed,
+            total: done.duration_since(started),
+        }
+    }
+}
