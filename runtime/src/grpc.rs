@@ -3,7 +3,7 @@
 //! signing headers and the exact body bytes of one message and answers what
 //! `POST /_rf/receive` would have answered: status, body, `Retry-After`;
 //! and `ReceiveBatch`, the same for `POST /_rf/receive/batch` (its body is
-//! the HTTP batch's JSON, `wire-protocol.md`, "Batches").
+//! the HTTP batch's JSON, `wire-protocol.md`, envelope).
 //!
 //! ```proto
 //! syntax = "proto3";
