@@ -1,13 +1,16 @@
 //! The receiver over gRPC (cargo feature `grpc`): the service
-//! `rfidl.RFReceiver` with one unary method, `Receive`, that carries the
+//! `rfidl.RFReceiver` with the unary method `Receive`, that carries the
 //! signing headers and the exact body bytes of one message and answers what
-//! `POST /_rf/receive` would have answered: status, body, `Retry-After`.
+//! `POST /_rf/receive` would have answered: status, body, `Retry-After`;
+//! and `ReceiveBatch`, the same for `POST /_rf/receive/batch` (its body is
+//! the HTTP batch's JSON, `wire-protocol.md`, envelope).
 //!
 //! ```proto
 //! syntax = "proto3";
 //! package rfidl;
 //! service RFReceiver {
 //!   rpc Receive(ReceiveRequest) returns (ReceiveReply);
+//!   rpc ReceiveBatch(ReceiveRequest) returns (ReceiveReply);
 //! }
 //! message ReceiveRequest {
 //!   map<string, string> headers = 1; // webhook-id, webhook-timestamp, webhook-signature, traceparent, …
@@ -52,6 +55,8 @@ use crate::receiver::{ReceiveError, Receiver};
 pub const SERVICE_NAME: &str = "rfidl.RFReceiver";
 /// The HTTP/2 path of `Receive`.
 pub const RECEIVE_METHOD_PATH: &str = "/rfidl.RFReceiver/Receive";
+/// The HTTP/2 path of `ReceiveBatch`.
+pub const RECEIVE_BATCH_METHOD_PATH: &str = "/rfidl.RFReceiver/ReceiveBatch";
 /// Room above the receiver's body limit for the rest of a request (headers,
 /// framing), so that an oversized body reaches the receiver and is answered
 /// 413 `payload_too_large`, as on HTTP, instead of failing the call.
@@ -83,12 +88,23 @@ pub struct ReceiveReply {
     pub retry_after_seconds: Option<u32>,
 }
 
-/// What answers the calls: the receiver itself, or any router that serves
-/// `POST /_rf/receive` (e.g. the receiver's routes behind middleware).
+/// What answers the calls: the receiver itself (its router for batches),
+/// or any router that serves `POST /_rf/receive` and
+/// `POST /_rf/receive/batch` (e.g. the receiver's routes behind middleware).
 #[derive(Clone)]
 enum Backend {
-    Receiver(Receiver),
+    Receiver {
+        receiver: Receiver,
+        router: axum::Router,
+    },
     Router(axum::Router),
+}
+
+/// Which method a call is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Method {
+    Receive,
+    ReceiveBatch,
 }
 
 /// The `rfidl.RFReceiver` tonic service. Add it to a
@@ -98,42 +114,53 @@ enum Backend {
 pub struct ReceiverService {
     backend: Backend,
     body_limit: usize,
+    batch_body_limit: usize,
 }
 
 impl std::fmt::Debug for ReceiverService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReceiverService")
             .field("body_limit", &self.body_limit)
+            .field("batch_body_limit", &self.batch_body_limit)
             .finish_non_exhaustive()
     }
 }
 
 impl ReceiverService {
-    /// Answers with `receiver` ([`Receiver::receive`]). Requests up to its
-    /// body limit plus [`DECODING_HEADROOM`] are decoded; a body over its
-    /// limit is answered 413 `payload_too_large`, as on HTTP (a request too
-    /// large to decode is not read: it gets the same answer).
+    /// Answers with `receiver` ([`Receiver::receive`]; batches through its
+    /// batch route). Requests up to its body limit (batches: its batch body
+    /// limit) plus [`DECODING_HEADROOM`] are decoded; a body over the limit
+    /// is answered 413 `payload_too_large`, as on HTTP (a request too large
+    /// to decode is not read: it gets the same answer).
     pub fn new(receiver: Receiver) -> Self {
         Self {
             body_limit: receiver.body_limit(),
-            backend: Backend::Receiver(receiver),
+            batch_body_limit: receiver.batch_body_limit(),
+            backend: Backend::Receiver {
+                router: receiver.router(),
+                receiver,
+            },
         }
     }
 
     /// Answers each call by sending it to `router` as `POST /_rf/receive`
-    /// (in process, no network): for a receiver behind middleware of the
-    /// application's own. `body_limit` is the router's body limit (requests
-    /// up to it plus [`DECODING_HEADROOM`] are decoded).
+    /// (batches: `POST /_rf/receive/batch`), in process, no network: for a
+    /// receiver behind middleware of the application's own. `body_limit`
+    /// is the router's body limit (requests up to it plus
+    /// [`DECODING_HEADROOM`] are decoded); batches are decoded up to
+    /// [`DEFAULT_BATCH_BODY_LIMIT`](crate::receiver::DEFAULT_BATCH_BODY_LIMIT)
+    /// plus the headroom.
     pub fn from_router(router: axum::Router, body_limit: usize) -> Self {
         Self {
             backend: Backend::Router(router),
             body_limit,
+            batch_body_limit: crate::receiver::DEFAULT_BATCH_BODY_LIMIT,
         }
     }
 }
 
 /// The gRPC call's answer as the HTTP receiver would have given it.
-async fn answer(backend: Backend, request: ReceiveRequest) -> ReceiveReply {
+async fn answer(backend: Backend, method: Method, request: ReceiveRequest) -> ReceiveReply {
     let mut headers = HeaderMap::with_capacity(request.headers.len());
     for (name, value) in &request.headers {
         let (Ok(name), Ok(value)) = (
@@ -151,27 +178,28 @@ async fn answer(backend: Backend, request: ReceiveRequest) -> ReceiveReply {
         };
         headers.insert(name, value);
     }
-    let response = match backend {
-        Backend::Receiver(receiver) => receiver
-            .receive(&headers, request.body.into())
-            .await
-            .into_response(),
-        Backend::Router(router) => {
-            let mut http_request = Request::post(crate::receiver::RECEIVE_PATH)
-                .body(axum::body::Body::from(request.body))
-                .unwrap_or_default();
-            *http_request.headers_mut() = headers;
-            http_request.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            match router.oneshot(http_request).await {
-                Ok(response) => response,
-                Err(never) => match never {},
-            }
+    let (router, path) = match (backend, method) {
+        (Backend::Receiver { receiver, .. }, Method::Receive) => {
+            let answer = receiver.receive(&headers, request.body.into()).await;
+            return reply(answer.into_response()).await;
+        }
+        (Backend::Router(router), Method::Receive) => (router, crate::receiver::RECEIVE_PATH),
+        (Backend::Receiver { router, .. } | Backend::Router(router), Method::ReceiveBatch) => {
+            (router, crate::receiver::RECEIVE_BATCH_PATH)
         }
     };
-    reply(response).await
+    let mut http_request = Request::post(path)
+        .body(axum::body::Body::from(request.body))
+        .unwrap_or_default();
+    *http_request.headers_mut() = headers;
+    http_request.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    match router.oneshot(http_request).await {
+        Ok(response) => reply(response).await,
+        Err(never) => match never {},
+    }
 }
 
 /// An HTTP answer as a [`ReceiveReply`].
@@ -203,11 +231,11 @@ async fn reply(response: axum::response::Response) -> ReceiveReply {
 async fn too_large(
     grpc: &mut tonic::server::Grpc<tonic_prost::ProstCodec<ReceiveReply, ReceiveRequest>>,
     backend: Backend,
-    body_limit: usize,
+    limit: usize,
 ) -> Response<tonic::body::Body> {
     let answer = match &backend {
-        Backend::Receiver(receiver) => receiver.payload_too_large(),
-        Backend::Router(_) => ReceiveError::PayloadTooLarge { limit: body_limit }.into(),
+        Backend::Receiver { receiver, .. } => receiver.payload_too_large(limit),
+        Backend::Router(_) => ReceiveError::PayloadTooLarge { limit }.into(),
     };
     let reply = reply(answer.into_response()).await;
     // One empty `ReceiveRequest` frame (uncompressed, length 0) to run the
@@ -231,18 +259,18 @@ impl UnaryService<ReceiveRequest> for Fixed {
     }
 }
 
-/// The `Receive` method as tonic's unary service.
-struct ReceiveMethod(Backend);
+/// A method as tonic's unary service.
+struct ReceiveMethod(Backend, Method);
 
 impl UnaryService<ReceiveRequest> for ReceiveMethod {
     type Response = ReceiveReply;
     type Future = BoxFuture<tonic::Response<ReceiveReply>, tonic::Status>;
 
     fn call(&mut self, request: tonic::Request<ReceiveRequest>) -> Self::Future {
-        let backend = self.0.clone();
+        let (backend, method) = (self.0.clone(), self.1);
         Box::pin(async move {
             Ok(tonic::Response::new(
-                answer(backend, request.into_inner()).await,
+                answer(backend, method, request.into_inner()).await,
             ))
         })
     }
@@ -262,27 +290,32 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        if request.uri().path() != RECEIVE_METHOD_PATH {
-            return Box::pin(async {
-                Ok(
-                    tonic::Status::unimplemented("rfidl.RFReceiver has one method: Receive")
-                        .into_http(),
-                )
-            });
-        }
+        let (method, limit) = match request.uri().path() {
+            RECEIVE_METHOD_PATH => (Method::Receive, self.body_limit),
+            RECEIVE_BATCH_METHOD_PATH => (Method::ReceiveBatch, self.batch_body_limit),
+            _ => {
+                return Box::pin(async {
+                    Ok(tonic::Status::unimplemented(
+                        "rfidl.RFReceiver has the methods Receive and ReceiveBatch",
+                    )
+                    .into_http())
+                });
+            }
+        };
         let backend = self.backend.clone();
-        let body_limit = self.body_limit;
         Box::pin(async move {
             let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default())
-                .max_decoding_message_size(body_limit.saturating_add(DECODING_HEADROOM));
-            let response = grpc.unary(ReceiveMethod(backend.clone()), request).await;
-            // `Receive` itself never fails: `OutOfRange` is tonic refusing a
+                .max_decoding_message_size(limit.saturating_add(DECODING_HEADROOM));
+            let response = grpc
+                .unary(ReceiveMethod(backend.clone(), method), request)
+                .await;
+            // Neither method fails: `OutOfRange` is tonic refusing a
             // request over the decoding limit (unread). Answer it as HTTP
             // does a body over the limit.
             if tonic::Status::from_header_map(response.headers())
                 .is_some_and(|status| status.code() == tonic::Code::OutOfRange)
             {
-                return Ok(too_large(&mut grpc, backend, body_limit).await);
+                return Ok(too_large(&mut grpc, backend, limit).await);
             }
             Ok(response)
         })

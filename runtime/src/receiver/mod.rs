@@ -518,13 +518,18 @@ impl Receiver {
         self.shared.receive_one(headers, body).await
     }
 
-    /// The answer to a body over [`body_limit`](Self::body_limit) that was
-    /// refused before it was read whole (counted like any refusal).
+    /// The largest batch request body (`POST /_rf/receive/batch`); larger
+    /// ones are answered 413 `payload_too_large`.
+    pub fn batch_body_limit(&self) -> usize {
+        self.shared.batch_body_limit
+    }
+
+    /// The answer to a body over `limit` (this receiver's body or batch
+    /// body limit) that was refused before it was read whole (counted like
+    /// any refusal).
     #[cfg(feature = "grpc")]
-    pub(crate) fn payload_too_large(&self) -> Answer {
-        let refusal = ReceiveError::PayloadTooLarge {
-            limit: self.shared.body_limit,
-        };
+    pub(crate) fn payload_too_large(&self, limit: usize) -> Answer {
+        let refusal = ReceiveError::PayloadTooLarge { limit };
         self.shared.count_refusal(&refusal);
         Answer::Refused(refusal)
     }

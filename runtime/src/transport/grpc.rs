@@ -1,18 +1,22 @@
 //! gRPC (cargo feature `grpc`): each request is one unary call
-//! `rfidl.RFReceiver/Receive` ([`crate::grpc`]) on one HTTP/2 channel,
-//! connected on first use and reused. The reply's status, body and
-//! `Retry-After` become the [`TransportResponse`], so the dispatcher
-//! classifies it with the same table as HTTP; a call that got no reply is a
-//! [`TransportError`].
+//! `rfidl.RFReceiver/Receive` ([`crate::grpc`]), each batch one call
+//! `ReceiveBatch`, on one HTTP/2 channel, connected on first use and
+//! reused. The reply's status, body and `Retry-After` become the
+//! [`TransportResponse`], so the dispatcher classifies it with the same
+//! table as HTTP; a call that got no reply is a [`TransportError`].
 
 use std::time::Duration;
 
 use tonic::transport::{Channel, Endpoint};
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::{
     BatchFuture, OutgoingRequest, SendFuture, Transport, TransportError, TransportResponse,
+    batch_body, split_batch_answer,
 };
-use crate::grpc::{RECEIVE_METHOD_PATH, ReceiveReply, ReceiveRequest};
+use crate::grpc::{RECEIVE_BATCH_METHOD_PATH, RECEIVE_METHOD_PATH, ReceiveReply, ReceiveRequest};
 
 /// Calls `rfidl.RFReceiver/Receive` at `grpc://host:port`.
 #[derive(Debug, Clone)]
@@ -20,6 +24,10 @@ pub struct GrpcTransport {
     channel: Channel,
     timeout: Duration,
     authority: String,
+    /// Set once the receiver answered `ReceiveBatch` with `UNIMPLEMENTED`
+    /// (a receiver of another make with `Receive` only): batches go as
+    /// concurrent `Receive` calls from then on.
+    no_batches: Arc<AtomicBool>,
 }
 
 impl GrpcTransport {
@@ -39,6 +47,7 @@ impl GrpcTransport {
             channel: endpoint.connect_lazy(),
             timeout,
             authority,
+            no_batches: Default::default(),
         })
     }
 
@@ -92,7 +101,60 @@ fn parse_url(url: &str) -> Result<String, String> {
     }
 }
 
-/// One call on `channel`, bounded by `timeout`.
+/// Why a call got no reply.
+enum CallError {
+    /// The server answered the call with a gRPC error.
+    Status(tonic::Status),
+    /// No connection, or no reply within the timeout.
+    Transport(TransportError),
+}
+
+impl From<CallError> for TransportError {
+    fn from(error: CallError) -> Self {
+        match error {
+            CallError::Status(status) => status_error(status),
+            CallError::Transport(error) => error,
+        }
+    }
+}
+
+/// One call of the method at `path` on `channel`, bounded by `timeout`.
+async fn exchange(
+    channel: Channel,
+    timeout: Duration,
+    path: &'static str,
+    message: ReceiveRequest,
+) -> Result<TransportResponse, CallError> {
+    // Replies as large as the receiver sends, as over HTTP (tonic's default
+    // would fail a handler's answer over 4 MiB after it took effect).
+    let mut client = tonic::client::Grpc::new(channel).max_decoding_message_size(usize::MAX);
+    let exchange = async {
+        client.ready().await.map_err(|e| {
+            CallError::Transport(TransportError::Connect(crate::chain::with_causes(&e)))
+        })?;
+        client
+            .unary::<ReceiveRequest, ReceiveReply, _>(
+                tonic::Request::new(message),
+                axum::http::uri::PathAndQuery::from_static(path),
+                tonic_prost::ProstCodec::default(),
+            )
+            .await
+            .map_err(CallError::Status)
+    };
+    let reply = tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| CallError::Transport(TransportError::Timeout))??
+        .into_inner();
+    Ok(TransportResponse {
+        status: u16::try_from(reply.status).unwrap_or(0),
+        body: reply.body,
+        retry_after: reply
+            .retry_after_seconds
+            .map(|secs| Duration::from_secs(u64::from(secs))),
+    })
+}
+
+/// One message as one `Receive` call.
 async fn call(
     channel: Channel,
     timeout: Duration,
@@ -106,32 +168,7 @@ async fn call(
             .collect(),
         body: request.body,
     };
-    let mut client = tonic::client::Grpc::new(channel);
-    let exchange = async {
-        client
-            .ready()
-            .await
-            .map_err(|e| TransportError::Connect(crate::chain::with_causes(&e)))?;
-        client
-            .unary::<ReceiveRequest, ReceiveReply, _>(
-                tonic::Request::new(message),
-                axum::http::uri::PathAndQuery::from_static(RECEIVE_METHOD_PATH),
-                tonic_prost::ProstCodec::default(),
-            )
-            .await
-            .map_err(status_error)
-    };
-    let reply = tokio::time::timeout(timeout, exchange)
-        .await
-        .map_err(|_| TransportError::Timeout)??
-        .into_inner();
-    Ok(TransportResponse {
-        status: u16::try_from(reply.status).unwrap_or(0),
-        body: reply.body,
-        retry_after: reply
-            .retry_after_seconds
-            .map(|secs| Duration::from_secs(u64::from(secs))),
-    })
+    Ok(exchange(channel, timeout, RECEIVE_METHOD_PATH, message).await?)
 }
 
 /// A gRPC error: the call got no answer from the receiver.
@@ -157,34 +194,73 @@ impl Transport for GrpcTransport {
         Box::pin(call(self.channel.clone(), self.timeout, request))
     }
 
-    /// The calls of a batch go out together, multiplexed on the channel (the
-    /// receiver group-commits them as it does HTTP requests that arrive
-    /// together); the answers come back in request order. Dropping the
-    /// future cancels the calls still running.
+    /// One `ReceiveBatch` call with the HTTP batch's JSON, split as over
+    /// HTTP. A receiver without `ReceiveBatch` gets concurrent `Receive`
+    /// calls instead (remembered).
     fn send_batch(&self, requests: Vec<OutgoingRequest>) -> BatchFuture<'_> {
         Box::pin(async move {
-            let count = requests.len();
-            let mut calls = tokio::task::JoinSet::new();
-            for (position, request) in requests.into_iter().enumerate() {
-                let (channel, timeout) = (self.channel.clone(), self.timeout);
-                calls.spawn(async move { (position, call(channel, timeout, request).await) });
-            }
-            let mut answers: Vec<Option<Result<TransportResponse, TransportError>>> =
-                (0..count).map(|_| None).collect();
-            while let Some(joined) = calls.join_next().await {
-                if let Ok((position, answer)) = joined {
-                    answers[position] = Some(answer);
+            if !self.no_batches.load(Ordering::Relaxed) {
+                let batch = ReceiveRequest {
+                    headers: Default::default(),
+                    body: batch_body(&requests),
+                };
+                match exchange(
+                    self.channel.clone(),
+                    self.timeout,
+                    RECEIVE_BATCH_METHOD_PATH,
+                    batch,
+                )
+                .await
+                {
+                    Err(CallError::Status(status))
+                        if status.code() == tonic::Code::Unimplemented =>
+                    {
+                        tracing::info!(
+                            authority = %self.authority,
+                            "receiver has no ReceiveBatch; sending one call per message"
+                        );
+                        self.no_batches.store(true, Ordering::Relaxed);
+                    }
+                    answer => {
+                        return split_batch_answer(requests.len(), answer.map_err(Into::into));
+                    }
                 }
             }
-            answers
-                .into_iter()
-                .map(|answer| {
-                    answer.unwrap_or_else(|| {
-                        Err(TransportError::Other("the call's task failed".to_owned()))
-                    })
-                })
-                .collect()
+            self.send_each(requests).await
         })
+    }
+}
+
+impl GrpcTransport {
+    /// The calls of a batch at once, multiplexed on the channel (the
+    /// receiver group-commits them as it does HTTP requests that arrive
+    /// together); the answers in request order. Dropping the future cancels
+    /// the calls still running.
+    async fn send_each(
+        &self,
+        requests: Vec<OutgoingRequest>,
+    ) -> Vec<Result<TransportResponse, TransportError>> {
+        let count = requests.len();
+        let mut calls = tokio::task::JoinSet::new();
+        for (position, request) in requests.into_iter().enumerate() {
+            let (channel, timeout) = (self.channel.clone(), self.timeout);
+            calls.spawn(async move { (position, call(channel, timeout, request).await) });
+        }
+        let mut answers: Vec<Option<Result<TransportResponse, TransportError>>> =
+            (0..count).map(|_| None).collect();
+        while let Some(joined) = calls.join_next().await {
+            if let Ok((position, answer)) = joined {
+                answers[position] = Some(answer);
+            }
+        }
+        answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| {
+                    Err(TransportError::Other("the call's task failed".to_owned()))
+                })
+            })
+            .collect()
     }
 }
 

@@ -191,6 +191,24 @@ async fn a_real_receiver_answers_every_case_over_grpc_exactly_as_over_http() {
             String::from_utf8_lossy(&by_http.body)
         );
     }
+    // A batch (`ReceiveBatch` vs `POST /_rf/receive/batch`): the same
+    // per-message answers.
+    let fresh = Uuid::now_v7().to_string();
+    let batch = vec![
+        signed(&fresh, &credit(&fresh, 7), &secret),
+        signed(&id, &credit(&id, 5), &secret),
+        signed(&other, &credit(&other, 1), &stranger),
+        signed(&other, b"[]", &secret),
+    ];
+    let by_http = http.send_batch(batch.clone()).await;
+    let by_grpc = grpc.send_batch(batch).await;
+    let statuses: Vec<u16> = by_http
+        .iter()
+        .map(|answer| answer.as_ref().map_or(0, |r| r.status))
+        .collect();
+    assert_eq!(statuses, [200, 200, 401, 400], "{by_http:?}");
+    assert_eq!(by_grpc, by_http);
+
     let duplicate = grpc
         .send(signed(&id, &credit(&id, 5), &secret))
         .await
@@ -200,7 +218,7 @@ async fn a_real_receiver_answers_every_case_over_grpc_exactly_as_over_http() {
     assert_eq!(ack["payload"], json!({"balance": 5}), "{ack}");
     assert_eq!(
         support::count(&over_grpc.db, "SELECT COUNT(*) FROM ledger"),
-        1
+        2
     );
 
     // A receiver shutting down answers 503 with Retry-After; it travels too.
@@ -493,5 +511,82 @@ async fn grpc_failures_are_transport_errors() {
     match answer {
         Err(TransportError::Other(text)) => assert!(text.contains("Unimplemented"), "{text}"),
         other => panic!("{other:?}"),
+    }
+}
+
+/// `rfidl.RFReceiver` with `Receive` only, as a receiver of another make
+/// might serve it.
+#[derive(Clone)]
+struct WithoutBatches(ReceiverService);
+
+impl tonic::server::NamedService for WithoutBatches {
+    const NAME: &'static str = rfidl_runtime::grpc::SERVICE_NAME;
+}
+
+impl tower::Service<axum::http::Request<tonic::body::Body>> for WithoutBatches {
+    type Response = axum::http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: axum::http::Request<tonic::body::Body>) -> Self::Future {
+        if request.uri().path() == rfidl_runtime::grpc::RECEIVE_BATCH_METHOD_PATH {
+            return Box::pin(async {
+                Ok(tonic::Status::unimplemented("no batches here").into_http())
+            });
+        }
+        tower::Service::call(&mut self.0, request)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_without_receive_batch_gets_one_call_per_message() {
+    let secret = Secret::generate();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let receiver = support::start_receiver(dir.path(), receiver_config(&[&secret])).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("grpc://{}", listener.local_addr().expect("addr"));
+    let service = WithoutBatches(ReceiverService::new(receiver.receiver.clone()));
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+            .await
+            .expect("serve");
+    });
+    let grpc = GrpcTransport::new(&url, Duration::from_secs(5)).expect("client");
+    for round in 0..2 {
+        let ids: Vec<String> = (0..3).map(|_| Uuid::now_v7().to_string()).collect();
+        let batch = ids
+            .iter()
+            .map(|id| {
+                let body = serde_json::to_vec(&support::envelope(
+                    id,
+                    "Credit",
+                    json!({"account": "b", "amount": 1}),
+                ))
+                .expect("json");
+                signed(id, &body, &secret)
+            })
+            .collect();
+        let answers = grpc.send_batch(batch).await;
+        assert_eq!(answers.len(), 3);
+        for answer in &answers {
+            assert_eq!(answer.as_ref().map(|r| r.status), Ok(200), "{answers:?}");
+        }
+        assert_eq!(
+            support::count(&receiver.db, "SELECT COUNT(*) FROM ledger"),
+            3 * (round + 1)
+        );
     }
 }
