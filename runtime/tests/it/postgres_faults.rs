@@ -169,6 +169,7 @@ fn replicas_starting_together_migrate_once() {
             "inbox_messages",
             "outbox_messages",
             "rf_decommissioned",
+            "rf_terminated",
             "rfidl_schema"
         ],
         "each table once"
