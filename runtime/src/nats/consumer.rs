@@ -411,7 +411,8 @@ async fn handle(shared: &Shared, context: &jetstream::Context, message: jetstrea
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
             if let (Some(reply), Some(id)) = (reply, &message_id)
-                && let Err(error) = publish_answer(shared, context, &reply, id, answer).await
+                && let Err(error) =
+                    publish_answer(shared, context, &reply, id, answer, &message.payload).await
             {
                 tracing::warn!(message_id = %id, %error, "cannot publish the answer; redelivered later");
                 nak(&message, backoff_of(shared, delivered)).await;
@@ -521,6 +522,7 @@ async fn publish_answer(
     reply: &str,
     message_id: &str,
     mut answer: serde_json::Value,
+    envelope: &[u8],
 ) -> Result<(), String> {
     let prefix = format!("{}.answers.", shared.url.subject());
     if !reply.starts_with(&prefix) || super::url::validate_subject(reply).is_err() {
@@ -530,11 +532,30 @@ async fn publish_answer(
     }
     answer["messageId"] = serde_json::Value::String(message_id.to_owned());
     let body = serde_json::to_vec(&answer).map_err(|e| e.to_string())?;
+    let answer_id = format!("{ANSWER_ID_PREFIX}{message_id}");
     let mut headers = async_nats::HeaderMap::new();
-    headers.insert(
-        async_nats::header::NATS_MESSAGE_ID,
-        format!("{ANSWER_ID_PREFIX}{message_id}"),
-    );
+    // Signed like a message, with the secrets of the peer it goes back to
+    // (none when signatures are off for local development).
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Source {
+        source_service_id: String,
+    }
+    if let Some(secrets) = serde_json::from_slice::<Source>(envelope)
+        .ok()
+        .and_then(|source| shared.receiver.peer_secrets(&source.source_service_id))
+    {
+        let signature = crate::signing::SignatureHeaders::sign(
+            &answer_id,
+            crate::signing::unix_now(),
+            &body,
+            secrets,
+        );
+        for (name, value) in signature.to_pairs() {
+            headers.insert(name, value);
+        }
+    }
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, answer_id);
     let published = tokio::time::timeout(shared.timeout, async {
         context
             .publish_with_headers(reply.to_owned(), headers, body.into())

@@ -485,6 +485,13 @@ impl Receiver {
         &self.shared.metrics
     }
 
+    /// The secrets accepted from `source` (`peers`): what answers going
+    /// back to it through a broker are signed with.
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    pub(crate) fn peer_secrets(&self, source: &str) -> Option<&[Secret]> {
+        self.shared.secrets.get(source).map(Vec::as_slice)
+    }
+
     /// The same routes plus a JSON 404 for every other path: for a server
     /// whose only job is receiving. (Axum refuses to merge two routers that
     /// both have a fallback, so [`router`](Self::router) leaves the

@@ -831,6 +831,7 @@ async fn command_answers_come_back_and_their_handler_runs_once() {
     let answers =
         rfidl_runtime::nats::AnswersConsumer::builder(support::SOURCE, &pair.url, &pair.sender_db)
             .responses(BalancesHandler(balances.clone()))
+            .secret(pair.secret.clone())
             .ack_wait(Duration::from_secs(2))
             .timeout(Duration::from_secs(1))
             .spawn()
@@ -859,33 +860,68 @@ async fn command_answers_come_back_and_their_handler_runs_once() {
 
     // An answer delivered again (here: published again under another
     // Nats-Msg-Id, so the stream takes it) is only acknowledged.
+    // Forgeries (unsigned, or signed with another key) for a row whose
+    // answer is not applied (its marker cleared here) are terminated, and
+    // the genuine answer after them is applied.
+    rusqlite::Connection::open(&pair.sender_db)
+        .expect("open")
+        .execute_batch(&format!(
+            "UPDATE outbox_messages SET answered_at = NULL WHERE message_id = '{id}'; \
+             DELETE FROM answers WHERE message_id = '{id}';",
+            id = ids[1]
+        ))
+        .expect("clear the marker");
     let context = jetstream(&server).await;
-    let again = json!({"messageId": ids[0].to_string(), "status": 200,
-        "body": {"acknowledged": true, "duplicate": true, "payload": {"balance": -1}}});
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(async_nats::header::NATS_MESSAGE_ID, "answer-again");
-    context
-        .publish_with_headers(
-            format!("{SUBJECT}.answers.{}", support::SOURCE),
-            headers,
-            serde_json::to_vec(&again).expect("json").into(),
-        )
-        .await
-        .expect("publish")
-        .await
-        .expect("ack");
+    let answers_subject = format!("{SUBJECT}.answers.{}", support::SOURCE);
+    let wrong_key = Secret::generate();
+    for (id, signed_with, balance, msg_id) in [
+        (ids[0], Some(&pair.secret), -1, "answer-again"),
+        (ids[1], None, -2, "answer-forged"),
+        (ids[1], Some(&wrong_key), -3, "answer-wrong-key"),
+        (ids[1], Some(&pair.secret), 4242, "answer-genuine"),
+    ] {
+        let copy = serde_json::to_vec(&json!({"messageId": id.to_string(), "status": 200,
+            "body": {"acknowledged": true, "duplicate": true, "payload": {"balance": balance}}}))
+        .expect("json");
+        let mut headers = async_nats::HeaderMap::new();
+        if let Some(secret) = signed_with {
+            let signature = rfidl_runtime::signing::SignatureHeaders::sign(
+                &format!("answer-{id}"),
+                rfidl_runtime::signing::unix_now(),
+                &copy,
+                std::slice::from_ref(secret),
+            );
+            for (name, value) in signature.to_pairs() {
+                headers.insert(name, value);
+            }
+        }
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, msg_id);
+        context
+            .publish_with_headers(answers_subject.clone(), headers, copy.into())
+            .await
+            .expect("publish")
+            .await
+            .expect("ack");
+    }
+    wait_until("the genuine answer applied", Duration::from_secs(5), || {
+        pair.sender_count(&format!(
+            "SELECT COUNT(*) FROM answers WHERE message_id = '{}' AND balance = 4242",
+            ids[1]
+        )) == 1
+    })
+    .await;
     let backlog = drained(&server, "rfidl-answers-billing").await;
     assert_eq!(backlog, (0, 0), "the copy was taken and acknowledged");
     assert_eq!(
         balances.calls.load(std::sync::atomic::Ordering::SeqCst),
-        messages as u32,
-        "the response handler ran once per message"
+        messages as u32 + 1,
+        "the response handler ran once per message (and once more for the cleared marker)"
     );
     assert_eq!(pair.sender_count("SELECT COUNT(*) FROM answers"), messages);
     assert_eq!(
         pair.sender_count("SELECT COUNT(*) FROM answers WHERE balance < 0"),
         0,
-        "the copy's payload was not acted on"
+        "neither the copy's nor the forgeries' payload was acted on"
     );
     dispatcher.shutdown().await;
     answers.shutdown().await;
@@ -936,6 +972,7 @@ async fn answers_on_every_store(store: &crate::stores::TestStore) {
         "ledger".into(),
         DestinationConfig::new(url.clone(), secret.to_whsec()),
     );
+    let outbox_config = config.clone();
     let outbox = store.outbox(config);
     let ledger = Arc::new(Ledger::default());
     let receiver = receiver_store
@@ -956,13 +993,15 @@ async fn answers_on_every_store(store: &crate::stores::TestStore) {
     let handler = BalancesHandler(balances.clone());
     let answers = match store {
         TestStore::Sqlite { path, .. } => {
-            rfidl_runtime::nats::AnswersConsumer::builder(support::SOURCE, &url, path)
+            rfidl_runtime::nats::AnswersConsumer::for_destination(&outbox_config, "ledger", path)
+                .expect("configured")
                 .responses(handler)
                 .timeout(Duration::from_secs(1))
                 .spawn()
         }
         TestStore::Postgres { url: database, .. } => {
             rfidl_runtime::nats::AnswersConsumer::postgres(support::SOURCE, &url, database)
+                .secret(secret.clone())
                 .responses(handler)
                 .timeout(Duration::from_secs(1))
                 .spawn()
