@@ -1064,3 +1064,66 @@ async fn answers_on_every_store(store: &crate::stores::TestStore) {
     consumer.shutdown().await;
     receiver.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_large_for_the_broker_is_dead_lettered_and_a_deleted_stream_is_created_again() {
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let pair = Pair::new(&server);
+    let receiver = pair.receiver(pair.receiver_config());
+    let consumer = pair.consumer(receiver.clone());
+    let dispatcher = pair.dispatcher();
+    // nats-server's default max_payload is 1 MiB.
+    let ids = pair.enqueue(vec![
+        message(
+            "ledger",
+            "Credit",
+            json!({"account": "x".repeat(1_200_000), "amount": 1}),
+        ),
+        message("ledger", "Credit", json!({"account": "small", "amount": 1})),
+    ]);
+    wait_until(
+        "one dead letter, one effect",
+        Duration::from_secs(10),
+        || {
+            pair.sender_count("SELECT COUNT(*) FROM outbox_messages WHERE status = 'DeadLetter'")
+                == 1
+                && pair.receiver_count("SELECT COUNT(*) FROM ledger") == 1
+        },
+    )
+    .await;
+    assert_eq!(
+        pair.sender_count(&format!(
+            "SELECT COUNT(*) FROM outbox_messages WHERE message_id = '{}' \
+             AND last_error LIKE '413 payload_too_large%'",
+            ids[0]
+        )),
+        1
+    );
+
+    // The stream deleted under both sides: created again, nothing lost.
+    jetstream(&server)
+        .await
+        .delete_stream("RF_ledger_inbound")
+        .await
+        .expect("delete stream");
+    pair.credits(5);
+    wait_until(
+        "delivered after the stream came back",
+        Duration::from_secs(15),
+        || {
+            pair.receiver_count("SELECT COUNT(*) FROM ledger") == 6
+                && pair.sender_count("SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'")
+                    == 6
+        },
+    )
+    .await;
+    assert_eq!(
+        pair.receiver_count("SELECT COUNT(DISTINCT message_id) FROM ledger"),
+        6
+    );
+    dispatcher.shutdown().await;
+    consumer.shutdown().await;
+    receiver.shutdown().await;
+}
