@@ -1127,3 +1127,50 @@ async fn too_large_for_the_broker_is_dead_lettered_and_a_deleted_stream_is_creat
     consumer.shutdown().await;
     receiver.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_consumers_on_one_durable_share_the_messages_and_each_takes_effect_once() {
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let pair = Pair::new(&server);
+    // Two replicas of the receiving service on one database, one durable.
+    let first = pair.receiver(pair.receiver_config());
+    let other_ledger = Arc::new(Ledger::default());
+    let second = Receiver::builder(pair.receiver_config(), &pair.receiver_db)
+        .service(LedgerService(other_ledger.clone()))
+        .build()
+        .expect("second receiver");
+    let consumers = [pair.consumer(first.clone()), pair.consumer(second.clone())];
+    let dispatcher = pair.dispatcher();
+    let messages = 300;
+    pair.credits(messages as usize);
+    wait_until("every effect", Duration::from_secs(20), || {
+        pair.receiver_count("SELECT COUNT(*) FROM ledger") >= messages
+            && pair.sender_count("SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'")
+                == messages
+    })
+    .await;
+    assert_eq!(drained(&server, "ledger").await, (0, 0));
+    assert_exactly_once(&pair, messages);
+    let (one, two) = (
+        pair.ledger.calls.load(std::sync::atomic::Ordering::SeqCst),
+        other_ledger.calls.load(std::sync::atomic::Ordering::SeqCst),
+    );
+    assert_eq!(
+        i64::from(one + two),
+        messages,
+        "each handler call took effect"
+    );
+    assert!(
+        one > 0 && two > 0,
+        "both replicas took messages: {one} + {two}"
+    );
+    eprintln!("jetstream replicas: {one} + {two} of {messages}");
+    dispatcher.shutdown().await;
+    for consumer in consumers {
+        consumer.shutdown().await;
+    }
+    first.shutdown().await;
+    second.shutdown().await;
+}
