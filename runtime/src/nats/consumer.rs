@@ -394,9 +394,11 @@ async fn handle(shared: &Shared, context: &jetstream::Context, message: jetstrea
         Err(_) => (shared.url.stream_name(), 0, 1),
     };
     let headers = http_headers(message.headers.as_ref());
+    // The signed id (the receiver checks it equals the envelope's), else
+    // the broker's.
     let message_id = headers
-        .get(async_nats::header::NATS_MESSAGE_ID.as_ref() as &str)
-        .or_else(|| headers.get(crate::signing::HEADER_ID))
+        .get(crate::signing::HEADER_ID)
+        .or_else(|| headers.get(async_nats::header::NATS_MESSAGE_ID.as_ref() as &str))
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let answer = shared

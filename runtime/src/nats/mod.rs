@@ -49,6 +49,7 @@ pub enum NatsError {
         field: &'static str,
         message: String,
     },
+    /// The database (terminated messages, answers) cannot be opened.
     #[error(transparent)]
     Db(#[from] crate::db::DbError),
 }
