@@ -401,10 +401,24 @@ async fn handle(shared: &Shared, context: &jetstream::Context, message: jetstrea
         .or_else(|| headers.get(async_nats::header::NATS_MESSAGE_ID.as_ref() as &str))
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let answer = shared
-        .receiver
-        .receive(&headers, message.payload.clone())
-        .await;
+    // A slow handler keeps its message: "in progress" every half
+    // `ack_wait` (the server then waits another `ack_wait`), so it is not
+    // redelivered while this copy runs. A crash stops these, and the
+    // message comes back after `ack_wait`.
+    let receive = shared.receiver.receive(&headers, message.payload.clone());
+    tokio::pin!(receive);
+    let mut progress = tokio::time::interval_at(
+        tokio::time::Instant::now() + shared.ack_wait / 2,
+        (shared.ack_wait / 2).max(Duration::from_millis(10)),
+    );
+    let answer = loop {
+        tokio::select! {
+            answer = &mut receive => break answer,
+            _ = progress.tick() => {
+                let _ = message.ack_with(AckKind::Progress).await;
+            }
+        }
+    };
     let action = decide(shared, &answer, delivered);
     match action {
         Action::Ack { answer } => {

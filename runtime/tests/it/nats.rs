@@ -655,6 +655,7 @@ const CHILD_ENV: &str = "RFIDL_NATS_TEST_CHILD";
 /// kills the process meanwhile), then would write its row.
 struct SlowLedger {
     marker: PathBuf,
+    delay: Duration,
 }
 
 impl rfidl_runtime::receiver::HostedService for SlowLedger {
@@ -680,7 +681,7 @@ impl rfidl_runtime::receiver::HostedService for SlowLedger {
             [call.message_id],
         )?;
         std::fs::write(&self.marker, call.message_id).expect("marker");
-        std::thread::sleep(Duration::from_secs(30));
+        std::thread::sleep(self.delay);
         Ok(json!({}))
     }
 }
@@ -700,6 +701,7 @@ async fn child_consumer_of_the_kill_test() {
     let receiver = Receiver::builder(support::receiver_config(&[&secret]), &db)
         .service(SlowLedger {
             marker: PathBuf::from(text("marker")),
+            delay: Duration::from_secs(30),
         })
         .build()
         .expect("receiver");
@@ -1173,4 +1175,52 @@ async fn two_consumers_on_one_durable_share_the_messages_and_each_takes_effect_o
     }
     first.shutdown().await;
     second.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_slower_than_ack_wait_keeps_its_message_and_is_not_redelivered() {
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let pair = Pair::new(&server);
+    let receiver = Receiver::builder(pair.receiver_config(), &pair.receiver_db)
+        .service(SlowLedger {
+            marker: pair.dir.path().join("in-handler"),
+            delay: Duration::from_millis(2_500),
+        })
+        .build()
+        .expect("receiver");
+    let consumer = JetStreamConsumer::builder(receiver.clone(), &pair.url, &pair.receiver_db)
+        .durable("ledger")
+        .ack_wait(Duration::from_secs(1))
+        .timeout(Duration::from_secs(1))
+        .spawn()
+        .expect("consumer");
+    let context = jetstream(&server).await;
+    let id = Uuid::now_v7().to_string();
+    let (headers, body) = signed(
+        &id,
+        "Credit",
+        json!({"account": "slow", "amount": 1}),
+        &pair.secret,
+    );
+    publish_raw(&context, &headers, &body, &id).await;
+    wait_until("processed", Duration::from_secs(10), || {
+        pair.receiver_count("SELECT COUNT(*) FROM ledger") == 1
+    })
+    .await;
+    assert_eq!(drained(&server, "ledger").await, (0, 0));
+    let mut durable: async_nats::jetstream::consumer::PullConsumer = context
+        .get_consumer_from_stream("ledger", "RF_ledger_inbound")
+        .await
+        .expect("consumer");
+    let info = durable.info().await.expect("info");
+    assert_eq!(
+        info.num_redelivered, 0,
+        "kept in progress for 2.5 s with a 1 s ack_wait"
+    );
+    assert_eq!(info.delivered.consumer_sequence, 1, "delivered once");
+    assert_eq!(receiver.metrics().inbox_duplicates.get(), 0);
+    consumer.shutdown().await;
+    receiver.shutdown().await;
 }
