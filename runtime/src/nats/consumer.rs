@@ -385,13 +385,14 @@ enum Action {
 
 /// Processes one delivery and acknowledges it as its answer says.
 async fn handle(shared: &Shared, context: &jetstream::Context, message: jetstream::Message) {
-    let (stream, sequence, delivered) = match message.info() {
+    let (stream, sequence, delivered, stored_at) = match message.info() {
         Ok(info) => (
             info.stream.to_owned(),
             info.stream_sequence,
             info.delivered.max(1) as u32,
+            info.published.unix_timestamp(),
         ),
-        Err(_) => (shared.url.stream_name(), 0, 1),
+        Err(_) => (shared.url.stream_name(), 0, 1, crate::signing::unix_now()),
     };
     let headers = http_headers(message.headers.as_ref());
     // The signed id (the receiver checks it equals the envelope's), else
@@ -405,7 +406,11 @@ async fn handle(shared: &Shared, context: &jetstream::Context, message: jetstrea
     // `ack_wait` (the server then waits another `ack_wait`), so it is not
     // redelivered while this copy runs. A crash stops these, and the
     // message comes back after `ack_wait`.
-    let receive = shared.receiver.receive(&headers, message.payload.clone());
+    // The signature's time is checked against when the stream stored the
+    // message: it may wait there longer than the tolerance.
+    let receive = shared
+        .receiver
+        .receive_stored_at(&headers, message.payload.clone(), stored_at);
     tokio::pin!(receive);
     let mut progress = tokio::time::interval_at(
         tokio::time::Instant::now() + shared.ack_wait / 2,

@@ -1224,3 +1224,72 @@ async fn a_handler_slower_than_ack_wait_keeps_its_message_and_is_not_redelivered
     consumer.shutdown().await;
     receiver.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_waiting_in_the_stream_longer_than_the_signature_tolerance_is_processed() {
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let pair = Pair::new(&server);
+    let mut config = pair.receiver_config();
+    config.inbox.signature_tolerance = Duration::from_secs(1);
+    // Published (signed now) while no consumer runs; it waits 2.5 s.
+    let context = jetstream(&server).await;
+    async_nats::jetstream::Context::get_or_create_stream(
+        &context,
+        async_nats::jetstream::stream::Config {
+            name: "RF_ledger_inbound".into(),
+            subjects: vec![SUBJECT.into(), format!("{SUBJECT}.>")],
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("stream");
+    let waited = Uuid::now_v7().to_string();
+    let (headers, body) = signed(
+        &waited,
+        "Credit",
+        json!({"account": "w", "amount": 1}),
+        &pair.secret,
+    );
+    publish_raw(&context, &headers, &body, &waited).await;
+    // Signed long before it was stored: a replay, refused (waits, uncounted).
+    let replayed = Uuid::now_v7().to_string();
+    let body_old = serde_json::to_vec(&support::envelope(
+        &replayed,
+        "Credit",
+        json!({"account": "r", "amount": 1}),
+    ))
+    .expect("json");
+    let old_headers = rfidl_runtime::signing::SignatureHeaders::sign(
+        &replayed,
+        rfidl_runtime::signing::unix_now() - 3_600,
+        &body_old,
+        std::slice::from_ref(&pair.secret),
+    )
+    .to_pairs()
+    .to_vec();
+    publish_raw(&context, &old_headers, &body_old, &replayed).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+
+    let receiver = pair.receiver(config);
+    let metrics = receiver.metrics().clone();
+    let consumer = pair.consumer(receiver.clone());
+    wait_until(
+        "the waiting message processed",
+        Duration::from_secs(10),
+        || {
+            pair.receiver_count(&format!(
+                "SELECT COUNT(*) FROM ledger WHERE message_id = '{waited}'"
+            )) == 1
+        },
+    )
+    .await;
+    wait_until("the replay refused", Duration::from_secs(10), || {
+        metrics.inbox_signature_failures.get() >= 1
+    })
+    .await;
+    assert_eq!(pair.receiver_count("SELECT COUNT(*) FROM ledger"), 1);
+    consumer.shutdown().await;
+    receiver.shutdown().await;
+}
