@@ -77,6 +77,34 @@ impl AnswersConsumer {
         )
     }
 
+    /// The answers consumer of the configured destination `destination`
+    /// (its `nats://` URL and secret, and `config.service_id`), for the
+    /// outbox in the SQLite file `db_path`.
+    ///
+    /// # Errors
+    ///
+    /// [`NatsError::Config`] when `config.destinations` has no such
+    /// destination or its secret is invalid.
+    pub fn for_destination(
+        config: &crate::Config,
+        destination: &str,
+        db_path: impl AsRef<Path>,
+    ) -> Result<AnswersBuilder<Sqlite>, NatsError> {
+        let found = config
+            .destinations
+            .get(destination)
+            .ok_or_else(|| NatsError::Config {
+                field: "destination",
+                message: format!("no destination `{destination}` is configured"),
+            })?;
+        let secret =
+            crate::signing::Secret::parse(&found.secret).map_err(|e| NatsError::Config {
+                field: "secret",
+                message: format!("destination `{destination}`: {e}"),
+            })?;
+        Ok(Self::builder(&config.service_id, &found.url, db_path).secret(secret))
+    }
+
     fn with_store<S: Store>(
         service_id: &str,
         destination_url: &str,
@@ -88,6 +116,7 @@ impl AnswersConsumer {
             url: NatsUrl::parse(destination_url),
             open,
             durable: None,
+            secrets: Vec::new(),
             handlers: Vec::new(),
             ack_wait: super::consumer::DEFAULT_ACK_WAIT,
             backoff_base: defaults.outbox.backoff_base,
@@ -105,6 +134,7 @@ pub struct AnswersBuilder<S: Store = Sqlite> {
     url: Result<NatsUrl, String>,
     open: OpenStore<S>,
     durable: Option<String>,
+    secrets: Vec<crate::signing::Secret>,
     handlers: Vec<Arc<dyn ResponseHandler<S>>>,
     ack_wait: Duration,
     backoff_base: Duration,
@@ -131,6 +161,16 @@ impl<S: Store> AnswersBuilder<S> {
     /// [`responses`](crate::dispatcher::DispatcherBuilder::responses)).
     pub fn responses(mut self, handler: impl ResponseHandler<S>) -> Self {
         self.handlers.push(Arc::new(handler));
+        self
+    }
+
+    /// Accepts only answers signed with `secret` (the destination's, which
+    /// the receiving consumer signs answers with); others are terminated.
+    /// Call again to accept several (rotation). Without any, answers are
+    /// not checked: anyone who may publish to the answers subject could
+    /// forge one.
+    pub fn secret(mut self, secret: crate::signing::Secret) -> Self {
+        self.secrets.push(secret);
         self
     }
 
@@ -191,6 +231,7 @@ impl<S: Store> AnswersBuilder<S> {
             filter: answers_subject(url.subject(), &self.service_id),
             url,
             durable,
+            secrets: self.secrets,
             handlers: self.handlers,
             ack_wait: self.ack_wait,
             backoff_base: self.backoff_base,
@@ -229,6 +270,7 @@ struct Shared<S: Store> {
     url: NatsUrl,
     filter: String,
     durable: String,
+    secrets: Vec<crate::signing::Secret>,
     handlers: Vec<Arc<dyn ResponseHandler<S>>>,
     ack_wait: Duration,
     backoff_base: Duration,
@@ -341,6 +383,31 @@ async fn handle<S: Store>(shared: &Arc<Shared<S>>, message: jetstream::Message) 
         .info()
         .map(|info| info.delivered.max(1) as u32)
         .unwrap_or(1);
+    if !shared.secrets.is_empty() {
+        let header = |name: &str| {
+            message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(name))
+                .map(|v| v.as_str().to_owned())
+        };
+        // No time window: a late redelivery of a genuine answer is still
+        // genuine, and applied once anyway (the marker).
+        let verified = crate::signing::verify(
+            header(crate::signing::HEADER_ID).as_deref(),
+            header(crate::signing::HEADER_TIMESTAMP).as_deref(),
+            header(crate::signing::HEADER_SIGNATURE).as_deref(),
+            &message.payload,
+            &shared.secrets,
+            crate::signing::unix_now(),
+            Duration::from_secs(u64::MAX / 4),
+        );
+        if let Err(error) = verified {
+            tracing::warn!(subject = %message.subject, %error, "answer with a refused signature terminated");
+            let _ = message.ack_with(AckKind::Term).await;
+            return;
+        }
+    }
     let published: Published = match serde_json::from_slice(&message.payload) {
         Ok(published) => published,
         Err(error) => {

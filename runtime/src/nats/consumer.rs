@@ -385,24 +385,45 @@ enum Action {
 
 /// Processes one delivery and acknowledges it as its answer says.
 async fn handle(shared: &Shared, context: &jetstream::Context, message: jetstream::Message) {
-    let (stream, sequence, delivered) = match message.info() {
+    let (stream, sequence, delivered, stored_at) = match message.info() {
         Ok(info) => (
             info.stream.to_owned(),
             info.stream_sequence,
             info.delivered.max(1) as u32,
+            info.published.unix_timestamp(),
         ),
-        Err(_) => (shared.url.stream_name(), 0, 1),
+        Err(_) => (shared.url.stream_name(), 0, 1, crate::signing::unix_now()),
     };
     let headers = http_headers(message.headers.as_ref());
+    // The signed id (the receiver checks it equals the envelope's), else
+    // the broker's.
     let message_id = headers
-        .get(async_nats::header::NATS_MESSAGE_ID.as_ref() as &str)
-        .or_else(|| headers.get(crate::signing::HEADER_ID))
+        .get(crate::signing::HEADER_ID)
+        .or_else(|| headers.get(async_nats::header::NATS_MESSAGE_ID.as_ref() as &str))
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let answer = shared
+    // A slow handler keeps its message: "in progress" every half
+    // `ack_wait` (the server then waits another `ack_wait`), so it is not
+    // redelivered while this copy runs. A crash stops these, and the
+    // message comes back after `ack_wait`.
+    // The signature's time is checked against when the stream stored the
+    // message: it may wait there longer than the tolerance.
+    let receive = shared
         .receiver
-        .receive(&headers, message.payload.clone())
-        .await;
+        .receive_stored_at(&headers, message.payload.clone(), stored_at);
+    tokio::pin!(receive);
+    let mut progress = tokio::time::interval_at(
+        tokio::time::Instant::now() + shared.ack_wait / 2,
+        (shared.ack_wait / 2).max(Duration::from_millis(10)),
+    );
+    let answer = loop {
+        tokio::select! {
+            answer = &mut receive => break answer,
+            _ = progress.tick() => {
+                let _ = message.ack_with(AckKind::Progress).await;
+            }
+        }
+    };
     let action = decide(shared, &answer, delivered);
     match action {
         Action::Ack { answer } => {
@@ -411,7 +432,8 @@ async fn handle(shared: &Shared, context: &jetstream::Context, message: jetstrea
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
             if let (Some(reply), Some(id)) = (reply, &message_id)
-                && let Err(error) = publish_answer(shared, context, &reply, id, answer).await
+                && let Err(error) =
+                    publish_answer(shared, context, &reply, id, answer, &message.payload).await
             {
                 tracing::warn!(message_id = %id, %error, "cannot publish the answer; redelivered later");
                 nak(&message, backoff_of(shared, delivered)).await;
@@ -521,6 +543,7 @@ async fn publish_answer(
     reply: &str,
     message_id: &str,
     mut answer: serde_json::Value,
+    envelope: &[u8],
 ) -> Result<(), String> {
     let prefix = format!("{}.answers.", shared.url.subject());
     if !reply.starts_with(&prefix) || super::url::validate_subject(reply).is_err() {
@@ -530,11 +553,30 @@ async fn publish_answer(
     }
     answer["messageId"] = serde_json::Value::String(message_id.to_owned());
     let body = serde_json::to_vec(&answer).map_err(|e| e.to_string())?;
+    let answer_id = format!("{ANSWER_ID_PREFIX}{message_id}");
     let mut headers = async_nats::HeaderMap::new();
-    headers.insert(
-        async_nats::header::NATS_MESSAGE_ID,
-        format!("{ANSWER_ID_PREFIX}{message_id}"),
-    );
+    // Signed like a message, with the secrets of the peer it goes back to
+    // (none when signatures are off for local development).
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Source {
+        source_service_id: String,
+    }
+    if let Some(secrets) = serde_json::from_slice::<Source>(envelope)
+        .ok()
+        .and_then(|source| shared.receiver.peer_secrets(&source.source_service_id))
+    {
+        let signature = crate::signing::SignatureHeaders::sign(
+            &answer_id,
+            crate::signing::unix_now(),
+            &body,
+            secrets,
+        );
+        for (name, value) in signature.to_pairs() {
+            headers.insert(name, value);
+        }
+    }
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, answer_id);
     let published = tokio::time::timeout(shared.timeout, async {
         context
             .publish_with_headers(reply.to_owned(), headers, body.into())

@@ -49,6 +49,7 @@ pub enum NatsError {
         field: &'static str,
         message: String,
     },
+    /// The database (terminated messages, answers) cannot be opened.
     #[error(transparent)]
     Db(#[from] crate::db::DbError),
 }
@@ -69,8 +70,9 @@ pub fn answers_subject(subject: &str, sender: &str) -> String {
     format!("{subject}.answers.{token}")
 }
 
-/// The stream of `url`'s subject: created if missing (file storage,
-/// subjects `<subject>` and `<subject>.>`, [`DUPLICATE_WINDOW`]); an
+/// The stream of `url`'s subject: created if missing (file storage, work
+/// queue retention, subjects `<subject>` and `<subject>.>`,
+/// [`DUPLICATE_WINDOW`]); an
 /// existing stream of that name must take the subject.
 pub(crate) async fn ensure_stream(
     context: &jetstream::Context,
@@ -82,6 +84,12 @@ pub(crate) async fn ensure_stream(
         name: name.clone(),
         subjects: vec![subject.clone(), format!("{subject}.>")],
         storage: jetstream::stream::StorageType::File,
+        // A message leaves the stream once acknowledged (or terminated):
+        // the stream holds what is not processed yet, and does not grow.
+        // The receiver's consumer (`<subject>`) and each sender's answers
+        // consumer (`<subject>.answers.<id>`) filter disjoint subjects, as
+        // a work queue requires.
+        retention: jetstream::stream::RetentionPolicy::WorkQueue,
         duplicate_window: DUPLICATE_WINDOW,
         ..Default::default()
     };

@@ -142,15 +142,14 @@ impl JetStreamTransport {
                     context.publish_with_headers(self.url.subject().to_owned(), headers, body),
                 )
                 .await
-                .map_err(|_| TransportError::Timeout)
-                .and_then(|sent| {
-                    sent.map_err(|e| TransportError::Other(format!("publish: {}", e.kind())))
-                }),
-                Err(error) => Err(error),
+                .map_err(|_| Refusal::Error(TransportError::Timeout))
+                .and_then(|sent| sent.map_err(|e| refusal(e.kind()))),
+                Err(error) => Err(Refusal::Error(error)),
             };
             pending.push(published);
         }
         let mut answers = Vec::with_capacity(count);
+        let mut stream_missing = false;
         for published in pending {
             let answer = match published {
                 Ok(ack) => match tokio::time::timeout_at(deadline, ack).await {
@@ -159,21 +158,60 @@ impl JetStreamTransport {
                         body: DEFERRED_BODY.to_vec(),
                         retry_after: None,
                     }),
-                    Ok(Err(e)) => Err(match e.kind() {
-                        jetstream::context::PublishErrorKind::TimedOut => TransportError::Timeout,
-                        kind => {
-                            TransportError::Other(format!("no publish acknowledgement: {kind}"))
-                        }
-                    }),
-                    Err(_) => Err(TransportError::Timeout),
+                    Ok(Err(e)) => Err(refusal(e.kind())),
+                    Err(_) => Err(Refusal::Error(TransportError::Timeout)),
                 },
-                Err(error) => Err(error),
+                Err(refusal) => Err(refusal),
             };
-            answers.push(answer);
+            answers.push(match answer {
+                Ok(response) => Ok(response),
+                Err(Refusal::TooLarge) => Ok(TransportResponse {
+                    status: 413,
+                    body: TOO_LARGE_BODY.to_vec(),
+                    retry_after: None,
+                }),
+                Err(Refusal::StreamMissing) => {
+                    stream_missing = true;
+                    Err(TransportError::Other(
+                        "no stream takes the subject (created again at the next attempt)"
+                            .to_owned(),
+                    ))
+                }
+                Err(Refusal::Error(error)) => Err(error),
+            });
+        }
+        if stream_missing {
+            // Deleted under us: connect and create it again next time.
+            *self.context.lock().await = None;
         }
         answers
     }
 }
+
+/// Why a publish was not acknowledged.
+enum Refusal {
+    /// Larger than the broker's `max_payload`: it never will be.
+    TooLarge,
+    /// No stream takes the subject (deleted while we were connected).
+    StreamMissing,
+    Error(TransportError),
+}
+
+fn refusal(kind: jetstream::context::PublishErrorKind) -> Refusal {
+    use jetstream::context::PublishErrorKind as Kind;
+    match kind {
+        Kind::MaxPayloadExceeded => Refusal::TooLarge,
+        Kind::StreamNotFound => Refusal::StreamMissing,
+        Kind::TimedOut => Refusal::Error(TransportError::Timeout),
+        kind => Refusal::Error(TransportError::Other(format!(
+            "no publish acknowledgement: {kind}"
+        ))),
+    }
+}
+
+/// The 413 of a message the broker can never take (the dispatcher's
+/// table: `DeadLetter`).
+const TOO_LARGE_BODY: &[u8] = br#"{"error":"payload_too_large","message":"the message is larger than the broker's max_payload"}"#;
 
 impl Transport for JetStreamTransport {
     fn send(&self, request: OutgoingRequest) -> SendFuture<'_> {

@@ -410,9 +410,13 @@ async fn a_republish_is_dropped_by_the_stream_and_a_late_copy_by_the_inbox() {
         .await
         .expect("stream");
     assert_eq!(
-        stream.info().await.expect("info").state.messages,
-        1,
+        stream.info().await.expect("info").state.last_sequence,
+        first.sequence,
         "one stream message"
+    );
+    assert_eq!(
+        stream.info().await.expect("info").config.retention,
+        async_nats::jetstream::stream::RetentionPolicy::WorkQueue
     );
     assert_eq!(
         stream.info().await.expect("info").config.duplicate_window,
@@ -431,13 +435,23 @@ async fn a_republish_is_dropped_by_the_stream_and_a_late_copy_by_the_inbox() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let late = publish_raw(&context, &headers, &body, &id).await;
     assert!(!late.duplicate, "outside the window the stream takes it");
-    assert_eq!(stream.info().await.expect("info").state.messages, 2);
+    assert_eq!(late.sequence, first.sequence + 1, "a second stream message");
     let backlog = drained(&server, "ledger").await;
     assert_eq!(
         backlog,
         (0, 0),
         "the late copy was delivered and acknowledged"
     );
+    // Acknowledged messages leave the work queue.
+    let mut left = u64::MAX;
+    for _ in 0..100 {
+        left = stream.info().await.expect("info").state.messages;
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(left, 0, "nothing left in the stream");
     assert_eq!(
         pair.receiver_count("SELECT COUNT(*) FROM ledger"),
         1,
@@ -655,6 +669,7 @@ const CHILD_ENV: &str = "RFIDL_NATS_TEST_CHILD";
 /// kills the process meanwhile), then would write its row.
 struct SlowLedger {
     marker: PathBuf,
+    delay: Duration,
 }
 
 impl rfidl_runtime::receiver::HostedService for SlowLedger {
@@ -680,7 +695,7 @@ impl rfidl_runtime::receiver::HostedService for SlowLedger {
             [call.message_id],
         )?;
         std::fs::write(&self.marker, call.message_id).expect("marker");
-        std::thread::sleep(Duration::from_secs(30));
+        std::thread::sleep(self.delay);
         Ok(json!({}))
     }
 }
@@ -700,6 +715,7 @@ async fn child_consumer_of_the_kill_test() {
     let receiver = Receiver::builder(support::receiver_config(&[&secret]), &db)
         .service(SlowLedger {
             marker: PathBuf::from(text("marker")),
+            delay: Duration::from_secs(30),
         })
         .build()
         .expect("receiver");
@@ -831,6 +847,7 @@ async fn command_answers_come_back_and_their_handler_runs_once() {
     let answers =
         rfidl_runtime::nats::AnswersConsumer::builder(support::SOURCE, &pair.url, &pair.sender_db)
             .responses(BalancesHandler(balances.clone()))
+            .secret(pair.secret.clone())
             .ack_wait(Duration::from_secs(2))
             .timeout(Duration::from_secs(1))
             .spawn()
@@ -859,33 +876,68 @@ async fn command_answers_come_back_and_their_handler_runs_once() {
 
     // An answer delivered again (here: published again under another
     // Nats-Msg-Id, so the stream takes it) is only acknowledged.
+    // Forgeries (unsigned, or signed with another key) for a row whose
+    // answer is not applied (its marker cleared here) are terminated, and
+    // the genuine answer after them is applied.
+    rusqlite::Connection::open(&pair.sender_db)
+        .expect("open")
+        .execute_batch(&format!(
+            "UPDATE outbox_messages SET answered_at = NULL WHERE message_id = '{id}'; \
+             DELETE FROM answers WHERE message_id = '{id}';",
+            id = ids[1]
+        ))
+        .expect("clear the marker");
     let context = jetstream(&server).await;
-    let again = json!({"messageId": ids[0].to_string(), "status": 200,
-        "body": {"acknowledged": true, "duplicate": true, "payload": {"balance": -1}}});
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(async_nats::header::NATS_MESSAGE_ID, "answer-again");
-    context
-        .publish_with_headers(
-            format!("{SUBJECT}.answers.{}", support::SOURCE),
-            headers,
-            serde_json::to_vec(&again).expect("json").into(),
-        )
-        .await
-        .expect("publish")
-        .await
-        .expect("ack");
+    let answers_subject = format!("{SUBJECT}.answers.{}", support::SOURCE);
+    let wrong_key = Secret::generate();
+    for (id, signed_with, balance, msg_id) in [
+        (ids[0], Some(&pair.secret), -1, "answer-again"),
+        (ids[1], None, -2, "answer-forged"),
+        (ids[1], Some(&wrong_key), -3, "answer-wrong-key"),
+        (ids[1], Some(&pair.secret), 4242, "answer-genuine"),
+    ] {
+        let copy = serde_json::to_vec(&json!({"messageId": id.to_string(), "status": 200,
+            "body": {"acknowledged": true, "duplicate": true, "payload": {"balance": balance}}}))
+        .expect("json");
+        let mut headers = async_nats::HeaderMap::new();
+        if let Some(secret) = signed_with {
+            let signature = rfidl_runtime::signing::SignatureHeaders::sign(
+                &format!("answer-{id}"),
+                rfidl_runtime::signing::unix_now(),
+                &copy,
+                std::slice::from_ref(secret),
+            );
+            for (name, value) in signature.to_pairs() {
+                headers.insert(name, value);
+            }
+        }
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, msg_id);
+        context
+            .publish_with_headers(answers_subject.clone(), headers, copy.into())
+            .await
+            .expect("publish")
+            .await
+            .expect("ack");
+    }
+    wait_until("the genuine answer applied", Duration::from_secs(5), || {
+        pair.sender_count(&format!(
+            "SELECT COUNT(*) FROM answers WHERE message_id = '{}' AND balance = 4242",
+            ids[1]
+        )) == 1
+    })
+    .await;
     let backlog = drained(&server, "rfidl-answers-billing").await;
     assert_eq!(backlog, (0, 0), "the copy was taken and acknowledged");
     assert_eq!(
         balances.calls.load(std::sync::atomic::Ordering::SeqCst),
-        messages as u32,
-        "the response handler ran once per message"
+        messages as u32 + 1,
+        "the response handler ran once per message (and once more for the cleared marker)"
     );
     assert_eq!(pair.sender_count("SELECT COUNT(*) FROM answers"), messages);
     assert_eq!(
         pair.sender_count("SELECT COUNT(*) FROM answers WHERE balance < 0"),
         0,
-        "the copy's payload was not acted on"
+        "neither the copy's nor the forgeries' payload was acted on"
     );
     dispatcher.shutdown().await;
     answers.shutdown().await;
@@ -936,6 +988,7 @@ async fn answers_on_every_store(store: &crate::stores::TestStore) {
         "ledger".into(),
         DestinationConfig::new(url.clone(), secret.to_whsec()),
     );
+    let outbox_config = config.clone();
     let outbox = store.outbox(config);
     let ledger = Arc::new(Ledger::default());
     let receiver = receiver_store
@@ -956,13 +1009,15 @@ async fn answers_on_every_store(store: &crate::stores::TestStore) {
     let handler = BalancesHandler(balances.clone());
     let answers = match store {
         TestStore::Sqlite { path, .. } => {
-            rfidl_runtime::nats::AnswersConsumer::builder(support::SOURCE, &url, path)
+            rfidl_runtime::nats::AnswersConsumer::for_destination(&outbox_config, "ledger", path)
+                .expect("configured")
                 .responses(handler)
                 .timeout(Duration::from_secs(1))
                 .spawn()
         }
         TestStore::Postgres { url: database, .. } => {
             rfidl_runtime::nats::AnswersConsumer::postgres(support::SOURCE, &url, database)
+                .secret(secret.clone())
                 .responses(handler)
                 .timeout(Duration::from_secs(1))
                 .spawn()
@@ -1022,6 +1077,233 @@ async fn answers_on_every_store(store: &crate::stores::TestStore) {
     assert_eq!(drained(&server, "rfidl-answers-billing").await, (0, 0));
     dispatcher.shutdown().await;
     answers.shutdown().await;
+    consumer.shutdown().await;
+    receiver.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_large_for_the_broker_is_dead_lettered_and_a_deleted_stream_is_created_again() {
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let pair = Pair::new(&server);
+    let receiver = pair.receiver(pair.receiver_config());
+    let consumer = pair.consumer(receiver.clone());
+    let dispatcher = pair.dispatcher();
+    // nats-server's default max_payload is 1 MiB.
+    let ids = pair.enqueue(vec![
+        message(
+            "ledger",
+            "Credit",
+            json!({"account": "x".repeat(1_200_000), "amount": 1}),
+        ),
+        message("ledger", "Credit", json!({"account": "small", "amount": 1})),
+    ]);
+    wait_until(
+        "one dead letter, one effect",
+        Duration::from_secs(10),
+        || {
+            pair.sender_count("SELECT COUNT(*) FROM outbox_messages WHERE status = 'DeadLetter'")
+                == 1
+                && pair.receiver_count("SELECT COUNT(*) FROM ledger") == 1
+        },
+    )
+    .await;
+    assert_eq!(
+        pair.sender_count(&format!(
+            "SELECT COUNT(*) FROM outbox_messages WHERE message_id = '{}' \
+             AND last_error LIKE '413 payload_too_large%'",
+            ids[0]
+        )),
+        1
+    );
+
+    // The stream deleted under both sides: created again, nothing lost.
+    jetstream(&server)
+        .await
+        .delete_stream("RF_ledger_inbound")
+        .await
+        .expect("delete stream");
+    pair.credits(5);
+    wait_until(
+        "delivered after the stream came back",
+        Duration::from_secs(15),
+        || {
+            pair.receiver_count("SELECT COUNT(*) FROM ledger") == 6
+                && pair.sender_count("SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'")
+                    == 6
+        },
+    )
+    .await;
+    assert_eq!(
+        pair.receiver_count("SELECT COUNT(DISTINCT message_id) FROM ledger"),
+        6
+    );
+    dispatcher.shutdown().await;
+    consumer.shutdown().await;
+    receiver.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_consumers_on_one_durable_share_the_messages_and_each_takes_effect_once() {
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let pair = Pair::new(&server);
+    // Two replicas of the receiving service on one database, one durable.
+    let first = pair.receiver(pair.receiver_config());
+    let other_ledger = Arc::new(Ledger::default());
+    let second = Receiver::builder(pair.receiver_config(), &pair.receiver_db)
+        .service(LedgerService(other_ledger.clone()))
+        .build()
+        .expect("second receiver");
+    let consumers = [pair.consumer(first.clone()), pair.consumer(second.clone())];
+    let dispatcher = pair.dispatcher();
+    let messages = 300;
+    pair.credits(messages as usize);
+    wait_until("every effect", Duration::from_secs(20), || {
+        pair.receiver_count("SELECT COUNT(*) FROM ledger") >= messages
+            && pair.sender_count("SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'")
+                == messages
+    })
+    .await;
+    assert_eq!(drained(&server, "ledger").await, (0, 0));
+    assert_exactly_once(&pair, messages);
+    let (one, two) = (
+        pair.ledger.calls.load(std::sync::atomic::Ordering::SeqCst),
+        other_ledger.calls.load(std::sync::atomic::Ordering::SeqCst),
+    );
+    assert_eq!(
+        i64::from(one + two),
+        messages,
+        "each handler call took effect"
+    );
+    assert!(
+        one > 0 && two > 0,
+        "both replicas took messages: {one} + {two}"
+    );
+    eprintln!("jetstream replicas: {one} + {two} of {messages}");
+    dispatcher.shutdown().await;
+    for consumer in consumers {
+        consumer.shutdown().await;
+    }
+    first.shutdown().await;
+    second.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_slower_than_ack_wait_keeps_its_message_and_is_not_redelivered() {
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let pair = Pair::new(&server);
+    let receiver = Receiver::builder(pair.receiver_config(), &pair.receiver_db)
+        .service(SlowLedger {
+            marker: pair.dir.path().join("in-handler"),
+            delay: Duration::from_millis(2_500),
+        })
+        .build()
+        .expect("receiver");
+    let consumer = JetStreamConsumer::builder(receiver.clone(), &pair.url, &pair.receiver_db)
+        .durable("ledger")
+        .ack_wait(Duration::from_secs(1))
+        .timeout(Duration::from_secs(1))
+        .spawn()
+        .expect("consumer");
+    let context = jetstream(&server).await;
+    let id = Uuid::now_v7().to_string();
+    let (headers, body) = signed(
+        &id,
+        "Credit",
+        json!({"account": "slow", "amount": 1}),
+        &pair.secret,
+    );
+    publish_raw(&context, &headers, &body, &id).await;
+    wait_until("processed", Duration::from_secs(10), || {
+        pair.receiver_count("SELECT COUNT(*) FROM ledger") == 1
+    })
+    .await;
+    assert_eq!(drained(&server, "ledger").await, (0, 0));
+    let mut durable: async_nats::jetstream::consumer::PullConsumer = context
+        .get_consumer_from_stream("ledger", "RF_ledger_inbound")
+        .await
+        .expect("consumer");
+    let info = durable.info().await.expect("info");
+    assert_eq!(
+        info.num_redelivered, 0,
+        "kept in progress for 2.5 s with a 1 s ack_wait"
+    );
+    assert_eq!(info.delivered.consumer_sequence, 1, "delivered once");
+    assert_eq!(receiver.metrics().inbox_duplicates.get(), 0);
+    consumer.shutdown().await;
+    receiver.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_waiting_in_the_stream_longer_than_the_signature_tolerance_is_processed() {
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let pair = Pair::new(&server);
+    let mut config = pair.receiver_config();
+    config.inbox.signature_tolerance = Duration::from_secs(1);
+    // Published (signed now) while no consumer runs; it waits 2.5 s.
+    let context = jetstream(&server).await;
+    async_nats::jetstream::Context::get_or_create_stream(
+        &context,
+        async_nats::jetstream::stream::Config {
+            name: "RF_ledger_inbound".into(),
+            subjects: vec![SUBJECT.into(), format!("{SUBJECT}.>")],
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("stream");
+    let waited = Uuid::now_v7().to_string();
+    let (headers, body) = signed(
+        &waited,
+        "Credit",
+        json!({"account": "w", "amount": 1}),
+        &pair.secret,
+    );
+    publish_raw(&context, &headers, &body, &waited).await;
+    // Signed long before it was stored: a replay, refused (waits, uncounted).
+    let replayed = Uuid::now_v7().to_string();
+    let body_old = serde_json::to_vec(&support::envelope(
+        &replayed,
+        "Credit",
+        json!({"account": "r", "amount": 1}),
+    ))
+    .expect("json");
+    let old_headers = rfidl_runtime::signing::SignatureHeaders::sign(
+        &replayed,
+        rfidl_runtime::signing::unix_now() - 3_600,
+        &body_old,
+        std::slice::from_ref(&pair.secret),
+    )
+    .to_pairs()
+    .to_vec();
+    publish_raw(&context, &old_headers, &body_old, &replayed).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+
+    let receiver = pair.receiver(config);
+    let metrics = receiver.metrics().clone();
+    let consumer = pair.consumer(receiver.clone());
+    wait_until(
+        "the waiting message processed",
+        Duration::from_secs(10),
+        || {
+            pair.receiver_count(&format!(
+                "SELECT COUNT(*) FROM ledger WHERE message_id = '{waited}'"
+            )) == 1
+        },
+    )
+    .await;
+    wait_until("the replay refused", Duration::from_secs(10), || {
+        metrics.inbox_signature_failures.get() >= 1
+    })
+    .await;
+    assert_eq!(pair.receiver_count("SELECT COUNT(*) FROM ledger"), 1);
     consumer.shutdown().await;
     receiver.shutdown().await;
 }
