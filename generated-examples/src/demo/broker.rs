@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
+use rfidl_runtime::Config;
 use rfidl_runtime::nats::{AnswersBuilder, AnswersConsumer, AnswersHandle};
 use rfidl_runtime::nats::{ConsumerHandle, JetStreamConsumer};
 use rfidl_runtime::receiver::Receiver;
@@ -31,10 +32,14 @@ pub struct Broker {
 
 impl Broker {
     /// Starts the consumer of `--nats` into `receiver`, and the consumer of
-    /// answers when the peer is reached through JetStream; `answers` adds
-    /// the service's response handlers to the latter.
+    /// answers when the peer (`destination` of `config`) is reached through
+    /// JetStream; `answers` adds the service's response handlers to the
+    /// latter, which checks every answer's signature with the
+    /// destination's secret.
     pub fn start(
         settings: &Settings,
+        config: &Config,
+        destination: &str,
         receiver: &Receiver,
         answers: impl FnOnce(AnswersBuilder) -> AnswersBuilder,
     ) -> anyhow::Result<Self> {
@@ -58,15 +63,13 @@ impl Broker {
             None => None,
         };
         let answers = if publishes {
+            let consumer = AnswersConsumer::for_destination(config, destination, path)
+                .context("--peer-url")?;
             Some(
-                answers(AnswersConsumer::builder(
-                    &settings.service_id,
-                    &settings.peer_url,
-                    path,
-                ))
-                .ack_wait(ACK_WAIT)
-                .spawn()
-                .context("--peer-url")?,
+                answers(consumer)
+                    .ack_wait(ACK_WAIT)
+                    .spawn()
+                    .context("--peer-url")?,
             )
         } else {
             None

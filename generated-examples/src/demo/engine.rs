@@ -289,7 +289,7 @@ impl Engine {
             .start()?;
         // Over JetStream the answers to its ProvisionLaptop commands come
         // back through the broker: the same handlers, once per answer.
-        let broker = super::broker::Broker::start(settings, &receiver, |answers| {
+        let broker = super::broker::Broker::start(settings, &config, HR, &receiver, |answers| {
             answers
                 .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
                 .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers))

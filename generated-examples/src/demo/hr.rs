@@ -207,7 +207,8 @@ impl HrService {
         let (grpc_url, grpc_server) = super::serve_grpc_receiver(settings, &receiver).await?;
         let dispatcher = S::dispatcher(&outbox)?.start()?;
         // HR acts on no answer: the engine's answers are only recorded.
-        let broker = super::broker::Broker::start(settings, &receiver, |answers| answers)?;
+        let broker =
+            super::broker::Broker::start(settings, &config, ENGINE, &receiver, |answers| answers)?;
         // HR provides EmpService (the engine's commands land here).
         let directory = super::register(
             &config,
