@@ -27,7 +27,13 @@ const PACKAGES: usize = 10;
 const SERVICES_PER_PACKAGE: usize = 10;
 const METHODS_PER_SERVICE: usize = 20;
 const RECORDS_PER_PACKAGE: usize = 50;
-const RUNS: usize = 15;
+/// Runs per figure (median reported); `RFIDL_BENCH_RUNS` overrides it.
+fn runs() -> usize {
+    std::env::var("RFIDL_BENCH_RUNS")
+        .ok()
+        .and_then(|runs| runs.parse().ok())
+        .unwrap_or(15)
+}
 /// Set in a child process of this benchmark: which generation to run alone
 /// for its peak memory (`rfidl` or `tonic`).
 const CHILD_ENV: &str = "RFIDL_BENCH_CHILD";
@@ -223,6 +229,15 @@ fn main() {
     }
     println!("load average at start: {}", load_average());
     let dir = tempfile::tempdir().expect("tempdir");
+    // RFIDL_BENCH_DIR=<folder>: only write both sets there, to profile
+    // `rfidl check` / `rfidl generate` on them.
+    if let Some(keep) = std::env::var_os("RFIDL_BENCH_DIR") {
+        let keep = std::path::PathBuf::from(keep);
+        std::fs::create_dir_all(keep.join("proto")).expect("mkdir");
+        contract_set(&keep);
+        proto_set(&keep.join("proto"));
+        return;
+    }
     let (roots, lines) = contract_set(dir.path());
     println!(
         "contract set: {} services x {METHODS_PER_SERVICE} methods, {} records, {} files, {lines} lines",
@@ -233,7 +248,7 @@ fn main() {
 
     let mut check_times = Vec::new();
     let mut model = None;
-    for _ in 0..RUNS {
+    for _ in 0..runs() {
         let started = Instant::now();
         let outcome = check_paths(&roots).expect("readable");
         check_times.push(started.elapsed());
@@ -263,7 +278,7 @@ fn main() {
         .sum();
     let mut protox_times = Vec::new();
     let mut fds = None;
-    for _ in 0..RUNS {
+    for _ in 0..runs() {
         let started = Instant::now();
         let set = protox::compile(&proto_roots, [&proto_dir]).expect("protox");
         protox_times.push(started.elapsed());
@@ -285,7 +300,7 @@ fn main() {
         .map(|root| std::fs::read_to_string(root).expect("read"))
         .collect();
     let mut format_times = Vec::new();
-    for _ in 0..RUNS {
+    for _ in 0..runs() {
         let started = Instant::now();
         for text in &texts {
             rfidl_codegen::format::format_source(text).expect("formats");
@@ -304,7 +319,7 @@ fn main() {
     let options = rfidl_codegen::Options::default();
     let mut generate_times = Vec::new();
     let mut bytes = 0;
-    for _ in 0..RUNS {
+    for _ in 0..runs() {
         let started = Instant::now();
         let files = generate_files(&model.packages, &options, Layout::OutDir).expect("generate");
         generate_times.push(started.elapsed());
@@ -319,11 +334,53 @@ fn main() {
         bytes as f64 / 1e6
     );
 
+    // Where generation's time goes, phase by phase (one pass each, summed
+    // over every package; the median above is the whole).
+    {
+        use askama::Template as _;
+        let deprecated = rfidl_codegen::generate::plan::deprecated_types(&model.packages);
+        let (mut plan, mut render, mut parse, mut print, mut manifests) =
+            (Duration::ZERO, Duration::ZERO, Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        let mut rendered = 0;
+        for contract in &model.packages {
+            let started = Instant::now();
+            let view =
+                rfidl_codegen::generate::plan::plan_package_with(contract, &options, &deprecated);
+            plan += started.elapsed();
+            let started = Instant::now();
+            let text = view.render().expect("render");
+            render += started.elapsed();
+            rendered += text.len();
+            let started = Instant::now();
+            let file = syn::parse_file(&text).expect("parses");
+            parse += started.elapsed();
+            let started = Instant::now();
+            std::hint::black_box(prettyplease::unparse(&file));
+            print += started.elapsed();
+            let started = Instant::now();
+            for manifest in &contract.services {
+                std::hint::black_box((manifest.to_pretty_json(), manifest.to_yaml()));
+            }
+            manifests += started.elapsed();
+        }
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!(
+            "  generate phases: plan {:.1} ms, askama render {:.1} ms ({:.1} MB), syn parse {:.1} ms, \
+             prettyplease {:.1} ms, manifests JSON + YAML {:.1} ms",
+            ms(plan),
+            ms(render),
+            rendered as f64 / 1e6,
+            ms(parse),
+            ms(print),
+            ms(manifests)
+        );
+    }
+
     // Generation written to disk, both sides into a fresh folder each run:
     // tonic-prost-build always writes its output, so this is the like-for-like
     // figure for the ratio.
     let mut written_times = Vec::new();
-    for run in 0..RUNS {
+    for run in 0..runs() {
         let out = dir.path().join(format!("rfidl-out-{run}"));
         let started = Instant::now();
         let files = generate_files(&model.packages, &options, Layout::OutDir).expect("generate");
@@ -342,7 +399,7 @@ fn main() {
     );
     let mut tonic_times = Vec::new();
     let mut tonic_bytes = 0;
-    for run in 0..RUNS {
+    for run in 0..runs() {
         let out = dir.path().join(format!("tonic-out-{run}"));
         std::fs::create_dir_all(&out).expect("mkdir");
         let set = fds.clone();
@@ -373,7 +430,7 @@ fn main() {
         .skip_rerun_if_changed();
     builder.compile(&roots).expect("first build");
     let mut rebuild_times = Vec::new();
-    for _ in 0..RUNS {
+    for _ in 0..runs() {
         let started = Instant::now();
         builder.compile(&roots).expect("rebuild");
         rebuild_times.push(started.elapsed());
