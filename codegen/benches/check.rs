@@ -339,8 +339,13 @@ fn main() {
     {
         use askama::Template as _;
         let deprecated = rfidl_codegen::generate::plan::deprecated_types(&model.packages);
-        let (mut plan, mut render, mut parse, mut print, mut manifests) =
-            (Duration::ZERO, Duration::ZERO, Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        let (mut plan, mut render, mut parse, mut print, mut manifests) = (
+            Duration::ZERO,
+            Duration::ZERO,
+            Duration::ZERO,
+            Duration::ZERO,
+            Duration::ZERO,
+        );
         let mut rendered = 0;
         for contract in &model.packages {
             let started = Instant::now();
