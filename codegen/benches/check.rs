@@ -334,50 +334,57 @@ fn main() {
         bytes as f64 / 1e6
     );
 
-    // Where generation's time goes, phase by phase (one pass each, summed
-    // over every package; the median above is the whole).
+    // Where generation's time goes, phase by phase, on one thread and with
+    // each package module parsed by syn as one file (how generate_files
+    // worked before it formatted items separately on several threads): the
+    // median of each phase, summed over every package, and of their total.
     {
         use askama::Template as _;
         let deprecated = rfidl_codegen::generate::plan::deprecated_types(&model.packages);
-        let (mut plan, mut render, mut parse, mut print, mut manifests) = (
-            Duration::ZERO,
-            Duration::ZERO,
-            Duration::ZERO,
-            Duration::ZERO,
-            Duration::ZERO,
-        );
+        let mut phases: [Vec<Duration>; 6] = Default::default();
         let mut rendered = 0;
-        for contract in &model.packages {
-            let started = Instant::now();
-            let view =
-                rfidl_codegen::generate::plan::plan_package_with(contract, &options, &deprecated);
-            plan += started.elapsed();
-            let started = Instant::now();
-            let text = view.render().expect("render");
-            render += started.elapsed();
-            rendered += text.len();
-            let started = Instant::now();
-            let file = syn::parse_file(&text).expect("parses");
-            parse += started.elapsed();
-            let started = Instant::now();
-            std::hint::black_box(prettyplease::unparse(&file));
-            print += started.elapsed();
-            let started = Instant::now();
-            for manifest in &contract.services {
-                std::hint::black_box((manifest.to_pretty_json(), manifest.to_yaml()));
+        for _ in 0..runs() {
+            let mut run = [Duration::ZERO; 6];
+            rendered = 0;
+            for contract in &model.packages {
+                let started = Instant::now();
+                let view = rfidl_codegen::generate::plan::plan_package_with(
+                    contract,
+                    &options,
+                    &deprecated,
+                );
+                run[0] += started.elapsed();
+                let started = Instant::now();
+                let text = view.render().expect("render");
+                run[1] += started.elapsed();
+                rendered += text.len();
+                let started = Instant::now();
+                let file = syn::parse_file(&text).expect("parses");
+                run[2] += started.elapsed();
+                let started = Instant::now();
+                std::hint::black_box(prettyplease::unparse(&file));
+                run[3] += started.elapsed();
+                let started = Instant::now();
+                for manifest in &contract.services {
+                    std::hint::black_box((manifest.to_pretty_json(), manifest.to_yaml()));
+                }
+                run[4] += started.elapsed();
             }
-            manifests += started.elapsed();
+            run[5] = run[..5].iter().sum();
+            for (phase, time) in phases.iter_mut().zip(run) {
+                phase.push(time);
+            }
         }
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let [plan, render, parse, print, manifests, total] =
+            phases.map(|times| median(times).0.as_secs_f64() * 1e3);
         println!(
-            "  generate phases: plan {:.1} ms, askama render {:.1} ms ({:.1} MB), syn parse {:.1} ms, \
-             prettyplease {:.1} ms, manifests JSON + YAML {:.1} ms",
-            ms(plan),
-            ms(render),
+            "{:<44} median {:>8.1} ms",
+            "generate on one thread, whole-file syn parse", total
+        );
+        println!(
+            "  phases (medians): plan {plan:.1} ms, askama render {render:.1} ms ({:.1} MB), \
+             syn parse {parse:.1} ms, prettyplease {print:.1} ms, manifests JSON + YAML {manifests:.1} ms",
             rendered as f64 / 1e6,
-            ms(parse),
-            ms(print),
-            ms(manifests)
         );
     }
 

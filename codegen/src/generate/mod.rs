@@ -430,6 +430,33 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn formatting_items_one_by_one_equals_formatting_the_whole_module() {
+        for contract in sample() {
+            let view = plan::plan_package(&contract, &Options::default());
+            let text = view.render().expect("renders");
+            let whole = format_rust(&contract.package, &text).expect("formats");
+            let by_item = render_package(&contract.package, &view).expect("formats");
+            assert_eq!(by_item, whole, "package {}", contract.package);
+        }
+    }
+
+    #[test]
+    fn parallel_map_keeps_the_order_of_its_items() {
+        let items: Vec<u32> = (0..1000).collect();
+        let doubled = parallel_map(&items, |item| {
+            // Uneven work, so threads finish out of order.
+            if item % 7 == 0 {
+                std::thread::yield_now();
+            }
+            item * 2
+        });
+        assert_eq!(
+            doubled,
+            items.iter().map(|item| item * 2).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
     fn renders_parseable_rust_for_every_artefact() {
         let files =
             generate_files(&sample(), &Options::default(), Layout::SourceDir).expect("generate");
