@@ -246,26 +246,7 @@ fn main() {
         roots.len() + 1
     );
 
-    let mut check_times = Vec::new();
-    let mut model = None;
-    for _ in 0..runs() {
-        let started = Instant::now();
-        let outcome = check_paths(&roots).expect("readable");
-        check_times.push(started.elapsed());
-        assert!(!outcome.has_errors(), "{}", outcome.render_human());
-        model = outcome.model;
-    }
-    let model = model.expect("checked");
-    let (check_median, check_min) = median(check_times);
-    println!(
-        "{:<44} median {:>8.1} ms   min {:>8.1} ms   {:>10.0} lines/s",
-        "load + parse + check",
-        check_median.as_secs_f64() * 1e3,
-        check_min.as_secs_f64() * 1e3,
-        lines as f64 / check_median.as_secs_f64()
-    );
-
-    // Anchor: protox's parse + check of the equivalent .proto set.
+    // The equivalent .proto set, for protox's parse + check (the anchor).
     let proto_dir = dir.path().join("proto");
     std::fs::create_dir_all(&proto_dir).expect("mkdir");
     let proto_roots = proto_set(&proto_dir);
@@ -276,15 +257,34 @@ fn main() {
             text.lines().count()
         })
         .sum();
+
+    // rfidl's check and protox's, alternating run by run.
+    let mut check_times = Vec::new();
     let mut protox_times = Vec::new();
+    let mut model = None;
     let mut fds = None;
     for _ in 0..runs() {
+        let started = Instant::now();
+        let outcome = check_paths(&roots).expect("readable");
+        check_times.push(started.elapsed());
+        assert!(!outcome.has_errors(), "{}", outcome.render_human());
+        model = outcome.model;
+
         let started = Instant::now();
         let set = protox::compile(&proto_roots, [&proto_dir]).expect("protox");
         protox_times.push(started.elapsed());
         fds = Some(set);
     }
+    let model = model.expect("checked");
     let fds = fds.expect("compiled");
+    let (check_median, check_min) = median(check_times);
+    println!(
+        "{:<44} median {:>8.1} ms   min {:>8.1} ms   {:>10.0} lines/s",
+        "load + parse + check",
+        check_median.as_secs_f64() * 1e3,
+        check_min.as_secs_f64() * 1e3,
+        lines as f64 / check_median.as_secs_f64()
+    );
     let (protox_median, protox_min) = median(protox_times);
     println!(
         "{:<44} median {:>8.1} ms   min {:>8.1} ms   {:>10.0} lines/s ({proto_lines} lines)",
@@ -388,12 +388,22 @@ fn main() {
         );
     }
 
-    // Generation written to disk, both sides into a fresh folder each run:
-    // tonic-prost-build always writes its output, so this is the like-for-like
-    // figure for the ratio.
+    // Generation written out, both sides into a fresh folder each run, the
+    // runs alternating so that a change in the machine's load hits both:
+    // tonic-prost-build always writes its output, so this is the
+    // like-for-like figure for the ratio. The folders are on tmpfs
+    // (/dev/shm) when there is one, so that the figure is the generators'
+    // work, not the disk's write-back under other processes' I/O.
+    let scratch = if std::path::Path::new("/dev/shm").is_dir() {
+        tempfile::tempdir_in("/dev/shm").expect("tempdir")
+    } else {
+        tempfile::tempdir().expect("tempdir")
+    };
     let mut written_times = Vec::new();
+    let mut tonic_times = Vec::new();
+    let mut tonic_bytes = 0;
     for run in 0..runs() {
-        let out = dir.path().join(format!("rfidl-out-{run}"));
+        let out = scratch.path().join(format!("rfidl-out-{run}"));
         let started = Instant::now();
         let files = generate_files(&model.packages, &options, Layout::OutDir).expect("generate");
         for file in &files {
@@ -401,18 +411,10 @@ fn main() {
                 .expect("write");
         }
         written_times.push(started.elapsed());
-    }
-    let (written_median, written_min) = median(written_times);
-    println!(
-        "{:<44} median {:>8.1} ms   min {:>8.1} ms",
-        "generate + write every file",
-        written_median.as_secs_f64() * 1e3,
-        written_min.as_secs_f64() * 1e3,
-    );
-    let mut tonic_times = Vec::new();
-    let mut tonic_bytes = 0;
-    for run in 0..runs() {
-        let out = dir.path().join(format!("tonic-out-{run}"));
+        drop(files);
+        std::fs::remove_dir_all(&out).expect("clean up");
+
+        let out = scratch.path().join(format!("tonic-out-{run}"));
         std::fs::create_dir_all(&out).expect("mkdir");
         let set = fds.clone();
         let started = Instant::now();
@@ -426,7 +428,15 @@ fn main() {
             .expect("read dir")
             .map(|entry| entry.expect("entry").metadata().expect("metadata").len())
             .sum::<u64>();
+        std::fs::remove_dir_all(&out).expect("clean up");
     }
+    let (written_median, written_min) = median(written_times);
+    println!(
+        "{:<44} median {:>8.1} ms   min {:>8.1} ms",
+        "generate + write every file",
+        written_median.as_secs_f64() * 1e3,
+        written_min.as_secs_f64() * 1e3,
+    );
     let (tonic_median, tonic_min) = median(tonic_times);
     println!(
         "{:<44} median {:>8.1} ms   min {:>8.1} ms   {:>10.1} MB of output",
