@@ -9,7 +9,9 @@
 //! (c) messages delivered and processed exactly once per second, outbox ->
 //!     dispatcher -> HTTP -> receiver -> inbox, receiver FULL and NORMAL;
 //! (d) inbox duplicate-check latency with 1,000,000 inbox rows;
-//! (e) latency from the sender's commit to the handler's effect, low load.
+//! (e) latency from the sender's commit to the handler's effect, low load;
+//! (c) and (e) again over gRPC (`grpc://`, the receiver served by
+//!     `rfidl_runtime::grpc::serve_grpc`).
 //!
 //! With `RFIDL_POSTGRES_URL` set (`cargo xtask bench delivery` starts a
 //! throw-away server), the same figures follow on the PostgreSQL store, each
@@ -42,10 +44,10 @@ fn main() {
     println!("rfidl-runtime delivery benchmarks ({cores} cores)");
     println!("{:<66} {:>16}", "figure", "value");
 
-    // `RFIDL_BENCH_ONLY=a` or `c1`: that figure alone, e.g. under `perf record`.
+    // `RFIDL_BENCH_ONLY=a`, `c1` or `e`: that figure alone, e.g. under `perf record`;
+    // `grpc`: (c) and (e) over HTTP and gRPC side by side.
     if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("a") {
-        let raw = raw_insert_rate(&dir.path().join("raw-normal.db"), Durability::Normal);
-        let enqueue = enqueue_rate(&dir.path().join("enqueue.db"));
+        let (enqueue, raw) = enqueue_beside_raw(dir.path());
         report(
             "(a) Outbox::enqueue, 1 message/caller txn, NORMAL",
             format!(
@@ -55,12 +57,36 @@ fn main() {
         );
         return;
     }
+    if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("e") {
+        let (p50, p99) = runtime.block_on(commit_to_effect(dir.path(), Wire::Http));
+        report(
+            "(e) sender commit -> handler effect, low load: p50 / p99",
+            format!("{p50:.2} / {p99:.2} ms"),
+        );
+        return;
+    }
     if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("c1") {
-        let rate = runtime.block_on(delivery_rate(dir.path(), Durability::Full, 1));
+        let rate = runtime.block_on(delivery_rate(dir.path(), Durability::Full, 1, Wire::Http));
         report(
             "(c1) exactly-once deliveries, one message per request, receiver Full",
             format!("{rate:.0} msg/s"),
         );
+        return;
+    }
+
+    if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("grpc") {
+        for wire in [Wire::Http, Wire::Grpc] {
+            let rate = runtime.block_on(delivery_rate(dir.path(), Durability::Full, 256, wire));
+            report(
+                &format!("(c) exactly-once deliveries, {wire:?} loopback, receiver Full"),
+                format!("{rate:.0} msg/s"),
+            );
+            let (p50, p99) = runtime.block_on(commit_to_effect(dir.path(), wire));
+            report(
+                &format!("(e) commit -> effect over {wire:?}: p50 / p99"),
+                format!("{p50:.2} / {p99:.2} ms"),
+            );
+        }
         return;
     }
 
@@ -84,6 +110,14 @@ fn main() {
         "    ... as a share of the raw insert rate",
         format!("{:.0} %", 100.0 * enqueue / raw),
     );
+    let (enqueue, raw) = enqueue_beside_raw(dir.path());
+    report(
+        "    ... the two interleaved, 1,000 rows at a time",
+        format!(
+            "{enqueue:.0} msg/s = {:.0} % of raw {raw:.0}",
+            100.0 * enqueue / raw
+        ),
+    );
 
     let send = runtime.block_on(send_rate(&dir.path().join("send.db"), 64));
     report(
@@ -92,11 +126,11 @@ fn main() {
     );
 
     for durability in [Durability::Full, Durability::Normal] {
-        let rate = runtime.block_on(delivery_rate(dir.path(), durability, 256));
+        let rate = runtime.block_on(delivery_rate(dir.path(), durability, 256, Wire::Http));
         let label = format!("(c) exactly-once deliveries, HTTP loopback, receiver {durability:?}");
         report(&label, format!("{rate:.0} msg/s"));
     }
-    let rate = runtime.block_on(delivery_rate(dir.path(), Durability::Full, 1));
+    let rate = runtime.block_on(delivery_rate(dir.path(), Durability::Full, 1, Wire::Http));
     report(
         "(c1) the same, one message per request (batch_size 1), receiver Full",
         format!("{rate:.0} msg/s"),
@@ -110,9 +144,21 @@ fn main() {
     report("    p99", format!("{:.1} µs", p99));
     report("    p99.9", format!("{:.1} µs", p999));
 
-    let (p50, p99) = runtime.block_on(commit_to_effect(dir.path()));
+    let (p50, p99) = runtime.block_on(commit_to_effect(dir.path(), Wire::Http));
     report(
         "(e) sender commit -> handler effect, low load: p50",
+        format!("{:.2} ms", p50),
+    );
+    report("    p99", format!("{:.2} ms", p99));
+
+    let rate = runtime.block_on(delivery_rate(dir.path(), Durability::Full, 256, Wire::Grpc));
+    report(
+        "(c-grpc) exactly-once deliveries, gRPC loopback, receiver Full",
+        format!("{rate:.0} msg/s"),
+    );
+    let (p50, p99) = runtime.block_on(commit_to_effect(dir.path(), Wire::Grpc));
+    report(
+        "(e-grpc) sender commit -> handler effect over gRPC: p50",
         format!("{:.2} ms", p50),
     );
     report("    p99", format!("{:.2} ms", p99));
@@ -138,6 +184,46 @@ fn enqueue_rate(path: &Path) -> f64 {
         tx.commit().expect("commit");
     }
     rate(ROWS, started.elapsed())
+}
+
+/// `Outbox::enqueue` and the raw insert (NORMAL) measured in alternating
+/// blocks of 1,000 rows on two files, so that load from elsewhere on the
+/// machine falls on both alike: (enqueue msg/s, raw rows/s).
+fn enqueue_beside_raw(dir: &Path) -> (f64, f64) {
+    const BLOCK: usize = 1_000;
+    let path = dir.join("interleaved-enqueue.db");
+    let outbox = Outbox::new(Config::default(), &path);
+    let mut conn = db::open(&path, Durability::Normal).expect("open");
+    let mut raw = rusqlite::Connection::open(dir.join("interleaved-raw.db")).expect("open");
+    db::configure(&raw, Durability::Normal).expect("pragmas");
+    raw.execute_batch(
+        "CREATE TABLE t (id TEXT PRIMARY KEY, body TEXT NOT NULL, at INTEGER NOT NULL)",
+    )
+    .expect("table");
+    let body = "x".repeat(300);
+    let (mut enqueue_time, mut raw_time) = (Duration::ZERO, Duration::ZERO);
+    for block in 0..ROWS / BLOCK {
+        let started = Instant::now();
+        for n in block * BLOCK..(block + 1) * BLOCK {
+            let tx = conn.transaction().expect("tx");
+            outbox.enqueue(&tx, message("peer", n)).expect("enqueue");
+            tx.commit().expect("commit");
+        }
+        enqueue_time += started.elapsed();
+        let started = Instant::now();
+        for _ in 0..BLOCK {
+            let tx = raw.transaction().expect("tx");
+            tx.execute(
+                "INSERT INTO t (id, body, at) VALUES (?1, ?2, ?3)",
+                rusqlite::params![uuid::Uuid::now_v7().to_string(), body, db::now_ms()],
+            )
+            .expect("insert");
+            tx.commit().expect("commit");
+        }
+        raw_time += started.elapsed();
+    }
+    let done = ROWS / BLOCK * BLOCK;
+    (rate(done, enqueue_time), rate(done, raw_time))
 }
 
 async fn send_rate(path: &Path, callers: usize) -> f64 {
@@ -203,8 +289,8 @@ fn dedupe_latency(path: &Path) -> (f64, f64, f64) {
     )
 }
 
-async fn commit_to_effect(dir: &Path) -> (f64, f64) {
-    let pair = pair(dir, "e", Durability::Full, 256).await;
+async fn commit_to_effect(dir: &Path, wire: Wire) -> (f64, f64) {
+    let pair = pair(dir, &format!("e-{wire:?}"), Durability::Full, 256, wire).await;
     let dispatcher = Dispatcher::builder(&pair.outbox, &pair.sender_db)
         .start()
         .expect("dispatcher");

@@ -55,9 +55,13 @@ fn main() {
     println!("load average at start: {}", load_average());
 
     let raw_full = raw_insert_rate(&dir.path().join("raw-full.db"), Durability::Full);
-    let rfidl = runtime.block_on(delivery_run(dir.path(), Durability::Full, BATCH, |d, n| {
-        sized_message(d, n, BYTES)
-    }));
+    let rfidl = runtime.block_on(delivery_run(
+        dir.path(),
+        Durability::Full,
+        BATCH,
+        Wire::Http,
+        |d, n| sized_message(d, n, BYTES),
+    ));
     let e2e = rate(MESSAGES, rfidl.deliver);
     eprintln!("rfidl (c): {e2e:.0} msg/s");
     let with_enqueue = rate(MESSAGES, rfidl.enqueue + rfidl.deliver);

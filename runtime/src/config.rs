@@ -154,7 +154,10 @@ impl Default for InboxConfig {
 pub struct DestinationConfig {
     /// `http://host:port` or `https://host:port` (base URL; `/_rf/receive`
     /// is appended; HTTPS needs the default cargo feature `tls`), `unix:///path.sock`,
-    /// or `inproc://name` for a receiver registered in the same process.
+    /// `grpc://host:port` (cargo feature `grpc`), `inproc://name` for a
+    /// receiver registered in the same process, or
+    /// `nats://[user:password@]host:port/<subject>` for a NATS JetStream
+    /// stream (cargo feature `nats`); see `docs/transports.md`.
     pub url: String,
     /// More base URLs of the same destination: instances of one receiving
     /// service that share its inbox database. Messages are spread

@@ -15,6 +15,17 @@ use rusqlite::Connection;
 
 use crate::config::Durability;
 
+/// The rows that need a human (`Failed`, `DeadLetter`, `Expired`), written
+/// as the `outbox_attention` index's predicate: SQLite uses a partial index
+/// only for a query that repeats its predicate term for term, so queries
+/// splice this in with `concat!`.
+macro_rules! attention {
+    () => {
+        "(status = 'Failed' OR status = 'DeadLetter' OR status = 'Expired')"
+    };
+}
+pub(crate) use attention;
+
 /// Schema migrations, applied in order; index + 1 is the resulting `user_version`.
 /// Never edit a released entry: append a new one.
 pub const MIGRATIONS: &[&str] = &[
@@ -83,6 +94,72 @@ pub const MIGRATIONS: &[&str] = &[
         version           INTEGER NOT NULL,
         decommissioned_at INTEGER NOT NULL,
         PRIMARY KEY (interface, version)
+    ) STRICT;
+    "#,
+    // 4: the same outbox without IN-lists of more than two values in its
+    //    CHECK and partial indexes. SQLite evaluates such a list (outside a
+    //    WHERE clause) through a temporary b-tree it builds for every row
+    //    written: two per enqueue (the status CHECK and the attention index's
+    //    predicate), and more per status update, about a quarter of an
+    //    enqueue's instructions (BENCHMARKS.md, "Outbox::enqueue"). Equality
+    //    chains are evaluated in place. SQLite cannot change a CHECK in
+    //    place: the table is rebuilt (same columns in the same order), as its
+    //    documented procedure for schema changes says.
+    concat!(
+        r#"
+    CREATE TABLE outbox_messages_v4 (
+        message_id      TEXT PRIMARY KEY NOT NULL,
+        correlation_id  TEXT,
+        message_type    TEXT NOT NULL,
+        destination     TEXT NOT NULL,
+        interface       TEXT NOT NULL,
+        version         INTEGER NOT NULL,
+        fingerprint     TEXT NOT NULL,
+        endpoint        TEXT NOT NULL,
+        payload         TEXT NOT NULL,
+        headers         TEXT NOT NULL DEFAULT '{}',
+        status          TEXT NOT NULL DEFAULT 'Pending'
+                        CHECK (status = 'Pending' OR status = 'Sending' OR status = 'Sent'
+                               OR status = 'Failed' OR status = 'DeadLetter' OR status = 'Expired'),
+        retry_count     INTEGER NOT NULL DEFAULT 0,
+        max_retries     INTEGER NOT NULL,
+        next_retry_at   INTEGER NOT NULL,
+        lease_token     TEXT,
+        last_attempt_at INTEGER,
+        last_error      TEXT,
+        response        TEXT,
+        created_at      INTEGER NOT NULL,
+        expires_at      INTEGER NOT NULL,
+        sent_at         INTEGER
+    ) STRICT, WITHOUT ROWID;
+    INSERT INTO outbox_messages_v4 SELECT * FROM outbox_messages;
+    DROP TABLE outbox_messages;
+    ALTER TABLE outbox_messages_v4 RENAME TO outbox_messages;
+    CREATE INDEX outbox_due ON outbox_messages (destination, next_retry_at)
+        WHERE status IN ('Pending', 'Sending');
+    CREATE INDEX outbox_sent ON outbox_messages (sent_at) WHERE status = 'Sent';
+    -- Queries that want this index repeat its predicate: `attention!()`.
+    CREATE INDEX outbox_attention ON outbox_messages (status, created_at)
+        WHERE "#,
+        attention!(),
+        r#";
+    "#
+    ),
+    // 5: the JetStream transport (`crate::nats`). `answered_at`: when the
+    //    answer to a message sent through a broker arrived and its response
+    //    handler ran (the marker that makes a redelivered answer a no-op).
+    //    `rf_terminated`: broker deliveries refused for good (never
+    //    redelivered), kept for an operator.
+    r#"
+    ALTER TABLE outbox_messages ADD COLUMN answered_at INTEGER;
+    CREATE TABLE rf_terminated (
+        stream_sequence INTEGER NOT NULL,
+        stream          TEXT NOT NULL,
+        message_id      TEXT,                -- Nats-Msg-Id, when the message had one
+        subject         TEXT NOT NULL,
+        error           TEXT NOT NULL,       -- `<status> <code>: <message>`
+        at              INTEGER NOT NULL,
+        PRIMARY KEY (stream, stream_sequence)
     ) STRICT;
     "#,
 ];
@@ -351,6 +428,150 @@ mod tests {
             Err(DbError::TooNew { found: 99, .. }) => {}
             other => panic!("expected TooNew, got {other:?}"),
         }
+    }
+
+    /// The opcodes of `sql`'s program.
+    fn opcodes(conn: &Connection, sql: &str) -> Vec<String> {
+        let mut statement = conn.prepare(&format!("EXPLAIN {sql}")).expect("explain");
+        let nulls = vec![rusqlite::types::Null; statement.parameter_count()];
+        statement
+            .query_map(rusqlite::params_from_iter(nulls), |row| {
+                row.get::<_, String>(1)
+            })
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows")
+    }
+
+    #[test]
+    fn writing_an_outbox_row_builds_no_temporary_btree() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conn = open(dir.path().join("o.db"), Durability::Normal).expect("open");
+        for sql in [
+            "INSERT INTO outbox_messages (message_id, correlation_id, message_type, destination, \
+             interface, version, fingerprint, endpoint, payload, headers, status, max_retries, \
+             next_retry_at, created_at, expires_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'Pending', ?11, ?12, ?12, ?13)",
+            "UPDATE outbox_messages SET status = 'Sent', sent_at = ?2 WHERE message_id = ?1",
+            "UPDATE outbox_messages SET status = ?2 WHERE message_id = ?1",
+        ] {
+            let ops = opcodes(&conn, sql);
+            assert!(
+                !ops.iter().any(|op| op == "OpenEphemeral"),
+                "{sql}\nevaluates an IN-list through a temporary b-tree per row: {ops:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn queries_for_rows_that_need_a_human_use_the_attention_index() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conn = open(dir.path().join("o.db"), Durability::Normal).expect("open");
+        let sql = concat!(
+            "SELECT message_id FROM outbox_messages WHERE ",
+            attention!(),
+            " AND (?1 IS NULL OR status = ?1) ORDER BY created_at LIMIT 10"
+        );
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .expect("plan")
+            .query_map([rusqlite::types::Null], |row| row.get(3))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert!(
+            plan.iter().any(|step| step.contains("outbox_attention")),
+            "{plan:?}"
+        );
+    }
+
+    #[test]
+    fn the_outbox_rebuild_keeps_every_row_and_its_indexes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("v3.db");
+        let statuses = [
+            "Pending",
+            "Sending",
+            "Sent",
+            "Failed",
+            "DeadLetter",
+            "Expired",
+        ];
+        {
+            let mut conn = Connection::open(&path).expect("create");
+            let tx = conn.transaction().expect("tx");
+            for script in &MIGRATIONS[..3] {
+                tx.execute_batch(script).expect("migrate to 3");
+            }
+            tx.pragma_update(None, "user_version", 3).expect("version");
+            for (n, status) in statuses.iter().enumerate() {
+                tx.execute(
+                    "INSERT INTO outbox_messages (message_id, correlation_id, message_type, \
+                     destination, interface, version, fingerprint, endpoint, payload, headers, \
+                     status, retry_count, max_retries, next_retry_at, lease_token, \
+                     last_attempt_at, last_error, response, created_at, expires_at, sent_at) \
+                     VALUES (?1, 'c', 'Command', 'peer', 'p.S', 1, 'sha256:f', 'E', '{}', '{}', \
+                     ?2, 2, 5, 100, 'lease', 90, 'boom', '{\"ok\":1}', ?3, 1000, 95)",
+                    rusqlite::params![format!("id-{n}"), status, n as i64],
+                )
+                .expect("row");
+            }
+            tx.commit().expect("commit");
+        }
+        let dump = |conn: &Connection| -> Vec<String> {
+            let mut statement = conn
+                .prepare(
+                    "SELECT message_id, correlation_id, message_type, destination, interface, \
+                     version, fingerprint, endpoint, payload, headers, status, retry_count, \
+                     max_retries, next_retry_at, lease_token, last_attempt_at, last_error, \
+                     response, created_at, expires_at, sent_at \
+                     FROM outbox_messages ORDER BY message_id",
+                )
+                .expect("select");
+            let columns = statement.column_count();
+            statement
+                .query_map([], |row| {
+                    (0..columns)
+                        .map(|i| {
+                            row.get::<_, rusqlite::types::Value>(i)
+                                .map(|v| format!("{v:?}"))
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                        .map(|values| values.join("|"))
+                })
+                .expect("query")
+                .collect::<Result<_, _>>()
+                .expect("rows")
+        };
+        let before = dump(&Connection::open(&path).expect("reopen"));
+        let conn = open(&path, Durability::Normal).expect("migrate");
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .expect("version");
+        assert_eq!(version, MIGRATIONS.len() as i64);
+        assert_eq!(dump(&conn), before, "every row and column kept");
+        assert_eq!(before.len(), statuses.len());
+        let indexes: Vec<String> = conn
+            .prepare(
+                "SELECT name FROM sqlite_schema WHERE type = 'index' \
+                 AND tbl_name = 'outbox_messages' AND sql IS NOT NULL ORDER BY name",
+            )
+            .expect("indexes")
+            .query_map([], |row| row.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert_eq!(indexes, ["outbox_attention", "outbox_due", "outbox_sent"]);
+        let refused = conn.execute(
+            "UPDATE outbox_messages SET status = 'Lost' WHERE message_id = 'id-0'",
+            [],
+        );
+        assert!(
+            refused
+                .expect_err("the CHECK still holds")
+                .to_string()
+                .contains("CHECK"),
+        );
     }
 
     fn sha256_of(path: &Path) -> Vec<u8> {

@@ -1346,8 +1346,12 @@ mod sqlite {
         for sql in [
             "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
              WHERE status IN ('Pending', 'Sending') GROUP BY destination, status",
-            "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
-             WHERE status IN ('Failed', 'DeadLetter', 'Expired') GROUP BY destination, status",
+            concat!(
+                "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
+             WHERE ",
+                crate::db::attention!(),
+                " GROUP BY destination, status"
+            ),
         ] {
             let mut statement = conn.prepare_cached(sql)?;
             let mut rows = statement.query([])?;
@@ -1409,15 +1413,17 @@ mod sqlite {
             destination: Option<&str>,
             limit: u32,
         ) -> Result<Vec<AttentionRow>, DiagnosticsError> {
-            let mut statement = self.prepare_cached(
+            let mut statement = self.prepare_cached(concat!(
                 "SELECT message_id, correlation_id, message_type, destination, interface, \
                         version, endpoint, status, retry_count, max_retries, last_error, \
                         created_at, last_attempt_at, expires_at \
                  FROM outbox_messages \
-                 WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
+                 WHERE ",
+                crate::db::attention!(),
+                " \
                    AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2) \
-                 ORDER BY created_at LIMIT ?3",
-            )?;
+                 ORDER BY created_at LIMIT ?3"
+            ))?;
             let rows = statement.query_map(
                 params![status.map(Status::as_str), destination, limit],
                 |row| {
@@ -1449,12 +1455,14 @@ mod sqlite {
             renew_until_ms: i64,
         ) -> Result<usize, DiagnosticsError> {
             Ok(self
-                .prepare_cached(
+                .prepare_cached(concat!(
                     "UPDATE outbox_messages \
                      SET status = 'Pending', retry_count = 0, next_retry_at = ?2, \
                          lease_token = NULL, expires_at = MAX(expires_at, ?3) \
-                     WHERE message_id = ?1 AND status IN ('Failed', 'DeadLetter', 'Expired')",
-                )?
+                     WHERE message_id = ?1 AND ",
+                    crate::db::attention!(),
+                    ""
+                ))?
                 .execute(params![message_id, now_ms, renew_until_ms])?)
         }
 
@@ -1476,13 +1484,15 @@ mod sqlite {
             renew_until_ms: i64,
         ) -> Result<usize, DiagnosticsError> {
             Ok(self
-                .prepare_cached(
+                .prepare_cached(concat!(
                     "UPDATE outbox_messages \
                      SET status = 'Pending', retry_count = 0, next_retry_at = ?3, \
                          lease_token = NULL, expires_at = MAX(expires_at, ?4) \
-                     WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
-                       AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2)",
-                )?
+                     WHERE ",
+                    crate::db::attention!(),
+                    " \
+                       AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2)"
+                ))?
                 .execute(params![
                     status.map(Status::as_str),
                     destination,
@@ -1499,12 +1509,14 @@ mod sqlite {
             before_ms: i64,
         ) -> Result<usize, DiagnosticsError> {
             let count: i64 = self
-                .prepare_cached(
+                .prepare_cached(concat!(
                     "SELECT COUNT(*) FROM outbox_messages \
-                     WHERE status IN ('Failed', 'DeadLetter', 'Expired') AND created_at < ?4 \
+                     WHERE ",
+                    crate::db::attention!(),
+                    " AND created_at < ?4 \
                        AND (?1 IS NULL OR message_id = ?1) AND (?2 IS NULL OR status = ?2) \
-                       AND (?3 IS NULL OR destination = ?3)",
-                )?
+                       AND (?3 IS NULL OR destination = ?3)"
+                ))?
                 .query_row(
                     params![
                         message_id,

@@ -29,10 +29,14 @@ pub mod directory;
 pub mod dispatcher;
 pub mod duration;
 pub mod envelope;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 pub mod inbox;
 pub mod lifecycle;
 pub mod liveness;
 pub mod metrics;
+#[cfg(feature = "nats")]
+pub mod nats;
 pub mod outbox;
 #[cfg(feature = "postgres")]
 pub mod pg;

@@ -121,6 +121,9 @@ pub struct Metrics {
     pub inbox_fingerprint_mismatches: Counter,
     /// Inbox rows deleted by the retention clean-up.
     pub inbox_deleted: Counter,
+    /// Broker deliveries terminated: refused for good, never redelivered
+    /// (JetStream `+TERM`; recorded in `rf_terminated`).
+    pub inbox_terminated: Counter,
     /// Handler + inbox commit time.
     pub inbox_process_duration: DurationHistogram,
 }
@@ -159,7 +162,7 @@ impl Metrics {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self, gauges: &Gauges) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &Counter); 13] = [
+        let counters: [(&str, &str, &Counter); 14] = [
             (
                 "rf_outbox_enqueued_total",
                 "Messages written to the outbox.",
@@ -224,6 +227,11 @@ impl Metrics {
                 "rf_inbox_deleted_total",
                 "Inbox rows deleted after their retention.",
                 &self.inbox_deleted,
+            ),
+            (
+                "rf_inbox_terminated_total",
+                "Broker deliveries refused for good and terminated (never redelivered).",
+                &self.inbox_terminated,
             ),
         ];
         for (name, help, counter) in counters {

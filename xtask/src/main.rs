@@ -376,6 +376,20 @@ fn ci() -> Result<(), String> {
         "-D",
         "warnings",
     ]))?;
+    // The gRPC transport on its own (no TLS, no PostgreSQL); the tests run
+    // it with --all-features.
+    run(cargo().args([
+        "clippy",
+        "-p",
+        "rfidl-runtime",
+        "--lib",
+        "--no-default-features",
+        "--features",
+        "grpc",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     test(&[])?;
     // Every fault scenario with a small load (docs/guarantees.md).
     chaos(&["--messages".to_owned(), "200".to_owned()])
@@ -406,12 +420,15 @@ fn chaos(extra: &[String]) -> Result<(), String> {
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("target"));
     let bins = target.join(if release { "release" } else { "debug" });
+    // The `jetstream` scenario starts (and kills) its own nats-server.
+    let nats = nats_server(&python_venv()?)?;
     // The `replicas` scenario runs engines on a PostgreSQL database.
     let (postgres_url, _cluster) = test_postgres()?;
     run(Command::new(bins.join("chaos"))
         .arg("--bin-dir")
         .arg(&bins)
         .args(rest)
+        .env("RFIDL_NATS_SERVER", &nats)
         .env("RFIDL_POSTGRES_URL", &postgres_url))
 }
 

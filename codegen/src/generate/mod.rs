@@ -41,28 +41,52 @@ impl Layout {
 /// Every file generated for `contracts`: one Rust file per package, the
 /// module tree, and each service version's manifest as JSON and YAML under
 /// `manifests/`. Sorted by name, so output order is stable.
+///
+/// Every record, enum and service module is rendered and formatted on its
+/// own (see [`render_package`]), on up to
+/// [`std::thread::available_parallelism`] threads; the output does not
+/// depend on the number of threads.
 pub fn generate_files(
     contracts: &[PackageContract],
     options: &Options,
     layout: Layout,
 ) -> Result<Vec<GeneratedFile>, GenerateError> {
-    let mut files = Vec::new();
     let deprecated = plan::deprecated_types(contracts);
-    for contract in contracts {
-        let view = plan::plan_package_with(contract, options, &deprecated);
+    let views: Vec<templates::PackageTemplate> = contracts
+        .iter()
+        .map(|contract| plan::plan_package_with(contract, options, &deprecated))
+        .collect();
+    // One unit of work per item (and per manifest file), so that one large
+    // package is spread over the threads too.
+    let mut units = Vec::new();
+    for (contract, view) in contracts.iter().zip(&views) {
+        units.extend(package_units(&contract.package, view));
+        for manifest in &contract.services {
+            units.push(Unit::Json(manifest));
+            units.push(Unit::Yaml(manifest));
+        }
+    }
+    let mut done = parallel_map(&units, Unit::run).into_iter();
+    let mut files = Vec::new();
+    for (contract, view) in contracts.iter().zip(&views) {
+        let mut text = String::new();
+        for _ in 0..item_count(view) {
+            text.push_str(&done.next().expect("one result per unit")?);
+        }
         files.push(GeneratedFile {
             name: format!("{}.rs", contract.package),
-            contents: render_package(&contract.package, &view)?,
+            contents: format!("{GENERATED_HEADER}\n\n{}", space_items(&text)),
         });
+        drop(text);
         for manifest in &contract.services {
             let stem = format!("manifests/{}.v{}", manifest.interface, manifest.version);
             files.push(GeneratedFile {
                 name: format!("{stem}.json"),
-                contents: manifest.to_pretty_json() + "\n",
+                contents: done.next().expect("one result per unit")?,
             });
             files.push(GeneratedFile {
                 name: format!("{stem}.yaml"),
-                contents: manifest.to_yaml(),
+                contents: done.next().expect("one result per unit")?,
             });
         }
     }
@@ -81,6 +105,111 @@ pub fn generate_files(
     });
     files.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(files)
+}
+
+/// One piece of generated output, produced independently of the others.
+enum Unit<'a> {
+    /// The `use` line that opens every package module.
+    Prelude(&'a str),
+    Record(&'a str, &'a templates::RecordView),
+    Enum(&'a str, &'a templates::EnumView),
+    Service(&'a str, &'a templates::ServiceView),
+    Json(&'a crate::manifest::Manifest),
+    Yaml(&'a crate::manifest::Manifest),
+}
+
+impl Unit<'_> {
+    fn run(&self) -> Result<String, GenerateError> {
+        match self {
+            Unit::Prelude(package) => format_items(package, PRELUDE),
+            Unit::Record(package, record) => render_item(
+                package,
+                "record.rs.askama",
+                &templates::RecordTemplate { record },
+            ),
+            Unit::Enum(package, enumeration) => render_item(
+                package,
+                "enum.rs.askama",
+                &templates::EnumTemplate { enumeration },
+            ),
+            Unit::Service(package, service) => render_item(
+                package,
+                "service.rs.askama",
+                &templates::ServiceTemplate { service },
+            ),
+            Unit::Json(manifest) => Ok(manifest.to_pretty_json() + "\n"),
+            Unit::Yaml(manifest) => Ok(manifest.to_yaml()),
+        }
+    }
+}
+
+/// What `templates/package.rs.askama` puts above a package's items.
+const PRELUDE: &str =
+    "#[allow(unused_imports)]\nuse ::rfidl_runtime::serde::{Deserialize, Serialize};\n";
+
+/// A package module's items in file order: the prelude, records, enums,
+/// service modules (as `templates/package.rs.askama` lays them out).
+fn package_units<'a>(
+    package: &'a str,
+    view: &'a templates::PackageTemplate,
+) -> impl Iterator<Item = Unit<'a>> {
+    std::iter::once(Unit::Prelude(package))
+        .chain(view.records.iter().map(move |r| Unit::Record(package, r)))
+        .chain(view.enums.iter().map(move |e| Unit::Enum(package, e)))
+        .chain(view.services.iter().map(move |s| Unit::Service(package, s)))
+}
+
+fn item_count(view: &templates::PackageTemplate) -> usize {
+    1 + view.records.len() + view.enums.len() + view.services.len()
+}
+
+/// Renders one item's template and formats it.
+fn render_item(
+    package: &str,
+    template: &'static str,
+    view: &dyn askama::DynTemplate,
+) -> Result<String, GenerateError> {
+    let text = view
+        .dyn_render()
+        .map_err(|source| GenerateError::Render { template, source })?;
+    format_items(package, &text)
+}
+
+/// `f` over every item, on up to [`std::thread::available_parallelism`]
+/// threads, results in the items' order.
+fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZero::get)
+        .min(items.len());
+    if workers <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(index) else {
+                            break done;
+                        };
+                        done.push((index, f(item)));
+                    }
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|thread| match thread.join() {
+                Ok(done) => done,
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+            .collect()
+    });
+    done.sort_unstable_by_key(|(index, _)| *index);
+    done.into_iter().map(|(_, result)| result).collect()
 }
 
 /// The first line of every generated file.
@@ -107,28 +236,38 @@ pub enum GenerateError {
     },
 }
 
-/// Renders one package module and formats it like hand-written code.
+/// Renders one package module and formats it like hand-written code. Each
+/// item (record, enum, service module) is rendered and formatted on its own:
+/// prettyplease prints a file's items one after the other, so the result is
+/// the same as formatting the whole module at once, without holding the
+/// syntax tree of the whole module in memory.
 pub fn render_package(
     package: &str,
     view: &templates::PackageTemplate,
 ) -> Result<String, GenerateError> {
-    let text = view.render().map_err(|source| GenerateError::Render {
-        template: "package.rs.askama",
-        source,
-    })?;
-    format_rust(package, &text)
+    let mut text = String::new();
+    for unit in package_units(package, view) {
+        text.push_str(&unit.run()?);
+    }
+    Ok(format!("{GENERATED_HEADER}\n\n{}", space_items(&text)))
 }
 
 /// Parses `text` as a Rust file and prints it with prettyplease, with the
 /// `@generated` header on top.
 pub fn format_rust(what: &str, text: &str) -> Result<String, GenerateError> {
+    let pretty = format_items(what, text)?;
+    Ok(format!("{GENERATED_HEADER}\n\n{}", space_items(&pretty)))
+}
+
+/// Parses `text` as Rust items and prints them with prettyplease, as they
+/// are (no header, no blank lines added between items).
+fn format_items(what: &str, text: &str) -> Result<String, GenerateError> {
     let file = syn::parse_file(text).map_err(|source| GenerateError::InvalidRust {
         what: what.to_owned(),
         source,
         text: text.to_owned(),
     })?;
-    let pretty = prettyplease::unparse(&file);
-    Ok(format!("{GENERATED_HEADER}\n\n{}", space_items(&pretty)))
+    Ok(prettyplease::unparse(&file))
 }
 
 /// prettyplease prints items back to back; hand-written Rust puts a blank
@@ -288,6 +427,33 @@ pub(crate) mod tests {
                 services: vec![manifest],
             },
         ]
+    }
+
+    #[test]
+    fn formatting_items_one_by_one_equals_formatting_the_whole_module() {
+        for contract in sample() {
+            let view = plan::plan_package(&contract, &Options::default());
+            let text = view.render().expect("renders");
+            let whole = format_rust(&contract.package, &text).expect("formats");
+            let by_item = render_package(&contract.package, &view).expect("formats");
+            assert_eq!(by_item, whole, "package {}", contract.package);
+        }
+    }
+
+    #[test]
+    fn parallel_map_keeps_the_order_of_its_items() {
+        let items: Vec<u32> = (0..1000).collect();
+        let doubled = parallel_map(&items, |item| {
+            // Uneven work, so threads finish out of order.
+            if item % 7 == 0 {
+                std::thread::yield_now();
+            }
+            item * 2
+        });
+        assert_eq!(
+            doubled,
+            items.iter().map(|item| item * 2).collect::<Vec<_>>()
+        );
     }
 
     #[test]

@@ -16,6 +16,28 @@ pub struct PackageTemplate {
     pub services: Vec<ServiceView>,
 }
 
+/// `templates/record.rs.askama` alone: one record of a package, rendered
+/// and formatted on its own (see [`super::render_package`]).
+#[derive(Debug, Template)]
+#[template(path = "record.rs.askama", escape = "none")]
+pub struct RecordTemplate<'a> {
+    pub record: &'a RecordView,
+}
+
+/// `templates/enum.rs.askama` alone: one enum of a package.
+#[derive(Debug, Template)]
+#[template(path = "enum.rs.askama", escape = "none")]
+pub struct EnumTemplate<'a> {
+    pub enumeration: &'a EnumView,
+}
+
+/// `templates/service.rs.askama` alone: one service version's module.
+#[derive(Debug, Template)]
+#[template(path = "service.rs.askama", escape = "none")]
+pub struct ServiceTemplate<'a> {
+    pub service: &'a ServiceView,
+}
+
 #[derive(Debug, Clone)]
 pub struct RecordView {
     pub name: String,

@@ -162,9 +162,17 @@ impl Manifest {
         format!("sha256:{}", hex::encode(Sha256::digest(&canonical)))
     }
 
-    /// Sets [`Manifest::fingerprint`] from the content.
+    /// Sets [`Manifest::fingerprint`] from the content. The same value as
+    /// [`Manifest::compute_fingerprint`], without copying the manifest: the
+    /// doc comments are moved out for the hash and moved back.
     pub fn with_fingerprint(mut self) -> Self {
-        self.fingerprint = self.compute_fingerprint();
+        self.fingerprint.clear();
+        let mut taken = Vec::new();
+        self.each_docs(&mut |docs| taken.push(std::mem::take(docs)));
+        let canonical = serde_json::to_vec(&self).expect("manifests always serialise");
+        let mut taken = taken.into_iter();
+        self.each_docs(&mut |docs| *docs = taken.next().expect("the same doc lists"));
+        self.fingerprint = format!("sha256:{}", hex::encode(Sha256::digest(&canonical)));
         self
     }
 
@@ -184,26 +192,36 @@ impl Manifest {
     }
 
     fn strip_docs(&mut self) {
-        self.docs.clear();
+        self.each_docs(&mut Vec::clear);
+    }
+
+    /// Calls `f` on every doc comment list, always in the same order.
+    fn each_docs(&mut self, f: &mut impl FnMut(&mut Vec<String>)) {
+        f(&mut self.docs);
         for method in &mut self.methods {
-            method.docs.clear();
-            method.params.iter_mut().for_each(|p| p.docs.clear());
+            f(&mut method.docs);
+            method.params.iter_mut().for_each(|p| f(&mut p.docs));
         }
-        self.types.values_mut().for_each(TypeDef::strip_docs);
+        self.types.values_mut().for_each(|ty| ty.each_docs(f));
     }
 }
 
 impl TypeDef {
     /// Removes every doc comment (of the type and of its fields or variants).
     pub fn strip_docs(&mut self) {
+        self.each_docs(&mut Vec::clear);
+    }
+
+    /// Calls `f` on every doc comment list, always in the same order.
+    fn each_docs(&mut self, f: &mut impl FnMut(&mut Vec<String>)) {
         match self {
             TypeDef::Record { docs, fields, .. } => {
-                docs.clear();
-                fields.iter_mut().for_each(|f| f.docs.clear());
+                f(docs);
+                fields.iter_mut().for_each(|field| f(&mut field.docs));
             }
             TypeDef::Enum { docs, variants, .. } => {
-                docs.clear();
-                variants.iter_mut().for_each(|v| v.docs.clear());
+                f(docs);
+                variants.iter_mut().for_each(|variant| f(&mut variant.docs));
             }
         }
     }

@@ -24,6 +24,41 @@ fn generated_code_and_manifests_for_the_schemas() {
     }
 }
 
+/// The checker fingerprints a manifest by moving its docs out and back
+/// (`with_fingerprint`); the validators recompute from a stripped copy
+/// (`compute_fingerprint`). Both must agree, and the docs must survive.
+#[test]
+fn the_checker_fingerprint_is_the_recomputed_one_and_docs_survive() {
+    let model = model_of(&[PathBuf::from("../schemas")]);
+    let mut documented = 0;
+    for manifest in model.manifests() {
+        assert_eq!(
+            manifest.fingerprint,
+            manifest.compute_fingerprint(),
+            "{}",
+            manifest.interface
+        );
+        let type_docs = manifest.types.values().any(|ty| match ty {
+            rfidl_codegen::manifest::TypeDef::Record { docs, fields, .. } => {
+                !docs.is_empty() || fields.iter().any(|f| !f.docs.is_empty())
+            }
+            rfidl_codegen::manifest::TypeDef::Enum { docs, variants, .. } => {
+                !docs.is_empty() || variants.iter().any(|v| !v.docs.is_empty())
+            }
+        });
+        if !manifest.docs.is_empty()
+            && manifest.methods.iter().any(|m| !m.docs.is_empty())
+            && type_docs
+        {
+            documented += 1;
+        }
+    }
+    assert!(
+        documented > 0,
+        "no manifest of ../schemas has docs at every level: the test proves nothing"
+    );
+}
+
 fn fingerprints(dir: &Path, hr: &str) -> Vec<(String, String)> {
     model_of(&[write_hr(dir, hr)])
         .manifests()

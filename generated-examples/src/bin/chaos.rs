@@ -46,6 +46,7 @@ const SCENARIOS: &[&str] = &[
     "clock-skew",
     "corrupt-db",
     "replicas",
+    "jetstream",
 ];
 
 #[derive(Parser, Debug)]
@@ -215,6 +216,7 @@ async fn run(name: &str, context: &Context, rng: &mut StdRng) -> anyhow::Result<
         "clock-skew" => clock_skew(context).await,
         "corrupt-db" => corrupt_db(context).await,
         "replicas" => replicas(context, rng).await,
+        "jetstream" => jetstream(context, rng).await,
         other => bail!("no scenario `{other}`"),
     }
 }
@@ -274,6 +276,7 @@ struct Cluster {
     messages: u32,
     hire_rate: u32,
     engine_flags: Vec<String>,
+    hr_flags: Vec<String>,
     engine_env: Vec<(String, String)>,
     hr_env: Vec<(String, String)>,
     hr: Option<Child>,
@@ -304,6 +307,7 @@ impl Cluster {
             messages: context.messages,
             hire_rate: 0,
             engine_flags: Vec::new(),
+            hr_flags: Vec::new(),
             engine_env: Vec::new(),
             hr_env: Vec::new(),
             hr: None,
@@ -349,7 +353,7 @@ impl Cluster {
 
     fn start_hr(&mut self) -> anyhow::Result<()> {
         let (messages, rate) = (self.messages.to_string(), self.hire_rate.to_string());
-        let env = self.hr_env.clone();
+        let (flags, env) = (self.hr_flags.clone(), self.hr_env.clone());
         let child = self.spawn(
             "hr-service",
             "hr",
@@ -359,6 +363,7 @@ impl Cluster {
                 command
                     .args(["--hire", &messages])
                     .args(["--hire-rate", &rate])
+                    .args(&flags)
                     .envs(env);
             },
         )?;
@@ -1327,5 +1332,122 @@ fn postgres_database(server: &str, name: &str) -> anyhow::Result<String> {
     Ok(match query {
         Some(query) => format!("{scheme}://{authority}/{name}?{query}"),
         None => format!("{scheme}://{authority}/{name}"),
+    })
+}
+
+/// A `nats-server` with JetStream on a loopback port and a store directory
+/// that outlives its process, so a SIGKILLed server restarts on its data.
+struct NatsServer {
+    binary: PathBuf,
+    store: PathBuf,
+    log: PathBuf,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl NatsServer {
+    fn start(dir: &Path) -> anyhow::Result<Self> {
+        let binary = std::env::var_os("RFIDL_NATS_SERVER").map(PathBuf::from).context(
+            "`jetstream` needs nats-server: set RFIDL_NATS_SERVER (cargo xtask chaos installs one)",
+        )?;
+        let mut server = Self {
+            binary,
+            store: dir.join("jetstream"),
+            log: dir.join("nats-server.log"),
+            port: free_port()?,
+            child: None,
+        };
+        server.restart()?;
+        Ok(server)
+    }
+
+    fn restart(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let child = Command::new(&self.binary)
+            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .arg("-sd")
+            .arg(&self.store)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .with_context(|| format!("start {}", self.binary.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn kill(&mut self) {
+        Cluster::kill(&mut self.child);
+    }
+
+    fn url(&self, subject: &str) -> String {
+        format!("nats://127.0.0.1:{}/{subject}", self.port)
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Both services talk through NATS JetStream (each publishes to the other's
+/// stream and consumes its own with a durable consumer; the engine's
+/// command answers come back through the broker), while HR, the engine and
+/// the broker itself are SIGKILLed in turn and restarted on their files.
+async fn jetstream(context: &Context, rng: &mut StdRng) -> anyhow::Result<Report> {
+    let mut nats = NatsServer::start(&context.dir)?;
+    wait_listening(nats.port, Duration::from_secs(10)).await?;
+    let mut cluster = Cluster::new(context)?;
+    cluster.hire_rate = (context.messages / 2).max(1);
+    cluster.hr_peer = nats.url("engine");
+    cluster.engine_peer = nats.url("hr");
+    cluster.hr_flags = vec!["--nats".into(), nats.url("hr")];
+    let every = (context.messages / 2000).max(1);
+    cluster.engine_flags = vec![
+        "--nats".into(),
+        nats.url("engine"),
+        "--slow-handler".into(),
+        "2ms".into(),
+        "--slow-every".into(),
+        every.to_string(),
+    ];
+    cluster.start_engine()?;
+    cluster.start_hr()?;
+    wait_listening(cluster.engine_port, Duration::from_secs(10)).await?;
+    let mut faults = 0;
+    let mut broker_kills = 0;
+    for round in 0..context.kills {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(50..400))).await;
+        cluster.check_alive()?;
+        match round % 3 {
+            0 => cluster.kill_hr(),
+            1 => cluster.kill_engine(),
+            _ => {
+                nats.kill();
+                broker_kills += 1;
+            }
+        }
+        faults += 1;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..200))).await;
+        match round % 3 {
+            0 => cluster.start_hr()?,
+            1 => cluster.start_engine()?,
+            _ => nats.restart()?,
+        }
+    }
+    let drained_in = cluster.wait_drained(context.drain_timeout).await?;
+    let verdict = cluster.verdict()?;
+    cluster.stop();
+    nats.kill();
+    Ok(Report {
+        messages: context.messages,
+        faults,
+        verdict,
+        drained_in,
+        notes: vec![format!("broker_kills={broker_kills}")],
     })
 }

@@ -70,6 +70,7 @@ async fn main() -> anyhow::Result<()> {
     let engine_settings = Settings {
         service_id: "engine".into(),
         listen: engine_listen,
+        grpc_listen: None,
         db: dir.join("engine.db").into(),
         peer_id: "hr-service".into(),
         peer_url: format!("http://{hr_listen}"),
@@ -78,11 +79,13 @@ async fn main() -> anyhow::Result<()> {
         peer_secret: hr_secret.clone(),
         base_config: None,
         registry: Some(registry.url.clone()),
+        nats: None,
         ops_token: None,
     };
     let hr_settings = Settings {
         service_id: "hr-service".into(),
         listen: hr_listen,
+        grpc_listen: None,
         db: dir.join("hr.db").into(),
         peer_id: "engine".into(),
         peer_url: format!("http://{engine_listen}"),
@@ -91,6 +94,7 @@ async fn main() -> anyhow::Result<()> {
         peer_secret: engine_secret,
         base_config: None,
         registry: Some(registry.url.clone()),
+        nats: None,
         ops_token: None,
     };
     // HR (the provider of EmpService) registers first: the registry's
@@ -115,15 +119,19 @@ async fn main() -> anyhow::Result<()> {
         for parts in [
             RunningParts {
                 server: hr.server,
+                grpc_server: hr.grpc_server,
                 receiver: hr.receiver,
                 dispatcher: hr.dispatcher,
                 retention: hr.operations.retention,
+                broker: hr.broker,
             },
             RunningParts {
                 server: engine.server,
+                grpc_server: engine.grpc_server,
                 receiver: engine.receiver,
                 dispatcher: engine.dispatcher,
                 retention: engine.operations.retention,
+                broker: engine.broker,
             },
         ] {
             stop_gracefully(parts, SHUTDOWN_BOUND).await?;

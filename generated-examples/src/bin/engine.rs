@@ -1,5 +1,7 @@
 //! The stand-in workflow engine as a process of its own:
-//! `engine --listen 127.0.0.1:7002 --db engine.db --peer-url http://127.0.0.1:7001 [--peer-url URL …] --secret whsec_… --peer-secret whsec_…`.
+//! `engine --listen 127.0.0.1:7002 [--grpc-listen 127.0.0.1:7012] --db engine.db --peer-url http://127.0.0.1:7001 [--peer-url URL …] --secret whsec_… --peer-secret whsec_…`.
+//! A `grpc://` peer URL sends over gRPC; `--grpc-listen` also serves the
+//! receiver over gRPC.
 //! Runs until SIGTERM or SIGINT, then stops gracefully (exit 0 within 10 s);
 //! safe to kill at any moment (SIGKILL included).
 
@@ -39,11 +41,16 @@ async fn main() -> anyhow::Result<()> {
     };
     let engine = Engine::start_with(&args.service.settings("engine", "hr-service")?, slow).await?;
     println!("engine listening on {}", engine.url);
+    if let Some(url) = &engine.grpc_url {
+        println!("engine receiving over gRPC on {url}");
+    }
     let parts = RunningParts {
         server: engine.server,
+        grpc_server: engine.grpc_server,
         receiver: engine.receiver,
         dispatcher: engine.dispatcher,
         retention: engine.operations.retention,
+        broker: engine.broker,
     };
     run_until_signal("engine", signal, parts).await
 }

@@ -1,5 +1,8 @@
 //! The HR service as a process of its own:
-//! `hr-service --listen 127.0.0.1:7001 --db hr.db --peer-url http://127.0.0.1:7002 [--peer-url URL …] --secret whsec_… --peer-secret whsec_… [--hire 100] [--exit-when-done]`.
+//! `hr-service --listen 127.0.0.1:7001 [--grpc-listen 127.0.0.1:7011] --db hr.db --peer-url http://127.0.0.1:7002 [--peer-url URL …] --secret whsec_… --peer-secret whsec_… [--hire 100] [--exit-when-done]`.
+//! A `grpc://` peer URL (e.g. `grpc://127.0.0.1:7012`, the engine's
+//! `--grpc-listen`) sends over gRPC; `--grpc-listen` also serves the
+//! receiver over gRPC.
 //! Stops gracefully on SIGTERM or SIGINT (exit 0 within 10 s).
 
 use std::time::Duration;
@@ -40,12 +43,17 @@ async fn main() -> anyhow::Result<()> {
     tokio::pin!(signal);
     let hr = HrService::start(&args.service.settings("hr-service", "engine")?).await?;
     println!("hr-service listening on {}", hr.url);
+    if let Some(url) = &hr.grpc_url {
+        println!("hr-service receiving over gRPC on {url}");
+    }
     let already = count(&hr.db, "SELECT COUNT(*) FROM employees")? as u32;
     let parts = |hr: HrService| RunningParts {
         server: hr.server,
+        grpc_server: hr.grpc_server,
         receiver: hr.receiver,
         dispatcher: hr.dispatcher,
         retention: hr.operations.retention,
+        broker: hr.broker,
     };
     let started = std::time::Instant::now();
     for (done, number) in (already..args.hire).enumerate() {

@@ -224,11 +224,17 @@ impl<S: DemoStore> emp_service_v2::EngineHandler<S> for Workflows<S> {
 pub struct Engine {
     pub db: Database,
     pub url: String,
+    /// Where its receiver is also served over gRPC (`--grpc-listen`).
+    pub grpc_url: Option<String>,
+    /// The gRPC server's task (`--grpc-listen`).
+    pub grpc_server: Option<tokio::task::JoinHandle<()>>,
     pub addr: std::net::SocketAddr,
     pub receiver: Receiver,
     pub dispatcher: DispatcherHandle,
     pub server: tokio::task::JoinHandle<()>,
     pub operations: Operations,
+    /// Its JetStream consumers (`--nats`, `--peer-url nats://…`).
+    pub broker: super::broker::Broker,
     /// Its registration with the engine registry, if `--registry` was given.
     pub directory: Option<super::Directory>,
 }
@@ -276,10 +282,18 @@ impl Engine {
         let listener = tokio::net::TcpListener::bind(settings.listen).await?;
         let addr = listener.local_addr()?;
         let server = super::serve(listener, operations.router.clone());
+        let (grpc_url, grpc_server) = super::serve_grpc_receiver(settings, &receiver).await?;
         let dispatcher = S::dispatcher(&outbox)?
             .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
             .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers))
             .start()?;
+        // Over JetStream the answers to its ProvisionLaptop commands come
+        // back through the broker: the same handlers, once per answer.
+        let broker = super::broker::Broker::start(settings, &config, HR, &receiver, |answers| {
+            answers
+                .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
+                .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers))
+        })?;
         // The engine calls EmpService (its commands go to HR).
         let directory = super::register(
             &config,
@@ -291,12 +305,15 @@ impl Engine {
         Ok(Self {
             db: settings.db.clone(),
             url: format!("http://{addr}"),
+            grpc_url,
+            grpc_server,
             directory,
             addr,
             receiver,
             dispatcher,
             server,
             operations,
+            broker,
         })
     }
 

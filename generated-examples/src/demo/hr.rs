@@ -97,10 +97,16 @@ impl<S: DemoStore> emp_service_v2::ServiceHandler<S> for LaptopDesk {
 pub struct HrService {
     pub db: Database,
     pub url: String,
+    /// Where its receiver is also served over gRPC (`--grpc-listen`).
+    pub grpc_url: Option<String>,
+    /// The gRPC server's task (`--grpc-listen`).
+    pub grpc_server: Option<tokio::task::JoinHandle<()>>,
     pub receiver: Receiver,
     pub dispatcher: DispatcherHandle,
     pub server: tokio::task::JoinHandle<()>,
     pub operations: Operations,
+    /// Its JetStream consumers (`--nats`, `--peer-url nats://…`).
+    pub broker: super::broker::Broker,
     /// Its registration with the engine registry, if `--registry` was given.
     pub directory: Option<super::Directory>,
     hiring: std::sync::Arc<dyn Hiring>,
@@ -198,7 +204,11 @@ impl HrService {
         let listener = tokio::net::TcpListener::bind(settings.listen).await?;
         let url = format!("http://{}", listener.local_addr()?);
         let server = super::serve(listener, operations.router.clone());
+        let (grpc_url, grpc_server) = super::serve_grpc_receiver(settings, &receiver).await?;
         let dispatcher = S::dispatcher(&outbox)?.start()?;
+        // HR acts on no answer: the engine's answers are only recorded.
+        let broker =
+            super::broker::Broker::start(settings, &config, ENGINE, &receiver, |answers| answers)?;
         // HR provides EmpService (the engine's commands land here).
         let directory = super::register(
             &config,
@@ -210,11 +220,14 @@ impl HrService {
         Ok(Self {
             db: settings.db.clone(),
             url,
+            grpc_url,
+            grpc_server,
             directory,
             receiver,
             dispatcher,
             server,
             operations,
+            broker,
             hiring: std::sync::Arc::new(Clients::<S> {
                 v1: emp_service_v1::EngineClient::with_store(outbox.clone(), ENGINE),
                 v2: emp_service_v2::EngineClient::with_store(outbox, ENGINE),

@@ -7,6 +7,7 @@
 //! row, exactly once) and, in the same transaction, enqueues the
 //! `ProvisionLaptop` command back to HR, whose handler stores the ticket.
 
+pub mod broker;
 pub mod engine;
 pub mod hr;
 pub mod registry;
@@ -38,6 +39,9 @@ pub struct Settings {
     pub service_id: String,
     /// Where its receiver listens (`127.0.0.1:0` picks a free port).
     pub listen: SocketAddr,
+    /// Where it also serves its receiver over gRPC (`rfidl.RFReceiver`),
+    /// if anywhere (`--grpc-listen`).
+    pub grpc_listen: Option<SocketAddr>,
     /// Its database (business rows, outbox and inbox): a SQLite file or a
     /// PostgreSQL database.
     pub db: rfidl_runtime::Database,
@@ -56,6 +60,9 @@ pub struct Settings {
     /// The engine registry to register with (`--registry URL`); overrides
     /// the URL of the config file's `registry:` section.
     pub registry: Option<String>,
+    /// Consume this service's inbound messages from NATS JetStream at this
+    /// `nats://host:port/<subject>` URL (`--nats`), besides HTTP.
+    pub nats: Option<String>,
     /// The bearer token of the `/_rf/…` diagnostics routes (`--ops-token`);
     /// without it the retries refuse (403) and the service must listen on
     /// loopback only. Given to the registry for its health checks.
@@ -67,10 +74,12 @@ impl std::fmt::Debug for Settings {
         f.debug_struct("Settings")
             .field("service_id", &self.service_id)
             .field("listen", &self.listen)
+            .field("grpc_listen", &self.grpc_listen)
             .field("db", &self.db)
             .field("peer_id", &self.peer_id)
             .field("peer_url", &self.peer_url)
             .field("peer_urls", &self.peer_urls)
+            .field("nats", &self.nats.is_some())
             .field("base_config", &self.base_config)
             .finish_non_exhaustive()
     }
@@ -238,6 +247,28 @@ pub fn serve(
     })
 }
 
+/// Serves `receiver` over gRPC (`rfidl.RFReceiver/Receive`) on
+/// `settings.grpc_listen`, if set, until [`shutdown_token`] is cancelled
+/// (then the calls in flight finish): its `grpc://` URL and the server task.
+pub async fn serve_grpc_receiver(
+    settings: &Settings,
+    receiver: &Receiver,
+) -> anyhow::Result<(Option<String>, Option<tokio::task::JoinHandle<()>>)> {
+    let Some(address) = settings.grpc_listen else {
+        return Ok((None, None));
+    };
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    let url = format!("grpc://{}", listener.local_addr()?);
+    let receiver = receiver.clone();
+    let server = tokio::spawn(async move {
+        let stop = shutdown_token().cancelled();
+        if let Err(error) = rfidl_runtime::grpc::serve_grpc(receiver, listener, stop).await {
+            tracing::error!(%error, "gRPC server stopped");
+        }
+    });
+    Ok((Some(url), Some(server)))
+}
+
 /// How long a graceful stop may take before the process gives up and
 /// exits non-zero.
 pub const SHUTDOWN_BOUND: Duration = Duration::from_secs(10);
@@ -262,23 +293,33 @@ pub fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = &'s
 /// What a running demo service owns, in the order it is stopped.
 pub struct RunningParts {
     pub server: tokio::task::JoinHandle<()>,
+    /// The gRPC server of `--grpc-listen`, if any.
+    pub grpc_server: Option<tokio::task::JoinHandle<()>>,
     pub receiver: Receiver,
     pub dispatcher: rfidl_runtime::dispatcher::DispatcherHandle,
     pub retention: RetentionHandle,
+    /// Its JetStream consumers, if it uses the broker.
+    pub broker: broker::Broker,
 }
 
 /// Stops a service gracefully: stops accepting HTTP and finishes the
-/// requests in flight, lets the receiver's writer commit what it queued,
+/// requests in flight (and the JetStream messages in hand), lets the receiver's writer commit what it queued,
 /// stops the dispatcher claiming and lets its in-flight sends finish and
 /// record their results, stops the clean-up. Every step commits before it
 /// returns, so nothing is left `Sending`. Errs when it takes longer than
 /// `bound`.
 pub async fn stop_gracefully(parts: RunningParts, bound: Duration) -> anyhow::Result<()> {
     let stop = async move {
+        let mut broker = parts.broker;
         shutdown_token().cancel();
         let _ = parts.server.await;
+        if let Some(grpc_server) = parts.grpc_server {
+            let _ = grpc_server.await;
+        }
+        broker.stop_consuming().await;
         parts.receiver.shutdown().await;
         parts.dispatcher.shutdown().await;
+        broker.stop_answers().await;
         parts.retention.shutdown().await;
     };
     tokio::time::timeout(bound, stop)
@@ -344,12 +385,27 @@ pub struct ServiceArgs {
     /// service may share one).
     #[arg(long, value_parser = parse_database)]
     pub db: rfidl_runtime::Database,
-    /// Base URL of the peer's receiver, e.g. http://127.0.0.1:7001. Give it
-    /// more than once for several instances of the peer that share its
-    /// database: messages are spread over them, and one that does not
-    /// answer is skipped (docs/operations.md, "Several receivers").
+    /// Base URL of the peer's receiver, e.g. http://127.0.0.1:7001; its
+    /// scheme chooses the transport: http(s)://, unix:///path.sock,
+    /// grpc://host:port (the peer's --grpc-listen), or
+    /// nats://host:port/<subject> (the peer's --nats stream; JetStream); see
+    /// docs/transports.md. Give an http(s) URL more than once for several
+    /// instances of the peer that share its database: messages are spread
+    /// over them, and one that does not answer is skipped
+    /// (docs/operations.md, "Several receivers").
     #[arg(long = "peer-url", required = true, value_name = "URL")]
     pub peer_url: Vec<String>,
+    /// Also serve this service's receiver over gRPC (`rfidl.RFReceiver`,
+    /// plain HTTP/2) on this address, for peers that send with
+    /// `--peer-url grpc://ADDR`. The HTTP receiver (`--listen`) stays.
+    #[arg(long, value_name = "ADDR")]
+    pub grpc_listen: Option<SocketAddr>,
+    /// Also consume this service's inbound messages from NATS JetStream:
+    /// `nats://host:port/<subject>` (the stream and a durable consumer
+    /// named after the service are created if missing). Needs a SQLite
+    /// `--db`.
+    #[arg(long, value_name = "URL")]
+    pub nats: Option<String>,
     /// Secret this service signs with (`whsec_…`). Prefer `--secret-file`
     /// or the environment: a flag's value is visible to every local user
     /// in the process list.
@@ -405,6 +461,7 @@ impl ServiceArgs {
         Ok(Settings {
             service_id: service_id.into(),
             listen: self.listen,
+            grpc_listen: self.grpc_listen,
             db: self.db.clone(),
             peer_id: peer_id.into(),
             peer_url: self.peer_url[0].clone(),
@@ -413,6 +470,7 @@ impl ServiceArgs {
             peer_secret,
             base_config: Some(config),
             registry: self.registry.clone(),
+            nats: self.nats.clone(),
             ops_token: self.ops_token.clone(),
         })
     }

@@ -315,3 +315,180 @@ fn exactly_once_across_two_engine_instances_when_one_is_sigkilled_for_good() {
     );
     assert_exactly_once(dir.path(), hires);
 }
+
+/// The gRPC ports of both services (`--grpc-listen`) beside their HTTP ones.
+struct GrpcPorts {
+    hr: u16,
+    engine: u16,
+}
+
+/// A demo service on its HTTP port and database in `dir`, sending to its
+/// peer at `peer_url`, with `extra` flags (e.g. another way to receive).
+fn service(dir: &Path, peers: &Peers, hr: bool, peer_url: &str, extra: &[String]) -> Command {
+    let (binary, port, db, secret, peer_secret) = if hr {
+        let binary = env!("CARGO_BIN_EXE_hr-service");
+        (
+            binary,
+            peers.hr_port,
+            "hr.db",
+            &peers.hr_secret,
+            &peers.engine_secret,
+        )
+    } else {
+        let binary = env!("CARGO_BIN_EXE_engine");
+        (
+            binary,
+            peers.engine_port,
+            "engine.db",
+            &peers.engine_secret,
+            &peers.hr_secret,
+        )
+    };
+    let mut command = Command::new(binary);
+    command
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .arg("--db")
+        .arg(dir.join(db))
+        .args(["--peer-url", peer_url])
+        .args(["--secret", secret, "--peer-secret", peer_secret])
+        .arg("--config")
+        .arg(dir.join("config.yaml"))
+        .args(extra)
+        .stdout(Stdio::null());
+    command
+}
+
+/// An engine that receives over gRPC too and sends to HR over gRPC.
+fn engine_over_grpc(dir: &Path, peers: &Peers, grpc: &GrpcPorts) -> Child {
+    let listen = [
+        "--grpc-listen".to_owned(),
+        format!("127.0.0.1:{}", grpc.engine),
+    ];
+    service(
+        dir,
+        peers,
+        false,
+        &format!("grpc://127.0.0.1:{}", grpc.hr),
+        &listen,
+    )
+    .spawn()
+    .expect("start engine")
+}
+
+/// An HR service that receives over gRPC too and sends to the engine over
+/// gRPC (the spec's form of the URL, with the method's path).
+fn hr_service_over_grpc(dir: &Path, peers: &Peers, grpc: &GrpcPorts, hires: i64) -> Child {
+    let flags = [
+        "--grpc-listen".to_owned(),
+        format!("127.0.0.1:{}", grpc.hr),
+        "--hire".to_owned(),
+        hires.to_string(),
+        "--exit-when-done".to_owned(),
+    ];
+    let peer = format!("grpc://127.0.0.1:{}/RFReceiver/Receive", grpc.engine);
+    service(dir, peers, true, &peer, &flags)
+        .spawn()
+        .expect("start hr-service")
+}
+
+#[test]
+fn exactly_once_over_grpc_both_ways_across_a_sigkilled_and_restarted_engine() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let peers = peers(dir.path());
+    let grpc = GrpcPorts {
+        hr: free_port(),
+        engine: free_port(),
+    };
+    let hires = 100;
+    let mut engine_process = engine_over_grpc(dir.path(), &peers, &grpc);
+    let mut hr = hr_service_over_grpc(dir.path(), &peers, &grpc, hires);
+
+    let engine_db = dir.path().join("engine.db");
+    wait_for_count(&engine_db, "SELECT COUNT(*) FROM workflows", 10);
+    engine_process.kill().expect("SIGKILL the engine");
+    engine_process.wait().expect("reap");
+    let at_kill = count(&engine_db, "SELECT COUNT(*) FROM workflows");
+    let mut engine_process = engine_over_grpc(dir.path(), &peers, &grpc);
+
+    wait_done(&mut hr, &mut engine_process);
+    assert!(
+        at_kill < hires,
+        "the kill happened mid-stream ({at_kill} of {hires})"
+    );
+    // Both peer URLs are grpc://: every message went over gRPC.
+    assert_exactly_once(dir.path(), hires);
+}
+
+/// Both services only through NATS JetStream: each publishes to the other's
+/// stream (`--peer-url nats://…`) and consumes its own (`--nats`), and the
+/// engine's command answers come back through the broker. The engine is
+/// SIGKILLed mid-stream (messages in its hands come back after the demo's
+/// 5 s `ack_wait`) and restarted: every hire exactly once.
+#[test]
+fn exactly_once_over_jetstream_both_ways_across_a_sigkilled_and_restarted_engine() {
+    let Some(binary) = std::env::var_os("RFIDL_NATS_SERVER") else {
+        assert!(
+            std::env::var_os("RFIDL_REQUIRE_NATS").is_none(),
+            "RFIDL_REQUIRE_NATS is set but RFIDL_NATS_SERVER is not"
+        );
+        eprintln!("SKIPPED: set RFIDL_NATS_SERVER to a nats-server binary (cargo xtask test does)");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nats_port = free_port();
+    let mut nats = Command::new(binary)
+        .args(["-js", "-a", "127.0.0.1", "-p", &nats_port.to_string()])
+        .arg("-sd")
+        .arg(dir.path().join("jetstream"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start nats-server");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", nats_port)).is_err() {
+        assert!(Instant::now() < deadline, "nats-server did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let url = |subject: &str| format!("nats://127.0.0.1:{nats_port}/{subject}");
+    let peers = peers(dir.path());
+    let hires = 100;
+    let engine = || {
+        service(
+            dir.path(),
+            &peers,
+            false,
+            &url("hr"),
+            &["--nats".into(), url("engine")],
+        )
+        .spawn()
+        .expect("start engine")
+    };
+    let mut engine_process = engine();
+    let hr_flags = [
+        "--nats".to_owned(),
+        url("hr"),
+        "--hire".to_owned(),
+        hires.to_string(),
+        "--exit-when-done".to_owned(),
+    ];
+    let mut hr = service(dir.path(), &peers, true, &url("engine"), &hr_flags)
+        .spawn()
+        .expect("start hr-service");
+
+    let engine_db = dir.path().join("engine.db");
+    wait_for_count(&engine_db, "SELECT COUNT(*) FROM workflows", 10);
+    engine_process.kill().expect("SIGKILL the engine");
+    engine_process.wait().expect("reap");
+    let at_kill = count(&engine_db, "SELECT COUNT(*) FROM workflows");
+    let mut engine_process = engine();
+
+    wait_done(&mut hr, &mut engine_process);
+    let _ = nats.kill();
+    let _ = nats.wait();
+    assert!(
+        at_kill < hires,
+        "the kill happened mid-stream ({at_kill} of {hires})"
+    );
+    // HTTP was never dialled: both peer URLs are nats://.
+    assert_exactly_once(dir.path(), hires);
+}

@@ -154,6 +154,13 @@ impl HostedService for Ledger {
     }
 }
 
+/// How the pair's receiver is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    Http,
+    Grpc,
+}
+
 /// A sender's outbox and a receiver serving on loopback, with their files.
 pub struct Pair {
     pub outbox: Outbox,
@@ -163,7 +170,13 @@ pub struct Pair {
     pub url: String,
 }
 
-pub async fn pair(dir: &Path, name: &str, durability: Durability, batch_size: u32) -> Pair {
+pub async fn pair(
+    dir: &Path,
+    name: &str,
+    durability: Durability,
+    batch_size: u32,
+    wire: Wire,
+) -> Pair {
     let secret = Secret::generate();
     let receiver_db = dir.join(format!("{name}-receiver.db"));
     let mut config = Config {
@@ -186,9 +199,23 @@ pub async fn pair(dir: &Path, name: &str, durability: Durability, batch_size: u3
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    let router = receiver.router();
-    tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
+    let address = listener.local_addr().expect("addr");
+    let url = match wire {
+        Wire::Http => {
+            let router = receiver.router();
+            tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
+            format!("http://{address}")
+        }
+        Wire::Grpc => {
+            let never = std::future::pending::<()>();
+            tokio::spawn(async move {
+                rfidl_runtime::grpc::serve_grpc(receiver, listener, never)
+                    .await
+                    .expect("serve")
+            });
+            format!("grpc://{address}")
+        }
+    };
     let sender_db = dir.join(format!("{name}-sender.db"));
     let mut sender = Config {
         service_id: "bench".into(),
@@ -221,8 +248,8 @@ pub fn count(path: &Path, sql: &str) -> i64 {
         .expect("count")
 }
 
-pub async fn delivery_rate(dir: &Path, durability: Durability, batch_size: u32) -> f64 {
-    let run = delivery_run(dir, durability, batch_size, message).await;
+pub async fn delivery_rate(dir: &Path, durability: Durability, batch_size: u32, wire: Wire) -> f64 {
+    let run = delivery_run(dir, durability, batch_size, wire, message).await;
     rate(DELIVERIES, run.deliver)
 }
 
@@ -241,13 +268,15 @@ pub async fn delivery_run(
     dir: &Path,
     durability: Durability,
     batch_size: u32,
+    wire: Wire,
     make: fn(&str, usize) -> OutgoingMessage,
 ) -> DeliveryRun {
     let pair = pair(
         dir,
-        &format!("c-{durability:?}-{batch_size}"),
+        &format!("c-{durability:?}-{batch_size}-{wire:?}"),
         durability,
         batch_size,
+        wire,
     )
     .await;
     let mut conn = db::open(&pair.sender_db, Durability::Normal).expect("open");

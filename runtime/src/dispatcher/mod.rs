@@ -302,6 +302,11 @@ pub enum Verdict {
     Sent {
         response: serde_json::Value,
     },
+    /// A broker stored the message (a JetStream publish acknowledgement,
+    /// status [`BROKER_ACCEPTED_STATUS`] marked `"deferred": true`): `Sent`,
+    /// without running a response handler; the receiver's answer comes
+    /// back later through the broker (`crate::nats::AnswersConsumer`).
+    Published,
     /// The receiver says the message will never succeed (400, 404, 413, 422).
     DeadLetter {
         error: String,
@@ -381,6 +386,7 @@ pub fn classify(result: &Result<TransportResponse, TransportError>) -> Verdict {
         error
     };
     match (response.status, code.as_deref()) {
+        (BROKER_ACCEPTED_STATUS, _) if is_deferred(&response.body) => Verdict::Published,
         (200..=299, _) => match serde_json::from_slice::<Acknowledgement>(&response.body) {
             Ok(ack) if ack.acknowledged => Verdict::Sent {
                 response: ack.payload,
@@ -433,6 +439,27 @@ pub fn classify(result: &Result<TransportResponse, TransportError>) -> Verdict {
             dead_letter_when_exhausted: false,
         },
     }
+}
+
+/// The status of a broker's acceptance (a JetStream publish
+/// acknowledgement): `202`, with `"deferred": true` in the body.
+pub const BROKER_ACCEPTED_STATUS: u16 = 202;
+
+/// Whether a 2xx body is an acknowledgement whose answer comes later.
+fn is_deferred(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Deferred {
+        acknowledged: bool,
+        #[serde(default)]
+        deferred: bool,
+    }
+    matches!(
+        serde_json::from_slice::<Deferred>(body),
+        Ok(Deferred {
+            acknowledged: true,
+            deferred: true
+        })
+    )
 }
 
 /// The delay before retry number `retry` (0-based): `min(base * 2^retry, max)`
@@ -935,6 +962,21 @@ mod tests {
         assert!(matches!(
             classify(&answer(200, "not json")),
             Verdict::Retry { .. }
+        ));
+        // A broker's acceptance (JetStream): Sent, the answer comes later.
+        let deferred = r#"{"acknowledged":true,"duplicate":false,"payload":null,"deferred":true}"#;
+        assert_eq!(classify(&answer(202, deferred)), Verdict::Published);
+        // Only with the marker: a 202 acknowledgement of an HTTP receiver
+        // is an answer like a 200.
+        assert_eq!(
+            classify(&answer(202, ack)),
+            Verdict::Sent {
+                response: serde_json::json!({"x": 1})
+            }
+        );
+        assert!(matches!(
+            classify(&answer(200, deferred)),
+            Verdict::Sent { .. }
         ));
         assert!(matches!(classify(&answer(409, "")), Verdict::Sent { .. }));
         for status in [400, 404, 413, 422] {

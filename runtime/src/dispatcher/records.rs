@@ -188,6 +188,8 @@ pub(crate) fn record_in(
             Verdict::Sent { response } if !tx.has_answer_handler(row) => {
                 Some((row, serde_json::to_string(response).unwrap_or_default()))
             }
+            // The answer comes later, through the broker: no response yet.
+            Verdict::Published => Some((row, "null".to_owned())),
             _ => None,
         })
         .collect();
@@ -197,6 +199,7 @@ pub(crate) fn record_in(
     for ((row, _, _), verdict) in attempts {
         match verdict {
             Verdict::Sent { .. } if !tx.has_answer_handler(row) => {}
+            Verdict::Published => {}
             Verdict::Sent { response } => {
                 // A response handler's writes and the `Sent` status commit
                 // together or roll back together.

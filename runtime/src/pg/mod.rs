@@ -207,6 +207,20 @@ pub const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (interface, version)
     );
     "#,
+    // 3: the JetStream transport (`crate::nats`), as SQLite's migration 4:
+    //    the answer marker of an outbox row, and terminated deliveries.
+    r#"
+    ALTER TABLE outbox_messages ADD COLUMN answered_at BIGINT;
+    CREATE TABLE rf_terminated (
+        stream_sequence BIGINT NOT NULL,
+        stream          TEXT NOT NULL,
+        message_id      TEXT,
+        subject         TEXT NOT NULL,
+        error           TEXT NOT NULL,
+        at              BIGINT NOT NULL,
+        PRIMARY KEY (stream, stream_sequence)
+    );
+    "#,
 ];
 
 /// The advisory lock that serialises migrations across processes

@@ -485,6 +485,36 @@ impl Receiver {
         &self.shared.metrics
     }
 
+    /// [`receive`](Self::receive) of a message a broker stored at
+    /// `stored_at` (Unix seconds): its signature's timestamp is checked
+    /// against that time, not now, since the message may rightly wait in
+    /// the stream longer than the tolerance (the dispatcher signed it once,
+    /// when it published). A replay published later gets a later time and
+    /// is refused as before.
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    pub(crate) async fn receive_stored_at(
+        &self,
+        headers: &HeaderMap,
+        body: Bytes,
+        stored_at: i64,
+    ) -> Answer {
+        if body.len() > self.shared.body_limit {
+            let refusal = ReceiveError::PayloadTooLarge {
+                limit: self.shared.body_limit,
+            };
+            self.shared.count_refusal(&refusal);
+            return Answer::Refused(refusal);
+        }
+        self.shared.receive_one_at(headers, body, stored_at).await
+    }
+
+    /// The secrets accepted from `source` (`peers`): what answers going
+    /// back to it through a broker are signed with.
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    pub(crate) fn peer_secrets(&self, source: &str) -> Option<&[Secret]> {
+        self.shared.secrets.get(source).map(Vec::as_slice)
+    }
+
     /// The same routes plus a JSON 404 for every other path: for a server
     /// whose only job is receiving. (Axum refuses to merge two routers that
     /// both have a fallback, so [`router`](Self::router) leaves the
@@ -499,6 +529,12 @@ impl Receiver {
         &self.shared.metadata
     }
 
+    /// The largest body [`receive`](Self::receive) takes (`inbox.body_limit`);
+    /// larger ones are answered 413 `payload_too_large`.
+    pub fn body_limit(&self) -> usize {
+        self.shared.body_limit
+    }
+
     /// Processes one envelope as `POST /_rf/receive` would, without HTTP (for
     /// in-process transports and tests).
     pub async fn receive(&self, headers: &HeaderMap, body: Bytes) -> Answer {
@@ -510,6 +546,22 @@ impl Receiver {
             return Answer::Refused(refusal);
         }
         self.shared.receive_one(headers, body).await
+    }
+
+    /// The largest batch request body (`POST /_rf/receive/batch`); larger
+    /// ones are answered 413 `payload_too_large`.
+    pub fn batch_body_limit(&self) -> usize {
+        self.shared.batch_body_limit
+    }
+
+    /// The answer to a body over `limit` (this receiver's body or batch
+    /// body limit) that was refused before it was read whole (counted like
+    /// any refusal).
+    #[cfg(feature = "grpc")]
+    pub(crate) fn payload_too_large(&self, limit: usize) -> Answer {
+        let refusal = ReceiveError::PayloadTooLarge { limit };
+        self.shared.count_refusal(&refusal);
+        Answer::Refused(refusal)
     }
 
     /// Stops taking messages, lets the writer finish what is queued, and waits
@@ -633,7 +685,14 @@ async fn read_limited(
 
 impl Shared {
     async fn receive_one(&self, headers: &HeaderMap, body: Bytes) -> Answer {
-        let answer = match self.admit(headers, &body) {
+        self.receive_one_at(headers, body, signing::unix_now())
+            .await
+    }
+
+    /// [`receive_one`](Self::receive_one) with the signature's timestamp
+    /// checked against `now` (Unix seconds).
+    async fn receive_one_at(&self, headers: &HeaderMap, body: Bytes, now: i64) -> Answer {
+        let answer = match self.admit(headers, &body, now) {
             Ok(admitted) => {
                 let mut answers = self.process(vec![admitted]).await;
                 answers
@@ -659,7 +718,7 @@ impl Shared {
                 })));
                 continue;
             }
-            match self.admit(&item.headers, item.body.as_bytes()) {
+            match self.admit(&item.headers, item.body.as_bytes(), signing::unix_now()) {
                 Ok(message) => {
                     positions.push(answers.len());
                     answers.push(None);
@@ -694,6 +753,7 @@ impl Shared {
         &self,
         headers: &impl SignatureHeaderSource,
         body: &[u8],
+        now: i64,
     ) -> Result<Delivery, ReceiveError> {
         let header = |name: &'static str| headers.header(name);
         // 2. A JSON object with a string `sourceServiceId` (read unverified,
@@ -723,7 +783,7 @@ impl Shared {
                 header(HEADER_SIGNATURE),
                 body,
                 secrets,
-                signing::unix_now(),
+                now,
                 self.tolerance,
             )
             .map_err(ReceiveError::Signature)?;

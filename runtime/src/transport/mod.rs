@@ -6,10 +6,15 @@
 //! axum `Router` directly, so the very same receiver code runs), Unix
 //! domain sockets (HTTP/1.1 over a socket file, Linux and macOS), and a
 //! spread over several HTTP base URLs of one destination, with failover
-//! ([`SpreadTransport`]).
+//! ([`SpreadTransport`]). With the cargo feature `grpc`, a gRPC call per
+//! request (`GrpcTransport`, `grpc://` destinations).
 
+#[cfg(feature = "grpc")]
+mod grpc;
 mod http;
 mod in_process;
+#[cfg(feature = "nats")]
+mod nats;
 mod spread;
 #[cfg(unix)]
 mod unix;
@@ -19,8 +24,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "grpc")]
+pub use grpc::GrpcTransport;
 pub use http::HttpTransport;
 pub use in_process::InProcessTransport;
+#[cfg(feature = "nats")]
+pub use nats::{BROKER_ACCEPTED, JetStreamTransport};
 pub use spread::{DEFAULT_DOWN_BASE, DEFAULT_DOWN_MAX, EndpointState, SpreadTransport};
 #[cfg(unix)]
 pub use unix::UnixSocketTransport;
@@ -142,16 +151,24 @@ pub(crate) fn retry_after(value: Option<&str>) -> Option<Duration> {
 }
 
 /// The transport of a configured destination: a [`UnixSocketTransport`] for
-/// a `unix://` URL, an [`HttpTransport`] for one `http(s)://` URL (trusting
-/// its `ca_file`, if named), a [`SpreadTransport`] over several. Errors name
+/// a `unix://` URL, a `GrpcTransport` for a `grpc://` one (cargo feature
+/// `grpc`), a `JetStreamTransport` for a `nats://` one (cargo feature
+/// `nats`), an [`HttpTransport`] for one `http(s)://` URL (trusting its
+/// `ca_file`, if named), a [`SpreadTransport`] over several. Errors name
 /// what is wrong, never a URL (it may hold credentials).
 pub(crate) fn for_destination(
     destination: &crate::config::DestinationConfig,
     timeout: Duration,
 ) -> Result<Arc<dyn Transport>, String> {
+    if destination.url.starts_with("nats://") {
+        return nats_transport(destination, timeout);
+    }
     if destination.urls.is_empty() {
         if let Some(path) = destination.url.strip_prefix("unix://") {
             return unix_transport(path, timeout);
+        }
+        if destination.url.starts_with("grpc://") {
+            return grpc_transport(&destination.url, timeout);
         }
         return Ok(Arc::new(http_transport(
             destination,
@@ -212,6 +229,42 @@ fn with_root_certificates(
 #[cfg(not(feature = "tls"))]
 fn with_root_certificates(_: &str, _: Duration, _: &[u8]) -> Result<HttpTransport, String> {
     Err("`ca_file` needs HTTPS: build rfidl-runtime with its `tls` feature".to_owned())
+}
+
+/// A `nats://` destination: one URL, no `urls`, no `ca_file`.
+#[cfg(feature = "nats")]
+fn nats_transport(
+    destination: &crate::config::DestinationConfig,
+    timeout: Duration,
+) -> Result<Arc<dyn Transport>, String> {
+    if !destination.urls.is_empty() {
+        return Err(
+            "`urls`: a nats:// destination takes one `url` (the broker spreads)".to_owned(),
+        );
+    }
+    JetStreamTransport::new(&destination.url, timeout)
+        .map(|transport| Arc::new(transport) as Arc<dyn Transport>)
+        .map_err(|message| format!("`url`: {message}"))
+}
+
+#[cfg(not(feature = "nats"))]
+fn nats_transport(
+    _: &crate::config::DestinationConfig,
+    _: Duration,
+) -> Result<Arc<dyn Transport>, String> {
+    Err("`url`: nats:// destinations need rfidl-runtime's cargo feature `nats`".to_owned())
+}
+
+#[cfg(feature = "grpc")]
+fn grpc_transport(url: &str, timeout: Duration) -> Result<Arc<dyn Transport>, String> {
+    GrpcTransport::new(url, timeout)
+        .map(|transport| Arc::new(transport) as Arc<dyn Transport>)
+        .map_err(|what| format!("`url` {what}"))
+}
+
+#[cfg(not(feature = "grpc"))]
+fn grpc_transport(_: &str, _: Duration) -> Result<Arc<dyn Transport>, String> {
+    Err("`url` is a grpc:// URL: build rfidl-runtime with its `grpc` feature".to_owned())
 }
 
 #[cfg(unix)]

@@ -6,7 +6,11 @@ mod decommission;
 mod directory;
 mod dispatcher;
 mod faults;
+// The gRPC transport: the HTTP table over gRPC, byte-for-byte answers.
+mod grpc;
 mod interop;
+// The NATS JetStream transport against a real nats-server.
+mod nats;
 mod operations;
 mod ops_access;
 mod postgres_faults;

@@ -92,12 +92,16 @@ async fn scripted(
             tokio::time::sleep(Duration::from_secs(2)).await;
             StatusCode::OK.into_response()
         }
+        // `S<status>` or `S<status><wire code>`, e.g. `S503in_progress`.
         other => {
-            let code: u16 = other.trim_start_matches('S').parse().unwrap_or(500);
+            let digits = other.trim_start_matches('S');
+            let (code, error) = digits.split_at(digits.len().min(3));
+            let code: u16 = code.parse().unwrap_or(500);
+            let error = if error.is_empty() { "scripted" } else { error };
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             (
                 status,
-                axum::Json(json!({"error": "scripted", "message": other})),
+                axum::Json(json!({"error": error, "message": other})),
             )
                 .into_response()
         }
@@ -105,11 +109,51 @@ async fn scripted(
 }
 
 async fn scripted_server() -> (String, Scripted) {
+    scripted_server_via(Via::Http).await
+}
+
+/// The transport a table-driven test runs over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    Http,
+    /// `rfidl.RFReceiver/Receive` on a tonic server (`grpc.rs`).
+    Grpc,
+}
+
+impl Via {
+    /// A transport to `url` (`http://…` or `grpc://…`).
+    pub(crate) fn transport(
+        self,
+        url: &str,
+        timeout: Duration,
+    ) -> std::sync::Arc<dyn rfidl_runtime::transport::Transport> {
+        match self {
+            Via::Http => std::sync::Arc::new(HttpTransport::new(url, timeout).expect("client")),
+            Via::Grpc => std::sync::Arc::new(
+                rfidl_runtime::transport::GrpcTransport::new(url, timeout).expect("client"),
+            ),
+        }
+    }
+
+    /// A URL on which nothing listens.
+    fn nobody(self) -> &'static str {
+        match self {
+            Via::Http => "http://127.0.0.1:9",
+            Via::Grpc => "grpc://127.0.0.1:9",
+        }
+    }
+}
+
+/// The scripted receiver, served over `via`.
+async fn scripted_server_via(via: Via) -> (String, Scripted) {
     let script = Scripted::default();
     let router = axum::Router::new()
         .route("/_rf/receive", axum::routing::post(scripted))
         .with_state(script.clone());
-    let (url, _server) = serve(router).await;
+    let url = match via {
+        Via::Http => serve(router).await.0,
+        Via::Grpc => crate::grpc::serve_router(router).await,
+    };
     (url, script)
 }
 
@@ -118,19 +162,24 @@ on_every_store!(
     wire_protocol_statuses
 );
 async fn wire_protocol_statuses(store: &TestStore) {
-    let (url, script) = scripted_server().await;
+    wire_protocol_statuses_via(store, Via::Http).await;
+}
+
+/// Every row of the wire protocol's table, answered over `via`.
+pub(crate) async fn wire_protocol_statuses_via(store: &TestStore, via: Via) {
+    let (url, script) = scripted_server_via(via).await;
     let outbox = store.outbox(sender_config(Duration::from_millis(20)));
     let secret = Secret::generate();
     let handle = store
         .dispatcher(&outbox)
         .route(
             "peer",
-            HttpTransport::new(&url, Duration::from_millis(300)).expect("client"),
+            via.transport(&url, Duration::from_millis(300)),
             secret.clone(),
         )
         .route(
             "nobody",
-            HttpTransport::new("http://127.0.0.1:9", Duration::from_millis(300)).expect("client"),
+            via.transport(via.nobody(), Duration::from_millis(300)),
             secret,
         )
         .start()
@@ -145,13 +194,17 @@ async fn wire_protocol_statuses(store: &TestStore) {
         ("peer", "S413", Status::DeadLetter, 1),
         ("peer", "S422", Status::DeadLetter, 1),
         ("peer", "S401", Status::DeadLetter, 3),
+        ("peer", "S401bad_signature", Status::DeadLetter, 3),
         ("peer", "S500", Status::Failed, 3),
+        ("peer", "S422beyond_dedup_horizon", Status::Failed, 1),
     ];
     // An unreachable or overloaded receiver: retried until the TTL, never
     // counted, never Failed.
     let waiting = [
         ("peer", "S429"),
         ("peer", "S503"),
+        ("peer", "S503in_progress"),
+        ("peer", "S410version_decommissioned"),
         ("peer", "Slow"),
         ("nobody", "S200"),
     ];
@@ -166,7 +219,7 @@ async fn wire_protocol_statuses(store: &TestStore) {
     for ((to, endpoint, wanted, attempts), id) in cases.iter().zip(&ids) {
         let row = store.wait_for(id, *wanted).await;
         assert_eq!(script.of(id), *attempts, "{to}/{endpoint}: attempts");
-        if *wanted == Status::Failed {
+        if *endpoint == "S500" {
             assert_eq!(row.retry_count, 2, "{endpoint}: retried max_retries times");
             assert!(row.last_error.is_some());
         }

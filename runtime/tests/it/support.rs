@@ -1,6 +1,7 @@
 //! Shared fixtures: a real receiver on 127.0.0.1 with a ledger service whose
 //! handler writes business rows in the delivery's transaction.
 
+pub mod nats;
 pub mod postgres;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,678 @@
+//! [`AnswersConsumer`]: the sender's side of answers sent through JetStream.
+//!
+//! A command (or pushcall) published to `nats://…/<subject>` is `Sent` on
+//! the stream's acknowledgement, before anyone processed it. The receiving
+//! [`JetStreamConsumer`](super::JetStreamConsumer) publishes the answer,
+//! after its inbox commit, to `<subject>.answers.<sender service id>`; this
+//! consumer takes it and, in one SQLite transaction on the sender's
+//! database, stores the response on the outbox row, sets its
+//! `answered_at` marker and runs the row's
+//! [`ResponseHandler`](crate::responses::ResponseHandler), then commits and
+//! acknowledges (double ack). A redelivered answer finds the marker and is
+//! only acknowledged: the handler runs once. An answer that arrives before
+//! the dispatcher recorded the publish (the row is not `Sent` yet) is
+//! negatively acknowledged for a moment.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use futures_util::StreamExt as _;
+use rusqlite::OptionalExtension as _;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    NatsError, NatsUrl, answers_subject, ensure_consumer, ensure_stream, reconnect_delay,
+    validate_durable,
+};
+use crate::responses::ResponseHandler;
+use crate::store::{Sqlite, Store};
+
+/// The entry point: `AnswersConsumer::builder("engine", "nats://…/orders",
+/// "engine.db").responses(router).spawn()`.
+pub struct AnswersConsumer;
+
+impl AnswersConsumer {
+    /// Takes the answers to the messages this service (`service_id`, its
+    /// `Config::service_id`) sends to the destination `destination_url`,
+    /// for the outbox in the SQLite file `db_path`.
+    pub fn builder(
+        service_id: &str,
+        destination_url: &str,
+        db_path: impl AsRef<Path>,
+    ) -> AnswersBuilder<Sqlite> {
+        let path = db_path.as_ref().to_path_buf();
+        Self::with_store(
+            service_id,
+            destination_url,
+            Box::new(move || {
+                let conn = crate::db::open(&path, crate::config::Durability::Full)?;
+                Ok(Arc::new(SqliteAnswers(Mutex::new(conn))) as Arc<dyn AnswerStore<Sqlite>>)
+            }),
+        )
+    }
+
+    /// [`builder`](Self::builder) for an outbox on PostgreSQL: the answer,
+    /// its marker and the handler's writes commit in one transaction of
+    /// that database (the row locked, so replicas apply an answer once).
+    #[cfg(feature = "postgres")]
+    pub fn postgres(
+        service_id: &str,
+        destination_url: &str,
+        database: &crate::pg::PostgresUrl,
+    ) -> AnswersBuilder<crate::store::Postgres> {
+        let url = database.clone();
+        Self::with_store(
+            service_id,
+            destination_url,
+            Box::new(move || {
+                let client = crate::pg::open(&url)?;
+                Ok(
+                    Arc::new(PostgresAnswers(Mutex::new(crate::pg::Connection::new(
+                        url, client,
+                    )))) as Arc<dyn AnswerStore<crate::store::Postgres>>,
+                )
+            }),
+        )
+    }
+
+    /// The answers consumer of the configured destination `destination`
+    /// (its `nats://` URL and secret, and `config.service_id`), for the
+    /// outbox in the SQLite file `db_path`.
+    ///
+    /// # Errors
+    ///
+    /// [`NatsError::Config`] when `config.destinations` has no such
+    /// destination or its secret is invalid.
+    pub fn for_destination(
+        config: &crate::Config,
+        destination: &str,
+        db_path: impl AsRef<Path>,
+    ) -> Result<AnswersBuilder<Sqlite>, NatsError> {
+        let found = config
+            .destinations
+            .get(destination)
+            .ok_or_else(|| NatsError::Config {
+                field: "destination",
+                message: format!("no destination `{destination}` is configured"),
+            })?;
+        let secret =
+            crate::signing::Secret::parse(&found.secret).map_err(|e| NatsError::Config {
+                field: "secret",
+                message: format!("destination `{destination}`: {e}"),
+            })?;
+        Ok(Self::builder(&config.service_id, &found.url, db_path).secret(secret))
+    }
+
+    fn with_store<S: Store>(
+        service_id: &str,
+        destination_url: &str,
+        open: OpenStore<S>,
+    ) -> AnswersBuilder<S> {
+        let defaults = crate::Config::default();
+        AnswersBuilder {
+            service_id: service_id.to_owned(),
+            url: NatsUrl::parse(destination_url),
+            open,
+            durable: None,
+            secrets: Vec::new(),
+            handlers: Vec::new(),
+            ack_wait: super::consumer::DEFAULT_ACK_WAIT,
+            backoff_base: defaults.outbox.backoff_base,
+            backoff_max: defaults.outbox.backoff_max,
+            max_retries: defaults.outbox.max_retries,
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Configures an [`AnswersConsumer`].
+#[must_use = "call .spawn() to start the consumer"]
+pub struct AnswersBuilder<S: Store = Sqlite> {
+    service_id: String,
+    url: Result<NatsUrl, String>,
+    open: OpenStore<S>,
+    durable: Option<String>,
+    secrets: Vec<crate::signing::Secret>,
+    handlers: Vec<Arc<dyn ResponseHandler<S>>>,
+    ack_wait: Duration,
+    backoff_base: Duration,
+    backoff_max: Duration,
+    max_retries: u32,
+    timeout: Duration,
+}
+
+/// Opens the sender's database when the consumer starts.
+type OpenStore<S> = Box<dyn FnOnce() -> Result<Arc<dyn AnswerStore<S>>, crate::db::DbError> + Send>;
+
+impl<S: Store> std::fmt::Debug for AnswersBuilder<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AnswersBuilder")
+            .field("service_id", &self.service_id)
+            .field("url", &self.url.as_ref().map(NatsUrl::shown).ok())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> AnswersBuilder<S> {
+    /// Runs `handler` on the answers to messages of its interface version
+    /// (the same handler as the dispatcher's
+    /// [`responses`](crate::dispatcher::DispatcherBuilder::responses)).
+    pub fn responses(mut self, handler: impl ResponseHandler<S>) -> Self {
+        self.handlers.push(Arc::new(handler));
+        self
+    }
+
+    /// Accepts only answers signed with `secret` (the destination's, which
+    /// the receiving consumer signs answers with); others are terminated.
+    /// Call again to accept several (rotation). Without any, answers are
+    /// not checked: anyone who may publish to the answers subject could
+    /// forge one.
+    pub fn secret(mut self, secret: crate::signing::Secret) -> Self {
+        self.secrets.push(secret);
+        self
+    }
+
+    /// The durable consumer's name (default `rfidl-answers-<service id>`).
+    pub fn durable(mut self, name: impl Into<String>) -> Self {
+        self.durable = Some(name.into());
+        self
+    }
+
+    /// How long the server waits for an acknowledgement (30 s).
+    pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
+        self.ack_wait = ack_wait;
+        self
+    }
+
+    /// The backoff of a failed response handler, by delivery count.
+    pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.backoff_base = base;
+        self.backoff_max = max;
+        self
+    }
+
+    /// Failures of a response handler before its answer is terminated
+    /// (recorded in the row's `last_error`).
+    pub fn max_retries(mut self, retries: u32) -> Self {
+        self.max_retries = retries;
+        self
+    }
+
+    /// Bounds connecting and each acknowledgement (5 s).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Starts the task (on the current tokio runtime); it reconnects after
+    /// losing the broker until [`AnswersHandle::shutdown`].
+    ///
+    /// # Errors
+    ///
+    /// [`NatsError::Config`] for a malformed URL or durable name,
+    /// [`NatsError::Db`] when the database cannot be opened.
+    pub fn spawn(self) -> Result<AnswersHandle, NatsError> {
+        let url = self.url.map_err(|message| NatsError::Config {
+            field: "nats url",
+            message,
+        })?;
+        let durable = self.durable.unwrap_or_else(|| {
+            let subject = answers_subject("x", &self.service_id);
+            format!("rfidl-answers-{}", &subject["x.answers.".len()..])
+        });
+        validate_durable(&durable).map_err(|message| NatsError::Config {
+            field: "durable",
+            message,
+        })?;
+        let store = (self.open)()?;
+        let shared = Arc::new(Shared {
+            filter: answers_subject(url.subject(), &self.service_id),
+            url,
+            durable,
+            secrets: self.secrets,
+            handlers: self.handlers,
+            ack_wait: self.ack_wait,
+            backoff_base: self.backoff_base,
+            backoff_max: self.backoff_max,
+            max_retries: self.max_retries,
+            timeout: self.timeout,
+            store,
+        });
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run(shared, cancel.clone()));
+        Ok(AnswersHandle { cancel, task })
+    }
+}
+
+/// The running answers consumer.
+#[derive(Debug)]
+pub struct AnswersHandle {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl AnswersHandle {
+    /// Stops after the answer in hand.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        let _ = self.task.await;
+    }
+
+    /// Stops at once, like a crash.
+    pub fn abort(self) {
+        self.task.abort();
+    }
+}
+
+struct Shared<S: Store> {
+    url: NatsUrl,
+    filter: String,
+    durable: String,
+    secrets: Vec<crate::signing::Secret>,
+    handlers: Vec<Arc<dyn ResponseHandler<S>>>,
+    ack_wait: Duration,
+    backoff_base: Duration,
+    backoff_max: Duration,
+    max_retries: u32,
+    timeout: Duration,
+    store: Arc<dyn AnswerStore<S>>,
+}
+
+async fn run<S: Store>(shared: Arc<Shared<S>>, cancel: CancellationToken) {
+    let mut failures = 0u32;
+    let mut client = None;
+    while !cancel.is_cancelled() {
+        let attempt = async {
+            let nats = match &client {
+                Some(nats) => Clone::clone(nats),
+                None => {
+                    let nats = shared
+                        .url
+                        .connect(shared.timeout)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    client = Some(nats.clone());
+                    nats
+                }
+            };
+            let mut context = jetstream::new(nats);
+            context.set_timeout(shared.timeout);
+            let stream = ensure_stream(&context, &shared.url).await?;
+            let consumer = ensure_consumer(
+                &stream,
+                &shared.durable,
+                &shared.filter,
+                shared.ack_wait,
+                1_000,
+            )
+            .await?;
+            consumer
+                .stream()
+                .heartbeat(Duration::from_secs(1))
+                .expires(Duration::from_secs(5))
+                .messages()
+                .await
+                .map_err(|e| format!("pull: {e}"))
+        };
+        let mut messages = tokio::select! {
+            _ = cancel.cancelled() => break,
+            attempt = attempt => match attempt {
+                Ok(messages) => messages,
+                Err(error) => {
+                    failures += 1;
+                    tracing::warn!(server = %shared.url.server(), %error, "JetStream answers consumer cannot start; retrying");
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = tokio::time::sleep(reconnect_delay(failures)) => continue,
+                    }
+                }
+            }
+        };
+        failures = 0;
+        loop {
+            let item = tokio::select! {
+                _ = cancel.cancelled() => break,
+                item = messages.next() => item,
+            };
+            match item {
+                Some(Ok(message)) => handle(&shared, message).await,
+                Some(Err(error)) => {
+                    use jetstream::consumer::pull::MessagesErrorKind as Kind;
+                    if !matches!(
+                        error.kind(),
+                        Kind::MissingHeartbeat | Kind::Other | Kind::Pull
+                    ) {
+                        tracing::warn!(%error, "JetStream answers pull ended; starting again");
+                        break;
+                    }
+                }
+                None => break,
+            }
+        }
+        if !cancel.is_cancelled() {
+            tokio::time::sleep(reconnect_delay(0)).await;
+        }
+    }
+}
+
+/// `{messageId, status, body}` as the receiving consumer publishes it.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Published {
+    message_id: String,
+    status: u16,
+    #[serde(default)]
+    body: serde_json::Value,
+}
+
+/// What recording an answer came to.
+pub(crate) enum Recorded {
+    /// Committed now, or found recorded before: acknowledge.
+    Done,
+    /// The row is not `Sent` yet: the dispatcher has not recorded the
+    /// publish. Try again shortly.
+    NotYet,
+    /// The response handler failed; rolled back.
+    Failed(String),
+}
+
+async fn handle<S: Store>(shared: &Arc<Shared<S>>, message: jetstream::Message) {
+    let delivered = message
+        .info()
+        .map(|info| info.delivered.max(1) as u32)
+        .unwrap_or(1);
+    if !shared.secrets.is_empty() {
+        let header = |name: &str| {
+            message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(name))
+                .map(|v| v.as_str().to_owned())
+        };
+        // No time window: a late redelivery of a genuine answer is still
+        // genuine, and applied once anyway (the marker).
+        let verified = crate::signing::verify(
+            header(crate::signing::HEADER_ID).as_deref(),
+            header(crate::signing::HEADER_TIMESTAMP).as_deref(),
+            header(crate::signing::HEADER_SIGNATURE).as_deref(),
+            &message.payload,
+            &shared.secrets,
+            crate::signing::unix_now(),
+            Duration::from_secs(u64::MAX / 4),
+        );
+        if let Err(error) = verified {
+            tracing::warn!(subject = %message.subject, %error, "answer with a refused signature terminated");
+            let _ = message.ack_with(AckKind::Term).await;
+            return;
+        }
+    }
+    let published: Published = match serde_json::from_slice(&message.payload) {
+        Ok(published) => published,
+        Err(error) => {
+            tracing::warn!(%error, subject = %message.subject, "malformed answer terminated");
+            let _ = message.ack_with(AckKind::Term).await;
+            return;
+        }
+    };
+    let worker = shared.clone();
+    let id = published.message_id.clone();
+    let recorded =
+        tokio::task::spawn_blocking(move || worker.store.record(&worker.handlers, &published))
+            .await
+            .unwrap_or_else(|_| Recorded::Failed("the response handler panicked".to_owned()));
+    let backoff = crate::dispatcher::backoff(
+        delivered.saturating_sub(1),
+        shared.backoff_base,
+        shared.backoff_max,
+        Duration::ZERO,
+    );
+    match recorded {
+        Recorded::Done => {
+            let acked = tokio::time::timeout(shared.timeout, message.double_ack()).await;
+            if !matches!(acked, Ok(Ok(()))) {
+                tracing::debug!(message_id = %id, "answer ack not confirmed; a redelivery is a no-op");
+            }
+        }
+        Recorded::NotYet => {
+            let _ = message
+                .ack_with(AckKind::Nak(Some(
+                    Duration::from_millis(50).max(backoff / 4),
+                )))
+                .await;
+        }
+        Recorded::Failed(error) if delivered > shared.max_retries => {
+            tracing::error!(message_id = %id, %error, "response handler failed {delivered} times; answer terminated");
+            let store = shared.store.clone();
+            let id = id.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                store.note_failure(&id, &format!("answer not handled: {error}"));
+            })
+            .await;
+            let _ = message.ack_with(AckKind::Term).await;
+        }
+        Recorded::Failed(error) => {
+            tracing::warn!(message_id = %id, %error, "response handler failed; the answer is redelivered");
+            let _ = message.ack_with(AckKind::Nak(Some(backoff))).await;
+        }
+    }
+}
+
+/// The sender's database, as the answers consumer uses it (on the
+/// blocking pool).
+pub(crate) trait AnswerStore<S: Store>: Send + Sync + 'static {
+    /// In one transaction: the row's marker and response, and its
+    /// handler's writes.
+    fn record(&self, handlers: &[Arc<dyn ResponseHandler<S>>], published: &Published) -> Recorded;
+    /// Keeps why an answer was given up in the row's `last_error`.
+    fn note_failure(&self, message_id: &str, error: &str);
+}
+
+/// The outbox row an answer belongs to.
+struct Row {
+    status: String,
+    answered: bool,
+    interface: String,
+    version: u32,
+    endpoint: String,
+    correlation_id: Option<String>,
+    headers: String,
+}
+
+/// The payload of an answer (`null` when it has none).
+fn payload_of(published: &Published) -> serde_json::Value {
+    if published.status >= 300 {
+        tracing::warn!(message_id = %published.message_id, status = published.status, "answer is not an acknowledgement");
+    }
+    published
+        .body
+        .get("payload")
+        .cloned()
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// Runs the row's handler, if one is registered, in the caller's
+/// transaction, in the message's trace.
+fn run_handler<S: Store>(
+    handlers: &[Arc<dyn ResponseHandler<S>>],
+    row: &Row,
+    message_id: &str,
+    payload: &serde_json::Value,
+    tx: S::Handle<'_, '_>,
+) -> Result<(), String> {
+    let Some(handler) = handlers
+        .iter()
+        .find(|h| h.interface() == (row.interface.as_str(), row.version))
+    else {
+        return Ok(());
+    };
+    let answer = crate::responses::Answer {
+        message_id,
+        interface: &row.interface,
+        version: row.version,
+        endpoint: &row.endpoint,
+        correlation_id: row.correlation_id.as_deref(),
+        payload,
+    };
+    let headers = serde_json::from_str(&row.headers).unwrap_or_default();
+    let outcome = match crate::trace::TraceParent::from_headers(&headers) {
+        Some(traceparent) => {
+            crate::trace::with_traceparent(traceparent, || handler.handle(&answer, tx))
+        }
+        None => handler.handle(&answer, tx),
+    };
+    outcome.map_err(|error| format!("response handler: {error}"))
+}
+
+/// What a row says about an answer before it is applied.
+fn precheck(row: Option<&Row>, message_id: &str) -> Option<Recorded> {
+    let Some(row) = row else {
+        tracing::warn!(%message_id, "answer to a message this outbox does not hold (deleted by retention?); acknowledged");
+        return Some(Recorded::Done);
+    };
+    if row.answered {
+        return Some(Recorded::Done);
+    }
+    if row.status != "Sent" {
+        return Some(Recorded::NotYet);
+    }
+    None
+}
+
+const SELECT_ROW: &str = "SELECT status, answered_at IS NOT NULL, interface, version, endpoint, \
+     correlation_id, headers FROM outbox_messages WHERE message_id = ";
+
+struct SqliteAnswers(Mutex<rusqlite::Connection>);
+
+impl AnswerStore<Sqlite> for SqliteAnswers {
+    fn record(
+        &self,
+        handlers: &[Arc<dyn ResponseHandler<Sqlite>>],
+        published: &Published,
+    ) -> Recorded {
+        let Ok(mut conn) = self.0.lock() else {
+            return Recorded::Failed("connection lock poisoned".to_owned());
+        };
+        let result = (|| -> Result<Recorded, rusqlite::Error> {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let row = tx
+                .query_row(&format!("{SELECT_ROW}?1"), [&published.message_id], |r| {
+                    Ok(Row {
+                        status: r.get(0)?,
+                        answered: r.get(1)?,
+                        interface: r.get(2)?,
+                        version: r.get(3)?,
+                        endpoint: r.get(4)?,
+                        correlation_id: r.get(5)?,
+                        headers: r.get(6)?,
+                    })
+                })
+                .optional()?;
+            if let Some(done) = precheck(row.as_ref(), &published.message_id) {
+                return Ok(done);
+            }
+            let Some(row) = row else {
+                return Ok(Recorded::Done);
+            };
+            let payload = payload_of(published);
+            tx.execute(
+                "UPDATE outbox_messages SET answered_at = ?1, response = ?2 WHERE message_id = ?3",
+                rusqlite::params![
+                    crate::db::now_ms(),
+                    serde_json::to_string(&payload).unwrap_or_default(),
+                    published.message_id
+                ],
+            )?;
+            if let Err(error) = run_handler(handlers, &row, &published.message_id, &payload, &tx) {
+                // Dropping `tx` rolls the marker back too.
+                return Ok(Recorded::Failed(error));
+            }
+            tx.commit()?;
+            Ok(Recorded::Done)
+        })();
+        result.unwrap_or_else(|error| Recorded::Failed(format!("database: {error}")))
+    }
+
+    fn note_failure(&self, message_id: &str, error: &str) {
+        if let Ok(conn) = self.0.lock() {
+            let _ = conn.execute(
+                "UPDATE outbox_messages SET last_error = ?1 WHERE message_id = ?2",
+                rusqlite::params![error, message_id],
+            );
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+struct PostgresAnswers(Mutex<crate::pg::Connection>);
+
+#[cfg(feature = "postgres")]
+impl AnswerStore<crate::store::Postgres> for PostgresAnswers {
+    fn record(
+        &self,
+        handlers: &[Arc<dyn ResponseHandler<crate::store::Postgres>>],
+        published: &Published,
+    ) -> Recorded {
+        let Ok(mut conn) = self.0.lock() else {
+            return Recorded::Failed("connection lock poisoned".to_owned());
+        };
+        let client = match conn.client() {
+            Ok(client) => client,
+            Err(error) => return Recorded::Failed(format!("database: {error}")),
+        };
+        let result = (|| -> Result<Recorded, postgres::Error> {
+            let mut tx = client.transaction()?;
+            // Locked: a replica's consumer of the same answer waits, then
+            // finds the marker.
+            let row = tx
+                .query_opt(
+                    &format!("{SELECT_ROW}$1 FOR UPDATE"),
+                    &[&published.message_id],
+                )?
+                .map(|r| Row {
+                    status: r.get(0),
+                    answered: r.get(1),
+                    interface: r.get(2),
+                    version: u32::try_from(r.get::<_, i64>(3)).unwrap_or(0),
+                    endpoint: r.get(4),
+                    correlation_id: r.get(5),
+                    headers: r.get(6),
+                });
+            if let Some(done) = precheck(row.as_ref(), &published.message_id) {
+                return Ok(done);
+            }
+            let Some(row) = row else {
+                return Ok(Recorded::Done);
+            };
+            let payload = payload_of(published);
+            tx.execute(
+                "UPDATE outbox_messages SET answered_at = $1, response = $2 WHERE message_id = $3",
+                &[
+                    &crate::db::now_ms(),
+                    &serde_json::to_string(&payload).unwrap_or_default(),
+                    &published.message_id,
+                ],
+            )?;
+            if let Err(error) =
+                run_handler(handlers, &row, &published.message_id, &payload, &mut tx)
+            {
+                return Ok(Recorded::Failed(error));
+            }
+            tx.commit()?;
+            Ok(Recorded::Done)
+        })();
+        result.unwrap_or_else(|error| Recorded::Failed(crate::pg::error_text(&error)))
+    }
+
+    fn note_failure(&self, message_id: &str, error: &str) {
+        if let Ok(mut conn) = self.0.lock()
+            && let Ok(client) = conn.client()
+        {
+            let _ = client.execute(
+                "UPDATE outbox_messages SET last_error = $1 WHERE message_id = $2",
+                &[&error, &message_id],
+            );
+        }
+    }
+}

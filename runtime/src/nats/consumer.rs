@@ -1,0 +1,646 @@
+//! [`JetStreamConsumer`]: a durable pull consumer feeding a [`Receiver`].
+//!
+//! Every message goes through [`Receiver::receive`] (signature, envelope
+//! checks, inbox, handler, one transaction), and what it answered decides,
+//! by the dispatcher's own table ([`classify`]):
+//!
+//! * processed or duplicate: the answer is published to the message's
+//!   `rf-reply-to` subject if it has one (commands, pushcalls), then the
+//!   message is acknowledged with a double ack (`+ACK` confirmed by the
+//!   server), only after `receive` returned, i.e. after the inbox commit;
+//! * retryable (503, 429, 5xx, a handler failure): `-NAK` with the
+//!   runtime's backoff, by delivery count; failures counted against
+//!   `max_retries` on HTTP (handler failures, refused signatures) are
+//!   terminated once a message was delivered more than `max_retries + 1`
+//!   times;
+//! * never succeeds (what HTTP answers 400, 404, 413, 422): `+TERM`,
+//!   after a row in `rf_terminated`, a warning and
+//!   `rf_inbox_terminated_total`.
+//!
+//! A crash anywhere before the ack leaves the message unacknowledged: it is
+//! redelivered after `ack_wait`, and the inbox answers it as a duplicate if
+//! its transaction had committed. Several consumers (replicas, each with
+//! its receiver on the shared database) may pull from one durable consumer.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use futures_util::StreamExt as _;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    ANSWER_ID_PREFIX, NatsError, NatsUrl, REPLY_TO_HEADER, ensure_consumer, ensure_stream,
+    http_headers, reconnect_delay, validate_durable,
+};
+use crate::dispatcher::{Verdict, backoff, classify};
+use crate::receiver::{Answer, Receiver};
+use crate::transport::TransportResponse;
+
+/// Default durable consumer name.
+pub const DEFAULT_DURABLE: &str = "rfidl-receiver";
+/// Default `ack_wait`: how long the server waits for an ack before
+/// redelivering.
+pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
+/// Default number of messages processed at once (and the consumer's
+/// `max_ack_pending` is four times this).
+pub const DEFAULT_CONCURRENCY: usize = 64;
+
+/// The entry point: `JetStreamConsumer::builder(receiver, "nats://…/orders",
+/// "service.db").durable("orders").spawn()`.
+pub struct JetStreamConsumer;
+
+impl JetStreamConsumer {
+    /// A consumer of the stream of `nats_url` into `receiver`, recording
+    /// terminated messages in the SQLite file `db_path` (the receiver's
+    /// database; table `rf_terminated`).
+    pub fn builder(
+        receiver: Receiver,
+        nats_url: &str,
+        db_path: impl AsRef<Path>,
+    ) -> ConsumerBuilder {
+        Self::with_database(
+            receiver,
+            nats_url,
+            crate::Database::Sqlite(db_path.as_ref().to_path_buf()),
+        )
+    }
+
+    /// [`builder`](Self::builder) for a receiver on PostgreSQL
+    /// ([`Receiver::postgres`]): terminated messages are recorded in its
+    /// database.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(
+        receiver: Receiver,
+        nats_url: &str,
+        database: &crate::pg::PostgresUrl,
+    ) -> ConsumerBuilder {
+        Self::with_database(receiver, nats_url, database.into())
+    }
+
+    fn with_database(
+        receiver: Receiver,
+        nats_url: &str,
+        database: crate::Database,
+    ) -> ConsumerBuilder {
+        let defaults = crate::Config::default();
+        ConsumerBuilder {
+            receiver,
+            url: NatsUrl::parse(nats_url),
+            db: database,
+            durable: DEFAULT_DURABLE.to_owned(),
+            ack_wait: DEFAULT_ACK_WAIT,
+            concurrency: DEFAULT_CONCURRENCY,
+            backoff_base: defaults.outbox.backoff_base,
+            backoff_max: defaults.outbox.backoff_max,
+            max_retries: defaults.outbox.max_retries,
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Configures a [`JetStreamConsumer`].
+#[must_use = "call .spawn() to start the consumer"]
+pub struct ConsumerBuilder {
+    receiver: Receiver,
+    url: Result<NatsUrl, String>,
+    db: crate::Database,
+    durable: String,
+    ack_wait: Duration,
+    concurrency: usize,
+    backoff_base: Duration,
+    backoff_max: Duration,
+    max_retries: u32,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for ConsumerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumerBuilder")
+            .field("url", &self.url.as_ref().map(NatsUrl::shown).ok())
+            .field("durable", &self.durable)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConsumerBuilder {
+    /// The durable consumer's name ([`DEFAULT_DURABLE`]): replicas of one
+    /// service use the same name and share its messages.
+    pub fn durable(mut self, name: impl Into<String>) -> Self {
+        self.durable = name.into();
+        self
+    }
+
+    /// How long the server waits for an acknowledgement before it
+    /// redelivers ([`DEFAULT_ACK_WAIT`]). Longer than the slowest handler.
+    pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
+        self.ack_wait = ack_wait;
+        self
+    }
+
+    /// Messages processed at once ([`DEFAULT_CONCURRENCY`]); the receiver
+    /// commits them in groups.
+    pub fn concurrency(mut self, messages: usize) -> Self {
+        self.concurrency = messages.max(1);
+        self
+    }
+
+    /// The delay of a negative acknowledgement for delivery `n`:
+    /// `min(base * 2^(n-1), max)` (the outbox's backoff; defaults from
+    /// [`OutboxConfig`](crate::config::OutboxConfig)).
+    pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.backoff_base = base;
+        self.backoff_max = max;
+        self
+    }
+
+    /// Deliveries allowed to fail in a way HTTP counts against a message
+    /// (handler failures, refused signatures) before it is terminated
+    /// (default: the outbox's `max_retries`).
+    pub fn max_retries(mut self, retries: u32) -> Self {
+        self.max_retries = retries;
+        self
+    }
+
+    /// Bounds connecting and each publish of an answer (5 s).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Starts the consumer task (on the current tokio runtime). It
+    /// connects, creates the stream and the durable consumer if missing,
+    /// and reconnects after losing the broker, until
+    /// [`ConsumerHandle::shutdown`].
+    ///
+    /// # Errors
+    ///
+    /// [`NatsError::Config`] for a malformed URL (field `nats url`, never
+    /// showing credentials) or durable name; [`NatsError::Db`] when the
+    /// database cannot be opened.
+    pub fn spawn(self) -> Result<ConsumerHandle, NatsError> {
+        let url = self.url.map_err(|message| NatsError::Config {
+            field: "nats url",
+            message,
+        })?;
+        validate_durable(&self.durable).map_err(|message| NatsError::Config {
+            field: "durable",
+            message,
+        })?;
+        let terminated = match &self.db {
+            crate::Database::Sqlite(path) => Terminated::Sqlite(Arc::new(Mutex::new(
+                crate::db::open(path, crate::config::Durability::Full)?,
+            ))),
+            #[cfg(feature = "postgres")]
+            crate::Database::Postgres(url) => {
+                let client = crate::pg::open(url)?;
+                Terminated::Postgres(Arc::new(Mutex::new(crate::pg::Connection::new(
+                    (**url).clone(),
+                    client,
+                ))))
+            }
+        };
+        let shared = Arc::new(Shared {
+            receiver: self.receiver,
+            url,
+            durable: self.durable,
+            ack_wait: self.ack_wait,
+            concurrency: self.concurrency,
+            backoff_base: self.backoff_base,
+            backoff_max: self.backoff_max,
+            max_retries: self.max_retries,
+            timeout: self.timeout,
+            terminated,
+        });
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run(shared, cancel.clone()));
+        Ok(ConsumerHandle { cancel, task })
+    }
+}
+
+/// The running consumer.
+#[derive(Debug)]
+pub struct ConsumerHandle {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ConsumerHandle {
+    /// Stops pulling, finishes (and acknowledges) the messages in hand.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        let _ = self.task.await;
+    }
+
+    /// Stops at once, like a crash: messages in hand stay unacknowledged
+    /// and are redelivered after `ack_wait`.
+    pub fn abort(self) {
+        self.task.abort();
+    }
+}
+
+struct Shared {
+    receiver: Receiver,
+    url: NatsUrl,
+    durable: String,
+    ack_wait: Duration,
+    concurrency: usize,
+    backoff_base: Duration,
+    backoff_max: Duration,
+    max_retries: u32,
+    timeout: Duration,
+    /// Where terminated messages are recorded.
+    terminated: Terminated,
+}
+
+/// The database of the `rf_terminated` table.
+#[derive(Clone)]
+enum Terminated {
+    Sqlite(Arc<Mutex<rusqlite::Connection>>),
+    #[cfg(feature = "postgres")]
+    Postgres(Arc<Mutex<crate::pg::Connection>>),
+}
+
+async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
+    let mut failures = 0u32;
+    let mut client = None;
+    while !cancel.is_cancelled() {
+        let attempt = async {
+            let nats = match &client {
+                Some(nats) => Clone::clone(nats),
+                None => {
+                    let nats = shared
+                        .url
+                        .connect(shared.timeout)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    client = Some(nats.clone());
+                    nats
+                }
+            };
+            let mut context = jetstream::new(nats);
+            context.set_timeout(shared.timeout);
+            let stream = ensure_stream(&context, &shared.url).await?;
+            let consumer = ensure_consumer(
+                &stream,
+                &shared.durable,
+                shared.url.subject(),
+                shared.ack_wait,
+                (shared.concurrency * 4) as i64,
+            )
+            .await?;
+            let messages = consumer
+                .stream()
+                .max_messages_per_batch(shared.concurrency)
+                .heartbeat(Duration::from_secs(1))
+                .expires(Duration::from_secs(5))
+                .messages()
+                .await
+                .map_err(|e| format!("pull: {e}"))?;
+            Ok::<_, String>((context, messages))
+        };
+        let (context, messages) = tokio::select! {
+            _ = cancel.cancelled() => break,
+            attempt = attempt => match attempt {
+                Ok(ready) => ready,
+                Err(error) => {
+                    failures += 1;
+                    tracing::warn!(
+                        server = %shared.url.server(),
+                        subject = shared.url.subject(),
+                        %error,
+                        "JetStream consumer cannot start; retrying"
+                    );
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = tokio::time::sleep(reconnect_delay(failures)) => continue,
+                    }
+                }
+            }
+        };
+        failures = 0;
+        tracing::info!(
+            server = %shared.url.server(),
+            subject = shared.url.subject(),
+            durable = %shared.durable,
+            "JetStream consumer pulling"
+        );
+        pull(&shared, &context, messages, &cancel).await;
+    }
+}
+
+/// Takes messages until the pull ends (the broker went away, the consumer
+/// was deleted) or the consumer is stopped; finishes those in hand.
+async fn pull(
+    shared: &Arc<Shared>,
+    context: &jetstream::Context,
+    mut messages: jetstream::consumer::pull::Stream,
+    cancel: &CancellationToken,
+) {
+    let mut in_flight = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
+            item = messages.next(), if in_flight.len() < shared.concurrency => match item {
+                Some(Ok(message)) => {
+                    let shared = shared.clone();
+                    let context = context.clone();
+                    in_flight.spawn(async move { handle(&shared, &context, message).await });
+                }
+                Some(Err(error)) => {
+                    use jetstream::consumer::pull::MessagesErrorKind as Kind;
+                    match error.kind() {
+                        Kind::MissingHeartbeat | Kind::Other | Kind::Pull => {
+                            tracing::debug!(%error, "JetStream pull interrupted; going on");
+                        }
+                        _ => {
+                            tracing::warn!(%error, "JetStream pull ended; starting again");
+                            break;
+                        }
+                    }
+                }
+                None => break,
+            }
+        }
+    }
+    while in_flight.join_next().await.is_some() {}
+    if !cancel.is_cancelled() {
+        tokio::time::sleep(reconnect_delay(0)).await;
+    }
+}
+
+/// What to do with one delivery.
+#[derive(Debug, PartialEq)]
+enum Action {
+    /// Processed now or before: answer (if asked), then double ack.
+    Ack {
+        answer: serde_json::Value,
+    },
+    Nak(Duration),
+    Term(String),
+}
+
+/// Processes one delivery and acknowledges it as its answer says.
+async fn handle(shared: &Shared, context: &jetstream::Context, message: jetstream::Message) {
+    let (stream, sequence, delivered, stored_at) = match message.info() {
+        Ok(info) => (
+            info.stream.to_owned(),
+            info.stream_sequence,
+            info.delivered.max(1) as u32,
+            info.published.unix_timestamp(),
+        ),
+        Err(_) => (shared.url.stream_name(), 0, 1, crate::signing::unix_now()),
+    };
+    let headers = http_headers(message.headers.as_ref());
+    // The signed id (the receiver checks it equals the envelope's), else
+    // the broker's.
+    let message_id = headers
+        .get(crate::signing::HEADER_ID)
+        .or_else(|| headers.get(async_nats::header::NATS_MESSAGE_ID.as_ref() as &str))
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    // A slow handler keeps its message: "in progress" every half
+    // `ack_wait` (the server then waits another `ack_wait`), so it is not
+    // redelivered while this copy runs. A crash stops these, and the
+    // message comes back after `ack_wait`.
+    // The signature's time is checked against when the stream stored the
+    // message: it may wait there longer than the tolerance.
+    let receive = shared
+        .receiver
+        .receive_stored_at(&headers, message.payload.clone(), stored_at);
+    tokio::pin!(receive);
+    let mut progress = tokio::time::interval_at(
+        tokio::time::Instant::now() + shared.ack_wait / 2,
+        (shared.ack_wait / 2).max(Duration::from_millis(10)),
+    );
+    let answer = loop {
+        tokio::select! {
+            answer = &mut receive => break answer,
+            _ = progress.tick() => {
+                let _ = message.ack_with(AckKind::Progress).await;
+            }
+        }
+    };
+    let action = decide(shared, &answer, delivered);
+    match action {
+        Action::Ack { answer } => {
+            let reply = headers
+                .get(REPLY_TO_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            if let (Some(reply), Some(id)) = (reply, &message_id)
+                && let Err(error) =
+                    publish_answer(shared, context, &reply, id, answer, &message.payload).await
+            {
+                tracing::warn!(message_id = %id, %error, "cannot publish the answer; redelivered later");
+                nak(&message, backoff_of(shared, delivered)).await;
+                return;
+            }
+            let acked = tokio::time::timeout(shared.timeout, message.double_ack()).await;
+            if !matches!(acked, Ok(Ok(()))) {
+                // Redelivered after ack_wait; the inbox answers it as a
+                // duplicate.
+                tracing::warn!(message_id = ?message_id, "ack not confirmed; the message may be redelivered");
+            }
+        }
+        Action::Nak(delay) => nak(&message, delay).await,
+        Action::Term(error) => {
+            let subject = message.subject.to_string();
+            let recorded = record_terminated(
+                shared,
+                &stream,
+                sequence,
+                message_id.as_deref(),
+                &subject,
+                &error,
+            )
+            .await;
+            match recorded {
+                Ok(()) => {
+                    shared.receiver.metrics().inbox_terminated.inc();
+                    tracing::warn!(
+                        message_id = ?message_id,
+                        stream = %stream,
+                        sequence,
+                        %error,
+                        "message terminated: it will never succeed and is not redelivered"
+                    );
+                    if let Err(error) = message.ack_with(AckKind::Term).await {
+                        tracing::warn!(%error, "cannot terminate; redelivered and terminated again");
+                    }
+                }
+                Err(record_error) => {
+                    tracing::error!(%record_error, "cannot record a terminated message; redelivering it");
+                    nak(&message, backoff_of(shared, delivered)).await;
+                }
+            }
+        }
+    }
+}
+
+async fn nak(message: &jetstream::Message, delay: Duration) {
+    if let Err(error) = message.ack_with(AckKind::Nak(Some(delay))).await {
+        tracing::debug!(%error, "nak not sent; redelivered after ack_wait");
+    }
+}
+
+fn backoff_of(shared: &Shared, delivered: u32) -> Duration {
+    backoff(
+        delivered.saturating_sub(1),
+        shared.backoff_base,
+        shared.backoff_max,
+        Duration::ZERO,
+    )
+}
+
+/// The dispatcher's table applied to the receiver's answer.
+fn decide(shared: &Shared, answer: &Answer, delivered: u32) -> Action {
+    let retry_after = match answer {
+        Answer::Refused(refusal) => refusal
+            .retry_after_secs()
+            .map(|secs| Duration::from_secs(u64::from(secs))),
+        Answer::Acknowledged { .. } => None,
+    };
+    let result = answer.clone().into_batch_result();
+    let response = TransportResponse {
+        status: result.status,
+        body: serde_json::to_vec(&result.body).unwrap_or_default(),
+        retry_after,
+    };
+    match classify(&Ok(response)) {
+        Verdict::Sent { .. } | Verdict::Published => Action::Ack {
+            answer: serde_json::json!({ "status": result.status, "body": result.body }),
+        },
+        Verdict::DeadLetter { error } | Verdict::Failed { error } => Action::Term(error),
+        Verdict::Retry {
+            error, retry_after, ..
+        } => {
+            if delivered > shared.max_retries {
+                Action::Term(format!(
+                    "{error} (delivered {delivered} times, max_retries {})",
+                    shared.max_retries
+                ))
+            } else {
+                Action::Nak(backoff_of(shared, delivered).max(retry_after.unwrap_or_default()))
+            }
+        }
+        Verdict::Unavailable { retry_after, .. } | Verdict::Wait { retry_after, .. } => {
+            Action::Nak(backoff_of(shared, delivered).max(retry_after.unwrap_or_default()))
+        }
+        Verdict::Held { .. } => Action::Nak(shared.backoff_max),
+    }
+}
+
+/// Publishes `{messageId, status, body}` to `reply` (which must be an
+/// answers subject of this stream) with `Nats-Msg-Id = answer-<id>`, and
+/// waits for the stream's acknowledgement.
+async fn publish_answer(
+    shared: &Shared,
+    context: &jetstream::Context,
+    reply: &str,
+    message_id: &str,
+    mut answer: serde_json::Value,
+    envelope: &[u8],
+) -> Result<(), String> {
+    let prefix = format!("{}.answers.", shared.url.subject());
+    if !reply.starts_with(&prefix) || super::url::validate_subject(reply).is_err() {
+        // Not ours to write to: the answer is dropped, the message acked.
+        tracing::warn!(%message_id, "`rf-reply-to` is not an answers subject of this stream; no answer sent");
+        return Ok(());
+    }
+    answer["messageId"] = serde_json::Value::String(message_id.to_owned());
+    let body = serde_json::to_vec(&answer).map_err(|e| e.to_string())?;
+    let answer_id = format!("{ANSWER_ID_PREFIX}{message_id}");
+    let mut headers = async_nats::HeaderMap::new();
+    // Signed like a message, with the secrets of the peer it goes back to
+    // (none when signatures are off for local development).
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Source {
+        source_service_id: String,
+    }
+    if let Some(secrets) = serde_json::from_slice::<Source>(envelope)
+        .ok()
+        .and_then(|source| shared.receiver.peer_secrets(&source.source_service_id))
+    {
+        let signature = crate::signing::SignatureHeaders::sign(
+            &answer_id,
+            crate::signing::unix_now(),
+            &body,
+            secrets,
+        );
+        for (name, value) in signature.to_pairs() {
+            headers.insert(name, value);
+        }
+    }
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, answer_id);
+    let published = tokio::time::timeout(shared.timeout, async {
+        context
+            .publish_with_headers(reply.to_owned(), headers, body.into())
+            .await
+            .map_err(|e| e.to_string())?
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|_| "no acknowledgement within the timeout".to_owned())??;
+    let _ = published;
+    Ok(())
+}
+
+/// Writes the `rf_terminated` row (idempotent per stream sequence).
+async fn record_terminated(
+    shared: &Shared,
+    stream: &str,
+    sequence: u64,
+    message_id: Option<&str>,
+    subject: &str,
+    error: &str,
+) -> Result<(), String> {
+    let now = crate::db::now_ms();
+    let terminated = shared.terminated.clone();
+    let (stream, message_id, subject, error) = (
+        stream.to_owned(),
+        message_id.map(str::to_owned),
+        subject.to_owned(),
+        error.to_owned(),
+    );
+    tokio::task::spawn_blocking(move || match terminated {
+        Terminated::Sqlite(conn) => {
+            let conn = conn.lock().map_err(|_| "poisoned".to_owned())?;
+            conn.execute(
+                "INSERT OR IGNORE INTO rf_terminated \
+                 (stream_sequence, stream, message_id, subject, error, at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                rusqlite::params![sequence as i64, stream, message_id, subject, error, now],
+            )
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        }
+        #[cfg(feature = "postgres")]
+        Terminated::Postgres(conn) => {
+            let mut conn = conn.lock().map_err(|_| "poisoned".to_owned())?;
+            conn.client()?
+                .execute(
+                    "INSERT INTO rf_terminated \
+                     (stream_sequence, stream, message_id, subject, error, at) \
+                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+                    &[
+                        &(sequence as i64),
+                        &stream,
+                        &message_id,
+                        &subject,
+                        &error,
+                        &now,
+                    ],
+                )
+                .map(|_| ())
+                .map_err(|e| crate::pg::error_text(&e))
+        }
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
