@@ -45,7 +45,7 @@ fn main() {
     println!("{:<66} {:>16}", "figure", "value");
 
     // `RFIDL_BENCH_ONLY=a`, `c1` or `e`: that figure alone, e.g. under `perf record`;
-    // `grpc`: (c) and (e) over HTTP and gRPC side by side.
+    // `transports` (or `grpc`): (c) and (e) over HTTP, gRPC and JetStream.
     if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("a") {
         let (enqueue, raw) = enqueue_beside_raw(dir.path());
         report(
@@ -74,19 +74,11 @@ fn main() {
         return;
     }
 
-    if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("grpc") {
-        for wire in [Wire::Http, Wire::Grpc] {
-            let rate = runtime.block_on(delivery_rate(dir.path(), Durability::Full, 256, wire));
-            report(
-                &format!("(c) exactly-once deliveries, {wire:?} loopback, receiver Full"),
-                format!("{rate:.0} msg/s"),
-            );
-            let (p50, p99) = runtime.block_on(commit_to_effect(dir.path(), wire));
-            report(
-                &format!("(e) commit -> effect over {wire:?}: p50 / p99"),
-                format!("{p50:.2} / {p99:.2} ms"),
-            );
-        }
+    if matches!(
+        std::env::var("RFIDL_BENCH_ONLY").as_deref(),
+        Ok("grpc" | "transports")
+    ) {
+        transports(&runtime, dir.path());
         return;
     }
 
@@ -151,27 +143,12 @@ fn main() {
     );
     report("    p99", format!("{:.2} ms", p99));
 
-    let rate = runtime.block_on(delivery_rate(dir.path(), Durability::Full, 256, Wire::Grpc));
-    report(
-        "(c-grpc) exactly-once deliveries, gRPC loopback, receiver Full",
-        format!("{rate:.0} msg/s"),
-    );
-    let (p50, p99) = runtime.block_on(commit_to_effect(dir.path(), Wire::Grpc));
-    report(
-        "(e-grpc) sender commit -> handler effect over gRPC: p50",
-        format!("{:.2} ms", p50),
-    );
-    report("    p99", format!("{:.2} ms", p99));
+    transports(&runtime, dir.path());
 
     match std::env::var("RFIDL_POSTGRES_URL") {
         Ok(server) if !server.is_empty() => postgres::figures(&runtime, &server),
         _ => println!("(PostgreSQL figures skipped: RFIDL_POSTGRES_URL is not set)"),
     }
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index]
 }
 
 fn enqueue_rate(path: &Path) -> f64 {
@@ -287,35 +264,6 @@ fn dedupe_latency(path: &Path) -> (f64, f64, f64) {
         percentile(&samples, 0.99),
         percentile(&samples, 0.999),
     )
-}
-
-async fn commit_to_effect(dir: &Path, wire: Wire) -> (f64, f64) {
-    let pair = pair(dir, &format!("e-{wire:?}"), Durability::Full, 256, wire).await;
-    let dispatcher = Dispatcher::builder(&pair.outbox, &pair.sender_db)
-        .start()
-        .expect("dispatcher");
-    let mut conn = db::open(&pair.sender_db, Durability::Normal).expect("open");
-    let mut samples = Vec::new();
-    for n in 0..300 {
-        let before = pair.effects.lock().expect("lock").len();
-        let tx = conn.transaction().expect("tx");
-        pair.outbox
-            .enqueue(&tx, message("ledger", n))
-            .expect("enqueue");
-        tx.commit().expect("commit");
-        let committed = Instant::now();
-        let effect = loop {
-            if let Some(at) = pair.effects.lock().expect("lock").get(before).copied() {
-                break at;
-            }
-            tokio::time::sleep(Duration::from_micros(200)).await;
-        };
-        samples.push(effect.duration_since(committed).as_secs_f64() * 1e3);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    dispatcher.shutdown().await;
-    samples.sort_by(f64::total_cmp);
-    (percentile(&samples, 0.5), percentile(&samples, 0.99))
 }
 
 /// The same figures on the PostgreSQL store.

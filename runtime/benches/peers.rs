@@ -22,7 +22,6 @@ mod common;
 
 use std::collections::{HashSet, VecDeque};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
@@ -201,88 +200,6 @@ fn payloads() -> Vec<Vec<u8>> {
             body
         })
         .collect()
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Fsync {
-    /// nats-server's default (`sync_interval` 2 minutes: writes reach the
-    /// OS at once, the disk at the next sync).
-    Default,
-    /// `sync_interval: always`: an fsync after every write.
-    Always,
-}
-
-/// A `nats-server` with JetStream on a free loopback port, its store in a
-/// directory of its own; killed when dropped.
-struct NatsServer {
-    child: Child,
-    url: String,
-}
-
-impl NatsServer {
-    fn start(binary: &Path, dir: &Path, fsync: Fsync) -> NatsServer {
-        let base = dir.join(format!("nats-{fsync:?}"));
-        let store = base.join("store");
-        let ports = base.join("ports");
-        std::fs::create_dir_all(&store).expect("store dir");
-        std::fs::create_dir_all(&ports).expect("ports dir");
-        let sync = match fsync {
-            Fsync::Default => "",
-            Fsync::Always => "  sync_interval: always\n",
-        };
-        // Port -1: the server picks a free one and writes it to a file in
-        // `ports_file_dir` (no race with another process for the port).
-        let config = format!(
-            "host: 127.0.0.1\nport: -1\nports_file_dir: {ports:?}\njetstream {{\n  store_dir: {store:?}\n{sync}}}\n"
-        );
-        let config_path = base.join("nats.conf");
-        std::fs::write(&config_path, config).expect("config");
-        let log = std::fs::File::create(base.join("nats.log")).expect("log");
-        let child = Command::new(binary)
-            .arg("-c")
-            .arg(&config_path)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
-        let mut server = NatsServer {
-            child,
-            url: String::new(),
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        server.url = loop {
-            let written = std::fs::read_dir(&ports)
-                .expect("ports dir")
-                .filter_map(Result::ok)
-                .find_map(|entry| std::fs::read_to_string(entry.path()).ok());
-            if let Some(url) = written.as_deref().and_then(nats_url) {
-                break url;
-            }
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!(
-                    "nats-server exited with {status}; see {}",
-                    base.join("nats.log").display()
-                );
-            }
-            assert!(Instant::now() < deadline, "nats-server wrote no ports file");
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        server
-    }
-}
-
-/// The client URL in a ports file (`{"nats":["nats://127.0.0.1:4222"],…}`).
-fn nats_url(ports_file: &str) -> Option<String> {
-    let start = ports_file.find("nats://")?;
-    let end = ports_file[start..].find('"')?;
-    Some(ports_file[start..start + end].to_owned())
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// JetStream: every message published with its `Nats-Msg-Id` to a file

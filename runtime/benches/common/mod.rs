@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -159,6 +160,20 @@ impl HostedService for Ledger {
 pub enum Wire {
     Http,
     Grpc,
+    /// Through NATS JetStream: the sender publishes to a stream of the
+    /// server at this `nats://host:port` URL, the receiver consumes it.
+    JetStream(&'static str),
+}
+
+impl Wire {
+    /// Its name, for reports and file names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Wire::Http => "HTTP",
+            Wire::Grpc => "gRPC",
+            Wire::JetStream(_) => "JetStream",
+        }
+    }
 }
 
 /// A sender's outbox and a receiver serving on loopback, with their files.
@@ -168,6 +183,8 @@ pub struct Pair {
     pub receiver_db: std::path::PathBuf,
     pub effects: Arc<Mutex<Vec<Instant>>>,
     pub url: String,
+    /// The receiving side of [`Wire::JetStream`].
+    pub consumer: Option<rfidl_runtime::nats::ConsumerHandle>,
 }
 
 pub async fn pair(
@@ -208,6 +225,7 @@ pub async fn pair(
         }
         Wire::Grpc => {
             let never = std::future::pending::<()>();
+            let receiver = receiver.clone();
             tokio::spawn(async move {
                 rfidl_runtime::grpc::serve_grpc(receiver, listener, never)
                     .await
@@ -215,6 +233,20 @@ pub async fn pair(
             });
             format!("grpc://{address}")
         }
+        Wire::JetStream(server) => {
+            // A stream of its own per pair (subjects are dot-separated tokens).
+            static PAIRS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = PAIRS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            format!("{server}/bench{n}")
+        }
+    };
+    let consumer = match wire {
+        Wire::JetStream(_) => Some(
+            rfidl_runtime::nats::JetStreamConsumer::builder(receiver, &url, &receiver_db)
+                .spawn()
+                .expect("consumer"),
+        ),
+        _ => None,
     };
     let sender_db = dir.join(format!("{name}-sender.db"));
     let mut sender = Config {
@@ -239,6 +271,7 @@ pub async fn pair(
         receiver_db,
         effects,
         url,
+        consumer,
     }
 }
 
@@ -273,7 +306,7 @@ pub async fn delivery_run(
 ) -> DeliveryRun {
     let pair = pair(
         dir,
-        &format!("c-{durability:?}-{batch_size}-{wire:?}"),
+        &format!("c-{durability:?}-{batch_size}-{}", wire.name()),
         durability,
         batch_size,
         wire,
@@ -298,7 +331,11 @@ pub async fn delivery_run(
             &pair.sender_db,
             "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'",
         );
-        if sent as usize == DELIVERIES {
+        // Over a broker `Sent` means published: wait for the effects too.
+        if sent as usize == DELIVERIES
+            && (pair.consumer.is_none()
+                || count(&pair.receiver_db, "SELECT COUNT(*) FROM ledger") as usize == DELIVERIES)
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -308,4 +345,160 @@ pub async fn delivery_run(
     let effects = count(&pair.receiver_db, "SELECT COUNT(*) FROM ledger");
     assert_eq!(effects as usize, DELIVERIES, "exactly once at {}", pair.url);
     DeliveryRun { enqueue, deliver }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Fsync {
+    /// nats-server's default (`sync_interval` 2 minutes: writes reach the
+    /// OS at once, the disk at the next sync).
+    Default,
+    /// `sync_interval: always`: an fsync after every write.
+    Always,
+}
+
+/// A `nats-server` with JetStream on a free loopback port, its store in a
+/// directory of its own; killed when dropped.
+pub struct NatsServer {
+    child: Child,
+    pub url: String,
+}
+
+impl NatsServer {
+    pub fn start(binary: &Path, dir: &Path, fsync: Fsync) -> NatsServer {
+        // A folder per server: a ports file left by an earlier one must not
+        // be read as this one's.
+        static SERVERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let base = dir.join(format!("nats-{fsync:?}-{n}"));
+        let store = base.join("store");
+        let ports = base.join("ports");
+        std::fs::create_dir_all(&store).expect("store dir");
+        std::fs::create_dir_all(&ports).expect("ports dir");
+        let sync = match fsync {
+            Fsync::Default => "",
+            Fsync::Always => "  sync_interval: always\n",
+        };
+        // Port -1: the server picks a free one and writes it to a file in
+        // `ports_file_dir` (no race with another process for the port).
+        let config = format!(
+            "host: 127.0.0.1\nport: -1\nports_file_dir: {ports:?}\njetstream {{\n  store_dir: {store:?}\n{sync}}}\n"
+        );
+        let config_path = base.join("nats.conf");
+        std::fs::write(&config_path, config).expect("config");
+        let log = std::fs::File::create(base.join("nats.log")).expect("log");
+        let child = Command::new(binary)
+            .arg("-c")
+            .arg(&config_path)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let mut server = NatsServer {
+            child,
+            url: String::new(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        server.url = loop {
+            let written = std::fs::read_dir(&ports)
+                .expect("ports dir")
+                .filter_map(Result::ok)
+                .find_map(|entry| std::fs::read_to_string(entry.path()).ok());
+            if let Some(url) = written.as_deref().and_then(nats_url) {
+                break url;
+            }
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!(
+                    "nats-server exited with {status}; see {}",
+                    base.join("nats.log").display()
+                );
+            }
+            assert!(Instant::now() < deadline, "nats-server wrote no ports file");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        server
+    }
+}
+
+/// The client URL in a ports file (`{"nats":["nats://127.0.0.1:4222"],…}`).
+fn nats_url(ports_file: &str) -> Option<String> {
+    let start = ports_file.find("nats://")?;
+    let end = ports_file[start..].find('"')?;
+    Some(ports_file[start..start + end].to_owned())
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index]
+}
+
+/// (e): 300 messages one at a time, each committed alone while the
+/// dispatcher idles: commit -> the handler's effect, p50 and p99 in ms.
+pub async fn commit_to_effect(dir: &Path, wire: Wire) -> (f64, f64) {
+    let pair = pair(
+        dir,
+        &format!("e-{}", wire.name()),
+        Durability::Full,
+        256,
+        wire,
+    )
+    .await;
+    let dispatcher = Dispatcher::builder(&pair.outbox, &pair.sender_db)
+        .start()
+        .expect("dispatcher");
+    let mut conn = db::open(&pair.sender_db, Durability::Normal).expect("open");
+    let mut samples = Vec::new();
+    for n in 0..300 {
+        let before = pair.effects.lock().expect("lock").len();
+        let tx = conn.transaction().expect("tx");
+        pair.outbox
+            .enqueue(&tx, message("ledger", n))
+            .expect("enqueue");
+        tx.commit().expect("commit");
+        let committed = Instant::now();
+        let effect = loop {
+            if let Some(at) = pair.effects.lock().expect("lock").get(before).copied() {
+                break at;
+            }
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        };
+        samples.push(effect.duration_since(committed).as_secs_f64() * 1e3);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    dispatcher.shutdown().await;
+    samples.sort_by(f64::total_cmp);
+    (percentile(&samples, 0.5), percentile(&samples, 0.99))
+}
+
+/// (c) and (e) over each transport, side by side: HTTP, gRPC, and NATS
+/// JetStream (a `nats-server` started here from `RFIDL_NATS_SERVER`, default
+/// fsync policy; skipped, loudly, without it). Over JetStream (c) ends when
+/// every effect is committed, not at the last publish acknowledgement.
+pub fn transports(runtime: &tokio::runtime::Runtime, dir: &Path) {
+    let server = std::env::var_os("RFIDL_NATS_SERVER")
+        .map(|binary| NatsServer::start(Path::new(&binary), dir, Fsync::Default));
+    let mut wires = vec![Wire::Http, Wire::Grpc];
+    match &server {
+        Some(server) => wires.push(Wire::JetStream(server.url.clone().leak())),
+        None => println!("(JetStream transport skipped: RFIDL_NATS_SERVER is not set)"),
+    }
+    for wire in wires {
+        let name = wire.name();
+        let rate = runtime.block_on(delivery_rate(dir, Durability::Full, 256, wire));
+        report(
+            &format!("(c) exactly-once e2e over {name}, receiver Full, batched"),
+            format!("{rate:.0} msg/s"),
+        );
+        let (p50, p99) = runtime.block_on(commit_to_effect(dir, wire));
+        report(
+            &format!("(e) commit -> effect over {name}, idle: p50 / p99"),
+            format!("{p50:.2} / {p99:.2} ms"),
+        );
+    }
 }
