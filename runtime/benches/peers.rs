@@ -15,6 +15,8 @@
 //!   `--cfg rfidl_bench_peers`, which `cargo xtask bench peers` sets): a
 //!   pushed backlog, drained by one worker.
 //!
+//! * rfidl's (c) and (e) over HTTP, gRPC and JetStream (issue 11), last.
+//!
 //! `RFIDL_NATS_SERVER` names the `nats-server` binary (`cargo xtask` sets
 //! it); without it the JetStream rows are skipped, loudly.
 
@@ -173,6 +175,12 @@ fn main() {
             format!("{:.2}×", e2e / rate(MESSAGES, run.total)),
         );
     }
+
+    // Issue 11: rfidl's own transports in the same run, beside the raw
+    // JetStream rows above.
+    println!();
+    transports(&runtime, dir.path());
+    println!("load average at the very end: {}", load_average());
 }
 
 /// `/proc/loadavg`'s first three fields (other work on the machine skews
