@@ -13,8 +13,7 @@
 //!   the server's confirmation);
 //! * apalis with its SQLite backend (only when built with
 //!   `--cfg rfidl_bench_peers`, which `cargo xtask bench peers` sets): a
-//!   pushed backlog, drained by one worker.
-//!
+//!   pushed backlog, drained by one worker;
 //! * rfidl's (c) and (e) over HTTP, gRPC and JetStream (issue 11), last.
 //!
 //! `RFIDL_NATS_SERVER` names the `nats-server` binary (`cargo xtask` sets
