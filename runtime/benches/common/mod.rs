@@ -195,6 +195,12 @@ pub async fn pair(
     wire: Wire,
 ) -> Pair {
     let secret = Secret::generate();
+    // Files of their own, even for a second pair of the same kind.
+    static PAIRS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let name = format!(
+        "{name}-{}",
+        PAIRS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
     let receiver_db = dir.join(format!("{name}-receiver.db"));
     let mut config = Config {
         service_id: "ledger".into(),
@@ -234,10 +240,11 @@ pub async fn pair(
             format!("grpc://{address}")
         }
         Wire::JetStream(server) => {
-            // A stream of its own per pair (subjects are dot-separated tokens).
-            static PAIRS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-            let n = PAIRS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            format!("{server}/bench{n}")
+            // A stream of its own per pair.
+            format!(
+                "{server}/{}",
+                name.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+            )
         }
     };
     let consumer = match wire {
