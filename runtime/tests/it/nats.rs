@@ -309,6 +309,21 @@ fn signed(
     (headers.to_pairs().to_vec(), body)
 }
 
+/// Publishes a message of `endpoint` with `payload` under a fresh id,
+/// signed with `secret` now (see [`signed`] and [`publish_raw`]); returns
+/// the id.
+async fn publish_signed(
+    context: &async_nats::jetstream::Context,
+    endpoint: &str,
+    payload: serde_json::Value,
+    secret: &Secret,
+) -> String {
+    let id = Uuid::now_v7().to_string();
+    let (headers, body) = signed(&id, endpoint, payload, secret);
+    publish_raw(context, &headers, &body, &id).await;
+    id
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_messages_are_terminated_recorded_and_not_redelivered() {
     let Some(running) = Running::start(|config| config.inbox.body_limit = 4_096, false) else {
@@ -319,27 +334,23 @@ async fn poison_messages_are_terminated_recorded_and_not_redelivered() {
     let context = jetstream(server).await;
 
     // 401, counted: terminated after max_retries (2) + 1 deliveries.
-    let id = Uuid::now_v7().to_string();
-    let (headers, body) = signed(
-        &id,
+    publish_signed(
+        &context,
         "Credit",
         json!({"account": "p", "amount": 1}),
         &Secret::generate(),
-    );
-    publish_raw(&context, &headers, &body, &id).await;
+    )
+    .await;
     // 404: no such endpoint.
-    let id = Uuid::now_v7().to_string();
-    let (headers, body) = signed(&id, "Refund", json!({}), &pair.secret);
-    publish_raw(&context, &headers, &body, &id).await;
+    publish_signed(&context, "Refund", json!({}), &pair.secret).await;
     // 413: larger than inbox.body_limit.
-    let id = Uuid::now_v7().to_string();
-    let (headers, body) = signed(
-        &id,
+    publish_signed(
+        &context,
         "Credit",
         json!({"account": "x".repeat(8_000), "amount": 1}),
         &pair.secret,
-    );
-    publish_raw(&context, &headers, &body, &id).await;
+    )
+    .await;
     // 400: not an envelope (signed, so the signature passes).
     let id = Uuid::now_v7().to_string();
     let body = b"{\"not\": \"an envelope\"".to_vec();
@@ -353,18 +364,15 @@ async fn poison_messages_are_terminated_recorded_and_not_redelivered() {
     .to_vec();
     publish_raw(&context, &headers, &body, &id).await;
     // 422: the handler says poison.
-    let id = Uuid::now_v7().to_string();
-    let (headers, body) = signed(&id, "Poison", json!({}), &pair.secret);
-    publish_raw(&context, &headers, &body, &id).await;
+    publish_signed(&context, "Poison", json!({}), &pair.secret).await;
     // And a good message behind them all.
-    let good = Uuid::now_v7().to_string();
-    let (headers, body) = signed(
-        &good,
+    publish_signed(
+        &context,
         "Credit",
         json!({"account": "ok", "amount": 7}),
         &pair.secret,
-    );
-    publish_raw(&context, &headers, &body, &good).await;
+    )
+    .await;
 
     wait_until("5 terminated, 1 processed", Duration::from_secs(10), || {
         pair.receiver_count("SELECT COUNT(*) FROM rf_terminated") == 5
@@ -781,14 +789,13 @@ async fn a_consumer_killed_mid_handler_leaves_the_message_to_the_next_which_proc
         .spawn()
         .expect("child process");
     let context = jetstream(&server).await;
-    let id = Uuid::now_v7().to_string();
-    let (headers, body) = signed(
-        &id,
+    publish_signed(
+        &context,
         "Credit",
         json!({"account": "k", "amount": 3}),
         &pair.secret,
-    );
-    publish_raw(&context, &headers, &body, &id).await;
+    )
+    .await;
     wait_until("the child's handler runs", Duration::from_secs(20), || {
         marker.exists()
     })
@@ -1061,9 +1068,7 @@ async fn answers_on_every_store(store: &crate::stores::TestStore) {
     );
     // And one that will never succeed: terminated into the receiver's database.
     let context = jetstream(&server).await;
-    let poison = Uuid::now_v7().to_string();
-    let (headers, body) = signed(&poison, "Refund", json!({}), &secret);
-    publish_raw(&context, &headers, &body, &poison).await;
+    let poison = publish_signed(&context, "Refund", json!({}), &secret).await;
     wait_until("every answer handled", Duration::from_secs(15), || {
         store.count("SELECT COUNT(*) FROM answers") == messages
             && receiver_store.count("SELECT COUNT(*) FROM rf_terminated") == 1
@@ -1233,14 +1238,13 @@ async fn a_handler_slower_than_ack_wait_keeps_its_message_and_is_not_redelivered
         .spawn()
         .expect("consumer");
     let context = jetstream(&server).await;
-    let id = Uuid::now_v7().to_string();
-    let (headers, body) = signed(
-        &id,
+    publish_signed(
+        &context,
         "Credit",
         json!({"account": "slow", "amount": 1}),
         &pair.secret,
-    );
-    publish_raw(&context, &headers, &body, &id).await;
+    )
+    .await;
     wait_until("processed", Duration::from_secs(10), || {
         pair.receiver_count("SELECT COUNT(*) FROM ledger") == 1
     })
@@ -1281,14 +1285,13 @@ async fn a_message_waiting_in_the_stream_longer_than_the_signature_tolerance_is_
     )
     .await
     .expect("stream");
-    let waited = Uuid::now_v7().to_string();
-    let (headers, body) = signed(
-        &waited,
+    let waited = publish_signed(
+        &context,
         "Credit",
         json!({"account": "w", "amount": 1}),
         &pair.secret,
-    );
-    publish_raw(&context, &headers, &body, &waited).await;
+    )
+    .await;
     // Signed long before it was stored: a replay, refused (waits, uncounted).
     let replayed = Uuid::now_v7().to_string();
     let body_old = serde_json::to_vec(&support::envelope(
