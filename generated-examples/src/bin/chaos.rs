@@ -507,15 +507,7 @@ async fn kills(context: &Context, rng: &mut StdRng, target: Target) -> anyhow::R
     // Hiring spans the first kills (about 2 s of hires, longer with the
     // restarts), then the kills go on through delivery.
     cluster.hire_rate = (context.messages / 2).max(1);
-    // 2 ms handlers (every one in a small run, one in 50 in a run of
-    // 100,000): a kill of the engine often lands inside one.
-    let every = (context.messages / 2000).max(1);
-    cluster.engine_flags = vec![
-        "--slow-handler".into(),
-        "2ms".into(),
-        "--slow-every".into(),
-        every.to_string(),
-    ];
+    cluster.engine_flags = kill_slow_handlers(context.messages);
     cluster.start_engine()?;
     cluster.start_hr()?;
     wait_listening(cluster.engine_port, Duration::from_secs(10)).await?;
@@ -577,6 +569,19 @@ async fn kills(context: &Context, rng: &mut StdRng, target: Target) -> anyhow::R
         drained_in,
         notes,
     })
+}
+
+/// The engine's flags in the kill scenarios: 2 ms handlers (every one in a
+/// small run of `messages`, one in 50 in a run of 100,000), so that a kill
+/// of the engine often lands inside one.
+fn kill_slow_handlers(messages: u32) -> Vec<String> {
+    let every = (messages / 2000).max(1);
+    vec![
+        "--slow-handler".into(),
+        "2ms".into(),
+        "--slow-every".into(),
+        every.to_string(),
+    ]
 }
 
 /// The loop of the kill scenarios, on `state` (what they kill and
@@ -1438,15 +1443,10 @@ async fn jetstream(context: &Context, rng: &mut StdRng) -> anyhow::Result<Report
     cluster.hr_peer = nats.url("engine");
     cluster.engine_peer = nats.url("hr");
     cluster.hr_flags = vec!["--nats".into(), nats.url("hr")];
-    let every = (context.messages / 2000).max(1);
-    cluster.engine_flags = vec![
-        "--nats".into(),
-        nats.url("engine"),
-        "--slow-handler".into(),
-        "2ms".into(),
-        "--slow-every".into(),
-        every.to_string(),
-    ];
+    cluster.engine_flags = vec!["--nats".into(), nats.url("engine")];
+    cluster
+        .engine_flags
+        .extend(kill_slow_handlers(context.messages));
     cluster.start_engine()?;
     cluster.start_hr()?;
     wait_listening(cluster.engine_port, Duration::from_secs(10)).await?;
