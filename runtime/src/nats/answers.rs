@@ -502,19 +502,21 @@ fn run_handler<S: Store>(
     outcome.map_err(|error| format!("response handler: {error}"))
 }
 
-/// What a row says about an answer before it is applied.
-fn precheck(row: Option<&Row>, message_id: &str) -> Option<Recorded> {
+/// What a row says about an answer before it is applied: the row and the
+/// answer's payload to apply, or what to do instead.
+fn precheck(row: Option<Row>, published: &Published) -> Result<(Row, serde_json::Value), Recorded> {
+    let message_id = &published.message_id;
     let Some(row) = row else {
         tracing::warn!(%message_id, "answer to a message this outbox does not hold (deleted by retention?); acknowledged");
-        return Some(Recorded::Done);
+        return Err(Recorded::Done);
     };
     if row.answered {
-        return Some(Recorded::Done);
+        return Err(Recorded::Done);
     }
     if row.status != "Sent" {
-        return Some(Recorded::NotYet);
+        return Err(Recorded::NotYet);
     }
-    None
+    Ok((row, payload_of(published)))
 }
 
 const SELECT_ROW: &str = "SELECT status, answered_at IS NOT NULL, interface, version, endpoint, \
@@ -546,13 +548,10 @@ impl AnswerStore<Sqlite> for SqliteAnswers {
                     })
                 })
                 .optional()?;
-            if let Some(done) = precheck(row.as_ref(), &published.message_id) {
-                return Ok(done);
-            }
-            let Some(row) = row else {
-                return Ok(Recorded::Done);
+            let (row, payload) = match precheck(row, published) {
+                Ok(ready) => ready,
+                Err(done) => return Ok(done),
             };
-            let payload = payload_of(published);
             tx.execute(
                 "UPDATE outbox_messages SET answered_at = ?1, response = ?2 WHERE message_id = ?3",
                 rusqlite::params![
@@ -616,13 +615,10 @@ impl AnswerStore<crate::store::Postgres> for PostgresAnswers {
                     correlation_id: r.get(5),
                     headers: r.get(6),
                 });
-            if let Some(done) = precheck(row.as_ref(), &published.message_id) {
-                return Ok(done);
-            }
-            let Some(row) = row else {
-                return Ok(Recorded::Done);
+            let (row, payload) = match precheck(row, published) {
+                Ok(ready) => ready,
+                Err(done) => return Ok(done),
             };
-            let payload = payload_of(published);
             tx.execute(
                 "UPDATE outbox_messages SET answered_at = $1, response = $2 WHERE message_id = $3",
                 &[
