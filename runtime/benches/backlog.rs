@@ -8,49 +8,19 @@
 //!
 //! `cargo bench -p rfidl-runtime --bench backlog` (or `cargo xtask bench backlog`).
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use rfidl_runtime::config::{Config, DestinationConfig, Durability};
 use rfidl_runtime::dispatcher::Dispatcher;
 use rfidl_runtime::outbox::{Outbox, OutgoingMessage};
-use rfidl_runtime::receiver::{
-    HandlerError, HostedInterface, HostedService, IncomingCall, Receiver,
-};
+use rfidl_runtime::receiver::Receiver;
 use rfidl_runtime::signing::Secret;
 use rfidl_runtime::{MessageType, db};
 
-const HOSTED: &[HostedInterface] = &[HostedInterface {
-    interface: "bench.Ledger",
-    version: 1,
-    fingerprint: "sha256:bench",
-    endpoints: &["Credit"],
-    manifest_json: "{}",
-}];
-
-/// One ledger row per message, in the delivery's transaction.
-struct Ledger;
-
-impl HostedService for Ledger {
-    fn interfaces(&self) -> &[HostedInterface] {
-        HOSTED
-    }
-
-    fn handle(
-        &self,
-        call: &IncomingCall<'_>,
-        tx: &rusqlite::Transaction<'_>,
-    ) -> Result<serde_json::Value, HandlerError> {
-        tx.execute(
-            "INSERT INTO ledger (message_id, amount) VALUES (?1, ?2)",
-            rusqlite::params![
-                call.message_id,
-                call.payload["amount"].as_i64().unwrap_or(0)
-            ],
-        )?;
-        Ok(serde_json::Value::Null)
-    }
-}
+use common::{Ledger, count};
 
 /// The resident set size of this process, in MiB (Linux `/proc`).
 fn rss_mib() -> f64 {
@@ -61,12 +31,6 @@ fn rss_mib() -> f64 {
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|kib| kib.parse::<f64>().ok())
         .map_or(0.0, |kib| kib / 1024.0)
-}
-
-fn count(path: &std::path::Path, sql: &str) -> i64 {
-    rusqlite::Connection::open(path)
-        .and_then(|c| c.query_row(sql, [], |r| r.get(0)))
-        .expect("count")
 }
 
 fn main() {
@@ -139,7 +103,7 @@ fn main() {
         .expect("table");
     let samples = runtime.block_on(async {
         let receiver = Receiver::builder(receiver_config, &receiver_db)
-            .service(Ledger)
+            .service(Ledger { effects: None })
             .build()
             .expect("receiver");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

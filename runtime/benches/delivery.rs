@@ -422,7 +422,7 @@ mod postgres {
         let effects = Arc::new(Mutex::new(Vec::new()));
         let receiver = Receiver::postgres(config, &receiver_url, WRITERS)
             .service(Ledger {
-                effects: effects.clone(),
+                effects: Some(effects.clone()),
             })
             .build()
             .expect("receiver");

@@ -507,54 +507,54 @@ async fn kills(context: &Context, rng: &mut StdRng, target: Target) -> anyhow::R
     // Hiring spans the first kills (about 2 s of hires, longer with the
     // restarts), then the kills go on through delivery.
     cluster.hire_rate = (context.messages / 2).max(1);
-    // 2 ms handlers (every one in a small run, one in 50 in a run of
-    // 100,000): a kill of the engine often lands inside one.
-    let every = (context.messages / 2000).max(1);
-    cluster.engine_flags = vec![
-        "--slow-handler".into(),
-        "2ms".into(),
-        "--slow-every".into(),
-        every.to_string(),
-    ];
+    cluster.engine_flags = kill_slow_handlers(context.messages);
     cluster.start_engine()?;
     cluster.start_hr()?;
     wait_listening(cluster.engine_port, Duration::from_secs(10)).await?;
-    let mut faults = 0;
+    let victims = |round: u32| match target {
+        Target::Sender => vec![Target::Sender],
+        Target::Receiver => vec![Target::Receiver],
+        // Interleaved: alternate, and sometimes both at once.
+        Target::Both => match round % 3 {
+            0 => vec![Target::Sender],
+            1 => vec![Target::Receiver],
+            _ => vec![Target::Sender, Target::Receiver],
+        },
+    };
     let mut killed_while_hiring = 0;
-    for round in 0..context.kills {
-        tokio::time::sleep(Duration::from_millis(rng.random_range(50..400))).await;
-        cluster.check_alive()?;
-        let victims = match target {
-            Target::Sender => vec![Target::Sender],
-            Target::Receiver => vec![Target::Receiver],
-            // Interleaved: alternate, and sometimes both at once.
-            Target::Both => match round % 3 {
-                0 => vec![Target::Sender],
-                1 => vec![Target::Receiver],
-                _ => vec![Target::Sender, Target::Receiver],
-            },
-        };
-        for victim in &victims {
-            match victim {
-                Target::Sender => {
-                    let hired = Cluster::count(&cluster.hr_db, "SELECT COUNT(*) FROM employees");
-                    if hired < i64::from(context.messages) {
-                        killed_while_hiring += 1;
+    let faults = kill_rounds(
+        &mut cluster,
+        rng,
+        context.kills,
+        Cluster::check_alive,
+        |cluster, round| {
+            let victims = victims(round);
+            for victim in &victims {
+                match victim {
+                    Target::Sender => {
+                        let hired =
+                            Cluster::count(&cluster.hr_db, "SELECT COUNT(*) FROM employees");
+                        if hired < i64::from(context.messages) {
+                            killed_while_hiring += 1;
+                        }
+                        cluster.kill_hr();
                     }
-                    cluster.kill_hr();
+                    _ => cluster.kill_engine(),
                 }
-                _ => cluster.kill_engine(),
             }
-            faults += 1;
-        }
-        tokio::time::sleep(Duration::from_millis(rng.random_range(0..200))).await;
-        for victim in &victims {
-            match victim {
-                Target::Sender => cluster.start_hr()?,
-                _ => cluster.start_engine()?,
+            victims.len() as u64
+        },
+        |cluster, round| {
+            for victim in &victims(round) {
+                match victim {
+                    Target::Sender => cluster.start_hr()?,
+                    _ => cluster.start_engine()?,
+                }
             }
-        }
-    }
+            Ok(())
+        },
+    )
+    .await?;
     let drained_in = cluster.wait_drained(context.drain_timeout).await?;
     let verdict = cluster.verdict()?;
     cluster.stop();
@@ -569,6 +569,43 @@ async fn kills(context: &Context, rng: &mut StdRng, target: Target) -> anyhow::R
         drained_in,
         notes,
     })
+}
+
+/// The engine's flags in the kill scenarios: 2 ms handlers (every one in a
+/// small run of `messages`, one in 50 in a run of 100,000), so that a kill
+/// of the engine often lands inside one.
+fn kill_slow_handlers(messages: u32) -> Vec<String> {
+    let every = (messages / 2000).max(1);
+    vec![
+        "--slow-handler".into(),
+        "2ms".into(),
+        "--slow-every".into(),
+        every.to_string(),
+    ]
+}
+
+/// The loop of the kill scenarios, on `state` (what they kill and
+/// restart): `rounds` times, a random pause (50-400 ms), `alive` (fails
+/// when a process exited on its own), `kill(round)` (which returns how many
+/// processes it killed), a random pause (0-200 ms), then `restart(round)`
+/// on the same files. Returns the kills.
+async fn kill_rounds<S>(
+    state: &mut S,
+    rng: &mut StdRng,
+    rounds: u32,
+    alive: impl Fn(&mut S) -> anyhow::Result<()>,
+    mut kill: impl FnMut(&mut S, u32) -> u64,
+    mut restart: impl FnMut(&mut S, u32) -> anyhow::Result<()>,
+) -> anyhow::Result<u64> {
+    let mut faults = 0;
+    for round in 0..rounds {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(50..400))).await;
+        alive(state)?;
+        faults += kill(state, round);
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..200))).await;
+        restart(state, round)?;
+    }
+    Ok(faults)
 }
 
 /// A loopback HTTP/1.1 proxy between one service and its peer. Each request
@@ -1406,39 +1443,37 @@ async fn jetstream(context: &Context, rng: &mut StdRng) -> anyhow::Result<Report
     cluster.hr_peer = nats.url("engine");
     cluster.engine_peer = nats.url("hr");
     cluster.hr_flags = vec!["--nats".into(), nats.url("hr")];
-    let every = (context.messages / 2000).max(1);
-    cluster.engine_flags = vec![
-        "--nats".into(),
-        nats.url("engine"),
-        "--slow-handler".into(),
-        "2ms".into(),
-        "--slow-every".into(),
-        every.to_string(),
-    ];
+    cluster.engine_flags = vec!["--nats".into(), nats.url("engine")];
+    cluster
+        .engine_flags
+        .extend(kill_slow_handlers(context.messages));
     cluster.start_engine()?;
     cluster.start_hr()?;
     wait_listening(cluster.engine_port, Duration::from_secs(10)).await?;
-    let mut faults = 0;
     let mut broker_kills = 0;
-    for round in 0..context.kills {
-        tokio::time::sleep(Duration::from_millis(rng.random_range(50..400))).await;
-        cluster.check_alive()?;
-        match round % 3 {
-            0 => cluster.kill_hr(),
-            1 => cluster.kill_engine(),
-            _ => {
-                nats.kill();
-                broker_kills += 1;
+    let faults = kill_rounds(
+        &mut (&mut cluster, &mut nats),
+        rng,
+        context.kills,
+        |(cluster, _)| cluster.check_alive(),
+        |(cluster, nats), round| {
+            match round % 3 {
+                0 => cluster.kill_hr(),
+                1 => cluster.kill_engine(),
+                _ => {
+                    nats.kill();
+                    broker_kills += 1;
+                }
             }
-        }
-        faults += 1;
-        tokio::time::sleep(Duration::from_millis(rng.random_range(0..200))).await;
-        match round % 3 {
-            0 => cluster.start_hr()?,
-            1 => cluster.start_engine()?,
-            _ => nats.restart()?,
-        }
-    }
+            1
+        },
+        |(cluster, nats), round| match round % 3 {
+            0 => cluster.start_hr(),
+            1 => cluster.start_engine(),
+            _ => nats.restart(),
+        },
+    )
+    .await?;
     let drained_in = cluster.wait_drained(context.drain_timeout).await?;
     let verdict = cluster.verdict()?;
     cluster.stop();

@@ -23,8 +23,8 @@ use rusqlite::OptionalExtension as _;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    NatsError, NatsUrl, answers_subject, ensure_consumer, ensure_stream, reconnect_delay,
-    validate_durable,
+    NatsError, NatsUrl, PullSettings, Task, answers_subject, ensure_consumer, ensure_stream,
+    reconnect_delay, validate_durable,
 };
 use crate::responses::ResponseHandler;
 use crate::store::{Sqlite, Store};
@@ -110,7 +110,6 @@ impl AnswersConsumer {
         destination_url: &str,
         open: OpenStore<S>,
     ) -> AnswersBuilder<S> {
-        let defaults = crate::Config::default();
         AnswersBuilder {
             service_id: service_id.to_owned(),
             url: NatsUrl::parse(destination_url),
@@ -118,11 +117,7 @@ impl AnswersConsumer {
             durable: None,
             secrets: Vec::new(),
             handlers: Vec::new(),
-            ack_wait: super::consumer::DEFAULT_ACK_WAIT,
-            backoff_base: defaults.outbox.backoff_base,
-            backoff_max: defaults.outbox.backoff_max,
-            max_retries: defaults.outbox.max_retries,
-            timeout: Duration::from_secs(5),
+            settings: PullSettings::default(),
         }
     }
 }
@@ -136,11 +131,7 @@ pub struct AnswersBuilder<S: Store = Sqlite> {
     durable: Option<String>,
     secrets: Vec<crate::signing::Secret>,
     handlers: Vec<Arc<dyn ResponseHandler<S>>>,
-    ack_wait: Duration,
-    backoff_base: Duration,
-    backoff_max: Duration,
-    max_retries: u32,
-    timeout: Duration,
+    settings: PullSettings,
 }
 
 /// Opens the sender's database when the consumer starts.
@@ -182,27 +173,27 @@ impl<S: Store> AnswersBuilder<S> {
 
     /// How long the server waits for an acknowledgement (30 s).
     pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
-        self.ack_wait = ack_wait;
+        self.settings.ack_wait = ack_wait;
         self
     }
 
     /// The backoff of a failed response handler, by delivery count.
     pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
-        self.backoff_base = base;
-        self.backoff_max = max;
+        self.settings.backoff_base = base;
+        self.settings.backoff_max = max;
         self
     }
 
     /// Failures of a response handler before its answer is terminated
     /// (recorded in the row's `last_error`).
     pub fn max_retries(mut self, retries: u32) -> Self {
-        self.max_retries = retries;
+        self.settings.max_retries = retries;
         self
     }
 
     /// Bounds connecting and each acknowledgement (5 s).
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.settings.timeout = timeout;
         self
     }
 
@@ -233,36 +224,26 @@ impl<S: Store> AnswersBuilder<S> {
             durable,
             secrets: self.secrets,
             handlers: self.handlers,
-            ack_wait: self.ack_wait,
-            backoff_base: self.backoff_base,
-            backoff_max: self.backoff_max,
-            max_retries: self.max_retries,
-            timeout: self.timeout,
+            settings: self.settings,
             store,
         });
-        let cancel = CancellationToken::new();
-        let task = tokio::spawn(run(shared, cancel.clone()));
-        Ok(AnswersHandle { cancel, task })
+        Ok(AnswersHandle(Task::spawn(|cancel| run(shared, cancel))))
     }
 }
 
 /// The running answers consumer.
 #[derive(Debug)]
-pub struct AnswersHandle {
-    cancel: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
-}
+pub struct AnswersHandle(Task);
 
 impl AnswersHandle {
     /// Stops after the answer in hand.
     pub async fn shutdown(self) {
-        self.cancel.cancel();
-        let _ = self.task.await;
+        self.0.shutdown().await;
     }
 
     /// Stops at once, like a crash.
     pub fn abort(self) {
-        self.task.abort();
+        self.0.abort();
     }
 }
 
@@ -272,11 +253,7 @@ struct Shared<S: Store> {
     durable: String,
     secrets: Vec<crate::signing::Secret>,
     handlers: Vec<Arc<dyn ResponseHandler<S>>>,
-    ack_wait: Duration,
-    backoff_base: Duration,
-    backoff_max: Duration,
-    max_retries: u32,
-    timeout: Duration,
+    settings: PullSettings,
     store: Arc<dyn AnswerStore<S>>,
 }
 
@@ -290,7 +267,7 @@ async fn run<S: Store>(shared: Arc<Shared<S>>, cancel: CancellationToken) {
                 None => {
                     let nats = shared
                         .url
-                        .connect(shared.timeout)
+                        .connect(shared.settings.timeout)
                         .await
                         .map_err(|e| e.to_string())?;
                     client = Some(nats.clone());
@@ -298,13 +275,13 @@ async fn run<S: Store>(shared: Arc<Shared<S>>, cancel: CancellationToken) {
                 }
             };
             let mut context = jetstream::new(nats);
-            context.set_timeout(shared.timeout);
+            context.set_timeout(shared.settings.timeout);
             let stream = ensure_stream(&context, &shared.url).await?;
             let consumer = ensure_consumer(
                 &stream,
                 &shared.durable,
                 &shared.filter,
-                shared.ack_wait,
+                shared.settings.ack_wait,
                 1_000,
             )
             .await?;
@@ -424,13 +401,13 @@ async fn handle<S: Store>(shared: &Arc<Shared<S>>, message: jetstream::Message) 
             .unwrap_or_else(|_| Recorded::Failed("the response handler panicked".to_owned()));
     let backoff = crate::dispatcher::backoff(
         delivered.saturating_sub(1),
-        shared.backoff_base,
-        shared.backoff_max,
+        shared.settings.backoff_base,
+        shared.settings.backoff_max,
         Duration::ZERO,
     );
     match recorded {
         Recorded::Done => {
-            let acked = tokio::time::timeout(shared.timeout, message.double_ack()).await;
+            let acked = tokio::time::timeout(shared.settings.timeout, message.double_ack()).await;
             if !matches!(acked, Ok(Ok(()))) {
                 tracing::debug!(message_id = %id, "answer ack not confirmed; a redelivery is a no-op");
             }
@@ -442,7 +419,7 @@ async fn handle<S: Store>(shared: &Arc<Shared<S>>, message: jetstream::Message) 
                 )))
                 .await;
         }
-        Recorded::Failed(error) if delivered > shared.max_retries => {
+        Recorded::Failed(error) if delivered > shared.settings.max_retries => {
             tracing::error!(message_id = %id, %error, "response handler failed {delivered} times; answer terminated");
             let store = shared.store.clone();
             let id = id.clone();
@@ -525,19 +502,21 @@ fn run_handler<S: Store>(
     outcome.map_err(|error| format!("response handler: {error}"))
 }
 
-/// What a row says about an answer before it is applied.
-fn precheck(row: Option<&Row>, message_id: &str) -> Option<Recorded> {
+/// What a row says about an answer before it is applied: the row and the
+/// answer's payload to apply, or what to do instead.
+fn precheck(row: Option<Row>, published: &Published) -> Result<(Row, serde_json::Value), Recorded> {
+    let message_id = &published.message_id;
     let Some(row) = row else {
         tracing::warn!(%message_id, "answer to a message this outbox does not hold (deleted by retention?); acknowledged");
-        return Some(Recorded::Done);
+        return Err(Recorded::Done);
     };
     if row.answered {
-        return Some(Recorded::Done);
+        return Err(Recorded::Done);
     }
     if row.status != "Sent" {
-        return Some(Recorded::NotYet);
+        return Err(Recorded::NotYet);
     }
-    None
+    Ok((row, payload_of(published)))
 }
 
 const SELECT_ROW: &str = "SELECT status, answered_at IS NOT NULL, interface, version, endpoint, \
@@ -569,13 +548,10 @@ impl AnswerStore<Sqlite> for SqliteAnswers {
                     })
                 })
                 .optional()?;
-            if let Some(done) = precheck(row.as_ref(), &published.message_id) {
-                return Ok(done);
-            }
-            let Some(row) = row else {
-                return Ok(Recorded::Done);
+            let (row, payload) = match precheck(row, published) {
+                Ok(ready) => ready,
+                Err(done) => return Ok(done),
             };
-            let payload = payload_of(published);
             tx.execute(
                 "UPDATE outbox_messages SET answered_at = ?1, response = ?2 WHERE message_id = ?3",
                 rusqlite::params![
@@ -639,13 +615,10 @@ impl AnswerStore<crate::store::Postgres> for PostgresAnswers {
                     correlation_id: r.get(5),
                     headers: r.get(6),
                 });
-            if let Some(done) = precheck(row.as_ref(), &published.message_id) {
-                return Ok(done);
-            }
-            let Some(row) = row else {
-                return Ok(Recorded::Done);
+            let (row, payload) = match precheck(row, published) {
+                Ok(ready) => ready,
+                Err(done) => return Ok(done),
             };
-            let payload = payload_of(published);
             tx.execute(
                 "UPDATE outbox_messages SET answered_at = $1, response = $2 WHERE message_id = $3",
                 &[

@@ -32,8 +32,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    ANSWER_ID_PREFIX, NatsError, NatsUrl, REPLY_TO_HEADER, ensure_consumer, ensure_stream,
-    http_headers, reconnect_delay, validate_durable,
+    ANSWER_ID_PREFIX, NatsError, NatsUrl, PullSettings, REPLY_TO_HEADER, Task, ensure_consumer,
+    ensure_stream, http_headers, reconnect_delay, validate_durable,
 };
 use crate::dispatcher::{Verdict, backoff, classify};
 use crate::receiver::{Answer, Receiver};
@@ -85,18 +85,13 @@ impl JetStreamConsumer {
         nats_url: &str,
         database: crate::Database,
     ) -> ConsumerBuilder {
-        let defaults = crate::Config::default();
         ConsumerBuilder {
             receiver,
             url: NatsUrl::parse(nats_url),
             db: database,
             durable: DEFAULT_DURABLE.to_owned(),
-            ack_wait: DEFAULT_ACK_WAIT,
             concurrency: DEFAULT_CONCURRENCY,
-            backoff_base: defaults.outbox.backoff_base,
-            backoff_max: defaults.outbox.backoff_max,
-            max_retries: defaults.outbox.max_retries,
-            timeout: Duration::from_secs(5),
+            settings: PullSettings::default(),
         }
     }
 }
@@ -108,12 +103,8 @@ pub struct ConsumerBuilder {
     url: Result<NatsUrl, String>,
     db: crate::Database,
     durable: String,
-    ack_wait: Duration,
     concurrency: usize,
-    backoff_base: Duration,
-    backoff_max: Duration,
-    max_retries: u32,
-    timeout: Duration,
+    settings: PullSettings,
 }
 
 impl std::fmt::Debug for ConsumerBuilder {
@@ -136,7 +127,7 @@ impl ConsumerBuilder {
     /// How long the server waits for an acknowledgement before it
     /// redelivers ([`DEFAULT_ACK_WAIT`]). Longer than the slowest handler.
     pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
-        self.ack_wait = ack_wait;
+        self.settings.ack_wait = ack_wait;
         self
     }
 
@@ -151,8 +142,8 @@ impl ConsumerBuilder {
     /// `min(base * 2^(n-1), max)` (the outbox's backoff; defaults from
     /// [`OutboxConfig`](crate::config::OutboxConfig)).
     pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
-        self.backoff_base = base;
-        self.backoff_max = max;
+        self.settings.backoff_base = base;
+        self.settings.backoff_max = max;
         self
     }
 
@@ -160,13 +151,13 @@ impl ConsumerBuilder {
     /// (handler failures, refused signatures) before it is terminated
     /// (default: the outbox's `max_retries`).
     pub fn max_retries(mut self, retries: u32) -> Self {
-        self.max_retries = retries;
+        self.settings.max_retries = retries;
         self
     }
 
     /// Bounds connecting and each publish of an answer (5 s).
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.settings.timeout = timeout;
         self
     }
 
@@ -206,38 +197,28 @@ impl ConsumerBuilder {
             receiver: self.receiver,
             url,
             durable: self.durable,
-            ack_wait: self.ack_wait,
             concurrency: self.concurrency,
-            backoff_base: self.backoff_base,
-            backoff_max: self.backoff_max,
-            max_retries: self.max_retries,
-            timeout: self.timeout,
+            settings: self.settings,
             terminated,
         });
-        let cancel = CancellationToken::new();
-        let task = tokio::spawn(run(shared, cancel.clone()));
-        Ok(ConsumerHandle { cancel, task })
+        Ok(ConsumerHandle(Task::spawn(|cancel| run(shared, cancel))))
     }
 }
 
 /// The running consumer.
 #[derive(Debug)]
-pub struct ConsumerHandle {
-    cancel: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
-}
+pub struct ConsumerHandle(Task);
 
 impl ConsumerHandle {
     /// Stops pulling, finishes (and acknowledges) the messages in hand.
     pub async fn shutdown(self) {
-        self.cancel.cancel();
-        let _ = self.task.await;
+        self.0.shutdown().await;
     }
 
     /// Stops at once, like a crash: messages in hand stay unacknowledged
     /// and are redelivered after `ack_wait`.
     pub fn abort(self) {
-        self.task.abort();
+        self.0.abort();
     }
 }
 
@@ -245,12 +226,8 @@ struct Shared {
     receiver: Receiver,
     url: NatsUrl,
     durable: String,
-    ack_wait: Duration,
     concurrency: usize,
-    backoff_base: Duration,
-    backoff_max: Duration,
-    max_retries: u32,
-    timeout: Duration,
+    settings: PullSettings,
     /// Where terminated messages are recorded.
     terminated: Terminated,
 }
@@ -273,7 +250,7 @@ async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
                 None => {
                     let nats = shared
                         .url
-                        .connect(shared.timeout)
+                        .connect(shared.settings.timeout)
                         .await
                         .map_err(|e| e.to_string())?;
                     client = Some(nats.clone());
@@ -281,13 +258,13 @@ async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
                 }
             };
             let mut context = jetstream::new(nats);
-            context.set_timeout(shared.timeout);
+            context.set_timeout(shared.settings.timeout);
             let stream = ensure_stream(&context, &shared.url).await?;
             let consumer = ensure_consumer(
                 &stream,
                 &shared.durable,
                 shared.url.subject(),
-                shared.ack_wait,
+                shared.settings.ack_wait,
                 (shared.concurrency * 4) as i64,
             )
             .await?;
@@ -413,8 +390,8 @@ async fn handle(shared: &Shared, context: &jetstream::Context, message: jetstrea
         .receive_stored_at(&headers, message.payload.clone(), stored_at);
     tokio::pin!(receive);
     let mut progress = tokio::time::interval_at(
-        tokio::time::Instant::now() + shared.ack_wait / 2,
-        (shared.ack_wait / 2).max(Duration::from_millis(10)),
+        tokio::time::Instant::now() + shared.settings.ack_wait / 2,
+        (shared.settings.ack_wait / 2).max(Duration::from_millis(10)),
     );
     let answer = loop {
         tokio::select! {
@@ -439,7 +416,7 @@ async fn handle(shared: &Shared, context: &jetstream::Context, message: jetstrea
                 nak(&message, backoff_of(shared, delivered)).await;
                 return;
             }
-            let acked = tokio::time::timeout(shared.timeout, message.double_ack()).await;
+            let acked = tokio::time::timeout(shared.settings.timeout, message.double_ack()).await;
             if !matches!(acked, Ok(Ok(()))) {
                 // Redelivered after ack_wait; the inbox answers it as a
                 // duplicate.
@@ -490,8 +467,8 @@ async fn nak(message: &jetstream::Message, delay: Duration) {
 fn backoff_of(shared: &Shared, delivered: u32) -> Duration {
     backoff(
         delivered.saturating_sub(1),
-        shared.backoff_base,
-        shared.backoff_max,
+        shared.settings.backoff_base,
+        shared.settings.backoff_max,
         Duration::ZERO,
     )
 }
@@ -518,10 +495,10 @@ fn decide(shared: &Shared, answer: &Answer, delivered: u32) -> Action {
         Verdict::Retry {
             error, retry_after, ..
         } => {
-            if delivered > shared.max_retries {
+            if delivered > shared.settings.max_retries {
                 Action::Term(format!(
                     "{error} (delivered {delivered} times, max_retries {})",
-                    shared.max_retries
+                    shared.settings.max_retries
                 ))
             } else {
                 Action::Nak(backoff_of(shared, delivered).max(retry_after.unwrap_or_default()))
@@ -530,7 +507,7 @@ fn decide(shared: &Shared, answer: &Answer, delivered: u32) -> Action {
         Verdict::Unavailable { retry_after, .. } | Verdict::Wait { retry_after, .. } => {
             Action::Nak(backoff_of(shared, delivered).max(retry_after.unwrap_or_default()))
         }
-        Verdict::Held { .. } => Action::Nak(shared.backoff_max),
+        Verdict::Held { .. } => Action::Nak(shared.settings.backoff_max),
     }
 }
 
@@ -577,7 +554,7 @@ async fn publish_answer(
         }
     }
     headers.insert(async_nats::header::NATS_MESSAGE_ID, answer_id);
-    let published = tokio::time::timeout(shared.timeout, async {
+    let published = tokio::time::timeout(shared.settings.timeout, async {
         context
             .publish_with_headers(reply.to_owned(), headers, body.into())
             .await

@@ -22,6 +22,7 @@ mod url;
 use std::time::Duration;
 
 use async_nats::jetstream;
+use tokio_util::sync::CancellationToken;
 
 pub use answers::{AnswersBuilder, AnswersConsumer, AnswersHandle};
 pub use consumer::{ConsumerBuilder, ConsumerHandle, JetStreamConsumer};
@@ -175,4 +176,65 @@ pub(crate) fn http_headers(headers: Option<&async_nats::HeaderMap>) -> axum::htt
 /// row: 100 ms doubling to 5 s.
 pub(crate) fn reconnect_delay(failures: u32) -> Duration {
     Duration::from_millis((100u64 << failures.min(6)).min(5_000))
+}
+
+/// The settings [`ConsumerBuilder`] and [`AnswersBuilder`] share: how a
+/// pull consumer acknowledges, backs off and gives up.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PullSettings {
+    /// How long the server waits for an acknowledgement.
+    pub(crate) ack_wait: Duration,
+    /// The backoff of a negative acknowledgement, by delivery count.
+    pub(crate) backoff_base: Duration,
+    pub(crate) backoff_max: Duration,
+    /// Failed deliveries before a message is terminated.
+    pub(crate) max_retries: u32,
+    /// Bounds connecting, publishing and each acknowledgement.
+    pub(crate) timeout: Duration,
+}
+
+impl Default for PullSettings {
+    /// [`consumer::DEFAULT_ACK_WAIT`], the outbox's backoff and
+    /// `max_retries`, 5 s.
+    fn default() -> Self {
+        let outbox = crate::config::OutboxConfig::default();
+        Self {
+            ack_wait: consumer::DEFAULT_ACK_WAIT,
+            backoff_base: outbox.backoff_base,
+            backoff_max: outbox.backoff_max,
+            max_retries: outbox.max_retries,
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A consumer's task and the token that stops it (the inside of
+/// [`ConsumerHandle`] and [`AnswersHandle`]).
+#[derive(Debug)]
+pub(crate) struct Task {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Task {
+    /// Spawns `run(cancel)` on the current tokio runtime.
+    pub(crate) fn spawn<F>(run: impl FnOnce(CancellationToken) -> F) -> Self
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run(cancel.clone()));
+        Self { cancel, task }
+    }
+
+    /// Cancels the task and waits for it to finish.
+    pub(crate) async fn shutdown(self) {
+        self.cancel.cancel();
+        let _ = self.task.await;
+    }
+
+    /// Stops the task at once.
+    pub(crate) fn abort(self) {
+        self.task.abort();
+    }
 }

@@ -118,6 +118,48 @@ impl Pair {
     }
 }
 
+/// A broker, a [`Pair`] on it, the pair's receiver and consumer and,
+/// when asked for, its dispatcher: the setup most tests share.
+struct Running {
+    pair: Pair,
+    server: NatsServer,
+    receiver: Receiver,
+    consumer: ConsumerHandle,
+    dispatcher: Option<DispatcherHandle>,
+}
+
+impl Running {
+    /// Starts a `nats-server` (`None` without `RFIDL_NATS_SERVER`), the
+    /// pair's receiver with its config changed by `configure`, its
+    /// consumer, and with `dispatch` the sender's dispatcher.
+    fn start(configure: impl FnOnce(&mut Config), dispatch: bool) -> Option<Self> {
+        let server = NatsServer::start()?;
+        let pair = Pair::new(&server);
+        let mut config = pair.receiver_config();
+        configure(&mut config);
+        let receiver = pair.receiver(config);
+        let consumer = pair.consumer(receiver.clone());
+        let dispatcher = dispatch.then(|| pair.dispatcher());
+        Some(Self {
+            pair,
+            server,
+            receiver,
+            consumer,
+            dispatcher,
+        })
+    }
+
+    /// Shuts down the dispatcher, the consumer and the receiver, in that
+    /// order, then removes the files and stops the broker.
+    async fn stop(self) {
+        if let Some(dispatcher) = self.dispatcher {
+            dispatcher.shutdown().await;
+        }
+        self.consumer.shutdown().await;
+        self.receiver.shutdown().await;
+    }
+}
+
 /// Polls `done` every 10 ms until it holds, failing after `limit`.
 async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Duration {
     let started = Instant::now();
@@ -180,13 +222,10 @@ async fn consumer_backlog(server: &NatsServer, durable: &str) -> (u64, usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_messages_are_delivered_exactly_once() {
-    let Some(server) = NatsServer::start() else {
+    let Some(running) = Running::start(|_| {}, true) else {
         return;
     };
-    let pair = Pair::new(&server);
-    let receiver = pair.receiver(pair.receiver_config());
-    let consumer = pair.consumer(receiver.clone());
-    let dispatcher = pair.dispatcher();
+    let (server, pair) = (&running.server, &running.pair);
     let started = Instant::now();
     pair.credits(200);
     wait_until(
@@ -201,18 +240,15 @@ async fn two_hundred_messages_are_delivered_exactly_once() {
     .await;
     let elapsed = started.elapsed();
     // Every delivery acknowledged: nothing pending, nothing redelivered later.
-    let backlog = drained(&server, "ledger").await;
+    let backlog = drained(server, "ledger").await;
     assert_eq!(backlog, (0, 0), "every message acknowledged");
-    assert_exactly_once(&pair, 200);
+    assert_exactly_once(pair, 200);
     assert_eq!(
         pair.ledger.calls.load(std::sync::atomic::Ordering::SeqCst),
         200
     );
     eprintln!("jetstream: 200 messages delivered exactly once in {elapsed:?}");
-    dispatcher.shutdown().await;
-    consumer.shutdown().await;
-    receiver.shutdown().await;
-    drop(pair.dir);
+    running.stop().await;
 }
 
 /// A client of the test's server, for publishing by hand.
@@ -273,41 +309,48 @@ fn signed(
     (headers.to_pairs().to_vec(), body)
 }
 
+/// Publishes a message of `endpoint` with `payload` under a fresh id,
+/// signed with `secret` now (see [`signed`] and [`publish_raw`]); returns
+/// the id.
+async fn publish_signed(
+    context: &async_nats::jetstream::Context,
+    endpoint: &str,
+    payload: serde_json::Value,
+    secret: &Secret,
+) -> String {
+    let id = Uuid::now_v7().to_string();
+    let (headers, body) = signed(&id, endpoint, payload, secret);
+    publish_raw(context, &headers, &body, &id).await;
+    id
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_messages_are_terminated_recorded_and_not_redelivered() {
-    let Some(server) = NatsServer::start() else {
+    let Some(running) = Running::start(|config| config.inbox.body_limit = 4_096, false) else {
         return;
     };
-    let pair = Pair::new(&server);
-    let mut config = pair.receiver_config();
-    config.inbox.body_limit = 4_096;
-    let receiver = pair.receiver(config);
-    let metrics = receiver.metrics().clone();
-    let consumer = pair.consumer(receiver.clone());
-    let context = jetstream(&server).await;
+    let (server, pair) = (&running.server, &running.pair);
+    let metrics = running.receiver.metrics().clone();
+    let context = jetstream(server).await;
 
     // 401, counted: terminated after max_retries (2) + 1 deliveries.
-    let id = Uuid::now_v7().to_string();
-    let (headers, body) = signed(
-        &id,
+    publish_signed(
+        &context,
         "Credit",
         json!({"account": "p", "amount": 1}),
         &Secret::generate(),
-    );
-    publish_raw(&context, &headers, &body, &id).await;
+    )
+    .await;
     // 404: no such endpoint.
-    let id = Uuid::now_v7().to_string();
-    let (headers, body) = signed(&id, "Refund", json!({}), &pair.secret);
-    publish_raw(&context, &headers, &body, &id).await;
+    publish_signed(&context, "Refund", json!({}), &pair.secret).await;
     // 413: larger than inbox.body_limit.
-    let id = Uuid::now_v7().to_string();
-    let (headers, body) = signed(
-        &id,
+    publish_signed(
+        &context,
         "Credit",
         json!({"account": "x".repeat(8_000), "amount": 1}),
         &pair.secret,
-    );
-    publish_raw(&context, &headers, &body, &id).await;
+    )
+    .await;
     // 400: not an envelope (signed, so the signature passes).
     let id = Uuid::now_v7().to_string();
     let body = b"{\"not\": \"an envelope\"".to_vec();
@@ -321,18 +364,15 @@ async fn poison_messages_are_terminated_recorded_and_not_redelivered() {
     .to_vec();
     publish_raw(&context, &headers, &body, &id).await;
     // 422: the handler says poison.
-    let id = Uuid::now_v7().to_string();
-    let (headers, body) = signed(&id, "Poison", json!({}), &pair.secret);
-    publish_raw(&context, &headers, &body, &id).await;
+    publish_signed(&context, "Poison", json!({}), &pair.secret).await;
     // And a good message behind them all.
-    let good = Uuid::now_v7().to_string();
-    let (headers, body) = signed(
-        &good,
+    publish_signed(
+        &context,
         "Credit",
         json!({"account": "ok", "amount": 7}),
         &pair.secret,
-    );
-    publish_raw(&context, &headers, &body, &good).await;
+    )
+    .await;
 
     wait_until("5 terminated, 1 processed", Duration::from_secs(10), || {
         pair.receiver_count("SELECT COUNT(*) FROM rf_terminated") == 5
@@ -365,7 +405,7 @@ async fn poison_messages_are_terminated_recorded_and_not_redelivered() {
         5
     );
     // Nothing left for the consumer, and nothing comes back after ack_wait.
-    let backlog = drained(&server, "ledger").await;
+    let backlog = drained(server, "ledger").await;
     assert_eq!(backlog, (0, 0));
     tokio::time::sleep(Duration::from_millis(2_300)).await;
     assert_eq!(metrics.inbox_terminated.get(), 5, "each terminated once");
@@ -380,19 +420,16 @@ async fn poison_messages_are_terminated_recorded_and_not_redelivered() {
             .render(&Default::default())
             .contains("rf_inbox_terminated_total 5\n")
     );
-    consumer.shutdown().await;
-    receiver.shutdown().await;
+    running.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_republish_is_dropped_by_the_stream_and_a_late_copy_by_the_inbox() {
-    let Some(server) = NatsServer::start() else {
+    let Some(running) = Running::start(|_| {}, false) else {
         return;
     };
-    let pair = Pair::new(&server);
-    let receiver = pair.receiver(pair.receiver_config());
-    let consumer = pair.consumer(receiver.clone());
-    let context = jetstream(&server).await;
+    let (server, pair, receiver) = (&running.server, &running.pair, &running.receiver);
+    let context = jetstream(server).await;
     let id = Uuid::now_v7().to_string();
     let (headers, body) = signed(
         &id,
@@ -436,7 +473,7 @@ async fn a_republish_is_dropped_by_the_stream_and_a_late_copy_by_the_inbox() {
     let late = publish_raw(&context, &headers, &body, &id).await;
     assert!(!late.duplicate, "outside the window the stream takes it");
     assert_eq!(late.sequence, first.sequence + 1, "a second stream message");
-    let backlog = drained(&server, "ledger").await;
+    let backlog = drained(server, "ledger").await;
     assert_eq!(
         backlog,
         (0, 0),
@@ -466,19 +503,19 @@ async fn a_republish_is_dropped_by_the_stream_and_a_late_copy_by_the_inbox() {
         1,
         "the inbox answered the copy"
     );
-    consumer.shutdown().await;
-    receiver.shutdown().await;
+    running.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_broker_killed_and_restarted_mid_stream_loses_nothing_and_duplicates_no_effect() {
-    let Some(mut server) = NatsServer::start() else {
+    let Some(mut running) = Running::start(|_| {}, true) else {
         return;
     };
-    let pair = Pair::new(&server);
-    let receiver = pair.receiver(pair.receiver_config());
-    let consumer = pair.consumer(receiver.clone());
-    let dispatcher = pair.dispatcher();
+    let Running {
+        ref mut server,
+        ref pair,
+        ..
+    } = running;
     let messages = 400;
     pair.credits(messages as usize);
     wait_until(
@@ -504,9 +541,9 @@ async fn the_broker_killed_and_restarted_mid_stream_loses_nothing_and_duplicates
         },
     )
     .await;
-    let backlog = drained(&server, "ledger").await;
+    let backlog = drained(server, "ledger").await;
     assert_eq!(backlog, (0, 0), "everything acknowledged after the restart");
-    assert_exactly_once(&pair, messages);
+    assert_exactly_once(pair, messages);
     assert_eq!(
         pair.sender_count("SELECT MAX(retry_count) FROM outbox_messages"),
         0,
@@ -516,9 +553,7 @@ async fn the_broker_killed_and_restarted_mid_stream_loses_nothing_and_duplicates
         "jetstream restart: killed at {at_kill} effects / {sent_at_kill} Sent of {messages}; \
          all delivered exactly once {recovered:?} after the restart"
     );
-    dispatcher.shutdown().await;
-    consumer.shutdown().await;
-    receiver.shutdown().await;
+    running.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -754,14 +789,13 @@ async fn a_consumer_killed_mid_handler_leaves_the_message_to_the_next_which_proc
         .spawn()
         .expect("child process");
     let context = jetstream(&server).await;
-    let id = Uuid::now_v7().to_string();
-    let (headers, body) = signed(
-        &id,
+    publish_signed(
+        &context,
         "Credit",
         json!({"account": "k", "amount": 3}),
         &pair.secret,
-    );
-    publish_raw(&context, &headers, &body, &id).await;
+    )
+    .await;
     wait_until("the child's handler runs", Duration::from_secs(20), || {
         marker.exists()
     })
@@ -1034,9 +1068,7 @@ async fn answers_on_every_store(store: &crate::stores::TestStore) {
     );
     // And one that will never succeed: terminated into the receiver's database.
     let context = jetstream(&server).await;
-    let poison = Uuid::now_v7().to_string();
-    let (headers, body) = signed(&poison, "Refund", json!({}), &secret);
-    publish_raw(&context, &headers, &body, &poison).await;
+    let poison = publish_signed(&context, "Refund", json!({}), &secret).await;
     wait_until("every answer handled", Duration::from_secs(15), || {
         store.count("SELECT COUNT(*) FROM answers") == messages
             && receiver_store.count("SELECT COUNT(*) FROM rf_terminated") == 1
@@ -1083,13 +1115,10 @@ async fn answers_on_every_store(store: &crate::stores::TestStore) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn too_large_for_the_broker_is_dead_lettered_and_a_deleted_stream_is_created_again() {
-    let Some(server) = NatsServer::start() else {
+    let Some(running) = Running::start(|_| {}, true) else {
         return;
     };
-    let pair = Pair::new(&server);
-    let receiver = pair.receiver(pair.receiver_config());
-    let consumer = pair.consumer(receiver.clone());
-    let dispatcher = pair.dispatcher();
+    let (server, pair) = (&running.server, &running.pair);
     // nats-server's default max_payload is 1 MiB.
     let ids = pair.enqueue(vec![
         message(
@@ -1119,7 +1148,7 @@ async fn too_large_for_the_broker_is_dead_lettered_and_a_deleted_stream_is_creat
     );
 
     // The stream deleted under both sides: created again, nothing lost.
-    jetstream(&server)
+    jetstream(server)
         .await
         .delete_stream("RF_ledger_inbound")
         .await
@@ -1139,9 +1168,7 @@ async fn too_large_for_the_broker_is_dead_lettered_and_a_deleted_stream_is_creat
         pair.receiver_count("SELECT COUNT(DISTINCT message_id) FROM ledger"),
         6
     );
-    dispatcher.shutdown().await;
-    consumer.shutdown().await;
-    receiver.shutdown().await;
+    running.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1211,14 +1238,13 @@ async fn a_handler_slower_than_ack_wait_keeps_its_message_and_is_not_redelivered
         .spawn()
         .expect("consumer");
     let context = jetstream(&server).await;
-    let id = Uuid::now_v7().to_string();
-    let (headers, body) = signed(
-        &id,
+    publish_signed(
+        &context,
         "Credit",
         json!({"account": "slow", "amount": 1}),
         &pair.secret,
-    );
-    publish_raw(&context, &headers, &body, &id).await;
+    )
+    .await;
     wait_until("processed", Duration::from_secs(10), || {
         pair.receiver_count("SELECT COUNT(*) FROM ledger") == 1
     })
@@ -1259,14 +1285,13 @@ async fn a_message_waiting_in_the_stream_longer_than_the_signature_tolerance_is_
     )
     .await
     .expect("stream");
-    let waited = Uuid::now_v7().to_string();
-    let (headers, body) = signed(
-        &waited,
+    let waited = publish_signed(
+        &context,
         "Credit",
         json!({"account": "w", "amount": 1}),
         &pair.secret,
-    );
-    publish_raw(&context, &headers, &body, &waited).await;
+    )
+    .await;
     // Signed long before it was stored: a replay, refused (waits, uncounted).
     let replayed = Uuid::now_v7().to_string();
     let body_old = serde_json::to_vec(&support::envelope(
