@@ -171,13 +171,7 @@ fn enqueue_beside_raw(dir: &Path) -> (f64, f64) {
     let path = dir.join("interleaved-enqueue.db");
     let outbox = Outbox::new(Config::default(), &path);
     let mut conn = db::open(&path, Durability::Normal).expect("open");
-    let mut raw = rusqlite::Connection::open(dir.join("interleaved-raw.db")).expect("open");
-    db::configure(&raw, Durability::Normal).expect("pragmas");
-    raw.execute_batch(
-        "CREATE TABLE t (id TEXT PRIMARY KEY, body TEXT NOT NULL, at INTEGER NOT NULL)",
-    )
-    .expect("table");
-    let body = "x".repeat(300);
+    let mut raw = raw_table(&dir.join("interleaved-raw.db"), Durability::Normal);
     let (mut enqueue_time, mut raw_time) = (Duration::ZERO, Duration::ZERO);
     for block in 0..ROWS / BLOCK {
         let started = Instant::now();
@@ -188,15 +182,7 @@ fn enqueue_beside_raw(dir: &Path) -> (f64, f64) {
         }
         enqueue_time += started.elapsed();
         let started = Instant::now();
-        for _ in 0..BLOCK {
-            let tx = raw.transaction().expect("tx");
-            tx.execute(
-                "INSERT INTO t (id, body, at) VALUES (?1, ?2, ?3)",
-                rusqlite::params![uuid::Uuid::now_v7().to_string(), body, db::now_ms()],
-            )
-            .expect("insert");
-            tx.commit().expect("commit");
-        }
+        raw_inserts(&mut raw, BLOCK);
         raw_time += started.elapsed();
     }
     let done = ROWS / BLOCK * BLOCK;

@@ -37,15 +37,28 @@ pub fn rate(count: usize, elapsed: Duration) -> f64 {
 /// The ceiling the outbox is measured against: one INSERT of a row the size
 /// of an outbox row per transaction, nothing else.
 pub fn raw_insert_rate(path: &Path, durability: Durability) -> f64 {
-    let mut conn = rusqlite::Connection::open(path).expect("open");
+    let mut conn = raw_table(path, durability);
+    let started = Instant::now();
+    raw_inserts(&mut conn, ROWS);
+    rate(ROWS, started.elapsed())
+}
+
+/// The reference's database: one table of a 36-character key, a body and a
+/// time.
+pub fn raw_table(path: &Path, durability: Durability) -> rusqlite::Connection {
+    let conn = rusqlite::Connection::open(path).expect("open");
     db::configure(&conn, durability).expect("pragmas");
     conn.execute_batch(
         "CREATE TABLE t (id TEXT PRIMARY KEY, body TEXT NOT NULL, at INTEGER NOT NULL)",
     )
     .expect("table");
+    conn
+}
+
+/// `rows` reference inserts of a 300-byte body, one row per transaction.
+pub fn raw_inserts(conn: &mut rusqlite::Connection, rows: usize) {
     let body = "x".repeat(300);
-    let started = Instant::now();
-    for _ in 0..ROWS {
+    for _ in 0..rows {
         let tx = conn.transaction().expect("tx");
         tx.execute(
             "INSERT INTO t (id, body, at) VALUES (?1, ?2, ?3)",
@@ -54,7 +67,6 @@ pub fn raw_insert_rate(path: &Path, durability: Durability) -> f64 {
         .expect("insert");
         tx.commit().expect("commit");
     }
-    rate(ROWS, started.elapsed())
 }
 
 /// The message of (c) and (e): a JSON payload of about 250 bytes.
