@@ -268,16 +268,21 @@ fn a_decommission_reaches_every_provider_instance_and_a_recommission_releases_th
     assert!(!first.outbox.lifecycle().is_decommissioned(INTERFACE, 1));
     assert!(!second.outbox.lifecycle().is_decommissioned(INTERFACE, 1));
 
-    // Every command was acknowledged: none left in the command outbox.
+    // Every command was acknowledged. A provider applies a command before
+    // the registry's dispatcher has read its answer and marked the row
+    // `Sent` (CI once counted 3 of 4 right after the release), so wait for
+    // the marks.
     let conn = rusqlite::Connection::open(dir.path().join("registry.db.commands")).expect("open");
-    let sent: i64 = conn
-        .query_row(
+    let sent = || -> i64 {
+        conn.query_row(
             "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'",
             [],
             |row| row.get(0),
         )
-        .expect("count");
-    assert_eq!(sent, 4, "two decommissions and two recommissions");
+        .expect("count")
+    };
+    wait_until("every command marked Sent", || sent() >= 4);
+    assert_eq!(sent(), 4, "two decommissions and two recommissions");
     drop(server);
     rt.block_on(commands.shutdown());
 }
