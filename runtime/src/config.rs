@@ -77,12 +77,17 @@ pub struct OutboxConfig {
     /// `Sent` rows are deleted this long after they were sent.
     #[serde(with = "serde_human")]
     pub sent_retention: Duration,
-    /// `synchronous` of the outbox's own write connection (`Outbox::send`):
-    /// `normal` by default. With `normal` a power cut can undo the last
-    /// commits since a WAL checkpoint, business rows and their outbox rows
-    /// together; never a message already sent, because the dispatcher's
-    /// claim always commits with `full` (making the enqueuing transaction
-    /// durable first). See `docs/guarantees-durability.md`.
+    /// How enqueuing transactions commit: `normal` by default. With
+    /// `normal` a power cut can undo the last commits since a WAL
+    /// checkpoint, business rows and their outbox rows together; never a
+    /// message already sent, because the dispatcher's claim then commits
+    /// with `synchronous=FULL` (making the enqueuing transaction durable
+    /// before anything leaves). With `full` every enqueuing transaction is
+    /// durable when it commits: `Outbox::send` commits so, and
+    /// `Outbox::enqueue` refuses (`OutboxError::NotDurable`) a transaction
+    /// whose connection commits with less; the claim then needs no fsync,
+    /// so none lies between a commit and its delivery. See
+    /// `docs/guarantees-durability.md`.
     pub durability: Durability,
 }
 

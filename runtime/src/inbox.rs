@@ -236,6 +236,20 @@ pub trait InboxLookup: Send + Sync + 'static {
         source_service_id: &str,
         message_id: &str,
     ) -> Result<Option<InboxEntry>, InboxError>;
+
+    /// The same look-up, only if it can be answered at once without waiting
+    /// on anything (no lock, no connection to open, no network): `None`
+    /// means "use [`lookup`](Self::lookup) on the blocking pool". The
+    /// receiver calls this on the executor for a lone message, saving the
+    /// two thread hand-offs of the blocking pool (about 90 µs of a message's
+    /// commit-to-effect time on the benchmark machine).
+    fn lookup_now(
+        &self,
+        _source_service_id: &str,
+        _message_id: &str,
+    ) -> Option<Result<Option<InboxEntry>, InboxError>> {
+        None
+    }
 }
 
 impl InboxLookup for InboxReader {
@@ -245,6 +259,14 @@ impl InboxLookup for InboxReader {
         message_id: &str,
     ) -> Result<Option<InboxEntry>, InboxError> {
         InboxReader::lookup(self, source_service_id, message_id)
+    }
+
+    fn lookup_now(
+        &self,
+        source_service_id: &str,
+        message_id: &str,
+    ) -> Option<Result<Option<InboxEntry>, InboxError>> {
+        InboxReader::lookup_now(self, source_service_id, message_id)
     }
 }
 
@@ -309,6 +331,37 @@ impl InboxReader {
             && idle.len() < READ_POOL_SIZE
         {
             idle.push(conn);
+        }
+    }
+
+    /// [`lookup`](Self::lookup) on an idle connection that does not wait
+    /// for locks (one point read of the primary key, a few microseconds);
+    /// `None` when no connection is idle or the database is busy.
+    pub fn lookup_now(
+        &self,
+        source_service_id: &str,
+        message_id: &str,
+    ) -> Option<Result<Option<InboxEntry>, InboxError>> {
+        let conn = self.idle.lock().ok()?.pop()?;
+        let found = conn
+            .busy_timeout(std::time::Duration::ZERO)
+            .and_then(|()| lookup(&conn, source_service_id, message_id));
+        let restored = conn.busy_timeout(BUSY_TIMEOUT);
+        if restored.is_ok() {
+            self.give_back(conn);
+        }
+        match found {
+            Err(rusqlite::Error::SqliteFailure(failure, _))
+                if matches!(
+                    failure.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                ) =>
+            {
+                None
+            }
+            Err(e) => Some(Err(self.wrap(e))),
+            Ok(Some(raw)) => Some(raw.into_entry(source_service_id, message_id).map(Some)),
+            Ok(None) => Some(Ok(None)),
         }
     }
 

@@ -21,7 +21,7 @@ use tokio::sync::Notify;
 use tracing::Instrument as _;
 use uuid::Uuid;
 
-use crate::config::Config;
+use crate::config::{Config, Durability};
 use crate::db;
 use crate::envelope::MessageType;
 use crate::liveness::Liveness;
@@ -69,6 +69,17 @@ pub enum OutboxError {
     /// A shared commit failed; no message of that group was written.
     #[error("outbox write failed: {0}")]
     Write(String),
+    /// `outbox.durability` is `full`, but the transaction given to
+    /// [`Outbox::enqueue`] belongs to a connection that commits with a lower
+    /// `synchronous` level. Under `full` the dispatcher's claim does not
+    /// fsync (the enqueuing commit already did), so such a transaction could
+    /// be sent and then undone by a power cut. Nothing was written.
+    #[error(
+        "outbox.durability is `full`, but this transaction's connection commits with \
+         PRAGMA synchronous={found} (not durable at commit): open it with `Durability::Full` \
+         (`rfidl_runtime::db::open(path, Durability::Full)`) or set `outbox.durability: normal`"
+    )]
+    NotDurable { found: &'static str },
 }
 
 /// A handle to write messages. Cheap to clone.
@@ -191,6 +202,9 @@ impl Outbox {
     ) -> Result<Uuid, OutboxError> {
         let span = enqueue_span(&mut message);
         let _entered = span.enter();
+        if self.inner.config.outbox.durability == Durability::Full {
+            require_durable_commit(tx)?;
+        }
         let id = insert(tx, &self.inner.config, &message)?;
         span.record("message_id", tracing::field::display(id));
         self.inner.metrics.outbox_enqueued.inc();
@@ -352,6 +366,20 @@ fn write_group(
 }
 
 /// The INSERT itself, shared by `enqueue` and `send`.
+/// Under `outbox.durability: full` the dispatcher's claim relies on every
+/// enqueuing transaction being durable when it commits: refuses a connection
+/// whose `synchronous` level is below `FULL` (2).
+fn require_durable_commit(conn: &rusqlite::Connection) -> Result<(), OutboxError> {
+    let level: i64 = conn
+        .prepare_cached("PRAGMA synchronous")?
+        .query_row([], |row| row.get(0))?;
+    match level {
+        2.. => Ok(()),
+        1 => Err(OutboxError::NotDurable { found: "NORMAL" }),
+        _ => Err(OutboxError::NotDurable { found: "OFF" }),
+    }
+}
+
 fn insert(
     conn: &rusqlite::Connection,
     config: &Config,

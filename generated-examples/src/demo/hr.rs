@@ -112,6 +112,9 @@ pub struct HrService {
     hiring: std::sync::Arc<dyn Hiring>,
     /// The connection hires are made on, opened at the first hire.
     connection: std::sync::Arc<std::sync::Mutex<Option<Connection>>>,
+    /// How hires commit: `outbox.durability` (under `full` the outbox
+    /// refuses a transaction that is not durable at commit).
+    durability: rfidl_runtime::Durability,
 }
 
 /// Hiring on the service's store (see [`HrService::hire`]).
@@ -233,6 +236,7 @@ impl HrService {
                 v2: emp_service_v2::EngineClient::with_store(outbox, ENGINE),
             }),
             connection: Default::default(),
+            durability: config.outbox.durability,
         })
     }
 
@@ -241,17 +245,18 @@ impl HrService {
     /// The transaction runs on the blocking pool, on one connection kept
     /// for hiring.
     pub async fn hire(&self, number: u32) -> anyhow::Result<Uuid> {
-        let (hiring, connection, db) = (
+        let (hiring, connection, db, durability) = (
             std::sync::Arc::clone(&self.hiring),
             std::sync::Arc::clone(&self.connection),
             self.db.clone(),
+            self.durability,
         );
         tokio::task::spawn_blocking(move || {
             let mut slot = connection
                 .lock()
                 .map_err(|_| anyhow::anyhow!("the hiring connection is poisoned"))?;
             if slot.is_none() {
-                *slot = Some(Connection::open(&db)?);
+                *slot = Some(Connection::open_with(&db, durability)?);
             }
             let connection = slot
                 .as_mut()

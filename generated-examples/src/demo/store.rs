@@ -129,13 +129,23 @@ impl Drop for PgClient {
 }
 
 impl Connection {
-    /// Opens (and migrates) `database`.
+    /// Opens (and migrates) `database`; a SQLite connection commits with
+    /// `synchronous=NORMAL`.
     pub fn open(database: &Database) -> anyhow::Result<Self> {
+        Self::open_with(database, rfidl_runtime::Durability::Normal)
+    }
+
+    /// Opens (and migrates) `database`; a SQLite connection commits with
+    /// `durability` (give it `outbox.durability` for a connection that
+    /// enqueues).
+    pub fn open_with(
+        database: &Database,
+        durability: rfidl_runtime::Durability,
+    ) -> anyhow::Result<Self> {
         Ok(match database {
-            Database::Sqlite(path) => Connection::Sqlite(rfidl_runtime::db::open(
-                path,
-                rfidl_runtime::Durability::Normal,
-            )?),
+            Database::Sqlite(path) => {
+                Connection::Sqlite(rfidl_runtime::db::open(path, durability)?)
+            }
             Database::Postgres(url) => {
                 Connection::Postgres(PgClient(Some(rfidl_runtime::pg::open(url)?)))
             }

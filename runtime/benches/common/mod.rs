@@ -469,7 +469,10 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// (e): 300 messages one at a time, each committed alone while the
 /// dispatcher idles: commit -> the handler's effect, p50 and p99 in ms.
-pub async fn commit_to_effect(dir: &Path, wire: Wire) -> (f64, f64) {
+/// `sender` is the sender's `outbox.durability`, and how its enqueuing
+/// transactions commit: under `normal` the dispatcher's claim fsyncs (the
+/// commit did not), under `full` the commit did and the claim does not.
+pub async fn commit_to_effect(dir: &Path, wire: Wire, sender: Durability) -> (f64, f64) {
     let pair = pair(
         dir,
         &format!("e-{}", wire.name()),
@@ -478,17 +481,18 @@ pub async fn commit_to_effect(dir: &Path, wire: Wire) -> (f64, f64) {
         wire,
     )
     .await;
-    let dispatcher = Dispatcher::builder(&pair.outbox, &pair.sender_db)
+    let mut config = pair.outbox.config().clone();
+    config.outbox.durability = sender;
+    let outbox = Outbox::new(config, &pair.sender_db);
+    let dispatcher = Dispatcher::builder(&outbox, &pair.sender_db)
         .start()
         .expect("dispatcher");
-    let mut conn = db::open(&pair.sender_db, Durability::Normal).expect("open");
+    let mut conn = db::open(&pair.sender_db, sender).expect("open");
     let mut samples = Vec::new();
     for n in 0..300 {
         let before = pair.effects.lock().expect("lock").len();
         let tx = conn.transaction().expect("tx");
-        pair.outbox
-            .enqueue(&tx, message("ledger", n))
-            .expect("enqueue");
+        outbox.enqueue(&tx, message("ledger", n)).expect("enqueue");
         tx.commit().expect("commit");
         let committed = Instant::now();
         let effect = loop {
@@ -524,10 +528,12 @@ pub fn transports(runtime: &tokio::runtime::Runtime, dir: &Path) {
             &format!("(c) exactly-once e2e over {name}, receiver Full, batched"),
             format!("{rate:.0} msg/s"),
         );
-        let (p50, p99) = runtime.block_on(commit_to_effect(dir, wire));
-        report(
-            &format!("(e) commit -> effect over {name}, idle: p50 / p99"),
-            format!("{p50:.2} / {p99:.2} ms"),
-        );
+        for sender in [Durability::Normal, Durability::Full] {
+            let (p50, p99) = runtime.block_on(commit_to_effect(dir, wire, sender));
+            report(
+                &format!("(e) commit -> effect over {name}, outbox {sender:?}: p50 / p99"),
+                format!("{p50:.2} / {p99:.2} ms"),
+            );
+        }
     }
 }

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::circuit::{Admission, Circuits, GroupOutcome};
-use crate::config::Config;
+use crate::config::{Config, Durability};
 use crate::db;
 use crate::envelope::{Acknowledgement, Envelope, MessageType};
 use crate::liveness::Liveness;
@@ -191,7 +191,9 @@ impl Dispatcher {
         Self::with_store(
             outbox,
             Box::new(move |config: &Config, responses| {
-                let conn = db::open(&path, config.outbox.durability)?;
+                // NORMAL: only a claim may need an fsync, and it asks for
+                // one itself (see `SqliteDispatch::claim`).
+                let conn = db::open(&path, Durability::Normal)?;
                 Ok(Arc::new(sqlite::SqliteDispatch::new(
                     conn,
                     config.outbox.durability,

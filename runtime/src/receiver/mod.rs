@@ -876,13 +876,24 @@ impl Shared {
             .iter()
             .map(|a| (a.envelope.source_service_id.clone(), a.message_id.clone()))
             .collect();
-        let reader = Arc::clone(&self.reader);
-        let found = tokio::task::spawn_blocking(move || {
-            keys.iter()
-                .map(|(source, id)| reader.lookup(source, id))
-                .collect::<Vec<_>>()
-        })
-        .await;
+        // A lone message is looked up here if that cannot block (it nearly
+        // never does); the rest on the blocking pool.
+        let now = match keys.as_slice() {
+            [(source, id)] => self.reader.lookup_now(source, id),
+            _ => None,
+        };
+        let found = match now {
+            Some(found) => Ok(vec![found]),
+            None => {
+                let reader = Arc::clone(&self.reader);
+                tokio::task::spawn_blocking(move || {
+                    keys.iter()
+                        .map(|(source, id)| reader.lookup(source, id))
+                        .collect::<Vec<_>>()
+                })
+                .await
+            }
+        };
         let found = match found {
             Ok(found) => found,
             Err(e) => {

@@ -753,7 +753,9 @@ async fn powerloss_sender_normal_never_delivers_a_transaction_it_can_lose() {
             [id.to_string()],
         )
         .expect("order");
+        let before_commit = fault.syncs();
         tx.commit().expect("commit");
+        let after_commit = fault.syncs();
         let row = crate::dispatcher::wait_for(
             &fault.path().join("sender.db"),
             &id,
@@ -761,6 +763,22 @@ async fn powerloss_sender_normal_never_delivers_a_transaction_it_can_lose() {
         )
         .await;
         assert_eq!(row.status, rfidl_runtime::outbox::Status::Sent);
+        // Where the fsync that makes the enqueue durable happens: under
+        // `normal` in the dispatcher's claim, under `full` in the enqueuing
+        // commit, so that the claim syncs nothing and commit -> send has no
+        // fsync on its path. (A NORMAL commit may sync too: the first write
+        // after a checkpoint restarts the WAL.)
+        let (in_commit, until_sent) = (after_commit - before_commit, fault.syncs() - after_commit);
+        match durability {
+            Durability::Normal => assert!(
+                until_sent >= 1,
+                "normal: {in_commit} syncs in the commit, {until_sent} until Sent"
+            ),
+            Durability::Full => assert!(
+                in_commit >= 1 && until_sent == 0,
+                "full: {in_commit} syncs in the commit, {until_sent} until Sent"
+            ),
+        }
         let cut = fault.cut_power();
         dispatcher.abort();
         drop(conn);
@@ -788,18 +806,19 @@ async fn powerloss_sender_normal_never_delivers_a_transaction_it_can_lose() {
         // The `Sent` record needs no fsync of its own (NORMAL): if the cut
         // took it, the row is still `Sending`, and a dispatcher on the
         // restored disk sends it again once the lease ran out; the receiver
-        // answers a duplicate, and the effect stays single.
+        // answers a duplicate, and the effect stays single. Under `full` the
+        // claim has no fsync either: the cut may take it too, leaving the
+        // row `Pending`, sent again at once and answered as a duplicate.
         let status = rfidl_runtime::outbox::row(&disk, &id)
             .expect("query")
             .expect("row")
             .status;
-        assert!(
-            matches!(
-                status,
-                rfidl_runtime::outbox::Status::Sending | rfidl_runtime::outbox::Status::Sent
-            ),
-            "{status:?}"
-        );
+        use rfidl_runtime::outbox::Status;
+        let possible: &[Status] = match durability {
+            Durability::Normal => &[Status::Sending, Status::Sent],
+            Durability::Full => &[Status::Pending, Status::Sending, Status::Sent],
+        };
+        assert!(possible.contains(&status), "{durability:?}: {status:?}");
         drop(disk);
         let restored = after.path().join("sender.db");
         let outbox = Outbox::new(config, &restored);
@@ -830,4 +849,45 @@ async fn powerloss_sender_normal_never_delivers_a_transaction_it_can_lose() {
         );
         receiver.receiver.shutdown().await;
     }
+}
+
+/// Under `outbox.durability: full` the claim does not fsync, so an enqueue
+/// on a connection that does not commit durably is refused, and writes
+/// nothing.
+#[test]
+fn outbox_full_refuses_a_transaction_that_is_not_durable_at_commit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("sender.db");
+    let mut config = crate::dispatcher::sender_config(std::time::Duration::from_millis(20));
+    config.outbox.durability = Durability::Full;
+    let outbox = Outbox::new(config, &path);
+    let message =
+        || crate::dispatcher::message("ledger", "Credit", serde_json::json!({"amount": 1}));
+    let mut normal = rfidl_runtime::db::open(&path, Durability::Normal).expect("open");
+    let tx = normal.transaction().expect("tx");
+    let refused = outbox
+        .enqueue(&tx, message())
+        .expect_err("a NORMAL connection");
+    assert!(
+        matches!(
+            refused,
+            rfidl_runtime::outbox::OutboxError::NotDurable { found: "NORMAL" }
+        ),
+        "{refused:?}"
+    );
+    assert!(
+        refused.to_string().contains("synchronous=NORMAL"),
+        "{refused}"
+    );
+    tx.commit().expect("commit");
+    let count = |conn: &rusqlite::Connection| -> i64 {
+        conn.query_row("SELECT count(*) FROM outbox_messages", [], |r| r.get(0))
+            .expect("count")
+    };
+    assert_eq!(count(&normal), 0, "a refused enqueue wrote a row");
+    let mut full = rfidl_runtime::db::open(&path, Durability::Full).expect("open");
+    let tx = full.transaction().expect("tx");
+    outbox.enqueue(&tx, message()).expect("a FULL connection");
+    tx.commit().expect("commit");
+    assert_eq!(count(&full), 1);
 }
