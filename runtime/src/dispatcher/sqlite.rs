@@ -48,34 +48,34 @@ impl SqliteDispatch {
 /// the dispatcher's first claim after an enqueue nearly always finds the
 /// enqueuing transaction still committing (`Outbox::enqueue` wakes the
 /// dispatcher from inside it), so every message waited a millisecond or
-/// more for a lock released a few microseconds later. This one first
-/// yields the processor between tries (a try is one `fcntl`), about the
-/// time a commit's fsync takes (0.1–0.3 ms), then sleeps 50 µs (which the
-/// kernel's timer slack makes about 100 µs) until 2 ms, then 1 ms, and
+/// more for a lock released a few microseconds later. This one yields the
+/// processor between tries (a try is one `fcntl`) for the first 300 µs,
+/// about what a commit's fsync takes here, then sleeps 50 µs at a time
+/// (about 100 µs with the kernel's timer slack) until 2 ms, then 1 ms, and
 /// gives up after [`db::BUSY_TIMEOUT`] as before.
 fn wait_for_writer(attempt: i32) -> bool {
-    const YIELDS: u32 = 100;
-    const FINE_STEP: std::time::Duration = std::time::Duration::from_micros(50);
-    const FINE_TRIES: u32 = 40;
-    const COARSE_STEP: std::time::Duration = std::time::Duration::from_millis(1);
-    let attempt = u32::try_from(attempt).unwrap_or(0);
-    if attempt < YIELDS {
-        std::thread::yield_now();
-        return true;
+    use std::time::{Duration, Instant};
+    thread_local! {
+        static FIRST_TRY: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
     }
-    let attempt = attempt - YIELDS;
-    let (waited, step) = if attempt < FINE_TRIES {
-        (FINE_STEP * attempt, FINE_STEP)
-    } else {
-        (
-            FINE_STEP * FINE_TRIES + COARSE_STEP * (attempt - FINE_TRIES),
-            COARSE_STEP,
-        )
-    };
+    let now = Instant::now();
+    let first = FIRST_TRY.with(|first| {
+        if attempt == 0 || first.get().is_none() {
+            first.set(Some(now));
+        }
+        first.get().unwrap_or(now)
+    });
+    let waited = now.duration_since(first);
     if waited >= db::BUSY_TIMEOUT {
         return false;
     }
-    std::thread::sleep(step);
+    if waited < Duration::from_micros(300) {
+        std::thread::yield_now();
+    } else if waited < Duration::from_millis(2) {
+        std::thread::sleep(Duration::from_micros(50));
+    } else {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     true
 }
 
