@@ -352,36 +352,63 @@ fn write_group(
 }
 
 /// The INSERT itself, shared by `enqueue` and `send`.
+///
+/// The row's `seq` (its rowid) is derived from its id ([`db::outbox_seq`]):
+/// ids made by other processes writing to the same file in the same
+/// millisecond may share it, and the INSERT then fails on the primary key
+/// before it wrote anything, so it is tried again with a fresh id.
 fn insert(
     conn: &rusqlite::Connection,
     config: &Config,
     message: &OutgoingMessage,
 ) -> Result<Uuid, OutboxError> {
-    let id = Uuid::now_v7();
+    const ATTEMPTS: usize = 8;
     let now = db::now_ms();
     let ttl = message.ttl.unwrap_or(config.outbox.ttl);
     let max_retries = message.max_retries.unwrap_or(config.outbox.max_retries);
+    let payload = serde_json::to_string(&message.payload)?;
+    let headers = serde_json::to_string(&message.headers)?;
     let mut statement = conn.prepare_cached(
-        "INSERT INTO outbox_messages (message_id, correlation_id, message_type, destination, interface, version, \
-         fingerprint, endpoint, payload, headers, status, max_retries, next_retry_at, created_at, expires_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'Pending', ?11, ?12, ?12, ?13)",
+        "INSERT INTO outbox_messages (seq, message_id, correlation_id, message_type, destination, \
+         interface, version, fingerprint, endpoint, payload, headers, status, max_retries, \
+         next_retry_at, created_at, expires_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'Pending', ?12, ?13, ?13, ?14)",
     )?;
-    statement.execute(params![
-        id.to_string(),
-        message.correlation_id,
-        message.message_type.as_str(),
-        message.destination,
-        message.interface,
-        message.version,
-        message.fingerprint,
-        message.endpoint,
-        serde_json::to_string(&message.payload)?,
-        serde_json::to_string(&message.headers)?,
-        max_retries,
-        now,
-        now + ttl.as_millis() as i64,
-    ])?;
-    Ok(id)
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let id = Uuid::now_v7();
+        let mut text = Uuid::encode_buffer();
+        let text = id.hyphenated().encode_lower(&mut text);
+        let result = statement.execute(params![
+            db::outbox_seq(text),
+            &*text,
+            message.correlation_id,
+            message.message_type.as_str(),
+            message.destination,
+            message.interface,
+            message.version,
+            message.fingerprint,
+            message.endpoint,
+            payload,
+            headers,
+            max_retries,
+            now,
+            now + ttl.as_millis() as i64,
+        ]);
+        match result {
+            Ok(_) => return Ok(id),
+            Err(error)
+                if attempt < ATTEMPTS
+                    && error.sqlite_error().is_some_and(|e| {
+                        e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+                    }) =>
+            {
+                continue;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
 }
 
 /// The statuses of the `outbox_messages.status` column.
@@ -439,8 +466,8 @@ pub fn row(conn: &rusqlite::Connection, message_id: &Uuid) -> rusqlite::Result<O
     use rusqlite::OptionalExtension as _;
     conn.query_row(
         "SELECT message_id, destination, endpoint, status, retry_count, max_retries, last_error, response \
-         FROM outbox_messages WHERE message_id = ?1",
-        params![message_id.to_string()],
+         FROM outbox_messages WHERE seq = ?2 AND message_id = ?1",
+        params![message_id.to_string(), db::outbox_seq(&message_id.to_string())],
         |r| {
             let status: String = r.get(3)?;
             let response: Option<String> = r.get(7)?;
