@@ -362,6 +362,16 @@ fn insert(
     config: &Config,
     message: &OutgoingMessage,
 ) -> Result<Uuid, OutboxError> {
+    insert_with_ids(conn, config, message, Uuid::now_v7)
+}
+
+/// [`insert`] with the ids drawn from `next_id`.
+fn insert_with_ids(
+    conn: &rusqlite::Connection,
+    config: &Config,
+    message: &OutgoingMessage,
+    mut next_id: impl FnMut() -> Uuid,
+) -> Result<Uuid, OutboxError> {
     const ATTEMPTS: usize = 8;
     let now = db::now_ms();
     let ttl = message.ttl.unwrap_or(config.outbox.ttl);
@@ -377,7 +387,7 @@ fn insert(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let id = Uuid::now_v7();
+        let id = next_id();
         let mut text = Uuid::encode_buffer();
         let text = id.hyphenated().encode_lower(&mut text);
         let result = statement.execute(params![
@@ -494,4 +504,63 @@ pub fn counts(conn: &rusqlite::Connection) -> rusqlite::Result<BTreeMap<String, 
         Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
     })?;
     rows.collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Durability;
+
+    fn message() -> OutgoingMessage {
+        OutgoingMessage {
+            destination: "peer".into(),
+            message_type: MessageType::Signal,
+            interface: "p.S".into(),
+            version: 1,
+            fingerprint: "sha256:f".into(),
+            endpoint: "E".into(),
+            correlation_id: None,
+            payload: serde_json::json!({"n": 1}),
+            headers: BTreeMap::new(),
+            max_retries: None,
+            ttl: None,
+        }
+    }
+
+    #[test]
+    fn an_id_whose_seq_is_taken_is_replaced_by_a_fresh_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut conn = db::open(dir.path().join("o.db"), Durability::Normal).expect("open");
+        let config = Config::default();
+        let first = Uuid::parse_str("019ab5d3-7f00-7abc-8def-0123456789ab").expect("uuid");
+        // Same millisecond, same low 15 counter bits: same seq, other id.
+        let twin = Uuid::parse_str("019ab5d3-7f00-7fff-bfff-0123ffffffff").expect("uuid");
+        let fresh = Uuid::parse_str("019ab5d3-7f01-7000-8000-000000000000").expect("uuid");
+        assert_eq!(
+            db::outbox_seq(&first.to_string()),
+            db::outbox_seq(&twin.to_string())
+        );
+        let tx = conn.transaction().expect("tx");
+        let mut ids = [first].into_iter();
+        let written = insert_with_ids(&tx, &config, &message(), || ids.next().expect("id"));
+        assert_eq!(written.expect("first"), first);
+        let mut ids = [twin, fresh].into_iter();
+        let written = insert_with_ids(&tx, &config, &message(), || ids.next().expect("id"));
+        assert_eq!(written.expect("retried"), fresh);
+        tx.commit().expect("commit");
+        for id in [first, fresh] {
+            assert!(row(&conn, &id).expect("row").is_some(), "{id}");
+        }
+        assert!(row(&conn, &twin).expect("row").is_none());
+        let count: i64 = conn
+            .query_row("SELECT COUNT(*) FROM outbox_messages", [], |r| r.get(0))
+            .expect("count");
+        assert_eq!(count, 2, "the failed attempt left nothing behind");
+
+        // A conflict that persists is an error, after a bounded number of tries.
+        let tx = conn.transaction().expect("tx");
+        let error =
+            insert_with_ids(&tx, &config, &message(), || twin).expect_err("the seq stays taken");
+        assert!(error.to_string().contains("UNIQUE"), "{error}");
+    }
 }
