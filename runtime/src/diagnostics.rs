@@ -1459,18 +1459,23 @@ mod sqlite {
                     "UPDATE outbox_messages \
                      SET status = 'Pending', retry_count = 0, next_retry_at = ?2, \
                          lease_token = NULL, expires_at = MAX(expires_at, ?3) \
-                     WHERE message_id = ?1 AND ",
+                     WHERE message_id = ?1 AND seq = ?4 AND ",
                     crate::db::attention!(),
                     ""
                 ))?
-                .execute(params![message_id, now_ms, renew_until_ms])?)
+                .execute(params![
+                    message_id,
+                    now_ms,
+                    renew_until_ms,
+                    crate::db::outbox_seq(message_id)
+                ])?)
         }
 
         fn status_of(&self, message_id: &str) -> Result<Option<String>, DiagnosticsError> {
             Ok(self
                 .query_row(
-                    "SELECT status FROM outbox_messages WHERE message_id = ?1",
-                    params![message_id],
+                    "SELECT status FROM outbox_messages WHERE message_id = ?1 AND seq = ?2",
+                    params![message_id, crate::db::outbox_seq(message_id)],
                     |row| row.get(0),
                 )
                 .optional()?)

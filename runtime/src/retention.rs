@@ -58,8 +58,8 @@ pub fn cleanup(conn: &Connection, config: &Config, now_ms: i64) -> rusqlite::Res
     let sent_before = now_ms.saturating_sub(config.outbox.sent_retention.as_millis() as i64);
     let sent_deleted = repeat_in_batches(|| {
         conn.prepare_cached(
-            "DELETE FROM outbox_messages WHERE message_id IN \
-             (SELECT message_id FROM outbox_messages \
+            "DELETE FROM outbox_messages WHERE seq IN \
+             (SELECT seq FROM outbox_messages \
               WHERE status = 'Sent' AND sent_at < ?1 ORDER BY sent_at LIMIT ?2)",
         )?
         .execute(params![sent_before, CLEANUP_BATCH])
@@ -72,8 +72,8 @@ pub fn cleanup(conn: &Connection, config: &Config, now_ms: i64) -> rusqlite::Res
         conn.prepare_cached(
             "UPDATE outbox_messages \
              SET status = 'Expired', last_error = 'time to live exceeded' \
-             WHERE message_id IN \
-             (SELECT message_id FROM outbox_messages \
+             WHERE seq IN \
+             (SELECT seq FROM outbox_messages \
               WHERE status IN ('Pending', 'Sending') AND status = 'Pending' \
               AND expires_at <= ?1 AND next_retry_at < 4611686018427387904 LIMIT ?2)",
         )?

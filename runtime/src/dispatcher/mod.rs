@@ -14,7 +14,7 @@
 //!   async executor.
 
 pub(crate) mod records;
-mod sqlite;
+pub(crate) mod sqlite;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -284,6 +284,9 @@ struct State {
 #[derive(Debug, Clone)]
 pub(crate) struct Claimed {
     pub message_id: String,
+    /// The SQLite row's `seq` (rowid), which the updates of its attempt
+    /// look it up by; unused (0) on PostgreSQL.
+    pub seq: i64,
     pub lease: String,
     pub correlation_id: Option<String>,
     pub message_type: String,

@@ -187,15 +187,16 @@ impl SqliteOps<'_, '_> {
 
 /// The due rows of a destination, oldest due first (index `outbox_due`).
 const CLAIM_SELECT: &str = "SELECT message_id, correlation_id, message_type, interface, version, \
-     fingerprint, endpoint, payload, headers, retry_count, max_retries, created_at, expires_at \
+     fingerprint, endpoint, payload, headers, retry_count, max_retries, created_at, expires_at, seq \
      FROM outbox_messages \
      WHERE destination = ?1 AND status IN ('Pending', 'Sending') AND next_retry_at <= ?2 \
      ORDER BY next_retry_at LIMIT ?3";
 
-/// Claims one of them: `Sending` under this claim's lease until `?3`.
+/// Claims one of them by its key (`seq`, the rowid): `Sending` under this
+/// claim's lease until `?3`.
 const CLAIM_UPDATE: &str = "UPDATE outbox_messages \
      SET status = 'Sending', lease_token = ?2, next_retry_at = ?3, last_attempt_at = ?4 \
-     WHERE message_id = ?1";
+     WHERE seq = ?1";
 
 impl OutboxTx for SqliteOps<'_, '_> {
     fn claim_due(
@@ -217,6 +218,7 @@ impl OutboxTx for SqliteOps<'_, '_> {
                 Ok((
                     Claimed {
                         message_id: r.get(0)?,
+                        seq: r.get(13)?,
                         lease: lease.to_owned(),
                         correlation_id: r.get(1)?,
                         message_type: r.get(2)?,
@@ -239,7 +241,7 @@ impl OutboxTx for SqliteOps<'_, '_> {
         let mut update = self.tx.prepare_cached(CLAIM_UPDATE).map_err(text)?;
         for (row, _) in &rows {
             update
-                .execute(params![row.message_id, lease, lease_until, now])
+                .execute(params![row.seq, lease, lease_until, now])
                 .map_err(text)?;
         }
         Ok(rows)
@@ -249,8 +251,8 @@ impl OutboxTx for SqliteOps<'_, '_> {
         self.tx
             .execute(
                 "UPDATE outbox_messages SET status = 'Expired', lease_token = NULL, \
-                 last_error = 'time to live exceeded' WHERE message_id = ?1 AND lease_token = ?2",
-                params![row.message_id, row.lease],
+                 last_error = 'time to live exceeded' WHERE seq = ?1 AND lease_token = ?2",
+                params![row.seq, row.lease],
             )
             .map(drop)
             .map_err(text)
@@ -260,8 +262,8 @@ impl OutboxTx for SqliteOps<'_, '_> {
         self.tx
             .execute(
                 "UPDATE outbox_messages SET status = 'Pending', lease_token = NULL, next_retry_at = ?3 \
-                 WHERE message_id = ?1 AND lease_token = ?2",
-                params![row.message_id, row.lease, now],
+                 WHERE seq = ?1 AND lease_token = ?2",
+                params![row.seq, row.lease, now],
             )
             .map(drop)
             .map_err(text)
@@ -271,9 +273,9 @@ impl OutboxTx for SqliteOps<'_, '_> {
         self.tx
             .prepare_cached(
                 "UPDATE outbox_messages SET status = ?3, last_error = ?4, lease_token = NULL \
-                 WHERE message_id = ?1 AND lease_token = ?2 AND status = 'Sending'",
+                 WHERE seq = ?1 AND lease_token = ?2 AND status = 'Sending'",
             )
-            .and_then(|mut s| s.execute(params![row.message_id, row.lease, status, error]))
+            .and_then(|mut s| s.execute(params![row.seq, row.lease, status, error]))
             .map(|n| n == 1)
             .map_err(text)
     }
@@ -289,10 +291,10 @@ impl OutboxTx for SqliteOps<'_, '_> {
             .prepare_cached(
                 "UPDATE outbox_messages SET status = 'Pending', retry_count = ?3, next_retry_at = ?4, \
                  last_error = ?5, lease_token = NULL \
-                 WHERE message_id = ?1 AND lease_token = ?2 AND status = 'Sending'",
+                 WHERE seq = ?1 AND lease_token = ?2 AND status = 'Sending'",
             )
             .and_then(|mut s| {
-                s.execute(params![row.message_id, row.lease, retry_count, next_at, error])
+                s.execute(params![row.seq, row.lease, retry_count, next_at, error])
             })
             .map(|n| n == 1)
             .map_err(text)
@@ -302,9 +304,9 @@ impl OutboxTx for SqliteOps<'_, '_> {
         self.tx
             .prepare_cached(
                 "UPDATE outbox_messages SET status = 'Sent', sent_at = ?3, response = ?4, lease_token = NULL, \
-                 last_error = NULL WHERE message_id = ?1 AND lease_token = ?2 AND status = 'Sending'",
+                 last_error = NULL WHERE seq = ?1 AND lease_token = ?2 AND status = 'Sending'",
             )
-            .and_then(|mut s| s.execute(params![row.message_id, row.lease, now, response]))
+            .and_then(|mut s| s.execute(params![row.seq, row.lease, now, response]))
             .map(|n| n == 1)
             .map_err(text)
     }
@@ -317,11 +319,11 @@ impl OutboxTx for SqliteOps<'_, '_> {
                      WHERE d.interface = ?3 AND d.version = ?4) THEN ?5 ELSE ?6 END, \
                  last_error = CASE WHEN EXISTS (SELECT 1 FROM rf_decommissioned d \
                      WHERE d.interface = ?3 AND d.version = ?4) THEN ?7 ELSE last_error END \
-                 WHERE message_id = ?1 AND lease_token = ?2 AND status = 'Sending'",
+                 WHERE seq = ?1 AND lease_token = ?2 AND status = 'Sending'",
             )
             .and_then(|mut s| {
                 s.execute(params![
-                    row.message_id,
+                    row.seq,
                     row.lease,
                     row.interface,
                     row.version,

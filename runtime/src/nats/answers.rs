@@ -536,28 +536,37 @@ impl AnswerStore<Sqlite> for SqliteAnswers {
         let result = (|| -> Result<Recorded, rusqlite::Error> {
             let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let row = tx
-                .query_row(&format!("{SELECT_ROW}?1"), [&published.message_id], |r| {
-                    Ok(Row {
-                        status: r.get(0)?,
-                        answered: r.get(1)?,
-                        interface: r.get(2)?,
-                        version: r.get(3)?,
-                        endpoint: r.get(4)?,
-                        correlation_id: r.get(5)?,
-                        headers: r.get(6)?,
-                    })
-                })
+                .query_row(
+                    &format!("{SELECT_ROW}?1 AND seq = ?2"),
+                    rusqlite::params![
+                        published.message_id,
+                        crate::db::outbox_seq(&published.message_id)
+                    ],
+                    |r| {
+                        Ok(Row {
+                            status: r.get(0)?,
+                            answered: r.get(1)?,
+                            interface: r.get(2)?,
+                            version: r.get(3)?,
+                            endpoint: r.get(4)?,
+                            correlation_id: r.get(5)?,
+                            headers: r.get(6)?,
+                        })
+                    },
+                )
                 .optional()?;
             let (row, payload) = match precheck(row, published) {
                 Ok(ready) => ready,
                 Err(done) => return Ok(done),
             };
             tx.execute(
-                "UPDATE outbox_messages SET answered_at = ?1, response = ?2 WHERE message_id = ?3",
+                "UPDATE outbox_messages SET answered_at = ?1, response = ?2 \
+                 WHERE message_id = ?3 AND seq = ?4",
                 rusqlite::params![
                     crate::db::now_ms(),
                     serde_json::to_string(&payload).unwrap_or_default(),
-                    published.message_id
+                    published.message_id,
+                    crate::db::outbox_seq(&published.message_id)
                 ],
             )?;
             if let Err(error) = run_handler(handlers, &row, &published.message_id, &payload, &tx) {
@@ -573,8 +582,8 @@ impl AnswerStore<Sqlite> for SqliteAnswers {
     fn note_failure(&self, message_id: &str, error: &str) {
         if let Ok(conn) = self.0.lock() {
             let _ = conn.execute(
-                "UPDATE outbox_messages SET last_error = ?1 WHERE message_id = ?2",
-                rusqlite::params![error, message_id],
+                "UPDATE outbox_messages SET last_error = ?1 WHERE message_id = ?2 AND seq = ?3",
+                rusqlite::params![error, message_id, crate::db::outbox_seq(message_id)],
             );
         }
     }

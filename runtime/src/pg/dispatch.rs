@@ -163,6 +163,7 @@ impl OutboxTx for PostgresOps<'_, '_> {
                 (
                     Claimed {
                         message_id: r.get(0),
+                        seq: 0,
                         lease: lease.to_owned(),
                         correlation_id: r.get(1),
                         message_type: r.get(2),
