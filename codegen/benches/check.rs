@@ -17,6 +17,8 @@
 //! (this binary re-run with `RFIDL_BENCH_CHILD`), each reading its own
 //! `/proc/self/status` just before it exits.
 
+mod contract_set;
+
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
@@ -39,49 +41,21 @@ fn runs() -> usize {
 const CHILD_ENV: &str = "RFIDL_BENCH_CHILD";
 
 fn contract_set(dir: &std::path::Path) -> (Vec<std::path::PathBuf>, usize) {
-    let mut shared = String::from(
-        "package bench.shared;\n\nrecord Money {\n    amount: decimal,\n    currency: string,\n}\n",
-    );
-    shared.push_str("\nenum Level {\n    Low,\n    High,\n}\n");
-    std::fs::write(dir.join("shared.rfidl"), &shared).expect("write");
-    let mut lines = shared.lines().count();
+    let files = contract_set::contract_texts(contract_set::SetSize {
+        packages: PACKAGES,
+        services_per_package: SERVICES_PER_PACKAGE,
+        methods_per_service: METHODS_PER_SERVICE,
+        records_per_package: RECORDS_PER_PACKAGE,
+    });
+    let mut lines = 0;
     let mut roots = Vec::new();
-    for p in 0..PACKAGES {
-        let mut text =
-            format!("/// Package {p}.\npackage bench.p{p};\n\nimport \"shared.rfidl\";\n");
-        for r in 0..RECORDS_PER_PACKAGE {
-            let _ = write!(
-                text,
-                "\n/// Record {r}.\nrecord Rec{r} {{\n    id: uuid,\n    name: string,\n    amount: shared.Money,\n    \
-                 level: shared.Level,\n    tags: list<string>,\n    extra: map<string, i64>,\n    note: string?,\n{}}}\n",
-                if r > 0 {
-                    format!("    previous: Rec{}?,\n", r - 1)
-                } else {
-                    String::new()
-                }
-            );
-        }
-        for s in 0..SERVICES_PER_PACKAGE {
-            let _ = write!(text, "\n/// Service {s}.\nservice Svc{s} v1 {{\n");
-            for m in 0..METHODS_PER_SERVICE {
-                let record = (s * METHODS_PER_SERVICE + m) % RECORDS_PER_PACKAGE;
-                let (kind, response) = match m % 3 {
-                    0 => ("signal", String::new()),
-                    1 => ("pushcall", format!(" -> Rec{record}")),
-                    _ => ("command", " -> shared.Money".to_owned()),
-                };
-                let _ = write!(
-                    text,
-                    "    /// Method {m}.\n    @correlate(item.id)\n    @delivery(max_retries = 3, ttl = \"1h\")\n    \
-                     {kind} Method{m}(item: Rec{record}, at: timestamp, count: u32){response};\n\n"
-                );
-            }
-            text.push_str("}\n");
-        }
+    for (name, text) in &files {
         lines += text.lines().count();
-        let path = dir.join(format!("p{p}.rfidl"));
+        let path = dir.join(name);
         std::fs::write(&path, text).expect("write");
-        roots.push(path);
+        if name != "shared.rfidl" {
+            roots.push(path);
+        }
     }
     (roots, lines)
 }

@@ -1,9 +1,13 @@
-//! Rust code generation: model -> template views -> askama -> prettyplease.
+//! Rust code generation: model -> template views -> askama, whose templates
+//! emit code already laid out as prettyplease prints it ([`layout`] makes the
+//! width decisions); an item the fast layout cannot vouch for goes through
+//! syn + prettyplease instead.
 //!
 //! Owns the layout of generated code. Never reads files or the network: it
 //! gets a checked model and returns file names with their contents; writing
 //! them (only when changed) is the caller's job.
 
+pub mod layout;
 pub mod options;
 pub mod plan;
 pub mod templates;
@@ -51,6 +55,26 @@ pub fn generate_files(
     options: &Options,
     layout: Layout,
 ) -> Result<Vec<GeneratedFile>, GenerateError> {
+    generate_files_with_stats(contracts, options, layout).map(|(files, _)| files)
+}
+
+/// How [`generate_files_with_stats`] produced the Rust items.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GenerateStats {
+    /// Records, enums, service modules and package preludes rendered.
+    pub items: usize,
+    /// Of those, the items whose fast layout had a line [`layout`] cannot
+    /// vouch for, so they were formatted by syn + prettyplease.
+    pub fallbacks: usize,
+}
+
+/// [`generate_files`], and how many items took the syn + prettyplease
+/// fallback (the benchmark prints it).
+pub fn generate_files_with_stats(
+    contracts: &[PackageContract],
+    options: &Options,
+    layout: Layout,
+) -> Result<(Vec<GeneratedFile>, GenerateStats), GenerateError> {
     let deprecated = plan::deprecated_types(contracts);
     let views: Vec<templates::PackageTemplate> = contracts
         .iter()
@@ -68,10 +92,14 @@ pub fn generate_files(
     }
     let mut done = parallel_map(&units, Unit::run).into_iter();
     let mut files = Vec::new();
+    let mut stats = GenerateStats::default();
     for (contract, view) in contracts.iter().zip(&views) {
         let mut text = String::new();
         for _ in 0..item_count(view) {
-            text.push_str(&done.next().expect("one result per unit")?);
+            let item = done.next().expect("one result per unit")?;
+            stats.items += 1;
+            stats.fallbacks += usize::from(item.fallback);
+            text.push_str(&item.text);
         }
         files.push(GeneratedFile {
             name: format!("{}.rs", contract.package),
@@ -82,11 +110,11 @@ pub fn generate_files(
             let stem = format!("manifests/{}.v{}", manifest.interface, manifest.version);
             files.push(GeneratedFile {
                 name: format!("{stem}.json"),
-                contents: done.next().expect("one result per unit")?,
+                contents: done.next().expect("one result per unit")?.text,
             });
             files.push(GeneratedFile {
                 name: format!("{stem}.yaml"),
-                contents: done.next().expect("one result per unit")?,
+                contents: done.next().expect("one result per unit")?.text,
             });
         }
     }
@@ -104,13 +132,76 @@ pub fn generate_files(
         contents: format_rust("the module tree", &text)?,
     });
     files.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(files)
+    Ok((files, stats))
+}
+
+/// One rendered unit: its text, and whether it took the fallback.
+struct Rendered {
+    text: String,
+    fallback: bool,
+}
+
+impl Rendered {
+    fn fast(text: String) -> Self {
+        Rendered {
+            text,
+            fallback: false,
+        }
+    }
+}
+
+/// One record, enum or service module of a package, as the fast templates
+/// lay it out (for tests that compare it with prettyplease's layout).
+#[derive(Debug, Clone)]
+pub struct FastItem {
+    /// `package: Name` of the item.
+    pub what: String,
+    /// The template's output as rendered.
+    pub rendered: String,
+    /// The item's text; `None` when [`layout`] cannot vouch for it (the
+    /// generator then formats the template's output with prettyplease).
+    pub text: Option<String>,
+}
+
+/// Every record, enum and service module of `contracts` as the fast
+/// templates lay it out, without the fallback. Generation uses the text of
+/// each item that has one as it is; `tests/it/fast_layout.rs` checks that
+/// prettyplease prints each of them unchanged.
+pub fn fast_items(
+    contracts: &[PackageContract],
+    options: &Options,
+) -> Result<Vec<FastItem>, GenerateError> {
+    let deprecated = plan::deprecated_types(contracts);
+    let mut items = Vec::new();
+    for contract in contracts {
+        let view = plan::plan_package_with(contract, options, &deprecated);
+        let package = &contract.package;
+        let named = view
+            .records
+            .iter()
+            .map(|r| (&r.name, Unit::Record(package, r)))
+            .chain(view.enums.iter().map(|e| (&e.name, Unit::Enum(package, e))))
+            .chain(
+                view.services
+                    .iter()
+                    .map(|s| (&s.module, Unit::Service(package, s))),
+            );
+        for (name, unit) in named {
+            let (template, rendered) = unit.render_fast()?;
+            items.push(FastItem {
+                what: format!("{package}: {name} ({template})"),
+                text: layout::check_item(&rendered),
+                rendered,
+            });
+        }
+    }
+    Ok(items)
 }
 
 /// One piece of generated output, produced independently of the others.
 enum Unit<'a> {
     /// The `use` line that opens every package module.
-    Prelude(&'a str),
+    Prelude,
     Record(&'a str, &'a templates::RecordView),
     Enum(&'a str, &'a templates::EnumView),
     Service(&'a str, &'a templates::ServiceView),
@@ -119,27 +210,41 @@ enum Unit<'a> {
 }
 
 impl Unit<'_> {
-    fn run(&self) -> Result<String, GenerateError> {
+    fn run(&self) -> Result<Rendered, GenerateError> {
         match self {
-            Unit::Prelude(package) => format_items(package, PRELUDE),
-            Unit::Record(package, record) => render_item(
-                package,
-                "record.rs.askama",
-                &templates::RecordTemplate { record },
-            ),
-            Unit::Enum(package, enumeration) => render_item(
-                package,
-                "enum.rs.askama",
-                &templates::EnumTemplate { enumeration },
-            ),
-            Unit::Service(package, service) => render_item(
-                package,
-                "service.rs.askama",
-                &templates::ServiceTemplate { service },
-            ),
-            Unit::Json(manifest) => Ok(manifest.to_pretty_json() + "\n"),
-            Unit::Yaml(manifest) => Ok(manifest.to_yaml()),
+            Unit::Prelude => Ok(Rendered::fast(PRELUDE.to_owned())),
+            Unit::Record(package, _) | Unit::Enum(package, _) | Unit::Service(package, _) => {
+                let (_, rendered) = self.render_fast()?;
+                Ok(match layout::check_item(&rendered) {
+                    Some(text) => Rendered::fast(text),
+                    None => Rendered {
+                        text: format_items(package, &rendered)?,
+                        fallback: true,
+                    },
+                })
+            }
+            Unit::Json(manifest) => Ok(Rendered::fast(manifest.to_pretty_json() + "\n")),
+            Unit::Yaml(manifest) => Ok(Rendered::fast(manifest.to_yaml())),
         }
+    }
+
+    /// A record's, enum's or service's template output, and the template's
+    /// name; empty for the other units.
+    fn render_fast(&self) -> Result<(&'static str, String), GenerateError> {
+        let (template, view): (&'static str, &dyn askama::DynTemplate) = match self {
+            Unit::Record(_, record) => ("record.rs.askama", &templates::RecordTemplate { record }),
+            Unit::Enum(_, enumeration) => {
+                ("enum.rs.askama", &templates::EnumTemplate { enumeration })
+            }
+            Unit::Service(_, service) => {
+                ("service.rs.askama", &templates::ServiceTemplate { service })
+            }
+            Unit::Prelude | Unit::Json(_) | Unit::Yaml(_) => return Ok(("", String::new())),
+        };
+        let text = view
+            .dyn_render()
+            .map_err(|source| GenerateError::Render { template, source })?;
+        Ok((template, text))
     }
 }
 
@@ -153,7 +258,7 @@ fn package_units<'a>(
     package: &'a str,
     view: &'a templates::PackageTemplate,
 ) -> impl Iterator<Item = Unit<'a>> {
-    std::iter::once(Unit::Prelude(package))
+    std::iter::once(Unit::Prelude)
         .chain(view.records.iter().map(move |r| Unit::Record(package, r)))
         .chain(view.enums.iter().map(move |e| Unit::Enum(package, e)))
         .chain(view.services.iter().map(move |s| Unit::Service(package, s)))
@@ -161,18 +266,6 @@ fn package_units<'a>(
 
 fn item_count(view: &templates::PackageTemplate) -> usize {
     1 + view.records.len() + view.enums.len() + view.services.len()
-}
-
-/// Renders one item's template and formats it.
-fn render_item(
-    package: &str,
-    template: &'static str,
-    view: &dyn askama::DynTemplate,
-) -> Result<String, GenerateError> {
-    let text = view
-        .dyn_render()
-        .map_err(|source| GenerateError::Render { template, source })?;
-    format_items(package, &text)
 }
 
 /// `f` over every item, on up to [`std::thread::available_parallelism`]
@@ -247,7 +340,7 @@ pub fn render_package(
 ) -> Result<String, GenerateError> {
     let mut text = String::new();
     for unit in package_units(package, view) {
-        text.push_str(&unit.run()?);
+        text.push_str(&unit.run()?.text);
     }
     Ok(format!("{GENERATED_HEADER}\n\n{}", space_items(&text)))
 }

@@ -370,6 +370,7 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
                 .filter(|m| m.has_response)
                 .cloned()
                 .collect(),
+            endpoints_inline: super::layout::endpoints_inline(20, &to_engine),
             methods: to_engine,
         });
     }
@@ -391,6 +392,7 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
                 .filter(|m| m.has_response)
                 .cloned()
                 .collect(),
+            endpoints_inline: super::layout::endpoints_inline(20, &to_service),
             methods: to_service,
         });
     }
@@ -402,6 +404,7 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
         manifest_json: manifest.to_canonical_json(),
         docs: manifest.docs.clone(),
         deprecated: manifest.deprecated.clone(),
+        endpoints_inline: super::layout::endpoints_inline(8, &methods),
         methods,
         groups,
     }
@@ -422,24 +425,35 @@ fn method_view(
         MethodKind::Pushcall => ("PushCall", "pushcall"),
         MethodKind::Command => ("Command", "command"),
     };
+    let fn_name = method_fn_name(&method.name);
+    let request = request_struct_name(&method.name);
+    let params: Vec<FieldView> = method
+        .params
+        .iter()
+        .map(|p| field_view(p, scope, false))
+        .collect();
+    let response_type = method
+        .response
+        .as_ref()
+        .map_or_else(|| "()".to_owned(), |t| scope.rust_type(t, false));
+    let layout = super::layout::method_layout(
+        &fn_name,
+        &request,
+        &response_type,
+        method.response.is_some(),
+        &params,
+    );
     MethodView {
         name: method.name.clone(),
-        fn_name: method_fn_name(&method.name),
-        request: request_struct_name(&method.name),
+        fn_name,
+        request,
         docs: method.docs.clone(),
         deprecated: method.deprecated.clone(),
         message_type,
         kind_doc,
-        params: method
-            .params
-            .iter()
-            .map(|p| field_view(p, scope, false))
-            .collect(),
+        params,
         has_response: method.response.is_some(),
-        response_type: method
-            .response
-            .as_ref()
-            .map_or_else(|| "()".to_owned(), |t| scope.rust_type(t, false)),
+        response_type,
         correlation_expr: correlation_expr(manifest, method),
         max_retries: method
             .delivery
@@ -453,6 +467,7 @@ fn method_view(
             .map(duration_expr),
         client_too_many_args: 2 + method.params.len() > CLIPPY_MAX_ARGUMENTS,
         handler_too_many_args: 3 + method.params.len() > CLIPPY_MAX_ARGUMENTS,
+        layout,
     }
 }
 

@@ -95,6 +95,8 @@ pub struct ServiceView {
     pub docs: Vec<String>,
     pub deprecated: Option<String>,
     pub methods: Vec<MethodView>,
+    /// `endpoints: &[…]` of `HOSTED` fits on one line (see [`super::layout`]).
+    pub endpoints_inline: bool,
     /// One group per direction that has methods and is generated.
     pub groups: Vec<GroupView>,
 }
@@ -114,6 +116,8 @@ pub struct GroupView {
     pub client_enabled: bool,
     pub handler_enabled: bool,
     pub methods: Vec<MethodView>,
+    /// `endpoints: &[…]` of the receiver's hosted list fits on one line.
+    pub endpoints_inline: bool,
     /// The answer-handler trait and its router (`EngineAnswers`, …).
     pub answers: &'static str,
     pub answer_router: &'static str,
@@ -152,6 +156,29 @@ pub struct MethodView {
     pub client_too_many_args: bool,
     /// The handler function does (`self`, `call`, `tx`, then the parameters).
     pub handler_too_many_args: bool,
+    /// Which of its width-dependent constructs fit on one line.
+    pub layout: MethodLayout,
+}
+
+/// The layout decisions of one method's code that depend on the width of its
+/// names (made by [`super::layout::method_layout`] with prettyplease's
+/// margin), so that templates emit code already formatted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MethodLayout {
+    /// The client's `let request = R { a, b };` fits on one line.
+    pub request_inline: bool,
+    /// The handler trait's `) -> Result<T, HandlerError>;` fits on one line.
+    pub result_inline_decl: bool,
+    /// The same with ` {` (the `Arc` forwarding impl) fits on one line.
+    pub result_inline_impl: bool,
+    /// The receiver's call of the handler fits on one line.
+    pub receiver_call_inline: bool,
+    /// Broken after `self` / `.0`, the `.f(call, tx, …)?;` line fits.
+    pub receiver_args_inline: bool,
+    /// The `Arc` impl's `(**self).f(call, tx, …)` fits on one line.
+    pub forward_inline: bool,
+    /// Broken after `(**self)`, the `.f(call, tx, …)` line fits.
+    pub forward_args_inline: bool,
 }
 
 /// `templates/contracts.rs.askama`: the module tree that nests every package
