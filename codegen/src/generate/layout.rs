@@ -135,7 +135,9 @@ pub fn unvouched_line(rendered: &str) -> Option<&str> {
 /// the caller formats it with syn + prettyplease.
 pub fn check_item(rendered: &str) -> Option<String> {
     let text = rendered.trim_start_matches('\n').trim_end();
-    if unvouched_line(text).is_some() {
+    // A carriage return (a bare one is not allowed in a doc comment) would
+    // hide from `lines()`: let syn judge it.
+    if unvouched_line(text).is_some() || text.contains('\r') {
         return None;
     }
     let trailing_spaces = text.lines().any(|line| line.ends_with(' '));
@@ -150,4 +152,34 @@ pub fn check_item(rendered: &str) -> Option<String> {
         out.push('\n');
     }
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_item_vouches_only_for_lines_it_knows() {
+        let wide = format!("pub struct S {{\n    pub f: {},\n}}\n", "A".repeat(90));
+        assert_eq!(
+            check_item(&wide),
+            None,
+            "a wide field prettyplease may break"
+        );
+        let doc = format!(
+            "\n/// {}\npub struct S {{}}\n",
+            "word ".repeat(30).trim_end()
+        );
+        assert_eq!(
+            check_item(&doc).as_deref(),
+            Some(&doc[1..]),
+            "doc lines stay long"
+        );
+        assert_eq!(
+            check_item("///  \n/// a \npub struct S {}\n\n").as_deref(),
+            Some("///\n/// a\npub struct S {}\n"),
+            "trailing spaces go, as prettyplease drops them"
+        );
+        assert_eq!(check_item("/// a\rb\npub struct S {}\n"), None);
+    }
 }

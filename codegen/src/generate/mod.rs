@@ -190,7 +190,7 @@ pub fn fast_items(
             let (template, rendered) = unit.render_fast()?;
             items.push(FastItem {
                 what: format!("{package}: {name} ({template})"),
-                text: layout::check_item(&rendered),
+                text: unit.vouched(&rendered),
                 rendered,
             });
         }
@@ -215,7 +215,7 @@ impl Unit<'_> {
             Unit::Prelude => Ok(Rendered::fast(PRELUDE.to_owned())),
             Unit::Record(package, _) | Unit::Enum(package, _) | Unit::Service(package, _) => {
                 let (_, rendered) = self.render_fast()?;
-                Ok(match layout::check_item(&rendered) {
+                Ok(match self.vouched(&rendered) {
                     Some(text) => Rendered::fast(text),
                     None => Rendered {
                         text: format_items(package, &rendered)?,
@@ -226,6 +226,27 @@ impl Unit<'_> {
             Unit::Json(manifest) => Ok(Rendered::fast(manifest.to_pretty_json() + "\n")),
             Unit::Yaml(manifest) => Ok(Rendered::fast(manifest.to_yaml())),
         }
+    }
+
+    /// The fast layout of this unit's template output, or `None` when it
+    /// must go through syn + prettyplease: a line [`layout`] cannot vouch
+    /// for, or text the contract's checker never saw (derives and attributes
+    /// from [`crate::Builder::type_derive`] / `type_attribute`, which syn
+    /// must validate and prettyplease lay out).
+    fn vouched(&self, rendered: &str) -> Option<String> {
+        let user_text = match self {
+            Unit::Record(_, record) => {
+                !record.extra_derives.is_empty() || !record.extra_attributes.is_empty()
+            }
+            Unit::Enum(_, enumeration) => {
+                !enumeration.extra_derives.is_empty() || !enumeration.extra_attributes.is_empty()
+            }
+            _ => false,
+        };
+        if user_text {
+            return None;
+        }
+        layout::check_item(rendered)
     }
 
     /// A record's, enum's or service's template output, and the template's
@@ -531,6 +552,56 @@ pub(crate) mod tests {
             let by_item = render_package(&contract.package, &view).expect("formats");
             assert_eq!(by_item, whole, "package {}", contract.package);
         }
+    }
+
+    /// Derives and attributes from the builder are text the checker never
+    /// saw: their items go through syn (which refuses bad Rust) and
+    /// prettyplease, everything else keeps the fast layout.
+    #[test]
+    fn items_with_builder_derives_or_attributes_take_the_syn_path() {
+        let rule = |path: &str, kind| options::TypeRule {
+            path: path.into(),
+            kind,
+        };
+        let options = Options {
+            type_rules: vec![
+                rule("hr.Employee", options::TypeRuleKind::Derive("Eq".into())),
+                rule(
+                    "hr.Status",
+                    options::TypeRuleKind::Attribute("#[non_exhaustive]".into()),
+                ),
+            ],
+            ..Options::default()
+        };
+        let (files, stats) =
+            generate_files_with_stats(&sample(), &options, Layout::SourceDir).expect("generate");
+        let (_, plain) =
+            generate_files_with_stats(&sample(), &Options::default(), Layout::SourceDir)
+                .expect("generate");
+        // common: prelude + Money; hr: prelude + 3 records/enums + 1 service.
+        assert_eq!(stats.items, 2 + 5);
+        assert_eq!(
+            stats.fallbacks,
+            plain.fallbacks + 2,
+            "Employee and Status, besides any item too wide for the fast layout"
+        );
+        let hr = &files[1].contents;
+        assert!(hr.contains("#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Eq)]"));
+        assert!(hr.contains("#[non_exhaustive]\npub enum Status {"));
+
+        let broken = Options {
+            type_rules: vec![rule(
+                ".",
+                options::TypeRuleKind::Attribute("#[oops(".into()),
+            )],
+            ..Options::default()
+        };
+        let error = generate_files(&sample(), &broken, Layout::SourceDir)
+            .expect_err("an attribute that is not Rust");
+        assert!(
+            matches!(error, GenerateError::InvalidRust { .. }),
+            "{error}"
+        );
     }
 
     #[test]
