@@ -23,7 +23,9 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use rfidl_codegen::check::check_paths;
-use rfidl_codegen::generate::{Layout, generate_files, generate_files_with_stats};
+use rfidl_codegen::generate::{
+    Layout, generate_files, generate_files_on_threads, generate_files_with_stats,
+};
 
 const PACKAGES: usize = 10;
 const SERVICES_PER_PACKAGE: usize = 10;
@@ -294,6 +296,8 @@ fn main() {
     let mut generate_times = Vec::new();
     let mut bytes = 0;
     let mut stats = rfidl_codegen::generate::GenerateStats::default();
+    let one = std::num::NonZero::<usize>::MIN;
+    let mut one_thread_times = Vec::new();
     for _ in 0..runs() {
         let started = Instant::now();
         let (files, run_stats) =
@@ -301,8 +305,23 @@ fn main() {
         generate_times.push(started.elapsed());
         bytes = files.iter().map(|f| f.contents.len()).sum::<usize>();
         stats = run_stats;
+        drop(files);
+        // The same on one thread, alternating, to see whether the threads
+        // still pay.
+        let started = Instant::now();
+        let files = generate_files_on_threads(&model.packages, &options, Layout::OutDir, one)
+            .expect("generate");
+        one_thread_times.push(started.elapsed());
+        drop(files);
     }
     let (generate_median, generate_min) = median(generate_times);
+    let (one_median, one_min) = median(one_thread_times);
+    println!(
+        "{:<44} median {:>8.1} ms   min {:>8.1} ms",
+        "generate (fast templates, one thread)",
+        one_median.as_secs_f64() * 1e3,
+        one_min.as_secs_f64() * 1e3,
+    );
     println!(
         "{:<44} median {:>8.1} ms   min {:>8.1} ms   {:>10.1} MB of output",
         "generate (fast templates, all threads)",

@@ -75,6 +75,19 @@ pub fn generate_files_with_stats(
     options: &Options,
     layout: Layout,
 ) -> Result<(Vec<GeneratedFile>, GenerateStats), GenerateError> {
+    let threads = std::thread::available_parallelism().unwrap_or(std::num::NonZero::<usize>::MIN);
+    generate_files_on_threads(contracts, options, layout, threads)
+}
+
+/// [`generate_files_with_stats`] on at most `threads` threads rather than
+/// [`std::thread::available_parallelism`] (the benchmark compares both; the
+/// output is the same).
+pub fn generate_files_on_threads(
+    contracts: &[PackageContract],
+    options: &Options,
+    layout: Layout,
+    threads: std::num::NonZero<usize>,
+) -> Result<(Vec<GeneratedFile>, GenerateStats), GenerateError> {
     let deprecated = plan::deprecated_types(contracts);
     let views: Vec<templates::PackageTemplate> = contracts
         .iter()
@@ -90,7 +103,7 @@ pub fn generate_files_with_stats(
             units.push(Unit::Yaml(manifest));
         }
     }
-    let mut done = parallel_map(&units, Unit::run).into_iter();
+    let mut done = parallel_map(threads.get(), &units, Unit::run).into_iter();
     let mut files = Vec::new();
     let mut stats = GenerateStats::default();
     for (contract, view) in contracts.iter().zip(&views) {
@@ -103,7 +116,7 @@ pub fn generate_files_with_stats(
         }
         files.push(GeneratedFile {
             name: format!("{}.rs", contract.package),
-            contents: format!("{GENERATED_HEADER}\n\n{}", space_items(&text)),
+            contents: with_header(&text),
         });
         drop(text);
         for manifest in &contract.services {
@@ -289,12 +302,13 @@ fn item_count(view: &templates::PackageTemplate) -> usize {
     1 + view.records.len() + view.enums.len() + view.services.len()
 }
 
-/// `f` over every item, on up to [`std::thread::available_parallelism`]
-/// threads, results in the items' order.
-fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let workers = std::thread::available_parallelism()
-        .map_or(1, std::num::NonZero::get)
-        .min(items.len());
+/// `f` over every item, on up to `threads` threads, results in the items' order.
+fn parallel_map<T: Sync, R: Send>(
+    threads: usize,
+    items: &[T],
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let workers = threads.min(items.len());
     if workers <= 1 {
         return items.iter().map(f).collect();
     }
@@ -363,14 +377,14 @@ pub fn render_package(
     for unit in package_units(package, view) {
         text.push_str(&unit.run()?.text);
     }
-    Ok(format!("{GENERATED_HEADER}\n\n{}", space_items(&text)))
+    Ok(with_header(&text))
 }
 
 /// Parses `text` as a Rust file and prints it with prettyplease, with the
 /// `@generated` header on top.
 pub fn format_rust(what: &str, text: &str) -> Result<String, GenerateError> {
     let pretty = format_items(what, text)?;
-    Ok(format!("{GENERATED_HEADER}\n\n{}", space_items(&pretty)))
+    Ok(with_header(&pretty))
 }
 
 /// Parses `text` as Rust items and prints them with prettyplease, as they
@@ -384,32 +398,43 @@ fn format_items(what: &str, text: &str) -> Result<String, GenerateError> {
     Ok(prettyplease::unparse(&file))
 }
 
+/// The `@generated` header, a blank line, then `text` with blank lines
+/// between items (see [`space_items_into`]), written once into one string.
+fn with_header(text: &str) -> String {
+    let mut out = String::with_capacity(GENERATED_HEADER.len() + 2 + text.len() + text.len() / 16);
+    out.push_str(GENERATED_HEADER);
+    out.push_str("\n\n");
+    space_items_into(&mut out, text);
+    out
+}
+
 /// prettyplease prints items back to back; hand-written Rust puts a blank
 /// line between items. Adds one after an item's closing line (`}`, `};`, or a
 /// `;`-terminated item other than `use`) when the next line starts another
-/// item at the same indentation.
-fn space_items(text: &str) -> String {
+/// item at the same indentation. Appends to `out`.
+fn space_items_into(out: &mut String, text: &str) {
     const ITEM_STARTS: &[&str] = &[
         "///", "#[", "pub ", "impl", "fn ", "const ", "struct ", "enum ", "mod ", "trait ", "use ",
     ];
     let indent = |line: &str| line.len() - line.trim_start().len();
-    let lines: Vec<&str> = text.lines().collect();
-    let mut out = String::with_capacity(text.len() + text.len() / 16);
-    for (index, line) in lines.iter().enumerate() {
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
         out.push_str(line);
         out.push('\n');
-        let Some(next) = lines.get(index + 1) else {
+        let Some(next) = lines.peek() else {
             continue;
         };
         let (this, following) = (line.trim(), next.trim());
         let closes_item = this == "}" || this == "};" || this.ends_with(';');
+        if !closes_item {
+            continue;
+        }
         let both_uses = this.starts_with("use ") && following.starts_with("use ");
         let starts_item = ITEM_STARTS.iter().any(|start| following.starts_with(start));
-        if closes_item && starts_item && !both_uses && indent(line) == indent(next) {
+        if starts_item && !both_uses && indent(line) == indent(next) {
             out.push('\n');
         }
     }
-    out
 }
 
 #[cfg(test)]
@@ -607,7 +632,7 @@ pub(crate) mod tests {
     #[test]
     fn parallel_map_keeps_the_order_of_its_items() {
         let items: Vec<u32> = (0..1000).collect();
-        let doubled = parallel_map(&items, |item| {
+        let doubled = parallel_map(2, &items, |item| {
             // Uneven work, so threads finish out of order.
             if item % 7 == 0 {
                 std::thread::yield_now();
