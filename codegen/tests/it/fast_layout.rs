@@ -10,9 +10,9 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use rfidl_codegen::Options;
 use rfidl_codegen::generate::fast_items;
 use rfidl_codegen::manifest::PackageContract;
+use rfidl_codegen::{Options, Sides};
 
 use crate::support::model_of;
 
@@ -21,7 +21,11 @@ mod contract_set;
 
 /// Checks every fast item of `packages`; returns (fast items, fallbacks).
 fn assert_fixed_point(packages: &[PackageContract]) -> (usize, usize) {
-    let items = fast_items(packages, &Options::default()).expect("renders");
+    assert_fixed_point_with(packages, &Options::default())
+}
+
+fn assert_fixed_point_with(packages: &[PackageContract], options: &Options) -> (usize, usize) {
+    let items = fast_items(packages, options).expect("renders");
     let (mut fast, mut fallbacks) = (0, 0);
     for item in items {
         let Some(text) = item.text else {
@@ -77,6 +81,22 @@ fn the_fast_layout_of_the_schemas_is_prettypleases() {
     let model = model_of(&[PathBuf::from("../schemas")]);
     let (fast, _) = assert_fixed_point(&model.packages);
     assert!(fast >= 10, "only {fast} items took the fast path");
+}
+
+/// One side only: the service modules lose the other side's client or
+/// handler, receiver and answers.
+#[test]
+fn the_fast_layout_of_one_side_is_prettypleases() {
+    let model = model_of(&[PathBuf::from("../schemas")]);
+    for sides in [Sides::Service, Sides::Engine] {
+        let mut options = Options::default();
+        options.sides = sides;
+        let (fast, _) = assert_fixed_point_with(&model.packages, &options);
+        assert!(
+            fast >= 10,
+            "{sides:?}: only {fast} items took the fast path"
+        );
+    }
 }
 
 #[test]
