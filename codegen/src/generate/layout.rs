@@ -99,11 +99,18 @@ pub fn method_layout(
         request_inline,
         forward_inline: 12 + "(**self)".len() + forward <= MARGIN,
         forward_args_inline: 16 + forward <= MARGIN,
+        correlation_inline: true,
         result_inline_decl: 8 + result_len + ";".len() <= MARGIN,
         result_inline_impl: 8 + result_len + " {".len() <= MARGIN,
         receiver_call_inline,
         receiver_args_inline: 24 + call <= MARGIN,
     }
+}
+
+/// `correlation_id: <expr>,` in the client's `OutgoingMessage` fits on one
+/// line.
+pub fn correlation_inline(expr: &str) -> bool {
+    20 + "correlation_id: ".len() + expr.len() + ",".len() <= MARGIN
 }
 
 /// Lines longer than the margin that prettyplease cannot break either, so

@@ -147,6 +147,12 @@ pub struct MethodView {
     pub has_response: bool,
     /// An `Option<String>` expression over `request` giving the correlation key.
     pub correlation_expr: String,
+    /// The same expression's method chain after `request` (`.employee`,
+    /// `.id`, `.to_string()`), for the layout with one call per line; empty
+    /// for `None`.
+    pub correlation_segments: Vec<String>,
+    /// The chain is wrapped in `Some(…)`.
+    pub correlation_in_some: bool,
     /// `@delivery(max_retries = …)` as a Rust literal.
     pub max_retries: Option<String>,
     /// `@delivery(ttl = …)` as a `Duration` expression.
@@ -179,6 +185,9 @@ pub struct MethodLayout {
     pub forward_inline: bool,
     /// Broken after `(**self)`, the `.f(call, tx, …)` line fits.
     pub forward_args_inline: bool,
+    /// The client's `correlation_id: <expr>,` fits on one line (else the
+    /// chain is broken one call per line).
+    pub correlation_inline: bool,
 }
 
 /// `templates/contracts.rs.askama`: the module tree that nests every package

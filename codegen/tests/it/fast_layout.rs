@@ -202,6 +202,31 @@ fn sweep_contract() -> String {
         }
         text.push_str("}\n\n");
     }
+    // Correlation paths through optional fields (`as_ref`, `map`,
+    // `and_then` chains) of growing length.
+    text.push_str(
+        "record Node {\n    id: uuid,\n    next: Node?,\n    first: Leaf,\n}\n\n\
+         record Leaf {\n    id: uuid,\n    next: Node?,\n}\n\n",
+    );
+    for width in [1, 8, 16, 40] {
+        for path in [
+            "next.id",
+            "first.id",
+            "next.next.id",
+            "first.next.first.id",
+            "next.first.next.id",
+            "next.next.next.id",
+        ] {
+            let param = name("n", width);
+            let _ = write!(
+                text,
+                "service C{width}{} v1 {{\n    @correlate({param}.{path})\n    \
+                 signal Sig(a: u32, {param}: Node?);\n\n    \
+                 @correlate({param}.{path})\n    pushcall Push({param}: Node) -> Node;\n}}\n\n",
+                path.replace('.', "x"),
+            );
+        }
+    }
     // Long doc comments, a trailing space, an empty doc line, deprecation.
     let long_doc = "word ".repeat(40);
     let _ = write!(
@@ -224,4 +249,31 @@ fn the_fast_layout_is_prettypleases_across_every_width_threshold() {
         "{fast} fast items against {fallbacks} fallbacks"
     );
     eprintln!("sweep: {fast} fast items, {fallbacks} fallbacks");
+    // Each width decision was taken both ways on the fast path (the broken
+    // forms; the one-line forms are in every item above).
+    let packages = model_of_texts(&files);
+    let fast_text: String = fast_items(&packages, &Options::default())
+        .expect("renders")
+        .into_iter()
+        .filter_map(|item| item.text)
+        .collect();
+    for broken in [
+        "            let request = MaaaaaaaaaaaaaaaaaaaaaaaRequest {\n                a,\n",
+        "                    correlation_id: Some(\n                        request\n",
+        "                    correlation_id: request\n                        .",
+        "                    let response = self\n                        .0\n                        .p_",
+        "                        .0\n                        .push(\n                            call,\n",
+        "                    self.0\n                        .maa",
+        "                    self.0\n                        .sig(\n                            call,\n",
+        "            (**self)\n                .sig(call, tx, ",
+        "            (**self)\n                .sig(\n                    call,\n",
+        "        endpoints: &[\n            \"",
+        "                    endpoints: &[\n                        \"",
+        "        ) -> ::std::result::Result<\n            super::Raa",
+    ] {
+        assert!(
+            fast_text.contains(broken),
+            "no fast item has the broken layout {broken:?}"
+        );
+    }
 }
