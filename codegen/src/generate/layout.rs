@@ -52,14 +52,15 @@ fn str_literal_len(value: &str) -> usize {
 }
 
 /// `endpoints: &["A", "B"],` at `indent` fits on one line.
-pub fn endpoints_inline(indent: usize, methods: &[MethodView]) -> bool {
+pub(crate) fn endpoints_inline(indent: usize, methods: &[MethodView]) -> bool {
     let names: usize = methods.iter().map(|m| str_literal_len(&m.name)).sum();
     let len = "endpoints: &[".len() + names + methods.len().saturating_sub(1) * 2 + "],".len();
     indent + len <= MARGIN
 }
 
 /// The width decisions of one method (see [`MethodLayout`]).
-pub fn method_layout(
+pub(crate) fn method_layout(
+    method_name: &str,
     fn_name: &str,
     request: &str,
     response_type: &str,
@@ -95,8 +96,17 @@ pub fn method_layout(
         + joined_len(names(), "")
         + 2 * params.len().min(1)
         + ")".len();
+    // `self.0.f(answer, tx, response)` in the answer router's match arm.
+    let answer = ".".len() + fn_name.len() + "(answer, tx, response)".len();
     MethodLayout {
         request_inline,
+        answer_call_inline: 20 + "self.0".len() + answer <= MARGIN,
+        answer_args_inline: 24 + answer <= MARGIN,
+        endpoint_inline: 20
+            + "endpoint: ".len()
+            + str_literal_len(method_name)
+            + ".to_owned(),".len()
+            <= MARGIN,
         forward_inline: 12 + "(**self)".len() + forward <= MARGIN,
         forward_args_inline: 16 + forward <= MARGIN,
         correlation_inline: true,
@@ -109,7 +119,7 @@ pub fn method_layout(
 
 /// `correlation_id: <expr>,` in the client's `OutgoingMessage` fits on one
 /// line.
-pub fn correlation_inline(expr: &str) -> bool {
+pub(crate) fn correlation_inline(expr: &str) -> bool {
     20 + "correlation_id: ".len() + expr.len() + ",".len() <= MARGIN
 }
 

@@ -438,6 +438,7 @@ fn method_view(
         .map_or_else(|| "()".to_owned(), |t| scope.rust_type(t, false));
     let correlation = correlation_expr(manifest, method);
     let mut layout = super::layout::method_layout(
+        &method.name,
         &fn_name,
         &request,
         &response_type,

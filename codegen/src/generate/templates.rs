@@ -185,6 +185,12 @@ pub struct MethodLayout {
     pub forward_inline: bool,
     /// Broken after `(**self)`, the `.f(call, tx, …)` line fits.
     pub forward_args_inline: bool,
+    /// The answer router's `self.0.f(answer, tx, response)` fits on one line.
+    pub answer_call_inline: bool,
+    /// Broken after `self.0`, the `.f(answer, tx, response)` line fits.
+    pub answer_args_inline: bool,
+    /// The client's `endpoint: "Name".to_owned(),` fits on one line.
+    pub endpoint_inline: bool,
     /// The client's `correlation_id: <expr>,` fits on one line (else the
     /// chain is broken one call per line).
     pub correlation_inline: bool,

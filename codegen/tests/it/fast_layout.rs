@@ -268,6 +268,10 @@ fn the_fast_layout_is_prettypleases_across_every_width_threshold() {
         "            (**self)\n                .sig(call, tx, ",
         "            (**self)\n                .sig(\n                    call,\n",
         "        endpoints: &[\n            \"",
+        "                    endpoint: \"Maaaa",
+        "\n                        .to_owned(),\n",
+        "                    self.0\n                        .p_maa",
+        "(\n                            answer,\n",
         "                    endpoints: &[\n                        \"",
         "        ) -> ::std::result::Result<\n            super::Raa",
     ] {
