@@ -19,6 +19,8 @@
 //!
 //! Never formats by itself and never reads anything but the views.
 
+use std::borrow::Cow;
+
 use super::templates::{FieldView, MethodLayout, MethodView};
 
 /// prettyplease's line width (`prettyplease::MARGIN`, 0.2).
@@ -117,6 +119,60 @@ pub(crate) fn method_layout(
     }
 }
 
+/// A Rust type written from column `column` on a line whose item starts at
+/// `indent`, followed by `trailing` bytes (`,`): as is when it fits, else
+/// broken as prettyplease breaks generic arguments, one per line at
+/// `indent + 4`, each laid out the same way. A type without generic
+/// arguments cannot break; its line stays long (and [`check_item`] refuses
+/// it).
+pub(crate) fn type_at(ty: &str, indent: usize, column: usize, trailing: usize) -> Cow<'_, str> {
+    if column + ty.len() + trailing <= MARGIN {
+        return Cow::Borrowed(ty);
+    }
+    let mut out = String::with_capacity(ty.len() + 64);
+    break_type(&mut out, ty, indent, column, trailing);
+    Cow::Owned(out)
+}
+
+fn break_type(out: &mut String, ty: &str, indent: usize, column: usize, trailing: usize) {
+    let generic = ty.find('<').filter(|_| ty.ends_with('>'));
+    let Some(open) = generic.filter(|_| column + ty.len() + trailing > MARGIN) else {
+        out.push_str(ty);
+        return;
+    };
+    out.push_str(&ty[..=open]);
+    let inner = indent + 4;
+    for arg in split_top_level(&ty[open + 1..ty.len() - 1]) {
+        out.push('\n');
+        out.extend(std::iter::repeat_n(' ', inner));
+        break_type(out, arg, inner, inner, 0);
+        out.push(',');
+    }
+    out.push('\n');
+    out.extend(std::iter::repeat_n(' ', indent));
+    out.push('>');
+}
+
+/// `a, B<c, d>, e` -> `a`, `B<c, d>`, `e`.
+fn split_top_level(args: &str) -> impl Iterator<Item = &str> {
+    let mut depth = 0usize;
+    let mut start = 0;
+    let mut parts = Vec::new();
+    for (index, byte) in args.bytes().enumerate() {
+        match byte {
+            b'<' | b'(' | b'[' => depth += 1,
+            b'>' | b')' | b']' => depth = depth.saturating_sub(1),
+            b',' if depth == 0 => {
+                parts.push(args[start..index].trim());
+                start = index + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(args[start..].trim());
+    parts.into_iter()
+}
+
 /// `correlation_id: <expr>,` in the client's `OutgoingMessage` fits on one
 /// line.
 pub(crate) fn correlation_inline(expr: &str) -> bool {
@@ -198,5 +254,21 @@ mod tests {
             "trailing spaces go, as prettyplease drops them"
         );
         assert_eq!(check_item("/// a\rb\npub struct S {}\n"), None);
+    }
+
+    #[test]
+    fn a_type_breaks_outside_in_one_argument_per_line() {
+        assert_eq!(type_at("Vec<String>", 4, 13, 1), "Vec<String>");
+        let long = format!(
+            "Option<::std::collections::BTreeMap<String, R{}>>",
+            "a".repeat(42)
+        );
+        assert_eq!(
+            type_at(&long, 4, 13, 1),
+            format!(
+                "Option<\n        ::std::collections::BTreeMap<\n            String,\n            R{}\n        >,\n    >",
+                "a".repeat(43) + ","
+            )
+        );
     }
 }

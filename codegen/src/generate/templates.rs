@@ -67,6 +67,15 @@ pub struct FieldView {
     pub is_none: &'static str,
 }
 
+impl FieldView {
+    /// `pub name: Type,` as a struct field at `indent`: the type, broken
+    /// over lines as prettyplease breaks it when the line is too long.
+    pub fn field_type(&self, indent: usize) -> std::borrow::Cow<'_, str> {
+        let column = indent + "pub ".len() + self.rust_name.len() + ": ".len();
+        super::layout::type_at(&self.rust_type, indent, column, ",".len())
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct EnumView {
     pub name: String,

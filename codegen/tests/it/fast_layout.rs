@@ -268,6 +268,8 @@ fn the_fast_layout_is_prettypleases_across_every_width_threshold() {
         "            (**self)\n                .sig(call, tx, ",
         "            (**self)\n                .sig(\n                    call,\n",
         "        endpoints: &[\n            \"",
+        "    pub opt: Option<\n        ::std::collections::BTreeMap<String, Raaa",
+        "    pub opt: Option<\n        ::std::collections::BTreeMap<\n            String,\n",
         "                    endpoint: \"Maaaa",
         "\n                        .to_owned(),\n",
         "                    self.0\n                        .p_maa",
