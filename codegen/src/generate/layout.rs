@@ -261,7 +261,7 @@ mod tests {
         assert_eq!(type_at("Vec<String>", 4, 13, 1), "Vec<String>");
         let long = format!(
             "Option<::std::collections::BTreeMap<String, R{}>>",
-            "a".repeat(42)
+            "a".repeat(43)
         );
         assert_eq!(
             type_at(&long, 4, 13, 1),
