@@ -17,11 +17,15 @@
 //! (this binary re-run with `RFIDL_BENCH_CHILD`), each reading its own
 //! `/proc/self/status` just before it exits.
 
+mod contract_set;
+
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use rfidl_codegen::check::check_paths;
-use rfidl_codegen::generate::{Layout, generate_files};
+use rfidl_codegen::generate::{
+    Layout, generate_files, generate_files_on_threads, generate_files_with_stats,
+};
 
 const PACKAGES: usize = 10;
 const SERVICES_PER_PACKAGE: usize = 10;
@@ -39,49 +43,21 @@ fn runs() -> usize {
 const CHILD_ENV: &str = "RFIDL_BENCH_CHILD";
 
 fn contract_set(dir: &std::path::Path) -> (Vec<std::path::PathBuf>, usize) {
-    let mut shared = String::from(
-        "package bench.shared;\n\nrecord Money {\n    amount: decimal,\n    currency: string,\n}\n",
-    );
-    shared.push_str("\nenum Level {\n    Low,\n    High,\n}\n");
-    std::fs::write(dir.join("shared.rfidl"), &shared).expect("write");
-    let mut lines = shared.lines().count();
+    let files = contract_set::contract_texts(contract_set::SetSize {
+        packages: PACKAGES,
+        services_per_package: SERVICES_PER_PACKAGE,
+        methods_per_service: METHODS_PER_SERVICE,
+        records_per_package: RECORDS_PER_PACKAGE,
+    });
+    let mut lines = 0;
     let mut roots = Vec::new();
-    for p in 0..PACKAGES {
-        let mut text =
-            format!("/// Package {p}.\npackage bench.p{p};\n\nimport \"shared.rfidl\";\n");
-        for r in 0..RECORDS_PER_PACKAGE {
-            let _ = write!(
-                text,
-                "\n/// Record {r}.\nrecord Rec{r} {{\n    id: uuid,\n    name: string,\n    amount: shared.Money,\n    \
-                 level: shared.Level,\n    tags: list<string>,\n    extra: map<string, i64>,\n    note: string?,\n{}}}\n",
-                if r > 0 {
-                    format!("    previous: Rec{}?,\n", r - 1)
-                } else {
-                    String::new()
-                }
-            );
-        }
-        for s in 0..SERVICES_PER_PACKAGE {
-            let _ = write!(text, "\n/// Service {s}.\nservice Svc{s} v1 {{\n");
-            for m in 0..METHODS_PER_SERVICE {
-                let record = (s * METHODS_PER_SERVICE + m) % RECORDS_PER_PACKAGE;
-                let (kind, response) = match m % 3 {
-                    0 => ("signal", String::new()),
-                    1 => ("pushcall", format!(" -> Rec{record}")),
-                    _ => ("command", " -> shared.Money".to_owned()),
-                };
-                let _ = write!(
-                    text,
-                    "    /// Method {m}.\n    @correlate(item.id)\n    @delivery(max_retries = 3, ttl = \"1h\")\n    \
-                     {kind} Method{m}(item: Rec{record}, at: timestamp, count: u32){response};\n\n"
-                );
-            }
-            text.push_str("}\n");
-        }
+    for (name, text) in &files {
         lines += text.lines().count();
-        let path = dir.join(format!("p{p}.rfidl"));
+        let path = dir.join(name);
         std::fs::write(&path, text).expect("write");
-        roots.push(path);
+        if name != "shared.rfidl" {
+            roots.push(path);
+        }
     }
     (roots, lines)
 }
@@ -319,32 +295,57 @@ fn main() {
     let options = rfidl_codegen::Options::default();
     let mut generate_times = Vec::new();
     let mut bytes = 0;
+    let mut stats = rfidl_codegen::generate::GenerateStats::default();
+    let one = std::num::NonZero::<usize>::MIN;
+    let mut one_thread_times = Vec::new();
     for _ in 0..runs() {
         let started = Instant::now();
-        let files = generate_files(&model.packages, &options, Layout::OutDir).expect("generate");
+        let (files, run_stats) =
+            generate_files_with_stats(&model.packages, &options, Layout::OutDir).expect("generate");
         generate_times.push(started.elapsed());
         bytes = files.iter().map(|f| f.contents.len()).sum::<usize>();
+        stats = run_stats;
+        drop(files);
+        // The same on one thread, alternating, to see whether the threads
+        // still pay.
+        let started = Instant::now();
+        let files = generate_files_on_threads(&model.packages, &options, Layout::OutDir, one)
+            .expect("generate");
+        one_thread_times.push(started.elapsed());
+        drop(files);
     }
     let (generate_median, generate_min) = median(generate_times);
+    let (one_median, one_min) = median(one_thread_times);
+    println!(
+        "{:<44} median {:>8.1} ms   min {:>8.1} ms",
+        "generate (fast templates, one thread)",
+        one_median.as_secs_f64() * 1e3,
+        one_min.as_secs_f64() * 1e3,
+    );
     println!(
         "{:<44} median {:>8.1} ms   min {:>8.1} ms   {:>10.1} MB of output",
-        "generate (templates + syn + prettyplease)",
+        "generate (fast templates, all threads)",
         generate_median.as_secs_f64() * 1e3,
         generate_min.as_secs_f64() * 1e3,
         bytes as f64 / 1e6
     );
+    println!(
+        "  items: {} rendered, {} through the syn + prettyplease fallback",
+        stats.items, stats.fallbacks
+    );
 
-    // Where generation's time goes, phase by phase, on one thread and with
-    // each package module parsed by syn as one file (how generate_files
-    // worked before it formatted items separately on several threads): the
-    // median of each phase, summed over every package, and of their total.
+    // Where generation's time goes, phase by phase, on one thread: planning,
+    // the templates (which emit formatted code), the layout check of each
+    // package's text, the manifests; and, for comparison, what syn +
+    // prettyplease would cost on the same text (the per-item fallback's
+    // path; before the fast templates, every item took it).
     {
         use askama::Template as _;
         let deprecated = rfidl_codegen::generate::plan::deprecated_types(&model.packages);
-        let mut phases: [Vec<Duration>; 6] = Default::default();
+        let mut phases: [Vec<Duration>; 7] = Default::default();
         let mut rendered = 0;
         for _ in 0..runs() {
-            let mut run = [Duration::ZERO; 6];
+            let mut run = [Duration::ZERO; 7];
             rendered = 0;
             for contract in &model.packages {
                 let started = Instant::now();
@@ -359,32 +360,39 @@ fn main() {
                 run[1] += started.elapsed();
                 rendered += text.len();
                 let started = Instant::now();
-                let file = syn::parse_file(&text).expect("parses");
+                std::hint::black_box(rfidl_codegen::generate::layout::unvouched_line(&text));
                 run[2] += started.elapsed();
-                let started = Instant::now();
-                std::hint::black_box(prettyplease::unparse(&file));
-                run[3] += started.elapsed();
                 let started = Instant::now();
                 for manifest in &contract.services {
                     std::hint::black_box((manifest.to_pretty_json(), manifest.to_yaml()));
                 }
-                run[4] += started.elapsed();
+                run[3] += started.elapsed();
+                run[4] = run[..4].iter().sum();
+                let started = Instant::now();
+                let file = syn::parse_file(&text).expect("parses");
+                run[5] += started.elapsed();
+                let started = Instant::now();
+                std::hint::black_box(prettyplease::unparse(&file));
+                run[6] += started.elapsed();
             }
-            run[5] = run[..5].iter().sum();
             for (phase, time) in phases.iter_mut().zip(run) {
                 phase.push(time);
             }
         }
-        let [plan, render, parse, print, manifests, total] =
+        let [plan, render, check, manifests, total, parse, print] =
             phases.map(|times| median(times).0.as_secs_f64() * 1e3);
         println!(
             "{:<44} median {:>8.1} ms",
-            "generate on one thread, whole-file syn parse", total
+            "generate on one thread (phases summed)", total
         );
         println!(
             "  phases (medians): plan {plan:.1} ms, askama render {render:.1} ms ({:.1} MB), \
-             syn parse {parse:.1} ms, prettyplease {print:.1} ms, manifests JSON + YAML {manifests:.1} ms",
+             layout check {check:.1} ms, manifests JSON + YAML {manifests:.1} ms",
             rendered as f64 / 1e6,
+        );
+        println!(
+            "  not on the fast path (each package parsed whole): syn parse {parse:.1} ms, \
+             prettyplease {print:.1} ms"
         );
     }
 

@@ -1,9 +1,13 @@
-//! Rust code generation: model -> template views -> askama -> prettyplease.
+//! Rust code generation: model -> template views -> askama, whose templates
+//! emit code already laid out as prettyplease prints it ([`layout`] makes the
+//! width decisions); an item the fast layout cannot vouch for goes through
+//! syn + prettyplease instead.
 //!
 //! Owns the layout of generated code. Never reads files or the network: it
 //! gets a checked model and returns file names with their contents; writing
 //! them (only when changed) is the caller's job.
 
+pub mod layout;
 pub mod options;
 pub mod plan;
 pub mod templates;
@@ -51,6 +55,39 @@ pub fn generate_files(
     options: &Options,
     layout: Layout,
 ) -> Result<Vec<GeneratedFile>, GenerateError> {
+    generate_files_with_stats(contracts, options, layout).map(|(files, _)| files)
+}
+
+/// How [`generate_files_with_stats`] produced the Rust items.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GenerateStats {
+    /// Records, enums, service modules and package preludes rendered.
+    pub items: usize,
+    /// Of those, the items whose fast layout had a line [`layout`] cannot
+    /// vouch for, so they were formatted by syn + prettyplease.
+    pub fallbacks: usize,
+}
+
+/// [`generate_files`], and how many items took the syn + prettyplease
+/// fallback (the benchmark prints it).
+pub fn generate_files_with_stats(
+    contracts: &[PackageContract],
+    options: &Options,
+    layout: Layout,
+) -> Result<(Vec<GeneratedFile>, GenerateStats), GenerateError> {
+    let threads = std::thread::available_parallelism().unwrap_or(std::num::NonZero::<usize>::MIN);
+    generate_files_on_threads(contracts, options, layout, threads)
+}
+
+/// [`generate_files_with_stats`] on at most `threads` threads rather than
+/// [`std::thread::available_parallelism`] (the benchmark compares both; the
+/// output is the same).
+pub fn generate_files_on_threads(
+    contracts: &[PackageContract],
+    options: &Options,
+    layout: Layout,
+    threads: std::num::NonZero<usize>,
+) -> Result<(Vec<GeneratedFile>, GenerateStats), GenerateError> {
     let deprecated = plan::deprecated_types(contracts);
     let views: Vec<templates::PackageTemplate> = contracts
         .iter()
@@ -66,27 +103,31 @@ pub fn generate_files(
             units.push(Unit::Yaml(manifest));
         }
     }
-    let mut done = parallel_map(&units, Unit::run).into_iter();
+    let mut done = parallel_map(threads.get(), &units, Unit::run).into_iter();
     let mut files = Vec::new();
+    let mut stats = GenerateStats::default();
     for (contract, view) in contracts.iter().zip(&views) {
         let mut text = String::new();
         for _ in 0..item_count(view) {
-            text.push_str(&done.next().expect("one result per unit")?);
+            let item = done.next().expect("one result per unit")?;
+            stats.items += 1;
+            stats.fallbacks += usize::from(item.fallback);
+            text.push_str(&item.text);
         }
         files.push(GeneratedFile {
             name: format!("{}.rs", contract.package),
-            contents: format!("{GENERATED_HEADER}\n\n{}", space_items(&text)),
+            contents: with_header(&text),
         });
         drop(text);
         for manifest in &contract.services {
             let stem = format!("manifests/{}.v{}", manifest.interface, manifest.version);
             files.push(GeneratedFile {
                 name: format!("{stem}.json"),
-                contents: done.next().expect("one result per unit")?,
+                contents: done.next().expect("one result per unit")?.text,
             });
             files.push(GeneratedFile {
                 name: format!("{stem}.yaml"),
-                contents: done.next().expect("one result per unit")?,
+                contents: done.next().expect("one result per unit")?.text,
             });
         }
     }
@@ -104,13 +145,76 @@ pub fn generate_files(
         contents: format_rust("the module tree", &text)?,
     });
     files.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(files)
+    Ok((files, stats))
+}
+
+/// One rendered unit: its text, and whether it took the fallback.
+struct Rendered {
+    text: String,
+    fallback: bool,
+}
+
+impl Rendered {
+    fn fast(text: String) -> Self {
+        Rendered {
+            text,
+            fallback: false,
+        }
+    }
+}
+
+/// One record, enum or service module of a package, as the fast templates
+/// lay it out (for tests that compare it with prettyplease's layout).
+#[derive(Debug, Clone)]
+pub struct FastItem {
+    /// `package: Name` of the item.
+    pub what: String,
+    /// The template's output as rendered.
+    pub rendered: String,
+    /// The item's text; `None` when [`layout`] cannot vouch for it (the
+    /// generator then formats the template's output with prettyplease).
+    pub text: Option<String>,
+}
+
+/// Every record, enum and service module of `contracts` as the fast
+/// templates lay it out, without the fallback. Generation uses the text of
+/// each item that has one as it is; `tests/it/fast_layout.rs` checks that
+/// prettyplease prints each of them unchanged.
+pub fn fast_items(
+    contracts: &[PackageContract],
+    options: &Options,
+) -> Result<Vec<FastItem>, GenerateError> {
+    let deprecated = plan::deprecated_types(contracts);
+    let mut items = Vec::new();
+    for contract in contracts {
+        let view = plan::plan_package_with(contract, options, &deprecated);
+        let package = &contract.package;
+        let named = view
+            .records
+            .iter()
+            .map(|r| (&r.name, Unit::Record(package, r)))
+            .chain(view.enums.iter().map(|e| (&e.name, Unit::Enum(package, e))))
+            .chain(
+                view.services
+                    .iter()
+                    .map(|s| (&s.module, Unit::Service(package, s))),
+            );
+        for (name, unit) in named {
+            let (template, rendered) = unit.render_fast()?;
+            items.push(FastItem {
+                what: format!("{package}: {name} ({template})"),
+                text: unit.vouched(&rendered),
+                rendered,
+            });
+        }
+    }
+    Ok(items)
 }
 
 /// One piece of generated output, produced independently of the others.
 enum Unit<'a> {
     /// The `use` line that opens every package module.
-    Prelude(&'a str),
+    Prelude,
     Record(&'a str, &'a templates::RecordView),
     Enum(&'a str, &'a templates::EnumView),
     Service(&'a str, &'a templates::ServiceView),
@@ -119,27 +223,62 @@ enum Unit<'a> {
 }
 
 impl Unit<'_> {
-    fn run(&self) -> Result<String, GenerateError> {
+    fn run(&self) -> Result<Rendered, GenerateError> {
         match self {
-            Unit::Prelude(package) => format_items(package, PRELUDE),
-            Unit::Record(package, record) => render_item(
-                package,
-                "record.rs.askama",
-                &templates::RecordTemplate { record },
-            ),
-            Unit::Enum(package, enumeration) => render_item(
-                package,
-                "enum.rs.askama",
-                &templates::EnumTemplate { enumeration },
-            ),
-            Unit::Service(package, service) => render_item(
-                package,
-                "service.rs.askama",
-                &templates::ServiceTemplate { service },
-            ),
-            Unit::Json(manifest) => Ok(manifest.to_pretty_json() + "\n"),
-            Unit::Yaml(manifest) => Ok(manifest.to_yaml()),
+            Unit::Prelude => Ok(Rendered::fast(PRELUDE.to_owned())),
+            Unit::Record(package, _) | Unit::Enum(package, _) | Unit::Service(package, _) => {
+                let (_, rendered) = self.render_fast()?;
+                Ok(match self.vouched(&rendered) {
+                    Some(text) => Rendered::fast(text),
+                    None => Rendered {
+                        text: format_items(package, &rendered)?,
+                        fallback: true,
+                    },
+                })
+            }
+            Unit::Json(manifest) => Ok(Rendered::fast(manifest.to_pretty_json() + "\n")),
+            Unit::Yaml(manifest) => Ok(Rendered::fast(manifest.to_yaml())),
         }
+    }
+
+    /// The fast layout of this unit's template output, or `None` when it
+    /// must go through syn + prettyplease: a line [`layout`] cannot vouch
+    /// for, or text the contract's checker never saw (derives and attributes
+    /// from [`crate::Builder::type_derive`] / `type_attribute`, which syn
+    /// must validate and prettyplease lay out).
+    fn vouched(&self, rendered: &str) -> Option<String> {
+        let user_text = match self {
+            Unit::Record(_, record) => {
+                !record.extra_derives.is_empty() || !record.extra_attributes.is_empty()
+            }
+            Unit::Enum(_, enumeration) => {
+                !enumeration.extra_derives.is_empty() || !enumeration.extra_attributes.is_empty()
+            }
+            _ => false,
+        };
+        if user_text {
+            return None;
+        }
+        layout::check_item(rendered)
+    }
+
+    /// A record's, enum's or service's template output, and the template's
+    /// name; empty for the other units.
+    fn render_fast(&self) -> Result<(&'static str, String), GenerateError> {
+        let (template, view): (&'static str, &dyn askama::DynTemplate) = match self {
+            Unit::Record(_, record) => ("record.rs.askama", &templates::RecordTemplate { record }),
+            Unit::Enum(_, enumeration) => {
+                ("enum.rs.askama", &templates::EnumTemplate { enumeration })
+            }
+            Unit::Service(_, service) => {
+                ("service.rs.askama", &templates::ServiceTemplate { service })
+            }
+            Unit::Prelude | Unit::Json(_) | Unit::Yaml(_) => return Ok(("", String::new())),
+        };
+        let text = view
+            .dyn_render()
+            .map_err(|source| GenerateError::Render { template, source })?;
+        Ok((template, text))
     }
 }
 
@@ -153,7 +292,7 @@ fn package_units<'a>(
     package: &'a str,
     view: &'a templates::PackageTemplate,
 ) -> impl Iterator<Item = Unit<'a>> {
-    std::iter::once(Unit::Prelude(package))
+    std::iter::once(Unit::Prelude)
         .chain(view.records.iter().map(move |r| Unit::Record(package, r)))
         .chain(view.enums.iter().map(move |e| Unit::Enum(package, e)))
         .chain(view.services.iter().map(move |s| Unit::Service(package, s)))
@@ -163,24 +302,13 @@ fn item_count(view: &templates::PackageTemplate) -> usize {
     1 + view.records.len() + view.enums.len() + view.services.len()
 }
 
-/// Renders one item's template and formats it.
-fn render_item(
-    package: &str,
-    template: &'static str,
-    view: &dyn askama::DynTemplate,
-) -> Result<String, GenerateError> {
-    let text = view
-        .dyn_render()
-        .map_err(|source| GenerateError::Render { template, source })?;
-    format_items(package, &text)
-}
-
-/// `f` over every item, on up to [`std::thread::available_parallelism`]
-/// threads, results in the items' order.
-fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let workers = std::thread::available_parallelism()
-        .map_or(1, std::num::NonZero::get)
-        .min(items.len());
+/// `f` over every item, on up to `threads` threads, results in the items' order.
+fn parallel_map<T: Sync, R: Send>(
+    threads: usize,
+    items: &[T],
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let workers = threads.min(items.len());
     if workers <= 1 {
         return items.iter().map(f).collect();
     }
@@ -247,16 +375,16 @@ pub fn render_package(
 ) -> Result<String, GenerateError> {
     let mut text = String::new();
     for unit in package_units(package, view) {
-        text.push_str(&unit.run()?);
+        text.push_str(&unit.run()?.text);
     }
-    Ok(format!("{GENERATED_HEADER}\n\n{}", space_items(&text)))
+    Ok(with_header(&text))
 }
 
 /// Parses `text` as a Rust file and prints it with prettyplease, with the
 /// `@generated` header on top.
 pub fn format_rust(what: &str, text: &str) -> Result<String, GenerateError> {
     let pretty = format_items(what, text)?;
-    Ok(format!("{GENERATED_HEADER}\n\n{}", space_items(&pretty)))
+    Ok(with_header(&pretty))
 }
 
 /// Parses `text` as Rust items and prints them with prettyplease, as they
@@ -270,32 +398,43 @@ fn format_items(what: &str, text: &str) -> Result<String, GenerateError> {
     Ok(prettyplease::unparse(&file))
 }
 
+/// The `@generated` header, a blank line, then `text` with blank lines
+/// between items (see [`space_items_into`]), written once into one string.
+fn with_header(text: &str) -> String {
+    let mut out = String::with_capacity(GENERATED_HEADER.len() + 2 + text.len() + text.len() / 16);
+    out.push_str(GENERATED_HEADER);
+    out.push_str("\n\n");
+    space_items_into(&mut out, text);
+    out
+}
+
 /// prettyplease prints items back to back; hand-written Rust puts a blank
 /// line between items. Adds one after an item's closing line (`}`, `};`, or a
 /// `;`-terminated item other than `use`) when the next line starts another
-/// item at the same indentation.
-fn space_items(text: &str) -> String {
+/// item at the same indentation. Appends to `out`.
+fn space_items_into(out: &mut String, text: &str) {
     const ITEM_STARTS: &[&str] = &[
         "///", "#[", "pub ", "impl", "fn ", "const ", "struct ", "enum ", "mod ", "trait ", "use ",
     ];
     let indent = |line: &str| line.len() - line.trim_start().len();
-    let lines: Vec<&str> = text.lines().collect();
-    let mut out = String::with_capacity(text.len() + text.len() / 16);
-    for (index, line) in lines.iter().enumerate() {
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
         out.push_str(line);
         out.push('\n');
-        let Some(next) = lines.get(index + 1) else {
+        let Some(next) = lines.peek() else {
             continue;
         };
         let (this, following) = (line.trim(), next.trim());
         let closes_item = this == "}" || this == "};" || this.ends_with(';');
+        if !closes_item {
+            continue;
+        }
         let both_uses = this.starts_with("use ") && following.starts_with("use ");
         let starts_item = ITEM_STARTS.iter().any(|start| following.starts_with(start));
-        if closes_item && starts_item && !both_uses && indent(line) == indent(next) {
+        if starts_item && !both_uses && indent(line) == indent(next) {
             out.push('\n');
         }
     }
-    out
 }
 
 #[cfg(test)]
@@ -440,10 +579,60 @@ pub(crate) mod tests {
         }
     }
 
+    /// Derives and attributes from the builder are text the checker never
+    /// saw: their items go through syn (which refuses bad Rust) and
+    /// prettyplease, everything else keeps the fast layout.
+    #[test]
+    fn items_with_builder_derives_or_attributes_take_the_syn_path() {
+        let rule = |path: &str, kind| options::TypeRule {
+            path: path.into(),
+            kind,
+        };
+        let options = Options {
+            type_rules: vec![
+                rule("hr.Employee", options::TypeRuleKind::Derive("Eq".into())),
+                rule(
+                    "hr.Status",
+                    options::TypeRuleKind::Attribute("#[non_exhaustive]".into()),
+                ),
+            ],
+            ..Options::default()
+        };
+        let (files, stats) =
+            generate_files_with_stats(&sample(), &options, Layout::SourceDir).expect("generate");
+        let (_, plain) =
+            generate_files_with_stats(&sample(), &Options::default(), Layout::SourceDir)
+                .expect("generate");
+        // common: prelude + Money; hr: prelude + 3 records/enums + 1 service.
+        assert_eq!(stats.items, 2 + 5);
+        assert_eq!(
+            stats.fallbacks,
+            plain.fallbacks + 2,
+            "Employee and Status, besides any item too wide for the fast layout"
+        );
+        let hr = &files[1].contents;
+        assert!(hr.contains("#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Eq)]"));
+        assert!(hr.contains("#[non_exhaustive]\npub enum Status {"));
+
+        let broken = Options {
+            type_rules: vec![rule(
+                ".",
+                options::TypeRuleKind::Attribute("#[oops(".into()),
+            )],
+            ..Options::default()
+        };
+        let error = generate_files(&sample(), &broken, Layout::SourceDir)
+            .expect_err("an attribute that is not Rust");
+        assert!(
+            matches!(error, GenerateError::InvalidRust { .. }),
+            "{error}"
+        );
+    }
+
     #[test]
     fn parallel_map_keeps_the_order_of_its_items() {
         let items: Vec<u32> = (0..1000).collect();
-        let doubled = parallel_map(&items, |item| {
+        let doubled = parallel_map(2, &items, |item| {
             // Uneven work, so threads finish out of order.
             if item % 7 == 0 {
                 std::thread::yield_now();

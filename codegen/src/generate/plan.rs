@@ -370,6 +370,7 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
                 .filter(|m| m.has_response)
                 .cloned()
                 .collect(),
+            endpoints_inline: super::layout::endpoints_inline(20, &to_engine),
             methods: to_engine,
         });
     }
@@ -391,6 +392,7 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
                 .filter(|m| m.has_response)
                 .cloned()
                 .collect(),
+            endpoints_inline: super::layout::endpoints_inline(20, &to_service),
             methods: to_service,
         });
     }
@@ -402,6 +404,7 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
         manifest_json: manifest.to_canonical_json(),
         docs: manifest.docs.clone(),
         deprecated: manifest.deprecated.clone(),
+        endpoints_inline: super::layout::endpoints_inline(8, &methods),
         methods,
         groups,
     }
@@ -422,25 +425,41 @@ fn method_view(
         MethodKind::Pushcall => ("PushCall", "pushcall"),
         MethodKind::Command => ("Command", "command"),
     };
+    let fn_name = method_fn_name(&method.name);
+    let request = request_struct_name(&method.name);
+    let params: Vec<FieldView> = method
+        .params
+        .iter()
+        .map(|p| field_view(p, scope, false))
+        .collect();
+    let response_type = method
+        .response
+        .as_ref()
+        .map_or_else(|| "()".to_owned(), |t| scope.rust_type(t, false));
+    let correlation = correlation_expr(manifest, method);
+    let mut layout = super::layout::method_layout(
+        &method.name,
+        &fn_name,
+        &request,
+        &response_type,
+        method.response.is_some(),
+        &params,
+    );
+    layout.correlation_inline = super::layout::correlation_inline(&correlation.expr);
     MethodView {
         name: method.name.clone(),
-        fn_name: method_fn_name(&method.name),
-        request: request_struct_name(&method.name),
+        fn_name,
+        request,
         docs: method.docs.clone(),
         deprecated: method.deprecated.clone(),
         message_type,
         kind_doc,
-        params: method
-            .params
-            .iter()
-            .map(|p| field_view(p, scope, false))
-            .collect(),
+        params,
         has_response: method.response.is_some(),
-        response_type: method
-            .response
-            .as_ref()
-            .map_or_else(|| "()".to_owned(), |t| scope.rust_type(t, false)),
-        correlation_expr: correlation_expr(manifest, method),
+        response_type,
+        correlation_expr: correlation.expr,
+        correlation_segments: correlation.segments,
+        correlation_in_some: correlation.in_some,
         max_retries: method
             .delivery
             .as_ref()
@@ -453,6 +472,7 @@ fn method_view(
             .map(duration_expr),
         client_too_many_args: 2 + method.params.len() > CLIPPY_MAX_ARGUMENTS,
         handler_too_many_args: 3 + method.params.len() > CLIPPY_MAX_ARGUMENTS,
+        layout,
     }
 }
 
@@ -486,26 +506,34 @@ fn duration_expr(ms: u64) -> String {
 
 /// An `Option<String>` expression reading the `@correlate` path from the
 /// local `request`, stepping through optional fields with `Option` combinators.
-fn correlation_expr(manifest: &Manifest, method: &crate::manifest::Method) -> String {
+fn correlation_expr(manifest: &Manifest, method: &crate::manifest::Method) -> Correlation {
+    let none = Correlation {
+        expr: "None".to_owned(),
+        segments: Vec::new(),
+        in_some: false,
+    };
     let Some(path) = &method.correlate else {
-        return "None".to_owned();
+        return none;
     };
     let mut fields: &[Field] = &method.params;
-    let mut expr = "request".to_owned();
+    let mut segments = Vec::new();
     let mut in_option = false;
     for segment in path {
         let Some(field) = fields.iter().find(|f| &f.name == segment) else {
             // The checker resolved the path; a manifest from elsewhere may not.
-            return "None".to_owned();
+            return none;
         };
         let ident = field_name(&field.name);
         let optional = matches!(field.ty, TypeRef::Optional(_));
-        expr = match (in_option, optional) {
-            (false, false) => format!("{expr}.{ident}"),
-            (false, true) => format!("{expr}.{ident}.as_ref()"),
-            (true, false) => format!("{expr}.map(|v| &v.{ident})"),
-            (true, true) => format!("{expr}.and_then(|v| v.{ident}.as_ref())"),
-        };
+        match (in_option, optional) {
+            (false, false) => segments.push(format!(".{ident}")),
+            (false, true) => {
+                segments.push(format!(".{ident}"));
+                segments.push(".as_ref()".to_owned());
+            }
+            (true, false) => segments.push(format!(".map(|v| &v.{ident})")),
+            (true, true) => segments.push(format!(".and_then(|v| v.{ident}.as_ref())")),
+        }
         in_option |= optional;
         let named = field.ty.named();
         fields = match named.first().and_then(|n| manifest.types.get(*n)) {
@@ -514,10 +542,30 @@ fn correlation_expr(manifest: &Manifest, method: &crate::manifest::Method) -> St
         };
     }
     if in_option {
-        format!("{expr}.map(::std::string::ToString::to_string)")
+        segments.push(".map(::std::string::ToString::to_string)".to_owned());
     } else {
-        format!("Some({expr}.to_string())")
+        segments.push(".to_string()".to_owned());
     }
+    let chain = format!("request{}", segments.concat());
+    Correlation {
+        expr: if in_option {
+            chain
+        } else {
+            format!("Some({chain})")
+        },
+        segments,
+        in_some: !in_option,
+    }
+}
+
+/// [`correlation_expr`]'s result: the expression, and its method chain for
+/// a layout that breaks it one call per line.
+struct Correlation {
+    expr: String,
+    /// `.employee`, `.as_ref()`, …: what follows `request`; empty for `None`.
+    segments: Vec<String>,
+    /// The chain is wrapped in `Some(…)`.
+    in_some: bool,
 }
 
 #[cfg(test)]

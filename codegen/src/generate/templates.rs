@@ -67,6 +67,15 @@ pub struct FieldView {
     pub is_none: &'static str,
 }
 
+impl FieldView {
+    /// `pub name: Type,` as a struct field at `indent`: the type, broken
+    /// over lines as prettyplease breaks it when the line is too long.
+    pub fn field_type(&self, indent: usize) -> std::borrow::Cow<'_, str> {
+        let column = indent + "pub ".len() + self.rust_name.len() + ": ".len();
+        super::layout::type_at(&self.rust_type, indent, column, ",".len())
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct EnumView {
     pub name: String,
@@ -95,6 +104,8 @@ pub struct ServiceView {
     pub docs: Vec<String>,
     pub deprecated: Option<String>,
     pub methods: Vec<MethodView>,
+    /// `endpoints: &[…]` of `HOSTED` fits on one line (see [`super::layout`]).
+    pub endpoints_inline: bool,
     /// One group per direction that has methods and is generated.
     pub groups: Vec<GroupView>,
 }
@@ -114,6 +125,8 @@ pub struct GroupView {
     pub client_enabled: bool,
     pub handler_enabled: bool,
     pub methods: Vec<MethodView>,
+    /// `endpoints: &[…]` of the receiver's hosted list fits on one line.
+    pub endpoints_inline: bool,
     /// The answer-handler trait and its router (`EngineAnswers`, …).
     pub answers: &'static str,
     pub answer_router: &'static str,
@@ -143,6 +156,12 @@ pub struct MethodView {
     pub has_response: bool,
     /// An `Option<String>` expression over `request` giving the correlation key.
     pub correlation_expr: String,
+    /// The same expression's method chain after `request` (`.employee`,
+    /// `.id`, `.to_string()`), for the layout with one call per line; empty
+    /// for `None`.
+    pub correlation_segments: Vec<String>,
+    /// The chain is wrapped in `Some(…)`.
+    pub correlation_in_some: bool,
     /// `@delivery(max_retries = …)` as a Rust literal.
     pub max_retries: Option<String>,
     /// `@delivery(ttl = …)` as a `Duration` expression.
@@ -152,6 +171,38 @@ pub struct MethodView {
     pub client_too_many_args: bool,
     /// The handler function does (`self`, `call`, `tx`, then the parameters).
     pub handler_too_many_args: bool,
+    /// Which of its width-dependent constructs fit on one line.
+    pub layout: MethodLayout,
+}
+
+/// The layout decisions of one method's code that depend on the width of its
+/// names (made by [`super::layout::method_layout`] with prettyplease's
+/// margin), so that templates emit code already formatted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MethodLayout {
+    /// The client's `let request = R { a, b };` fits on one line.
+    pub request_inline: bool,
+    /// The handler trait's `) -> Result<T, HandlerError>;` fits on one line.
+    pub result_inline_decl: bool,
+    /// The same with ` {` (the `Arc` forwarding impl) fits on one line.
+    pub result_inline_impl: bool,
+    /// The receiver's call of the handler fits on one line.
+    pub receiver_call_inline: bool,
+    /// Broken after `self` / `.0`, the `.f(call, tx, …)?;` line fits.
+    pub receiver_args_inline: bool,
+    /// The `Arc` impl's `(**self).f(call, tx, …)` fits on one line.
+    pub forward_inline: bool,
+    /// Broken after `(**self)`, the `.f(call, tx, …)` line fits.
+    pub forward_args_inline: bool,
+    /// The answer router's `self.0.f(answer, tx, response)` fits on one line.
+    pub answer_call_inline: bool,
+    /// Broken after `self.0`, the `.f(answer, tx, response)` line fits.
+    pub answer_args_inline: bool,
+    /// The client's `endpoint: "Name".to_owned(),` fits on one line.
+    pub endpoint_inline: bool,
+    /// The client's `correlation_id: <expr>,` fits on one line (else the
+    /// chain is broken one call per line).
+    pub correlation_inline: bool,
 }
 
 /// `templates/contracts.rs.askama`: the module tree that nests every package

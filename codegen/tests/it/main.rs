@@ -5,6 +5,7 @@ mod check;
 mod cli;
 mod cli_report;
 mod docs;
+mod fast_layout;
 mod fmt_cli;
 mod format;
 mod format_properties;
