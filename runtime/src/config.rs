@@ -59,7 +59,9 @@ pub struct OutboxConfig {
     /// Upper bound of the uniformly random jitter added to each backoff.
     #[serde(with = "serde_human")]
     pub jitter: Duration,
-    /// Rows claimed per dispatcher round.
+    /// The most messages sent in one request (a batch) to a destination,
+    /// and the most rows a dispatcher round claims (at least 64, cut
+    /// into requests of at most this many).
     pub batch_size: u32,
     /// Sends in flight at once, over all destinations.
     pub max_in_flight: usize,
