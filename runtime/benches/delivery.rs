@@ -57,14 +57,7 @@ fn main() {
                 100.0 * enqueue / raw
             ),
         );
-        let (enqueue, raw) = enqueue_beside_raw(dir.path());
-        report(
-            "    ... the two interleaved, 1,000 rows at a time",
-            format!(
-                "{enqueue:.0} msg/s = {:.0} % of raw {raw:.0}",
-                100.0 * enqueue / raw
-            ),
-        );
+        report_interleaved_enqueue(dir.path());
         return;
     }
     if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("e") {
@@ -114,14 +107,7 @@ fn main() {
         "    ... as a share of the raw insert rate",
         format!("{:.0} %", 100.0 * enqueue / raw),
     );
-    let (enqueue, raw) = enqueue_beside_raw(dir.path());
-    report(
-        "    ... the two interleaved, 1,000 rows at a time",
-        format!(
-            "{enqueue:.0} msg/s = {:.0} % of raw {raw:.0}",
-            100.0 * enqueue / raw
-        ),
-    );
+    report_interleaved_enqueue(dir.path());
 
     let send = runtime.block_on(send_rate(&dir.path().join("send.db"), 64));
     report(
@@ -175,6 +161,18 @@ fn enqueue_rate(path: &Path) -> f64 {
         tx.commit().expect("commit");
     }
     rate(ROWS, started.elapsed())
+}
+
+/// Prints (a) measured interleaved with the raw insert.
+fn report_interleaved_enqueue(dir: &Path) {
+    let (enqueue, raw) = enqueue_beside_raw(dir);
+    report(
+        "    ... the two interleaved, 1,000 rows at a time",
+        format!(
+            "{enqueue:.0} msg/s = {:.0} % of raw {raw:.0}",
+            100.0 * enqueue / raw
+        ),
+    );
 }
 
 /// `Outbox::enqueue` and the raw insert (NORMAL) measured in alternating
