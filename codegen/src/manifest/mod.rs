@@ -169,10 +169,13 @@ impl Manifest {
         self.fingerprint.clear();
         let mut taken = Vec::new();
         self.each_docs(&mut |docs| taken.push(std::mem::take(docs)));
-        let canonical = serde_json::to_vec(&self).expect("manifests always serialise");
+        // The canonical form goes straight into the hasher: the same bytes
+        // as `to_vec`, without building the whole text first.
+        let mut hasher = HashWriter(Sha256::new());
+        serde_json::to_writer(&mut hasher, &self).expect("manifests always serialise");
         let mut taken = taken.into_iter();
         self.each_docs(&mut |docs| *docs = taken.next().expect("the same doc lists"));
-        self.fingerprint = format!("sha256:{}", hex::encode(Sha256::digest(&canonical)));
+        self.fingerprint = format!("sha256:{}", hex::encode(hasher.0.finalize()));
         self
     }
 
@@ -203,6 +206,20 @@ impl Manifest {
             method.params.iter_mut().for_each(|p| f(&mut p.docs));
         }
         self.types.values_mut().for_each(|ty| ty.each_docs(f));
+    }
+}
+
+/// Feeds what is written into a SHA-256 hasher.
+struct HashWriter(Sha256);
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.update(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
