@@ -865,6 +865,9 @@ impl Checker<'_> {
                 entry.types.push((qualified, def));
             }
         }
+        // Each type's canonical JSON, serialised once for every manifest
+        // that holds it (the fingerprints hash it).
+        let mut type_json = manifest::TypeJsonCache::default();
         for (file_id, file) in loaded.files.iter() {
             let scope = Scope::new(self, *file_id, file);
             let package = &file.package.name.text;
@@ -889,7 +892,7 @@ impl Checker<'_> {
                     types: type_closure(&methods, &all_types),
                     methods,
                 }
-                .with_fingerprint();
+                .with_fingerprint_cached(&mut type_json);
                 if let Some(entry) = packages.get_mut(package) {
                     entry.services.push(manifest);
                 }
