@@ -102,6 +102,8 @@ struct Decl {
     kind: DeclKind,
     span: Span,
     file: FileId,
+    /// Its index in its file's items.
+    item: usize,
     /// `Some` if the type is deprecated: the reason, empty when none is given.
     deprecated: Option<String>,
 }
@@ -149,7 +151,7 @@ impl Checker<'_> {
         let mut types: BTreeMap<String, BTreeMap<String, Decl>> = BTreeMap::new();
         for (file_id, file) in loaded.files.iter() {
             let package = file.package.name.text.clone();
-            for item in &file.items {
+            for (index, item) in file.items.iter().enumerate() {
                 let (name, kind, annotations) = match item {
                     ast::Item::Record(r) => (&r.name, DeclKind::Record, &r.annotations),
                     ast::Item::Enum(e) => (&e.name, DeclKind::Enum, &e.annotations),
@@ -179,6 +181,7 @@ impl Checker<'_> {
                         kind,
                         span: name.span,
                         file: *file_id,
+                        item: index,
                         deprecated: annotations
                             .iter()
                             .any(|a| a.name.text == "deprecated")
