@@ -102,6 +102,8 @@ struct Decl {
     kind: DeclKind,
     span: Span,
     file: FileId,
+    /// Its index in its file's items.
+    item: usize,
     /// `Some` if the type is deprecated: the reason, empty when none is given.
     deprecated: Option<String>,
 }
@@ -149,7 +151,7 @@ impl Checker<'_> {
         let mut types: BTreeMap<String, BTreeMap<String, Decl>> = BTreeMap::new();
         for (file_id, file) in loaded.files.iter() {
             let package = file.package.name.text.clone();
-            for item in &file.items {
+            for (index, item) in file.items.iter().enumerate() {
                 let (name, kind, annotations) = match item {
                     ast::Item::Record(r) => (&r.name, DeclKind::Record, &r.annotations),
                     ast::Item::Enum(e) => (&e.name, DeclKind::Enum, &e.annotations),
@@ -179,6 +181,7 @@ impl Checker<'_> {
                         kind,
                         span: name.span,
                         file: *file_id,
+                        item: index,
                         deprecated: annotations
                             .iter()
                             .any(|a| a.name.text == "deprecated")
@@ -865,6 +868,9 @@ impl Checker<'_> {
                 entry.types.push((qualified, def));
             }
         }
+        // Each type's canonical JSON, serialised once for every manifest
+        // that holds it (the fingerprints hash it).
+        let mut type_json = manifest::TypeJsonCache::default();
         for (file_id, file) in loaded.files.iter() {
             let scope = Scope::new(self, *file_id, file);
             let package = &file.package.name.text;
@@ -889,7 +895,7 @@ impl Checker<'_> {
                     types: type_closure(&methods, &all_types),
                     methods,
                 }
-                .with_fingerprint();
+                .with_fingerprint_cached(&mut type_json);
                 if let Some(entry) = packages.get_mut(package) {
                     entry.services.push(manifest);
                 }

@@ -428,20 +428,19 @@ pub(super) fn record_fields(
     };
     let owner = Scope::new(checker, decl.file, file);
     let _ = scope.file;
-    file.items
-        .iter()
-        .find_map(|item| match item {
-            ast::Item::Record(r) if r.name.text == name => Some(r),
-            _ => None,
-        })
-        .map(|record| {
-            record
-                .fields
-                .iter()
-                .map(|f| (f.name.text.clone(), owner.try_resolve_type(&f.ty)))
-                .collect()
-        })
-        .unwrap_or_default()
+    // The declaration's own item (found by index, not by scanning the file).
+    match file.items.get(decl.item) {
+        Some(ast::Item::Record(r)) if r.name.text == name => Some(r),
+        _ => None,
+    }
+    .map(|record| {
+        record
+            .fields
+            .iter()
+            .map(|f| (f.name.text.clone(), owner.try_resolve_type(&f.ty)))
+            .collect()
+    })
+    .unwrap_or_default()
 }
 
 /// What other languages' type names are called here (`int`, `float`, `DateTime`).

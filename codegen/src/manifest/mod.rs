@@ -169,10 +169,56 @@ impl Manifest {
         self.fingerprint.clear();
         let mut taken = Vec::new();
         self.each_docs(&mut |docs| taken.push(std::mem::take(docs)));
-        let canonical = serde_json::to_vec(&self).expect("manifests always serialise");
+        // The canonical form goes into the hasher through a small buffer:
+        // the same bytes as `to_vec`, without building the whole text first
+        // (and without one hasher call per JSON token).
+        let mut writer = std::io::BufWriter::with_capacity(8192, HashWriter(Sha256::new()));
+        serde_json::to_writer(&mut writer, &self).expect("manifests always serialise");
+        let hasher = writer
+            .into_inner()
+            .unwrap_or_else(|_| unreachable!("writing into a hasher cannot fail"));
         let mut taken = taken.into_iter();
         self.each_docs(&mut |docs| *docs = taken.next().expect("the same doc lists"));
-        self.fingerprint = format!("sha256:{}", hex::encode(Sha256::digest(&canonical)));
+        self.fingerprint = format!("sha256:{}", hex::encode(hasher.0.finalize()));
+        self
+    }
+
+    /// [`Manifest::with_fingerprint`] for many manifests sharing types: the
+    /// canonical JSON of each record and enum (doc comments removed) is
+    /// written once into `cache` and reused by every manifest holding it,
+    /// instead of serialising the type again per manifest. The bytes hashed
+    /// are the same: `types` is the last member of the canonical form and
+    /// always present, so the text is the manifest without its types
+    /// (ending `"types":{}}`) with the types spliced in before the `}}`.
+    pub(crate) fn with_fingerprint_cached(mut self, cache: &mut TypeJsonCache) -> Self {
+        self.fingerprint.clear();
+        let types = std::mem::take(&mut self.types);
+        let mut taken = Vec::new();
+        self.each_docs(&mut |docs| taken.push(std::mem::take(docs)));
+        let mut head = serde_json::to_vec(&self).expect("manifests always serialise");
+        let mut taken = taken.into_iter();
+        self.each_docs(&mut |docs| *docs = taken.next().expect("the same doc lists"));
+        assert!(head.ends_with(b"{}}"), "`types` is the last member");
+        head.truncate(head.len() - 2);
+        let mut hasher = HashWriter(Sha256::new());
+        hasher.0.update(&head);
+        for (index, (name, def)) in types.iter().enumerate() {
+            if index > 0 {
+                hasher.0.update(b",");
+            }
+            serde_json::to_writer(&mut hasher, name).expect("names always serialise");
+            hasher.0.update(b":");
+            if !cache.0.contains_key(name) {
+                let mut bare = def.clone();
+                bare.strip_docs();
+                let json = serde_json::to_vec(&bare).expect("types always serialise");
+                cache.0.insert(name.clone(), json);
+            }
+            hasher.0.update(&cache.0[name]);
+        }
+        hasher.0.update(b"}}");
+        self.types = types;
+        self.fingerprint = format!("sha256:{}", hex::encode(hasher.0.finalize()));
         self
     }
 
@@ -206,6 +252,26 @@ impl Manifest {
     }
 }
 
+/// Canonical JSON of records and enums with their doc comments removed, by
+/// fully qualified name (see [`Manifest::with_fingerprint_cached`]). Only
+/// for manifests of one model, where a name stands for one definition.
+#[derive(Debug, Default)]
+pub(crate) struct TypeJsonCache(std::collections::HashMap<String, Vec<u8>>);
+
+/// Feeds what is written into a SHA-256 hasher.
+struct HashWriter(Sha256);
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.update(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 impl TypeDef {
     /// Removes every doc comment (of the type and of its fields or variants).
     pub fn strip_docs(&mut self) {
@@ -224,5 +290,111 @@ impl TypeDef {
                 variants.iter_mut().for_each(|variant| f(&mut variant.docs));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(name: &str, ty: TypeRef, docs: &[&str]) -> Field {
+        Field {
+            name: name.to_owned(),
+            ty,
+            docs: docs.iter().map(|d| (*d).to_owned()).collect(),
+            deprecated: None,
+        }
+    }
+
+    fn manifest(service: &str, types: &[(&str, TypeDef)]) -> Manifest {
+        Manifest {
+            format: FORMAT_VERSION,
+            interface: format!("shop.{service}"),
+            package: "shop".to_owned(),
+            service: service.to_owned(),
+            version: 2,
+            fingerprint: "sha256:stale".to_owned(),
+            docs: vec!["Orders \"quoted\"".to_owned()],
+            deprecated: Some("use v3".to_owned()),
+            methods: vec![Method {
+                name: "place".to_owned(),
+                kind: MethodKind::Command,
+                docs: vec!["Places.".to_owned()],
+                deprecated: None,
+                params: vec![field(
+                    "order",
+                    TypeRef::Named("shop.Order".to_owned()),
+                    &["the order"],
+                )],
+                response: Some(TypeRef::List(Box::new(TypeRef::Named(
+                    "shop.Status".to_owned(),
+                )))),
+                correlate: Some(vec!["order".to_owned(), "id".to_owned()]),
+                delivery: Some(Delivery {
+                    max_retries: Some(3),
+                    ttl_ms: None,
+                }),
+            }],
+            types: types
+                .iter()
+                .map(|(name, def)| ((*name).to_owned(), def.clone()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_cached_fingerprint_hashes_the_same_bytes() {
+        let order = TypeDef::Record {
+            docs: vec!["An order.".to_owned()],
+            deprecated: None,
+            fields: vec![
+                field("id", TypeRef::Scalar(Scalar::Uuid), &["its id"]),
+                field(
+                    "lines",
+                    TypeRef::Map(Box::new(TypeRef::Optional(Box::new(TypeRef::Scalar(
+                        Scalar::String,
+                    ))))),
+                    &[],
+                ),
+            ],
+        };
+        let status = TypeDef::Enum {
+            docs: Vec::new(),
+            deprecated: Some(String::new()),
+            variants: vec![Variant {
+                name: "Open\u{e9}".to_owned(),
+                docs: vec!["x".to_owned()],
+                deprecated: None,
+            }],
+        };
+        let mut cache = TypeJsonCache::default();
+        let cases = [
+            manifest(
+                "Orders",
+                &[
+                    ("shop.Order", order.clone()),
+                    ("shop.Status", status.clone()),
+                ],
+            ),
+            manifest("Audit", &[("shop.Status", status)]),
+            manifest("Empty", &[]),
+            manifest("Again", &[("shop.Order", order)]),
+        ];
+        for case in cases {
+            let expected = case.compute_fingerprint();
+            let plain = case.clone().with_fingerprint();
+            let cached = case.clone().with_fingerprint_cached(&mut cache);
+            assert_eq!(cached.fingerprint, expected);
+            assert_eq!(plain.fingerprint, expected);
+            // Nothing else changed: the docs are back in place.
+            assert_eq!(
+                Manifest {
+                    fingerprint: case.fingerprint.clone(),
+                    ..cached
+                },
+                case
+            );
+        }
+        assert_eq!(cache.0.len(), 2, "each type serialised once");
     }
 }
