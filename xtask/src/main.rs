@@ -335,61 +335,49 @@ fn test(extra: &[String]) -> Result<(), String> {
 
 fn ci() -> Result<(), String> {
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
-    run(cargo().args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--all-features",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
-    // The default build of the build-dependency, without the registry
-    // client, and the runtime without TLS.
-    run(cargo().args([
-        "clippy",
-        "-p",
-        "rfidl-codegen",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
-    // What a user's build.rs compiles: the library without the CLI (clap).
-    run(cargo().args([
-        "clippy",
-        "-p",
-        "rfidl-codegen",
-        "--lib",
-        "--no-default-features",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
-    run(cargo().args([
-        "clippy",
-        "-p",
-        "rfidl-runtime",
-        "--lib",
-        "--no-default-features",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
-    // The gRPC transport on its own (no TLS, no PostgreSQL); the tests run
-    // it with --all-features.
-    run(cargo().args([
-        "clippy",
-        "-p",
-        "rfidl-runtime",
-        "--lib",
-        "--no-default-features",
-        "--features",
-        "grpc",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
+    // Clippy, warnings denied, on every build configuration users compile.
+    let configurations: [(&str, &[&str]); 5] = [
+        (
+            "everything",
+            &["--workspace", "--all-targets", "--all-features"],
+        ),
+        // The default build of the build-dependency, without the registry
+        // client.
+        (
+            "rfidl-codegen, default features",
+            &["-p", "rfidl-codegen", "--all-targets"],
+        ),
+        // What a user's build.rs compiles: the library without the CLI (clap).
+        (
+            "rfidl-codegen library alone",
+            &["-p", "rfidl-codegen", "--lib", "--no-default-features"],
+        ),
+        // The runtime without TLS.
+        (
+            "rfidl-runtime without features",
+            &["-p", "rfidl-runtime", "--lib", "--no-default-features"],
+        ),
+        // The gRPC transport on its own (no TLS, no PostgreSQL); the tests
+        // run it with --all-features.
+        (
+            "rfidl-runtime with gRPC only",
+            &[
+                "-p",
+                "rfidl-runtime",
+                "--lib",
+                "--no-default-features",
+                "--features",
+                "grpc",
+            ],
+        ),
+    ];
+    for (what, args) in configurations {
+        eprintln!("xtask: clippy, {what}");
+        run(cargo()
+            .arg("clippy")
+            .args(args)
+            .args(["--", "-D", "warnings"]))?;
+    }
     test(&[])?;
     // Every fault scenario with a small load (docs/guarantees.md).
     chaos(&["--messages".to_owned(), "200".to_owned()])
