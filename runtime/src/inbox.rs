@@ -359,9 +359,20 @@ impl InboxReader {
             {
                 None
             }
-            Err(e) => Some(Err(self.wrap(e))),
-            Ok(Some(raw)) => Some(raw.into_entry(source_service_id, message_id).map(Some)),
-            Ok(None) => Some(Ok(None)),
+            found => Some(self.entry(found, source_service_id, message_id)),
+        }
+    }
+
+    /// A look-up's row as an [`InboxEntry`].
+    fn entry(
+        &self,
+        found: rusqlite::Result<Option<RawEntry>>,
+        source_service_id: &str,
+        message_id: &str,
+    ) -> Result<Option<InboxEntry>, InboxError> {
+        match found.map_err(|e| self.wrap(e))? {
+            Some(raw) => raw.into_entry(source_service_id, message_id).map(Some),
+            None => Ok(None),
         }
     }
 
@@ -374,10 +385,7 @@ impl InboxReader {
         let conn = self.take()?;
         let found = lookup(&conn, source_service_id, message_id);
         self.give_back(conn);
-        match found.map_err(|e| self.wrap(e))? {
-            Some(raw) => raw.into_entry(source_service_id, message_id).map(Some),
-            None => Ok(None),
-        }
+        self.entry(found, source_service_id, message_id)
     }
 }
 
