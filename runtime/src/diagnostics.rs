@@ -1422,7 +1422,7 @@ mod sqlite {
                 crate::db::attention!(),
                 " \
                    AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2) \
-                 ORDER BY created_at LIMIT ?3"
+                 ORDER BY created_at LIMIT +?3"
             ))?;
             let rows = statement.query_map(
                 params![status.map(Status::as_str), destination, limit],

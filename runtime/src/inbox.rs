@@ -192,12 +192,13 @@ pub fn record_processed(conn: &Connection, message: &ProcessedMessage<'_>) -> ru
 /// Deletes at most `limit` rows whose `expires_at` is at or before `now_ms`;
 /// returns how many went. Small batches keep each write transaction short, so
 /// the receiver's writer never waits long behind a clean-up: call it in a loop
-/// until it returns less than `limit`.
+/// until it returns less than `limit`. (`LIMIT +?2`: a bare bound `LIMIT` is
+/// re-prepared on every execution, see the dispatcher's `CLAIM_SELECT`.)
 pub fn delete_expired(conn: &Connection, now_ms: i64, limit: u32) -> rusqlite::Result<usize> {
     let mut statement = conn.prepare_cached(
         "DELETE FROM inbox_messages WHERE (source_service_id, message_id) IN \
          (SELECT source_service_id, message_id FROM inbox_messages \
-          WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)",
+          WHERE expires_at <= ?1 ORDER BY expires_at LIMIT +?2)",
     )?;
     statement.execute(params![now_ms, limit])
 }
@@ -236,20 +237,6 @@ pub trait InboxLookup: Send + Sync + 'static {
         source_service_id: &str,
         message_id: &str,
     ) -> Result<Option<InboxEntry>, InboxError>;
-
-    /// The same look-up, only if it can be answered at once without waiting
-    /// on anything (no lock, no connection to open, no network): `None`
-    /// means "use [`lookup`](Self::lookup) on the blocking pool". The
-    /// receiver calls this on the executor for a lone message, saving the
-    /// two thread hand-offs of the blocking pool (about 90 µs of a message's
-    /// commit-to-effect time on the benchmark machine).
-    fn lookup_now(
-        &self,
-        _source_service_id: &str,
-        _message_id: &str,
-    ) -> Option<Result<Option<InboxEntry>, InboxError>> {
-        None
-    }
 }
 
 impl InboxLookup for InboxReader {
@@ -259,14 +246,6 @@ impl InboxLookup for InboxReader {
         message_id: &str,
     ) -> Result<Option<InboxEntry>, InboxError> {
         InboxReader::lookup(self, source_service_id, message_id)
-    }
-
-    fn lookup_now(
-        &self,
-        source_service_id: &str,
-        message_id: &str,
-    ) -> Option<Result<Option<InboxEntry>, InboxError>> {
-        InboxReader::lookup_now(self, source_service_id, message_id)
     }
 }
 
@@ -331,35 +310,6 @@ impl InboxReader {
             && idle.len() < READ_POOL_SIZE
         {
             idle.push(conn);
-        }
-    }
-
-    /// [`lookup`](Self::lookup) on an idle connection that does not wait
-    /// for locks (one point read of the primary key, a few microseconds);
-    /// `None` when no connection is idle or the database is busy.
-    pub fn lookup_now(
-        &self,
-        source_service_id: &str,
-        message_id: &str,
-    ) -> Option<Result<Option<InboxEntry>, InboxError>> {
-        let conn = self.idle.lock().ok()?.pop()?;
-        let found = conn
-            .busy_timeout(std::time::Duration::ZERO)
-            .and_then(|()| lookup(&conn, source_service_id, message_id));
-        let restored = conn.busy_timeout(BUSY_TIMEOUT);
-        if restored.is_ok() {
-            self.give_back(conn);
-        }
-        match found {
-            Err(rusqlite::Error::SqliteFailure(failure, _))
-                if matches!(
-                    failure.code,
-                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
-                ) =>
-            {
-                None
-            }
-            found => Some(self.entry(found, source_service_id, message_id)),
         }
     }
 

@@ -56,11 +56,13 @@ pub struct CleanupReport {
 /// transaction (each batch commits on its own). Blocking.
 pub fn cleanup(conn: &Connection, config: &Config, now_ms: i64) -> rusqlite::Result<CleanupReport> {
     let sent_before = now_ms.saturating_sub(config.outbox.sent_retention.as_millis() as i64);
+    // `LIMIT +?2`: a bare bound `LIMIT` is re-prepared on every execution
+    // (see the dispatcher's `CLAIM_SELECT`).
     let sent_deleted = repeat_in_batches(|| {
         conn.prepare_cached(
             "DELETE FROM outbox_messages WHERE seq IN \
              (SELECT seq FROM outbox_messages \
-              WHERE status = 'Sent' AND sent_at < ?1 ORDER BY sent_at LIMIT ?2)",
+              WHERE status = 'Sent' AND sent_at < ?1 ORDER BY sent_at LIMIT +?2)",
         )?
         .execute(params![sent_before, CLEANUP_BATCH])
     })?;
@@ -75,7 +77,7 @@ pub fn cleanup(conn: &Connection, config: &Config, now_ms: i64) -> rusqlite::Res
              WHERE seq IN \
              (SELECT seq FROM outbox_messages \
               WHERE status IN ('Pending', 'Sending') AND status = 'Pending' \
-              AND expires_at <= ?1 AND next_retry_at < 4611686018427387904 LIMIT ?2)",
+              AND expires_at <= ?1 AND next_retry_at < 4611686018427387904 LIMIT +?2)",
         )?
         .execute(params![now_ms, CLEANUP_BATCH])
     })?;
