@@ -1,7 +1,10 @@
-//! HTTP with `reqwest`: one client per transport, so connections are reused.
+//! HTTP: plain `http://` directly over hyper ([`super::direct`]), everything
+//! else with `reqwest`; one client per transport, so connections are reused.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use super::direct::{self, Direct};
 use super::{
     BatchFuture, OutgoingRequest, RECEIVE_BATCH_PATH, SendFuture, Transport, TransportError,
     TransportResponse, batch_body, retry_after, split_batch_answer,
@@ -10,7 +13,7 @@ use super::{
 /// Sends to `{base_url}{path}`.
 #[derive(Debug, Clone)]
 pub struct HttpTransport {
-    client: reqwest::Client,
+    client: Client,
     /// Set once the receiver answered the batch path with 404/405: it is
     /// not an rfidl receiver with batches, so send one by one from then on.
     no_batches: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -20,9 +23,20 @@ pub struct HttpTransport {
 impl HttpTransport {
     /// `base_url` like `http://127.0.0.1:8080` or `https://hr.internal`
     /// (no trailing `/_rf/receive`). HTTPS trusts the public web roots
-    /// (cargo feature `tls`, on by default).
+    /// (cargo feature `tls`, on by default). `http://` goes through an HTTP
+    /// proxy named by `http_proxy` or `all_proxy` (either case) when one
+    /// is set.
     pub fn new(base_url: impl Into<String>, timeout: Duration) -> Result<Self, TransportError> {
-        Self::from_builder(base_url, Self::client_builder(timeout))
+        let base_url = base_url.into();
+        let proxied = direct::proxy_configured(|name| std::env::var(name).ok());
+        match Direct::for_url(&base_url, timeout, connect_timeout(timeout)) {
+            Some(direct) if !proxied => Ok(Self {
+                client: Client::Direct(direct),
+                no_batches: Default::default(),
+                base_url: base_url.trim_end_matches('/').to_owned(),
+            }),
+            _ => Self::from_builder(base_url, Self::client_builder(timeout)),
+        }
     }
 
     /// Like [`new`](Self::new), also trusting the CA certificates in `pem`
@@ -52,7 +66,7 @@ impl HttpTransport {
     fn client_builder(timeout: Duration) -> reqwest::ClientBuilder {
         reqwest::Client::builder()
             .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(5)))
+            .connect_timeout(connect_timeout(timeout))
             .pool_max_idle_per_host(64)
     }
 
@@ -64,18 +78,33 @@ impl HttpTransport {
             .build()
             .map_err(|e| TransportError::Other(e.to_string()))?;
         Ok(Self {
-            client,
+            client: Client::Reqwest(client),
             no_batches: Default::default(),
             base_url: base_url.into().trim_end_matches('/').to_owned(),
         })
     }
 }
 
+/// How requests leave: see the module's documentation.
+#[derive(Debug, Clone)]
+enum Client {
+    Direct(Arc<Direct>),
+    Reqwest(reqwest::Client),
+}
+
+/// The longest a connection may take: the request's timeout, at most 5 s.
+fn connect_timeout(timeout: Duration) -> Duration {
+    timeout.min(Duration::from_secs(5))
+}
+
 impl Transport for HttpTransport {
     fn send(&self, request: OutgoingRequest) -> SendFuture<'_> {
         Box::pin(async move {
-            let mut builder = self
-                .client
+            let client = match &self.client {
+                Client::Direct(direct) => return direct.send(request).await,
+                Client::Reqwest(client) => client,
+            };
+            let mut builder = client
                 .post(format!("{}{}", self.base_url, request.path))
                 .header(reqwest::header::CONTENT_TYPE, "application/json");
             for (name, value) in request.headers {

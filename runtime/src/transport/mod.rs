@@ -2,13 +2,15 @@
 //!
 //! A [`Transport`] moves exact bytes and reports the status and body it got
 //! back; it never interprets them (the dispatcher classifies answers).
-//! Implementations: HTTP (`reqwest`, connection reuse), in-process (calls an
+//! Implementations: HTTP (plain `http://` over hyper directly, anything
+//! else with `reqwest`; connection reuse either way), in-process (calls an
 //! axum `Router` directly, so the very same receiver code runs), Unix
 //! domain sockets (HTTP/1.1 over a socket file, Linux and macOS), and a
 //! spread over several HTTP base URLs of one destination, with failover
 //! ([`SpreadTransport`]). With the cargo feature `grpc`, a gRPC call per
 //! request (`GrpcTransport`, `grpc://` destinations).
 
+mod direct;
 #[cfg(feature = "grpc")]
 mod grpc;
 mod http;
