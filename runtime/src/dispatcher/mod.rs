@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng as _;
+use serde_json::value::RawValue;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -29,7 +30,7 @@ use tracing::Instrument as _;
 use crate::circuit::{Admission, Circuits, GroupOutcome};
 use crate::config::{Config, Durability};
 use crate::db;
-use crate::envelope::{Acknowledgement, Envelope, MessageType};
+use crate::envelope::{Acknowledgement, MessageType, StoredEnvelope};
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::outbox::Outbox;
@@ -649,9 +650,9 @@ async fn claim(state: &Arc<State>, capacity: usize) -> Vec<Group> {
     let lease_ms = state.config.outbox.lease_timeout.as_millis() as i64;
     let row_budget = claim_budget(state.config.outbox.batch_size);
     let plan_for_db = plan.clone();
-    let result =
-        tokio::task::spawn_blocking(move || db.claim(&plan_for_db, lease_ms, row_budget, capacity))
-            .await;
+    let task =
+        tokio::task::spawn_blocking(move || db.claim(&plan_for_db, lease_ms, row_budget, capacity));
+    let result = task.await;
     let groups = match result {
         Ok(Ok((groups, expired))) => {
             state.metrics.outbox_expired.add(expired);
@@ -821,22 +822,24 @@ impl std::fmt::Display for TraceIds<'_> {
     }
 }
 
-/// The signed single-message request for a claimed row.
+/// The signed single-message request for a claimed row. Its payload and
+/// headers go into the body as the row stores them ([`StoredEnvelope`]).
 fn signed_request(state: &State, route: &Route, row: &Claimed) -> Result<OutgoingRequest, String> {
-    let envelope = Envelope {
-        message_id: row
-            .message_id
-            .parse()
-            .map_err(|_| format!("stored message id `{}` is not a UUID", row.message_id))?,
-        correlation_id: row.correlation_id.clone(),
-        source_service_id: state.config.service_id.clone(),
+    let message_id: uuid::Uuid = row
+        .message_id
+        .parse()
+        .map_err(|_| format!("stored message id `{}` is not a UUID", row.message_id))?;
+    let envelope = StoredEnvelope {
+        message_id: &message_id,
+        correlation_id: row.correlation_id.as_deref(),
+        source_service_id: &state.config.service_id,
         message_type: MessageType::parse(&row.message_type).unwrap_or(MessageType::Signal),
-        interface: row.interface.clone(),
+        interface: &row.interface,
         version: row.version,
-        fingerprint: row.fingerprint.clone(),
-        endpoint: row.endpoint.clone(),
-        payload: serde_json::from_str(&row.payload).unwrap_or(serde_json::Value::Null),
-        headers: serde_json::from_str(&row.headers).unwrap_or_default(),
+        fingerprint: &row.fingerprint,
+        endpoint: &row.endpoint,
+        payload: stored_json("payload", &row.payload)?,
+        headers: stored_json("headers", &row.headers)?,
         created_at: jiff::Timestamp::from_millisecond(row.created_at_ms).ok(),
     };
     let body = serde_json::to_vec(&envelope).map_err(|e| format!("cannot encode: {e}"))?;
@@ -847,6 +850,12 @@ fn signed_request(state: &State, route: &Route, row: &Claimed) -> Result<Outgoin
         headers: signature.to_pairs().to_vec(),
         body,
     })
+}
+
+/// A row's JSON column, checked (a row the outbox wrote always is JSON) but
+/// not parsed into a value.
+fn stored_json<'r>(column: &str, text: &'r str) -> Result<&'r RawValue, String> {
+    serde_json::from_str(text).map_err(|e| format!("stored {column} is not JSON: {e}"))
 }
 
 /// Writes the attempts' results (one transaction), then tells each
