@@ -968,14 +968,15 @@ mod tests {
         // lease ran out (not the others), and records them Sent.
         let dispatch =
             crate::dispatcher::sqlite::SqliteDispatch::new(conn, Durability::Normal, Vec::new());
-        let (groups, expired) = dispatch
-            .claim(
-                &[("peer".to_owned(), Admission::Closed { batch_limit: 50 })],
-                30_000,
-                100,
-                4,
-            )
-            .expect("claim");
+        let (claimed, result) = tokio::sync::oneshot::channel();
+        dispatch.claim(
+            &[("peer".to_owned(), Admission::Closed { batch_limit: 50 })],
+            30_000,
+            100,
+            4,
+            claimed,
+        );
+        let (groups, expired) = result.blocking_recv().expect("an answer").expect("claim");
         assert_eq!(expired, 0);
         let claimed: Vec<crate::dispatcher::Claimed> =
             groups.into_iter().flat_map(|group| group.rows).collect();

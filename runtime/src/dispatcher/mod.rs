@@ -650,9 +650,13 @@ async fn claim(state: &Arc<State>, capacity: usize) -> Vec<Group> {
     let lease_ms = state.config.outbox.lease_timeout.as_millis() as i64;
     let row_budget = claim_budget(state.config.outbox.batch_size);
     let plan_for_db = plan.clone();
-    let task =
-        tokio::task::spawn_blocking(move || db.claim(&plan_for_db, lease_ms, row_budget, capacity));
-    let result = task.await;
+    let (sender, claimed) = tokio::sync::oneshot::channel();
+    // Not awaited: the result comes through `claimed`, possibly while the
+    // claim still commits.
+    drop(tokio::task::spawn_blocking(move || {
+        db.claim(&plan_for_db, lease_ms, row_budget, capacity, sender)
+    }));
+    let result = claimed.await;
     let groups = match result {
         Ok(Ok((groups, expired))) => {
             state.metrics.outbox_expired.add(expired);

@@ -20,15 +20,18 @@ pub(crate) trait DispatchDb: Send + Sync + 'static {
     /// The decommissioned interface versions (`crate::lifecycle`).
     fn decommissioned(&self) -> Result<Vec<(String, u32, i64)>, String>;
 
-    /// Claims due rows as `plan` admits them; returns the groups to send
-    /// and how many rows expired instead.
+    /// Claims due rows as `plan` admits them, and gives `claimed` the groups
+    /// to send and how many rows expired instead (or why the claim failed):
+    /// once the claim committed, or earlier if the rows may be sent before
+    /// it does (see `sqlite.rs`).
     fn claim(
         &self,
         plan: &[(String, Admission)],
         lease_ms: i64,
         row_budget: usize,
         capacity: usize,
-    ) -> Result<(Vec<Group>, u64), String>;
+        claimed: ClaimSender,
+    );
 
     /// Writes the attempts' results; returns what changed once committed.
     fn record(
@@ -37,6 +40,9 @@ pub(crate) trait DispatchDb: Send + Sync + 'static {
         config: &Config,
     ) -> Result<RecordCounts, String>;
 }
+
+/// Where a claim's result goes.
+pub(crate) type ClaimSender = tokio::sync::oneshot::Sender<Result<(Vec<Group>, u64), String>>;
 
 /// What one recording transaction changed, added to the metrics after it commits.
 #[derive(Debug, Default, Clone, Copy)]

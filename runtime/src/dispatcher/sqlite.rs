@@ -2,6 +2,7 @@
 //! `BEGIN IMMEDIATE` transactions (one writer at a time, so two dispatchers
 //! on one file never claim the same row).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OptionalExtension as _, params};
@@ -12,12 +13,16 @@ use crate::db;
 use crate::responses::ResponseHandler;
 use crate::store::Sqlite;
 
-use super::records::{self, DispatchDb, OutboxTx, RecordCounts};
+use super::records::{self, ClaimSender, DispatchDb, OutboxTx, RecordCounts};
 use super::{Attempt, Claimed, Group, Verdict};
 
 pub(crate) struct SqliteDispatch {
     conn: Mutex<Connection>,
     durability: Durability,
+    /// Whether a claim under `full` hands its rows over before it commits
+    /// (cleared by a claim whose commit failed after it did, set again by
+    /// the next that commits).
+    send_before_commit: AtomicBool,
     responses: Vec<Arc<dyn ResponseHandler<Sqlite>>>,
 }
 
@@ -32,6 +37,7 @@ impl SqliteDispatch {
         Self {
             conn: Mutex::new(conn),
             durability,
+            send_before_commit: AtomicBool::new(true),
             responses,
         }
     }
@@ -40,6 +46,78 @@ impl SqliteDispatch {
         self.conn
             .lock()
             .map_err(|_| "the dispatcher's connection is poisoned".to_owned())
+    }
+
+    /// The claim. Its groups go to `early` before the commit when they may
+    /// (`early` is `None` afterwards, and the `Ok` value empty).
+    fn claim_sending(
+        &self,
+        plan: &[(String, Admission)],
+        lease_ms: i64,
+        row_budget: usize,
+        capacity: usize,
+        early: &mut Option<ClaimSender>,
+    ) -> Result<(Vec<Group>, u64), String> {
+        let mut conn = self.lock()?;
+        // Nothing may leave before the transaction that enqueued it is on
+        // disk. Under `outbox.durability: normal` an enqueuing commit is not
+        // (NORMAL syncs the WAL only at checkpoints), so the claim commits
+        // with FULL: its fsync of the WAL makes every transaction committed
+        // before it durable (one fsync per claim, none per enqueue). Without
+        // it a power cut after the receiver's 2xx could undo the very
+        // transaction whose message the receiver processed (test
+        // `powerloss_sender_normal_never_delivers_a_transaction_it_can_lose`).
+        // Under `full` every enqueuing commit was fsynced already
+        // (`Outbox::enqueue` refuses a connection that commits with less), so
+        // the claim needs no fsync of its own, and a message's path from
+        // commit to receiver has none. Recording results never needs one: a
+        // result lost in a power cut means a re-send, answered as a duplicate.
+        let sync_claim = self.durability == Durability::Normal;
+        if sync_claim {
+            conn.pragma_update(None, "synchronous", "FULL")
+                .map_err(text)?;
+        }
+        let claimed = (|| -> Result<(Vec<Group>, u64), String> {
+            let tx = conn
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(text)?;
+            let mut ops = SqliteOps {
+                tx: &tx,
+                responses: &self.responses,
+            };
+            let claimed = records::claim_in(&mut ops, plan, lease_ms, row_budget, capacity)?;
+            // Under `full` the rows may leave before the claim commits: what
+            // they carry is on disk already (see above), and no other
+            // dispatcher can claim them while this transaction holds the
+            // write lock. Sending then overlaps the commit (about 20 µs of
+            // commit -> effect on the benchmark machine). Should the commit
+            // fail, the rows are still due and unleased: they go again, are
+            // answered as duplicates, and their first recording finds its
+            // lease fence broken and writes nothing. After such a failure
+            // claims commit before they send, until one commits again, so
+            // a disk that stays full does not turn into a loop of re-sends.
+            if !sync_claim
+                && self.send_before_commit.load(Ordering::Relaxed)
+                && let Some(early) = early.take()
+            {
+                let _ = early.send(Ok(claimed));
+                return match tx.commit() {
+                    Ok(()) => Ok((Vec::new(), 0)),
+                    Err(error) => {
+                        self.send_before_commit.store(false, Ordering::Relaxed);
+                        Err(text(error))
+                    }
+                };
+            }
+            tx.commit().map_err(text)?;
+            self.send_before_commit.store(true, Ordering::Relaxed);
+            Ok(claimed)
+        })();
+        if sync_claim {
+            conn.pragma_update(None, "synchronous", "NORMAL")
+                .map_err(text)?;
+        }
+        claimed
     }
 }
 
@@ -120,43 +198,15 @@ impl DispatchDb for SqliteDispatch {
         lease_ms: i64,
         row_budget: usize,
         capacity: usize,
-    ) -> Result<(Vec<Group>, u64), String> {
-        let mut conn = self.lock()?;
-        // Nothing may leave before the transaction that enqueued it is on
-        // disk. Under `outbox.durability: normal` an enqueuing commit is not
-        // (NORMAL syncs the WAL only at checkpoints), so the claim commits
-        // with FULL: its fsync of the WAL makes every transaction committed
-        // before it durable (one fsync per claim, none per enqueue). Without
-        // it a power cut after the receiver's 2xx could undo the very
-        // transaction whose message the receiver processed (test
-        // `powerloss_sender_normal_never_delivers_a_transaction_it_can_lose`).
-        // Under `full` every enqueuing commit was fsynced already
-        // (`Outbox::enqueue` refuses a connection that commits with less), so
-        // the claim needs no fsync of its own, and a message's path from
-        // commit to receiver has none. Recording results never needs one: a
-        // result lost in a power cut means a re-send, answered as a duplicate.
-        let sync_claim = self.durability == Durability::Normal;
-        if sync_claim {
-            conn.pragma_update(None, "synchronous", "FULL")
-                .map_err(text)?;
+        claimed: ClaimSender,
+    ) {
+        let mut claimed = Some(claimed);
+        let result = self.claim_sending(plan, lease_ms, row_budget, capacity, &mut claimed);
+        if let Some(claimed) = claimed {
+            let _ = claimed.send(result);
+        } else if let Err(error) = result {
+            tracing::warn!(%error, "an outbox claim failed to commit after its rows went out; they are sent again after their lease and answered as duplicates");
         }
-        let claimed = (|| -> Result<(Vec<Group>, u64), String> {
-            let tx = conn
-                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-                .map_err(text)?;
-            let mut ops = SqliteOps {
-                tx: &tx,
-                responses: &self.responses,
-            };
-            let claimed = records::claim_in(&mut ops, plan, lease_ms, row_budget, capacity)?;
-            tx.commit().map_err(text)?;
-            Ok(claimed)
-        })();
-        if sync_claim {
-            conn.pragma_update(None, "synchronous", "NORMAL")
-                .map_err(text)?;
-        }
-        claimed
     }
 
     fn record(

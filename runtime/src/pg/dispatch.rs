@@ -11,7 +11,7 @@ use postgres::types::{ToSql, Type};
 use crate::circuit::Admission;
 use crate::config::Config;
 use crate::dispatcher::records::{self, DispatchDb, OutboxTx, RecordCounts};
-use crate::dispatcher::{Attempt, Claimed, Group, Verdict};
+use crate::dispatcher::{Attempt, Claimed, Verdict};
 use crate::responses::ResponseHandler;
 use crate::store::Postgres;
 
@@ -91,8 +91,12 @@ impl DispatchDb for PostgresDispatch {
         lease_ms: i64,
         row_budget: usize,
         capacity: usize,
-    ) -> Result<(Vec<Group>, u64), String> {
-        self.in_transaction(|ops| records::claim_in(ops, plan, lease_ms, row_budget, capacity))
+        claimed: records::ClaimSender,
+    ) {
+        let _ =
+            claimed.send(self.in_transaction(|ops| {
+                records::claim_in(ops, plan, lease_ms, row_budget, capacity)
+            }));
     }
 
     fn record(

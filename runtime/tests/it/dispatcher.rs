@@ -186,3 +186,88 @@ async fn sender_to_receiver_over_a_unix_socket() {
     })
     .await;
 }
+
+/// Under `outbox.durability: full` a claim hands its rows to the sender
+/// before it commits. A claim whose commit then fails (here a deferred
+/// constraint the test adds; a full disk or an I/O error in production) has
+/// already sent its message: the row must stay due, the next claims must
+/// commit before they send (no loop of re-sends while commits keep
+/// failing), and once a claim commits the message goes again, is answered
+/// as a duplicate and recorded `Sent`: one effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_fails_to_commit_after_sending_loses_nothing_and_does_not_loop() {
+    use rfidl_runtime::Durability;
+    use std::sync::atomic::Ordering;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret = Secret::generate();
+    let receiver = support::start_receiver(dir.path(), support::receiver_config(&[&secret])).await;
+    let db = dir.path().join("sender.db");
+    let mut config = sender_config(Duration::from_millis(20));
+    config.outbox.durability = Durability::Full;
+    let outbox = Outbox::new(config, &db);
+    let conn = rfidl_runtime::db::open(&db, Durability::Full).expect("open");
+    // Every claim's commit fails while this trigger exists.
+    conn.execute_batch(
+        "CREATE TABLE guard_parent (id INTEGER PRIMARY KEY);
+         CREATE TABLE guard (parent INTEGER REFERENCES guard_parent (id) DEFERRABLE INITIALLY DEFERRED);
+         CREATE TRIGGER fail_claims AFTER UPDATE OF status ON outbox_messages
+         WHEN NEW.status = 'Sending' BEGIN INSERT INTO guard (parent) VALUES (1); END;",
+    )
+    .expect("trigger");
+    let mut sending = rfidl_runtime::db::open(&db, Durability::Full).expect("open");
+    let tx = sending.transaction().expect("tx");
+    let id = outbox
+        .enqueue(
+            &tx,
+            message("ledger", "Credit", json!({"account": "acme", "amount": 7})),
+        )
+        .expect("enqueue");
+    tx.commit().expect("commit");
+
+    let dispatcher = Dispatcher::builder(&outbox, &db)
+        .route(
+            "ledger",
+            rfidl_runtime::transport::HttpTransport::new(&receiver.url, Duration::from_secs(2))
+                .expect("transport"),
+            secret.clone(),
+        )
+        .start()
+        .expect("dispatcher");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while receiver.ledger.calls.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the message was never sent");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Claims keep failing for a while (a poll every 20 ms): nothing more
+    // is sent, and the row is still there, due.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let metrics = receiver.receiver.metrics();
+    assert_eq!(receiver.ledger.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        metrics.inbox_duplicates.get(),
+        0,
+        "re-sent while claims fail"
+    );
+    let row = status_of(&db, &id);
+    assert_eq!(row.status, Status::Pending, "{row:?}");
+
+    conn.execute_batch("DROP TRIGGER fail_claims")
+        .expect("drop trigger");
+    let row = wait_for(&db, &id, Status::Sent).await;
+    assert_eq!(row.response.and_then(|r| r["balance"].as_i64()), Some(7));
+    dispatcher.shutdown().await;
+    assert_eq!(
+        count(&receiver.db, "SELECT COUNT(*) FROM ledger"),
+        1,
+        "one effect"
+    );
+    assert_eq!(receiver.ledger.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        metrics.inbox_duplicates.get(),
+        1,
+        "sent again, answered as a duplicate"
+    );
+    assert_eq!(outbox.metrics().outbox_sent.get(), 1);
+    receiver.receiver.shutdown().await;
+}
