@@ -111,12 +111,7 @@ impl Direct {
             match sender.try_send_request(message).await {
                 Ok(response) => {
                     let status = response.status().as_u16();
-                    let retry_after = retry_after(
-                        response
-                            .headers()
-                            .get(hyper::header::RETRY_AFTER)
-                            .and_then(|v| v.to_str().ok()),
-                    );
+                    let retry_after = retry_after(response.headers());
                     let body = response
                         .into_body()
                         .collect()
@@ -276,7 +271,7 @@ mod tests {
                         }
                         let body = n.to_string();
                         let answer = format!(
-                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                            "HTTP/1.1 200 OK\r\nretry-after: 7\r\ncontent-length: {}\r\n\r\n{body}",
                             body.len()
                         );
                         let _ = socket.write_all(answer.as_bytes()).await;
@@ -306,6 +301,7 @@ mod tests {
         for _ in 0..5 {
             let answer = direct.send(request()).await.expect("answered");
             assert_eq!((answer.status, answer.body), (200, b"1".to_vec()));
+            assert_eq!(answer.retry_after, Some(Duration::from_secs(7)));
         }
     }
 

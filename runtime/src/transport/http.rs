@@ -120,12 +120,7 @@ impl Transport for HttpTransport {
                 }
             })?;
             let status = response.status().as_u16();
-            let retry_after = retry_after(
-                response
-                    .headers()
-                    .get(reqwest::header::RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok()),
-            );
+            let retry_after = retry_after(response.headers());
             let body = response.bytes().await.map_err(|e| {
                 if e.is_timeout() {
                     TransportError::Timeout

@@ -145,9 +145,11 @@ pub(crate) fn batch_body(requests: &[OutgoingRequest]) -> Vec<u8> {
     serde_json::to_vec(&items).unwrap_or_default()
 }
 
-/// Parses a `Retry-After` value given in seconds.
-pub(crate) fn retry_after(value: Option<&str>) -> Option<Duration> {
-    value
+/// An HTTP answer's `Retry-After`, when it gives a number of seconds.
+pub(crate) fn retry_after(headers: &hyper::HeaderMap) -> Option<Duration> {
+    headers
+        .get(hyper::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(Duration::from_secs)
 }

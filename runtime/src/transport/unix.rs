@@ -57,12 +57,7 @@ impl Transport for UnixSocketTransport {
                     .await
                     .map_err(|e| TransportError::Other(e.to_string()))?;
                 let status = response.status().as_u16();
-                let retry_after = retry_after(
-                    response
-                        .headers()
-                        .get("retry-after")
-                        .and_then(|v| v.to_str().ok()),
-                );
+                let retry_after = retry_after(response.headers());
                 let body = response
                     .into_body()
                     .collect()
