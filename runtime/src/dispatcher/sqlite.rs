@@ -96,7 +96,11 @@ impl SqliteDispatch {
             // lease fence broken and writes nothing. After such a failure
             // claims commit before they send, until one commits again, so
             // a disk that stays full does not turn into a loop of re-sends.
+            // A claim that expired rows commits first too: the expired count
+            // goes into the metrics with the groups, and a count must not
+            // move for a change that may not commit.
             if !sync_claim
+                && claimed.1 == 0
                 && self.send_before_commit.load(Ordering::Relaxed)
                 && let Some(early) = early.take()
             {
