@@ -13,12 +13,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http_body_util::{BodyExt as _, Full};
+use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 
-use super::{OutgoingRequest, TransportError, TransportResponse, retry_after};
+use super::{OutgoingRequest, TransportError, TransportResponse, read_answer};
 
 /// The most idle connections kept (the dispatcher's default `max_in_flight`).
 const MAX_IDLE: usize = 64;
@@ -87,7 +87,7 @@ impl Direct {
         &self,
         request: OutgoingRequest,
     ) -> Result<TransportResponse, TransportError> {
-        let mut request = Some(self.http_request(request)?);
+        let mut message = self.http_request(request)?;
         loop {
             // An idle connection may have been closed by the receiver since
             // its last answer; hyper then hands the request back unsent, and
@@ -105,28 +105,16 @@ impl Direct {
                     self.authority
                 )));
             }
-            let Some(message) = request.take() else {
-                return Err(TransportError::Other("request lost".to_owned()));
-            };
             match sender.try_send_request(message).await {
                 Ok(response) => {
-                    let status = response.status().as_u16();
-                    let retry_after = retry_after(response.headers());
-                    let body = response
-                        .into_body()
-                        .collect()
+                    let answer = read_answer(response)
                         .await
-                        .map_err(|e| self.failed("reading the answer", &e))?
-                        .to_bytes();
+                        .map_err(|e| self.failed("reading the answer", &e))?;
                     self.give_back(sender);
-                    return Ok(TransportResponse {
-                        status,
-                        body: body.to_vec(),
-                        retry_after,
-                    });
+                    return Ok(answer);
                 }
                 Err(mut error) => match error.take_message() {
-                    Some(unsent) if reused => request = Some(unsent),
+                    Some(unsent) if reused => message = unsent,
                     _ => return Err(self.failed("sending", &error.into_error())),
                 },
             }

@@ -145,6 +145,21 @@ pub(crate) fn batch_body(requests: &[OutgoingRequest]) -> Vec<u8> {
     serde_json::to_vec(&items).unwrap_or_default()
 }
 
+/// A hyper client's answer, read whole: its status, `Retry-After` and body.
+pub(crate) async fn read_answer(
+    response: hyper::Response<hyper::body::Incoming>,
+) -> Result<TransportResponse, hyper::Error> {
+    use http_body_util::BodyExt as _;
+    let status = response.status().as_u16();
+    let retry_after = retry_after(response.headers());
+    let body = response.into_body().collect().await?.to_bytes();
+    Ok(TransportResponse {
+        status,
+        body: body.to_vec(),
+        retry_after,
+    })
+}
+
 /// An HTTP answer's `Retry-After`, when it gives a number of seconds.
 pub(crate) fn retry_after(headers: &hyper::HeaderMap) -> Option<Duration> {
     headers

@@ -5,14 +5,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use http_body_util::{BodyExt as _, Full};
+use http_body_util::Full;
 use hyper::Request;
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 
-use super::{
-    OutgoingRequest, SendFuture, Transport, TransportError, TransportResponse, retry_after,
-};
+use super::{OutgoingRequest, SendFuture, Transport, TransportError, read_answer};
 
 #[derive(Debug, Clone)]
 pub struct UnixSocketTransport {
@@ -56,19 +54,11 @@ impl Transport for UnixSocketTransport {
                     .send_request(http_request)
                     .await
                     .map_err(|e| TransportError::Other(e.to_string()))?;
-                let status = response.status().as_u16();
-                let retry_after = retry_after(response.headers());
-                let body = response
-                    .into_body()
-                    .collect()
+                let answer = read_answer(response)
                     .await
                     .map_err(|e| TransportError::Other(e.to_string()))?;
                 driver.abort();
-                Ok(TransportResponse {
-                    status,
-                    body: body.to_bytes().to_vec(),
-                    retry_after,
-                })
+                Ok(answer)
             };
             tokio::time::timeout(self.timeout, exchange)
                 .await
