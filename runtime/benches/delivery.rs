@@ -9,7 +9,9 @@
 //! (c) messages delivered and processed exactly once per second, outbox ->
 //!     dispatcher -> HTTP -> receiver -> inbox, receiver FULL and NORMAL;
 //! (d) inbox duplicate-check latency with 1,000,000 inbox rows;
-//! (e) latency from the sender's commit to the handler's effect, low load;
+//! (e) latency from the sender's commit to the handler's effect, low load,
+//!     and beside it the machine's floor for the same pattern: a bare TCP
+//!     write, and a hyper request to an axum handler, with nothing of rfidl;
 //! (c) and (e) again over gRPC (`grpc://`, the receiver served by
 //!     `rfidl_runtime::grpc::serve_grpc`).
 //!
@@ -68,6 +70,7 @@ fn main() {
                 format!("{p50:.2} / {p99:.2} ms"),
             );
         }
+        report_loopback_floor(&runtime);
         return;
     }
     if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("c1") {
@@ -142,6 +145,7 @@ fn main() {
         );
         report("    p99", format!("{:.2} ms", p99));
     }
+    report_loopback_floor(&runtime);
 
     transports(&runtime, dir.path());
 

@@ -537,3 +537,112 @@ pub fn transports(runtime: &tokio::runtime::Runtime, dir: &Path) {
         }
     }
 }
+
+/// This machine's floor under (e): the same pattern as (e) (one 600-byte
+/// message every 5 ms, the receiving side idle in between, sender and
+/// receiver on one tokio runtime, loopback) with nothing of rfidl in it.
+/// `(tcp, http)`, each `(p50, p99)` in ms: a bare TCP write to the moment
+/// the receiving task has read it, and a hyper HTTP/1.1 request (the
+/// dispatcher's client for plain `http://`) to the moment an axum handler
+/// runs with its body. (e) is this plus what rfidl adds: the claim, the
+/// signature, the inbox and the writer's transaction.
+pub async fn loopback_floor() -> ((f64, f64), (f64, f64)) {
+    use axum::body::Bytes;
+    use http_body_util::Full;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    const SAMPLES: usize = 300;
+    let body = vec![b'x'; 600];
+
+    // Bare TCP.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("addr");
+    let (arrived, mut arrivals) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+    let reader = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.expect("accept");
+        socket.set_nodelay(true).expect("nodelay");
+        let mut buffer = [0u8; 600];
+        while socket.read_exact(&mut buffer).await.is_ok() {
+            if arrived.send(Instant::now()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut socket = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    socket.set_nodelay(true).expect("nodelay");
+    let mut tcp = Vec::with_capacity(SAMPLES);
+    for _ in 0..SAMPLES {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let sent = Instant::now();
+        socket.write_all(&body).await.expect("write");
+        let at = arrivals.recv().await.expect("arrival");
+        tcp.push(at.duration_since(sent).as_secs_f64() * 1e3);
+    }
+    drop(socket);
+    let _ = reader.await;
+
+    // hyper -> axum.
+    let (arrived, mut arrivals) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+    let router = axum::Router::new().route(
+        "/receive",
+        axum::routing::post(move |body: Bytes| {
+            let arrived = arrived.clone();
+            async move {
+                let _ = arrived.send(Instant::now());
+                assert_eq!(body.len(), 600);
+                axum::http::StatusCode::NO_CONTENT
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("addr");
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let (mut client, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    tokio::spawn(connection);
+    let mut http = Vec::with_capacity(SAMPLES);
+    for _ in 0..SAMPLES {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let request = hyper::Request::post("/receive")
+            .header("host", address.to_string())
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.clone())))
+            .expect("request");
+        let sent = Instant::now();
+        let response = client.send_request(request).await.expect("send");
+        assert_eq!(response.status(), 204);
+        let at = arrivals.recv().await.expect("arrival");
+        http.push(at.duration_since(sent).as_secs_f64() * 1e3);
+    }
+    server.abort();
+    let summary = |mut samples: Vec<f64>| {
+        samples.sort_by(f64::total_cmp);
+        (percentile(&samples, 0.5), percentile(&samples, 0.99))
+    };
+    (summary(tcp), summary(http))
+}
+
+/// Prints [`loopback_floor`] beside (e).
+pub fn report_loopback_floor(runtime: &tokio::runtime::Runtime) {
+    let ((tcp50, tcp99), (http50, http99)) = runtime.block_on(loopback_floor());
+    report(
+        "(e) floor: bare TCP write -> reading task, 600 B: p50 / p99",
+        format!("{tcp50:.3} / {tcp99:.3} ms"),
+    );
+    report(
+        "(e) floor: hyper request -> axum handler, 600 B: p50 / p99",
+        format!("{http50:.3} / {http99:.3} ms"),
+    );
+}
