@@ -544,8 +544,11 @@ pub fn transports(runtime: &tokio::runtime::Runtime, dir: &Path) {
 /// `(tcp, http)`, each `(p50, p99)` in ms: a bare TCP write to the moment
 /// the receiving task has read it, and a hyper HTTP/1.1 request (the
 /// dispatcher's client for plain `http://`) to the moment an axum handler
-/// runs with its body. (e) is this plus what rfidl adds: the claim, the
-/// signature, the inbox and the writer's transaction.
+/// runs with its body. A floor, not a model of (e): the sending task here
+/// runs on a worker the timer woke, and that worker usually finds the
+/// receiving socket ready itself when it next polls, while in (e) the
+/// request leaves from a worker the claim's thread has just woken and the
+/// receiver's socket wakes the other one (BENCHMARKS.md, "third pass").
 pub async fn loopback_floor() -> ((f64, f64), (f64, f64)) {
     use axum::body::Bytes;
     use http_body_util::Full;
@@ -636,7 +639,12 @@ pub async fn loopback_floor() -> ((f64, f64), (f64, f64)) {
 
 /// Prints [`loopback_floor`] beside (e).
 pub fn report_loopback_floor(runtime: &tokio::runtime::Runtime) {
-    let ((tcp50, tcp99), (http50, http99)) = runtime.block_on(loopback_floor());
+    // Sent from a task on the runtime's workers, as the dispatcher's
+    // requests are (from `block_on`'s thread hyper's connection task is
+    // woken through the runtime's shared queue instead).
+    let ((tcp50, tcp99), (http50, http99)) = runtime
+        .block_on(async { tokio::spawn(loopback_floor()).await })
+        .expect("loopback floor");
     report(
         "(e) floor: bare TCP write -> reading task, 600 B: p50 / p99",
         format!("{tcp50:.3} / {tcp99:.3} ms"),
