@@ -544,11 +544,12 @@ pub fn transports(runtime: &tokio::runtime::Runtime, dir: &Path) {
 /// `(tcp, http)`, each `(p50, p99)` in ms: a bare TCP write to the moment
 /// the receiving task has read it, and a hyper HTTP/1.1 request (the
 /// dispatcher's client for plain `http://`) to the moment an axum handler
-/// runs with its body. A floor, not a model of (e): the sending task here
-/// runs on a worker the timer woke, and that worker usually finds the
-/// receiving socket ready itself when it next polls, while in (e) the
-/// request leaves from a worker the claim's thread has just woken and the
-/// receiver's socket wakes the other one (BENCHMARKS.md, "third pass").
+/// runs with its body. A floor, not a model of (e): here the sending task
+/// runs on a worker the timer woke, which may find the receiving socket
+/// ready itself when it next polls (the HTTP figure takes one of two
+/// values, about 0.045 or 0.13 ms on the benchmark machine); in (e) the
+/// request leaves from a worker the claim's thread has just woken
+/// (BENCHMARKS.md, "third pass").
 pub async fn loopback_floor() -> ((f64, f64), (f64, f64)) {
     use axum::body::Bytes;
     use http_body_util::Full;
