@@ -63,13 +63,7 @@ fn main() {
         return;
     }
     if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("e") {
-        for sender in [Durability::Normal, Durability::Full] {
-            let (p50, p99) = runtime.block_on(commit_to_effect(dir.path(), Wire::Http, sender));
-            report(
-                &format!("(e) sender commit -> handler effect, outbox {sender:?}: p50 / p99"),
-                format!("{p50:.2} / {p99:.2} ms"),
-            );
-        }
+        report_commit_to_effect(&runtime, dir.path());
         report_loopback_floor(&runtime);
         return;
     }
@@ -137,14 +131,7 @@ fn main() {
     report("    p99", format!("{:.1} µs", p99));
     report("    p99.9", format!("{:.1} µs", p999));
 
-    for sender in [Durability::Normal, Durability::Full] {
-        let (p50, p99) = runtime.block_on(commit_to_effect(dir.path(), Wire::Http, sender));
-        report(
-            &format!("(e) sender commit -> handler effect, outbox {sender:?}: p50"),
-            format!("{:.2} ms", p50),
-        );
-        report("    p99", format!("{:.2} ms", p99));
-    }
+    report_commit_to_effect(&runtime, dir.path());
     report_loopback_floor(&runtime);
 
     transports(&runtime, dir.path());
@@ -152,6 +139,25 @@ fn main() {
     match std::env::var("RFIDL_POSTGRES_URL") {
         Ok(server) if !server.is_empty() => postgres::figures(&runtime, &server),
         _ => println!("(PostgreSQL figures skipped: RFIDL_POSTGRES_URL is not set)"),
+    }
+}
+
+/// (e) for each sender durability, the receiver on the sender's runtime and
+/// on one of its own.
+fn report_commit_to_effect(runtime: &tokio::runtime::Runtime, dir: &Path) {
+    for receiving in [Receiving::SameRuntime, Receiving::OwnRuntime] {
+        for sender in [Durability::Normal, Durability::Full] {
+            let (p50, p99) = runtime.block_on(commit_to_effect(dir, Wire::Http, sender, receiving));
+            let label = match receiving {
+                Receiving::SameRuntime => {
+                    format!("(e) sender commit -> handler effect, outbox {sender:?}: p50 / p99")
+                }
+                Receiving::OwnRuntime => {
+                    format!("(e) the same, receiver on a runtime apart, {sender:?}: p50 / p99")
+                }
+            };
+            report(&label, format!("{p50:.2} / {p99:.2} ms"));
+        }
     }
 }
 

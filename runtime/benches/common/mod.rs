@@ -467,20 +467,45 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[index]
 }
 
+/// Where (e)'s receiver runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Receiving {
+    /// On the sender's tokio runtime: a worker that has just written a
+    /// request may find the receiving socket ready itself, with no wake-up.
+    SameRuntime,
+    /// On a tokio runtime of its own (two workers), as a receiver in
+    /// another process: a request's arrival must wake one of its threads.
+    OwnRuntime,
+}
+
 /// (e): 300 messages one at a time, each committed alone while the
 /// dispatcher idles: commit -> the handler's effect, p50 and p99 in ms.
 /// `sender` is the sender's `outbox.durability`, and how its enqueuing
 /// transactions commit: under `normal` the dispatcher's claim fsyncs (the
 /// commit did not), under `full` the commit did and the claim does not.
-pub async fn commit_to_effect(dir: &Path, wire: Wire, sender: Durability) -> (f64, f64) {
-    let pair = pair(
-        dir,
-        &format!("e-{}", wire.name()),
-        Durability::Full,
-        256,
-        wire,
-    )
-    .await;
+pub async fn commit_to_effect(
+    dir: &Path,
+    wire: Wire,
+    sender: Durability,
+    receiving: Receiving,
+) -> (f64, f64) {
+    let name = format!("e-{}", wire.name());
+    let (pair, receiver_runtime) = match receiving {
+        Receiving::SameRuntime => (pair(dir, &name, Durability::Full, 256, wire).await, None),
+        Receiving::OwnRuntime => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let dir = dir.to_path_buf();
+            let pair = runtime
+                .spawn(async move { pair(&dir, &name, Durability::Full, 256, wire).await })
+                .await
+                .expect("pair");
+            (pair, Some(runtime))
+        }
+    };
     let mut config = pair.outbox.config().clone();
     config.outbox.durability = sender;
     let outbox = Outbox::new(config, &pair.sender_db);
@@ -505,6 +530,9 @@ pub async fn commit_to_effect(dir: &Path, wire: Wire, sender: Durability) -> (f6
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     dispatcher.shutdown().await;
+    if let Some(runtime) = receiver_runtime {
+        runtime.shutdown_background();
+    }
     samples.sort_by(f64::total_cmp);
     (percentile(&samples, 0.5), percentile(&samples, 0.99))
 }
@@ -529,7 +557,8 @@ pub fn transports(runtime: &tokio::runtime::Runtime, dir: &Path) {
             format!("{rate:.0} msg/s"),
         );
         for sender in [Durability::Normal, Durability::Full] {
-            let (p50, p99) = runtime.block_on(commit_to_effect(dir, wire, sender));
+            let (p50, p99) =
+                runtime.block_on(commit_to_effect(dir, wire, sender, Receiving::SameRuntime));
             report(
                 &format!("(e) commit -> effect over {name}, outbox {sender:?}: p50 / p99"),
                 format!("{p50:.2} / {p99:.2} ms"),

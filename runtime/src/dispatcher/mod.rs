@@ -10,8 +10,17 @@
 //! * **Answers** are classified as the wire protocol says (see [`classify`]).
 //! * **Backoff** is `min(base * 2^n, max) + uniform jitter`, or the
 //!   receiver's `Retry-After` when longer.
-//! * SQLite runs on the blocking pool (`spawn_blocking`), never on the
-//!   async executor.
+//! * **A runtime of its own.** The dispatcher runs on a tokio runtime of
+//!   its own (two workers), which also drives its connections, so a busy
+//!   or blocked application executor does not delay deliveries. While
+//!   nothing is in flight a claim (on SQLite) runs on the worker that runs
+//!   the dispatcher's loop, where nothing else waits for it: a message's
+//!   idle path from its commit to the socket then crosses no thread, where
+//!   a claim on the blocking pool cost a wake-up there and one back (about
+//!   30 µs of commit -> effect on the benchmark machine, BENCHMARKS.md).
+//!   With sends in flight, claims and every recording run on the blocking
+//!   pool, so answers are never held behind a commit. No database work
+//!   ever runs on the application's executor.
 
 pub(crate) mod records;
 pub(crate) mod sqlite;
@@ -49,6 +58,8 @@ pub enum DispatcherError {
     Db(#[from] db::DbError),
     #[error("destination `{name}`: {message}")]
     Destination { name: String, message: String },
+    #[error("cannot start the dispatcher's thread: {0}")]
+    Thread(#[source] std::io::Error),
 }
 
 /// Where one destination is reached and with which secret requests are signed.
@@ -121,11 +132,26 @@ impl<S: Store> DispatcherBuilder<S> {
         self
     }
 
-    /// Starts the task. Destinations from `Config::destinations` with an
+    /// Starts the dispatcher, on a runtime of its own (see the module's
+    /// documentation); call it on a tokio runtime, whose shutdown stops the
+    /// dispatcher too. Destinations from `Config::destinations` with an
     /// `http(s)://` or `unix://` URL are added unless routed explicitly
     /// (several base URLs: [`crate::transport::SpreadTransport`]).
     pub fn start(mut self) -> Result<DispatcherHandle, DispatcherError> {
+        // Panics outside a tokio runtime, before anything has started.
+        let caller = tokio::runtime::Handle::current();
         let config = self.outbox.config().clone();
+        let mut runtime = Unstarted(Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(RUNTIME_WORKERS)
+                .thread_name("rfidl-dispatcher-worker")
+                .enable_all()
+                .build()
+                .map_err(DispatcherError::Thread)?,
+        ));
+        // Transports made here start their background tasks (a gRPC
+        // channel's worker) on the dispatcher's runtime, beside the sends.
+        let entered = runtime.0.as_ref().map(tokio::runtime::Runtime::enter);
         for (name, destination) in &config.destinations {
             if self.routes.contains_key(name) {
                 continue;
@@ -149,6 +175,7 @@ impl<S: Store> DispatcherBuilder<S> {
                 },
             );
         }
+        drop(entered);
         if let Some(error) = self.errors.pop() {
             return Err(error);
         }
@@ -168,16 +195,62 @@ impl<S: Store> DispatcherBuilder<S> {
         let (liveness, alive) = Liveness::start();
         self.outbox.set_dispatcher_liveness(liveness.clone());
         let wake = self.outbox.wake_handle();
-        let worker_cancel = cancel.clone();
-        let task = tokio::spawn(async move {
-            let _alive = alive;
-            run(state, wake, worker_cancel).await;
+        let stop = cancel.clone();
+        let crash = CancellationToken::new();
+        let crashed = crash.clone();
+        let (finished, done) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("rfidl-dispatcher".into())
+            .spawn(move || {
+                let Some(runtime) = runtime.0.take() else {
+                    return;
+                };
+                runtime.block_on(async move {
+                    let _alive = alive;
+                    // On a worker, so that the sends it spawns start there.
+                    let mut task = tokio::spawn(run(state, wake, stop));
+                    tokio::select! {
+                        _ = &mut task => {}
+                        () = crashed.cancelled() => task.abort(),
+                    }
+                });
+                // Waits for a claim or recording still on the blocking pool.
+                drop(runtime);
+                let _ = finished.send(());
+            })
+            .map_err(DispatcherError::Thread)?;
+        // Lives on the runtime that started the dispatcher, and stops the
+        // dispatcher when dropped with it, as a task of that runtime would.
+        let crash_on_drop = crash.clone().drop_guard();
+        let task = caller.spawn(async move {
+            let _crash_on_drop = crash_on_drop;
+            let _ = done.await;
         });
         Ok(DispatcherHandle {
             cancel,
+            crash,
             task,
             liveness,
         })
+    }
+}
+
+/// Worker threads of the dispatcher's runtime: one runs its loop (and an
+/// idle claim), and the sends spread over both, which a gRPC destination's
+/// one call per message needs (on a single thread its batched rate halved on
+/// the benchmark machine).
+const RUNTIME_WORKERS: usize = 2;
+
+/// The dispatcher's runtime until its thread takes it over. Should `start`
+/// fail first (or the thread not start), this drops it without waiting, as
+/// a runtime must be dropped on the caller's executor.
+struct Unstarted(Option<tokio::runtime::Runtime>);
+
+impl Drop for Unstarted {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 
@@ -237,9 +310,15 @@ impl Dispatcher {
     }
 }
 
-/// Owns the running task; `shutdown` stops it cleanly.
+/// Owns the running dispatcher; `shutdown` stops it cleanly. It runs on a
+/// runtime of its own until then, or until the tokio runtime it was started
+/// on shuts down, or `abort`.
 pub struct DispatcherHandle {
     cancel: CancellationToken,
+    /// Stops the dispatcher at once (`abort`, or the starting runtime's
+    /// shutdown).
+    crash: CancellationToken,
+    /// Ends when the dispatcher's runtime has shut down.
     task: tokio::task::JoinHandle<()>,
     liveness: Liveness,
 }
@@ -260,6 +339,7 @@ impl DispatcherHandle {
     /// Stops at once, like a crash: in-flight rows stay `Sending` until their
     /// lease expires. For tests of lease recovery.
     pub fn abort(self) {
+        self.crash.cancel();
         self.task.abort();
     }
 }
@@ -534,7 +614,7 @@ async fn run(state: Arc<State>, wake: Arc<tokio::sync::Notify>, cancel: Cancella
             .max_in_flight
             .saturating_sub(in_flight.len());
         let groups = if capacity > 0 {
-            claim(&state, capacity).await
+            claim(&state, capacity, in_flight.is_empty()).await
         } else {
             Vec::new()
         };
@@ -620,8 +700,9 @@ async fn discover(state: &Arc<State>) {
 
 /// Claims due rows, destination by destination (as their circuits allow),
 /// and cuts them into groups of at most each destination's batch limit.
-/// Rows past their TTL are marked `Expired` instead.
-async fn claim(state: &Arc<State>, capacity: usize) -> Vec<Group> {
+/// Rows past their TTL are marked `Expired` instead. `idle`: nothing is in
+/// flight, so nothing on this thread waits while a claim runs here.
+async fn claim(state: &Arc<State>, capacity: usize, idle: bool) -> Vec<Group> {
     let mut destinations: Vec<String> = state.routes.keys().cloned().collect();
     if let Ok(unrouted) = state.unrouted.lock() {
         destinations.extend(unrouted.iter().cloned());
@@ -651,11 +732,16 @@ async fn claim(state: &Arc<State>, capacity: usize) -> Vec<Group> {
     let row_budget = claim_budget(state.config.outbox.batch_size);
     let plan_for_db = plan.clone();
     let (sender, claimed) = tokio::sync::oneshot::channel();
-    // Not awaited: the result comes through `claimed`, possibly while the
-    // claim still commits.
-    drop(tokio::task::spawn_blocking(move || {
-        db.claim(&plan_for_db, lease_ms, row_budget, capacity, sender)
-    }));
+    if idle && db.claims_on_dispatcher_thread() {
+        // On this worker: see the module's documentation.
+        db.claim(&plan_for_db, lease_ms, row_budget, capacity, sender);
+    } else {
+        // Not awaited: the result comes through `claimed`, possibly while
+        // the claim still commits.
+        drop(tokio::task::spawn_blocking(move || {
+            db.claim(&plan_for_db, lease_ms, row_budget, capacity, sender)
+        }));
+    }
     let result = claimed.await;
     let groups = match result {
         Ok(Ok((groups, expired))) => {

@@ -12,8 +12,17 @@ use crate::config::Config;
 use super::{Attempt, Claimed, Group, Verdict, backoff};
 
 /// The dispatcher's three database operations, each one transaction. Called
-/// on the blocking pool.
+/// on the blocking pool, or, for a claim while nothing is in flight and
+/// [`claims_on_dispatcher_thread`](Self::claims_on_dispatcher_thread), on
+/// the dispatcher's own thread.
 pub(crate) trait DispatchDb: Send + Sync + 'static {
+    /// Whether a claim may run on the dispatcher's thread, which runs a
+    /// tokio runtime of its own: not for a client that starts a runtime
+    /// itself, as the synchronous `postgres` client does.
+    fn claims_on_dispatcher_thread(&self) -> bool {
+        false
+    }
+
     /// Destinations with waiting rows (`Pending` or `Sending`).
     fn discover(&self) -> Result<Vec<String>, String>;
 

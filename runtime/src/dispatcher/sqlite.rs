@@ -171,6 +171,10 @@ fn text(error: rusqlite::Error) -> String {
 }
 
 impl DispatchDb for SqliteDispatch {
+    fn claims_on_dispatcher_thread(&self) -> bool {
+        true
+    }
+
     fn discover(&self) -> Result<Vec<String>, String> {
         let conn = self.lock()?;
         let mut statement = conn

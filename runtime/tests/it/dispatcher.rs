@@ -271,3 +271,109 @@ async fn a_claim_that_fails_to_commit_after_sending_loses_nothing_and_does_not_l
     assert_eq!(outbox.metrics().outbox_sent.get(), 1);
     receiver.receiver.shutdown().await;
 }
+
+/// The dispatcher runs on a runtime of its own: an application whose
+/// executor is blocked (here its only thread, which waits synchronously for
+/// the message to be `Sent`) does not hold up its deliveries.
+#[test]
+fn deliveries_go_on_while_the_application_executor_is_blocked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret = Secret::generate();
+    // The receiver, a service of its own, on a runtime of its own.
+    let receiving = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let receiver = receiving.block_on(support::start_receiver(
+        dir.path(),
+        support::receiver_config(&[&secret]),
+    ));
+    let application = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let db = dir.path().join("sender.db");
+    // Only the enqueue's wake-up can find the row within the test's time.
+    let outbox = Outbox::new(sender_config(Duration::from_secs(60)), &db);
+    application.block_on(async {
+        let dispatcher = Dispatcher::builder(&outbox, &db)
+            .route(
+                "ledger",
+                rfidl_runtime::transport::HttpTransport::new(&receiver.url, Duration::from_secs(2))
+                    .expect("transport"),
+                secret.clone(),
+            )
+            .start()
+            .expect("dispatcher");
+        let id = enqueue(
+            &outbox,
+            &db,
+            message("ledger", "Credit", json!({"account": "busy", "amount": 3})),
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while status_of(&db, &id).status != Status::Sent {
+            assert!(
+                Instant::now() < deadline,
+                "not delivered while the application's executor was blocked: {:?}",
+                status_of(&db, &id)
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        dispatcher.shutdown().await;
+    });
+    assert_eq!(count(&receiver.db, "SELECT SUM(amount) FROM ledger"), 3);
+}
+
+/// A dispatcher stops with the runtime it was started on, as a task of
+/// that runtime would, even though it runs on a runtime of its own: a
+/// message enqueued afterwards stays `Pending`.
+#[test]
+fn a_dispatcher_stops_with_the_runtime_that_started_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret = Secret::generate();
+    let receiving = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let receiver = receiving.block_on(support::start_receiver(
+        dir.path(),
+        support::receiver_config(&[&secret]),
+    ));
+    let db = dir.path().join("sender.db");
+    let outbox = Outbox::new(sender_config(Duration::from_millis(20)), &db);
+    let starting = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dispatcher = starting.block_on(async {
+        Dispatcher::builder(&outbox, &db)
+            .route(
+                "ledger",
+                rfidl_runtime::transport::HttpTransport::new(&receiver.url, Duration::from_secs(2))
+                    .expect("transport"),
+                secret.clone(),
+            )
+            .start()
+            .expect("dispatcher")
+    });
+    let liveness = dispatcher.liveness();
+    assert!(liveness.is_alive());
+    drop(starting);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while liveness.is_alive() {
+        assert!(Instant::now() < deadline, "still running");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let id = enqueue(
+        &outbox,
+        &db,
+        message("ledger", "Credit", json!({"account": "gone", "amount": 1})),
+    );
+    // Twenty of its polls.
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(status_of(&db, &id).status, Status::Pending);
+    assert_eq!(count(&receiver.db, "SELECT COUNT(*) FROM ledger"), 0);
+    drop(dispatcher);
+}
