@@ -16,8 +16,10 @@
 //!   nothing is in flight a claim (on SQLite) runs on the worker that runs
 //!   the dispatcher's loop, where nothing else waits for it: a message's
 //!   idle path from its commit to the socket then crosses no thread, where
-//!   a claim on the blocking pool cost a wake-up there and one back (about
-//!   30 µs of commit -> effect on the benchmark machine, BENCHMARKS.md).
+//!   a claim on the blocking pool costs a wake-up there and one back
+//!   (BENCHMARKS.md, "fourth pass": 25-65 µs of commit -> effect under
+//!   `outbox.durability: normal` in paired runs; under `full`, where a
+//!   claim on the pool sends before it commits, 0-18 µs, within the noise).
 //!   With sends in flight, claims and every recording run on the blocking
 //!   pool, so answers are never held behind a commit. No database work
 //!   ever runs on the application's executor.
