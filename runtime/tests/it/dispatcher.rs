@@ -272,23 +272,61 @@ async fn a_claim_that_fails_to_commit_after_sending_loses_nothing_and_does_not_l
     receiver.receiver.shutdown().await;
 }
 
+/// A receiver serving on a runtime of its own (a service of its own), for
+/// the tests whose sending side controls its runtime itself; and an HTTP
+/// dispatcher builder for `outbox` routed to it.
+struct ReceiverApart {
+    receiver: support::TestReceiver,
+    secret: Secret,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl ReceiverApart {
+    fn start(dir: &Path) -> Self {
+        let secret = Secret::generate();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let receiver = runtime.block_on(support::start_receiver(
+            dir,
+            support::receiver_config(&[&secret]),
+        ));
+        Self {
+            receiver,
+            secret,
+            _runtime: runtime,
+        }
+    }
+
+    fn dispatcher(
+        &self,
+        outbox: &Outbox,
+        db: &Path,
+    ) -> rfidl_runtime::dispatcher::DispatcherHandle {
+        Dispatcher::builder(outbox, db)
+            .route(
+                "ledger",
+                rfidl_runtime::transport::HttpTransport::new(
+                    &self.receiver.url,
+                    Duration::from_secs(2),
+                )
+                .expect("transport"),
+                self.secret.clone(),
+            )
+            .start()
+            .expect("dispatcher")
+    }
+}
+
 /// The dispatcher runs on a runtime of its own: an application whose
 /// executor is blocked (here its only thread, which waits synchronously for
 /// the message to be `Sent`) does not hold up its deliveries.
 #[test]
 fn deliveries_go_on_while_the_application_executor_is_blocked() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let secret = Secret::generate();
-    // The receiver, a service of its own, on a runtime of its own.
-    let receiving = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let receiver = receiving.block_on(support::start_receiver(
-        dir.path(),
-        support::receiver_config(&[&secret]),
-    ));
+    let apart = ReceiverApart::start(dir.path());
     let application = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -297,15 +335,7 @@ fn deliveries_go_on_while_the_application_executor_is_blocked() {
     // Only the enqueue's wake-up can find the row within the test's time.
     let outbox = Outbox::new(sender_config(Duration::from_secs(60)), &db);
     application.block_on(async {
-        let dispatcher = Dispatcher::builder(&outbox, &db)
-            .route(
-                "ledger",
-                rfidl_runtime::transport::HttpTransport::new(&receiver.url, Duration::from_secs(2))
-                    .expect("transport"),
-                secret.clone(),
-            )
-            .start()
-            .expect("dispatcher");
+        let dispatcher = apart.dispatcher(&outbox, &db);
         let id = enqueue(
             &outbox,
             &db,
@@ -322,7 +352,10 @@ fn deliveries_go_on_while_the_application_executor_is_blocked() {
         }
         dispatcher.shutdown().await;
     });
-    assert_eq!(count(&receiver.db, "SELECT SUM(amount) FROM ledger"), 3);
+    assert_eq!(
+        count(&apart.receiver.db, "SELECT SUM(amount) FROM ledger"),
+        3
+    );
 }
 
 /// A dispatcher stops with the runtime it was started on, as a task of
@@ -331,33 +364,14 @@ fn deliveries_go_on_while_the_application_executor_is_blocked() {
 #[test]
 fn a_dispatcher_stops_with_the_runtime_that_started_it() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let secret = Secret::generate();
-    let receiving = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let receiver = receiving.block_on(support::start_receiver(
-        dir.path(),
-        support::receiver_config(&[&secret]),
-    ));
+    let apart = ReceiverApart::start(dir.path());
     let db = dir.path().join("sender.db");
     let outbox = Outbox::new(sender_config(Duration::from_millis(20)), &db);
     let starting = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let dispatcher = starting.block_on(async {
-        Dispatcher::builder(&outbox, &db)
-            .route(
-                "ledger",
-                rfidl_runtime::transport::HttpTransport::new(&receiver.url, Duration::from_secs(2))
-                    .expect("transport"),
-                secret.clone(),
-            )
-            .start()
-            .expect("dispatcher")
-    });
+    let dispatcher = starting.block_on(async { apart.dispatcher(&outbox, &db) });
     let liveness = dispatcher.liveness();
     assert!(liveness.is_alive());
     drop(starting);
@@ -374,6 +388,6 @@ fn a_dispatcher_stops_with_the_runtime_that_started_it() {
     // Twenty of its polls.
     std::thread::sleep(Duration::from_millis(400));
     assert_eq!(status_of(&db, &id).status, Status::Pending);
-    assert_eq!(count(&receiver.db, "SELECT COUNT(*) FROM ledger"), 0);
+    assert_eq!(count(&apart.receiver.db, "SELECT COUNT(*) FROM ledger"), 0);
     drop(dispatcher);
 }
