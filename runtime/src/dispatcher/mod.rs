@@ -19,7 +19,7 @@
 //!   a claim on the blocking pool costs a wake-up there and one back
 //!   (BENCHMARKS.md, "fourth pass": 25-65 µs of commit -> effect under
 //!   `outbox.durability: normal` in paired runs; under `full`, where a
-//!   claim on the pool sends before it commits, 0-18 µs, within the noise).
+//!   claim on the pool sends before it commits, within the noise).
 //!   With sends in flight, claims and every recording run on the blocking
 //!   pool, so answers are never held behind a commit. No database work
 //!   ever runs on the application's executor.
