@@ -60,7 +60,7 @@ pub enum DispatcherError {
     Db(#[from] db::DbError),
     #[error("destination `{name}`: {message}")]
     Destination { name: String, message: String },
-    #[error("cannot start the dispatcher's thread: {0}")]
+    #[error("cannot start the dispatcher's runtime or thread: {0}")]
     Thread(#[source] std::io::Error),
 }
 
@@ -703,7 +703,7 @@ async fn discover(state: &Arc<State>) {
 /// Claims due rows, destination by destination (as their circuits allow),
 /// and cuts them into groups of at most each destination's batch limit.
 /// Rows past their TTL are marked `Expired` instead. `idle`: nothing is in
-/// flight, so nothing on this thread waits while a claim runs here.
+/// flight, so nothing on this worker waits while a claim runs here.
 async fn claim(state: &Arc<State>, capacity: usize, idle: bool) -> Vec<Group> {
     let mut destinations: Vec<String> = state.routes.keys().cloned().collect();
     if let Ok(unrouted) = state.unrouted.lock() {
@@ -734,7 +734,7 @@ async fn claim(state: &Arc<State>, capacity: usize, idle: bool) -> Vec<Group> {
     let row_budget = claim_budget(state.config.outbox.batch_size);
     let plan_for_db = plan.clone();
     let (sender, claimed) = tokio::sync::oneshot::channel();
-    if idle && db.claims_on_dispatcher_thread() {
+    if idle && db.claims_on_dispatcher_worker() {
         // On this worker: see the module's documentation.
         db.claim(&plan_for_db, lease_ms, row_budget, capacity, sender);
     } else {

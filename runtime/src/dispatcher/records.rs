@@ -13,13 +13,13 @@ use super::{Attempt, Claimed, Group, Verdict, backoff};
 
 /// The dispatcher's three database operations, each one transaction. Called
 /// on the blocking pool, or, for a claim while nothing is in flight and
-/// [`claims_on_dispatcher_thread`](Self::claims_on_dispatcher_thread), on
-/// the dispatcher's own thread.
+/// [`claims_on_dispatcher_worker`](Self::claims_on_dispatcher_worker), on
+/// a worker of the dispatcher's own runtime.
 pub(crate) trait DispatchDb: Send + Sync + 'static {
-    /// Whether a claim may run on the dispatcher's thread, which runs a
-    /// tokio runtime of its own: not for a client that starts a runtime
-    /// itself, as the synchronous `postgres` client does.
-    fn claims_on_dispatcher_thread(&self) -> bool {
+    /// Whether a claim may run on a worker of the dispatcher's runtime: not
+    /// for a client that starts a runtime itself, as the synchronous
+    /// `postgres` client does.
+    fn claims_on_dispatcher_worker(&self) -> bool {
         false
     }
 

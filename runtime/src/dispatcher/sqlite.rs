@@ -171,7 +171,7 @@ fn text(error: rusqlite::Error) -> String {
 }
 
 impl DispatchDb for SqliteDispatch {
-    fn claims_on_dispatcher_thread(&self) -> bool {
+    fn claims_on_dispatcher_worker(&self) -> bool {
         true
     }
 
