@@ -975,6 +975,7 @@ mod tests {
             100,
             4,
             claimed,
+            crate::dispatcher::records::ClaimCommit::Now,
         );
         let (groups, expired) = result.blocking_recv().expect("an answer").expect("claim");
         assert_eq!(expired, 0);

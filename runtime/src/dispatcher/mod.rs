@@ -19,7 +19,9 @@
 //!   a claim on the blocking pool costs a wake-up there and one back
 //!   (BENCHMARKS.md, "fourth pass": 25-65 µs of commit -> effect under
 //!   `outbox.durability: normal` in paired runs; under `full`, where a
-//!   claim on the pool sends before it commits, within the noise).
+//!   claim on the pool sends before it commits, within the noise). Under
+//!   `full` such a claim is left open while the loop writes its requests,
+//!   and commits right after ("fifth pass": 11-20 µs in paired runs).
 //!   With sends in flight, claims and every recording run on the blocking
 //!   pool, so answers are never held behind a commit. No database work
 //!   ever runs on the application's executor.
@@ -51,6 +53,7 @@ use crate::store::{Sqlite, Store};
 use crate::transport::{
     OutgoingRequest, RECEIVE_PATH, Transport, TransportError, TransportResponse,
 };
+use records::ClaimCommit;
 
 /// Why a dispatcher could not start.
 #[derive(Debug, thiserror::Error)]
@@ -615,15 +618,23 @@ async fn run(state: Arc<State>, wake: Arc<tokio::sync::Notify>, cancel: Cancella
             .outbox
             .max_in_flight
             .saturating_sub(in_flight.len());
-        let groups = if capacity > 0 {
+        let (groups, left_open) = if capacity > 0 {
             claim(&state, capacity, in_flight.is_empty()).await
         } else {
-            Vec::new()
+            (Vec::new(), false)
         };
         let got_rows = !groups.is_empty();
         for group in groups {
             let state = state.clone();
             in_flight.spawn(async move { send_group(&state, group).await });
+        }
+        if left_open {
+            if got_rows {
+                // The sends just spawned run on this worker first, up to
+                // their requests' writes; then the claim commits.
+                tokio::task::yield_now().await;
+            }
+            state.db.finish_claim();
         }
         if got_rows {
             recheck = 0;
@@ -703,14 +714,16 @@ async fn discover(state: &Arc<State>) {
 /// Claims due rows, destination by destination (as their circuits allow),
 /// and cuts them into groups of at most each destination's batch limit.
 /// Rows past their TTL are marked `Expired` instead. `idle`: nothing is in
-/// flight, so nothing on this worker waits while a claim runs here.
-async fn claim(state: &Arc<State>, capacity: usize, idle: bool) -> Vec<Group> {
+/// flight, so nothing on this worker waits while a claim runs here; such a
+/// claim may be left open (`true`) for the caller to commit with
+/// [`DispatchDb::finish_claim`] once the groups' sends have started.
+async fn claim(state: &Arc<State>, capacity: usize, idle: bool) -> (Vec<Group>, bool) {
     let mut destinations: Vec<String> = state.routes.keys().cloned().collect();
     if let Ok(unrouted) = state.unrouted.lock() {
         destinations.extend(unrouted.iter().cloned());
     }
     if destinations.is_empty() {
-        return Vec::new();
+        return (Vec::new(), false);
     }
     let start = state
         .rotation
@@ -727,21 +740,36 @@ async fn claim(state: &Arc<State>, capacity: usize, idle: bool) -> Vec<Group> {
         .filter(|(_, admission)| !matches!(admission, Admission::Blocked { .. }))
         .collect();
     if plan.is_empty() {
-        return Vec::new();
+        return (Vec::new(), false);
     }
     let db = state.db.clone();
     let lease_ms = state.config.outbox.lease_timeout.as_millis() as i64;
     let row_budget = claim_budget(state.config.outbox.batch_size);
     let plan_for_db = plan.clone();
     let (sender, claimed) = tokio::sync::oneshot::channel();
-    if idle && db.claims_on_dispatcher_worker() {
+    let inline = idle && db.claims_on_dispatcher_worker();
+    if inline {
         // On this worker: see the module's documentation.
-        db.claim(&plan_for_db, lease_ms, row_budget, capacity, sender);
+        db.claim(
+            &plan_for_db,
+            lease_ms,
+            row_budget,
+            capacity,
+            sender,
+            ClaimCommit::Later,
+        );
     } else {
         // Not awaited: the result comes through `claimed`, possibly while
         // the claim still commits.
         drop(tokio::task::spawn_blocking(move || {
-            db.claim(&plan_for_db, lease_ms, row_budget, capacity, sender)
+            db.claim(
+                &plan_for_db,
+                lease_ms,
+                row_budget,
+                capacity,
+                sender,
+                ClaimCommit::Now,
+            )
         }));
     }
     let result = claimed.await;
@@ -766,7 +794,7 @@ async fn claim(state: &Arc<State>, capacity: usize, idle: bool) -> Vec<Group> {
             state.circuits.probe_unused(destination);
         }
     }
-    groups
+    (groups, inline)
 }
 
 /// What one attempt came to: the transport's answer, or a row that could

@@ -40,7 +40,11 @@ pub(crate) trait DispatchDb: Send + Sync + 'static {
         row_budget: usize,
         capacity: usize,
         claimed: ClaimSender,
+        commit: ClaimCommit,
     );
+
+    /// Commits a claim left open by [`ClaimCommit::Later`], if one is.
+    fn finish_claim(&self) {}
 
     /// Writes the attempts' results; returns what changed once committed.
     fn record(
@@ -48,6 +52,16 @@ pub(crate) trait DispatchDb: Send + Sync + 'static {
         attempts: &[(Attempt, Verdict)],
         config: &Config,
     ) -> Result<RecordCounts, String>;
+}
+
+/// When a claim whose rows may leave before it commits does commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClaimCommit {
+    /// Before `claim` returns.
+    Now,
+    /// At [`DispatchDb::finish_claim`], or before the connection's next
+    /// use, whichever comes first: the caller sends the rows first.
+    Later,
 }
 
 /// Where a claim's result goes.

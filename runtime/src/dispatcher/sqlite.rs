@@ -13,7 +13,7 @@ use crate::db;
 use crate::responses::ResponseHandler;
 use crate::store::Sqlite;
 
-use super::records::{self, ClaimSender, DispatchDb, OutboxTx, RecordCounts};
+use super::records::{self, ClaimCommit, ClaimSender, DispatchDb, OutboxTx, RecordCounts};
 use super::{Attempt, Claimed, Group, Verdict};
 
 pub(crate) struct SqliteDispatch {
@@ -42,10 +42,33 @@ impl SqliteDispatch {
         }
     }
 
+    /// The connection, with no claim left open on it: one that
+    /// [`ClaimCommit::Later`] left open commits first.
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Connection>, String> {
-        self.conn
+        let conn = self
+            .conn
             .lock()
-            .map_err(|_| "the dispatcher's connection is poisoned".to_owned())
+            .map_err(|_| "the dispatcher's connection is poisoned".to_owned())?;
+        if !conn.is_autocommit() {
+            self.commit_open_claim(&conn);
+        }
+        Ok(conn)
+    }
+
+    /// Commits the claim left open on `conn`, whose rows have gone out
+    /// already. A failure is handled as that of any claim that sent before
+    /// it committed (see `claim_sending`).
+    fn commit_open_claim(&self, conn: &Connection) {
+        match conn.execute_batch("COMMIT") {
+            Ok(()) => self.send_before_commit.store(true, Ordering::Relaxed),
+            Err(error) => {
+                self.send_before_commit.store(false, Ordering::Relaxed);
+                if !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+                warn_unclaimed_sent(&error.to_string());
+            }
+        }
     }
 
     /// The claim. Its groups go to `early` before the commit when they may
@@ -57,6 +80,7 @@ impl SqliteDispatch {
         row_budget: usize,
         capacity: usize,
         early: &mut Option<ClaimSender>,
+        commit: ClaimCommit,
     ) -> Result<(Vec<Group>, u64), String> {
         let mut conn = self.lock()?;
         // Nothing may leave before the transaction that enqueued it is on
@@ -90,7 +114,10 @@ impl SqliteDispatch {
             // they carry is on disk already (see above), and no other
             // dispatcher can claim them while this transaction holds the
             // write lock. Sending then overlaps the commit (about 20 µs of
-            // commit -> effect on the benchmark machine). Should the commit
+            // commit -> effect on the benchmark machine). A claim on the
+            // dispatcher's loop worker (`ClaimCommit::Later`) is left open
+            // instead, and commits once the loop has written its requests:
+            // its write lock lasts that much longer. Should the commit
             // fail, the rows are still due and unleased: they go again, are
             // answered as duplicates, and their first recording finds its
             // lease fence broken and writes nothing. After such a failure
@@ -104,7 +131,14 @@ impl SqliteDispatch {
                 && self.send_before_commit.load(Ordering::Relaxed)
                 && let Some(early) = early.take()
             {
+                let leave_open = commit == ClaimCommit::Later && !claimed.0.is_empty();
                 let _ = early.send(Ok(claimed));
+                if leave_open {
+                    // Left open: `lock` or `finish_claim` commits it.
+                    let mut tx = tx;
+                    tx.set_drop_behavior(rusqlite::DropBehavior::Ignore);
+                    return Ok((Vec::new(), 0));
+                }
                 return match tx.commit() {
                     Ok(()) => Ok((Vec::new(), 0)),
                     Err(error) => {
@@ -166,6 +200,11 @@ fn wait_for_writer(attempt: i32) -> bool {
     true
 }
 
+/// A claim whose rows went out failed to commit.
+fn warn_unclaimed_sent(error: &str) {
+    tracing::warn!(%error, "an outbox claim failed to commit after its rows went out; they are sent again after their lease and answered as duplicates");
+}
+
 fn text(error: rusqlite::Error) -> String {
     error.to_string()
 }
@@ -207,14 +246,20 @@ impl DispatchDb for SqliteDispatch {
         row_budget: usize,
         capacity: usize,
         claimed: ClaimSender,
+        commit: ClaimCommit,
     ) {
         let mut claimed = Some(claimed);
-        let result = self.claim_sending(plan, lease_ms, row_budget, capacity, &mut claimed);
+        let result = self.claim_sending(plan, lease_ms, row_budget, capacity, &mut claimed, commit);
         if let Some(claimed) = claimed {
             let _ = claimed.send(result);
         } else if let Err(error) = result {
-            tracing::warn!(%error, "an outbox claim failed to commit after its rows went out; they are sent again after their lease and answered as duplicates");
+            warn_unclaimed_sent(&error);
         }
+    }
+
+    fn finish_claim(&self) {
+        // `lock` commits what is open.
+        drop(self.lock());
     }
 
     fn record(

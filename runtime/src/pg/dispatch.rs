@@ -92,6 +92,7 @@ impl DispatchDb for PostgresDispatch {
         row_budget: usize,
         capacity: usize,
         claimed: records::ClaimSender,
+        _commit: records::ClaimCommit,
     ) {
         let _ =
             claimed.send(self.in_transaction(|ops| {

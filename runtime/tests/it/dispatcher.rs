@@ -391,3 +391,67 @@ fn a_dispatcher_stops_with_the_runtime_that_started_it() {
     assert_eq!(count(&apart.receiver.db, "SELECT COUNT(*) FROM ledger"), 0);
     drop(dispatcher);
 }
+
+/// Under `outbox.durability: full` an idle dispatcher's claim sends its rows
+/// before it commits, and commits once their requests are written, not
+/// when the answers come back: while the receiver holds the request, the
+/// row reads `Sending` from another connection, and another writer gets the
+/// write lock at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_claim_commits_while_its_request_is_in_flight() {
+    use rfidl_runtime::Durability;
+    use std::sync::Arc;
+    use tokio::sync::Notify;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let arrived = Arc::new(Notify::new());
+    let release = Arc::new(Notify::new());
+    let router = axum::Router::new().fallback({
+        let (arrived, release) = (arrived.clone(), release.clone());
+        move || async move {
+            arrived.notify_one();
+            release.notified().await;
+            axum::http::StatusCode::SERVICE_UNAVAILABLE
+        }
+    });
+    let (url, server) = support::serve(router).await;
+    let db = dir.path().join("sender.db");
+    let mut config = sender_config(Duration::from_secs(60));
+    config.outbox.durability = Durability::Full;
+    let outbox = Outbox::new(config, &db);
+    let dispatcher = Dispatcher::builder(&outbox, &db)
+        .route(
+            "ledger",
+            rfidl_runtime::transport::HttpTransport::new(&url, Duration::from_secs(30))
+                .expect("transport"),
+            Secret::generate(),
+        )
+        .start()
+        .expect("dispatcher");
+    let mut sending = rfidl_runtime::db::open(&db, Durability::Full).expect("open");
+    let tx = sending.transaction().expect("tx");
+    let id = outbox
+        .enqueue(
+            &tx,
+            message("ledger", "Credit", json!({"account": "held", "amount": 1})),
+        )
+        .expect("enqueue");
+    tx.commit().expect("commit");
+
+    tokio::time::timeout(Duration::from_secs(5), arrived.notified())
+        .await
+        .expect("the request never arrived");
+    let other = rusqlite::Connection::open(&db).expect("open");
+    other
+        .busy_timeout(Duration::from_millis(500))
+        .expect("busy timeout");
+    other
+        .execute_batch("BEGIN IMMEDIATE")
+        .expect("the claim still holds the write lock while its request is in flight");
+    other.execute_batch("ROLLBACK").expect("rollback");
+    assert_eq!(status_of(&db, &id).status, Status::Sending);
+
+    release.notify_one();
+    dispatcher.shutdown().await;
+    server.abort();
+}
