@@ -748,29 +748,14 @@ async fn claim(state: &Arc<State>, capacity: usize, idle: bool) -> (Vec<Group>, 
     let plan_for_db = plan.clone();
     let (sender, claimed) = tokio::sync::oneshot::channel();
     let inline = idle && db.claims_on_dispatcher_worker();
+    let run = move |commit| db.claim(&plan_for_db, lease_ms, row_budget, capacity, sender, commit);
     if inline {
         // On this worker: see the module's documentation.
-        db.claim(
-            &plan_for_db,
-            lease_ms,
-            row_budget,
-            capacity,
-            sender,
-            ClaimCommit::Later,
-        );
+        run(ClaimCommit::Later);
     } else {
         // Not awaited: the result comes through `claimed`, possibly while
         // the claim still commits.
-        drop(tokio::task::spawn_blocking(move || {
-            db.claim(
-                &plan_for_db,
-                lease_ms,
-                row_budget,
-                capacity,
-                sender,
-                ClaimCommit::Now,
-            )
-        }));
+        drop(tokio::task::spawn_blocking(move || run(ClaimCommit::Now)));
     }
     let result = claimed.await;
     let groups = match result {
