@@ -44,6 +44,7 @@ pub mod receiver;
 pub mod redact;
 pub mod responses;
 pub mod retention;
+mod sched;
 pub mod signing;
 pub mod store;
 pub mod trace;

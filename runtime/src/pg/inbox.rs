@@ -147,6 +147,7 @@ pub(crate) fn start_receiver(
             .name(format!("rfidl-receiver-writer-{index}"))
             .spawn(move || {
                 let _alive = alive;
+                crate::sched::request_short_slice();
                 writer.run();
             })
             .map_err(ReceiverError::WriterThread)?;

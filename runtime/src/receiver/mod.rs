@@ -408,6 +408,7 @@ impl Receiver {
                     .name("rfidl-receiver-writer".to_owned())
                     .spawn(move || {
                         let _alive = alive;
+                        crate::sched::request_short_slice();
                         writer.run();
                     })
                     .map_err(ReceiverError::WriterThread)?;
