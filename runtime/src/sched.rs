@@ -7,7 +7,7 @@
 //! waiting for that thread's turn to end. The receivers' writer threads ask for the shortest slice the
 //! kernel allows: woken by the request that carries a delivery, a writer
 //! then runs at once instead of after the waking worker's turn. Measured
-//! paired per message: 8-12 µs of commit -> effect. The dispatcher's
+//! paired per message: 6-15 µs of commit -> effect. The dispatcher's
 //! threads gained a few µs more but cost one-message-per-request
 //! throughput about 6 %, so they keep the default (BENCHMARKS.md, "fifth
 //! pass").
