@@ -30,9 +30,8 @@ pub(crate) fn request_short_slice() {
 
 #[cfg(target_os = "linux")]
 mod linux {
-    /// Sets the calling thread's slice, keeping its policy and nice value;
-    /// only a thread of the fair policy (`SCHED_OTHER`) is changed.
-    pub(super) fn set_slice(slice_ns: u64) -> std::io::Result<()> {
+    /// The calling thread's scheduling attributes.
+    fn attributes() -> std::io::Result<libc::sched_attr> {
         let size = std::mem::size_of::<libc::sched_attr>() as u32;
         // SAFETY: `sched_attr` is plain data, all zeros is a valid value.
         let mut attr: libc::sched_attr = unsafe { std::mem::zeroed() };
@@ -49,12 +48,20 @@ mod linux {
         if read != 0 {
             return Err(std::io::Error::last_os_error());
         }
+        attr.size = size;
+        Ok(attr)
+    }
+
+    /// Sets the calling thread's slice, keeping its policy and nice value;
+    /// only a thread of the fair policy (`SCHED_OTHER`) is changed.
+    pub(super) fn set_slice(slice_ns: u64) -> std::io::Result<()> {
+        let mut attr = attributes()?;
         if attr.sched_policy != libc::SCHED_OTHER as u32 {
             return Ok(());
         }
-        attr.size = size;
         attr.sched_runtime = slice_ns;
-        // SAFETY: as above; the kernel reads `attr.size` bytes.
+        // SAFETY: pid 0 is the calling thread; the kernel reads
+        // `attr.size` bytes.
         let written = unsafe {
             libc::syscall(
                 libc::SYS_sched_setattr,
@@ -77,20 +84,7 @@ mod linux {
         fn a_thread_gets_the_slice_it_asks_for() {
             std::thread::spawn(|| {
                 super::set_slice(super::super::SLICE_NS).expect("sched_setattr");
-                let size = std::mem::size_of::<libc::sched_attr>() as u32;
-                // SAFETY: as in `set_slice`.
-                let mut attr: libc::sched_attr = unsafe { std::mem::zeroed() };
-                // SAFETY: as in `set_slice`.
-                let read = unsafe {
-                    libc::syscall(
-                        libc::SYS_sched_getattr,
-                        0,
-                        &mut attr as *mut libc::sched_attr,
-                        size,
-                        0,
-                    )
-                };
-                assert_eq!(read, 0);
+                let attr = super::attributes().expect("sched_getattr");
                 assert_eq!(attr.sched_policy, libc::SCHED_OTHER as u32);
                 let release =
                     std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
