@@ -21,7 +21,7 @@
 //!   `outbox.durability: normal` in paired runs; under `full`, where a
 //!   claim on the pool sends before it commits, within the noise). Under
 //!   `full` such a claim is left open while the loop writes its requests,
-//!   and commits right after ("fifth pass": 11-20 µs in paired runs).
+//!   and commits right after ("fifth pass": 6-21 µs in paired runs).
 //!   With sends in flight, claims and every recording run on the blocking
 //!   pool, so answers are never held behind a commit. No database work
 //!   ever runs on the application's executor.
@@ -618,7 +618,7 @@ async fn run(state: Arc<State>, wake: Arc<tokio::sync::Notify>, cancel: Cancella
             .outbox
             .max_in_flight
             .saturating_sub(in_flight.len());
-        let (groups, left_open) = if capacity > 0 {
+        let (groups, on_this_worker) = if capacity > 0 {
             claim(&state, capacity, in_flight.is_empty()).await
         } else {
             (Vec::new(), false)
@@ -628,10 +628,11 @@ async fn run(state: Arc<State>, wake: Arc<tokio::sync::Notify>, cancel: Cancella
             let state = state.clone();
             in_flight.spawn(async move { send_group(&state, group).await });
         }
-        if left_open {
+        if on_this_worker {
+            // A claim on this worker may have been left open: the sends
+            // just spawned run here first, up to their requests' writes;
+            // then it commits.
             if got_rows {
-                // The sends just spawned run on this worker first, up to
-                // their requests' writes; then the claim commits.
                 tokio::task::yield_now().await;
             }
             state.db.finish_claim();
@@ -714,8 +715,9 @@ async fn discover(state: &Arc<State>) {
 /// Claims due rows, destination by destination (as their circuits allow),
 /// and cuts them into groups of at most each destination's batch limit.
 /// Rows past their TTL are marked `Expired` instead. `idle`: nothing is in
-/// flight, so nothing on this worker waits while a claim runs here; such a
-/// claim may be left open (`true`) for the caller to commit with
+/// flight, so nothing on this worker waits while a claim runs here. Returns
+/// the groups, and whether the claim ran on this worker: it may then have
+/// been left open, for the caller to commit with
 /// [`DispatchDb::finish_claim`] once the groups' sends have started.
 async fn claim(state: &Arc<State>, capacity: usize, idle: bool) -> (Vec<Group>, bool) {
     let mut destinations: Vec<String> = state.routes.keys().cloned().collect();
