@@ -6,7 +6,7 @@
 //! let registry = rfidl_registry::Registry::open("registry.db".as_ref())?
 //!     .publish_token("s3cret");
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:7300").await?;
-//! axum::serve(listener, registry.router()).await?;
+//! rfidl_runtime::serve(listener, registry.router()).await?;
 //! # Ok(()) }
 //! ```
 //!

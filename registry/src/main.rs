@@ -163,7 +163,9 @@ async fn main() -> anyhow::Result<()> {
 
     let (signalled, mut on_signal) = tokio::sync::watch::channel(false);
     let mut server = tokio::spawn(
-        axum::serve(listener, registry.router())
+        // rfidl_runtime::serve: header and body read timeouts, which
+        // axum::serve lacks (a client trickling bytes holds no connection).
+        rfidl_runtime::serve(listener, registry.router())
             .with_graceful_shutdown(async move {
                 let _ = on_signal.wait_for(|s| *s).await;
             })

@@ -45,6 +45,7 @@ pub mod redact;
 pub mod responses;
 pub mod retention;
 mod sched;
+pub mod serve;
 pub mod signing;
 pub mod store;
 pub mod trace;
@@ -61,6 +62,7 @@ pub use serde_json;
 
 pub use config::{Config, Durability};
 pub use envelope::{Envelope, MessageType};
+pub use serve::serve;
 #[cfg(feature = "postgres")]
 pub use store::Postgres;
 pub use store::{Database, Sqlite, Store};

@@ -2,8 +2,15 @@
 //!
 //! `webhook-signature: v1,<base64(HMAC-SHA256(key, "{id}.{timestamp}.{body}"))>`,
 //! several space-separated entries allowed; secrets are `whsec_<base64 key>`.
-//! Comparison is constant-time (`Mac::verify_slice`). This module never reads
-//! the body as JSON: it signs and checks exact bytes.
+//! Comparison is constant-time. This module never reads the body as JSON: it
+//! signs and checks exact bytes.
+//!
+//! Verification costs one HMAC over the body per configured secret, whatever
+//! the header holds: every secret's tag is computed once and each `v1`
+//! entry is compared against all of them, and a header with more than
+//! [`MAX_SIGNATURES`] `v1` entries is refused before any HMAC is computed
+//! (`too_many_signatures`). A request can therefore never make the receiver
+//! hash its body more often than the operator has secrets for its source.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -19,7 +26,16 @@ pub const HEADER_TIMESTAMP: &str = "webhook-timestamp";
 /// Header carrying one or more `v1,<base64>` signatures.
 pub const HEADER_SIGNATURE: &str = "webhook-signature";
 
+/// The most `v1,` entries a `webhook-signature` header may carry; more is
+/// refused (401 `too_many_signatures`) before any HMAC is computed. A sender
+/// rotating keys signs with two or three; eight leaves room for the rest.
+pub const MAX_SIGNATURES: usize = 8;
+
 const SECRET_PREFIX: &str = "whsec_";
+
+type HmacSha256 = Hmac<Sha256>;
+/// A computed tag; its `==` is constant-time.
+type Tag = hmac::digest::CtOutput<HmacSha256>;
 
 /// Standard alphabet, padding optional: secrets are often pasted unpadded.
 const LENIENT: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
@@ -83,9 +99,8 @@ impl Secret {
         format!("{SECRET_PREFIX}{}", STANDARD.encode(&self.key))
     }
 
-    fn mac(&self, id: &str, timestamp: i64, body: &[u8]) -> Hmac<Sha256> {
-        let mut mac =
-            Hmac::<Sha256>::new_from_slice(&self.key).expect("HMAC accepts any key length");
+    fn mac(&self, id: &str, timestamp: i64, body: &[u8]) -> HmacSha256 {
+        let mut mac = HmacSha256::new_from_slice(&self.key).expect("HMAC accepts any key length");
         mac.update(id.as_bytes());
         mac.update(b".");
         mac.update(timestamp.to_string().as_bytes());
@@ -142,6 +157,10 @@ pub enum VerifyError {
     #[error("no `v1` signature matches any secret configured for this source")]
     BadSignature,
     #[error(
+        "`webhook-signature` carries {found} `v1` entries; at most {MAX_SIGNATURES} are accepted"
+    )]
+    TooManySignatures { found: usize },
+    #[error(
         "webhook-timestamp {timestamp} is {skew_secs} s away from now, outside the {tolerance_secs} s tolerance"
     )]
     TimestampOutOfRange {
@@ -157,6 +176,7 @@ impl VerifyError {
         match self {
             VerifyError::MissingHeader(_) => "missing_header",
             VerifyError::BadSignature => "bad_signature",
+            VerifyError::TooManySignatures { .. } => "too_many_signatures",
             VerifyError::TimestampOutOfRange { .. } => "timestamp_out_of_range",
         }
     }
@@ -164,9 +184,11 @@ impl VerifyError {
 
 /// Verifies raw header values against `body`. `now` is Unix seconds.
 ///
-/// Header presence and shape are checked first, then the timestamp window
-/// (exactly `tolerance` away is inside), then the signatures: any `v1` entry
-/// that matches any secret is enough; entries of other versions are ignored.
+/// Header presence and shape are checked first, then the number of `v1`
+/// entries (at most [`MAX_SIGNATURES`]), then the timestamp window (exactly
+/// `tolerance` away is inside), then the signatures: any `v1` entry that
+/// matches any secret is enough; entries of other versions are ignored.
+/// Each secret's tag is computed once, however many entries there are.
 pub fn verify(
     id: Option<&str>,
     timestamp: Option<&str>,
@@ -185,15 +207,8 @@ pub fn verify(
     let signature = signature
         .filter(|v| !v.trim().is_empty())
         .ok_or(VerifyError::MissingHeader(HEADER_SIGNATURE))?;
-    let skew = now.saturating_sub(timestamp);
-    if skew.unsigned_abs() > tolerance.as_secs() {
-        return Err(VerifyError::TimestampOutOfRange {
-            timestamp,
-            skew_secs: skew,
-            tolerance_secs: tolerance.as_secs(),
-        });
-    }
     let mut saw_entry = false;
+    let mut candidates = Vec::new();
     for entry in signature.split_whitespace() {
         let Some((version, encoded)) = entry.split_once(',') else {
             continue;
@@ -202,21 +217,69 @@ pub fn verify(
         if version != "v1" {
             continue;
         }
-        let Ok(tag) = STANDARD.decode(encoded) else {
-            continue;
-        };
-        if secrets
-            .iter()
-            .any(|secret| secret.mac(id, timestamp, body).verify_slice(&tag).is_ok())
-        {
-            return Ok(());
-        }
+        candidates.push(encoded);
+    }
+    if candidates.len() > MAX_SIGNATURES {
+        return Err(VerifyError::TooManySignatures {
+            found: candidates.len(),
+        });
     }
     if !saw_entry {
         return Err(VerifyError::MissingHeader(HEADER_SIGNATURE));
     }
-    Err(VerifyError::BadSignature)
+    let skew = now.saturating_sub(timestamp);
+    if skew.unsigned_abs() > tolerance.as_secs() {
+        return Err(VerifyError::TimestampOutOfRange {
+            timestamp,
+            skew_secs: skew,
+            tolerance_secs: tolerance.as_secs(),
+        });
+    }
+    // Only entries of a tag's length can match; decoding them is cheap.
+    let tags: Vec<Tag> = candidates
+        .into_iter()
+        .filter_map(|encoded| STANDARD.decode(encoded).ok())
+        .filter(|tag| tag.len() == TAG_LEN)
+        .map(|tag| {
+            Tag::new(hmac::digest::generic_array::GenericArray::clone_from_slice(
+                &tag,
+            ))
+        })
+        .collect();
+    if tags.is_empty() {
+        return Err(VerifyError::BadSignature);
+    }
+    let matched = secrets.iter().any(|secret| {
+        let expected = secret.mac(id, timestamp, body).finalize();
+        // No early exit across entries: each comparison is constant-time and
+        // all of them run, so timing says nothing about which entry matched.
+        tags.iter()
+            .fold(false, |found, tag| (*tag == expected) | found)
+    });
+    if matched {
+        Ok(())
+    } else {
+        Err(VerifyError::BadSignature)
+    }
 }
+
+/// Refuses a `webhook-signature` header with more than [`MAX_SIGNATURES`]
+/// `v1` entries. [`verify`] checks this too; a receiver calls it first, before
+/// it reads the body, so such a request costs no more than its headers.
+pub fn check_signature_count(signature: Option<&str>) -> Result<(), VerifyError> {
+    let found = signature
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter(|entry| entry.starts_with("v1,"))
+        .count();
+    if found > MAX_SIGNATURES {
+        return Err(VerifyError::TooManySignatures { found });
+    }
+    Ok(())
+}
+
+/// The length of an HMAC-SHA256 tag, in bytes.
+const TAG_LEN: usize = 32;
 
 /// Current Unix time in whole seconds.
 pub fn unix_now() -> i64 {
@@ -382,6 +445,48 @@ mod tests {
             ),
             Err(VerifyError::MissingHeader(HEADER_SIGNATURE))
         );
+    }
+
+    #[test]
+    fn at_most_max_signatures_v1_entries_are_read() {
+        let secret = Secret::generate();
+        let body = b"{}";
+        let now = 1_700_000_000;
+        let ts = now.to_string();
+        let valid = secret.sign("id1", now, body);
+        let bogus = Secret::generate().sign("id1", now, body);
+        let header = |bogus_entries: usize| {
+            let mut entries = vec![bogus.clone(); bogus_entries];
+            entries.push(valid.clone());
+            entries.join(" ")
+        };
+        let check = |sig: &str| {
+            verify(
+                Some("id1"),
+                Some(&ts),
+                Some(sig),
+                body,
+                std::slice::from_ref(&secret),
+                now,
+                TOLERANCE,
+            )
+        };
+        assert_eq!(check(&header(MAX_SIGNATURES - 1)), Ok(()));
+        assert_eq!(
+            check(&header(MAX_SIGNATURES)),
+            Err(VerifyError::TooManySignatures {
+                found: MAX_SIGNATURES + 1
+            })
+        );
+        assert_eq!(
+            check(&header(999)),
+            Err(VerifyError::TooManySignatures { found: 1000 })
+        );
+        // Entries of other versions do not count against the limit.
+        let others = format!("{} {valid}", vec!["v2,AAAA"; 50].join(" "));
+        assert_eq!(check(&others), Ok(()));
+        // Tags of the wrong length never match and cost no HMAC.
+        assert_eq!(check("v1,AAAA v1,!!!"), Err(VerifyError::BadSignature));
     }
 
     #[test]

@@ -224,7 +224,8 @@ impl Operations {
 
 /// Cancelled when the process is asked to stop: every server [`serve`]
 /// started then stops accepting connections and finishes the requests in
-/// flight (axum's graceful shutdown).
+/// flight (graceful shutdown). [`rfidl_runtime::serve`] bounds how long a
+/// client may take to send its headers and body.
 pub fn shutdown_token() -> &'static CancellationToken {
     static TOKEN: OnceLock<CancellationToken> = OnceLock::new();
     TOKEN.get_or_init(CancellationToken::new)
@@ -238,7 +239,7 @@ pub fn serve(
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let stop = shutdown_token().cancelled();
-        if let Err(error) = axum::serve(listener, router)
+        if let Err(error) = rfidl_runtime::serve(listener, router)
             .with_graceful_shutdown(stop)
             .await
         {

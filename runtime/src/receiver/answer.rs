@@ -19,6 +19,8 @@ pub enum ReceiveError {
     PayloadTooLarge { limit: usize },
     #[error("malformed envelope: {0}")]
     MalformedEnvelope(String),
+    #[error("the request body did not arrive within {seconds} s")]
+    BodyTimeout { seconds: u64 },
     #[error("no secret is configured for source service `{0}`")]
     UnknownSource(String),
     #[error("{0}")]
@@ -85,6 +87,7 @@ impl ReceiveError {
         match self {
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::MalformedEnvelope(_) | Self::IdMismatch { .. } => StatusCode::BAD_REQUEST,
+            Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::UnknownSource(_) | Self::Signature(_) => StatusCode::UNAUTHORIZED,
             Self::UnknownInterface(_)
             | Self::UnknownVersion { .. }
@@ -108,6 +111,7 @@ impl ReceiveError {
         match self {
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::MalformedEnvelope(_) => "malformed_envelope",
+            Self::BodyTimeout { .. } => "body_timeout",
             Self::UnknownSource(_) => "unknown_source",
             Self::Signature(e) => e.code(),
             Self::IdMismatch { .. } => "id_mismatch",

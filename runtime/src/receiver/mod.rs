@@ -12,7 +12,7 @@
 //! let receiver = Receiver::builder(config, "service.db").service(service).build()?;
 //! let app = axum::Router::new().merge(receiver.router()); // beside your own routes
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-//! axum::serve(listener, app).await?;
+//! rfidl_runtime::serve(listener, app).await?;
 //! receiver.shutdown().await;
 //! # Ok(()) }
 //! ```
@@ -83,6 +83,20 @@ pub const DEFAULT_GROUP_COMMIT_LIMIT: usize = 512;
 pub const DEFAULT_BATCH_BODY_LIMIT: usize = 32 * 1024 * 1024;
 /// Requests queued for the writer before new ones wait for room.
 const QUEUE_CAPACITY: usize = 4096;
+/// What [`Shared::admit_batch`] found: an answer for each refused item, the
+/// admitted deliveries, and their positions in the batch.
+type BatchAdmission = (Vec<Option<Answer>>, Vec<Delivery>, Vec<usize>);
+
+/// Requests whose body is larger than this are admitted (JSON parse and
+/// HMAC) on the blocking pool, so that a few large bodies cannot hold the
+/// async workers that answer `/_rf/livez` and every other request. Smaller
+/// ones are admitted in place: a hop to the pool would cost more than the
+/// work.
+const ADMIT_INLINE_LIMIT: usize = 64 * 1024;
+/// How long a request body may take to arrive whole, from the end of its
+/// headers; a slower one is answered 408 `body_timeout` and its connection
+/// closed. [`crate::serve`] applies the same bound to every route.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why a receiver could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -641,24 +655,17 @@ async fn receive_batch(
             return refusal.into_response();
         }
     };
-    let items: Vec<BatchItem> = match serde_json::from_slice(&bytes) {
-        Ok(items) => items,
-        Err(e) => {
-            let refusal = ReceiveError::MalformedEnvelope(format!(
-                "a batch is a JSON array of {{\"headers\": {{…}}, \"body\": \"<envelope JSON>\"}}: {}",
-                crate::redact::json_error(&e)
-            ));
-            shared.count_refusal(&refusal);
-            return refusal.into_response();
+    match shared.receive_batch(bytes).await {
+        Ok(answers) => {
+            let results: Vec<BatchResult> =
+                answers.into_iter().map(Answer::into_batch_result).collect();
+            axum::Json(results).into_response()
         }
-    };
-    let results: Vec<BatchResult> = shared
-        .receive_batch(items)
-        .await
-        .into_iter()
-        .map(Answer::into_batch_result)
-        .collect();
-    axum::Json(results).into_response()
+        Err(refusal) => {
+            shared.count_refusal(&refusal);
+            refusal.into_response()
+        }
+    }
 }
 
 /// Reads a body, refusing (413) one larger than `limit`, early when
@@ -675,25 +682,52 @@ async fn read_limited(
     if declared.is_some_and(|length| length > limit as u64) {
         return Err(ReceiveError::PayloadTooLarge { limit });
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<LengthLimitError>() => Err(ReceiveError::PayloadTooLarge { limit }),
-        Err(e) => Err(ReceiveError::MalformedEnvelope(format!(
+    // The timer is armed only if the body is not all there at the first
+    // poll: a body that came with its headers costs no timer.
+    let read = tokio::time::timeout(BODY_READ_TIMEOUT, Limited::new(body, limit).collect());
+    match read.await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<LengthLimitError>() => Err(ReceiveError::PayloadTooLarge { limit }),
+        Ok(Err(e)) if crate::serve::is_body_timeout(&*e) => Err(ReceiveError::BodyTimeout {
+            seconds: BODY_READ_TIMEOUT.as_secs(),
+        }),
+        Ok(Err(e)) => Err(ReceiveError::MalformedEnvelope(format!(
             "cannot read the request body: {e}"
         ))),
+        Err(_) => Err(ReceiveError::BodyTimeout {
+            seconds: BODY_READ_TIMEOUT.as_secs(),
+        }),
     }
 }
 
 impl Shared {
-    async fn receive_one(&self, headers: &HeaderMap, body: Bytes) -> Answer {
+    async fn receive_one(self: &Arc<Self>, headers: &HeaderMap, body: Bytes) -> Answer {
         self.receive_one_at(headers, body, signing::unix_now())
             .await
     }
 
     /// [`receive_one`](Self::receive_one) with the signature's timestamp
     /// checked against `now` (Unix seconds).
-    async fn receive_one_at(&self, headers: &HeaderMap, body: Bytes, now: i64) -> Answer {
-        let answer = match self.admit(headers, &body, now) {
+    async fn receive_one_at(
+        self: &Arc<Self>,
+        headers: &HeaderMap,
+        body: Bytes,
+        now: i64,
+    ) -> Answer {
+        let admitted = if body.len() <= ADMIT_INLINE_LIMIT {
+            self.admit(headers, &body, now)
+        } else {
+            let shared = Arc::clone(self);
+            let headers = headers.clone();
+            tokio::task::spawn_blocking(move || shared.admit(&headers, &body, now))
+                .await
+                .unwrap_or_else(|e| {
+                    Err(ReceiveError::Unavailable(format!(
+                        "the admission task failed: {e}"
+                    )))
+                })
+        };
+        let answer = match admitted {
             Ok(admitted) => {
                 let mut answers = self.process(vec![admitted]).await;
                 answers
@@ -708,7 +742,48 @@ impl Shared {
         answer
     }
 
-    async fn receive_batch(&self, items: Vec<BatchItem>) -> Vec<Answer> {
+    /// A batch request's body: a JSON array of items, each admitted on its
+    /// own, the admitted ones processed together.
+    async fn receive_batch(self: &Arc<Self>, bytes: Bytes) -> Result<Vec<Answer>, ReceiveError> {
+        let (mut answers, admitted, positions) = if bytes.len() <= ADMIT_INLINE_LIMIT {
+            self.admit_batch(&bytes)?
+        } else {
+            let shared = Arc::clone(self);
+            tokio::task::spawn_blocking(move || shared.admit_batch(&bytes))
+                .await
+                .map_err(|e| {
+                    ReceiveError::Unavailable(format!("the admission task failed: {e}"))
+                })??
+        };
+        if !admitted.is_empty() {
+            let processed = self.process(admitted).await;
+            for (position, answer) in positions.into_iter().zip(processed) {
+                answers[position] = Some(answer);
+            }
+        }
+        let answers: Vec<Answer> = answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or(Answer::Refused(ReceiveError::Unavailable(
+                    "the writer gave no answer".to_owned(),
+                )))
+            })
+            .collect();
+        for answer in &answers {
+            self.count(answer);
+        }
+        Ok(answers)
+    }
+
+    /// Parses a batch and [`admit`](Self::admit)s each item: an answer for
+    /// each refused one, the admitted deliveries, and their positions.
+    fn admit_batch(&self, bytes: &[u8]) -> Result<BatchAdmission, ReceiveError> {
+        let items: Vec<BatchItem> = serde_json::from_slice(bytes).map_err(|e| {
+            ReceiveError::MalformedEnvelope(format!(
+                "a batch is a JSON array of {{\"headers\": {{…}}, \"body\": \"<envelope JSON>\"}}: {}",
+                crate::redact::json_error(&e)
+            ))
+        })?;
         let mut answers: Vec<Option<Answer>> = Vec::with_capacity(items.len());
         let mut admitted = Vec::new();
         let mut positions = Vec::new();
@@ -728,24 +803,7 @@ impl Shared {
                 Err(refusal) => answers.push(Some(Answer::Refused(refusal))),
             }
         }
-        if !admitted.is_empty() {
-            let processed = self.process(admitted).await;
-            for (position, answer) in positions.into_iter().zip(processed) {
-                answers[position] = Some(answer);
-            }
-        }
-        let answers: Vec<Answer> = answers
-            .into_iter()
-            .map(|answer| {
-                answer.unwrap_or(Answer::Refused(ReceiveError::Unavailable(
-                    "the writer gave no answer".to_owned(),
-                )))
-            })
-            .collect();
-        for answer in &answers {
-            self.count(answer);
-        }
-        answers
+        Ok((answers, admitted, positions))
     }
 
     /// Steps 2 to 6 of the order of checks: envelope, source, signature,
@@ -757,6 +815,12 @@ impl Shared {
         now: i64,
     ) -> Result<Delivery, ReceiveError> {
         let header = |name: &'static str| headers.header(name);
+        // 1b. A bounded number of signatures, before any work on the body
+        //    (a thousand entries would otherwise cost a thousand HMACs).
+        if self.verification == Verification::Required {
+            signing::check_signature_count(header(HEADER_SIGNATURE))
+                .map_err(ReceiveError::Signature)?;
+        }
         // 2. A JSON object with a string `sourceServiceId` (read unverified,
         //    only to choose the secret set).
         let value: serde_json::Value = serde_json::from_slice(body)

@@ -33,6 +33,8 @@ mod trace_context;
 // Receiver side (rt2): exactly-once, the wire's order of checks, batches.
 mod exactly_once;
 mod hostile;
+// Read timeouts and bounded signature checks (issue 26).
+mod hostile_network;
 mod receiver_fixture;
 mod receiver_wire;
 // Faults under SQLite: power loss and a full disk (a fault-injecting VFS).

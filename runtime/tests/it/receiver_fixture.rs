@@ -260,7 +260,7 @@ impl Fixture {
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         let app = receiver.router();
         let server = tokio::spawn(async move {
-            axum::serve(listener, app).await.expect("serve");
+            rfidl_runtime::serve(listener, app).await.expect("serve");
         });
         Self {
             _dir: dir,
