@@ -966,8 +966,12 @@ mod tests {
 
         // The dispatcher claims the Pending rows and the Sending row whose
         // lease ran out (not the others), and records them Sent.
-        let dispatch =
-            crate::dispatcher::sqlite::SqliteDispatch::new(conn, Durability::Normal, Vec::new());
+        let dispatch = crate::dispatcher::sqlite::SqliteDispatch::new(
+            conn,
+            None,
+            Durability::Normal,
+            Vec::new(),
+        );
         let (claimed, result) = tokio::sync::oneshot::channel();
         dispatch.claim(
             &[("peer".to_owned(), Admission::Closed { batch_limit: 50 })],

@@ -233,6 +233,67 @@ fn exactly_once_across_a_sigkilled_and_restarted_sender() {
     );
 }
 
+/// A restarted sender does not wait for the leases of the rows its killed
+/// predecessor left `Sending` (issue 26): its dispatcher holds the SQLite
+/// file's dispatcher lock, which proves that their claimer is gone.
+#[test]
+fn a_restarted_sender_resends_what_its_killed_predecessor_left_sending_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let peers = peers(dir.path());
+    // A lease far longer than the test may take: waiting for it fails.
+    std::fs::write(
+        dir.path().join("config.yaml"),
+        CONFIG
+            .replace("lease_timeout: 3s", "lease_timeout: 120s")
+            .replace("request_timeout: 2s", "request_timeout: 60s"),
+    )
+    .expect("config");
+    // The first HR sends into a listener that accepts and never answers,
+    // so its claimed rows stay `Sending` until it is killed.
+    let black_hole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let black_hole_port = black_hole.local_addr().expect("addr").port();
+    let held = std::thread::spawn(move || {
+        let mut connections = Vec::new();
+        for stream in black_hole.incoming().take(4) {
+            connections.push(stream);
+        }
+        std::thread::sleep(Duration::from_secs(600));
+        drop(connections);
+    });
+    let hires = 20;
+    let hr = hr_service_to(dir.path(), &peers, hires, &[black_hole_port], 0);
+    let mut hr = KillOnDrop(hr);
+    let hr_db = dir.path().join("hr.db");
+    wait_for_count(
+        &hr_db,
+        "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sending'",
+        1,
+    );
+    hr.0.kill().expect("SIGKILL hr-service");
+    hr.0.wait().expect("reap");
+    let sending = count(
+        &hr_db,
+        "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sending'",
+    );
+    assert!(sending > 0, "rows were left `Sending`");
+
+    let mut engine_process = engine(dir.path(), &peers);
+    wait_listening(peers.engine_port);
+    let restarted = Instant::now();
+    let mut hr = hr_service(dir.path(), &peers, hires);
+    wait_done(&mut hr, &mut engine_process);
+    let took = restarted.elapsed();
+    eprintln!(
+        "{sending} rows left `Sending` by the killed sender: all through {took:?} after the restart"
+    );
+    assert_exactly_once(dir.path(), hires);
+    assert!(
+        took < Duration::from_secs(30),
+        "{sending} rows left `Sending` took {took:?} to go out (their lease is 120 s)"
+    );
+    drop(held);
+}
+
 /// Kills its process when dropped, so a failed assertion leaves no
 /// service running.
 struct KillOnDrop(Child);

@@ -6,7 +6,9 @@
 //!   of the row is fenced on that token, so a dispatcher whose lease ran out
 //!   (paused, partitioned) cannot overwrite newer state, and two dispatchers
 //!   on one database never send a row at the same time. A row left `Sending`
-//!   by a crash is claimed again once its lease expires.
+//!   by a crash is claimed again once its lease expires, or at once on
+//!   SQLite when the restarted dispatcher can prove that its claimer is gone
+//!   (`sqlite::ExclusiveDispatch`).
 //! * **Answers** are classified as the wire protocol says (see [`classify`]).
 //! * **Backoff** is `min(base * 2^n, max) + uniform jitter`, or the
 //!   receiver's `Retry-After` when longer.
@@ -273,8 +275,25 @@ impl Dispatcher {
                 // NORMAL: only a claim may need an fsync, and it asks for
                 // one itself (see `SqliteDispatch::claim`).
                 let conn = db::open(&path, Durability::Normal)?;
+                let exclusive = sqlite::ExclusiveDispatch::try_acquire(&path);
+                if exclusive.is_some() {
+                    let reclaimed =
+                        sqlite::reclaim_abandoned(&conn, db::now_ms()).map_err(|source| {
+                            db::DbError::Sqlite {
+                                path: path.display().to_string(),
+                                source,
+                            }
+                        })?;
+                    if reclaimed > 0 {
+                        tracing::info!(
+                            rows = reclaimed,
+                            "rows a dispatcher that is gone left `Sending` are due again now"
+                        );
+                    }
+                }
                 Ok(Arc::new(sqlite::SqliteDispatch::new(
                     conn,
+                    exclusive,
                     config.outbox.durability,
                     responses,
                 )) as Arc<dyn records::DispatchDb>)

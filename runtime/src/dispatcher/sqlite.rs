@@ -16,8 +16,63 @@ use crate::store::Sqlite;
 use super::records::{self, ClaimCommit, ClaimSender, DispatchDb, OutboxTx, RecordCounts};
 use super::{Attempt, Claimed, Group, Verdict};
 
+/// Held for the life of a dispatcher on one SQLite file: an exclusive
+/// `flock` on `<db>.dispatcher-lock`, which the kernel releases when the
+/// process dies, however it dies. A dispatcher that gets it knows that no
+/// other live process dispatches from the file, so rows left `Sending` were
+/// claimed by one that is gone: they are due at once instead of after their
+/// lease. The lock is on a file of its own because closing any descriptor
+/// of the database file would drop SQLite's own POSIX locks on it.
+pub(crate) struct ExclusiveDispatch {
+    _file: std::fs::File,
+}
+
+impl ExclusiveDispatch {
+    /// The lock for `db_path`, or `None` while another dispatcher (in this
+    /// process or another) holds it, or where it cannot be taken (a
+    /// read-only folder): then rows wait for their lease, as on PostgreSQL.
+    pub(crate) fn try_acquire(db_path: &std::path::Path) -> Option<Self> {
+        let mut path = db_path.as_os_str().to_owned();
+        path.push(".dispatcher-lock");
+        let file = match std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+        {
+            Ok(file) => file,
+            Err(error) => {
+                tracing::warn!(path = %std::path::Path::new(&path).display(), %error, "cannot open the dispatcher's lock file; rows a crashed dispatcher left `Sending` wait for their lease");
+                return None;
+            }
+        };
+        match file.try_lock() {
+            Ok(()) => Some(Self { _file: file }),
+            Err(std::fs::TryLockError::WouldBlock) => None,
+            Err(std::fs::TryLockError::Error(error)) => {
+                tracing::warn!(%error, "cannot lock the dispatcher's lock file; rows a crashed dispatcher left `Sending` wait for their lease");
+                None
+            }
+        }
+    }
+}
+
+/// Makes every `Sending` row due now (`now`, Unix milliseconds): called by
+/// a dispatcher that holds [`ExclusiveDispatch`], so their claimer is gone.
+/// The next claim takes them under a fresh lease, which fences out anything
+/// the dead claimer might still have written. Returns how many there were.
+pub(crate) fn reclaim_abandoned(conn: &Connection, now: i64) -> rusqlite::Result<usize> {
+    conn.execute(
+        "UPDATE outbox_messages SET next_retry_at = ?1 \
+         WHERE status = 'Sending' AND next_retry_at > ?1",
+        params![now],
+    )
+}
+
 pub(crate) struct SqliteDispatch {
     conn: Mutex<Connection>,
+    /// Kept for the dispatcher's life (see [`ExclusiveDispatch`]).
+    _exclusive: Option<ExclusiveDispatch>,
     durability: Durability,
     /// Whether a claim under `full` hands its rows over before it commits
     /// (cleared by a claim whose commit failed after it did, set again by
@@ -29,6 +84,7 @@ pub(crate) struct SqliteDispatch {
 impl SqliteDispatch {
     pub(crate) fn new(
         conn: Connection,
+        exclusive: Option<ExclusiveDispatch>,
         durability: Durability,
         responses: Vec<Arc<dyn ResponseHandler<Sqlite>>>,
     ) -> Self {
@@ -36,6 +92,7 @@ impl SqliteDispatch {
             .expect("setting a busy handler cannot fail on an open connection");
         Self {
             conn: Mutex::new(conn),
+            _exclusive: exclusive,
             durability,
             send_before_commit: AtomicBool::new(true),
             responses,

@@ -455,3 +455,65 @@ async fn an_idle_claim_commits_while_its_request_is_in_flight() {
     dispatcher.shutdown().await;
     server.abort();
 }
+
+/// A row left `Sending` under a long lease is due at once for a dispatcher
+/// that holds the file's dispatcher lock (its claimer is gone), and waits
+/// for its lease while another live dispatcher holds the lock (it may be
+/// that dispatcher's row, in flight).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_left_sending_are_reclaimed_at_once_only_when_no_live_dispatcher_holds_the_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sender_secret = Secret::generate();
+    let receiver =
+        support::start_receiver(dir.path(), support::receiver_config(&[&sender_secret])).await;
+    let db: PathBuf = dir.path().join("sender.db");
+    let mut config = sender_config(Duration::from_millis(20));
+    config.outbox.lease_timeout = Duration::from_secs(600);
+    let outbox = Outbox::new(config, &db);
+    let id = enqueue(
+        &outbox,
+        &db,
+        message("ledger", "Credit", json!({"account": "lease", "amount": 1})),
+    );
+    // What a claimer killed mid-send leaves: `Sending`, due at its lease.
+    let leased_until = rfidl_runtime::db::now_ms() + 600_000;
+    rusqlite::Connection::open(&db)
+        .expect("open")
+        .execute(
+            "UPDATE outbox_messages SET status = 'Sending', lease_token = 'dead', next_retry_at = ?1",
+            [leased_until],
+        )
+        .expect("leave it Sending");
+    let start = || {
+        Dispatcher::builder(&outbox, &db)
+            .route(
+                "ledger",
+                InProcessTransport::new(receiver.receiver.router()),
+                sender_secret.clone(),
+            )
+            .start()
+            .expect("dispatcher")
+    };
+
+    // Another process's live dispatcher holds the lock: the row waits.
+    let holder = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.path().join("sender.db.dispatcher-lock"))
+        .expect("lock file");
+    holder.try_lock().expect("the lock is free");
+    let waiting = start();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(status_of(&db, &id).status, Status::Sending);
+    waiting.shutdown().await;
+
+    // That dispatcher is gone (the kernel released its lock): at once.
+    drop(holder);
+    let started = Instant::now();
+    let handle = start();
+    wait_for(&db, &id, Status::Sent).await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(count(&receiver.db, "SELECT COUNT(*) FROM ledger"), 1);
+    handle.shutdown().await;
+}
