@@ -99,6 +99,18 @@ struct Inner {
     dispatcher: std::sync::Mutex<Option<Liveness>>,
     /// Decommissioned interface versions (`crate::lifecycle`).
     lifecycle: crate::lifecycle::Lifecycle,
+    /// The destinations clients send to, checked against the dispatcher's
+    /// routes ([`Outbox::declare_destination`]).
+    destinations: std::sync::Mutex<DestinationCheck>,
+}
+
+/// What [`Outbox::declare_destination`] checks against.
+#[derive(Default)]
+struct DestinationCheck {
+    declared: std::collections::BTreeSet<String>,
+    /// The started dispatcher's routes; `None` before it starts, or when
+    /// it routes any name (`DispatcherBuilder::route_by`).
+    routable: Option<std::collections::BTreeSet<String>>,
 }
 
 impl std::fmt::Debug for Outbox {
@@ -150,6 +162,7 @@ impl Outbox {
                 sender: std::sync::Mutex::new(None),
                 dispatcher: std::sync::Mutex::new(None),
                 lifecycle,
+                destinations: Default::default(),
             }),
         }
     }
@@ -176,6 +189,62 @@ impl Outbox {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone()
+    }
+
+    /// Declares that a client sends to `destination` (generated clients do
+    /// so when they are made). A dispatcher started on this outbox refuses
+    /// to start while a declared destination has no route: no
+    /// `destinations.<name>` in the config and no
+    /// [`route`](crate::dispatcher::DispatcherBuilder::route). One declared
+    /// after the dispatcher started is checked at once, and an error is
+    /// logged if it has no route (its messages would wait, unroutable).
+    pub fn declare_destination(&self, destination: &str) {
+        let mut check = self
+            .inner
+            .destinations
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !check.declared.insert(destination.to_owned()) {
+            return;
+        }
+        if let Some(routable) = &check.routable
+            && !routable.contains(destination)
+        {
+            tracing::error!(
+                destination,
+                "{}",
+                crate::dispatcher::DispatcherError::UnknownDestination {
+                    name: destination.to_owned()
+                }
+            );
+        }
+    }
+
+    /// The declared destinations that are not in `routable`; when there are
+    /// none, records `routable` (`None`: every name is routable) for later
+    /// declarations.
+    pub(crate) fn unroutable_destinations(
+        &self,
+        routable: Option<std::collections::BTreeSet<String>>,
+    ) -> Vec<String> {
+        let mut check = self
+            .inner
+            .destinations
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let missing = match &routable {
+            Some(routable) => check
+                .declared
+                .iter()
+                .filter(|name| !routable.contains(*name))
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        };
+        if missing.is_empty() {
+            check.routable = routable;
+        }
+        missing
     }
 
     pub(crate) fn set_dispatcher_liveness(&self, liveness: Liveness) {

@@ -208,6 +208,12 @@ impl HrService {
         let url = format!("http://{}", listener.local_addr()?);
         let server = super::serve(listener, operations.router.clone());
         let (grpc_url, grpc_server) = super::serve_grpc_receiver(settings, &receiver).await?;
+        // Made before the dispatcher starts, which checks that the config
+        // routes every destination they send to.
+        let hiring = std::sync::Arc::new(Clients::<S> {
+            v1: emp_service_v1::EngineClient::with_store(outbox.clone(), ENGINE),
+            v2: emp_service_v2::EngineClient::with_store(outbox.clone(), ENGINE),
+        });
         let dispatcher = S::dispatcher(&outbox)?.start()?;
         // HR acts on no answer: the engine's answers are only recorded.
         let broker =
@@ -231,10 +237,7 @@ impl HrService {
             server,
             operations,
             broker,
-            hiring: std::sync::Arc::new(Clients::<S> {
-                v1: emp_service_v1::EngineClient::with_store(outbox.clone(), ENGINE),
-                v2: emp_service_v2::EngineClient::with_store(outbox, ENGINE),
-            }),
+            hiring,
             connection: Default::default(),
             durability: config.outbox.durability,
         })

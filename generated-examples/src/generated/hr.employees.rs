@@ -176,13 +176,18 @@ pub mod emp_service_v1 {
         /// and URL in the runtime configuration) and enqueues in transactions
         /// of the store `S`: `EngineClient::<Postgres>::with_store(outbox, destination)`
         /// for an outbox in a `postgres://` database.
+        ///
+        /// The destination is declared on the outbox: a dispatcher refuses to
+        /// start while the configuration has no route for it.
         pub fn with_store(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
         ) -> Self {
+            let destination = destination.into();
+            outbox.declare_destination(&destination);
             Self {
                 outbox,
-                destination: destination.into(),
+                destination,
                 store: ::std::marker::PhantomData,
             }
         }
@@ -528,13 +533,18 @@ pub mod emp_service_v1 {
         /// and URL in the runtime configuration) and enqueues in transactions
         /// of the store `S`: `ServiceClient::<Postgres>::with_store(outbox, destination)`
         /// for an outbox in a `postgres://` database.
+        ///
+        /// The destination is declared on the outbox: a dispatcher refuses to
+        /// start while the configuration has no route for it.
         pub fn with_store(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
         ) -> Self {
+            let destination = destination.into();
+            outbox.declare_destination(&destination);
             Self {
                 outbox,
-                destination: destination.into(),
+                destination,
                 store: ::std::marker::PhantomData,
             }
         }
@@ -897,13 +907,18 @@ pub mod emp_service_v2 {
         /// and URL in the runtime configuration) and enqueues in transactions
         /// of the store `S`: `EngineClient::<Postgres>::with_store(outbox, destination)`
         /// for an outbox in a `postgres://` database.
+        ///
+        /// The destination is declared on the outbox: a dispatcher refuses to
+        /// start while the configuration has no route for it.
         pub fn with_store(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
         ) -> Self {
+            let destination = destination.into();
+            outbox.declare_destination(&destination);
             Self {
                 outbox,
-                destination: destination.into(),
+                destination,
                 store: ::std::marker::PhantomData,
             }
         }
@@ -1433,13 +1448,18 @@ pub mod emp_service_v2 {
         /// and URL in the runtime configuration) and enqueues in transactions
         /// of the store `S`: `ServiceClient::<Postgres>::with_store(outbox, destination)`
         /// for an outbox in a `postgres://` database.
+        ///
+        /// The destination is declared on the outbox: a dispatcher refuses to
+        /// start while the configuration has no route for it.
         pub fn with_store(
             outbox: ::rfidl_runtime::outbox::Outbox,
             destination: impl Into<::std::string::String>,
         ) -> Self {
+            let destination = destination.into();
+            outbox.declare_destination(&destination);
             Self {
                 outbox,
-                destination: destination.into(),
+                destination,
                 store: ::std::marker::PhantomData,
             }
         }

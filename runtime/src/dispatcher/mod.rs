@@ -65,6 +65,14 @@ pub enum DispatcherError {
     Db(#[from] db::DbError),
     #[error("destination `{name}`: {message}")]
     Destination { name: String, message: String },
+    /// A generated client sends to a destination that nothing routes.
+    #[error(
+        "a client sends to destination `{name}`, which has no route: add `destinations.{name}` \
+         (its `url` and `secret`) to the config, or set RFIDL_DESTINATIONS_{env}_URL and \
+         RFIDL_DESTINATIONS_{env}_SECRET",
+        env = crate::config::env::name_key(name)
+    )]
+    UnknownDestination { name: String },
     #[error("cannot start the dispatcher's runtime or thread: {0}")]
     Thread(#[source] std::io::Error),
 }
@@ -185,6 +193,18 @@ impl<S: Store> DispatcherBuilder<S> {
         drop(entered);
         if let Some(error) = self.errors.pop() {
             return Err(error);
+        }
+        let routable = match self.resolver {
+            Some(_) => None,
+            None => Some(self.routes.keys().cloned().collect()),
+        };
+        if let Some(name) = self
+            .outbox
+            .unroutable_destinations(routable)
+            .into_iter()
+            .next()
+        {
+            return Err(DispatcherError::UnknownDestination { name });
         }
         let db = (self.open)(&config, self.responses)?;
         let cancel = CancellationToken::new();

@@ -517,3 +517,52 @@ async fn rows_left_sending_are_reclaimed_at_once_only_when_no_live_dispatcher_ho
     assert_eq!(count(&receiver.db, "SELECT COUNT(*) FROM ledger"), 1);
     handle.shutdown().await;
 }
+
+/// A destination a client declared and nothing routes stops the dispatcher
+/// at start, naming the destination and the config key; one declared after
+/// the start is checked at once (logged) and never blocks a routed one.
+#[tokio::test]
+async fn a_declared_destination_without_a_route_stops_the_start_with_its_config_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db: PathBuf = dir.path().join("sender.db");
+    let outbox = Outbox::new(sender_config(Duration::from_millis(50)), &db);
+    outbox.declare_destination("ledger");
+    outbox.declare_destination("billing-eu");
+    let router = axum::Router::new();
+    let error = Dispatcher::builder(&outbox, &db)
+        .route(
+            "ledger",
+            InProcessTransport::new(router.clone()),
+            Secret::generate(),
+        )
+        .start()
+        .err()
+        .expect("billing-eu has no route");
+    let text = error.to_string();
+    assert!(
+        matches!(
+            &error,
+            rfidl_runtime::dispatcher::DispatcherError::UnknownDestination { name } if name == "billing-eu"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("destinations.billing-eu"), "{text}");
+    assert!(text.contains("RFIDL_DESTINATIONS_BILLING_EU_URL"), "{text}");
+
+    // Routed, it starts; a later declaration does not stop a running one.
+    let handle = Dispatcher::builder(&outbox, &db)
+        .route(
+            "ledger",
+            InProcessTransport::new(router.clone()),
+            Secret::generate(),
+        )
+        .route(
+            "billing-eu",
+            InProcessTransport::new(router),
+            Secret::generate(),
+        )
+        .start()
+        .expect("every declared destination has a route");
+    outbox.declare_destination("audit");
+    handle.shutdown().await;
+}
