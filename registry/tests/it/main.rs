@@ -6,6 +6,7 @@
 mod api;
 mod cli_formats;
 mod client;
+mod closed;
 mod dashboard;
 mod decommission;
 mod deploy_check;
