@@ -240,10 +240,13 @@ impl Networks {
         if self.0.is_empty() {
             return Ok(());
         }
-        let refused = |why: String| ApiError::NetworkNotAllowed(format!("baseUrl {base_url} {why}"));
+        let refused =
+            |why: String| ApiError::NetworkNotAllowed(format!("baseUrl {base_url} {why}"));
         let url = reqwest::Url::parse(base_url).map_err(|e| refused(e.to_string()))?;
         let port = url.port_or_known_default().unwrap_or(80);
-        let host = url.host_str().ok_or_else(|| refused("has no host".into()))?;
+        let host = url
+            .host_str()
+            .ok_or_else(|| refused("has no host".into()))?;
         let literal = host.trim_start_matches('[').trim_end_matches(']');
         let addresses: Vec<IpAddr> = match literal.parse::<IpAddr>() {
             Ok(ip) => vec![ip],
@@ -276,7 +279,9 @@ impl reqwest::dns::Resolve for AllowedResolver {
             let found = tokio::net::lookup_host((name.as_str(), 0)).await?;
             let allowed: Vec<SocketAddr> = found.filter(|a| networks.allows(a.ip())).collect();
             if allowed.is_empty() {
-                return Err(format!("{} resolves outside the allowed networks", name.as_str()).into());
+                return Err(
+                    format!("{} resolves outside the allowed networks", name.as_str()).into(),
+                );
             }
             let addresses: reqwest::dns::Addrs = Box::new(allowed.into_iter());
             Ok(addresses)
@@ -341,7 +346,8 @@ impl RateLimiter {
         let (tokens, at) = buckets
             .entry(service.to_owned())
             .or_insert((self.per_minute, now));
-        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * per_second).min(self.per_minute);
+        *tokens =
+            (*tokens + now.duration_since(*at).as_secs_f64() * per_second).min(self.per_minute);
         *at = now;
         if *tokens >= 1.0 {
             *tokens -= 1.0;

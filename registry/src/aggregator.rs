@@ -135,7 +135,10 @@ fn bounded_reasons(reasons: &[String]) -> Vec<String> {
         .map(|r| cut(r, MAX_REASON_CHARS))
         .collect();
     if reasons.len() > MAX_REASONS {
-        kept.push(format!("… and {} more reason(s)", reasons.len() - MAX_REASONS));
+        kept.push(format!(
+            "… and {} more reason(s)",
+            reasons.len() - MAX_REASONS
+        ));
     }
     kept
 }
@@ -278,7 +281,10 @@ pub async fn poll(client: &reqwest::Client, target: &Target) -> Result<RemoteHea
         .await
         .map_err(|error| match error {
             BoundedRead::TooLarge => PollError {
-                shown: format!("the health answer is larger than {} KiB", MAX_HEALTH_BYTES / 1024),
+                shown: format!(
+                    "the health answer is larger than {} KiB",
+                    MAX_HEALTH_BYTES / 1024
+                ),
                 detail: format!("/_rf/health answered over {MAX_HEALTH_BYTES} bytes"),
             },
             BoundedRead::Failed(detail) => {

@@ -318,7 +318,10 @@ pub(crate) async fn serve_failed(
         .map_err(|error| {
             unreachable(match error {
                 aggregator::BoundedRead::TooLarge => {
-                    format!("the failed list is larger than {} MiB", MAX_FAILED_BYTES >> 20)
+                    format!(
+                        "the failed list is larger than {} MiB",
+                        MAX_FAILED_BYTES >> 20
+                    )
                 }
                 aggregator::BoundedRead::Failed(why) => why,
             })

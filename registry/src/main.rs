@@ -338,12 +338,8 @@ fn read_token_file(path: &std::path::Path, what: &str) -> anyhow::Result<String>
 /// The registration credentials in `path`: one per line, blank lines and
 /// `#` comments skipped; at least one.
 fn read_credentials_file(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).with_context(|| {
-        format!(
-            "cannot read the registration token file {}",
-            path.display()
-        )
-    })?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the registration token file {}", path.display()))?;
     let tokens: Vec<String> = text
         .lines()
         .map(str::trim)

@@ -283,9 +283,9 @@ impl DirectoryClient {
                 }
                 // Bound to another credential: after a rotation (the old
                 // one retired) an identical registration re-binds it.
-                Err(DirectoryError::Refused { status: 403, code, .. })
-                    if code == "instance_owned" =>
-                {
+                Err(DirectoryError::Refused {
+                    status: 403, code, ..
+                }) if code == "instance_owned" => {
                     state.complete = false;
                     self.register_full(state).await
                 }

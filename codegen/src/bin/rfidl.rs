@@ -69,7 +69,10 @@ impl OperatorTokenOpt {
         })?;
         let token = text.lines().next().unwrap_or("").trim();
         if token.is_empty() {
-            return Err(format!("the operator token file {} is empty", path.display()));
+            return Err(format!(
+                "the operator token file {} is empty",
+                path.display()
+            ));
         }
         Ok(Some(token.to_owned()))
     }
@@ -329,25 +332,13 @@ fn main() -> ExitCode {
             registry,
             operator,
             format,
-        } => decommission(
-            &registry,
-            &operator,
-            &remotes,
-            true,
-            &format.report(color),
-        ),
+        } => decommission(&registry, &operator, &remotes, true, &format.report(color)),
         Command::Recommission {
             remotes,
             registry,
             operator,
             format,
-        } => decommission(
-            &registry,
-            &operator,
-            &remotes,
-            false,
-            &format.report(color),
-        ),
+        } => decommission(&registry, &operator, &remotes, false, &format.report(color)),
         Command::Manifest { paths, format } => {
             let format = match format {
                 ManifestArg::Json => ManifestFormat::Json,

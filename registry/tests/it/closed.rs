@@ -110,10 +110,17 @@ fn a_registration_by_another_credential_cannot_hijack_an_instance() {
     );
     let (v1, emp) = emp_v1();
     assert_eq!(
-        put(&server.url, &manifest_path(&v1), v1.to_pretty_json(), Some("pub")).0,
+        put(
+            &server.url,
+            &manifest_path(&v1),
+            v1.to_pretty_json(),
+            Some("pub")
+        )
+        .0,
         201
     );
-    let real = json!({"baseUrl": "http://127.0.0.1:7001", "hosts": [emp], "diagnosticsToken": "diag"});
+    let real =
+        json!({"baseUrl": "http://127.0.0.1:7001", "hosts": [emp], "diagnosticsToken": "diag"});
     let (status, registered) = register(&server, "hr", &real, Some("hr-credential"));
     assert_eq!(status, 201, "{registered}");
     let id = registered["instanceId"].as_str().expect("id").to_owned();
@@ -138,7 +145,10 @@ fn a_registration_by_another_credential_cannot_hijack_an_instance() {
     }
     assert_eq!(hosts_of(&server, "hr"), json!([emp]), "unchanged");
     let (status, answer) = heartbeat(&server, "hr", &id, None, Some("someone-else"));
-    assert_eq!((status, answer["error"].as_str()), (403, Some("instance_owned")));
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (403, Some("instance_owned"))
+    );
 
     // The owner renews and changes it as before; a stale digest is answered
     // 409 registration_changed (the runtime then registers again).
@@ -146,7 +156,10 @@ fn a_registration_by_another_credential_cannot_hijack_an_instance() {
         heartbeat(&server, "hr", &id, Some(&digest), Some("hr-credential")).0,
         200
     );
-    assert_eq!(heartbeat(&server, "hr", &id, None, Some("hr-credential")).0, 200);
+    assert_eq!(
+        heartbeat(&server, "hr", &id, None, Some("hr-credential")).0,
+        200
+    );
     let (status, answer) = register(
         &server,
         "hr",
@@ -160,14 +173,11 @@ fn a_registration_by_another_credential_cannot_hijack_an_instance() {
         (409, Some("registration_changed")),
         "{answer}"
     );
-    let (status, answer) = heartbeat(
-        &server,
-        "hr",
-        &id,
-        Some("sha256:00"),
-        Some("hr-credential"),
+    let (status, answer) = heartbeat(&server, "hr", &id, Some("sha256:00"), Some("hr-credential"));
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (409, Some("registration_changed"))
     );
-    assert_eq!((status, answer["error"].as_str()), (409, Some("registration_changed")));
     // The credential is never stored: only its SHA-256.
     let conn = rusqlite::Connection::open(dir.path().join("registry.db")).expect("open");
     let owner: String = conn
@@ -194,7 +204,10 @@ fn a_retired_credential_hands_its_instances_over_only_unchanged() {
     let mut changed = body.clone();
     changed["diagnosticsToken"] = json!("attacker");
     let (status, answer) = register(&new, "hr", &changed, Some("new"));
-    assert_eq!((status, answer["error"].as_str()), (403, Some("instance_owned")));
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (403, Some("instance_owned"))
+    );
     let (status, answer) = register(&new, "hr", &body, Some("new"));
     assert_eq!(status, 200, "{answer}");
     let (status, _) = register(&new, "hr", &changed, Some("new"));
@@ -284,7 +297,10 @@ fn operator_publish_and_registration_credentials_are_separate() {
     for wrong in [None, Some("op"), Some("reg")] {
         assert_eq!(put(&server.url, &path, v1.to_pretty_json(), wrong).0, 401);
     }
-    assert_eq!(put(&server.url, &path, v1.to_pretty_json(), Some("pub")).0, 201);
+    assert_eq!(
+        put(&server.url, &path, v1.to_pretty_json(), Some("pub")).0,
+        201
+    );
     let (status, registered) = register(
         &server,
         "hr",
@@ -303,14 +319,31 @@ fn operator_publish_and_registration_credentials_are_separate() {
     );
     for wrong in [None, Some("pub"), Some("reg")] {
         let (status, answer, headers) = send(reqwest::Method::PUT, &decommission, None, wrong);
-        assert_eq!((status, answer["error"].as_str()), (401, Some("unauthorized")));
-        assert!(answer["message"].as_str().unwrap_or("").contains("operator token"));
+        assert_eq!(
+            (status, answer["error"].as_str()),
+            (401, Some("unauthorized"))
+        );
+        assert!(
+            answer["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("operator token")
+        );
         assert_eq!(headers.get_all("www-authenticate").iter().count(), 2);
         assert_eq!(send(reqwest::Method::DELETE, &instance, None, wrong).0, 401);
     }
-    assert_eq!(send(reqwest::Method::PUT, &decommission, None, Some("op")).0, 200);
-    assert_eq!(send(reqwest::Method::DELETE, &decommission, None, Some("op")).0, 200);
-    assert_eq!(send(reqwest::Method::DELETE, &instance, None, Some("op")).0, 204);
+    assert_eq!(
+        send(reqwest::Method::PUT, &decommission, None, Some("op")).0,
+        200
+    );
+    assert_eq!(
+        send(reqwest::Method::DELETE, &decommission, None, Some("op")).0,
+        200
+    );
+    assert_eq!(
+        send(reqwest::Method::DELETE, &instance, None, Some("op")).0,
+        204
+    );
 
     // Only a publish token: registrations and operator actions are off.
     let publish_only = Server::start(
@@ -337,11 +370,17 @@ fn operator_publish_and_registration_credentials_are_separate() {
     );
     let (status, answer, _) = send(
         reqwest::Method::PUT,
-        &format!("{}/v1/decommissioned/hr.employees.EmpService/v1", publish_only.url),
+        &format!(
+            "{}/v1/decommissioned/hr.employees.EmpService/v1",
+            publish_only.url
+        ),
         None,
         Some("pub"),
     );
-    assert_eq!((status, answer["error"].as_str()), (403, Some("operation_disabled")));
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (403, Some("operation_disabled"))
+    );
 }
 
 // ---------------------------------------------------------------------
@@ -423,17 +462,26 @@ fn an_open_registry_refuses_to_listen_beyond_loopback() {
     // credentials never show, in --help or in the log.
     const SECRET: &str = "op-5e1f-never-print";
     let tokens = dir.path().join("registration.tokens");
-    std::fs::write(&tokens, format!("# one per service\n{SECRET}-hr\n\n{SECRET}-engine\n"))
-        .expect("write");
+    std::fs::write(
+        &tokens,
+        format!("# one per service\n{SECRET}-hr\n\n{SECRET}-engine\n"),
+    )
+    .expect("write");
     let (line, stderr) = {
         let path = tokens.to_str().expect("utf-8");
         first_line_and_stderr(
             &db,
             &["--listen", "0.0.0.0:0", "--registration-token-file", path],
-            &[("RFIDL_REGISTRY_OPERATOR_TOKEN", SECRET), ("RUST_LOG", "trace")],
+            &[
+                ("RFIDL_REGISTRY_OPERATOR_TOKEN", SECRET),
+                ("RUST_LOG", "trace"),
+            ],
         )
     };
-    assert!(line.starts_with("listening on http://0.0.0.0:"), "{line} {stderr}");
+    assert!(
+        line.starts_with("listening on http://0.0.0.0:"),
+        "{line} {stderr}"
+    );
     assert!(!stderr.contains("open to anyone"), "{stderr}");
     assert!(!stderr.contains(SECRET), "{stderr}");
     let help = registry_binary()
@@ -469,7 +517,9 @@ fn streaming_server(prefix: &'static str, total: usize) -> (String, Arc<AtomicUs
                     line.clear();
                 }
                 let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n";
-                if stream.write_all(head.as_bytes()).is_err() || stream.write_all(prefix.as_bytes()).is_err() {
+                if stream.write_all(head.as_bytes()).is_err()
+                    || stream.write_all(prefix.as_bytes()).is_err()
+                {
                     return;
                 }
                 let chunk = vec![b'x'; 64 * 1024];
@@ -526,14 +576,19 @@ fn health_answers_are_read_up_to_64_kib_and_reasons_are_bounded() {
         "/_rf/health",
         get(move || {
             let huge = Arc::clone(&huge);
-            async move { ([("content-type", "application/json")], huge.as_str().to_owned()) }
+            async move {
+                (
+                    [("content-type", "application/json")],
+                    huge.as_str().to_owned(),
+                )
+            }
         }),
     ));
-    let (streamed, written) = streaming_server(
-        "{\"status\":\"healthy\",\"reasons\":[\"",
-        30 * 1024 * 1024,
-    );
-    let many: Vec<String> = (0..100).map(|i| format!("{i}:{}", "y".repeat(500))).collect();
+    let (streamed, written) =
+        streaming_server("{\"status\":\"healthy\",\"reasons\":[\"", 30 * 1024 * 1024);
+    let many: Vec<String> = (0..100)
+        .map(|i| format!("{i}:{}", "y".repeat(500)))
+        .collect();
     let chatty_body = json!({"status": "warning", "reasons": many, "outbox": {}}).to_string();
     assert!(chatty_body.len() < 64 * 1024);
     let chatty = Server::serve(Router::new().route(
@@ -543,8 +598,15 @@ fn health_answers_are_read_up_to_64_kib_and_reasons_are_bounded() {
             async move { ([("content-type", "application/json")], body) }
         }),
     ));
-    for (service, url) in [("stated", &stated.url), ("streamed", &streamed), ("chatty", &chatty.url)] {
-        assert_eq!(register(&server, service, &json!({"baseUrl": url}), None).0, 201);
+    for (service, url) in [
+        ("stated", &stated.url),
+        ("streamed", &streamed),
+        ("chatty", &chatty.url),
+    ] {
+        assert_eq!(
+            register(&server, service, &json!({"baseUrl": url}), None).0,
+            201
+        );
     }
     let started = std::time::Instant::now();
     poll_once(&registry);
@@ -565,11 +627,20 @@ fn health_answers_are_read_up_to_64_kib_and_reasons_are_bounded() {
     assert_eq!(colour, "warning");
     let reasons: Vec<String> = serde_json::from_str(&reasons).expect("json");
     assert_eq!(reasons.len(), MAX_REASONS + 1, "{reasons:?}");
-    assert!(reasons.iter().all(|r| r.chars().count() <= MAX_REASON_CHARS + 1));
+    assert!(
+        reasons
+            .iter()
+            .all(|r| r.chars().count() <= MAX_REASON_CHARS + 1)
+    );
     assert_eq!(reasons[MAX_REASONS], "… and 84 more reason(s)");
     assert!(length < 6000, "{length}");
     // The dashboard stays small.
-    let (status, page, _) = send(reqwest::Method::GET, &format!("{}/", server.url), None, None);
+    let (status, page, _) = send(
+        reqwest::Method::GET,
+        &format!("{}/", server.url),
+        None,
+        None,
+    );
     assert_eq!(status, 200);
     assert!(page.as_str().expect("html").len() < 64 * 1024);
 }
@@ -587,7 +658,12 @@ fn redirects_are_not_followed() {
     let counter = Arc::clone(&asked);
     let target = Server::serve(Router::new().fallback(move || {
         counter.fetch_add(1, Ordering::SeqCst);
-        async { ([("content-type", "application/json")], r#"{"status":"healthy","outbox":{},"messages":[]}"#) }
+        async {
+            (
+                [("content-type", "application/json")],
+                r#"{"status":"healthy","outbox":{},"messages":[]}"#,
+            )
+        }
     }));
     let location = format!("{}/_rf/health", target.url);
     let failed_location = format!("{}/_rf/outbox/failed", target.url);
@@ -605,7 +681,10 @@ fn redirects_are_not_followed() {
                 get(move || {
                     let location = failed_location.clone();
                     async move {
-                        (axum::http::StatusCode::TEMPORARY_REDIRECT, [("location", location)])
+                        (
+                            axum::http::StatusCode::TEMPORARY_REDIRECT,
+                            [("location", location)],
+                        )
                     }
                 }),
             ),
@@ -626,7 +705,10 @@ fn redirects_are_not_followed() {
         None,
         None,
     );
-    assert_eq!((status, answer["error"].as_str()), (502, Some("instance_unreachable")));
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (502, Some("instance_unreachable"))
+    );
     assert_eq!(asked.load(Ordering::SeqCst), 0, "the redirect was followed");
 }
 
@@ -678,12 +760,20 @@ fn the_failed_list_page_needs_the_operator_token_and_reads_at_most_1_mib() {
             .collect();
         (status, challenge, response.text().expect("body"))
     };
-    let (_, small) = register(&server, "hr", &json!({"baseUrl": instance.url}), Some("reg"));
+    let (_, small) = register(
+        &server,
+        "hr",
+        &json!({"baseUrl": instance.url}),
+        Some("reg"),
+    );
     let (_, large) = register(&server, "big", &json!({"baseUrl": big.url}), Some("reg"));
     for wrong in [None, Some("Bearer reg"), Some("Bearer wrong")] {
         let (status, challenge, body) = page(&small["instanceId"], wrong);
         assert_eq!(status, 401, "{wrong:?}: {body}");
-        assert!(challenge.iter().any(|c| c.starts_with("Basic ")), "{challenge:?}");
+        assert!(
+            challenge.iter().any(|c| c.starts_with("Basic ")),
+            "{challenge:?}"
+        );
     }
     let basic = format!(
         "Basic {}",
@@ -716,7 +806,11 @@ fn registrations_per_service_are_rate_limited() {
     let url = format!("{}/v1/services/hr/instances", server.url);
     let body = json!({"baseUrl": "http://127.0.0.1:4"});
     let (status, answer, headers) = send(reqwest::Method::POST, &url, Some(&body), None);
-    assert_eq!((status, answer["error"].as_str()), (429, Some("rate_limited")), "{answer}");
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (429, Some("rate_limited")),
+        "{answer}"
+    );
     let retry: u64 = headers
         .get("retry-after")
         .and_then(|v| v.to_str().ok())
@@ -724,7 +818,13 @@ fn registrations_per_service_are_rate_limited() {
         .expect("Retry-After");
     assert!((1..=20).contains(&retry), "{retry}");
     assert_eq!(
-        register(&server, "engine", &json!({"baseUrl": "http://127.0.0.1:5"}), None).0,
+        register(
+            &server,
+            "engine",
+            &json!({"baseUrl": "http://127.0.0.1:5"}),
+            None
+        )
+        .0,
         201
     );
 }
@@ -739,7 +839,11 @@ fn registrations_outside_the_allowed_networks_are_refused() {
             .expect("open")
             .allow_network("10.0.0.0/8".parse().expect("cidr")),
     );
-    for url in ["http://127.0.0.1:7001", "http://[::1]:7001", "http://localhost:7001"] {
+    for url in [
+        "http://127.0.0.1:7001",
+        "http://[::1]:7001",
+        "http://localhost:7001",
+    ] {
         let (status, answer) = register(&only_ten, "hr", &json!({"baseUrl": url}), None);
         assert_eq!(
             (status, answer["error"].as_str()),
@@ -748,7 +852,13 @@ fn registrations_outside_the_allowed_networks_are_refused() {
         );
     }
     assert_eq!(
-        register(&only_ten, "hr", &json!({"baseUrl": "http://10.1.2.3:7001"}), None).0,
+        register(
+            &only_ten,
+            "hr",
+            &json!({"baseUrl": "http://10.1.2.3:7001"}),
+            None
+        )
+        .0,
         201
     );
     let loopback = Server::start(
@@ -757,7 +867,38 @@ fn registrations_outside_the_allowed_networks_are_refused() {
             .allow_network("127.0.0.0/8".parse().expect("cidr"))
             .allow_network("::1".parse().expect("address")),
     );
-    for url in ["http://127.0.0.1:7001", "http://[::1]:7001", "http://localhost:7001"] {
-        assert_eq!(register(&loopback, "hr", &json!({"baseUrl": url}), None).0, 201, "{url}");
+    for url in [
+        "http://127.0.0.1:7001",
+        "http://[::1]:7001",
+        "http://localhost:7001",
+    ] {
+        assert_eq!(
+            register(&loopback, "hr", &json!({"baseUrl": url}), None).0,
+            201,
+            "{url}"
+        );
     }
+    // The aggregator's resolver lets a host name inside through.
+    let db = dir.path().join("c.db");
+    let registry = Registry::open(&db)
+        .expect("open")
+        .allow_network("127.0.0.0/8".parse().expect("cidr"))
+        .allow_network("::1".parse().expect("address"));
+    let server = Server::start(registry.clone());
+    let instance = Server::serve(Router::new().route(
+        "/_rf/health",
+        get(|| async {
+            (
+                [("content-type", "application/json")],
+                r#"{"status":"healthy","reasons":[],"outbox":{}}"#,
+            )
+        }),
+    ));
+    let by_name = instance.url.replace("127.0.0.1", "localhost");
+    assert_eq!(
+        register(&server, "hr", &json!({"baseUrl": by_name}), None).0,
+        201
+    );
+    poll_once(&registry);
+    assert_eq!(stored_check(&db, &by_name).0, "healthy");
 }

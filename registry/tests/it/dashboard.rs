@@ -294,7 +294,10 @@ fn services_made_healthy_warning_and_critical_show_their_colours() {
         json!([rfidl_registry::aggregator::UNREACHABLE]),
         "{listed}"
     );
-    assert_eq!(health_of("engine")["reasons"], health_of("audit")["reasons"]);
+    assert_eq!(
+        health_of("engine")["reasons"],
+        health_of("audit")["reasons"]
+    );
     // The diagnostics token is never served.
     assert!(!listed.to_string().contains("diag-token"));
 

@@ -240,7 +240,11 @@ fn registration_and_heartbeat_need_a_registration_token_when_one_is_set() {
     let body = json!({"baseUrl": "http://127.0.0.1:9"});
     assert_eq!(post(&url, &body, None).0, 401);
     assert_eq!(post(&url, &body, Some("wrong")).0, 401);
-    assert_eq!(post(&url, &body, Some("publish-only")).0, 401, "not the publish token");
+    assert_eq!(
+        post(&url, &body, Some("publish-only")).0,
+        401,
+        "not the publish token"
+    );
     let (status, registered) = post(&url, &body, Some("s3cret"));
     assert_eq!(status, 201, "{registered}");
     let beat = format!(
