@@ -250,15 +250,14 @@ fn the_runtime_restores_a_registration_changed_behind_its_back() {
     // The client runs on the runtime's workers while this thread plays
     // the attacker with blocking requests.
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let task = rt.block_on(async {
-        let (task, mut state) = client.spawn();
+    let (task, mut state) = rt.block_on(async { client.spawn() });
+    rt.block_on(async {
         let state = tokio::time::timeout(Duration::from_secs(10), state.wait_for(|s| s.complete))
             .await
             .expect("registered")
             .expect("state")
             .clone();
         assert!(state.registration_digest.is_some(), "{state:?}");
-        task
     });
     assert_eq!(hosts_of(&server, "hr"), json!([emp]));
     let (status, answer) = register(
