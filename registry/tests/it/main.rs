@@ -4,6 +4,7 @@
 //! SIGKILL while builds go on from the lock file and the offline cache.
 
 mod api;
+mod bounded;
 mod cli_formats;
 mod client;
 mod closed;
