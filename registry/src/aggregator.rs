@@ -3,6 +3,16 @@
 //! the answer by the plan's traffic-light thresholds ([`judge`]) and stores
 //! each result in `health_checks`, keeping [`RETENTION`] of history and at
 //! most [`MAX_CHECKS_PER_INSTANCE`] rows per instance.
+//!
+//! An instance is not trusted: at most [`MAX_HEALTH_BYTES`] of its answer
+//! are read (more is critical, "too large"), at most [`MAX_REASONS`]
+//! reasons of at most [`MAX_REASON_CHARS`] characters are stored, no
+//! redirect is followed (`crate::access::instance_client`), and a failure
+//! is stored as one generic reason: the dashboard and `GET /v1/services`
+//! are open reads, and "refused" against "timed out" against "HTTP 401"
+//! would make the registry a port scanner of its network for whoever can
+//! register a base URL. The precise cause goes to the log
+//! ([`Check::detail`]).
 
 use std::time::Duration;
 
@@ -10,6 +20,15 @@ use rusqlite::{Connection, OptionalExtension as _, params};
 use serde::Deserialize;
 
 use crate::directory::LastHealth;
+
+/// Largest `/_rf/health` answer read; a larger one is critical.
+pub const MAX_HEALTH_BYTES: usize = 64 * 1024;
+/// Most reasons stored per check (the rest are counted in one more).
+pub const MAX_REASONS: usize = 16;
+/// Longest reason stored, in characters (longer ones are cut, marked `…`).
+pub const MAX_REASON_CHARS: usize = 300;
+/// The reason stored and shown for an instance whose health could not be read.
+pub const UNREACHABLE: &str = "unreachable: no health answer (the registry's log says why)";
 
 /// How long health history is kept.
 pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
@@ -77,6 +96,62 @@ pub struct Check {
     pub colour: Colour,
     pub health: Option<RemoteHealth>,
     pub reasons: Vec<String>,
+    /// Why the instance could not be read, precisely (refused, timeout,
+    /// `HTTP 401`, …): for the log only, never stored or shown.
+    pub detail: Option<String>,
+}
+
+/// Why a poll failed: what is shown, and what is logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PollError {
+    /// Stored and shown: [`UNREACHABLE`], or the too-large sentence.
+    pub shown: String,
+    /// Logged only.
+    pub detail: String,
+}
+
+impl PollError {
+    fn unreachable(detail: String) -> Self {
+        Self {
+            shown: UNREACHABLE.to_owned(),
+            detail,
+        }
+    }
+}
+
+/// At most `max` characters of `text`, marked `…` when cut.
+fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
+    }
+}
+
+/// The instance's own reasons, bounded in count and length.
+fn bounded_reasons(reasons: &[String]) -> Vec<String> {
+    let mut kept: Vec<String> = reasons
+        .iter()
+        .take(MAX_REASONS)
+        .map(|r| cut(r, MAX_REASON_CHARS))
+        .collect();
+    if reasons.len() > MAX_REASONS {
+        kept.push(format!(
+            "… and {} more reason(s)",
+            reasons.len() - MAX_REASONS
+        ));
+    }
+    kept
+}
+
+/// Polls `target` and judges the answer.
+pub async fn check(client: &reqwest::Client, target: &Target) -> Check {
+    match poll(client, target).await {
+        Ok(health) => judge(Ok(health)),
+        Err(error) => Check {
+            detail: Some(error.detail),
+            ..judge(Err(error.shown))
+        },
+    }
 }
 
 /// The colour of an instance by the plan's thresholds (§7.3):
@@ -93,10 +168,14 @@ pub fn judge(answer: Result<RemoteHealth, String>) -> Check {
             return Check {
                 colour: Colour::Critical,
                 health: None,
-                reasons: vec![error],
+                reasons: vec![cut(&error, MAX_REASON_CHARS)],
+                detail: None,
             };
         }
     };
+    let mut health = health;
+    health.reasons = bounded_reasons(&health.reasons);
+    health.status = cut(&health.status, 32);
     let outbox = &health.outbox;
     let mut reasons = health.reasons.clone();
     let reported = match health.status.as_str() {
@@ -146,6 +225,7 @@ pub fn judge(answer: Result<RemoteHealth, String>) -> Check {
         colour,
         health: Some(health),
         reasons,
+        detail: None,
     }
 }
 
@@ -173,30 +253,84 @@ pub fn targets(conn: &Connection) -> rusqlite::Result<Vec<Target>> {
         .collect()
 }
 
-/// Asks one instance; any failure (refused, timeout, non-2xx, not the
-/// runtime's JSON) is the error sentence.
-pub async fn poll(client: &reqwest::Client, target: &Target) -> Result<RemoteHealth, String> {
+/// Asks one instance; any failure (refused, timeout, non-2xx, a redirect,
+/// not the runtime's JSON) is [`UNREACHABLE`] with its detail, an answer
+/// over [`MAX_HEALTH_BYTES`] says so.
+pub async fn poll(client: &reqwest::Client, target: &Target) -> Result<RemoteHealth, PollError> {
     let mut request = client.get(format!("{}/_rf/health", target.base_url));
     if let Some(token) = &target.token {
         request = request.bearer_auth(token);
     }
     let response = request.send().await.map_err(|error| {
-        if error.is_timeout() {
+        PollError::unreachable(if error.is_timeout() {
             "timed out asking /_rf/health".to_owned()
         } else if error.is_connect() {
             "connection refused or unreachable".to_owned()
         } else {
             format!("cannot ask /_rf/health: {error}")
-        }
+        })
     })?;
     let status = response.status();
     if !status.is_success() {
-        return Err(format!("/_rf/health answered HTTP {}", status.as_u16()));
+        return Err(PollError::unreachable(format!(
+            "/_rf/health answered HTTP {}",
+            status.as_u16()
+        )));
     }
-    response
-        .json::<RemoteHealth>()
+    let body = read_bounded(response, MAX_HEALTH_BYTES)
         .await
-        .map_err(|e| format!("/_rf/health answered something else than health JSON: {e}"))
+        .map_err(|error| match error {
+            BoundedRead::TooLarge => PollError {
+                shown: format!(
+                    "the health answer is larger than {} KiB",
+                    MAX_HEALTH_BYTES / 1024
+                ),
+                detail: format!("/_rf/health answered over {MAX_HEALTH_BYTES} bytes"),
+            },
+            BoundedRead::Failed(detail) => {
+                PollError::unreachable(format!("reading /_rf/health: {detail}"))
+            }
+        })?;
+    serde_json::from_slice(&body).map_err(|e| {
+        PollError::unreachable(format!(
+            "/_rf/health answered something else than health JSON: {}",
+            cut(&e.to_string(), MAX_REASON_CHARS)
+        ))
+    })
+}
+
+/// Why [`read_bounded`] stopped.
+#[derive(Debug)]
+pub(crate) enum BoundedRead {
+    TooLarge,
+    Failed(String),
+}
+
+/// The body of `response`, at most `limit` bytes: reading stops (and the
+/// connection is dropped) at the first byte beyond, or at once when the
+/// stated length is larger.
+pub(crate) async fn read_bounded(
+    mut response: reqwest::Response,
+    limit: usize,
+) -> Result<Vec<u8>, BoundedRead> {
+    if response
+        .content_length()
+        .is_some_and(|length| length > limit as u64)
+    {
+        return Err(BoundedRead::TooLarge);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| BoundedRead::Failed(e.to_string()))?
+    {
+        if body.len() + chunk.len() > limit {
+            return Err(BoundedRead::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// Stores one check and prunes the history.

@@ -257,15 +257,23 @@ struct FailedPage {
 #[serde(deny_unknown_fields)]
 pub(crate) struct NoQuery {}
 
+/// Largest failed list read from an instance.
+pub const MAX_FAILED_BYTES: usize = 1024 * 1024;
+
 /// `GET /instances/{instanceId}/failed`: the instance's failed list, asked
-/// with its diagnostics token (a browser cannot send a bearer token), as a
-/// page. 404 `unknown_instance`; 502 `instance_unreachable` when the
-/// instance does not answer it.
+/// with its diagnostics token, as a page, for the operator only (the
+/// registry's operator token, as a bearer token or a browser's `Basic`
+/// password: the page would otherwise bypass each service's own token).
+/// 401 `unauthorized`; 404 `unknown_instance`; 502 `instance_unreachable`
+/// when the instance does not answer it (or answers over
+/// [`MAX_FAILED_BYTES`]).
 pub(crate) async fn serve_failed(
     State(shared): State<Arc<Shared>>,
     axum::extract::Path(instance): axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
     query: Result<Query<NoQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    crate::authorize(&shared, &headers, crate::access::Access::Operator)?;
     query.map_err(|e| {
         ApiError::BadRequest(format!("{}; this page takes no query", e.body_text()))
     })?;
@@ -288,10 +296,7 @@ pub(crate) async fn serve_failed(
         }
     })
     .await?;
-    let client = reqwest::Client::builder()
-        .timeout(aggregator::MAX_TIMEOUT)
-        .build()
-        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    let client = crate::access::instance_client(aggregator::MAX_TIMEOUT, &shared.networks)?;
     let mut request = client.get(format!("{}/_rf/outbox/failed", target.base_url));
     if let Some(token) = &target.token {
         request = request.bearer_auth(token);
@@ -308,9 +313,20 @@ pub(crate) async fn serve_failed(
             response.status().as_u16()
         )));
     }
-    let list: FailedList = response
-        .json()
+    let body = aggregator::read_bounded(response, MAX_FAILED_BYTES)
         .await
+        .map_err(|error| {
+            unreachable(match error {
+                aggregator::BoundedRead::TooLarge => {
+                    format!(
+                        "the failed list is larger than {} MiB",
+                        MAX_FAILED_BYTES >> 20
+                    )
+                }
+                aggregator::BoundedRead::Failed(why) => why,
+            })
+        })?;
+    let list: FailedList = serde_json::from_slice(&body)
         .map_err(|e| unreachable(format!("not a failed list: {e}")))?;
     let page = FailedPage {
         service,

@@ -91,7 +91,7 @@ async fn serve_set(
     headers: HeaderMap,
     on: bool,
 ) -> Result<Response, ApiError> {
-    authorize(&shared, &headers)?;
+    authorize(&shared, &headers, crate::access::Access::Operator)?;
     let version = version_of(&version)?;
     let name = interface.clone();
     let (at, providers) = with_db(&shared, move |conn| {

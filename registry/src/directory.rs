@@ -11,6 +11,15 @@
 //! provider hosts in the locked or a later revision (409
 //! `unsatisfied_dependencies`, the manifest scan; `POST /v1/deploy-check`
 //! runs the same scan without registering).
+//!
+//! An instance is bound to the credential that first registered it
+//! (`instance_owners`, the SHA-256 of the credential): a registration or
+//! heartbeat of it with another credential is refused (403
+//! `instance_owned`), except an identical re-registration once the owner's
+//! credential is retired (how credentials rotate). Each registration has a
+//! digest (hosts, calls, diagnostics token) that the answer gives and every
+//! heartbeat carries back: a heartbeat whose digest is not the stored one is
+//! answered 409 `registration_changed`, and the runtime registers again.
 
 use std::sync::Arc;
 
@@ -23,10 +32,13 @@ use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
+use crate::access::{Access, Registrant};
 use crate::{ApiError, Shared, authorize, conditional, now_ms, with_db};
 
 /// Largest registration or deploy-check body.
 pub const REGISTRATION_LIMIT: usize = 256 * 1024;
+/// Largest heartbeat body (`{"registrationDigest": "sha256:…"}`).
+pub const HEARTBEAT_LIMIT: usize = 1024;
 
 /// One interface version at one revision, by its fingerprint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +67,41 @@ pub struct Registration {
     /// aggregator sends it. Stored, never served.
     #[serde(default)]
     pub diagnostics_token: Option<String>,
+}
+
+impl Registration {
+    /// `sha256:<hex>` of what a registration says about the instance
+    /// (hosts and calls, each sorted, and the diagnostics token): equal for
+    /// equal registrations, whatever the order of the lists.
+    pub fn digest(&self) -> String {
+        fn sorted(list: &[InterfaceRef]) -> Vec<(&str, u32, &str)> {
+            let mut list: Vec<(&str, u32, &str)> = list
+                .iter()
+                .map(|r| (r.interface.as_str(), r.version, r.fingerprint.as_str()))
+                .collect();
+            list.sort_unstable();
+            list
+        }
+        let canonical = serde_json::json!([
+            sorted(&self.hosts),
+            sorted(&self.calls),
+            self.diagnostics_token,
+        ]);
+        format!(
+            "sha256:{}",
+            hex::encode(sha2::Sha256::digest(canonical.to_string().as_bytes()))
+        )
+    }
+}
+
+/// The body of a heartbeat (optional: an empty body renews without the
+/// check).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Heartbeat {
+    /// The `registrationDigest` the registration was answered with.
+    #[serde(default)]
+    pub registration_digest: Option<String>,
 }
 
 /// The body of `POST /v1/deploy-check`.
@@ -206,6 +253,33 @@ pub struct Registered {
     pub base_url: String,
     /// False when the instance was registered already (its lists replaced).
     pub created: bool,
+    /// The registration's digest; heartbeats carry it back.
+    pub registration_digest: String,
+}
+
+/// Who registers, for the binding of an instance to its credential.
+pub struct Owner<'a> {
+    pub registrant: &'a Registrant,
+    /// Whether a stored owner's credential is still accepted.
+    pub is_live: &'a dyn Fn(&str) -> bool,
+}
+
+/// The owner and registration digest stored for `id`, if any.
+fn owner_of(conn: &Connection, id: &str) -> rusqlite::Result<Option<(String, String)>> {
+    conn.query_row(
+        "SELECT credential_sha256, registration_digest FROM instance_owners WHERE instance_id = ?1",
+        params![id],
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    )
+    .optional()
+}
+
+fn owned_elsewhere(service: &str, id: &str) -> ApiError {
+    ApiError::InstanceOwned(format!(
+        "instance `{id}` of service `{service}` was registered with another credential; \
+         register it with that one, or have an operator delete it first \
+         (DELETE /v1/services/{service}/instances/{id})"
+    ))
 }
 
 /// Stores `registration` of `service` in one transaction, or refuses it
@@ -215,9 +289,20 @@ pub fn register(
     service: &str,
     registration: &Registration,
     base_url: &str,
+    owner: &Owner<'_>,
     now_ms: i64,
 ) -> Result<Registered, ApiError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let id = instance_id(service, base_url);
+    let digest = registration.digest();
+    // Before anything else: another credential's instance is not touched,
+    // whatever the body (a hijack with `hosts: []` included).
+    if let Some((stored_owner, stored_digest)) = owner_of(&tx, &id)?
+        && stored_owner != owner.registrant.0
+        && ((owner.is_live)(&stored_owner) || stored_digest != digest)
+    {
+        return Err(owned_elsewhere(service, &id));
+    }
     let unknown: Vec<String> = registration
         .hosts
         .iter()
@@ -237,7 +322,6 @@ pub fn register(
     if !unmet.is_empty() {
         return Err(ApiError::Unsatisfied(unmet));
     }
-    let id = instance_id(service, base_url);
     let created = tx
         .query_row(
             "SELECT 1 FROM instances WHERE instance_id = ?1",
@@ -258,6 +342,13 @@ pub fn register(
             registration.diagnostics_token,
             now_ms
         ],
+    )?;
+    tx.execute(
+        "INSERT INTO instance_owners (instance_id, credential_sha256, registration_digest) \
+         VALUES (?1, ?2, ?3) ON CONFLICT (instance_id) DO UPDATE SET \
+         credential_sha256 = excluded.credential_sha256, \
+         registration_digest = excluded.registration_digest",
+        params![id, owner.registrant.0, digest],
     )?;
     tx.execute(
         "DELETE FROM instance_interfaces WHERE instance_id = ?1",
@@ -281,16 +372,42 @@ pub fn register(
         instance_id: id,
         base_url: base_url.to_owned(),
         created,
+        registration_digest: digest,
     })
 }
 
-/// Marks the instance seen now; 404 `unknown_instance` if it is not registered.
+/// Marks the instance seen now; 404 `unknown_instance` if it is not
+/// registered, 403 `instance_owned` if another credential registered it,
+/// 409 `registration_changed` if `digest` is not the stored registration's.
 pub fn heartbeat(
     conn: &Connection,
     service: &str,
     instance: &str,
+    registrant: &Registrant,
+    digest: Option<&str>,
     now_ms: i64,
 ) -> Result<(), ApiError> {
+    let stored = conn
+        .query_row(
+            "SELECT o.credential_sha256, o.registration_digest FROM instances i \
+             JOIN instance_owners o ON o.instance_id = i.instance_id \
+             WHERE i.service = ?1 AND i.instance_id = ?2",
+            params![service, instance],
+            |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)),
+        )
+        .optional()?;
+    if let Some((owner, stored_digest)) = stored {
+        if owner != registrant.0 {
+            return Err(owned_elsewhere(service, instance));
+        }
+        if digest.is_some_and(|d| d != stored_digest) {
+            return Err(ApiError::RegistrationChanged(format!(
+                "the registration stored for instance `{instance}` of service `{service}` is \
+                 not the one this instance sent; register again \
+                 (POST /v1/services/{service}/instances)"
+            )));
+        }
+    }
     let changed = conn.execute(
         "UPDATE instances SET last_seen_at = ?3 WHERE service = ?1 AND instance_id = ?2",
         params![service, instance, now_ms],
@@ -415,10 +532,12 @@ pub(crate) async fn serve_register(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    authorize(&shared, &headers)?;
+    let registrant = shared.credentials.registrant(&headers)?;
     check_service(&service)?;
     let registration: Registration = json_body(body).await?;
     let base_url = normalise_base_url(&registration.base_url)?;
+    shared.networks.check_base_url(&base_url).await?;
+    shared.limiter.take(&service)?;
     if registration
         .diagnostics_token
         .as_deref()
@@ -428,8 +547,13 @@ pub(crate) async fn serve_register(
             "diagnosticsToken is empty; leave it out when the service has none".into(),
         ));
     }
+    let credentials = shared.credentials.clone();
     let registered = with_db(&shared, move |conn| {
-        let registered = register(conn, &service, &registration, &base_url, now_ms())?;
+        let owner = Owner {
+            registrant: &registrant,
+            is_live: &|owner| credentials.is_live(owner),
+        };
+        let registered = register(conn, &service, &registration, &base_url, &owner, now_ms())?;
         // Hosted versions that are decommissioned: the new instance is told.
         let mut retired = Vec::new();
         for hosted in &registration.hosts {
@@ -476,17 +600,34 @@ pub(crate) async fn serve_register(
     Ok((status, Json(registered)).into_response())
 }
 
-/// `PUT /v1/services/{service}/instances/{instance}/heartbeat`.
+/// `PUT /v1/services/{service}/instances/{instance}/heartbeat`, with an
+/// optional body `{"registrationDigest"}`.
 pub(crate) async fn serve_heartbeat(
     State(shared): State<Arc<Shared>>,
     UrlPath((service, instance)): UrlPath<(String, String)>,
     headers: HeaderMap,
+    body: Body,
 ) -> Result<Response, ApiError> {
-    authorize(&shared, &headers)?;
+    let registrant = shared.credentials.registrant(&headers)?;
     check_service(&service)?;
+    let body: Bytes = axum::body::to_bytes(body, HEARTBEAT_LIMIT)
+        .await
+        .map_err(|_| ApiError::PayloadTooLarge)?;
+    let beat: Heartbeat = if body.iter().all(u8::is_ascii_whitespace) {
+        Heartbeat::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::InvalidRegistration(e.to_string()))?
+    };
     let now = now_ms();
     let (service, instance) = with_db(&shared, move |conn| {
-        heartbeat(conn, &service, &instance, now)?;
+        heartbeat(
+            conn,
+            &service,
+            &instance,
+            &registrant,
+            beat.registration_digest.as_deref(),
+            now,
+        )?;
         Ok((service, instance))
     })
     .await?;
@@ -506,7 +647,7 @@ pub(crate) async fn serve_deregister(
     UrlPath((service, instance)): UrlPath<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    authorize(&shared, &headers)?;
+    authorize(&shared, &headers, Access::Operator)?;
     check_service(&service)?;
     with_db(&shared, move |conn| {
         let removed = conn.execute(

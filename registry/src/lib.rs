@@ -4,7 +4,9 @@
 //! ```no_run
 //! # async fn run() -> anyhow::Result<()> {
 //! let registry = rfidl_registry::Registry::open("registry.db".as_ref())?
-//!     .publish_token("s3cret");
+//!     .publish_token("s3cret")
+//!     .registration_token("hr-s3cret")
+//!     .operator_token("op-s3cret");
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:7300").await?;
 //! rfidl_runtime::serve(listener, registry.router()).await?;
 //! # Ok(()) }
@@ -25,6 +27,7 @@
 //! ([`routes`]); `/livez` and `/readyz` are the probes.
 //! Nothing is stored for a refused publish.
 
+pub mod access;
 pub mod aggregator;
 pub mod commands;
 pub mod conditional;
@@ -59,8 +62,39 @@ pub const BODY_LIMIT: usize = 1024 * 1024;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ApiError {
-    #[error("a valid `Authorization: Bearer` token is required to publish")]
-    Unauthorized,
+    /// 401 `unauthorized`: the request lacks the credential it needs.
+    #[error("a valid `Authorization: Bearer` {} is required for this", .0.credential())]
+    Unauthorized(access::Access),
+    /// 403 `operation_disabled`: the registry is closed (it has a
+    /// credential) and the one this operation needs is not configured.
+    #[error(
+        "this registry has no {} configured, so this operation is disabled; start it with {}",
+        .0.credential(),
+        .0.flag()
+    )]
+    OperationDisabled(access::Access),
+    /// 403 `instance_owned`: the instance was registered with another
+    /// credential.
+    #[error("{0}")]
+    InstanceOwned(String),
+    /// 409 `registration_changed`: a heartbeat's registration digest is not
+    /// the stored registration's; register again.
+    #[error("{0}")]
+    RegistrationChanged(String),
+    /// 429 `rate_limited`: too many registrations of one service.
+    #[error(
+        "more than {per_minute} registrations of service `{service}` in a minute; retry in \
+         {retry_after} s"
+    )]
+    RateLimited {
+        service: String,
+        per_minute: u32,
+        retry_after: u64,
+    },
+    /// 422 `network_not_allowed`: a registration's base URL is outside the
+    /// registry's allowed networks.
+    #[error("{0}")]
+    NetworkNotAllowed(String),
     #[error("the manifest is larger than the {BODY_LIMIT}-byte limit")]
     PayloadTooLarge,
     #[error("{0}")]
@@ -111,7 +145,11 @@ pub enum ApiError {
 impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::OperationDisabled(_) | ApiError::InstanceOwned(_) => StatusCode::FORBIDDEN,
+            ApiError::RegistrationChanged(_) => StatusCode::CONFLICT,
+            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::NetworkNotAllowed(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::InvalidManifest(_)
@@ -134,7 +172,12 @@ impl ApiError {
     /// The `error` member of the body.
     pub fn code(&self) -> &'static str {
         match self {
-            ApiError::Unauthorized => "unauthorized",
+            ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::OperationDisabled(_) => "operation_disabled",
+            ApiError::InstanceOwned(_) => "instance_owned",
+            ApiError::RegistrationChanged(_) => "registration_changed",
+            ApiError::RateLimited { .. } => "rate_limited",
+            ApiError::NetworkNotAllowed(_) => "network_not_allowed",
             ApiError::PayloadTooLarge => "payload_too_large",
             ApiError::BadRequest(_) => "bad_request",
             ApiError::InvalidManifest(_) => "invalid_manifest",
@@ -188,11 +231,30 @@ impl IntoResponse for ApiError {
             missing,
         };
         let mut response = (self.status(), Json(&body)).into_response();
-        if matches!(self, ApiError::Unauthorized) {
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static("Bearer"),
-            );
+        match &self {
+            ApiError::Unauthorized(access) => {
+                let headers = response.headers_mut();
+                headers.insert(
+                    header::WWW_AUTHENTICATE,
+                    header::HeaderValue::from_static("Bearer"),
+                );
+                // A browser asks for Basic (any user, the token as the
+                // password): how an operator opens the failed-list page.
+                if *access == access::Access::Operator {
+                    headers.append(
+                        header::WWW_AUTHENTICATE,
+                        header::HeaderValue::from_static(
+                            "Basic realm=\"rfidl-registry operator\", charset=\"UTF-8\"",
+                        ),
+                    );
+                }
+            }
+            ApiError::RateLimited { retry_after, .. } => {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, header::HeaderValue::from(*retry_after));
+            }
+            _ => {}
         }
         response
     }
@@ -208,14 +270,21 @@ impl From<rusqlite::Error> for ApiError {
 #[derive(Clone)]
 pub struct Registry {
     conn: Arc<Mutex<Connection>>,
-    token: Option<String>,
+    credentials: access::Credentials,
+    networks: access::Networks,
+    limiter: Arc<access::RateLimiter>,
     refresh_secs: u64,
     commands: Option<commands::CommandSender>,
 }
 
 pub(crate) struct Shared {
     conn: Arc<Mutex<Connection>>,
-    token: Option<String>,
+    /// Who may do what ([`access`]).
+    credentials: access::Credentials,
+    /// Where registered base URLs may point (empty: anywhere).
+    networks: access::Networks,
+    /// Registrations per service.
+    limiter: Arc<access::RateLimiter>,
     /// How often the dashboard reloads itself.
     refresh_secs: u64,
     /// Sends lifecycle commands to providers, when configured.
@@ -227,7 +296,11 @@ impl Registry {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         Ok(Self {
             conn: Arc::new(Mutex::new(store::open(path)?)),
-            token: None,
+            credentials: access::Credentials::default(),
+            networks: access::Networks::default(),
+            limiter: Arc::new(access::RateLimiter::new(
+                access::DEFAULT_REGISTRATIONS_PER_MINUTE,
+            )),
             refresh_secs: 60,
             commands: None,
         })
@@ -243,11 +316,58 @@ impl Registry {
     }
 
     /// Requires `Authorization: Bearer <token>` to publish (reads stay open).
-    /// An empty token fails closed: nothing can be published.
+    /// An empty token fails closed: nothing can be published. Any
+    /// credential closes the registry: an operation whose own credential is
+    /// not configured is then refused ([`access`]).
     #[must_use]
     pub fn publish_token(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(token.into());
+        self.credentials.publish = Some(token.into());
         self
+    }
+
+    /// Requires this bearer token to decommission, re-commission, delete an
+    /// instance and open an instance's failed list (a browser may send it
+    /// as the password of `Basic`). An empty token fails closed.
+    #[must_use]
+    pub fn operator_token(mut self, token: impl Into<String>) -> Self {
+        self.credentials.operator = Some(token.into());
+        self
+    }
+
+    /// Accepts this bearer token for registrations and heartbeats; call it
+    /// once per credential (one per service, or per instance). An instance
+    /// is bound to the credential that registered it. An empty token
+    /// accepts nothing.
+    #[must_use]
+    pub fn registration_token(mut self, token: impl Into<String>) -> Self {
+        self.credentials.registration.push(token.into());
+        self
+    }
+
+    /// Accepts registrations only of base URLs inside `network` (call once
+    /// per network; none: any address), and the registry's own requests to
+    /// instances reach only addresses inside.
+    #[must_use]
+    pub fn allow_network(mut self, network: access::Network) -> Self {
+        let mut networks = self.networks.0.as_ref().clone();
+        networks.push(network);
+        self.networks = access::Networks(Arc::new(networks));
+        self
+    }
+
+    /// At most this many registrations of one service per minute (a burst
+    /// of as many); [`access::DEFAULT_REGISTRATIONS_PER_MINUTE`] by default.
+    /// Beyond: 429 `rate_limited` with `Retry-After`.
+    #[must_use]
+    pub fn registrations_per_minute(mut self, per_minute: u32) -> Self {
+        self.limiter = Arc::new(access::RateLimiter::new(per_minute));
+        self
+    }
+
+    /// Whether no credential is configured: every operation is open (a
+    /// dev registry; the binary serves it on loopback only).
+    pub fn is_open(&self) -> bool {
+        self.credentials.is_open()
     }
 
     /// The health interval, so that the dashboard reloads as often as the
@@ -268,16 +388,13 @@ impl Registry {
         })
         .await
         .map_err(|e| ApiError::Unavailable(e.to_string()))??;
-        let client = reqwest::Client::builder()
-            .timeout(aggregator::timeout_for(interval))
-            .build()
-            .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+        let client = access::instance_client(aggregator::timeout_for(interval), &self.networks)?;
         let mut polls = tokio::task::JoinSet::new();
         for target in targets {
             let client = client.clone();
             polls.spawn(async move {
-                let answer = aggregator::poll(&client, &target).await;
-                (target, aggregator::judge(answer))
+                let check = aggregator::check(&client, &target).await;
+                (target, check)
             });
         }
         let mut results = Vec::new();
@@ -296,6 +413,7 @@ impl Registry {
                         base_url = %target.base_url,
                         colour = check.colour.as_str(),
                         reasons = ?check.reasons,
+                        detail = check.detail.as_deref().unwrap_or(""),
                         "instance not healthy"
                     );
                 }
@@ -394,7 +512,9 @@ impl Registry {
             .fallback(not_found)
             .with_state(Arc::new(Shared {
                 conn: Arc::clone(&self.conn),
-                token: self.token.clone(),
+                credentials: self.credentials.clone(),
+                networks: self.networks.clone(),
+                limiter: Arc::clone(&self.limiter),
                 refresh_secs: self.refresh_secs,
                 commands: self.commands.clone(),
             }))
@@ -524,7 +644,7 @@ async fn publish(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    authorize(&shared, &headers)?;
+    authorize(&shared, &headers, access::Access::Publish)?;
     let manifest = verified_manifest(&interface, &version, body).await?;
     let published = with_db(&shared, move |conn| {
         store::publish(conn, &manifest, now_ms()).map_err(|error| match error {
@@ -595,17 +715,15 @@ fn cut(text: &str) -> String {
     }
 }
 
-/// 401 unless the request carries the publish token (when one is set). It
-/// guards publishing, registrations and heartbeats.
-pub(crate) fn authorize(shared: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
-    // The one check shared with the services' diagnostics routes:
-    // case-insensitive scheme, constant time, an empty token refuses all.
-    match &shared.token {
-        Some(token) if !rfidl_runtime::auth::authorized(headers, token) => {
-            Err(ApiError::Unauthorized)
-        }
-        _ => Ok(()),
-    }
+/// 401 unless the request carries the credential `access` needs, 403
+/// `operation_disabled` when the registry is closed and that credential is
+/// not configured ([`access::Credentials::authorize`]).
+pub(crate) fn authorize(
+    shared: &Shared,
+    headers: &HeaderMap,
+    access: access::Access,
+) -> Result<(), ApiError> {
+    shared.credentials.authorize(headers, access)
 }
 
 pub(crate) fn now_ms() -> i64 {

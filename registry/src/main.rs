@@ -1,6 +1,9 @@
-//! `rfidl-registry serve --db FILE --listen ADDR [--publish-token TOKEN]`:
-//! the manifest registry as a process. Prints `listening on http://ADDR`
+//! `rfidl-registry serve --db FILE --listen ADDR [--publish-token-file FILE]
+//! [--registration-token-file FILE] [--operator-token-file FILE]`: the
+//! manifest registry as a process. Prints `listening on http://ADDR`
 //! once it accepts connections (`--listen 127.0.0.1:0` picks a free port).
+//! Without any credential it is open, and then it listens on loopback only
+//! (`docs/registry.md`, "Credentials").
 //! Every flag can come from the environment (`RFIDL_REGISTRY_DB`, …). On
 //! SIGTERM or SIGINT it stops accepting, lets the requests in flight finish
 //! (for at most `--shutdown-grace`), and exits 0.
@@ -47,6 +50,53 @@ enum Command {
         /// Read the publish token from this file (its first line).
         #[arg(long, env = "RFIDL_REGISTRY_TOKEN_FILE")]
         publish_token_file: Option<PathBuf>,
+        /// Require this bearer token to decommission, re-commission, delete
+        /// instances and open the dashboard's failed-list pages (a browser
+        /// sends it as the password). Prefer --operator-token-file.
+        #[arg(
+            long,
+            env = "RFIDL_REGISTRY_OPERATOR_TOKEN",
+            hide_env_values = true,
+            conflicts_with = "operator_token_file"
+        )]
+        operator_token: Option<String>,
+        /// Read the operator token from this file (its first line).
+        #[arg(long, env = "RFIDL_REGISTRY_OPERATOR_TOKEN_FILE")]
+        operator_token_file: Option<PathBuf>,
+        /// Accept this bearer token for service registrations and
+        /// heartbeats. Prefer --registration-token-file, which may hold
+        /// several.
+        #[arg(
+            long,
+            env = "RFIDL_REGISTRY_REGISTRATION_TOKEN",
+            hide_env_values = true,
+            conflicts_with = "registration_token_file"
+        )]
+        registration_token: Option<String>,
+        /// Read the registration credentials from this file: one per line
+        /// (blank lines and lines starting with # skipped), e.g. one per
+        /// service. An instance is bound to the credential that registered it.
+        #[arg(long, env = "RFIDL_REGISTRY_REGISTRATION_TOKEN_FILE")]
+        registration_token_file: Option<PathBuf>,
+        /// Accept registrations only of base URLs inside this network
+        /// (CIDR, e.g. 10.0.0.0/8; repeat the flag, or separate by commas in
+        /// the variable). Without it, any address.
+        #[arg(
+            long = "allow-network",
+            value_name = "CIDR",
+            env = "RFIDL_REGISTRY_ALLOW_NETWORKS",
+            value_delimiter = ','
+        )]
+        allow_networks: Vec<rfidl_registry::access::Network>,
+        /// At most this many registrations of one service per minute (a
+        /// burst of as many); beyond, 429 `rate_limited`.
+        #[arg(
+            long,
+            env = "RFIDL_REGISTRY_REGISTRATIONS_PER_MINUTE",
+            default_value_t = rfidl_registry::access::DEFAULT_REGISTRATIONS_PER_MINUTE,
+            value_parser = clap::value_parser!(u32).range(1..)
+        )]
+        registrations_per_minute: u32,
         /// After SIGTERM or SIGINT, how long requests in flight may take to
         /// finish before the process exits anyway, in seconds.
         #[arg(long, env = "RFIDL_REGISTRY_SHUTDOWN_GRACE", default_value_t = 10)]
@@ -108,6 +158,12 @@ async fn main() -> anyhow::Result<()> {
         listen,
         publish_token,
         publish_token_file,
+        operator_token,
+        operator_token_file,
+        registration_token,
+        registration_token_file,
+        allow_networks,
+        registrations_per_minute,
         shutdown_grace,
         health_interval,
         command_secret,
@@ -115,14 +171,24 @@ async fn main() -> anyhow::Result<()> {
         commands_db,
     } = Cli::parse().command;
     let command_secret = match command_secret_file {
-        Some(path) => Some(read_token_file(&path)?),
+        Some(path) => Some(read_token_file(&path, "command secret")?),
         None => command_secret,
     };
     let publish_token = match publish_token_file {
-        Some(path) => Some(read_token_file(&path)?),
+        Some(path) => Some(read_token_file(&path, "publish token")?),
         None => publish_token,
     };
-    let mut registry = rfidl_registry::Registry::open(&db)?.health_interval(health_interval);
+    let operator_token = match operator_token_file {
+        Some(path) => Some(read_token_file(&path, "operator token")?),
+        None => operator_token,
+    };
+    let registration_tokens = match registration_token_file {
+        Some(path) => read_credentials_file(&path)?,
+        None => registration_token.into_iter().collect(),
+    };
+    let mut registry = rfidl_registry::Registry::open(&db)?
+        .health_interval(health_interval)
+        .registrations_per_minute(registrations_per_minute);
     if let Some(token) = publish_token {
         anyhow::ensure!(
             !token.is_empty(),
@@ -130,6 +196,43 @@ async fn main() -> anyhow::Result<()> {
              --publish-token-file or RFIDL_REGISTRY_TOKEN, or none of them for an open registry"
         );
         registry = registry.publish_token(token);
+    }
+    if let Some(token) = operator_token {
+        anyhow::ensure!(
+            !token.is_empty(),
+            "the operator token is empty; give a non-empty --operator-token, \
+             --operator-token-file or RFIDL_REGISTRY_OPERATOR_TOKEN, or none of them"
+        );
+        registry = registry.operator_token(token);
+    }
+    for token in registration_tokens {
+        anyhow::ensure!(
+            !token.is_empty(),
+            "the registration token is empty; give a non-empty --registration-token or \
+             RFIDL_REGISTRY_REGISTRATION_TOKEN, or none of them"
+        );
+        registry = registry.registration_token(token);
+    }
+    for network in allow_networks {
+        registry = registry.allow_network(network);
+    }
+    // Closed by default: an open registry (no credential at all) serves
+    // loopback only, as the services' diagnostics routes do.
+    if registry.is_open() {
+        anyhow::ensure!(
+            listen.ip().is_loopback(),
+            "refusing to listen on {listen} without a token: anyone who reaches the port could \
+             publish, register, rewrite or delete instances and decommission versions; give \
+             --publish-token-file, --registration-token-file and --operator-token-file \
+             (RFIDL_REGISTRY_TOKEN_FILE, RFIDL_REGISTRY_REGISTRATION_TOKEN_FILE, \
+             RFIDL_REGISTRY_OPERATOR_TOKEN_FILE), or listen on 127.0.0.1 \
+             (docs/registry.md, \"Credentials\")"
+        );
+        tracing::warn!(
+            %listen,
+            "no token configured: this registry is open to anyone who reaches the port \
+             (loopback only); see docs/registry.md, \"Credentials\""
+        );
     }
     let mut commands = None;
     if let Some(text) = command_secret {
@@ -226,10 +329,29 @@ fn shutdown_signal() -> anyhow::Result<impl Future<Output = &'static str>> {
     })
 }
 
-/// The token in `path`: its first line, without the line end. The error
-/// names the file, never its content.
-fn read_token_file(path: &std::path::Path) -> anyhow::Result<String> {
+/// The `what` (e.g. `publish token`) in `path`: its first line, without
+/// the line end. The error names the file, never its content.
+fn read_token_file(path: &std::path::Path, what: &str) -> anyhow::Result<String> {
     let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the publish token file {}", path.display()))?;
+        .with_context(|| format!("cannot read the {what} file {}", path.display()))?;
     Ok(text.lines().next().unwrap_or("").trim().to_owned())
+}
+
+/// The registration credentials in `path`: one per line, blank lines and
+/// `#` comments skipped; at least one.
+fn read_credentials_file(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the registration token file {}", path.display()))?;
+    let tokens: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    anyhow::ensure!(
+        !tokens.is_empty(),
+        "the registration token file {} holds no token (one per line)",
+        path.display()
+    );
+    Ok(tokens)
 }

@@ -77,6 +77,18 @@ pub const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (interface, version)
     ) STRICT;
 "#,
+    // 4: who registered each instance (`crate::access::Registrant`) and
+    // the digest of its registration (`crate::directory`). An instance
+    // registered before this migration has no row: its next registration
+    // binds it.
+    r#"
+    CREATE TABLE instance_owners (
+        instance_id          TEXT PRIMARY KEY
+                             REFERENCES instances (instance_id) ON DELETE CASCADE,
+        credential_sha256    TEXT NOT NULL,  -- sha256:… of the credential, never the credential
+        registration_digest  TEXT NOT NULL   -- sha256:… of hosts, calls, diagnostics token
+    ) STRICT;
+"#,
 ];
 
 /// How long a statement waits for another writer before giving up.

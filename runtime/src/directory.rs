@@ -14,7 +14,14 @@
 //! registration is refused, logs what is missing, and retries the full
 //! registration on every heartbeat tick until it is accepted. A heartbeat
 //! answered 404 `unknown_instance` (the registry lost its database)
-//! registers again. Nothing here ever stops the service: the registry being
+//! registers again, and so does one answered 409 `registration_changed`:
+//! each heartbeat carries the `registrationDigest` the registration was
+//! answered with, and the registry says when what it stores for this
+//! instance is not that any more (an operator edit, a restored database, or
+//! someone else's registration on an open registry). A 403
+//! `instance_owned` (another credential registered this instance) is
+//! logged as an error: an operator must delete the instance first.
+//! Nothing here ever stops the service: the registry being
 //! down only delays its entry in the directory.
 
 use std::time::Duration;
@@ -30,7 +37,9 @@ use crate::duration::serde_human;
 pub struct RegistryConfig {
     /// The registry's base URL, e.g. `http://127.0.0.1:7300`.
     pub url: String,
-    /// Its publish token, when it has one (registrations need it).
+    /// The registration credential this service presents (one of the
+    /// registry's `--registration-token-file` lines), when the registry has
+    /// them. The registry binds this instance to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
     /// How often the registration is renewed (default 30 s).
@@ -89,6 +98,9 @@ pub enum DirectoryError {
     /// 404 `unknown_instance` on a heartbeat.
     #[error("the registry does not know this instance")]
     NotRegistered,
+    /// 409 `registration_changed` on a heartbeat: register again.
+    #[error("the registry stores another registration for this instance")]
+    RegistrationChanged,
     /// Any other answer: status, code and message.
     #[error("the registry answered {status} {code}: {message}")]
     Refused {
@@ -110,6 +122,9 @@ pub struct DirectoryState {
     pub complete: bool,
     /// The last failure, if the last attempt failed.
     pub last_error: Option<String>,
+    /// The digest the last accepted full registration was answered with;
+    /// every heartbeat carries it.
+    pub registration_digest: Option<String>,
 }
 
 /// Talks to the registry's directory for one service instance.
@@ -124,6 +139,9 @@ pub struct DirectoryClient {
 #[serde(rename_all = "camelCase")]
 struct Registered {
     instance_id: String,
+    /// Absent from registries older than the digest.
+    #[serde(default)]
+    registration_digest: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -174,6 +192,7 @@ impl DirectoryClient {
                 DirectoryError::Unsatisfied(answer.missing.into_iter().map(|m| m.message).collect())
             }
             (404, "unknown_instance") => DirectoryError::NotRegistered,
+            (409, "registration_changed") => DirectoryError::RegistrationChanged,
             _ => DirectoryError::Refused {
                 status,
                 code: answer.error,
@@ -185,6 +204,12 @@ impl DirectoryClient {
     /// Registers this instance, with its calls or only what it hosts;
     /// returns the instance id.
     pub async fn register(&self, with_calls: bool) -> Result<String, DirectoryError> {
+        self.register_answer(with_calls)
+            .await
+            .map(|registered| registered.instance_id)
+    }
+
+    async fn register_answer(&self, with_calls: bool) -> Result<Registered, DirectoryError> {
         let mut registration = self.registration.clone();
         if !with_calls {
             registration.calls.clear();
@@ -202,22 +227,32 @@ impl DirectoryClient {
         if !response.status().is_success() {
             return Err(Self::refusal(response).await);
         }
-        let registered: Registered = response
+        response
             .json()
             .await
-            .map_err(|e| DirectoryError::Unreachable(e.to_string()))?;
-        Ok(registered.instance_id)
+            .map_err(|e| DirectoryError::Unreachable(e.to_string()))
     }
 
-    /// Renews the registration of `instance_id`.
-    pub async fn heartbeat(&self, instance_id: &str) -> Result<(), DirectoryError> {
+    /// Renews the registration of `instance_id`; with the
+    /// `registration_digest` the registration was answered with, the
+    /// registry says whether it still stores that registration (409
+    /// `registration_changed`: [`DirectoryError::RegistrationChanged`]).
+    pub async fn heartbeat(
+        &self,
+        instance_id: &str,
+        registration_digest: Option<&str>,
+    ) -> Result<(), DirectoryError> {
         let url = format!(
             "{}/v1/services/{}/instances/{instance_id}/heartbeat",
             self.base(),
             self.registration.service_id
         );
+        let mut request = self.http.put(url);
+        if let Some(digest) = registration_digest {
+            request = request.json(&serde_json::json!({ "registrationDigest": digest }));
+        }
         let response = self
-            .authorised(self.http.put(url))
+            .authorised(request)
             .send()
             .await
             .map_err(|e| DirectoryError::Unreachable(e.to_string()))?;
@@ -231,9 +266,26 @@ impl DirectoryClient {
     async fn step(&self, state: &mut DirectoryState) {
         let result = if state.complete {
             let id = state.instance_id.clone().unwrap_or_default();
-            match self.heartbeat(&id).await {
+            let digest = state.registration_digest.clone();
+            match self.heartbeat(&id, digest.as_deref()).await {
                 Err(DirectoryError::NotRegistered) => {
                     tracing::warn!("the registry forgot this instance; registering again");
+                    state.complete = false;
+                    self.register_full(state).await
+                }
+                Err(DirectoryError::RegistrationChanged) => {
+                    tracing::warn!(
+                        "the registry stores another registration for this instance; \
+                         registering again"
+                    );
+                    state.complete = false;
+                    self.register_full(state).await
+                }
+                // Bound to another credential: after a rotation (the old
+                // one retired) an identical registration re-binds it.
+                Err(DirectoryError::Refused {
+                    status: 403, code, ..
+                }) if code == "instance_owned" => {
                     state.complete = false;
                     self.register_full(state).await
                 }
@@ -246,10 +298,12 @@ impl DirectoryClient {
     }
 
     async fn register_full(&self, state: &mut DirectoryState) -> Result<(), DirectoryError> {
-        match self.register(true).await {
-            Ok(id) => {
+        match self.register_answer(true).await {
+            Ok(registered) => {
+                let id = registered.instance_id;
                 tracing::info!(instance = %id, registry = %self.config.url, "registered with the registry");
                 state.instance_id = Some(id);
+                state.registration_digest = registered.registration_digest;
                 state.complete = true;
                 Ok(())
             }
@@ -263,6 +317,13 @@ impl DirectoryClient {
                     state.instance_id = Some(id);
                 }
                 Err(DirectoryError::Unsatisfied(missing))
+            }
+            Err(error @ DirectoryError::Refused { status: 403, .. }) => {
+                tracing::error!(
+                    %error,
+                    "the registry refuses this instance's credential; retrying"
+                );
+                Err(error)
             }
             Err(error) => {
                 tracing::warn!(%error, "cannot register with the registry; retrying");

@@ -33,6 +33,51 @@ struct FormatOpt {
     format: FormatArg,
 }
 
+/// The registry's operator token, for `decommission` and `recommission`.
+#[derive(Args)]
+struct OperatorTokenOpt {
+    /// The registry's operator token (sent as a bearer token), if it has
+    /// one. Prefer --operator-token-file or the environment: a flag is
+    /// visible to every user of the machine in the process list.
+    #[arg(
+        long = "operator-token",
+        alias = "token",
+        env = "RFIDL_REGISTRY_OPERATOR_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "operator_token_file"
+    )]
+    operator_token: Option<String>,
+    /// Read the operator token from this file (its first line).
+    #[arg(long, env = "RFIDL_REGISTRY_OPERATOR_TOKEN_FILE")]
+    operator_token_file: Option<PathBuf>,
+}
+
+impl OperatorTokenOpt {
+    /// The token, from the flag, the variable or the file; the error names
+    /// the file, never its content.
+    #[cfg_attr(not(feature = "registry"), allow(dead_code))]
+    fn resolve(&self) -> Result<Option<String>, String> {
+        let Some(path) = &self.operator_token_file else {
+            return Ok(self.operator_token.clone());
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            format!(
+                "cannot read the operator token file {}: {}",
+                path.display(),
+                e.kind()
+            )
+        })?;
+        let token = text.lines().next().unwrap_or("").trim();
+        if token.is_empty() {
+            return Err(format!(
+                "the operator token file {} is empty",
+                path.display()
+            ));
+        }
+        Ok(Some(token.to_owned()))
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Check contracts and report every problem (a directory means every .rfidl under it).
@@ -132,9 +177,8 @@ enum Command {
         /// The registry's base URL, e.g. http://127.0.0.1:7300.
         #[arg(long, env = "RFIDL_REGISTRY")]
         registry: String,
-        /// Bearer token (the registry's publish token), if it has one.
-        #[arg(long, env = "RFIDL_REGISTRY_TOKEN", hide_env_values = true)]
-        token: Option<String>,
+        #[command(flatten)]
+        operator: OperatorTokenOpt,
         #[command(flatten)]
         format: FormatOpt,
     },
@@ -146,9 +190,8 @@ enum Command {
         /// The registry's base URL.
         #[arg(long, env = "RFIDL_REGISTRY")]
         registry: String,
-        /// Bearer token (the registry's publish token), if it has one.
-        #[arg(long, env = "RFIDL_REGISTRY_TOKEN", hide_env_values = true)]
-        token: Option<String>,
+        #[command(flatten)]
+        operator: OperatorTokenOpt,
         #[command(flatten)]
         format: FormatOpt,
     },
@@ -287,27 +330,15 @@ fn main() -> ExitCode {
         Command::Decommission {
             remotes,
             registry,
-            token,
+            operator,
             format,
-        } => decommission(
-            &registry,
-            token.as_deref(),
-            &remotes,
-            true,
-            &format.report(color),
-        ),
+        } => decommission(&registry, &operator, &remotes, true, &format.report(color)),
         Command::Recommission {
             remotes,
             registry,
-            token,
+            operator,
             format,
-        } => decommission(
-            &registry,
-            token.as_deref(),
-            &remotes,
-            false,
-            &format.report(color),
-        ),
+        } => decommission(&registry, &operator, &remotes, false, &format.report(color)),
         Command::Manifest { paths, format } => {
             let format = match format {
                 ManifestArg::Json => ManifestFormat::Json,
@@ -420,18 +451,25 @@ fn deploy_check(registry: &str, paths: &[PathBuf], report: &Report) -> cli::Outc
 #[cfg(feature = "registry")]
 fn decommission(
     registry: &str,
-    token: Option<&str>,
+    operator: &OperatorTokenOpt,
     remotes: &[rfidl_codegen::registry::Remote],
     on: bool,
     report: &Report,
 ) -> cli::Outcome {
-    cli::decommission_with(registry, token, remotes, on, report)
+    let token = match operator.resolve() {
+        Ok(token) => token,
+        Err(error) => {
+            report.error(&error);
+            return cli::Outcome::UsageOrIo;
+        }
+    };
+    cli::decommission_with(registry, token.as_deref(), remotes, on, report)
 }
 
 #[cfg(not(feature = "registry"))]
 fn decommission(
     _: &str,
-    _: Option<&str>,
+    _: &OperatorTokenOpt,
     _: &[rfidl_codegen::registry::Remote],
     _: bool,
     report: &Report,

@@ -11,6 +11,8 @@ fn rfidl(args: &[&str]) -> Output {
         .env_remove("NO_COLOR")
         .env_remove("RFIDL_REGISTRY")
         .env_remove("RFIDL_REGISTRY_TOKEN")
+        .env_remove("RFIDL_REGISTRY_OPERATOR_TOKEN")
+        .env_remove("RFIDL_REGISTRY_OPERATOR_TOKEN_FILE")
         .output()
         .expect("run rfidl")
 }
@@ -360,5 +362,28 @@ fn the_registry_token_never_shows_in_help_or_errors() {
         for output in [&help.stdout, &help.stderr, &failed.stdout, &failed.stderr] {
             assert!(!text(output).contains(SECRET), "{format}: {}", text(output));
         }
+    } // The operator token of `decommission` / `recommission` likewise.
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_rfidl"))
+            .args(args)
+            .env("RFIDL_REGISTRY_OPERATOR_TOKEN", SECRET)
+            .env_remove("RFIDL_REGISTRY_OPERATOR_TOKEN_FILE")
+            .env_remove("RFIDL_REGISTRY")
+            .output()
+            .expect("run rfidl")
+    };
+    let help = run(&["decommission", "--help"]);
+    assert!(help.status.success());
+    assert!(text(&help.stdout).contains("RFIDL_REGISTRY_OPERATOR_TOKEN"));
+    assert!(text(&help.stdout).contains("--operator-token-file"));
+    let failed = run(&[
+        "decommission",
+        "--registry",
+        &url,
+        "hr.employees.EmpService@v1",
+    ]);
+    assert_eq!(failed.status.code(), Some(2));
+    for output in [&help.stdout, &help.stderr, &failed.stdout, &failed.stderr] {
+        assert!(!text(output).contains(SECRET), "{}", text(output));
     }
 }

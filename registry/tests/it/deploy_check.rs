@@ -150,7 +150,9 @@ fn a_decommissioned_version_fails_the_scan_until_it_is_recommissioned() {
     let server = Server::start(
         rfidl_registry::Registry::open(&dir.path().join("registry.db"))
             .expect("open")
-            .publish_token("t0k"),
+            .publish_token("t0k")
+            .registration_token("t0k")
+            .operator_token("t0k"),
     );
     let schemas = [PathBuf::from("../schemas")];
     assert_eq!(

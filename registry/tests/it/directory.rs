@@ -228,17 +228,23 @@ fn bad_registrations_and_heartbeats_get_their_code_and_store_nothing() {
 }
 
 #[test]
-fn registration_and_heartbeat_need_the_publish_token_when_one_is_set() {
+fn registration_and_heartbeat_need_a_registration_token_when_one_is_set() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = Server::start(
         Registry::open(&dir.path().join("registry.db"))
             .expect("open")
-            .publish_token("s3cret"),
+            .publish_token("publish-only")
+            .registration_token("s3cret"),
     );
     let url = format!("{}/v1/services/hr/instances", server.url);
     let body = json!({"baseUrl": "http://127.0.0.1:9"});
     assert_eq!(post(&url, &body, None).0, 401);
     assert_eq!(post(&url, &body, Some("wrong")).0, 401);
+    assert_eq!(
+        post(&url, &body, Some("publish-only")).0,
+        401,
+        "not the publish token"
+    );
     let (status, registered) = post(&url, &body, Some("s3cret"));
     assert_eq!(status, 201, "{registered}");
     let beat = format!(
@@ -392,7 +398,12 @@ fn the_runtime_client_registers_waits_for_its_provider_and_re_registers() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("registry.db");
-    let server = Server::start(Registry::open(&db).expect("open").publish_token("t0k"));
+    let server = Server::start(
+        Registry::open(&db)
+            .expect("open")
+            .publish_token("t0k")
+            .registration_token("t0k"),
+    );
     let v1 = schema_manifest("hr.employees.EmpService", 1);
     let (status, _) = put(
         &server.url,

@@ -306,8 +306,11 @@ fn hostile_manifests_planted_in_the_registry_are_refused_at_fetch() {
 // Hostile input: a seeded stream of random and mutated requests.
 
 /// Statuses `docs/registry.md` lists (431: request headers over the HTTP
-/// server's limit, answered before any route).
-const DOCUMENTED: &[u16] = &[200, 201, 400, 401, 404, 405, 409, 413, 422, 431, 503];
+/// server's limit, answered before any route; 403 `operation_disabled` and
+/// 429 `rate_limited` on the directory's routes).
+const DOCUMENTED: &[u16] = &[
+    200, 201, 400, 401, 403, 404, 405, 409, 413, 422, 429, 431, 503,
+];
 
 /// Sends raw bytes as one HTTP/1.1 exchange (`connection: close`) and
 /// returns the status, or `None` when the server closed without an answer

@@ -4,8 +4,10 @@
 //! SIGKILL while builds go on from the lock file and the offline cache.
 
 mod api;
+mod bounded;
 mod cli_formats;
 mod client;
+mod closed;
 mod dashboard;
 mod decommission;
 mod deploy_check;
