@@ -175,6 +175,9 @@ pub struct DestinationConfig {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub urls: Vec<String>,
     /// The secret this service signs with when sending there (`whsec_...`).
+    /// Empty (left out): the signing secret the registry issues to this
+    /// service (`rfidl-registry serve --issue-keys`, `rfidl_runtime::keys`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub secret: String,
     /// For `https://` URLs: a PEM file of CA certificates to trust besides
     /// the public web roots (an internal CA, or the peer's self-signed

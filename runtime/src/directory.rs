@@ -23,6 +23,12 @@
 //! logged as an error: an operator must delete the instance first.
 //! Nothing here ever stops the service: the registry being
 //! down only delays its entry in the directory.
+//!
+//! With [`DirectoryClient::issued_keys`], the `keys` a registry started with
+//! `--issue-keys` puts in its registration and heartbeat answers go into
+//! that [`IssuedKeys`] set (the receiver and dispatcher read it), and a
+//! receiver that meets a source it has no key for asks for a renewal at
+//! once (at most one a second) instead of waiting for the next beat.
 
 use std::time::Duration;
 
@@ -30,6 +36,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::duration::serde_human;
+use crate::keys::{IssuedKeys, KeySnapshot, WireKeys};
+
+/// The shortest time between two renewals a receiver asks for.
+const MIN_REFRESH: Duration = Duration::from_secs(1);
 
 /// `registry:` in the runtime configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -133,6 +143,7 @@ pub struct DirectoryClient {
     config: RegistryConfig,
     registration: Registration,
     http: reqwest::Client,
+    issued: Option<IssuedKeys>,
 }
 
 #[derive(Deserialize)]
@@ -142,6 +153,16 @@ struct Registered {
     /// Absent from registries older than the digest.
     #[serde(default)]
     registration_digest: Option<String>,
+    /// Present when the registry issues keys.
+    #[serde(default)]
+    keys: Option<WireKeys>,
+}
+
+/// A heartbeat's answer: only its keys matter here.
+#[derive(Deserialize, Default)]
+struct Renewed {
+    #[serde(default)]
+    keys: Option<WireKeys>,
 }
 
 #[derive(Deserialize, Default)]
@@ -170,6 +191,33 @@ impl DirectoryClient {
             config,
             registration,
             http,
+            issued: None,
+        }
+    }
+
+    /// Puts the keys the registry issues (`rfidl-registry serve
+    /// --issue-keys`) into `keys`, at registration and at every heartbeat;
+    /// give the same set to the receiver and the dispatcher.
+    #[must_use]
+    pub fn issued_keys(mut self, keys: &IssuedKeys) -> Self {
+        self.issued = Some(keys.clone());
+        self
+    }
+
+    /// Puts `keys` (from an answer) in force; a set that cannot be parsed
+    /// is logged (without a secret) and the keys in force are kept.
+    fn take_keys(&self, keys: Option<&WireKeys>) {
+        let (Some(issued), Some(keys)) = (&self.issued, keys) else {
+            return;
+        };
+        match KeySnapshot::from_wire(keys) {
+            Ok(snapshot) => {
+                let counts = format!("{:?}", snapshot);
+                if issued.replace(snapshot) {
+                    tracing::info!(keys = %counts, "issued keys renewed");
+                }
+            }
+            Err(error) => tracing::error!(%error, "keeping the keys in force"),
         }
     }
 
@@ -259,6 +307,8 @@ impl DirectoryClient {
         if !response.status().is_success() {
             return Err(Self::refusal(response).await);
         }
+        let renewed: Renewed = response.json().await.unwrap_or_default();
+        self.take_keys(renewed.keys.as_ref());
         Ok(())
     }
 
@@ -300,6 +350,7 @@ impl DirectoryClient {
     async fn register_full(&self, state: &mut DirectoryState) -> Result<(), DirectoryError> {
         match self.register_answer(true).await {
             Ok(registered) => {
+                self.take_keys(registered.keys.as_ref());
                 let id = registered.instance_id;
                 tracing::info!(instance = %id, registry = %self.config.url, "registered with the registry");
                 state.instance_id = Some(id);
@@ -313,8 +364,9 @@ impl DirectoryClient {
                     "the registry refused the calls of this service for now; registered what \
                      it hosts, retrying"
                 );
-                if let Ok(id) = self.register(false).await {
-                    state.instance_id = Some(id);
+                if let Ok(registered) = self.register_answer(false).await {
+                    self.take_keys(registered.keys.as_ref());
+                    state.instance_id = Some(registered.instance_id);
                 }
                 Err(DirectoryError::Unsatisfied(missing))
             }
@@ -340,8 +392,19 @@ impl DirectoryClient {
             let mut state = DirectoryState::default();
             let mut ticks = tokio::time::interval(self.config.heartbeat);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let issued = self.issued.clone().unwrap_or_default();
+            let mut last = tokio::time::Instant::now();
             loop {
-                ticks.tick().await;
+                tokio::select! {
+                    _ = ticks.tick() => {}
+                    // A receiver met a peer it has no key for: renew now,
+                    // at most once a second.
+                    () = issued.refresh_requested(), if self.issued.is_some() => {
+                        tokio::time::sleep_until(last + MIN_REFRESH).await;
+                        ticks.reset();
+                    }
+                }
+                last = tokio::time::Instant::now();
                 self.step(&mut state).await;
                 publish.send_replace(state.clone());
             }

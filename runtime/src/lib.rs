@@ -32,6 +32,7 @@ pub mod envelope;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod inbox;
+pub mod keys;
 pub mod lifecycle;
 pub mod liveness;
 pub mod metrics;

@@ -151,16 +151,15 @@ impl Config {
         for (name, value) in named {
             next.set_named(name, value)?;
         }
-        // A destination the environment added needs at least a URL and a secret.
+        // A destination the environment added needs at least a URL (its
+        // secret may be issued by the registry: the dispatcher's start
+        // refuses one without a secret when no keys are issued).
         let added = next
             .destinations
             .iter()
             .filter(|(name, _)| !configured.contains(name));
         for (name, destination) in added {
-            for (missing, suffix) in [
-                (destination.url.is_empty(), "URL"),
-                (destination.secret.is_empty(), "SECRET"),
-            ] {
+            for (missing, suffix) in [(destination.url.is_empty(), "URL")] {
                 if missing {
                     return Err(ConfigError::Env {
                         variable: format!("RFIDL_DESTINATIONS_{}_{suffix}", name_key(name)),

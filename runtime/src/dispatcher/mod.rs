@@ -81,6 +81,8 @@ pub enum DispatcherError {
 #[derive(Clone)]
 pub struct Route {
     pub transport: Arc<dyn Transport>,
+    /// Empty: the signing secrets the registry issued to this service
+    /// ([`DispatcherBuilder::issued_keys`]).
     pub secrets: Vec<Secret>,
 }
 
@@ -102,6 +104,7 @@ pub struct DispatcherBuilder<S: Store = Sqlite> {
     errors: Vec<DispatcherError>,
     responses: Vec<Arc<dyn ResponseHandler<S>>>,
     resolver: Option<Resolver>,
+    issued: Option<crate::keys::IssuedKeys>,
 }
 
 /// Finds the route of a destination that has none of its own
@@ -127,6 +130,16 @@ impl<S: Store> DispatcherBuilder<S> {
     /// [`crate::responses`]).
     pub fn responses(mut self, handler: impl ResponseHandler<S>) -> Self {
         self.responses.push(Arc::new(handler));
+        self
+    }
+
+    /// Signs messages to every destination whose config gives no `secret`
+    /// with the signing secrets the registry issued to this service
+    /// ([`crate::keys`]), as they are when each request is signed. Until
+    /// the first ones arrive, such messages wait (not counted). Without
+    /// this, a destination without a secret stops the start.
+    pub fn issued_keys(mut self, keys: &crate::keys::IssuedKeys) -> Self {
+        self.issued = Some(keys.clone());
         self
     }
 
@@ -171,11 +184,22 @@ impl<S: Store> DispatcherBuilder<S> {
             if self.routes.contains_key(name) {
                 continue;
             }
-            let secret =
-                Secret::parse(&destination.secret).map_err(|e| DispatcherError::Destination {
-                    name: name.clone(),
-                    message: e.to_string(),
-                })?;
+            let secrets = if destination.secret.is_empty() && self.issued.is_some() {
+                Vec::new()
+            } else {
+                vec![Secret::parse(&destination.secret).map_err(|e| {
+                    DispatcherError::Destination {
+                        name: name.clone(),
+                        message: if destination.secret.is_empty() {
+                            "has no `secret`: give one (`whsec_…`), or run with keys issued by \
+                             the registry (`rfidl-registry serve --issue-keys`)"
+                                .to_owned()
+                        } else {
+                            e.to_string()
+                        },
+                    }
+                })?]
+            };
             let transport =
                 crate::transport::for_destination(destination, config.outbox.request_timeout)
                     .map_err(|message| DispatcherError::Destination {
@@ -184,10 +208,7 @@ impl<S: Store> DispatcherBuilder<S> {
                     })?;
             self.routes.insert(
                 name.clone(),
-                Route {
-                    transport,
-                    secrets: vec![secret],
-                },
+                Route { transport, secrets },
             );
         }
         drop(entered);
@@ -216,6 +237,7 @@ impl<S: Store> DispatcherBuilder<S> {
             circuits: self.outbox.circuits().clone(),
             lifecycle: self.outbox.lifecycle().clone(),
             resolver: self.resolver,
+            issued: self.issued,
             unrouted: Mutex::new(Vec::new()),
             rotation: std::sync::atomic::AtomicUsize::new(0),
         });
@@ -350,6 +372,7 @@ impl Dispatcher {
             errors: Vec::new(),
             responses: Vec::new(),
             resolver: None,
+            issued: None,
         }
     }
 }
@@ -398,6 +421,8 @@ struct State {
     lifecycle: crate::lifecycle::Lifecycle,
     /// Routes destinations without a route of their own.
     resolver: Option<Resolver>,
+    /// Signs for routes without secrets of their own.
+    issued: Option<crate::keys::IssuedKeys>,
     /// Destinations with waiting rows but no route (found by [`discover`]):
     /// their rows are claimed too, and fail as unroutable, so they surface.
     unrouted: Mutex<Vec<String>>,
@@ -831,6 +856,8 @@ pub(crate) enum Outcome {
     Unsendable(String),
     /// Not sent: its version is decommissioned here.
     Held(String),
+    /// Not sent: no signing secret issued yet (retried, not counted).
+    Unsigned(String),
 }
 
 impl Outcome {
@@ -844,6 +871,11 @@ impl Outcome {
             },
             Outcome::Held(error) => Verdict::Held {
                 error: error.clone(),
+            },
+            Outcome::Unsigned(error) => Verdict::Wait {
+                error: error.clone(),
+                retry_after: None,
+                clock_problem: false,
             },
         }
     }
@@ -878,6 +910,26 @@ async fn send_group(state: &State, group: Group) -> GroupResult {
                 .collect(),
         };
     };
+    // A route without secrets signs with the issued ones in force now.
+    let issued = match (&route.secrets[..], &state.issued) {
+        ([], Some(issued)) => Some(issued.snapshot()),
+        _ => None,
+    };
+    let secrets = issued.as_ref().map_or(&route.secrets[..], |k| &k.signing[..]);
+    if secrets.is_empty() {
+        let error = format!(
+            "no signing secret for destination `{destination}` yet: waiting for the registry \
+             to issue this service's keys"
+        );
+        return GroupResult {
+            destination,
+            probe,
+            attempts: rows
+                .into_iter()
+                .map(|row| (row, Outcome::Unsigned(error.clone()), started.elapsed()))
+                .collect(),
+        };
+    }
     let mut requests = Vec::with_capacity(rows.len());
     let mut ready = Vec::with_capacity(rows.len());
     let mut attempts = Vec::with_capacity(rows.len());
@@ -890,7 +942,7 @@ async fn send_group(state: &State, group: Group) -> GroupResult {
             attempts.push((row, Outcome::Held(reason), started.elapsed()));
             continue;
         }
-        match signed_request(state, route, &row) {
+        match signed_request(state, secrets, &row) {
             Ok(request) => {
                 requests.push(request);
                 ready.push(row);
@@ -970,7 +1022,11 @@ impl std::fmt::Display for TraceIds<'_> {
 
 /// The signed single-message request for a claimed row. Its payload and
 /// headers go into the body as the row stores them ([`StoredEnvelope`]).
-fn signed_request(state: &State, route: &Route, row: &Claimed) -> Result<OutgoingRequest, String> {
+fn signed_request(
+    state: &State,
+    secrets: &[Secret],
+    row: &Claimed,
+) -> Result<OutgoingRequest, String> {
     let message_id: uuid::Uuid = row
         .message_id
         .parse()
@@ -989,8 +1045,7 @@ fn signed_request(state: &State, route: &Route, row: &Claimed) -> Result<Outgoin
         created_at: jiff::Timestamp::from_millisecond(row.created_at_ms).ok(),
     };
     let body = serde_json::to_vec(&envelope).map_err(|e| format!("cannot encode: {e}"))?;
-    let signature =
-        SignatureHeaders::sign(&row.message_id, signing::unix_now(), &body, &route.secrets);
+    let signature = SignatureHeaders::sign(&row.message_id, signing::unix_now(), &body, secrets);
     Ok(OutgoingRequest {
         path: RECEIVE_PATH,
         headers: signature.to_pairs().to_vec(),

@@ -547,7 +547,7 @@ async fn publish_answer(
             &answer_id,
             crate::signing::unix_now(),
             &body,
-            secrets,
+            &secrets,
         );
         for (name, value) in signature.to_pairs() {
             headers.insert(name, value);

@@ -152,6 +152,7 @@ pub struct ReceiverBuilder<S: Store = Sqlite> {
     batch_body_limit: usize,
     verification: Verification,
     lifecycle: Option<crate::lifecycle::Lifecycle>,
+    issued: Option<crate::keys::IssuedKeys>,
 }
 
 impl<S: Store> std::fmt::Debug for ReceiverBuilder<S> {
@@ -249,6 +250,15 @@ impl<S: Store> ReceiverBuilder<S> {
         ))
     }
 
+    /// Accepts, from a source that `peers` does not list, the secrets the
+    /// registry issued for it ([`crate::keys`]); the set may change while
+    /// the receiver runs (the directory client renews it). Secrets in
+    /// `peers` keep precedence.
+    pub fn issued_keys(mut self, keys: &crate::keys::IssuedKeys) -> Self {
+        self.issued = Some(keys.clone());
+        self
+    }
+
     /// Opens (and migrates) the database, starts the writer thread.
     pub fn build(self) -> Result<Receiver, ReceiverError> {
         let mut secrets = HashMap::new();
@@ -338,6 +348,7 @@ impl<S: Store> ReceiverBuilder<S> {
                     .saturating_sub(self.config.inbox.signature_tolerance),
                 verification: self.verification,
                 secrets,
+                issued: self.issued,
                 routes,
                 metadata: serde_json::json!({ "interfaces": metadata }),
                 reader,
@@ -362,6 +373,8 @@ struct Shared {
     dedup_horizon: Duration,
     verification: Verification,
     secrets: HashMap<String, Vec<Secret>>,
+    /// Issued secrets, for sources `secrets` does not list.
+    issued: Option<crate::keys::IssuedKeys>,
     routes: HashMap<&'static str, BTreeMap<u32, Route>>,
     metadata: serde_json::Value,
     reader: Arc<dyn InboxLookup>,
@@ -466,6 +479,7 @@ impl Receiver {
             batch_body_limit: DEFAULT_BATCH_BODY_LIMIT,
             verification: Verification::Required,
             lifecycle: None,
+            issued: None,
         }
     }
 
@@ -526,8 +540,13 @@ impl Receiver {
     /// The secrets accepted from `source` (`peers`): what answers going
     /// back to it through a broker are signed with.
     #[cfg_attr(not(feature = "nats"), allow(dead_code))]
-    pub(crate) fn peer_secrets(&self, source: &str) -> Option<&[Secret]> {
-        self.shared.secrets.get(source).map(Vec::as_slice)
+    pub(crate) fn peer_secrets(&self, source: &str) -> Option<Vec<Secret>> {
+        self.shared.secrets.get(source).cloned().or_else(|| {
+            self.shared
+                .issued
+                .as_ref()
+                .and_then(|issued| issued.peer(source))
+        })
     }
 
     /// The same routes plus a JSON 404 for every other path: for a server
@@ -839,8 +858,23 @@ impl Shared {
 
         // 3 and 4. Source known, signature valid.
         if self.verification == Verification::Required {
-            let Some(secrets) = self.secrets.get(source) else {
-                return Err(ReceiveError::UnknownSource(source.to_owned()));
+            // Configured secrets first; else the issued ones (a snapshot:
+            // one read lock and an `Arc` clone).
+            let snapshot;
+            let secrets = match self.secrets.get(source) {
+                Some(secrets) => secrets.as_slice(),
+                None => {
+                    let Some(issued) = &self.issued else {
+                        return Err(ReceiveError::UnknownSource(source.to_owned()));
+                    };
+                    snapshot = issued.snapshot();
+                    let Some(secrets) = snapshot.peers.get(source) else {
+                        // A peer that registered after our last renewal.
+                        issued.request_refresh();
+                        return Err(ReceiveError::UnknownSource(source.to_owned()));
+                    };
+                    secrets.as_slice()
+                }
             };
             signing::verify(
                 header(HEADER_ID),
