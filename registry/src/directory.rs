@@ -255,6 +255,10 @@ pub struct Registered {
     pub created: bool,
     /// The registration's digest; heartbeats carry it back.
     pub registration_digest: String,
+    /// The keys issued to this instance, when the registry issues keys
+    /// ([`crate::keys`]); `Debug` shows counts only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keys: Option<rfidl_runtime::keys::WireKeys>,
 }
 
 /// Who registers, for the binding of an instance to its credential.
@@ -373,6 +377,7 @@ pub fn register(
         base_url: base_url.to_owned(),
         created,
         registration_digest: digest,
+        keys: None,
     })
 }
 
@@ -548,12 +553,23 @@ pub(crate) async fn serve_register(
         ));
     }
     let credentials = shared.credentials.clone();
+    let authority = shared.keys.clone();
     let registered = with_db(&shared, move |conn| {
+        let is_live = |owner: &str| credentials.is_live(owner);
         let owner = Owner {
             registrant: &registrant,
-            is_live: &|owner| credentials.is_live(owner),
+            is_live: &is_live,
         };
-        let registered = register(conn, &service, &registration, &base_url, &owner, now_ms())?;
+        // Before anything is stored: another credential's keys are refused.
+        if authority.is_some() {
+            crate::keys::KeyAuthority::check_owner(conn, &service, &registrant, &is_live)?;
+        }
+        let mut registered =
+            register(conn, &service, &registration, &base_url, &owner, now_ms())?;
+        if let Some(authority) = &authority {
+            registered.keys =
+                Some(authority.issue(conn, &service, &registrant, &is_live, now_ms())?);
+        }
         // Hosted versions that are decommissioned: the new instance is told.
         let mut retired = Vec::new();
         for hosted in &registration.hosts {
@@ -619,7 +635,9 @@ pub(crate) async fn serve_heartbeat(
         serde_json::from_slice(&body).map_err(|e| ApiError::InvalidRegistration(e.to_string()))?
     };
     let now = now_ms();
-    let (service, instance) = with_db(&shared, move |conn| {
+    let credentials = shared.credentials.clone();
+    let authority = shared.keys.clone();
+    let (service, instance, keys) = with_db(&shared, move |conn| {
         heartbeat(
             conn,
             &service,
@@ -628,15 +646,30 @@ pub(crate) async fn serve_heartbeat(
             beat.registration_digest.as_deref(),
             now,
         )?;
-        Ok((service, instance))
+        // Renewed (and rotated when due) at every heartbeat.
+        let keys = match &authority {
+            Some(authority) => Some(authority.issue(
+                conn,
+                &service,
+                &registrant,
+                &|owner| credentials.is_live(owner),
+                now,
+            )?),
+            None => None,
+        };
+        Ok((service, instance, keys))
     })
     .await?;
-    Ok(Json(serde_json::json!({
+    let mut answer = serde_json::json!({
         "service": service,
         "instanceId": instance,
         "lastSeenAt": crate::store::rfc3339(now),
-    }))
-    .into_response())
+    });
+    if let Some(keys) = keys {
+        answer["keys"] = serde_json::to_value(keys)
+            .map_err(|e| ApiError::Unavailable(format!("cannot encode the keys: {e}")))?;
+    }
+    Ok(Json(answer).into_response())
 }
 
 /// `DELETE /v1/services/{service}/instances/{instance}`: removes an instance

@@ -34,6 +34,7 @@ pub mod conditional;
 mod dashboard;
 pub mod decommission;
 pub mod directory;
+pub mod keys;
 mod routes;
 pub mod store;
 
@@ -77,6 +78,10 @@ pub enum ApiError {
     /// credential.
     #[error("{0}")]
     InstanceOwned(String),
+    /// 403 `keys_owned`: the service's issued keys are bound to another
+    /// registration credential.
+    #[error("{0}")]
+    KeysOwned(String),
     /// 409 `registration_changed`: a heartbeat's registration digest is not
     /// the stored registration's; register again.
     #[error("{0}")]
@@ -146,7 +151,9 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            ApiError::OperationDisabled(_) | ApiError::InstanceOwned(_) => StatusCode::FORBIDDEN,
+            ApiError::OperationDisabled(_)
+            | ApiError::InstanceOwned(_)
+            | ApiError::KeysOwned(_) => StatusCode::FORBIDDEN,
             ApiError::RegistrationChanged(_) => StatusCode::CONFLICT,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::NetworkNotAllowed(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -175,6 +182,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::OperationDisabled(_) => "operation_disabled",
             ApiError::InstanceOwned(_) => "instance_owned",
+            ApiError::KeysOwned(_) => "keys_owned",
             ApiError::RegistrationChanged(_) => "registration_changed",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::NetworkNotAllowed(_) => "network_not_allowed",
@@ -275,6 +283,7 @@ pub struct Registry {
     limiter: Arc<access::RateLimiter>,
     refresh_secs: u64,
     commands: Option<commands::CommandSender>,
+    keys: Option<Arc<keys::KeyAuthority>>,
 }
 
 pub(crate) struct Shared {
@@ -289,6 +298,8 @@ pub(crate) struct Shared {
     refresh_secs: u64,
     /// Sends lifecycle commands to providers, when configured.
     commands: Option<commands::CommandSender>,
+    /// Issues keys at registration, when configured ([`keys`]).
+    keys: Option<Arc<keys::KeyAuthority>>,
 }
 
 impl Registry {
@@ -303,7 +314,21 @@ impl Registry {
             )),
             refresh_secs: 60,
             commands: None,
+            keys: None,
         })
+    }
+
+    /// Issues keys at registration ([`keys`]): every registration and
+    /// heartbeat answer gives the instance its service's signing secrets
+    /// and its peers', sealed at rest under `authority`'s key file. Fails
+    /// when the database holds keys sealed under another key file.
+    pub fn issue_keys(mut self, authority: keys::KeyAuthority) -> Result<Self, keys::KeyError> {
+        {
+            let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+            authority.check(&conn)?;
+        }
+        self.keys = Some(Arc::new(authority));
+        Ok(self)
     }
 
     /// Sends `Decommission` / `Recommission` commands to the provider
@@ -517,6 +542,7 @@ impl Registry {
                 limiter: Arc::clone(&self.limiter),
                 refresh_secs: self.refresh_secs,
                 commands: self.commands.clone(),
+                keys: self.keys.clone(),
             }))
     }
 }

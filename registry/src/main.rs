@@ -1,5 +1,6 @@
 //! `rfidl-registry serve --db FILE --listen ADDR [--publish-token-file FILE]
-//! [--registration-token-file FILE] [--operator-token-file FILE]`: the
+//! [--registration-token-file FILE] [--operator-token-file FILE]
+//! [--issue-keys --key-file FILE]`: the
 //! manifest registry as a process. Prints `listening on http://ADDR`
 //! once it accepts connections (`--listen 127.0.0.1:0` picks a free port).
 //! Without any credential it is open, and then it listens on loopback only
@@ -129,6 +130,34 @@ enum Command {
         /// database path with `.commands` appended).
         #[arg(long, env = "RFIDL_REGISTRY_COMMANDS_DB")]
         commands_db: Option<PathBuf>,
+        /// Issue each registering service its signing secret and its peers'
+        /// secrets (renewed at heartbeat, rotated with an overlap), so that
+        /// services need no secret flags; the registry becomes the key
+        /// authority (docs/registry.md, "Issued keys"). Needs --key-file.
+        #[arg(long, env = "RFIDL_REGISTRY_ISSUE_KEYS", requires = "key_file")]
+        issue_keys: bool,
+        /// The key file that seals the issued keys in the database (created
+        /// with mode 0600 if missing). Keep it apart from the database's
+        /// backups: whoever has both can impersonate every service.
+        #[arg(long, env = "RFIDL_REGISTRY_KEY_FILE")]
+        key_file: Option<PathBuf>,
+        /// A new signing secret per service this often (`7d`, `24h`).
+        #[arg(
+            long,
+            env = "RFIDL_REGISTRY_KEY_ROTATION",
+            default_value = "7d",
+            value_parser = parse_interval
+        )]
+        key_rotation: Duration,
+        /// How long a replaced secret is still issued and accepted; more
+        /// than the longest heartbeat of the services.
+        #[arg(
+            long,
+            env = "RFIDL_REGISTRY_KEY_OVERLAP",
+            default_value = "10m",
+            value_parser = parse_interval
+        )]
+        key_overlap: Duration,
     },
 }
 
@@ -169,6 +198,10 @@ async fn main() -> anyhow::Result<()> {
         command_secret,
         command_secret_file,
         commands_db,
+        issue_keys,
+        key_file,
+        key_rotation,
+        key_overlap,
     } = Cli::parse().command;
     let command_secret = match command_secret_file {
         Some(path) => Some(read_token_file(&path, "command secret")?),
@@ -215,6 +248,12 @@ async fn main() -> anyhow::Result<()> {
     }
     for network in allow_networks {
         registry = registry.allow_network(network);
+    }
+    if let (true, Some(path)) = (issue_keys, &key_file) {
+        let authority = rfidl_registry::keys::KeyAuthority::load_or_create(path)?
+            .rotation(key_rotation)
+            .overlap(key_overlap);
+        registry = registry.issue_keys(authority)?;
     }
     // Closed by default: an open registry (no credential at all) serves
     // loopback only, as the services' diagnostics routes do.

@@ -89,6 +89,28 @@ pub const MIGRATIONS: &[&str] = &[
         registration_digest  TEXT NOT NULL   -- sha256:… of hosts, calls, diagnostics token
     ) STRICT;
 "#,
+    // 5: keys issued at registration (`crate::keys`), sealed under the key
+    // file; never a plaintext secret.
+    r#"
+    CREATE TABLE key_authority (
+        id      INTEGER PRIMARY KEY CHECK (id = 1),
+        nonce   BLOB NOT NULL,
+        sealed  BLOB NOT NULL   -- a known text: tells a wrong key file at start-up
+    ) STRICT;
+    CREATE TABLE service_keys (
+        service     TEXT NOT NULL,
+        key_id      INTEGER NOT NULL,  -- 1, 2, … per service
+        created_at  INTEGER NOT NULL,  -- ms since the Unix epoch
+        retire_at   INTEGER,           -- NULL: the newest; else issued until then
+        nonce       BLOB NOT NULL,     -- 24 random bytes
+        sealed      BLOB NOT NULL,     -- XChaCha20-Poly1305(key), AAD = service, key_id
+        PRIMARY KEY (service, key_id)
+    ) STRICT;
+    CREATE TABLE service_key_owners (
+        service            TEXT PRIMARY KEY,
+        credential_sha256  TEXT NOT NULL  -- sha256:… of the credential the keys go to
+    ) STRICT;
+"#,
 ];
 
 /// How long a statement waits for another writer before giving up.
