@@ -13,6 +13,7 @@ mod decommission;
 mod deploy_check;
 mod directory;
 mod hostile;
+mod issued_keys;
 mod process;
 mod routes;
 mod signals;

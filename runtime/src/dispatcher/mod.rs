@@ -579,6 +579,12 @@ pub fn classify(result: &Result<TransportResponse, TransportError>) -> Verdict {
             retry_after: response.retry_after,
             clock_problem: false,
         },
+        // The receiver is fetching this service's key from the registry.
+        (503, Some(crate::receiver::KEYS_PENDING)) => Verdict::Wait {
+            error: error(),
+            retry_after: response.retry_after,
+            clock_problem: false,
+        },
         (503, Some("in_progress")) => Verdict::Wait {
             error: error(),
             retry_after: response.retry_after,

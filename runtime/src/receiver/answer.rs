@@ -11,6 +11,9 @@ use axum::response::{IntoResponse, Response};
 use crate::envelope::{Acknowledgement, BatchResult, ErrorBody};
 use crate::signing::VerifyError;
 
+/// The code of [`ReceiveError::KeysPending`].
+pub const KEYS_PENDING: &str = "keys_pending";
+
 /// Why a delivery was not acknowledged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -23,6 +26,14 @@ pub enum ReceiveError {
     BodyTimeout { seconds: u64 },
     #[error("no secret is configured for source service `{0}`")]
     UnknownSource(String),
+    /// Keys are issued by the registry and none is held for this source
+    /// yet (a peer that registered after the last renewal): the receiver
+    /// asked for its keys; retry shortly (503, not counted by senders).
+    #[error(
+        "no key issued for source service `{0}` yet; this receiver asked the registry for its \
+         keys, retry shortly"
+    )]
+    KeysPending(String),
     #[error("{0}")]
     Signature(VerifyError),
     #[error("webhook-id `{header}` differs from the envelope's messageId `{body}`")]
@@ -99,7 +110,7 @@ impl ReceiveError {
             | Self::Poison(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::VersionDecommissioned { .. } => StatusCode::GONE,
             Self::HandlerFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::InProgress | Self::Unavailable(_) | Self::ShuttingDown => {
+            Self::InProgress | Self::Unavailable(_) | Self::ShuttingDown | Self::KeysPending(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -113,6 +124,7 @@ impl ReceiveError {
             Self::MalformedEnvelope(_) => "malformed_envelope",
             Self::BodyTimeout { .. } => "body_timeout",
             Self::UnknownSource(_) => "unknown_source",
+            Self::KeysPending(_) => KEYS_PENDING,
             Self::Signature(e) => e.code(),
             Self::IdMismatch { .. } => "id_mismatch",
             Self::UnknownInterface(_) => "unknown_interface",
@@ -135,7 +147,9 @@ impl ReceiveError {
     /// `Retry-After` seconds for the refusals that ask for a later retry.
     pub fn retry_after_secs(&self) -> Option<u32> {
         match self {
-            Self::InProgress | Self::Unavailable(_) | Self::ShuttingDown => Some(1),
+            Self::InProgress | Self::Unavailable(_) | Self::ShuttingDown | Self::KeysPending(_) => {
+                Some(1)
+            }
             Self::VersionDecommissioned { .. } => Some(super::DECOMMISSIONED_RETRY_AFTER_SECS),
             _ => None,
         }

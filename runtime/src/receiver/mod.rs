@@ -48,7 +48,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, warn};
 use uuid::Uuid;
 
-pub use answer::{Answer, ReceiveError};
+pub use answer::{Answer, KEYS_PENDING, ReceiveError};
 pub use handler::{
     HandlerError, HostedInterface, HostedService, IncomingCall, decode_payload, encode_response,
 };
@@ -869,9 +869,10 @@ impl Shared {
                     };
                     snapshot = issued.snapshot();
                     let Some(secrets) = snapshot.peers.get(source) else {
-                        // A peer that registered after our last renewal.
+                        // A peer that registered after our last renewal:
+                        // renew now; the sender retries without counting.
                         issued.request_refresh();
-                        return Err(ReceiveError::UnknownSource(source.to_owned()));
+                        return Err(ReceiveError::KeysPending(source.to_owned()));
                     };
                     secrets.as_slice()
                 }
