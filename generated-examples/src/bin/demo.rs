@@ -20,7 +20,6 @@ use rfidl_examples::demo::{
     RunningParts, SHUTDOWN_BOUND, Settings, count, shutdown_signal, stop_gracefully,
 };
 use rfidl_examples::generated::hr::employees::{emp_service_v1, emp_service_v2};
-use rfidl_runtime::signing::Secret;
 
 #[derive(Parser)]
 #[command(
@@ -50,11 +49,11 @@ async fn main() -> anyhow::Result<()> {
     let temp = tempfile_dir()?;
     let dir = args.dir.clone().unwrap_or_else(|| temp.clone());
     std::fs::create_dir_all(&dir)?;
-    let (hr_secret, engine_secret) = (Secret::generate().to_whsec(), Secret::generate().to_whsec());
 
     // The contract's owner publishes; its peer checks what it was built
     // against. Both services then register with the registry's directory.
-    let registry = DemoRegistry::start(&dir.join("registry.db")).await?;
+    // It also issues both services their signing keys: no secret below.
+    let registry = DemoRegistry::start(&dir.join("registry.db"), &dir.join("registry.key")).await?;
     for (version, manifest) in [
         (1, emp_service_v1::MANIFEST_JSON),
         (2, emp_service_v2::MANIFEST_JSON),
@@ -75,8 +74,8 @@ async fn main() -> anyhow::Result<()> {
         peer_id: "hr-service".into(),
         peer_url: format!("http://{hr_listen}"),
         peer_urls: Vec::new(),
-        signing_secret: engine_secret.clone(),
-        peer_secret: hr_secret.clone(),
+        signing_secret: String::new(),
+        peer_secret: String::new(),
         base_config: None,
         registry: Some(registry.url.clone()),
         nats: None,
@@ -90,8 +89,8 @@ async fn main() -> anyhow::Result<()> {
         peer_id: "engine".into(),
         peer_url: format!("http://{engine_listen}"),
         peer_urls: Vec::new(),
-        signing_secret: hr_secret,
-        peer_secret: engine_secret,
+        signing_secret: String::new(),
+        peer_secret: String::new(),
         base_config: None,
         registry: Some(registry.url.clone()),
         nats: None,

@@ -267,7 +267,12 @@ impl Engine {
             hires: std::sync::atomic::AtomicU32::new(0),
         });
         // One receiver serves EmpService v1 and v2 side by side.
-        let receiver = S::receiver(config.clone(), &settings.db)?
+        let keys = settings.issued_keys();
+        let mut receiver = S::receiver(config.clone(), &settings.db)?;
+        if let Some(keys) = &keys {
+            receiver = receiver.issued_keys(keys);
+        }
+        let receiver = receiver
             .service(emp_service_v1::EngineReceiver(workflows.clone()))
             .service(emp_service_v2::EngineReceiver(workflows))
             .metrics(outbox.metrics().clone())
@@ -283,7 +288,11 @@ impl Engine {
         let addr = listener.local_addr()?;
         let server = super::serve(listener, operations.router.clone());
         let (grpc_url, grpc_server) = super::serve_grpc_receiver(settings, &receiver).await?;
-        let dispatcher = S::dispatcher(&outbox)?
+        let mut dispatcher = S::dispatcher(&outbox)?;
+        if let Some(keys) = &keys {
+            dispatcher = dispatcher.issued_keys(keys);
+        }
+        let dispatcher = dispatcher
             .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
             .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers))
             .start()?;
@@ -301,6 +310,7 @@ impl Engine {
             settings.ops_token.as_deref(),
             Vec::new(),
             super::emp_service_versions(),
+            keys.as_ref(),
         );
         Ok(Self {
             db: settings.db.clone(),

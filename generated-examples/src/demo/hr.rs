@@ -189,7 +189,12 @@ impl HrService {
         S::create_schema(&settings.db, &SCHEMA)?;
         let desk = std::sync::Arc::new(LaptopDesk);
         let outbox = super::store::outbox(config.clone(), &settings.db);
-        let receiver = S::receiver(config.clone(), &settings.db)?
+        let keys = settings.issued_keys();
+        let mut receiver = S::receiver(config.clone(), &settings.db)?;
+        if let Some(keys) = &keys {
+            receiver = receiver.issued_keys(keys);
+        }
+        let receiver = receiver
             .service(emp_service_v1::ServiceReceiver(desk.clone()))
             .service(emp_service_v2::ServiceReceiver(desk))
             // The registry's Decommission/Recommission commands (accepted
@@ -214,7 +219,11 @@ impl HrService {
             v1: emp_service_v1::EngineClient::with_store(outbox.clone(), ENGINE),
             v2: emp_service_v2::EngineClient::with_store(outbox.clone(), ENGINE),
         });
-        let dispatcher = S::dispatcher(&outbox)?.start()?;
+        let mut dispatcher = S::dispatcher(&outbox)?;
+        if let Some(keys) = &keys {
+            dispatcher = dispatcher.issued_keys(keys);
+        }
+        let dispatcher = dispatcher.start()?;
         // HR acts on no answer: the engine's answers are only recorded.
         let broker =
             super::broker::Broker::start(settings, &config, ENGINE, &receiver, |answers| answers)?;
@@ -225,6 +234,7 @@ impl HrService {
             settings.ops_token.as_deref(),
             super::emp_service_versions(),
             Vec::new(),
+            keys.as_ref(),
         );
         Ok(Self {
             db: settings.db.clone(),

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use rfidl_runtime::Config;
 use rfidl_runtime::config::DestinationConfig;
 use rfidl_runtime::diagnostics::Diagnostics;
+use rfidl_runtime::keys::IssuedKeys;
 use rfidl_runtime::directory::{
     DirectoryClient, DirectoryState, InterfaceRef, Registration, RegistryConfig,
 };
@@ -45,14 +46,16 @@ pub struct Settings {
     /// Its database (business rows, outbox and inbox): a SQLite file or a
     /// PostgreSQL database.
     pub db: rfidl_runtime::Database,
-    /// The peer's id, base URL, and the secret this service signs with.
+    /// The peer's id, base URL, and the secret this service signs with
+    /// (empty, with a `registry`: the keys the registry issues).
     pub peer_id: String,
     pub peer_url: String,
     /// More base URLs of the peer (instances sharing its database): the
     /// dispatcher spreads over them and fails over (`DestinationConfig::urls`).
     pub peer_urls: Vec<String>,
     pub signing_secret: String,
-    /// The secret the peer signs with (accepted by this service's receiver).
+    /// The secret the peer signs with (accepted by this service's
+    /// receiver); empty, with a `registry`: the keys the registry issues.
     pub peer_secret: String,
     /// Runtime settings read from a YAML file (`--config`); `None`: the
     /// demo's quick-retry defaults.
@@ -101,9 +104,11 @@ impl Settings {
                 ca_file: None,
             },
         );
-        config
-            .peers
-            .insert(self.peer_id.clone(), vec![self.peer_secret.clone()]);
+        if !self.peer_secret.is_empty() {
+            config
+                .peers
+                .insert(self.peer_id.clone(), vec![self.peer_secret.clone()]);
+        }
         if let Some(url) = &self.registry {
             match &mut config.registry {
                 Some(registry) => registry.url = url.clone(),
@@ -114,17 +119,28 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// The set of keys the registry issues, when this service signs and
+    /// verifies with them: no signing secret given, and a registry to
+    /// register with (`rfidl-registry serve --issue-keys`).
+    pub fn issued_keys(&self) -> Option<IssuedKeys> {
+        (self.signing_secret.is_empty() && self.registry.is_some()).then(IssuedKeys::new)
+    }
+}
+
 /// Registers the service with the registry of `config` (if it has one)
 /// and keeps the registration alive; see `rfidl_runtime::directory`.
+/// With `keys`, the keys the registry issues go there.
 pub fn register(
     config: &Config,
     base_url: &str,
     ops_token: Option<&str>,
     hosts: Vec<InterfaceRef>,
     calls: Vec<InterfaceRef>,
+    keys: Option<&IssuedKeys>,
 ) -> Option<Directory> {
     let registry = config.registry.clone()?;
-    let client = DirectoryClient::new(
+    let mut client = DirectoryClient::new(
         registry,
         Registration {
             service_id: config.service_id.clone(),
@@ -134,6 +150,9 @@ pub fn register(
             diagnostics_token: ops_token.map(str::to_owned),
         },
     );
+    if let Some(keys) = keys {
+        client = client.issued_keys(keys);
+    }
     let (task, state) = client.spawn();
     Some(Directory { task, state })
 }
@@ -453,12 +472,19 @@ impl ServiceArgs {
             self.secret.as_deref(),
             self.secret_file.as_deref(),
             "--secret, --secret-file, RFIDL_SECRET or RFIDL_SECRET_FILE",
+            self.registry.is_some(),
         )?;
         let peer_secret = secret_from(
             self.peer_secret.as_deref(),
             self.peer_secret_file.as_deref(),
             "--peer-secret, --peer-secret-file, RFIDL_PEER_SECRET or RFIDL_PEER_SECRET_FILE",
+            self.registry.is_some(),
         )?;
+        anyhow::ensure!(
+            signing_secret.is_empty() == peer_secret.is_empty(),
+            "give both secrets (--secret and --peer-secret), or neither to use the keys the \
+             registry issues"
+        );
         Ok(Settings {
             service_id: service_id.into(),
             listen: self.listen,
@@ -487,12 +513,18 @@ fn secret_from(
     inline: Option<&str>,
     file: Option<&std::path::Path>,
     options: &str,
+    issued: bool,
 ) -> anyhow::Result<String> {
     if let Some(secret) = inline {
         return Ok(secret.to_owned());
     }
     let Some(path) = file else {
-        anyhow::bail!("a secret is required: give one of {options}");
+        anyhow::ensure!(
+            issued,
+            "a secret is required: give one of {options}, or --registry with a registry that \
+             issues keys (`rfidl-registry serve --issue-keys`)"
+        );
+        return Ok(String::new());
     };
     let text = std::fs::read_to_string(path)
         .map_err(|error| anyhow::anyhow!("cannot read secret file {}: {error}", path.display()))?;

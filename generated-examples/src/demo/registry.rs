@@ -1,7 +1,9 @@
 //! The demo's in-process registry (an `rfidl-registry` on a SQLite file and
 //! loopback HTTP): HR publishes the manifests its code was generated from,
 //! and the engine checks that the fingerprints it was compiled against are
-//! what the registry holds, before any message flows.
+//! what the registry holds, before any message flows. It issues the
+//! services' signing keys at registration (`--issue-keys`): the demo
+//! configures no secret.
 
 use std::path::Path;
 
@@ -16,8 +18,11 @@ pub struct DemoRegistry {
 }
 
 impl DemoRegistry {
-    pub async fn start(db: &Path) -> anyhow::Result<Self> {
-        let registry = Registry::open(db)?;
+    /// Serves the registry on `db`, issuing keys sealed under `key_file`
+    /// (created if missing).
+    pub async fn start(db: &Path, key_file: &Path) -> anyhow::Result<Self> {
+        let authority = rfidl_registry::keys::KeyAuthority::load_or_create(key_file)?;
+        let registry = Registry::open(db)?.issue_keys(authority)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let server = super::serve(listener, registry.router());
