@@ -350,6 +350,14 @@ impl DirectoryClient {
     async fn register_full(&self, state: &mut DirectoryState) -> Result<(), DirectoryError> {
         match self.register_answer(true).await {
             Ok(registered) => {
+                if self.issued.is_some() && registered.keys.is_none() {
+                    tracing::error!(
+                        registry = %self.config.url,
+                        "this service has no secrets configured and the registry issues no \
+                         keys: its messages wait and its receiver refuses its peers; start the \
+                         registry with --issue-keys, or configure the secrets"
+                    );
+                }
                 self.take_keys(registered.keys.as_ref());
                 let id = registered.instance_id;
                 tracing::info!(instance = %id, registry = %self.config.url, "registered with the registry");
