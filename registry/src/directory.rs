@@ -564,8 +564,7 @@ pub(crate) async fn serve_register(
         if authority.is_some() {
             crate::keys::KeyAuthority::check_owner(conn, &service, &registrant, &is_live)?;
         }
-        let mut registered =
-            register(conn, &service, &registration, &base_url, &owner, now_ms())?;
+        let mut registered = register(conn, &service, &registration, &base_url, &owner, now_ms())?;
         if let Some(authority) = &authority {
             registered.keys =
                 Some(authority.issue(conn, &service, &registrant, &is_live, now_ms())?);

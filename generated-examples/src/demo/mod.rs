@@ -24,10 +24,10 @@ use tokio_util::sync::CancellationToken;
 use rfidl_runtime::Config;
 use rfidl_runtime::config::DestinationConfig;
 use rfidl_runtime::diagnostics::Diagnostics;
-use rfidl_runtime::keys::IssuedKeys;
 use rfidl_runtime::directory::{
     DirectoryClient, DirectoryState, InterfaceRef, Registration, RegistryConfig,
 };
+use rfidl_runtime::keys::IssuedKeys;
 use rfidl_runtime::outbox::Outbox;
 use rfidl_runtime::receiver::Receiver;
 use rfidl_runtime::retention::{Retention, RetentionHandle};

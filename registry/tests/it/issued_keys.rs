@@ -309,7 +309,13 @@ fn two_services_with_issued_keys_exchange_a_signed_message_with_no_secret_config
     let fingerprint = publish(&server);
     // A heartbeat far longer than the test: HR learns the engine's key only
     // because its receiver, meeting an unknown source, asks for a renewal.
-    let hr = hr(&rt, dir.path(), &server.url, fingerprint, Duration::from_secs(600));
+    let hr = hr(
+        &rt,
+        dir.path(),
+        &server.url,
+        fingerprint,
+        Duration::from_secs(600),
+    );
     wait_until("hr has its signing key", Duration::from_secs(10), || {
         !hr.keys.snapshot().signing.is_empty()
     });
@@ -402,13 +408,16 @@ fn another_credential_cannot_obtain_a_services_keys() {
     ));
     let fingerprint = publish(&server);
     let instances = format!("{}/v1/services/hr/instances", server.url);
-    let registration = |base_url: &str| {
-        json!({"baseUrl": base_url, "hosts": [emp_v1(fingerprint)]})
-    };
+    let registration =
+        |base_url: &str| json!({"baseUrl": base_url, "hosts": [emp_v1(fingerprint)]});
     let (status, body) = post(&instances, HR_TOKEN, &registration("http://127.0.0.1:7001"));
     assert_eq!(status, 201, "{body}");
     let answer: Value = serde_json::from_str(&body).expect("json");
-    assert!(answer["keys"]["signing"][0].as_str().is_some_and(|s| s.starts_with("whsec_")));
+    assert!(
+        answer["keys"]["signing"][0]
+            .as_str()
+            .is_some_and(|s| s.starts_with("whsec_"))
+    );
     let id = answer["instanceId"].as_str().expect("id").to_owned();
 
     // The same instance, another instance of the service, a heartbeat: all
@@ -465,7 +474,10 @@ fn the_database_holds_no_plaintext_secret_and_only_its_key_file_opens_it() {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt as _;
-        let mode = std::fs::metadata(&key_file).expect("key file").permissions().mode();
+        let mode = std::fs::metadata(&key_file)
+            .expect("key file")
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
     }
     // Neither the base64 form nor the raw key bytes, in the database or
@@ -479,7 +491,9 @@ fn the_database_holds_no_plaintext_secret_and_only_its_key_file_opens_it() {
             continue;
         };
         assert!(
-            !bytes.windows(encoded.len()).any(|w| w == encoded.as_bytes()),
+            !bytes
+                .windows(encoded.len())
+                .any(|w| w == encoded.as_bytes()),
             "{} holds the secret in base64",
             file.display()
         );
@@ -503,7 +517,10 @@ fn the_database_holds_no_plaintext_secret_and_only_its_key_file_opens_it() {
         .issue_keys(authority)
         .err()
         .expect("a wrong key file is refused");
-    assert!(matches!(refused, KeyError::WrongKeyFile { .. }), "{refused}");
+    assert!(
+        matches!(refused, KeyError::WrongKeyFile { .. }),
+        "{refused}"
+    );
     let message = refused.to_string();
     assert!(message.contains("cannot decrypt"), "{message}");
     assert!(message.contains("other.key"), "{message}");
@@ -522,7 +539,13 @@ fn the_binary_refuses_to_start_with_another_key_file() {
         );
     }
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_rfidl-registry"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--issue-keys", "--key-file"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--issue-keys",
+            "--key-file",
+        ])
         .arg(dir.path().join("other.key"))
         .arg("--db")
         .arg(&db)
@@ -530,6 +553,9 @@ fn the_binary_refuses_to_start_with_another_key_file() {
         .expect("run");
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("cannot decrypt the issued keys"), "{stderr}");
+    assert!(
+        stderr.contains("cannot decrypt the issued keys"),
+        "{stderr}"
+    );
     assert!(output.stdout.is_empty(), "it never listened");
 }

@@ -206,10 +206,8 @@ impl<S: Store> DispatcherBuilder<S> {
                         name: name.clone(),
                         message,
                     })?;
-            self.routes.insert(
-                name.clone(),
-                Route { transport, secrets },
-            );
+            self.routes
+                .insert(name.clone(), Route { transport, secrets });
         }
         drop(entered);
         if let Some(error) = self.errors.pop() {
@@ -921,7 +919,9 @@ async fn send_group(state: &State, group: Group) -> GroupResult {
         ([], Some(issued)) => Some(issued.snapshot()),
         _ => None,
     };
-    let secrets = issued.as_ref().map_or(&route.secrets[..], |k| &k.signing[..]);
+    let secrets = issued
+        .as_ref()
+        .map_or(&route.secrets[..], |k| &k.signing[..]);
     if secrets.is_empty() {
         let error = format!(
             "no signing secret for destination `{destination}` yet: waiting for the registry \
