@@ -348,13 +348,13 @@ fn a_rotation_during_traffic_refuses_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rt = runtime();
     let db = dir.path().join("registry.db");
-    // A new secret every 700 ms, the old one issued 1.5 s more; services
-    // renew every 150 ms.
+    // A new secret every second, the old one issued 3 s more (room for a
+    // slow machine's late heartbeats); services renew every 150 ms.
     let server = Server::start(registry(
         &db,
         &dir.path().join("registry.key"),
-        Duration::from_millis(700),
-        Duration::from_millis(1500),
+        Duration::from_secs(1),
+        Duration::from_secs(3),
     ));
     let fingerprint = publish(&server);
     let beat = Duration::from_millis(150);
@@ -366,12 +366,15 @@ fn a_rotation_during_traffic_refuses_nothing() {
     wait_until("hr has the engine's key", Duration::from_secs(10), || {
         hr.keys.peer("engine").is_some()
     });
-    let first = engine.keys.snapshot().signing.clone();
     let sent = 120;
+    let mut most_signing = 0;
     for _ in 0..sent {
         engine.send(fingerprint);
+        most_signing = most_signing.max(engine.keys.snapshot().signing.len());
         std::thread::sleep(Duration::from_millis(30));
     }
+    // The engine signed with the old and the new secret during overlaps.
+    assert!(most_signing >= 2, "no overlap seen");
     wait_until("every message is sent", Duration::from_secs(20), || {
         engine.rows().iter().all(|(status, _)| status == "Sent")
     });
@@ -392,8 +395,10 @@ fn a_rotation_during_traffic_refuses_nothing() {
             |row| row.get(0),
         )
         .expect("keys");
-    assert!(rotated >= 4, "the engine's secret rotated {rotated} times");
-    assert!(!engine.keys.snapshot().signing.contains(&first[0]));
+    assert!(
+        rotated >= 3,
+        "the engine's secret has only {rotated} generations"
+    );
     rt.block_on(engine.dispatcher.expect("running").shutdown());
 }
 
