@@ -349,7 +349,9 @@ fn a_rotation_during_traffic_refuses_nothing() {
     let rt = runtime();
     let db = dir.path().join("registry.db");
     // A new secret every second, the old one issued 3 s more (room for a
-    // slow machine's late heartbeats); services renew every 150 ms.
+    // slow machine's late heartbeats). The receiver renews every 500 ms,
+    // the sender every 100 ms: a sender that switched to the new secret at
+    // once would be refused by a receiver that has not renewed yet.
     let server = Server::start(registry(
         &db,
         &dir.path().join("registry.key"),
@@ -357,12 +359,24 @@ fn a_rotation_during_traffic_refuses_nothing() {
         Duration::from_secs(3),
     ));
     let fingerprint = publish(&server);
-    let beat = Duration::from_millis(150);
-    let hr = hr(&rt, dir.path(), &server.url, fingerprint, beat);
+    let hr = hr(
+        &rt,
+        dir.path(),
+        &server.url,
+        fingerprint,
+        Duration::from_millis(500),
+    );
     wait_until("hr has its signing key", Duration::from_secs(10), || {
         !hr.keys.snapshot().signing.is_empty()
     });
-    let engine = engine(&rt, dir.path(), &server.url, &hr.url, fingerprint, beat);
+    let engine = engine(
+        &rt,
+        dir.path(),
+        &server.url,
+        &hr.url,
+        fingerprint,
+        Duration::from_millis(100),
+    );
     wait_until("hr has the engine's key", Duration::from_secs(10), || {
         hr.keys.peer("engine").is_some()
     });
