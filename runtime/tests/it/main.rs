@@ -9,6 +9,7 @@ mod faults;
 // The gRPC transport: the HTTP table over gRPC, byte-for-byte answers.
 mod grpc;
 mod interop;
+mod issued_keys;
 // The NATS JetStream transport against a real nats-server.
 mod nats;
 mod operations;
