@@ -275,10 +275,13 @@ impl DirectoryClient {
         if !response.status().is_success() {
             return Err(Self::refusal(response).await);
         }
-        response
-            .json()
-            .await
-            .map_err(|e| DirectoryError::Unreachable(e.to_string()))
+        // Not the decoder's message: it may quote a value, and the answer
+        // may carry secrets.
+        response.json().await.map_err(|_| {
+            DirectoryError::Unreachable(
+                "the registry's answer to the registration is not a registration answer".into(),
+            )
+        })
     }
 
     /// Renews the registration of `instance_id`; with the
@@ -307,8 +310,14 @@ impl DirectoryClient {
         if !response.status().is_success() {
             return Err(Self::refusal(response).await);
         }
-        let renewed: Renewed = response.json().await.unwrap_or_default();
-        self.take_keys(renewed.keys.as_ref());
+        match response.json::<Renewed>().await {
+            Ok(renewed) => self.take_keys(renewed.keys.as_ref()),
+            // Not the decoder's message: it may quote a secret.
+            Err(_) if self.issued.is_some() => {
+                tracing::warn!("the registry's heartbeat answer is unreadable; keeping the keys")
+            }
+            Err(_) => {}
+        }
         Ok(())
     }
 
