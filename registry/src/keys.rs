@@ -90,6 +90,8 @@ pub struct KeyAuthority {
     path: PathBuf,
     rotation: Duration,
     overlap: Duration,
+    /// The secret lifecycle commands are signed with, issued to providers.
+    command_secret: Option<Secret>,
 }
 
 impl std::fmt::Debug for KeyAuthority {
@@ -98,6 +100,7 @@ impl std::fmt::Debug for KeyAuthority {
             .field("path", &self.path)
             .field("rotation", &self.rotation)
             .field("overlap", &self.overlap)
+            .field("command_secret", &self.command_secret.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -151,7 +154,19 @@ impl KeyAuthority {
             path: path.to_path_buf(),
             rotation: DEFAULT_ROTATION,
             overlap: DEFAULT_OVERLAP,
+            command_secret: None,
         })
+    }
+
+    /// Issues `secret`, the one the registry signs its lifecycle commands
+    /// with ([`crate::commands`]), to every instance of a service that
+    /// hosts an interface version, as the secret of the source
+    /// `rfidl-registry`: providers need no `peers` entry for it. It is not
+    /// rotated (the command outbox signs with one secret).
+    #[must_use]
+    pub fn command_secret(mut self, secret: Secret) -> Self {
+        self.command_secret = Some(secret);
+        self
     }
 
     /// A new signing secret per service this often (default 7 days).
@@ -288,6 +303,19 @@ impl KeyAuthority {
         for peer in peers {
             let secrets = self.current(&tx, &peer, now_ms)?;
             wire.peers.insert(peer, secrets);
+        }
+        if let Some(secret) = &self.command_secret {
+            let hosts: bool = tx.query_row(
+                "SELECT EXISTS (SELECT 1 FROM instances i JOIN instance_interfaces ii                  ON ii.instance_id = i.instance_id WHERE i.service = ?1 AND ii.role = 'hosts')",
+                params![service],
+                |row| row.get(0),
+            )?;
+            if hosts {
+                wire.peers.insert(
+                    rfidl_runtime::lifecycle::DEFAULT_REGISTRY_SOURCE.to_owned(),
+                    vec![secret.to_whsec()],
+                );
+            }
         }
         tx.commit()?;
         Ok(wire)

@@ -249,12 +249,6 @@ async fn main() -> anyhow::Result<()> {
     for network in allow_networks {
         registry = registry.allow_network(network);
     }
-    if let (true, Some(path)) = (issue_keys, &key_file) {
-        let authority = rfidl_registry::keys::KeyAuthority::load_or_create(path)?
-            .rotation(key_rotation)
-            .overlap(key_overlap);
-        registry = registry.issue_keys(authority)?;
-    }
     // Closed by default: an open registry (no credential at all) serves
     // loopback only, as the services' diagnostics routes do.
     if registry.is_open() {
@@ -274,9 +268,11 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     let mut commands = None;
+    let mut command_key = None;
     if let Some(text) = command_secret {
         let secret = rfidl_runtime::signing::Secret::parse(&text)
             .context("the command secret is not a valid `whsec_…` secret")?;
+        command_key = Some(secret.clone());
         let path = commands_db.unwrap_or_else(|| {
             let mut path = db.clone().into_os_string();
             path.push(".commands");
@@ -286,6 +282,16 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| format!("cannot start the command outbox in {}", path.display()))?;
         registry = registry.commands(sender.clone());
         commands = Some(sender);
+    }
+    if let (true, Some(path)) = (issue_keys, &key_file) {
+        let mut authority = rfidl_registry::keys::KeyAuthority::load_or_create(path)?
+            .rotation(key_rotation)
+            .overlap(key_overlap);
+        // Providers then need no `peers.rfidl-registry` either.
+        if let Some(secret) = command_key {
+            authority = authority.command_secret(secret);
+        }
+        registry = registry.issue_keys(authority)?;
     }
     // Handlers first: a signal that comes once `listening on` is out must
     // find them in place.

@@ -578,3 +578,45 @@ fn the_binary_refuses_to_start_with_another_key_file() {
     );
     assert!(output.stdout.is_empty(), "it never listened");
 }
+
+#[test]
+fn providers_are_issued_the_registrys_command_secret() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let command = rfidl_runtime::signing::Secret::generate();
+    let authority = KeyAuthority::load_or_create(&dir.path().join("registry.key"))
+        .expect("key file")
+        .command_secret(command.clone());
+    let server = Server::start(
+        Registry::open(&dir.path().join("registry.db"))
+            .expect("open")
+            .publish_token(PUBLISH)
+            .registration_token(HR_TOKEN)
+            .registration_token(ENGINE_TOKEN)
+            .issue_keys(authority)
+            .expect("issue keys"),
+    );
+    let fingerprint = publish(&server);
+    let register = |service: &str, token: &str, body: Value| -> Value {
+        let (status, text) = post(
+            &format!("{}/v1/services/{service}/instances", server.url),
+            token,
+            &body,
+        );
+        assert_eq!(status, 201, "{text}");
+        serde_json::from_str(&text).expect("json")
+    };
+    let provider = register(
+        "hr",
+        HR_TOKEN,
+        json!({"baseUrl": "http://127.0.0.1:7001", "hosts": [emp_v1(fingerprint)]}),
+    );
+    let source = rfidl_runtime::lifecycle::DEFAULT_REGISTRY_SOURCE;
+    assert_eq!(provider["keys"]["peers"][source][0], command.to_whsec());
+    let caller = register(
+        "engine",
+        ENGINE_TOKEN,
+        json!({"baseUrl": "http://127.0.0.1:7002", "calls": [emp_v1(fingerprint)]}),
+    );
+    assert!(caller["keys"]["peers"].get(source).is_none(), "{caller}");
+    assert!(caller["keys"]["peers"].get("hr").is_some(), "{caller}");
+}
