@@ -165,9 +165,7 @@ fn normalise_base_url(text: &str) -> Result<String, ApiError> {
 }
 
 async fn json_body<T: serde::de::DeserializeOwned>(body: Body) -> Result<T, ApiError> {
-    let body: Bytes = axum::body::to_bytes(body, REGISTRATION_LIMIT)
-        .await
-        .map_err(|_| ApiError::PayloadTooLarge)?;
+    let body: Bytes = crate::read_body(body, REGISTRATION_LIMIT).await?;
     serde_json::from_slice(&body).map_err(|e| ApiError::InvalidRegistration(e.to_string()))
 }
 
@@ -610,9 +608,7 @@ pub(crate) async fn serve_heartbeat(
 ) -> Result<Response, ApiError> {
     let registrant = shared.credentials.registrant(&headers)?;
     check_service(&service)?;
-    let body: Bytes = axum::body::to_bytes(body, HEARTBEAT_LIMIT)
-        .await
-        .map_err(|_| ApiError::PayloadTooLarge)?;
+    let body: Bytes = crate::read_body(body, HEARTBEAT_LIMIT).await?;
     let beat: Heartbeat = if body.iter().all(u8::is_ascii_whitespace) {
         Heartbeat::default()
     } else {

@@ -99,6 +99,10 @@ pub enum ApiError {
     PayloadTooLarge,
     #[error("{0}")]
     BadRequest(String),
+    /// 408 `body_timeout`: the body did not arrive within the server's body
+    /// read timeout.
+    #[error("the request body did not arrive in time")]
+    BodyTimeout,
     #[error("the body is not a manifest: {0}")]
     InvalidManifest(String),
     #[error("the path names {path}, the manifest is {manifest}")]
@@ -152,6 +156,7 @@ impl ApiError {
             ApiError::NetworkNotAllowed(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::InvalidManifest(_)
             | ApiError::PathMismatch { .. }
             | ApiError::FingerprintMismatch { .. }
@@ -180,6 +185,7 @@ impl ApiError {
             ApiError::NetworkNotAllowed(_) => "network_not_allowed",
             ApiError::PayloadTooLarge => "payload_too_large",
             ApiError::BadRequest(_) => "bad_request",
+            ApiError::BodyTimeout => "body_timeout",
             ApiError::InvalidManifest(_) => "invalid_manifest",
             ApiError::PathMismatch { .. } => "path_mismatch",
             ApiError::FingerprintMismatch { .. } => "fingerprint_mismatch",
@@ -679,14 +685,29 @@ async fn publish(
 /// (`POST /v1/compatibility/…`) makes the same ones. Messages never echo a
 /// hostile value in full (serde quotes what it could not read; names can be
 /// a megabyte long).
+/// Reads a request body of at most `limit` bytes: 413 over it, 408
+/// `body_timeout` when it does not arrive within the server's body read
+/// timeout (`rfidl_runtime::serve`), 400 when the connection fails.
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    use http_body_util::BodyExt as _;
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            Err(ApiError::PayloadTooLarge)
+        }
+        Err(error) if rfidl_runtime::serve::is_body_timeout(&*error) => Err(ApiError::BodyTimeout),
+        Err(error) => Err(ApiError::BadRequest(format!(
+            "cannot read the request body: {error}"
+        ))),
+    }
+}
+
 pub(crate) async fn verified_manifest(
     interface: &str,
     version: &str,
     body: Body,
 ) -> Result<Manifest, ApiError> {
-    let body: Bytes = axum::body::to_bytes(body, BODY_LIMIT)
-        .await
-        .map_err(|_| ApiError::PayloadTooLarge)?;
+    let body = read_body(body, BODY_LIMIT).await?;
     let version = version_of(version)?;
     let manifest: Manifest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::InvalidManifest(cut(&e.to_string())))?;

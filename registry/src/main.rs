@@ -101,6 +101,24 @@ enum Command {
         /// finish before the process exits anyway, in seconds.
         #[arg(long, env = "RFIDL_REGISTRY_SHUTDOWN_GRACE", default_value_t = 10)]
         shutdown_grace: u64,
+        /// How long a client may take to send a request's headers (a
+        /// duration); slower connections are closed.
+        #[arg(
+            long,
+            env = "RFIDL_REGISTRY_HEADER_READ_TIMEOUT",
+            default_value = "10s",
+            value_parser = parse_read_timeout
+        )]
+        header_read_timeout: Duration,
+        /// How long a client may take to send a request's body after its
+        /// headers (a duration); slower ones are refused and closed.
+        #[arg(
+            long,
+            env = "RFIDL_REGISTRY_BODY_READ_TIMEOUT",
+            default_value = "30s",
+            value_parser = parse_read_timeout
+        )]
+        body_read_timeout: Duration,
         /// How often the health aggregator polls every registered
         /// instance's /_rf/health (a duration: `2s`, `1m`, `500ms`).
         #[arg(
@@ -130,6 +148,15 @@ enum Command {
         #[arg(long, env = "RFIDL_REGISTRY_COMMANDS_DB")]
         commands_db: Option<PathBuf>,
     },
+}
+
+/// A read timeout: a duration from 100 ms to 10 minutes.
+fn parse_read_timeout(text: &str) -> Result<Duration, String> {
+    let timeout = rfidl_runtime::duration::parse_duration(text).map_err(|e| e.to_string())?;
+    if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&timeout) {
+        return Err(format!("`{text}` is out of range; give 100ms to 10m"));
+    }
+    Ok(timeout)
 }
 
 /// A health interval: a duration of at least 100 ms.
@@ -165,6 +192,8 @@ async fn main() -> anyhow::Result<()> {
         allow_networks,
         registrations_per_minute,
         shutdown_grace,
+        header_read_timeout,
+        body_read_timeout,
         health_interval,
         command_secret,
         command_secret_file,
@@ -269,6 +298,8 @@ async fn main() -> anyhow::Result<()> {
         // rfidl_runtime::serve: header and body read timeouts, which
         // axum::serve lacks (a client trickling bytes holds no connection).
         rfidl_runtime::serve(listener, registry.router())
+            .header_read_timeout(header_read_timeout)
+            .body_read_timeout(body_read_timeout)
             .with_graceful_shutdown(async move {
                 let _ = on_signal.wait_for(|s| *s).await;
             })
