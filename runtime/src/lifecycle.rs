@@ -199,7 +199,11 @@ impl Lifecycle {
 
     /// The instance id commands must name, once known.
     pub fn instance(&self) -> Option<String> {
-        self.inner.instance.read().ok().and_then(|slot| slot.clone())
+        self.inner
+            .instance
+            .read()
+            .ok()
+            .and_then(|slot| slot.clone())
     }
 
     /// Whether `interface` `version` is decommissioned. One read lock and

@@ -374,7 +374,12 @@ impl Cache {
     /// When the cached manifest was fetched (its file's modification time:
     /// a cache file is written once); `None` when it is not cached or the
     /// file system does not say.
-    pub fn fetched_at(&self, interface: &str, version: u32, fingerprint: &str) -> Option<std::time::SystemTime> {
+    pub fn fetched_at(
+        &self,
+        interface: &str,
+        version: u32,
+        fingerprint: &str,
+    ) -> Option<std::time::SystemTime> {
         let path = self.path_of(interface, version, fingerprint).ok()?;
         std::fs::metadata(path).ok()?.modified().ok()
     }

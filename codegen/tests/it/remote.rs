@@ -386,7 +386,12 @@ fn offline_each_cached_copy_is_named_with_its_age_and_the_registry_is_asked_once
     let checked = freshness::check(&remotes, &lock, &cache, &down, now);
     assert!(!checked.reachable);
     assert_eq!(down.asked.get(), 1, "asked once, not once per interface");
-    assert_eq!(checked.warnings.len(), remotes.len(), "{:?}", checked.warnings);
+    assert_eq!(
+        checked.warnings.len(),
+        remotes.len(),
+        "{:?}",
+        checked.warnings
+    );
     assert!(
         checked.warnings.contains(&format!(
             "using the cached copy of shop.orders.OrderService v1 ({}) fetched 3 days ago; the \

@@ -12,7 +12,7 @@ use rfidl_codegen::cli::{self, DiagnosticFormat, Outcome, Report};
 use rfidl_codegen::registry::Remote;
 use rfidl_registry::Registry;
 use rfidl_registry::commands::CommandSender;
-use rfidl_runtime::directory::{DirectoryClient, InterfaceRef, RegistryConfig, Registration};
+use rfidl_runtime::directory::{DirectoryClient, InterfaceRef, Registration, RegistryConfig};
 use rfidl_runtime::lifecycle::{self, HELD_DUE_MS};
 use rfidl_runtime::outbox::{Outbox, OutgoingMessage};
 use rfidl_runtime::receiver::{

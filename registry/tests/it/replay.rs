@@ -82,8 +82,8 @@ async fn fake_receive(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: B
     }
     match request.body(body).send().await {
         Ok(answer) => {
-            let status = StatusCode::from_u16(answer.status().as_u16())
-                .unwrap_or(StatusCode::BAD_GATEWAY);
+            let status =
+                StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
             (status, answer.bytes().await.unwrap_or_default()).into_response()
         }
         Err(_) => StatusCode::BAD_GATEWAY.into_response(),
@@ -294,10 +294,7 @@ fn a_command_captured_by_a_fake_instance_or_delivered_late_is_refused() {
     });
     for (endpoint, _, error) in commands_to(&commands_db, &fake_url) {
         let error = error.unwrap_or_default();
-        assert!(
-            error.starts_with("422 wrong_target"),
-            "{endpoint}: {error}"
-        );
+        assert!(error.starts_with("422 wrong_target"), "{endpoint}: {error}");
     }
     let captured = fake.captured.lock().expect("lock").clone();
     let decommissions: Vec<&Captured> = captured
