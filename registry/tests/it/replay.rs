@@ -316,3 +316,50 @@ fn a_command_captured_by_a_fake_instance_or_delivered_late_is_refused() {
     drop(server);
     rt.block_on(commands.shutdown());
 }
+
+/// The generation is stored in the registry's database: it grows with
+/// every change, across a restart, and also after the database went back
+/// to an older state (a restore from a backup), so a provider never sees a
+/// new command as older than one it applied.
+#[test]
+fn the_generation_is_stored_and_only_grows() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("registry.db");
+    let v1 = schema_manifest(INTERFACE, 1);
+    let change = |server: &Server, method: reqwest::Method| -> u64 {
+        let path = format!("{}/v1/decommissioned/{INTERFACE}/v1", server.url);
+        let (status, answer) = send(method, &path, None);
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["commandsSentTo"], Value::Null, "no command secret");
+        answer["generation"].as_u64().expect("generation")
+    };
+    let server = Server::on_file(&db);
+    assert_eq!(
+        put(&server.url, &manifest_path(&v1), v1.to_pretty_json(), None).0,
+        201
+    );
+    let first = change(&server, reqwest::Method::PUT);
+    let repeated = change(&server, reqwest::Method::PUT);
+    assert!(repeated > first, "{first} {repeated}");
+    drop(server);
+
+    let server = Server::on_file(&db);
+    let after_restart = change(&server, reqwest::Method::DELETE);
+    assert!(after_restart > repeated, "{repeated} {after_restart}");
+    drop(server);
+
+    // An older copy of the database: the stored generation went back. (The
+    // next one is taken from the clock; a few ms pass first, so the test
+    // does not depend on the restart's speed.)
+    std::thread::sleep(Duration::from_millis(10));
+    rusqlite::Connection::open(&db)
+        .expect("open")
+        .execute("UPDATE lifecycle_generations SET generation = 1", [])
+        .expect("roll back");
+    let server = Server::on_file(&db);
+    let after_restore = change(&server, reqwest::Method::PUT);
+    assert!(
+        after_restore > after_restart,
+        "{after_restart} {after_restore}"
+    );
+}
