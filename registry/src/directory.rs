@@ -558,7 +558,9 @@ pub(crate) async fn serve_register(
             if crate::decommission::decommissioned_at(conn, &hosted.interface, hosted.version)?
                 .is_some()
             {
-                retired.push((hosted.interface.clone(), hosted.version));
+                let generation =
+                    crate::decommission::generation(conn, &hosted.interface, hosted.version)?;
+                retired.push((hosted.interface.clone(), hosted.version, generation));
             }
         }
         Ok((registered, retired))
@@ -566,12 +568,17 @@ pub(crate) async fn serve_register(
     .await?;
     let (registered, retired) = registered;
     if let Some(commands) = &shared.commands {
-        for (interface, version) in &retired {
+        let target = crate::commands::Target {
+            instance_id: registered.instance_id.clone(),
+            base_url: registered.base_url.clone(),
+        };
+        for (interface, version, generation) in &retired {
             commands
                 .send(
-                    std::slice::from_ref(&registered.base_url),
+                    std::slice::from_ref(&target),
                     interface,
                     *version,
+                    *generation,
                     rfidl_runtime::lifecycle::Command::Decommission,
                 )
                 .await

@@ -89,6 +89,20 @@ pub const MIGRATIONS: &[&str] = &[
         registration_digest  TEXT NOT NULL   -- sha256:… of hosts, calls, diagnostics token
     ) STRICT;
 "#,
+    // 5: the generation of each interface version's lifecycle
+    // (`crate::decommission`): it grows with every decommission and
+    // re-commission, and every command carries it, so a provider refuses
+    // an older command. Versions decommissioned before start at 1.
+    r#"
+    CREATE TABLE lifecycle_generations (
+        interface   TEXT NOT NULL,
+        version     INTEGER NOT NULL,
+        generation  INTEGER NOT NULL,
+        PRIMARY KEY (interface, version)
+    ) STRICT;
+    INSERT INTO lifecycle_generations (interface, version, generation)
+        SELECT interface, version, 1 FROM decommissioned;
+"#,
 ];
 
 /// How long a statement waits for another writer before giving up.

@@ -304,6 +304,20 @@ pub const MIGRATIONS: &[&str] = &[
         r#";
     "#
     ),
+    // 7: the last lifecycle command applied per interface version
+    //    (`crate::lifecycle`): the registry's generation and which command,
+    //    so that a command older than the state held (a replay, a late
+    //    retry) is refused (`stale_command`), also after a restart.
+    r#"
+    CREATE TABLE rf_lifecycle_applied (
+        interface   TEXT NOT NULL,
+        version     INTEGER NOT NULL,
+        generation  INTEGER NOT NULL,
+        command     TEXT NOT NULL,
+        applied_at  INTEGER NOT NULL,
+        PRIMARY KEY (interface, version)
+    ) STRICT;
+    "#,
 ];
 
 /// The `seq` (rowid) of an outbox row whose `message_id` is `message_id`:

@@ -133,6 +133,8 @@ pub struct DirectoryClient {
     config: RegistryConfig,
     registration: Registration,
     http: reqwest::Client,
+    /// Bound to the instance id of every accepted registration.
+    lifecycle: Option<crate::lifecycle::Lifecycle>,
 }
 
 #[derive(Deserialize)]
@@ -170,7 +172,17 @@ impl DirectoryClient {
             config,
             registration,
             http,
+            lifecycle: None,
         }
+    }
+
+    /// Binds `lifecycle` (the set the receiver's lifecycle commands update)
+    /// to the instance id of every accepted registration, so that the
+    /// registry's commands addressed to another instance are refused
+    /// ([`crate::lifecycle`]).
+    pub fn lifecycle(mut self, lifecycle: &crate::lifecycle::Lifecycle) -> Self {
+        self.lifecycle = Some(lifecycle.clone());
+        self
     }
 
     fn base(&self) -> &str {
@@ -227,10 +239,14 @@ impl DirectoryClient {
         if !response.status().is_success() {
             return Err(Self::refusal(response).await);
         }
-        response
+        let registered: Registered = response
             .json()
             .await
-            .map_err(|e| DirectoryError::Unreachable(e.to_string()))
+            .map_err(|e| DirectoryError::Unreachable(e.to_string()))?;
+        if let Some(lifecycle) = &self.lifecycle {
+            lifecycle.bind_instance(registered.instance_id.clone());
+        }
+        Ok(registered)
     }
 
     /// Renews the registration of `instance_id`; with the

@@ -219,12 +219,13 @@ impl HrService {
         let broker =
             super::broker::Broker::start(settings, &config, ENGINE, &receiver, |answers| answers)?;
         // HR provides EmpService (the engine's commands land here).
-        let directory = super::register(
+        let directory = super::register_provider(
             &config,
             &url,
             settings.ops_token.as_deref(),
             super::emp_service_versions(),
             Vec::new(),
+            Some(outbox.lifecycle()),
         );
         Ok(Self {
             db: settings.db.clone(),

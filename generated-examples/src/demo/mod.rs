@@ -123,8 +123,22 @@ pub fn register(
     hosts: Vec<InterfaceRef>,
     calls: Vec<InterfaceRef>,
 ) -> Option<Directory> {
+    register_provider(config, base_url, ops_token, hosts, calls, None)
+}
+
+/// [`register`], binding `lifecycle` (the receiver's lifecycle commands)
+/// to the instance id the registry assigns, so that a command addressed to
+/// another instance is refused.
+pub fn register_provider(
+    config: &Config,
+    base_url: &str,
+    ops_token: Option<&str>,
+    hosts: Vec<InterfaceRef>,
+    calls: Vec<InterfaceRef>,
+    lifecycle: Option<&rfidl_runtime::lifecycle::Lifecycle>,
+) -> Option<Directory> {
     let registry = config.registry.clone()?;
-    let client = DirectoryClient::new(
+    let mut client = DirectoryClient::new(
         registry,
         Registration {
             service_id: config.service_id.clone(),
@@ -134,6 +148,9 @@ pub fn register(
             diagnostics_token: ops_token.map(str::to_owned),
         },
     );
+    if let Some(lifecycle) = lifecycle {
+        client = client.lifecycle(lifecycle);
+    }
     let (task, state) = client.spawn();
     Some(Directory { task, state })
 }

@@ -14,6 +14,7 @@ mod deploy_check;
 mod directory;
 mod hostile;
 mod process;
+mod replay;
 mod routes;
 mod signals;
 mod support;

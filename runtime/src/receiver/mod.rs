@@ -223,12 +223,15 @@ impl<S: Store> ReceiverBuilder<S> {
         self
     }
 
-    /// Hosts the control interface `rfidl.control.Lifecycle` v1 (commands
+    /// Hosts the control interface `rfidl.control.Lifecycle` v2 (commands
     /// from the registry's source id [`crate::lifecycle::DEFAULT_REGISTRY_SOURCE`]
     /// only; configure a `peers` secret for it) and answers the routes of
     /// every version in `lifecycle` 410 `version_decommissioned`. Pass the
     /// outbox's set ([`Outbox::lifecycle`](crate::outbox::Outbox::lifecycle))
-    /// so that its dispatcher holds what the commands decommission.
+    /// so that its dispatcher holds what the commands decommission, and
+    /// bind it to this instance's id when it registers
+    /// ([`DirectoryClient::lifecycle`](crate::directory::DirectoryClient::lifecycle)):
+    /// a command addressed to another instance is refused.
     pub fn lifecycle(self, lifecycle: &crate::lifecycle::Lifecycle) -> Self
     where
         crate::lifecycle::LifecycleService: HostedService<S>,
