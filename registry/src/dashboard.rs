@@ -160,7 +160,12 @@ fn sparkline(
     for point in points {
         let Some(depth) = point.depth else { continue };
         // A margin of the end dot's radius, so it is never clipped.
-        let fraction = ((point.at_ms - since_ms) as f64 / span).clamp(0.0, 1.0);
+        // A lone point is the latest: drawn at the right end.
+        let fraction = if until_ms > since_ms {
+            ((point.at_ms - since_ms) as f64 / span).clamp(0.0, 1.0)
+        } else {
+            1.0
+        };
         let x = SPARK_MARGIN + fraction * (SPARK_WIDTH - 2.0 * SPARK_MARGIN);
         let y =
             SPARK_HEIGHT - SPARK_MARGIN - depth as f64 / max * (SPARK_HEIGHT - 2.0 * SPARK_MARGIN);

@@ -143,3 +143,61 @@ pub fn log_change(target: &Target, previous: Option<&str>, check: &Check) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregator::{RemoteHealth, RemoteOutbox, judge, last_health, record};
+
+    fn check(status: &str, pending: u64) -> Check {
+        judge(Ok(RemoteHealth {
+            status: status.to_owned(),
+            reasons: Vec::new(),
+            outbox: RemoteOutbox {
+                pending,
+                ..RemoteOutbox::default()
+            },
+        }))
+    }
+
+    #[test]
+    fn checks_roll_up_into_buckets_of_the_highest_depth_and_the_worst_colour() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conn = crate::store::open(&dir.path().join("r.db")).expect("open");
+        conn.execute(
+            "INSERT INTO instances (instance_id, service, base_url, registered_at, last_seen_at) \
+             VALUES ('a', 's', 'http://x', 0, 0)",
+            [],
+        )
+        .expect("instance");
+        let width = BUCKET.as_millis() as i64;
+        let start = 1_000 * width;
+        let minute = 60_000;
+        assert_eq!(record(&conn, "a", &check("healthy", 5), start).expect("1"), None);
+        let previous = record(&conn, "a", &check("warning", 70), start + minute).expect("2");
+        assert_eq!(previous.as_deref(), Some("healthy"));
+        let unreachable = judge(Err("connection refused".into()));
+        record(&conn, "a", &unreachable, start + 2 * minute).expect("3");
+        record(&conn, "a", &check("healthy", 2), start + width + minute).expect("4");
+        let points = sparkline_points(&conn, "a", start - 1).expect("points");
+        let seen: Vec<(i64, Option<u64>, &str)> = points
+            .iter()
+            .map(|p| (p.at_ms, p.depth, p.colour.as_str()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (start, Some(70), "critical"),
+                (start + width, Some(2), "healthy")
+            ]
+        );
+        // The latest check is one row.
+        let last = last_health(&conn, "a").expect("read").expect("some");
+        assert_eq!((last.status.as_str(), last.outbox_depth), ("healthy", Some(2)));
+        // Buckets older than the retention go.
+        let later = start + RETENTION.as_millis() as i64 + 3 * width;
+        record(&conn, "a", &check("healthy", 1), later).expect("5");
+        let left = sparkline_points(&conn, "a", 0).expect("points");
+        assert_eq!(left.len(), 1, "{left:?}");
+    }
+}

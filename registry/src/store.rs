@@ -103,10 +103,11 @@ pub const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (instance_id, bucket)
     ) STRICT, WITHOUT ROWID;
     INSERT INTO instance_health
-        SELECT instance_id, checked_at, colour, reported, depth, dead_letter, attention,
-               oldest_pending_age_ms, reasons
+        SELECT h.instance_id, h.checked_at, h.colour, h.reported, h.depth, h.dead_letter,
+               h.attention, h.oldest_pending_age_ms, h.reasons
           FROM health_checks h
-         WHERE id = (SELECT MAX(id) FROM health_checks WHERE instance_id = h.instance_id);
+          JOIN (SELECT MAX(id) AS id FROM health_checks GROUP BY instance_id) latest
+            ON latest.id = h.id;
     INSERT INTO health_buckets
         SELECT instance_id, checked_at - checked_at % 300000, MAX(depth),
                MAX(CASE colour WHEN 'healthy' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END)

@@ -370,15 +370,11 @@ fn services_made_healthy_warning_and_critical_show_their_colours() {
         cell(row(&dom, "ledger"), "num oldest").starts_with("15"),
         "150 s"
     );
-    // Three reachable checks make a three-point line that rises (SVG y
-    // grows downwards) with the backlog.
+    // The three checks fall in one 5-minute bucket: one point, at the
+    // top (the highest depth of the bucket); the dot has the colour.
     let points = attribute(row(&dom, "ledger"), "points");
-    let ys: Vec<f64> = points
-        .split(' ')
-        .map(|p| p.split_once(',').expect("x,y").1.parse().expect("y"))
-        .collect();
-    assert_eq!(ys.len(), 3, "{points}");
-    assert!(ys[0] > ys[1] && ys[1] > ys[2], "{points}");
+    assert_eq!(points, "157.0,3.0", "{points}");
+    assert!(row(&dom, "ledger").contains("fill=\"#f9a825\""), "warning dot");
     assert!(dom.contains("id=\"count-critical\""), "summary");
     assert!(dom.contains("critical: <b>3</b>"), "summary counts");
     assert!(dom.contains("healthy: <b>1</b>"));

@@ -11,6 +11,7 @@ mod decommission;
 mod deploy_check;
 mod directory;
 mod hostile;
+mod liveness;
 mod process;
 mod routes;
 mod signals;
