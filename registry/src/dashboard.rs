@@ -252,7 +252,7 @@ fn instance_rows(
     ))?;
     let now = at.now_ms;
     let number = |v: Option<i64>| v.map_or_else(|| "–".to_owned(), |v| v.to_string());
-    let listed = statement
+    let mut rows = statement
         .query_map(
             params![
                 service,
@@ -295,7 +295,6 @@ fn instance_rows(
             },
         )?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let mut rows = listed;
     for row in &mut rows {
         let points = rollup::sparkline_points(conn, &row.instance_id, since)?;
         (row.spark_points, row.spark_last) = sparkline(&points, since, now);

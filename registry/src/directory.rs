@@ -7,8 +7,9 @@
 //! instance registers again under the same id. A registration replaces the
 //! instance's interface lists (one `IMMEDIATE` transaction) and is refused,
 //! with nothing stored, when it hosts a version or revision that is not
-//! published (422 `unknown_interface`) or calls one that no registered
-//! provider hosts in the locked or a later revision (409
+//! published (422 `unknown_interface`) or calls one that no active
+//! registered provider ([`crate::liveness`]) hosts in the locked or a later
+//! revision (409
 //! `unsatisfied_dependencies`, the manifest scan; `POST /v1/deploy-check`
 //! runs the same scan without registering).
 
