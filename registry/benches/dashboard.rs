@@ -39,7 +39,7 @@ fn main() {
     let started = Instant::now();
     let registry = Registry::open(&path).expect("open and migrate");
     println!(
-        "{:<58} {:>16}",
+        "{:<66} {:>16}",
         "open + migration 4 (fills the pre-aggregated tables)",
         format!("{:.1} s", started.elapsed().as_secs_f64())
     );
@@ -58,7 +58,7 @@ fn main() {
         axum::serve(listener, router).await.expect("serve");
     });
     let client = reqwest::blocking::Client::new();
-    println!("{:<58} {:>16}", "figure", "value");
+    println!("{:<66} {:>16}", "figure", "value");
     for (label, path) in [
         ("GET / (totals, 100 services, first 50 instances)", "/"),
         ("GET /?service=svc-042 (one service's 50 instances)", "/?service=svc-042"),
@@ -71,7 +71,7 @@ fn main() {
             bytes = response.text().expect("body").len();
         });
         report(&format!("{label}: p50 / p99"), &times);
-        println!("{:<58} {:>16}", "  page size", format!("{} KiB", bytes / 1024));
+        println!("{:<66} {:>16}", "  page size", format!("{} KiB", bytes / 1024));
     }
     server.abort();
 
@@ -193,7 +193,7 @@ fn latencies(n: usize, mut run: impl FnMut()) -> Vec<Duration> {
 fn report(label: &str, sorted: &[Duration]) {
     let at = |q: f64| sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)];
     println!(
-        "{label:<58} {:>16}",
+        "{label:<66} {:>16}",
         format!(
             "{:.1} / {:.1} ms",
             at(0.50).as_secs_f64() * 1000.0,
