@@ -61,8 +61,14 @@ fn main() {
     println!("{:<66} {:>16}", "figure", "value");
     for (label, path) in [
         ("GET / (totals, 100 services, first 50 instances)", "/"),
-        ("GET /?service=svc-042 (one service's 50 instances)", "/?service=svc-042"),
-        ("GET /?page=60&hours=24 (a later page, 24 h sparklines)", "/?page=60&hours=24"),
+        (
+            "GET /?service=svc-042 (one service's 50 instances)",
+            "/?service=svc-042",
+        ),
+        (
+            "GET /?page=60&hours=24 (a later page, 24 h sparklines)",
+            "/?page=60&hours=24",
+        ),
     ] {
         let mut bytes = 0;
         let times = latencies(REQUESTS, || {
@@ -71,7 +77,11 @@ fn main() {
             bytes = response.text().expect("body").len();
         });
         report(&format!("{label}: p50 / p99"), &times);
-        println!("{:<66} {:>16}", "  page size", format!("{} KiB", bytes / 1024));
+        println!(
+            "{:<66} {:>16}",
+            "  page size",
+            format!("{} KiB", bytes / 1024)
+        );
     }
     server.abort();
 
@@ -96,7 +106,10 @@ fn main() {
             rfidl_registry::aggregator::history(&conn, id, since).expect("history");
         }
     });
-    report("raw-history queries of the old page, 5,000 instances: p50 / max", &times);
+    report(
+        "raw-history queries of the old page, 5,000 instances: p50 / max",
+        &times,
+    );
 }
 
 /// The history of 5,000 instances at schema version 3; returns its rows.

@@ -132,9 +132,7 @@ fn parse_page(text: Option<&str>) -> Result<usize, ApiError> {
         .ok()
         .filter(|p| *p >= 1)
         .map(|p| p as usize)
-        .ok_or_else(|| {
-            ApiError::BadRequest(format!("`page={text}` is not a page number from 1"))
-        })
+        .ok_or_else(|| ApiError::BadRequest(format!("`page={text}` is not a page number from 1")))
 }
 
 /// The polyline points (`x,y …`) of `points` from the first to the last
@@ -254,11 +252,7 @@ fn instance_rows(
     let number = |v: Option<i64>| v.map_or_else(|| "–".to_owned(), |v| v.to_string());
     let mut rows = statement
         .query_map(
-            params![
-                service,
-                PAGE_SIZE as i64,
-                ((page - 1) * PAGE_SIZE) as i64
-            ],
+            params![service, PAGE_SIZE as i64, ((page - 1) * PAGE_SIZE) as i64],
             |row| {
                 let colour: Option<String> = row.get(5)?;
                 let gone: bool = row.get(4)?;
@@ -286,8 +280,7 @@ fn instance_rows(
                         .map_or_else(|| "–".to_owned(), |ms| format!("{} s", ms / 1000)),
                     dead_letters: number(row.get(8)?),
                     last_seen: ago(now, row.get(3)?),
-                    checked: checked
-                        .map_or_else(|| "not yet".to_owned(), crate::store::rfc3339),
+                    checked: checked.map_or_else(|| "not yet".to_owned(), crate::store::rfc3339),
                     reasons: reasons.join("; "),
                     spark_points: String::new(),
                     spark_last: None,

@@ -329,7 +329,13 @@ fn seen(
 }
 
 /// Logs, once, that an instance that was gone is back.
-fn log_return(service: &str, instance: &str, last_seen: i64, heartbeat_ms: Option<i64>, at: &ActiveAt) {
+fn log_return(
+    service: &str,
+    instance: &str,
+    last_seen: i64,
+    heartbeat_ms: Option<i64>,
+    at: &ActiveAt,
+) {
     if !at.is_active(last_seen, heartbeat_ms) {
         tracing::info!(
             %service,

@@ -76,7 +76,10 @@ impl ActiveAt {
     /// every `heartbeat_ms` (if it said), is active.
     pub fn is_active(&self, last_seen_ms: i64, heartbeat_ms: Option<i64>) -> bool {
         let interval = heartbeat_ms.unwrap_or(self.default_ms);
-        last_seen_ms >= self.now_ms.saturating_sub(self.missed.saturating_mul(interval))
+        last_seen_ms
+            >= self
+                .now_ms
+                .saturating_sub(self.missed.saturating_mul(interval))
     }
 }
 

@@ -173,7 +173,10 @@ mod tests {
         let width = BUCKET.as_millis() as i64;
         let start = 1_000 * width;
         let minute = 60_000;
-        assert_eq!(record(&conn, "a", &check("healthy", 5), start).expect("1"), None);
+        assert_eq!(
+            record(&conn, "a", &check("healthy", 5), start).expect("1"),
+            None
+        );
         let previous = record(&conn, "a", &check("warning", 70), start + minute).expect("2");
         assert_eq!(previous.as_deref(), Some("healthy"));
         let unreachable = judge(Err("connection refused".into()));
@@ -193,7 +196,10 @@ mod tests {
         );
         // The latest check is one row.
         let last = last_health(&conn, "a").expect("read").expect("some");
-        assert_eq!((last.status.as_str(), last.outbox_depth), ("healthy", Some(2)));
+        assert_eq!(
+            (last.status.as_str(), last.outbox_depth),
+            ("healthy", Some(2))
+        );
         // Buckets older than the retention go.
         let later = start + RETENTION.as_millis() as i64 + 3 * width;
         record(&conn, "a", &check("healthy", 1), later).expect("5");

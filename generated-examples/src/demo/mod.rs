@@ -77,7 +77,10 @@ pub struct Settings {
 impl std::fmt::Debug for Settings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Settings")
-            .field("registry_publish_token", &self.registry_publish_token.is_some())
+            .field(
+                "registry_publish_token",
+                &self.registry_publish_token.is_some(),
+            )
             .field("service_id", &self.service_id)
             .field("listen", &self.listen)
             .field("grpc_listen", &self.grpc_listen)

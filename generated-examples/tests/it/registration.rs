@@ -34,7 +34,12 @@ fn registry(runtime: &tokio::runtime::Runtime, db: &Path, token: Option<&str>) -
 /// no `RUST_LOG`: the default filter.
 fn hr_service(dir: &Path, registry: &str, extra: &[&str], stderr: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_hr-service"))
-        .args(["--listen", "127.0.0.1:0", "--peer-url", "http://127.0.0.1:9"])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--peer-url",
+            "http://127.0.0.1:9",
+        ])
         .arg("--db")
         .arg(dir.join("hr.db"))
         .args(["--registry", registry])
@@ -107,14 +112,20 @@ fn with_the_publish_token_a_service_publishes_what_it_hosts_and_registers() {
     stop(child);
     let interfaces = get(&runtime, &format!("{url}/v1/interfaces"));
     let versions = &interfaces["interfaces"][0];
-    assert_eq!(versions["interface"], "hr.employees.EmpService", "{interfaces}");
+    assert_eq!(
+        versions["interface"], "hr.employees.EmpService",
+        "{interfaces}"
+    );
     assert_eq!(versions["versions"].as_array().map(Vec::len), Some(2));
     let listed = get(&runtime, &format!("{url}/v1/services"));
     let hosts = &listed["services"][0]["instances"][0]["hosts"];
     assert_eq!(hosts.as_array().map(Vec::len), Some(2), "{listed}");
     let log = std::fs::read_to_string(&stderr).expect("stderr");
     assert!(log.contains("registered with the registry"), "{log}");
-    assert!(!log.contains("pub-t0ken"), "the token is never logged: {log}");
+    assert!(
+        !log.contains("pub-t0ken"),
+        "the token is never logged: {log}"
+    );
 }
 
 #[test]

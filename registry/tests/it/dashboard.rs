@@ -376,7 +376,10 @@ fn services_made_healthy_warning_and_critical_show_their_colours() {
     let points = attribute(row(&dom, "ledger"), "points");
     assert!(points.split(' ').count() <= 2, "{points}");
     assert!(points.ends_with("157.0,3.0"), "{points}");
-    assert!(row(&dom, "ledger").contains("fill=\"#f9a825\""), "warning dot");
+    assert!(
+        row(&dom, "ledger").contains("fill=\"#f9a825\""),
+        "warning dot"
+    );
     assert!(dom.contains("id=\"count-critical\""), "summary");
     assert!(dom.contains("critical: <b>3</b>"), "summary counts");
     assert!(dom.contains("healthy: <b>1</b>"));

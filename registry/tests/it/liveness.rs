@@ -119,7 +119,10 @@ fn a_provider_that_stops_heartbeating_is_gone_after_n_intervals_and_counts_again
         .expect("get")
         .json()
         .expect("json");
-    assert_eq!(listed["services"][0]["instances"][0]["gone"], true, "{listed}");
+    assert_eq!(
+        listed["services"][0]["instances"][0]["gone"], true,
+        "{listed}"
+    );
     let page = dashboard(&server);
     assert!(page.contains("gone: <b>1</b>"), "{page}");
     assert!(page.contains("unknown: <b>0</b>"), "{page}");
@@ -173,7 +176,13 @@ fn without_its_own_interval_an_instance_goes_by_the_registrys() {
 fn a_heartbeat_interval_out_of_range_is_422() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = Server::on_file(&dir.path().join("registry.db"));
-    for odd in [json!(0), json!(99), json!(3_600_001), json!(-1), json!("1s")] {
+    for odd in [
+        json!(0),
+        json!(99),
+        json!(3_600_001),
+        json!(-1),
+        json!("1s"),
+    ] {
         let (status, answer) = post(
             &format!("{}/v1/services/hr/instances", server.url),
             &json!({"baseUrl": "http://127.0.0.1:9", "heartbeatMs": odd}),
@@ -241,5 +250,8 @@ fn the_aggregator_logs_each_change_once_not_each_poll() {
         .count();
     assert_eq!(down, 1, "{log}");
     assert_eq!(count("instance gone"), 1, "{log}");
-    assert!(log.contains("colour=\"critical\"") || log.contains("colour=critical"), "{log}");
+    assert!(
+        log.contains("colour=\"critical\"") || log.contains("colour=critical"),
+        "{log}"
+    );
 }
