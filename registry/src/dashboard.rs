@@ -30,6 +30,8 @@ pub const MAX_HOURS: u32 = 48;
 /// Instances per page.
 pub const PAGE_SIZE: usize = 50;
 const SPARK_WIDTH: f64 = 160.0;
+/// Most points drawn in one sparkline (one per 2 pixels).
+const MAX_POINTS: usize = 80;
 const SPARK_HEIGHT: f64 = 32.0;
 const SPARK_MARGIN: f64 = 3.0;
 
@@ -186,6 +188,33 @@ fn sparkline(
     (text, last)
 }
 
+/// At most [`MAX_POINTS`] points: runs of neighbours merged into one (at
+/// the run's last time, its highest depth, its worst colour), so that a
+/// long window draws no more points than the sparkline has room for.
+fn merged(points: Vec<aggregator::Point>) -> Vec<aggregator::Point> {
+    if points.len() <= MAX_POINTS {
+        return points;
+    }
+    let run = points.len().div_ceil(MAX_POINTS);
+    let rank = |colour: &str| match colour {
+        "healthy" => 0,
+        "warning" => 1,
+        _ => 2,
+    };
+    points
+        .chunks(run)
+        .filter_map(|chunk| {
+            let last = chunk.last()?;
+            let worst = chunk.iter().max_by_key(|p| rank(&p.colour))?;
+            Some(aggregator::Point {
+                at_ms: last.at_ms,
+                depth: chunk.iter().filter_map(|p| p.depth).max(),
+                colour: worst.colour.clone(),
+            })
+        })
+        .collect()
+}
+
 /// Every service with its instances counted per colour, by service name:
 /// one grouped query over the instances and their latest checks.
 fn service_rows(conn: &Connection, at: &ActiveAt) -> rusqlite::Result<Vec<ServiceRow>> {
@@ -289,7 +318,7 @@ fn instance_rows(
         )?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     for row in &mut rows {
-        let points = rollup::sparkline_points(conn, &row.instance_id, since)?;
+        let points = merged(rollup::sparkline_points(conn, &row.instance_id, since)?);
         (row.spark_points, row.spark_last) = sparkline(&points, since, now);
     }
     Ok(rows)
@@ -547,6 +576,25 @@ mod tests {
         }
         assert_eq!(page_url(6, None, 1), "/");
         assert_eq!(page_url(2, Some("hr"), 3), "/?service=hr&hours=2&page=3");
+    }
+
+    #[test]
+    fn long_windows_are_merged_to_the_points_the_line_has_room_for() {
+        let point = |i: i64| aggregator::Point {
+            at_ms: i,
+            depth: (i != 5).then_some(i as u64),
+            colour: if i == 3 { "critical" } else { "healthy" }.to_owned(),
+        };
+        let few: Vec<_> = (0..MAX_POINTS as i64).map(point).collect();
+        assert_eq!(merged(few.clone()), few);
+        let many = merged((0..288).map(point).collect());
+        assert_eq!(many.len(), 72, "runs of 4");
+        assert_eq!(
+            (many[0].at_ms, many[0].depth, many[0].colour.as_str()),
+            (3, Some(3), "critical")
+        );
+        assert_eq!((many[1].at_ms, many[1].depth), (7, Some(7)));
+        assert_eq!(many[71].at_ms, 287);
     }
 
     #[test]
