@@ -281,8 +281,10 @@ impl Registry {
         self
     }
 
-    /// Polls every registered instance's `/_rf/health` once, concurrently,
-    /// and stores the results ([`aggregator`]); returns how many it asked.
+    /// Polls every active registered instance's `/_rf/health` once,
+    /// concurrently, and stores the results ([`aggregator`], [`rollup`]) in
+    /// one transaction; returns how many it asked. Instances that went
+    /// since the last round are logged once ([`liveness`]) and not asked.
     pub async fn poll_health_once(&self, interval: std::time::Duration) -> Result<usize, ApiError> {
         let conn = Arc::clone(&self.conn);
         let liveness = self.liveness;
