@@ -255,3 +255,28 @@ fn the_aggregator_logs_each_change_once_not_each_poll() {
         "{log}"
     );
 }
+
+/// `--missed-heartbeats` takes 1 to 1000 (a usage error, exit 2, names the
+/// flag); `RFIDL_REGISTRY_MISSED_HEARTBEATS` is read the same way.
+#[test]
+fn a_missed_heartbeats_flag_out_of_range_is_a_usage_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (flag, env) in [(Some("0"), None), (Some("1001"), None), (None, Some("0"))] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_rfidl-registry"));
+        command
+            .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+            .arg(dir.path().join("registry.db"))
+            .env_remove("RFIDL_REGISTRY_MISSED_HEARTBEATS");
+        if let Some(value) = flag {
+            command.args(["--missed-heartbeats", value]);
+        }
+        if let Some(value) = env {
+            command.env("RFIDL_REGISTRY_MISSED_HEARTBEATS", value);
+        }
+        let output = command.output().expect("run");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{flag:?} {env:?}: {stderr}");
+        assert!(stderr.contains("--missed-heartbeats"), "{stderr}");
+    }
+    assert!(!dir.path().join("registry.db").exists(), "nothing created");
+}
