@@ -67,14 +67,14 @@ fn published(registry: Registry) -> (tempfile::TempDir, Server, Value) {
 #[test]
 fn a_provider_that_stops_heartbeating_is_gone_after_n_intervals_and_counts_again_when_back() {
     let dir = tempfile::tempdir().expect("tempdir");
-    // Three missed heartbeats of the instance's own 300 ms interval.
+    // Three missed heartbeats of the instance's own 500 ms interval.
     let registry = Registry::open(&dir.path().join("registry.db"))
         .expect("open")
         .missed_heartbeats(3);
     let (_keep, server, refs) = published(registry.clone());
     let (status, registered) = post(
         &format!("{}/v1/services/hr/instances", server.url),
-        &json!({"baseUrl": "http://127.0.0.1:9", "hosts": refs, "heartbeatMs": 300}),
+        &json!({"baseUrl": "http://127.0.0.1:9", "hosts": refs, "heartbeatMs": 500}),
     );
     assert_eq!(status, 201, "{registered}");
     let id = registered["instanceId"].as_str().expect("id").to_owned();
@@ -88,11 +88,11 @@ fn a_provider_that_stops_heartbeating_is_gone_after_n_intervals_and_counts_again
         assert_eq!(deploy_check(&server, &refs).0, 200, "heartbeating");
     }
 
-    // Then none: after 3 × 300 ms it no longer satisfies the scan.
+    // Then none: after 3 × 500 ms it no longer satisfies the scan.
     let stopped = Instant::now();
-    std::thread::sleep(Duration::from_millis(600));
-    assert_eq!(deploy_check(&server, &refs).0, 200, "2 missed: still there");
-    while stopped.elapsed() < Duration::from_millis(1000) {
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(deploy_check(&server, &refs).0, 200, "1 missed: still there");
+    while stopped.elapsed() < Duration::from_millis(1700) {
         std::thread::sleep(Duration::from_millis(50));
     }
     let (status, answer) = deploy_check(&server, &refs);
@@ -152,7 +152,7 @@ fn without_its_own_interval_an_instance_goes_by_the_registrys() {
     let dir = tempfile::tempdir().expect("tempdir");
     let registry = Registry::open(&dir.path().join("registry.db"))
         .expect("open")
-        .heartbeat_interval(Duration::from_millis(200))
+        .heartbeat_interval(Duration::from_millis(400))
         .missed_heartbeats(2);
     let (_keep, server, refs) = published(registry);
     let (status, registered) = post(
@@ -161,8 +161,8 @@ fn without_its_own_interval_an_instance_goes_by_the_registrys() {
     );
     assert_eq!(status, 201, "{registered}");
     assert_eq!(deploy_check(&server, &refs).0, 200);
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(deploy_check(&server, &refs).0, 409, "gone after 2 × 200 ms");
+    std::thread::sleep(Duration::from_millis(900));
+    assert_eq!(deploy_check(&server, &refs).0, 409, "gone after 2 × 400 ms");
     // Registering again brings it back too.
     let (status, _) = post(
         &format!("{}/v1/services/hr/instances", server.url),
