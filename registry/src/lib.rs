@@ -34,6 +34,8 @@ pub mod conditional;
 mod dashboard;
 pub mod decommission;
 pub mod directory;
+pub mod liveness;
+pub mod rollup;
 mod routes;
 pub mod store;
 
@@ -281,6 +283,7 @@ pub struct Registry {
     limiter: Arc<access::RateLimiter>,
     refresh_secs: u64,
     commands: Option<commands::CommandSender>,
+    liveness: liveness::Liveness,
 }
 
 pub(crate) struct Shared {
@@ -295,6 +298,8 @@ pub(crate) struct Shared {
     refresh_secs: u64,
     /// Sends lifecycle commands to providers, when configured.
     commands: Option<commands::CommandSender>,
+    /// When an instance that stopped heartbeating is gone.
+    pub(crate) liveness: liveness::Liveness,
 }
 
 impl Registry {
@@ -309,7 +314,25 @@ impl Registry {
             )),
             refresh_secs: 60,
             commands: None,
+            liveness: liveness::Liveness::default(),
         })
+    }
+
+    /// An instance that misses this many heartbeats in a row is gone: it
+    /// no longer counts as a provider ([`liveness`]); 3 by default, at
+    /// least 1.
+    #[must_use]
+    pub fn missed_heartbeats(mut self, missed: u32) -> Self {
+        self.liveness.missed = missed.max(1);
+        self
+    }
+
+    /// The heartbeat interval of an instance whose registration does not
+    /// say its own (`heartbeatMs`); 30 s by default, the runtime's.
+    #[must_use]
+    pub fn heartbeat_interval(mut self, interval: std::time::Duration) -> Self {
+        self.liveness.heartbeat = interval;
+        self
     }
 
     /// Sends `Decommission` / `Recommission` commands to the provider
@@ -384,13 +407,18 @@ impl Registry {
         self
     }
 
-    /// Polls every registered instance's `/_rf/health` once, concurrently,
-    /// and stores the results ([`aggregator`]); returns how many it asked.
+    /// Polls every active registered instance's `/_rf/health` once,
+    /// concurrently, and stores the results ([`aggregator`], [`rollup`]) in
+    /// one transaction; returns how many it asked. Instances that went
+    /// since the last round are logged once ([`liveness`]) and not asked.
     pub async fn poll_health_once(&self, interval: std::time::Duration) -> Result<usize, ApiError> {
         let conn = Arc::clone(&self.conn);
+        let liveness = self.liveness;
         let targets = tokio::task::spawn_blocking(move || {
             let conn = conn.lock().unwrap_or_else(|p| p.into_inner());
-            aggregator::targets(&conn)
+            let at = liveness.at(now_ms());
+            liveness::log_departures(&liveness::sweep(&conn, &at)?, &liveness);
+            liveness::active_targets(&conn, &at)
         })
         .await
         .map_err(|e| ApiError::Unavailable(e.to_string()))??;
@@ -410,28 +438,21 @@ impl Registry {
         let asked = results.len();
         let conn = Arc::clone(&self.conn);
         tokio::task::spawn_blocking(move || {
-            let conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+            let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
             let now = now_ms();
+            // One commit for the round: a commit per instance is an fsync
+            // per instance.
+            let tx = conn.transaction()?;
             for (target, check) in &results {
-                if check.colour != aggregator::Colour::Healthy {
-                    tracing::warn!(
-                        instance = %target.instance_id,
-                        base_url = %target.base_url,
-                        colour = check.colour.as_str(),
-                        reasons = ?check.reasons,
-                        detail = check.detail.as_deref().unwrap_or(""),
-                        "instance not healthy"
-                    );
-                }
                 // An instance may have been removed meanwhile: skip it.
-                match aggregator::record(&conn, &target.instance_id, check, now) {
-                    Ok(()) => {}
+                match aggregator::record(&tx, &target.instance_id, check, now) {
+                    Ok(previous) => rollup::log_change(target, previous.as_deref(), check),
                     Err(rusqlite::Error::SqliteFailure(e, _))
                         if e.code == rusqlite::ErrorCode::ConstraintViolation => {}
                     Err(other) => return Err(other),
                 }
             }
-            Ok(())
+            tx.commit()
         })
         .await
         .map_err(|e| ApiError::Unavailable(e.to_string()))??;
@@ -523,6 +544,7 @@ impl Registry {
                 limiter: Arc::clone(&self.limiter),
                 refresh_secs: self.refresh_secs,
                 commands: self.commands.clone(),
+                liveness: self.liveness,
             }))
     }
 }

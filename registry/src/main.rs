@@ -128,6 +128,25 @@ enum Command {
             value_parser = parse_interval
         )]
         health_interval: Duration,
+        /// An instance that misses this many heartbeats in a row is gone:
+        /// it no longer counts as a provider (manifest scan, deploy-check,
+        /// the dashboard's totals) until it heartbeats again.
+        #[arg(
+            long,
+            env = "RFIDL_REGISTRY_MISSED_HEARTBEATS",
+            default_value_t = rfidl_registry::liveness::DEFAULT_MISSED_HEARTBEATS,
+            value_parser = clap::value_parser!(u32).range(1..=1000)
+        )]
+        missed_heartbeats: u32,
+        /// The heartbeat interval of an instance whose registration does
+        /// not give its own (`heartbeatMs`; the runtime gives it).
+        #[arg(
+            long,
+            env = "RFIDL_REGISTRY_HEARTBEAT_INTERVAL",
+            default_value = "30s",
+            value_parser = parse_interval
+        )]
+        heartbeat_interval: Duration,
         /// The secret (`whsec_…`) the registry signs its lifecycle commands
         /// (decommission, re-commission) to provider instances with; each
         /// provider lists it in `peers` under `rfidl-registry`. Without it,
@@ -195,6 +214,8 @@ async fn main() -> anyhow::Result<()> {
         header_read_timeout,
         body_read_timeout,
         health_interval,
+        missed_heartbeats,
+        heartbeat_interval,
         command_secret,
         command_secret_file,
         commands_db,
@@ -217,7 +238,9 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut registry = rfidl_registry::Registry::open(&db)?
         .health_interval(health_interval)
-        .registrations_per_minute(registrations_per_minute);
+        .registrations_per_minute(registrations_per_minute)
+        .missed_heartbeats(missed_heartbeats)
+        .heartbeat_interval(heartbeat_interval);
     if let Some(token) = publish_token {
         anyhow::ensure!(
             !token.is_empty(),

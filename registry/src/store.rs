@@ -103,6 +103,42 @@ pub const MIGRATIONS: &[&str] = &[
     INSERT INTO lifecycle_generations (interface, version, generation)
         SELECT interface, version, 1 FROM decommissioned;
 "#,
+    // 6: liveness (`crate::liveness`: an instance that misses its
+    // heartbeats is gone) and the dashboard's pre-aggregated state
+    // (`crate::rollup`: each instance's latest check, and its checks rolled
+    // up in 5-minute buckets for the sparklines), filled from the history.
+    r#"
+    ALTER TABLE instances ADD COLUMN heartbeat_ms INTEGER;  -- its own interval; NULL: the registry's
+    ALTER TABLE instances ADD COLUMN gone_at INTEGER;       -- when it was logged gone; NULL while active
+    CREATE TABLE instance_health (
+        instance_id            TEXT PRIMARY KEY REFERENCES instances (instance_id) ON DELETE CASCADE,
+        checked_at             INTEGER NOT NULL,
+        colour                 TEXT NOT NULL CHECK (colour IN ('healthy', 'warning', 'critical')),
+        reported               TEXT,
+        depth                  INTEGER,
+        dead_letter            INTEGER,
+        attention              INTEGER,
+        oldest_pending_age_ms  INTEGER,
+        reasons                TEXT NOT NULL
+    ) STRICT;
+    CREATE TABLE health_buckets (
+        instance_id  TEXT NOT NULL REFERENCES instances (instance_id) ON DELETE CASCADE,
+        bucket       INTEGER NOT NULL,  -- its start, ms since the Unix epoch
+        depth        INTEGER,           -- the highest depth of its checks; NULL: none reachable
+        worst        INTEGER NOT NULL,  -- 0 healthy, 1 warning, 2 critical
+        PRIMARY KEY (instance_id, bucket)
+    ) STRICT, WITHOUT ROWID;
+    INSERT INTO instance_health
+        SELECT h.instance_id, h.checked_at, h.colour, h.reported, h.depth, h.dead_letter,
+               h.attention, h.oldest_pending_age_ms, h.reasons
+          FROM health_checks h
+          JOIN (SELECT MAX(id) AS id FROM health_checks GROUP BY instance_id) latest
+            ON latest.id = h.id;
+    INSERT INTO health_buckets
+        SELECT instance_id, checked_at - checked_at % 300000, MAX(depth),
+               MAX(CASE colour WHEN 'healthy' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END)
+          FROM health_checks GROUP BY 1, 2;
+"#,
 ];
 
 /// How long a statement waits for another writer before giving up.

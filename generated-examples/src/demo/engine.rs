@@ -301,6 +301,8 @@ impl Engine {
             settings.ops_token.as_deref(),
             Vec::new(),
             super::emp_service_versions(),
+            // The engine hosts nothing: nothing to publish.
+            None,
         );
         Ok(Self {
             db: settings.db.clone(),

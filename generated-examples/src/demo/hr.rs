@@ -225,6 +225,7 @@ impl HrService {
             settings.ops_token.as_deref(),
             super::emp_service_versions(),
             Vec::new(),
+            super::publish_hosted(settings, &super::emp_service_manifests()),
             Some(outbox.lifecycle()),
         );
         Ok(Self {

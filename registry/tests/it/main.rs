@@ -13,6 +13,7 @@ mod decommission;
 mod deploy_check;
 mod directory;
 mod hostile;
+mod liveness;
 mod process;
 mod replay;
 mod routes;
