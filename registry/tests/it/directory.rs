@@ -593,7 +593,14 @@ fn the_runtime_client_publishes_what_it_hosts_with_the_same_checks_as_rfidl_publ
 
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("registry.db");
-    let server = Server::start(Registry::open(&db).expect("open").publish_token("t0k"));
+    // A closed registry: the publish token publishes, the registration
+    // credential registers.
+    let server = Server::start(
+        Registry::open(&db)
+            .expect("open")
+            .publish_token("t0k")
+            .registration_token("reg"),
+    );
     let v1 = schema_manifest("hr.employees.EmpService", 1);
     let mut tampered = compatible_revision(&v1, "extra");
     tampered.fingerprint = v1.fingerprint.clone();
@@ -601,7 +608,7 @@ fn the_runtime_client_publishes_what_it_hosts_with_the_same_checks_as_rfidl_publ
         DirectoryClient::new(
             RegistryConfig {
                 url: server.url.clone(),
-                token: Some("t0k".into()),
+                token: Some("reg".into()),
                 heartbeat: std::time::Duration::from_millis(1500),
             },
             Registration {
