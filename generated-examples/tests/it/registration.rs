@@ -11,13 +11,19 @@ use std::time::{Duration, Instant};
 use rfidl_registry::Registry;
 use serde_json::Value;
 
+/// The registration credential of a closed registry.
+const REGISTRATION_TOKEN: &str = "reg-t0ken";
+
 const SECRET: &str = "whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
 
 /// A registry (with `token`, if any) served on loopback by `runtime`.
 fn registry(runtime: &tokio::runtime::Runtime, db: &Path, token: Option<&str>) -> String {
     let mut registry = Registry::open(db).expect("open registry");
     if let Some(token) = token {
-        registry = registry.publish_token(token);
+        // Closed: publishing and registering each need their credential.
+        registry = registry
+            .publish_token(token)
+            .registration_token(REGISTRATION_TOKEN);
     }
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -25,7 +31,7 @@ fn registry(runtime: &tokio::runtime::Runtime, db: &Path, token: Option<&str>) -
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let router = registry.router();
     runtime.spawn(async move {
-        let _ = axum::serve(listener, router).await;
+        let _ = rfidl_runtime::serve(listener, router).await;
     });
     url
 }
@@ -85,12 +91,12 @@ fn with_the_publish_token_a_service_publishes_what_it_hosts_and_registers() {
     let dir = tempfile::tempdir().expect("tempdir");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let url = registry(&runtime, &dir.path().join("registry.db"), Some("pub-t0ken"));
-    // The registration needs the registry's token too (its `registry:`
+    // The registration needs the registration credential (its `registry:`
     // section); the manifests are published with the publish token.
     let config = dir.path().join("config.yaml");
     std::fs::write(
         &config,
-        format!("registry:\n  url: {url}\n  token: pub-t0ken\n"),
+        format!("registry:\n  url: {url}\n  token: {REGISTRATION_TOKEN}\n"),
     )
     .expect("config");
     let stderr = dir.path().join("hr.stderr");
