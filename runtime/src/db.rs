@@ -931,7 +931,7 @@ mod tests {
         let version: i64 = conn
             .query_row("PRAGMA user_version", [], |row| row.get(0))
             .expect("version");
-        assert_eq!(version, 6);
+        assert_eq!(version, MIGRATIONS.len() as i64, "migrated to the latest");
         assert_eq!(dump(&conn), before, "every row and column kept");
         let seq_of = |id: &str| -> i64 {
             conn.query_row(
@@ -1039,17 +1039,22 @@ mod tests {
 
     #[test]
     fn a_newer_rollback_journal_database_is_refused_unchanged() {
+        let newer = MIGRATIONS.len() as i64 + 1;
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("newer.db");
         {
-            // Written by a "newer version": rollback journal, user_version 7.
+            // Written by a "newer version": rollback journal, a
+            // user_version one past this build's.
             let conn = Connection::open(&path).expect("create");
-            conn.execute_batch("CREATE TABLE t (x); PRAGMA user_version = 7;")
-                .expect("schema");
+            conn.execute_batch(&format!(
+                "CREATE TABLE t (x); PRAGMA user_version = {};",
+                newer
+            ))
+            .expect("schema");
         }
         let before = sha256_of(&path);
         match open(&path, Durability::Full) {
-            Err(error @ DbError::TooNew { found: 7, .. }) => {
+            Err(error @ DbError::TooNew { found, .. }) if found == newer => {
                 assert!(
                     error.to_string().contains("refusing to touch it"),
                     "{error}"
