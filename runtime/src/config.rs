@@ -161,10 +161,12 @@ impl Default for InboxConfig {
 pub struct DestinationConfig {
     /// `http://host:port` or `https://host:port` (base URL; `/_rf/receive`
     /// is appended; HTTPS needs the default cargo feature `tls`), `unix:///path.sock`,
-    /// `grpc://host:port` (cargo feature `grpc`), `inproc://name` for a
-    /// receiver registered in the same process, or
+    /// `grpc://host:port` (cargo feature `grpc`), or
     /// `nats://[user:password@]host:port/<subject>` for a NATS JetStream
-    /// stream (cargo feature `nats`); see `docs/transports.md`.
+    /// stream (cargo feature `nats`); see `docs/transports.md`. Any other
+    /// scheme stops the dispatcher's start. A receiver in the same process
+    /// is routed in code (`DispatcherBuilder::route` with an
+    /// `InProcessTransport`), not here.
     pub url: String,
     /// More base URLs of the same destination: instances of one receiving
     /// service that share its inbox database. Messages are spread

@@ -189,6 +189,21 @@ pub(crate) fn for_destination(
         if destination.url.starts_with("grpc://") {
             return grpc_transport(&destination.url, timeout);
         }
+        if destination.url.starts_with("inproc://") {
+            return Err(
+                "`url` is inproc://: an in-process receiver is routed in code, \
+                 `DispatcherBuilder::route(name, InProcessTransport::new(receiver.router()), \
+                 secret)`, not by URL"
+                    .to_owned(),
+            );
+        }
+        if !(destination.url.starts_with("http://") || destination.url.starts_with("https://")) {
+            let scheme = destination.url.split("://").next().unwrap_or_default();
+            return Err(format!(
+                "`url` has the scheme `{scheme}`, which no transport serves: use http://, \
+                 https://, unix://, grpc:// or nats://"
+            ));
+        }
         return Ok(Arc::new(http_transport(
             destination,
             &destination.url,
