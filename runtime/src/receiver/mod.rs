@@ -28,6 +28,7 @@
 //! rolled back, processes it then.
 
 pub(crate) mod answer;
+mod duplicates;
 pub mod handler;
 pub(crate) mod writer;
 
@@ -346,6 +347,7 @@ impl<S: Store> ReceiverBuilder<S> {
                 reader,
                 commands,
                 metrics,
+                duplicates: Default::default(),
                 writer_threads: Mutex::new(threads),
                 liveness,
                 lifecycle: self.lifecycle,
@@ -370,6 +372,8 @@ struct Shared {
     reader: Arc<dyn InboxLookup>,
     commands: mpsc::Sender<Command>,
     metrics: Arc<Metrics>,
+    /// One warning per duplicate delivery, rate-limited.
+    duplicates: duplicates::DuplicateLog,
     writer_threads: Mutex<Vec<JoinHandle<()>>>,
     liveness: crate::liveness::Liveness,
     /// Decommissioned versions, answered 410.
@@ -958,6 +962,7 @@ impl Shared {
             true => Ok(vec![Ok(None)]),
             false => {
                 let reader = Arc::clone(&self.reader);
+                let keys = keys.clone();
                 tokio::task::spawn_blocking(move || {
                     keys.iter()
                         .map(|(source, id)| reader.lookup(source, id))
@@ -1030,10 +1035,21 @@ impl Shared {
         }
         answers
             .into_iter()
-            .map(|answer| {
-                answer.unwrap_or(Answer::Refused(ReceiveError::Unavailable(
+            .zip(keys)
+            .map(|(answer, (source, id))| {
+                let answer = answer.unwrap_or(Answer::Refused(ReceiveError::Unavailable(
                     "no answer".to_owned(),
-                )))
+                )));
+                if matches!(
+                    answer,
+                    Answer::Acknowledged {
+                        duplicate: true,
+                        ..
+                    }
+                ) {
+                    self.duplicates.note(&source, &id);
+                }
+                answer
             })
             .collect()
     }
