@@ -25,8 +25,9 @@ use serde::Deserialize;
 use crate::liveness::ActiveAt;
 use crate::{ApiError, Shared, aggregator, now_ms, rollup, with_db};
 
-/// Longest sparkline window, in hours.
-pub const MAX_HOURS: u32 = 48;
+/// Longest sparkline window, in hours: the health history kept
+/// ([`aggregator::RETENTION`]), so no window shows more than there is.
+pub const MAX_HOURS: u32 = (crate::aggregator::RETENTION.as_secs() / 3600) as u32;
 /// Instances per page.
 pub const PAGE_SIZE: usize = 50;
 const SPARK_WIDTH: f64 = 160.0;
@@ -35,7 +36,7 @@ const MAX_POINTS: usize = 80;
 const SPARK_HEIGHT: f64 = 32.0;
 const SPARK_MARGIN: f64 = 3.0;
 
-/// `?hours=N`: the sparkline window (1 to 48, default 6); `?page=N` (from
+/// `?hours=N`: the sparkline window (1 to 24, the history kept; default 6); `?page=N` (from
 /// 1); `?service=NAME`: only that service's instances. Any other
 /// parameter is a 400.
 #[derive(Debug, Deserialize)]
@@ -581,7 +582,10 @@ mod tests {
     #[test]
     fn hours_accepts_only_the_documented_range() {
         assert_eq!(parse_hours(None).unwrap(), 6);
-        assert_eq!(parse_hours(Some("48")).unwrap(), 48);
+        assert_eq!(parse_hours(Some("24")).unwrap(), 24);
+        // No window longer than the history kept.
+        assert!(parse_hours(Some("25")).is_err());
+        assert!(parse_hours(Some("48")).is_err());
         for odd in ["0", "49", "-1", "1.5", "", "six", "99999999999"] {
             assert!(parse_hours(Some(odd)).is_err(), "{odd}");
         }

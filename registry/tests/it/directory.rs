@@ -359,6 +359,7 @@ fn odd_dashboard_queries_are_400_and_the_page_is_html() {
     for query in [
         "hours=0",
         "hours=49",
+        "hours=25",
         "hours=abc",
         "hours=-1",
         "foo=1",
