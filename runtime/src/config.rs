@@ -183,6 +183,11 @@ pub struct DestinationConfig {
     /// certificate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<std::path::PathBuf>,
+    /// For `nats://` URLs: the replica count of the stream rfidl creates
+    /// (1 to 5; 3 on a 3-node JetStream cluster survives losing any node).
+    /// The URL's `?replicas=N` wins. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<usize>,
 }
 
 impl DestinationConfig {
@@ -195,6 +200,7 @@ impl DestinationConfig {
             urls: Vec::new(),
             secret: secret.into(),
             ca_file: None,
+            replicas: None,
         }
     }
 }
@@ -348,6 +354,7 @@ impl std::fmt::Debug for DestinationConfig {
             .field("urls", &self.urls)
             .field("secret", &"<redacted>")
             .field("ca_file", &self.ca_file)
+            .field("replicas", &self.replicas)
             .finish()
     }
 }
@@ -480,6 +487,7 @@ mod tests {
                 urls: vec!["http://127.0.0.1:2".into()],
                 secret: "whsec_TOPSECRET1".into(),
                 ca_file: None,
+                replicas: None,
             },
         );
         config
@@ -506,6 +514,7 @@ mod tests {
                 urls: Vec::new(),
                 secret: "whsec_AAAA".into(),
                 ca_file: None,
+                replicas: None,
             },
         );
         config.peers.insert(

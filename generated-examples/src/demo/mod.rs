@@ -108,6 +108,7 @@ impl Settings {
                 urls: self.peer_urls.clone(),
                 secret: self.signing_secret.clone(),
                 ca_file: None,
+                replicas: None,
             },
         );
         config

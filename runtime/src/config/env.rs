@@ -196,6 +196,7 @@ impl Config {
                             urls: Vec::new(),
                             secret: String::new(),
                             ca_file: None,
+                            replicas: None,
                         });
                 match field {
                     Field::Url => {

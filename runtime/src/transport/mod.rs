@@ -276,9 +276,17 @@ fn nats_transport(
             "`urls`: a nats:// destination takes one `url` (the broker spreads)".to_owned(),
         );
     }
-    JetStreamTransport::new(&destination.url, timeout)
-        .map(|transport| Arc::new(transport) as Arc<dyn Transport>)
-        .map_err(|message| format!("`url`: {message}"))
+    let url = crate::nats::NatsUrl::parse(&destination.url)
+        .map_err(|message| format!("`url`: {message}"))?;
+    let replicas = destination.replicas.unwrap_or(1);
+    if !(1..=crate::nats::MAX_REPLICAS).contains(&replicas) {
+        return Err(format!(
+            "`replicas` must be 1 to {}",
+            crate::nats::MAX_REPLICAS
+        ));
+    }
+    let url = url.with_default_replicas(replicas);
+    Ok(Arc::new(JetStreamTransport::with_url(url, timeout)))
 }
 
 #[cfg(not(feature = "nats"))]
