@@ -20,6 +20,9 @@
 //! what those lack (with the cargo feature `registry` and a registry URL from
 //! [`Builder::registry`] or `RFIDL_REGISTRY`). With the lock committed and
 //! the cache filled (`rfidl fetch`), the build works with the registry down.
+//! With a registry configured, the build warns (`cargo:warning`) when it has
+//! a newer revision or version of a pinned interface, and when it cannot be
+//! reached, says how old the cached copy is ([`registry::freshness`]).
 
 use std::path::{Path, PathBuf};
 
@@ -274,8 +277,22 @@ impl Builder {
         )?;
         lock.save(&lock_path)?;
         if let Some(source) = source.as_deref() {
-            for warning in registry::decommission_warnings(&self.remotes, source) {
-                println!("cargo:warning={warning}");
+            // Newer revisions or versions, or how old the cached copy is
+            // when the registry is unreachable (then it is not asked again).
+            let freshness = registry::freshness::check(
+                &self.remotes,
+                &lock,
+                &cache,
+                source,
+                std::time::SystemTime::now(),
+            );
+            for warning in &freshness.warnings {
+                println!("cargo:warning=rfidl: {warning}");
+            }
+            if freshness.reachable {
+                for warning in registry::decommission_warnings(&self.remotes, source) {
+                    println!("cargo:warning={warning}");
+                }
             }
         }
         Ok(manifests)

@@ -131,6 +131,31 @@ impl Report {
         }
     }
 
+    /// A warning that is not a diagnostic (a stale pin, an unreachable
+    /// registry), in the chosen format.
+    pub fn warning(&self, message: &str) {
+        match self.format {
+            DiagnosticFormat::Human => eprintln!("{}: {message}", self.warning_word()),
+            DiagnosticFormat::Json => self.json_line(&serde_json::json!({
+                "severity": "warning",
+                "code": null,
+                "message": message,
+            })),
+            DiagnosticFormat::Github => {
+                self.stdout_line(&diagnostics::github_command("warning", &[], message));
+            }
+        }
+    }
+
+    /// `warning` in yellow (bold) when text is coloured.
+    fn warning_word(&self) -> &'static str {
+        if self.color.colors_stderr() {
+            "\x1b[1;33mwarning\x1b[0m"
+        } else {
+            "warning"
+        }
+    }
+
     /// A sentence about progress or a result: stderr in `text` and
     /// `github`, nothing in `json` (which prints `json` instead).
     fn progress(&self, text: &str, json: impl FnOnce() -> serde_json::Value) {
@@ -875,7 +900,10 @@ pub fn fetch(
 
 /// [`fetch`] reporting as `report` says: each pin is a sentence on stderr
 /// (json: `{"event": "locked", "interface", "version", "fingerprint",
-/// "cache"}`).
+/// "cache"}`). With a registry, a warning for each pinned version the
+/// registry has a newer revision of, for a newer version, and, when the
+/// registry is unreachable, how old each cached copy is
+/// ([`crate::registry::freshness`]; json: `{"severity": "warning", …}`).
 #[cfg(feature = "registry")]
 pub fn fetch_with(
     registry_url: Option<&str>,
@@ -899,6 +927,18 @@ pub fn fetch_with(
         let source = client.as_ref().map(|c| c as &dyn Source);
         let manifests = resolve(&remotes, &mut lock, cache, source, policy)?;
         lock.save(lock_path)?;
+        if let Some(source) = source {
+            let freshness = crate::registry::freshness::check(
+                &remotes,
+                &lock,
+                cache,
+                source,
+                std::time::SystemTime::now(),
+            );
+            for warning in &freshness.warnings {
+                report.warning(warning);
+            }
+        }
         Ok(manifests)
     };
     match run() {

@@ -333,13 +333,15 @@ pub(crate) async fn read_bounded(
     Ok(body)
 }
 
-/// Stores one check and prunes the history.
+/// Stores one check, prunes the history and updates the dashboard's
+/// pre-aggregated state ([`crate::rollup`]); returns the colour of the
+/// instance's check before this one (`None` for its first).
 pub fn record(
     conn: &Connection,
     instance_id: &str,
     check: &Check,
     now_ms: i64,
-) -> rusqlite::Result<()> {
+) -> rusqlite::Result<Option<String>> {
     let outbox = check.health.as_ref().map(|h| &h.outbox);
     conn.execute(
         "INSERT INTO health_checks (instance_id, checked_at, colour, reported, depth, \
@@ -369,15 +371,14 @@ pub fn record(
             MAX_CHECKS_PER_INSTANCE
         ],
     )?;
-    Ok(())
+    crate::rollup::apply(conn, instance_id, check, now_ms)
 }
 
-/// The latest check of an instance.
+/// The latest check of an instance (one row read, [`crate::rollup`]).
 pub fn last_health(conn: &Connection, instance_id: &str) -> rusqlite::Result<Option<LastHealth>> {
     conn.query_row(
         "SELECT colour, reported, checked_at, depth, dead_letter, attention, \
-         oldest_pending_age_ms, reasons FROM health_checks WHERE instance_id = ?1 \
-         ORDER BY id DESC LIMIT 1",
+         oldest_pending_age_ms, reasons FROM instance_health WHERE instance_id = ?1",
         params![instance_id],
         |row| {
             let reasons: String = row.get(7)?;
@@ -479,7 +480,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let conn = crate::store::open(&dir.path().join("r.db")).expect("open");
         conn.execute(
-            "INSERT INTO instances VALUES ('a', 's', 'http://x', NULL, 0, 0)",
+            "INSERT INTO instances (instance_id, service, base_url, registered_at, last_seen_at) \
+             VALUES ('a', 's', 'http://x', 0, 0)",
             [],
         )
         .expect("instance");

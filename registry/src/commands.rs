@@ -2,7 +2,14 @@
 //! (`rfidl_runtime::lifecycle`): when an interface version is decommissioned
 //! or re-commissioned, and when a provider of a decommissioned version
 //! registers, the registry sends each provider instance of it a signed
-//! `Decommission` / `Recommission` command of `rfidl.control.Lifecycle` v1.
+//! `Decommission` / `Recommission` command of `rfidl.control.Lifecycle` v2.
+//! Each command names the instance it is for (its instance id and base URL,
+//! [`Target`]) and the version's generation
+//! ([`crate::decommission::generation`]): the provider refuses one
+//! addressed to another instance (422 `wrong_target`) or older than the
+//! state it holds (422 `stale_command`), and the outbox dead-letters such a
+//! refusal. A copy that a fake registered instance receives is thus of no
+//! use against a real one.
 //!
 //! The commands go through the runtime's ordinary outbox and dispatcher, on
 //! a SQLite file of their own next to the registry's database (a command is
@@ -32,6 +39,15 @@ use rfidl_runtime::outbox::{Outbox, OutgoingMessage};
 use rfidl_runtime::signing::Secret;
 use rfidl_runtime::transport::HttpTransport;
 use rfidl_runtime::{Config, MessageType};
+
+/// A provider instance a command is addressed to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The id the registry assigned it at registration.
+    pub instance_id: String,
+    /// Where the command is sent.
+    pub base_url: String,
+}
 
 /// How often the command dispatcher looks for new destinations (instances):
 /// a command to an instance with no command waiting yet leaves within this
@@ -110,17 +126,27 @@ impl CommandSender {
         })
     }
 
-    /// Writes `command` for `interface` `version` to each instance base URL
-    /// in `instances`. Returns how many it wrote.
+    /// Writes `command` for `interface` `version` at `generation` to each
+    /// of `instances`, each copy naming its instance. Returns how many it
+    /// wrote.
     pub async fn send(
         &self,
-        instances: &[String],
+        instances: &[Target],
         interface: &str,
         version: u32,
+        generation: u64,
         command: lifecycle::Command,
     ) -> Result<usize, rfidl_runtime::outbox::OutboxError> {
         let endpoint = command.endpoint();
-        for base_url in instances {
+        for target in instances {
+            let payload = serde_json::to_value(lifecycle::CommandPayload {
+                interface: interface.to_owned(),
+                version,
+                instance_id: target.instance_id.clone(),
+                base_url: target.base_url.clone(),
+                generation,
+            })?;
+            let base_url = &target.base_url;
             let id = self
                 .outbox
                 .send(OutgoingMessage {
@@ -131,13 +157,22 @@ impl CommandSender {
                     fingerprint: lifecycle::FINGERPRINT.to_owned(),
                     endpoint: endpoint.to_owned(),
                     correlation_id: None,
-                    payload: serde_json::json!({"interface": interface, "version": version}),
+                    payload,
                     headers: Default::default(),
                     max_retries: None,
                     ttl: None,
                 })
                 .await?;
-            tracing::info!(%base_url, %interface, version, endpoint, message_id = %id, "lifecycle command written");
+            tracing::info!(
+                %base_url,
+                instance = %target.instance_id,
+                %interface,
+                version,
+                generation,
+                endpoint,
+                message_id = %id,
+                "lifecycle command written"
+            );
         }
         Ok(instances.len())
     }
@@ -155,19 +190,24 @@ impl CommandSender {
     }
 }
 
-/// The base URLs of the registered instances that host `interface` `version`.
+/// The registered instances that host `interface` `version`.
 pub fn providers(
     conn: &rusqlite::Connection,
     interface: &str,
     version: u32,
-) -> rusqlite::Result<Vec<String>> {
+) -> rusqlite::Result<Vec<Target>> {
     let mut statement = conn.prepare_cached(
-        "SELECT DISTINCT i.base_url FROM instances i \
+        "SELECT DISTINCT i.instance_id, i.base_url FROM instances i \
          JOIN instance_interfaces h ON h.instance_id = i.instance_id \
          WHERE h.role = 'hosts' AND h.interface = ?1 AND h.version = ?2 \
-         ORDER BY i.base_url",
+         ORDER BY i.base_url, i.instance_id",
     )?;
     statement
-        .query_map(rusqlite::params![interface, version], |row| row.get(0))?
+        .query_map(rusqlite::params![interface, version], |row| {
+            Ok(Target {
+                instance_id: row.get(0)?,
+                base_url: row.get(1)?,
+            })
+        })?
         .collect()
 }

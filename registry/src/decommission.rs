@@ -5,6 +5,14 @@
 //! version as provided by nobody, so a registration or deploy check of a
 //! consumer that calls it is refused (409, reason `decommissioned`).
 //! Published revisions stay stored and readable.
+//!
+//! Every change of a version's state gives it a new **generation**
+//! (`lifecycle_generations`, written in the change's transaction), which
+//! every command for it carries: a provider refuses a command older than
+//! the state it holds (`stale_command`), so a captured `Decommission`
+//! cannot undo a later re-commission. The next generation is the larger
+//! of the last one plus 1 and the time in ms: it grows also after the
+//! database is restored from an older backup.
 
 use std::sync::Arc;
 
@@ -57,31 +65,57 @@ pub fn list(conn: &Connection) -> rusqlite::Result<Vec<Decommissioned>> {
         .collect()
 }
 
-/// Marks (`on`) or unmarks a published version; 404 when it is not
-/// published. Returns whether it is decommissioned now and since when.
+/// The generation of `interface` `version`'s lifecycle: 0 when it was
+/// never decommissioned.
+pub fn generation(conn: &Connection, interface: &str, version: u32) -> rusqlite::Result<u64> {
+    let generation: Option<i64> = conn
+        .query_row(
+            "SELECT generation FROM lifecycle_generations WHERE interface = ?1 AND version = ?2",
+            params![interface, version],
+            |row| row.get(0),
+        )
+        .optional()?;
+    Ok(generation.map_or(0, |g| u64::try_from(g).unwrap_or(0)))
+}
+
+/// Marks (`on`) or unmarks a published version and moves its generation
+/// on, in one transaction; 404 when it is not published. Returns whether
+/// it is decommissioned now and since when, and the new generation.
 fn set(
-    conn: &Connection,
+    conn: &mut Connection,
     interface: &str,
     version: u32,
     on: bool,
     now_ms: i64,
-) -> Result<Option<i64>, ApiError> {
-    if store::latest(conn, interface, version)?.is_none() {
-        return Err(routes::missing(conn, interface, version, None));
+) -> Result<(Option<i64>, u64), ApiError> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    if store::latest(&tx, interface, version)?.is_none() {
+        return Err(routes::missing(&tx, interface, version, None));
     }
     if on {
-        conn.execute(
+        tx.execute(
             "INSERT OR IGNORE INTO decommissioned (interface, version, decommissioned_at) \
              VALUES (?1, ?2, ?3)",
             params![interface, version, now_ms],
         )?;
     } else {
-        conn.execute(
+        tx.execute(
             "DELETE FROM decommissioned WHERE interface = ?1 AND version = ?2",
             params![interface, version],
         )?;
     }
-    Ok(decommissioned_at(conn, interface, version)?)
+    let generation: i64 = tx.query_row(
+        "INSERT INTO lifecycle_generations (interface, version, generation) \
+         VALUES (?1, ?2, MAX(?3, 1)) \
+         ON CONFLICT (interface, version) DO UPDATE \
+         SET generation = MAX(lifecycle_generations.generation + 1, excluded.generation) \
+         RETURNING generation",
+        params![interface, version, now_ms],
+        |row| row.get(0),
+    )?;
+    let at = decommissioned_at(&tx, interface, version)?;
+    tx.commit()?;
+    Ok((at, u64::try_from(generation).unwrap_or(0)))
 }
 
 async fn serve_set(
@@ -94,12 +128,22 @@ async fn serve_set(
     authorize(&shared, &headers, crate::access::Access::Operator)?;
     let version = version_of(&version)?;
     let name = interface.clone();
-    let (at, providers) = with_db(&shared, move |conn| {
-        let at = set(conn, &name, version, on, now_ms())?;
-        Ok((at, crate::commands::providers(conn, &name, version)?))
+    let (at, generation, providers) = with_db(&shared, move |conn| {
+        let (at, generation) = set(conn, &name, version, on, now_ms())?;
+        Ok((
+            at,
+            generation,
+            crate::commands::providers(conn, &name, version)?,
+        ))
     })
     .await?;
-    tracing::info!(%interface, version, decommissioned = on, "decommission state changed");
+    tracing::info!(
+        %interface,
+        version,
+        generation,
+        decommissioned = on,
+        "decommission state changed"
+    );
     // Every provider instance is told, also on a repeated request (the
     // command is idempotent there): repeating is how a failed write is
     // recovered.
@@ -110,6 +154,7 @@ async fn serve_set(
                     &providers,
                     &interface,
                     version,
+                    generation,
                     if on {
                         rfidl_runtime::lifecycle::Command::Decommission
                     } else {
@@ -123,7 +168,12 @@ async fn serve_set(
                          could not be written ({e}); repeat the request"
                     ))
                 })?;
-            Some(providers)
+            Some(
+                providers
+                    .into_iter()
+                    .map(|target| target.base_url)
+                    .collect::<Vec<_>>(),
+            )
         }
         None => {
             tracing::warn!(
@@ -139,6 +189,7 @@ async fn serve_set(
         "version": version,
         "decommissioned": at.is_some(),
         "decommissionedAt": at.map(store::rfc3339),
+        "generation": generation,
         "commandsSentTo": notified,
     }))
     .into_response())

@@ -7,8 +7,9 @@
 //! instance registers again under the same id. A registration replaces the
 //! instance's interface lists (one `IMMEDIATE` transaction) and is refused,
 //! with nothing stored, when it hosts a version or revision that is not
-//! published (422 `unknown_interface`) or calls one that no registered
-//! provider hosts in the locked or a later revision (409
+//! published (422 `unknown_interface`) or calls one that no active
+//! registered provider ([`crate::liveness`]) hosts in the locked or a later
+//! revision (409
 //! `unsatisfied_dependencies`, the manifest scan; `POST /v1/deploy-check`
 //! runs the same scan without registering).
 //!
@@ -33,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
 use crate::access::{Access, Registrant};
+use crate::liveness::ActiveAt;
 use crate::{ApiError, Shared, authorize, conditional, now_ms, with_db};
 
 /// Largest registration or deploy-check body.
@@ -67,6 +69,12 @@ pub struct Registration {
     /// aggregator sends it. Stored, never served.
     #[serde(default)]
     pub diagnostics_token: Option<String>,
+    /// How often it heartbeats, in milliseconds (100 to 3,600,000); it is
+    /// gone after missing `--missed-heartbeats` of them
+    /// ([`crate::liveness`]). Without it, the registry's
+    /// `--heartbeat-interval`.
+    #[serde(default)]
+    pub heartbeat_ms: Option<u64>,
 }
 
 impl Registration {
@@ -133,7 +141,7 @@ pub fn instance_id(service: &str, base_url: &str) -> String {
 }
 
 /// A service id: 1 to 128 of `A-Z a-z 0-9 . _ -`.
-fn check_service(service: &str) -> Result<(), ApiError> {
+pub(crate) fn check_service(service: &str) -> Result<(), ApiError> {
     let ok = !service.is_empty()
         && service.len() <= 128
         && service
@@ -165,9 +173,7 @@ fn normalise_base_url(text: &str) -> Result<String, ApiError> {
 }
 
 async fn json_body<T: serde::de::DeserializeOwned>(body: Body) -> Result<T, ApiError> {
-    let body: Bytes = axum::body::to_bytes(body, REGISTRATION_LIMIT)
-        .await
-        .map_err(|_| ApiError::PayloadTooLarge)?;
+    let body: Bytes = crate::read_body(body, REGISTRATION_LIMIT).await?;
     serde_json::from_slice(&body).map_err(|e| ApiError::InvalidRegistration(e.to_string()))
 }
 
@@ -181,10 +187,15 @@ fn revision_of(conn: &Connection, r: &InterfaceRef) -> rusqlite::Result<Option<u
     .optional()
 }
 
-/// The manifest scan: each of `calls` must be hosted by a registered
-/// instance at the locked revision or a later one of the same version (a
-/// later revision only adds, so it is compatible).
-pub fn scan(conn: &Connection, calls: &[InterfaceRef]) -> rusqlite::Result<Vec<Unmet>> {
+/// The manifest scan: each of `calls` must be hosted by an active
+/// registered instance ([`crate::liveness`]) at the locked revision or a
+/// later one of the same version (a later revision only adds, so it is
+/// compatible).
+pub fn scan(
+    conn: &Connection,
+    calls: &[InterfaceRef],
+    at: &ActiveAt,
+) -> rusqlite::Result<Vec<Unmet>> {
     let mut unmet = Vec::new();
     for call in calls {
         let unmet_as = |reason: &str, message: String| Unmet {
@@ -219,18 +230,35 @@ pub fn scan(conn: &Connection, calls: &[InterfaceRef]) -> rusqlite::Result<Vec<U
             continue;
         };
         let hosted: Option<u32> = conn.query_row(
-            "SELECT MAX(m.revision) FROM instance_interfaces ii JOIN manifests m \
-               ON m.interface = ii.interface AND m.version = ii.version \
-              AND m.fingerprint = ii.fingerprint \
-             WHERE ii.role = 'hosts' AND ii.interface = ?1 AND ii.version = ?2",
+            &format!(
+                "SELECT MAX(m.revision) FROM instance_interfaces ii JOIN manifests m \
+                   ON m.interface = ii.interface AND m.version = ii.version \
+                  AND m.fingerprint = ii.fingerprint \
+                 JOIN instances i ON i.instance_id = ii.instance_id \
+                 WHERE ii.role = 'hosts' AND ii.interface = ?1 AND ii.version = ?2 AND {}",
+                at.sql("i")
+            ),
             params![call.interface, call.version],
             |row| row.get(0),
         )?;
         match hosted {
-            None => unmet.push(unmet_as(
-                "no_provider",
-                format!("no registered service hosts {name}"),
-            )),
+            None => {
+                let gone: i64 = conn.query_row(
+                    "SELECT COUNT(DISTINCT instance_id) FROM instance_interfaces \
+                     WHERE role = 'hosts' AND interface = ?1 AND version = ?2",
+                    params![call.interface, call.version],
+                    |row| row.get(0),
+                )?;
+                let message = if gone == 0 {
+                    format!("no registered service hosts {name}")
+                } else {
+                    format!(
+                        "no active service hosts {name}: its {gone} registered provider \
+                         instance(s) missed their heartbeats (gone)"
+                    )
+                };
+                unmet.push(unmet_as("no_provider", message));
+            }
             Some(best) if best < locked => unmet.push(unmet_as(
                 "older_provider",
                 format!(
@@ -294,8 +322,9 @@ pub fn register(
     registration: &Registration,
     base_url: &str,
     owner: &Owner<'_>,
-    now_ms: i64,
+    at: &ActiveAt,
 ) -> Result<Registered, ApiError> {
+    let now_ms = at.now_ms;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let id = instance_id(service, base_url);
     let digest = registration.digest();
@@ -322,29 +351,25 @@ pub fn register(
             unknown.join(", ")
         )));
     }
-    let unmet = scan(&tx, &registration.calls)?;
+    let unmet = scan(&tx, &registration.calls, at)?;
     if !unmet.is_empty() {
         return Err(ApiError::Unsatisfied(unmet));
     }
-    let created = tx
-        .query_row(
-            "SELECT 1 FROM instances WHERE instance_id = ?1",
-            params![id],
-            |_| Ok(()),
-        )
-        .optional()?
-        .is_none();
+    let before = seen(&tx, "instance_id = ?1", params![id])?;
+    let created = before.is_none();
     tx.execute(
         "INSERT INTO instances (instance_id, service, base_url, diagnostics_token, registered_at, \
-         last_seen_at) VALUES (?1, ?2, ?3, ?4, ?5, ?5) \
+         last_seen_at, heartbeat_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6) \
          ON CONFLICT (instance_id) DO UPDATE SET diagnostics_token = excluded.diagnostics_token, \
-         last_seen_at = excluded.last_seen_at",
+         last_seen_at = excluded.last_seen_at, heartbeat_ms = excluded.heartbeat_ms, \
+         gone_at = NULL",
         params![
             id,
             service,
             base_url,
             registration.diagnostics_token,
-            now_ms
+            now_ms,
+            registration.heartbeat_ms.map(|ms| ms as i64)
         ],
     )?;
     tx.execute(
@@ -371,6 +396,9 @@ pub fn register(
         }
     }
     tx.commit()?;
+    if let Some((last_seen, heartbeat_ms)) = before {
+        log_return(service, &id, last_seen, heartbeat_ms, at);
+    }
     Ok(Registered {
         service: service.to_owned(),
         instance_id: id,
@@ -381,16 +409,49 @@ pub fn register(
     })
 }
 
-/// Marks the instance seen now; 404 `unknown_instance` if it is not
-/// registered, 403 `instance_owned` if another credential registered it,
-/// 409 `registration_changed` if `digest` is not the stored registration's.
+/// When an instance was last seen and the heartbeat interval it gave.
+fn seen(
+    conn: &Connection,
+    condition: &str,
+    values: impl rusqlite::Params,
+) -> rusqlite::Result<Option<(i64, Option<i64>)>> {
+    conn.query_row(
+        &format!("SELECT last_seen_at, heartbeat_ms FROM instances WHERE {condition}"),
+        values,
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    )
+    .optional()
+}
+
+/// Logs, once, that an instance that was gone is back.
+fn log_return(
+    service: &str,
+    instance: &str,
+    last_seen: i64,
+    heartbeat_ms: Option<i64>,
+    at: &ActiveAt,
+) {
+    if !at.is_active(last_seen, heartbeat_ms) {
+        tracing::info!(
+            %service,
+            %instance,
+            last_seen_at = %crate::store::rfc3339(last_seen),
+            "instance back: it counts as a provider again"
+        );
+    }
+}
+
+/// Marks the instance seen now (bringing back a gone one); 404
+/// `unknown_instance` if it is not registered, 403 `instance_owned` if
+/// another credential registered it, 409 `registration_changed` if `digest`
+/// is not the stored registration's.
 pub fn heartbeat(
     conn: &Connection,
     service: &str,
     instance: &str,
     registrant: &Registrant,
     digest: Option<&str>,
-    now_ms: i64,
+    at: &ActiveAt,
 ) -> Result<(), ApiError> {
     let stored = conn
         .query_row(
@@ -413,15 +474,24 @@ pub fn heartbeat(
             )));
         }
     }
+    let before = seen(
+        conn,
+        "service = ?1 AND instance_id = ?2",
+        params![service, instance],
+    )?;
     let changed = conn.execute(
-        "UPDATE instances SET last_seen_at = ?3 WHERE service = ?1 AND instance_id = ?2",
-        params![service, instance, now_ms],
+        "UPDATE instances SET last_seen_at = ?3, gone_at = NULL \
+         WHERE service = ?1 AND instance_id = ?2",
+        params![service, instance, at.now_ms],
     )?;
     if changed == 0 {
         return Err(ApiError::UnknownInstance(format!(
             "no instance `{instance}` of service `{service}` is registered; register it with \
              POST /v1/services/{service}/instances"
         )));
+    }
+    if let Some((last_seen, heartbeat_ms)) = before {
+        log_return(service, instance, last_seen, heartbeat_ms, at);
     }
     Ok(())
 }
@@ -455,6 +525,9 @@ pub struct InstanceEntry {
     /// Milliseconds since the Unix epoch, for the dashboard.
     #[serde(skip)]
     pub last_seen_ms: i64,
+    /// True when it missed its heartbeats ([`crate::liveness`]): it no
+    /// longer counts as a provider.
+    pub gone: bool,
     /// `None` until the aggregator has checked it.
     pub health: Option<LastHealth>,
 }
@@ -468,11 +541,12 @@ pub struct ServiceEntry {
 }
 
 /// Every service with its instances, sorted by service and base URL.
-pub fn services(conn: &Connection) -> rusqlite::Result<Vec<ServiceEntry>> {
-    let mut statement = conn.prepare(
-        "SELECT instance_id, service, base_url, registered_at, last_seen_at FROM instances \
-         ORDER BY service, base_url",
-    )?;
+pub fn services(conn: &Connection, at: &ActiveAt) -> rusqlite::Result<Vec<ServiceEntry>> {
+    let mut statement = conn.prepare(&format!(
+        "SELECT instance_id, service, base_url, registered_at, last_seen_at, NOT {} \
+         FROM instances ORDER BY service, base_url",
+        at.sql("instances")
+    ))?;
     let rows = statement
         .query_map([], |row| {
             Ok((
@@ -481,6 +555,7 @@ pub fn services(conn: &Connection) -> rusqlite::Result<Vec<ServiceEntry>> {
                 row.get::<_, String>(2)?,
                 row.get::<_, i64>(3)?,
                 row.get::<_, i64>(4)?,
+                row.get::<_, bool>(5)?,
             ))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -489,7 +564,7 @@ pub fn services(conn: &Connection) -> rusqlite::Result<Vec<ServiceEntry>> {
          WHERE instance_id = ?1 ORDER BY interface, version",
     )?;
     let mut services: Vec<ServiceEntry> = Vec::new();
-    for (id, service, base_url, registered, seen) in rows {
+    for (id, service, base_url, registered, seen, gone) in rows {
         let (mut hosts, mut calls) = (Vec::new(), Vec::new());
         for row in interfaces.query_map(params![id], |row| {
             Ok((
@@ -517,6 +592,7 @@ pub fn services(conn: &Connection) -> rusqlite::Result<Vec<ServiceEntry>> {
             registered_at: crate::store::rfc3339(registered),
             last_seen_at: crate::store::rfc3339(seen),
             last_seen_ms: seen,
+            gone,
         };
         match services.last_mut() {
             Some(last) if last.service == service => last.instances.push(entry),
@@ -552,8 +628,19 @@ pub(crate) async fn serve_register(
             "diagnosticsToken is empty; leave it out when the service has none".into(),
         ));
     }
+    if registration
+        .heartbeat_ms
+        .is_some_and(|ms| !crate::liveness::HEARTBEAT_MS_RANGE.contains(&ms))
+    {
+        return Err(ApiError::InvalidRegistration(format!(
+            "heartbeatMs must be from {} to {} (milliseconds)",
+            crate::liveness::HEARTBEAT_MS_RANGE.start(),
+            crate::liveness::HEARTBEAT_MS_RANGE.end()
+        )));
+    }
     let credentials = shared.credentials.clone();
     let authority = shared.keys.clone();
+    let at = shared.liveness.at(now_ms());
     let registered = with_db(&shared, move |conn| {
         let is_live = |owner: &str| credentials.is_live(owner);
         let owner = Owner {
@@ -564,10 +651,10 @@ pub(crate) async fn serve_register(
         if authority.is_some() {
             crate::keys::KeyAuthority::check_owner(conn, &service, &registrant, &is_live)?;
         }
-        let mut registered = register(conn, &service, &registration, &base_url, &owner, now_ms())?;
+        let mut registered = register(conn, &service, &registration, &base_url, &owner, &at)?;
         if let Some(authority) = &authority {
             registered.keys =
-                Some(authority.issue(conn, &service, &registrant, &is_live, now_ms())?);
+                Some(authority.issue(conn, &service, &registrant, &is_live, at.now_ms)?);
         }
         // Hosted versions that are decommissioned: the new instance is told.
         let mut retired = Vec::new();
@@ -575,7 +662,9 @@ pub(crate) async fn serve_register(
             if crate::decommission::decommissioned_at(conn, &hosted.interface, hosted.version)?
                 .is_some()
             {
-                retired.push((hosted.interface.clone(), hosted.version));
+                let generation =
+                    crate::decommission::generation(conn, &hosted.interface, hosted.version)?;
+                retired.push((hosted.interface.clone(), hosted.version, generation));
             }
         }
         Ok((registered, retired))
@@ -583,12 +672,17 @@ pub(crate) async fn serve_register(
     .await?;
     let (registered, retired) = registered;
     if let Some(commands) = &shared.commands {
-        for (interface, version) in &retired {
+        let target = crate::commands::Target {
+            instance_id: registered.instance_id.clone(),
+            base_url: registered.base_url.clone(),
+        };
+        for (interface, version, generation) in &retired {
             commands
                 .send(
-                    std::slice::from_ref(&registered.base_url),
+                    std::slice::from_ref(&target),
                     interface,
                     *version,
+                    *generation,
                     rfidl_runtime::lifecycle::Command::Decommission,
                 )
                 .await
@@ -625,15 +719,14 @@ pub(crate) async fn serve_heartbeat(
 ) -> Result<Response, ApiError> {
     let registrant = shared.credentials.registrant(&headers)?;
     check_service(&service)?;
-    let body: Bytes = axum::body::to_bytes(body, HEARTBEAT_LIMIT)
-        .await
-        .map_err(|_| ApiError::PayloadTooLarge)?;
+    let body: Bytes = crate::read_body(body, HEARTBEAT_LIMIT).await?;
     let beat: Heartbeat = if body.iter().all(u8::is_ascii_whitespace) {
         Heartbeat::default()
     } else {
         serde_json::from_slice(&body).map_err(|e| ApiError::InvalidRegistration(e.to_string()))?
     };
-    let now = now_ms();
+    let at = shared.liveness.at(now_ms());
+    let now = at.now_ms;
     let credentials = shared.credentials.clone();
     let authority = shared.keys.clone();
     let (service, instance, keys) = with_db(&shared, move |conn| {
@@ -643,7 +736,7 @@ pub(crate) async fn serve_heartbeat(
             &instance,
             &registrant,
             beat.registration_digest.as_deref(),
-            now,
+            &at,
         )?;
         // Renewed (and rotated when due) at every heartbeat.
         let keys = match &authority {
@@ -703,7 +796,8 @@ pub(crate) async fn serve_services(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let services = with_db(&shared, |conn| Ok(services(conn)?)).await?;
+    let at = shared.liveness.at(now_ms());
+    let services = with_db(&shared, move |conn| Ok(services(conn, &at)?)).await?;
     Ok(conditional::json_response(
         &headers,
         &serde_json::json!({ "services": services }),
@@ -717,7 +811,8 @@ pub(crate) async fn serve_deploy_check(
 ) -> Result<Response, ApiError> {
     let check: DeployCheck = json_body(body).await?;
     let count = check.calls.len();
-    let unmet = with_db(&shared, move |conn| Ok(scan(conn, &check.calls)?)).await?;
+    let at = shared.liveness.at(now_ms());
+    let unmet = with_db(&shared, move |conn| Ok(scan(conn, &check.calls, &at)?)).await?;
     if !unmet.is_empty() {
         return Err(ApiError::Unsatisfied(unmet));
     }

@@ -35,6 +35,8 @@ mod dashboard;
 pub mod decommission;
 pub mod directory;
 pub mod keys;
+pub mod liveness;
+pub mod rollup;
 mod routes;
 pub mod store;
 
@@ -104,6 +106,10 @@ pub enum ApiError {
     PayloadTooLarge,
     #[error("{0}")]
     BadRequest(String),
+    /// 408 `body_timeout`: the body did not arrive within the server's body
+    /// read timeout.
+    #[error("the request body did not arrive in time")]
+    BodyTimeout,
     #[error("the body is not a manifest: {0}")]
     InvalidManifest(String),
     #[error("the path names {path}, the manifest is {manifest}")]
@@ -159,6 +165,7 @@ impl ApiError {
             ApiError::NetworkNotAllowed(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::InvalidManifest(_)
             | ApiError::PathMismatch { .. }
             | ApiError::FingerprintMismatch { .. }
@@ -188,6 +195,7 @@ impl ApiError {
             ApiError::NetworkNotAllowed(_) => "network_not_allowed",
             ApiError::PayloadTooLarge => "payload_too_large",
             ApiError::BadRequest(_) => "bad_request",
+            ApiError::BodyTimeout => "body_timeout",
             ApiError::InvalidManifest(_) => "invalid_manifest",
             ApiError::PathMismatch { .. } => "path_mismatch",
             ApiError::FingerprintMismatch { .. } => "fingerprint_mismatch",
@@ -284,6 +292,7 @@ pub struct Registry {
     refresh_secs: u64,
     commands: Option<commands::CommandSender>,
     keys: Option<Arc<keys::KeyAuthority>>,
+    liveness: liveness::Liveness,
 }
 
 pub(crate) struct Shared {
@@ -300,6 +309,8 @@ pub(crate) struct Shared {
     commands: Option<commands::CommandSender>,
     /// Issues keys at registration, when configured ([`keys`]).
     keys: Option<Arc<keys::KeyAuthority>>,
+    /// When an instance that stopped heartbeating is gone.
+    pub(crate) liveness: liveness::Liveness,
 }
 
 impl Registry {
@@ -315,7 +326,25 @@ impl Registry {
             refresh_secs: 60,
             commands: None,
             keys: None,
+            liveness: liveness::Liveness::default(),
         })
+    }
+
+    /// An instance that misses this many heartbeats in a row is gone: it
+    /// no longer counts as a provider ([`liveness`]); 3 by default, at
+    /// least 1.
+    #[must_use]
+    pub fn missed_heartbeats(mut self, missed: u32) -> Self {
+        self.liveness.missed = missed.max(1);
+        self
+    }
+
+    /// The heartbeat interval of an instance whose registration does not
+    /// say its own (`heartbeatMs`); 30 s by default, the runtime's.
+    #[must_use]
+    pub fn heartbeat_interval(mut self, interval: std::time::Duration) -> Self {
+        self.liveness.heartbeat = interval;
+        self
     }
 
     /// Issues keys at registration ([`keys`]): every registration and
@@ -403,13 +432,18 @@ impl Registry {
         self
     }
 
-    /// Polls every registered instance's `/_rf/health` once, concurrently,
-    /// and stores the results ([`aggregator`]); returns how many it asked.
+    /// Polls every active registered instance's `/_rf/health` once,
+    /// concurrently, and stores the results ([`aggregator`], [`rollup`]) in
+    /// one transaction; returns how many it asked. Instances that went
+    /// since the last round are logged once ([`liveness`]) and not asked.
     pub async fn poll_health_once(&self, interval: std::time::Duration) -> Result<usize, ApiError> {
         let conn = Arc::clone(&self.conn);
+        let liveness = self.liveness;
         let targets = tokio::task::spawn_blocking(move || {
             let conn = conn.lock().unwrap_or_else(|p| p.into_inner());
-            aggregator::targets(&conn)
+            let at = liveness.at(now_ms());
+            liveness::log_departures(&liveness::sweep(&conn, &at)?, &liveness);
+            liveness::active_targets(&conn, &at)
         })
         .await
         .map_err(|e| ApiError::Unavailable(e.to_string()))??;
@@ -429,28 +463,21 @@ impl Registry {
         let asked = results.len();
         let conn = Arc::clone(&self.conn);
         tokio::task::spawn_blocking(move || {
-            let conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+            let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
             let now = now_ms();
+            // One commit for the round: a commit per instance is an fsync
+            // per instance.
+            let tx = conn.transaction()?;
             for (target, check) in &results {
-                if check.colour != aggregator::Colour::Healthy {
-                    tracing::warn!(
-                        instance = %target.instance_id,
-                        base_url = %target.base_url,
-                        colour = check.colour.as_str(),
-                        reasons = ?check.reasons,
-                        detail = check.detail.as_deref().unwrap_or(""),
-                        "instance not healthy"
-                    );
-                }
                 // An instance may have been removed meanwhile: skip it.
-                match aggregator::record(&conn, &target.instance_id, check, now) {
-                    Ok(()) => {}
+                match aggregator::record(&tx, &target.instance_id, check, now) {
+                    Ok(previous) => rollup::log_change(target, previous.as_deref(), check),
                     Err(rusqlite::Error::SqliteFailure(e, _))
                         if e.code == rusqlite::ErrorCode::ConstraintViolation => {}
                     Err(other) => return Err(other),
                 }
             }
-            Ok(())
+            tx.commit()
         })
         .await
         .map_err(|e| ApiError::Unavailable(e.to_string()))??;
@@ -543,6 +570,7 @@ impl Registry {
                 refresh_secs: self.refresh_secs,
                 commands: self.commands.clone(),
                 keys: self.keys.clone(),
+                liveness: self.liveness,
             }))
     }
 }
@@ -705,14 +733,29 @@ async fn publish(
 /// (`POST /v1/compatibility/…`) makes the same ones. Messages never echo a
 /// hostile value in full (serde quotes what it could not read; names can be
 /// a megabyte long).
+/// Reads a request body of at most `limit` bytes: 413 over it, 408
+/// `body_timeout` when it does not arrive within the server's body read
+/// timeout (`rfidl_runtime::serve`), 400 when the connection fails.
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    use http_body_util::BodyExt as _;
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            Err(ApiError::PayloadTooLarge)
+        }
+        Err(error) if rfidl_runtime::serve::is_body_timeout(&*error) => Err(ApiError::BodyTimeout),
+        Err(error) => Err(ApiError::BadRequest(format!(
+            "cannot read the request body: {error}"
+        ))),
+    }
+}
+
 pub(crate) async fn verified_manifest(
     interface: &str,
     version: &str,
     body: Body,
 ) -> Result<Manifest, ApiError> {
-    let body: Bytes = axum::body::to_bytes(body, BODY_LIMIT)
-        .await
-        .map_err(|_| ApiError::PayloadTooLarge)?;
+    let body = read_body(body, BODY_LIMIT).await?;
     let version = version_of(version)?;
     let manifest: Manifest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::InvalidManifest(cut(&e.to_string())))?;

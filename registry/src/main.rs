@@ -102,6 +102,24 @@ enum Command {
         /// finish before the process exits anyway, in seconds.
         #[arg(long, env = "RFIDL_REGISTRY_SHUTDOWN_GRACE", default_value_t = 10)]
         shutdown_grace: u64,
+        /// How long a client may take to send a request's headers (a
+        /// duration); slower connections are closed.
+        #[arg(
+            long,
+            env = "RFIDL_REGISTRY_HEADER_READ_TIMEOUT",
+            default_value = "10s",
+            value_parser = parse_read_timeout
+        )]
+        header_read_timeout: Duration,
+        /// How long a client may take to send a request's body after its
+        /// headers (a duration); slower ones are refused and closed.
+        #[arg(
+            long,
+            env = "RFIDL_REGISTRY_BODY_READ_TIMEOUT",
+            default_value = "30s",
+            value_parser = parse_read_timeout
+        )]
+        body_read_timeout: Duration,
         /// How often the health aggregator polls every registered
         /// instance's /_rf/health (a duration: `2s`, `1m`, `500ms`).
         #[arg(
@@ -111,6 +129,25 @@ enum Command {
             value_parser = parse_interval
         )]
         health_interval: Duration,
+        /// An instance that misses this many heartbeats in a row is gone:
+        /// it no longer counts as a provider (manifest scan, deploy-check,
+        /// the dashboard's totals) until it heartbeats again.
+        #[arg(
+            long,
+            env = "RFIDL_REGISTRY_MISSED_HEARTBEATS",
+            default_value_t = rfidl_registry::liveness::DEFAULT_MISSED_HEARTBEATS,
+            value_parser = clap::value_parser!(u32).range(1..=1000)
+        )]
+        missed_heartbeats: u32,
+        /// The heartbeat interval of an instance whose registration does
+        /// not give its own (`heartbeatMs`; the runtime gives it).
+        #[arg(
+            long,
+            env = "RFIDL_REGISTRY_HEARTBEAT_INTERVAL",
+            default_value = "30s",
+            value_parser = parse_interval
+        )]
+        heartbeat_interval: Duration,
         /// The secret (`whsec_…`) the registry signs its lifecycle commands
         /// (decommission, re-commission) to provider instances with; each
         /// provider lists it in `peers` under `rfidl-registry`. Without it,
@@ -161,6 +198,15 @@ enum Command {
     },
 }
 
+/// A read timeout: a duration from 100 ms to 10 minutes.
+fn parse_read_timeout(text: &str) -> Result<Duration, String> {
+    let timeout = rfidl_runtime::duration::parse_duration(text).map_err(|e| e.to_string())?;
+    if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&timeout) {
+        return Err(format!("`{text}` is out of range; give 100ms to 10m"));
+    }
+    Ok(timeout)
+}
+
 /// A health interval: a duration of at least 100 ms.
 fn parse_interval(text: &str) -> Result<Duration, String> {
     let interval = rfidl_runtime::duration::parse_duration(text).map_err(|e| e.to_string())?;
@@ -194,7 +240,11 @@ async fn main() -> anyhow::Result<()> {
         allow_networks,
         registrations_per_minute,
         shutdown_grace,
+        header_read_timeout,
+        body_read_timeout,
         health_interval,
+        missed_heartbeats,
+        heartbeat_interval,
         command_secret,
         command_secret_file,
         commands_db,
@@ -221,7 +271,9 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut registry = rfidl_registry::Registry::open(&db)?
         .health_interval(health_interval)
-        .registrations_per_minute(registrations_per_minute);
+        .registrations_per_minute(registrations_per_minute)
+        .missed_heartbeats(missed_heartbeats)
+        .heartbeat_interval(heartbeat_interval);
     if let Some(token) = publish_token {
         anyhow::ensure!(
             !token.is_empty(),
@@ -314,6 +366,8 @@ async fn main() -> anyhow::Result<()> {
         // rfidl_runtime::serve: header and body read timeouts, which
         // axum::serve lacks (a client trickling bytes holds no connection).
         rfidl_runtime::serve(listener, registry.router())
+            .header_read_timeout(header_read_timeout)
+            .body_read_timeout(body_read_timeout)
             .with_graceful_shutdown(async move {
                 let _ = on_signal.wait_for(|s| *s).await;
             })

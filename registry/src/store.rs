@@ -89,7 +89,57 @@ pub const MIGRATIONS: &[&str] = &[
         registration_digest  TEXT NOT NULL   -- sha256:… of hosts, calls, diagnostics token
     ) STRICT;
 "#,
-    // 5: keys issued at registration (`crate::keys`), sealed under the key
+    // 5: the generation of each interface version's lifecycle
+    // (`crate::decommission`): it grows with every decommission and
+    // re-commission, and every command carries it, so a provider refuses
+    // an older command. Versions decommissioned before start at 1.
+    r#"
+    CREATE TABLE lifecycle_generations (
+        interface   TEXT NOT NULL,
+        version     INTEGER NOT NULL,
+        generation  INTEGER NOT NULL,
+        PRIMARY KEY (interface, version)
+    ) STRICT;
+    INSERT INTO lifecycle_generations (interface, version, generation)
+        SELECT interface, version, 1 FROM decommissioned;
+"#,
+    // 6: liveness (`crate::liveness`: an instance that misses its
+    // heartbeats is gone) and the dashboard's pre-aggregated state
+    // (`crate::rollup`: each instance's latest check, and its checks rolled
+    // up in 5-minute buckets for the sparklines), filled from the history.
+    r#"
+    ALTER TABLE instances ADD COLUMN heartbeat_ms INTEGER;  -- its own interval; NULL: the registry's
+    ALTER TABLE instances ADD COLUMN gone_at INTEGER;       -- when it was logged gone; NULL while active
+    CREATE TABLE instance_health (
+        instance_id            TEXT PRIMARY KEY REFERENCES instances (instance_id) ON DELETE CASCADE,
+        checked_at             INTEGER NOT NULL,
+        colour                 TEXT NOT NULL CHECK (colour IN ('healthy', 'warning', 'critical')),
+        reported               TEXT,
+        depth                  INTEGER,
+        dead_letter            INTEGER,
+        attention              INTEGER,
+        oldest_pending_age_ms  INTEGER,
+        reasons                TEXT NOT NULL
+    ) STRICT;
+    CREATE TABLE health_buckets (
+        instance_id  TEXT NOT NULL REFERENCES instances (instance_id) ON DELETE CASCADE,
+        bucket       INTEGER NOT NULL,  -- its start, ms since the Unix epoch
+        depth        INTEGER,           -- the highest depth of its checks; NULL: none reachable
+        worst        INTEGER NOT NULL,  -- 0 healthy, 1 warning, 2 critical
+        PRIMARY KEY (instance_id, bucket)
+    ) STRICT, WITHOUT ROWID;
+    INSERT INTO instance_health
+        SELECT h.instance_id, h.checked_at, h.colour, h.reported, h.depth, h.dead_letter,
+               h.attention, h.oldest_pending_age_ms, h.reasons
+          FROM health_checks h
+          JOIN (SELECT MAX(id) AS id FROM health_checks GROUP BY instance_id) latest
+            ON latest.id = h.id;
+    INSERT INTO health_buckets
+        SELECT instance_id, checked_at - checked_at % 300000, MAX(depth),
+               MAX(CASE colour WHEN 'healthy' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END)
+          FROM health_checks GROUP BY 1, 2;
+"#,
+    // 7: keys issued at registration (`crate::keys`), sealed under the key
     // file; never a plaintext secret.
     r#"
     CREATE TABLE key_authority (

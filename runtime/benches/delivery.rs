@@ -457,6 +457,7 @@ mod postgres {
                 urls: Vec::new(),
                 secret: secret.to_whsec(),
                 ca_file: None,
+                replicas: None,
             },
         );
         PgPair {

@@ -161,10 +161,12 @@ impl Default for InboxConfig {
 pub struct DestinationConfig {
     /// `http://host:port` or `https://host:port` (base URL; `/_rf/receive`
     /// is appended; HTTPS needs the default cargo feature `tls`), `unix:///path.sock`,
-    /// `grpc://host:port` (cargo feature `grpc`), `inproc://name` for a
-    /// receiver registered in the same process, or
+    /// `grpc://host:port` (cargo feature `grpc`), or
     /// `nats://[user:password@]host:port/<subject>` for a NATS JetStream
-    /// stream (cargo feature `nats`); see `docs/transports.md`.
+    /// stream (cargo feature `nats`); see `docs/transports.md`. Any other
+    /// scheme stops the dispatcher's start. A receiver in the same process
+    /// is routed in code (`DispatcherBuilder::route` with an
+    /// `InProcessTransport`), not here.
     pub url: String,
     /// More base URLs of the same destination: instances of one receiving
     /// service that share its inbox database. Messages are spread
@@ -184,6 +186,11 @@ pub struct DestinationConfig {
     /// certificate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<std::path::PathBuf>,
+    /// For `nats://` URLs: the replica count of the stream rfidl creates
+    /// (1 to 5; 3 on a 3-node JetStream cluster survives losing any node).
+    /// The URL's `?replicas=N` wins. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<usize>,
 }
 
 impl DestinationConfig {
@@ -196,6 +203,7 @@ impl DestinationConfig {
             urls: Vec::new(),
             secret: secret.into(),
             ca_file: None,
+            replicas: None,
         }
     }
 }
@@ -349,6 +357,7 @@ impl std::fmt::Debug for DestinationConfig {
             .field("urls", &self.urls)
             .field("secret", &"<redacted>")
             .field("ca_file", &self.ca_file)
+            .field("replicas", &self.replicas)
             .finish()
     }
 }
@@ -481,6 +490,7 @@ mod tests {
                 urls: vec!["http://127.0.0.1:2".into()],
                 secret: "whsec_TOPSECRET1".into(),
                 ca_file: None,
+                replicas: None,
             },
         );
         config
@@ -507,6 +517,7 @@ mod tests {
                 urls: Vec::new(),
                 secret: "whsec_AAAA".into(),
                 ca_file: None,
+                replicas: None,
             },
         );
         config.peers.insert(

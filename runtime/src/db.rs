@@ -304,6 +304,20 @@ pub const MIGRATIONS: &[&str] = &[
         r#";
     "#
     ),
+    // 7: the last lifecycle command applied per interface version
+    //    (`crate::lifecycle`): the registry's generation and which command,
+    //    so that a command older than the state held (a replay, a late
+    //    retry) is refused (`stale_command`), also after a restart.
+    r#"
+    CREATE TABLE rf_lifecycle_applied (
+        interface   TEXT NOT NULL,
+        version     INTEGER NOT NULL,
+        generation  INTEGER NOT NULL,
+        command     TEXT NOT NULL,
+        applied_at  INTEGER NOT NULL,
+        PRIMARY KEY (interface, version)
+    ) STRICT;
+    "#,
 ];
 
 /// The `seq` (rowid) of an outbox row whose `message_id` is `message_id`:
@@ -917,7 +931,7 @@ mod tests {
         let version: i64 = conn
             .query_row("PRAGMA user_version", [], |row| row.get(0))
             .expect("version");
-        assert_eq!(version, 6);
+        assert_eq!(version, MIGRATIONS.len() as i64, "migrated to the latest");
         assert_eq!(dump(&conn), before, "every row and column kept");
         let seq_of = |id: &str| -> i64 {
             conn.query_row(
@@ -1025,17 +1039,22 @@ mod tests {
 
     #[test]
     fn a_newer_rollback_journal_database_is_refused_unchanged() {
+        let newer = MIGRATIONS.len() as i64 + 1;
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("newer.db");
         {
-            // Written by a "newer version": rollback journal, user_version 7.
+            // Written by a "newer version": rollback journal, a
+            // user_version one past this build's.
             let conn = Connection::open(&path).expect("create");
-            conn.execute_batch("CREATE TABLE t (x); PRAGMA user_version = 7;")
-                .expect("schema");
+            conn.execute_batch(&format!(
+                "CREATE TABLE t (x); PRAGMA user_version = {};",
+                newer
+            ))
+            .expect("schema");
         }
         let before = sha256_of(&path);
         match open(&path, Durability::Full) {
-            Err(error @ DbError::TooNew { found: 7, .. }) => {
+            Err(error @ DbError::TooNew { found, .. }) if found == newer => {
                 assert!(
                     error.to_string().contains("refusing to touch it"),
                     "{error}"

@@ -29,6 +29,19 @@
 //! that [`IssuedKeys`] set (the receiver and dispatcher read it), and a
 //! receiver that meets a source it has no key for asks for a renewal at
 //! once (at most one a second) instead of waiting for the next beat.
+//!
+//! The registration says how often the instance heartbeats (`heartbeatMs`):
+//! the registry counts an instance that missed a few heartbeats as gone
+//! (no longer a provider) until its next heartbeat.
+//!
+//! A service that holds the registry's publish token may report the
+//! interface versions it hosts on start-up
+//! ([`DirectoryClient::publish_on_registration`]): before registering, it
+//! publishes each manifest with `PUT /v1/interfaces/{interface}/v{version}`,
+//! the route of `rfidl publish`, so the registry runs the same checks (a
+//! manifest a contract could produce, its fingerprint, compatibility with
+//! the published revisions). A refused publish is logged and retried with
+//! the registration.
 
 use std::time::Duration;
 
@@ -144,6 +157,45 @@ pub struct DirectoryClient {
     registration: Registration,
     http: reqwest::Client,
     issued: Option<IssuedKeys>,
+    /// Bound to the instance id of every accepted registration.
+    lifecycle: Option<crate::lifecycle::Lifecycle>,
+    publish: Option<PublishOnRegistration>,
+}
+
+/// The manifests a service publishes before it registers, and the
+/// registry's publish token (see [`DirectoryClient::publish_on_registration`]).
+#[derive(Clone)]
+pub struct PublishOnRegistration {
+    /// The registry's publish token.
+    pub token: String,
+    /// The manifests of what it hosts, as JSON (a generated module's
+    /// `MANIFEST_JSON`).
+    pub manifests: Vec<String>,
+}
+
+impl std::fmt::Debug for PublishOnRegistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PublishOnRegistration")
+            .field("manifests", &self.manifests.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The body of a registration: the service's [`Registration`] and its
+/// heartbeat interval.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RegistrationBody<'a> {
+    #[serde(flatten)]
+    registration: &'a Registration,
+    heartbeat_ms: u64,
+}
+
+/// The interface and version a manifest names.
+#[derive(Deserialize)]
+struct ManifestName {
+    interface: String,
+    version: u32,
 }
 
 #[derive(Deserialize)]
@@ -192,6 +244,8 @@ impl DirectoryClient {
             registration,
             http,
             issued: None,
+            lifecycle: None,
+            publish: None,
         }
     }
 
@@ -219,6 +273,67 @@ impl DirectoryClient {
             }
             Err(error) => tracing::error!(%error, "keeping the keys in force"),
         }
+    }
+
+    /// Publishes `publish.manifests` with `publish.token` before each
+    /// registration attempt until all are accepted: a service can then
+    /// register against a registry where nobody published what it hosts.
+    #[must_use]
+    pub fn publish_on_registration(mut self, publish: PublishOnRegistration) -> Self {
+        self.publish = Some(publish);
+        self
+    }
+
+    /// Publishes each manifest of [`DirectoryClient::publish_on_registration`]
+    /// (200 stored already, 201 stored); the first refusal ends it.
+    pub async fn publish_manifests(&self) -> Result<(), DirectoryError> {
+        let Some(publish) = &self.publish else {
+            return Ok(());
+        };
+        for manifest in &publish.manifests {
+            let name: ManifestName =
+                serde_json::from_str(manifest).map_err(|e| DirectoryError::Refused {
+                    status: 0,
+                    code: "invalid_manifest".into(),
+                    message: format!("a manifest to publish is not a manifest: {e}"),
+                })?;
+            let url = format!(
+                "{}/v1/interfaces/{}/v{}",
+                self.base(),
+                name.interface,
+                name.version
+            );
+            let response = self
+                .http
+                .put(url)
+                .bearer_auth(&publish.token)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(manifest.clone())
+                .send()
+                .await
+                .map_err(|e| DirectoryError::Unreachable(e.to_string()))?;
+            if !response.status().is_success() {
+                return Err(Self::refusal(response).await);
+            }
+            if response.status() == reqwest::StatusCode::CREATED {
+                tracing::info!(
+                    interface = %name.interface,
+                    version = name.version,
+                    registry = %self.config.url,
+                    "published the manifest of a hosted interface version"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Binds `lifecycle` (the set the receiver's lifecycle commands update)
+    /// to the instance id of every accepted registration, so that the
+    /// registry's commands addressed to another instance are refused
+    /// ([`crate::lifecycle`]).
+    pub fn lifecycle(mut self, lifecycle: &crate::lifecycle::Lifecycle) -> Self {
+        self.lifecycle = Some(lifecycle.clone());
+        self
     }
 
     fn base(&self) -> &str {
@@ -267,8 +382,12 @@ impl DirectoryClient {
             self.base(),
             self.registration.service_id
         );
+        let body = RegistrationBody {
+            registration: &registration,
+            heartbeat_ms: self.config.heartbeat.as_millis().clamp(100, 3_600_000) as u64,
+        };
         let response = self
-            .authorised(self.http.post(url).json(&registration))
+            .authorised(self.http.post(url).json(&body))
             .send()
             .await
             .map_err(|e| DirectoryError::Unreachable(e.to_string()))?;
@@ -277,11 +396,15 @@ impl DirectoryClient {
         }
         // Not the decoder's message: it may quote a value, and the answer
         // may carry secrets.
-        response.json().await.map_err(|_| {
+        let registered: Registered = response.json().await.map_err(|_| {
             DirectoryError::Unreachable(
                 "the registry's answer to the registration is not a registration answer".into(),
             )
-        })
+        })?;
+        if let Some(lifecycle) = &self.lifecycle {
+            lifecycle.bind_instance(registered.instance_id.clone());
+        }
+        Ok(registered)
     }
 
     /// Renews the registration of `instance_id`; with the
@@ -321,8 +444,17 @@ impl DirectoryClient {
         Ok(())
     }
 
-    /// One step of the loop of [`DirectoryClient::spawn`].
-    async fn step(&self, state: &mut DirectoryState) {
+    /// One step of the loop of [`DirectoryClient::spawn`]; `published`
+    /// says the manifests to publish were accepted already.
+    async fn step(&self, state: &mut DirectoryState, published: &mut bool) {
+        if !*published && !state.complete {
+            match self.publish_manifests().await {
+                Ok(()) => *published = true,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot publish the manifests of this service; retrying");
+                }
+            }
+        }
         let result = if state.complete {
             let id = state.instance_id.clone().unwrap_or_default();
             let digest = state.registration_digest.clone();
@@ -407,6 +539,7 @@ impl DirectoryClient {
         let (publish, follow) = watch::channel(DirectoryState::default());
         let task = tokio::spawn(async move {
             let mut state = DirectoryState::default();
+            let mut published = false;
             let mut ticks = tokio::time::interval(self.config.heartbeat);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let issued = self.issued.clone().unwrap_or_default();
@@ -422,7 +555,7 @@ impl DirectoryClient {
                     }
                 }
                 last = tokio::time::Instant::now();
-                self.step(&mut state).await;
+                self.step(&mut state, &mut published).await;
                 publish.send_replace(state.clone());
             }
         });

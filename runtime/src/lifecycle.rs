@@ -36,6 +36,28 @@
 //! The receiver answers a message for a decommissioned version 410
 //! `version_decommissioned` (with `Retry-After`), before the inbox is
 //! touched; `GET /_rf/health` lists the versions and their held rows.
+//!
+//! **A command is bound to its target.** Its payload names the instance the
+//! registry addressed (`instanceId`, the id the registry assigned at
+//! registration, and `baseUrl`) and carries the registry's **generation**
+//! of that interface version (it grows with every decommission and
+//! re-commission). An instance learns its id when it registers
+//! ([`DirectoryClient::lifecycle`](crate::directory::DirectoryClient::lifecycle),
+//! or [`Lifecycle::bind_instance`]) and refuses, for good (422, the
+//! registry's outbox dead-letters it):
+//!
+//! * a command addressed to another instance: [`WRONG_TARGET`] (a copy a
+//!   fake registered instance received and replays here);
+//! * a command whose generation is older than the one it applied last for
+//!   that version, or equal to it with the other command:
+//!   [`STALE_COMMAND`] (a captured `Decommission` replayed after the
+//!   re-commission). The applied generation is stored in
+//!   `rf_lifecycle_applied` in the command's transaction, so it survives a
+//!   restart.
+//!
+//! Before it knows its id, an instance answers a command 500
+//! `handler_failed` (the registry retries): it registers at start-up, and
+//! the registry sends commands only to registered instances.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -48,8 +70,10 @@ use crate::store::Sqlite;
 
 /// The control interface every receiver with a lifecycle hosts.
 pub const INTERFACE: &str = "rfidl.control.Lifecycle";
-/// Its only version.
-pub const VERSION: u32 = 1;
+/// Its version. v2 binds each command to its target instance and carries
+/// the registry's generation (a v1 command could be replayed against any
+/// instance); no receiver hosts v1 any more.
+pub const VERSION: u32 = 2;
 /// Endpoint: stop dispatching a version, answer its routes 410.
 pub const DECOMMISSION: &str = "Decommission";
 /// Endpoint: undo [`DECOMMISSION`]; held rows become due.
@@ -60,11 +84,15 @@ pub const DEFAULT_REGISTRY_SOURCE: &str = "rfidl-registry";
 /// `next_retry_at` of a held outbox row: far beyond any clock (about the
 /// year 146 million), yet far from `i64` overflow when added to.
 pub const HELD_DUE_MS: i64 = 1 << 62;
-/// The canonical manifest of [`INTERFACE`] v1.
-pub const MANIFEST_JSON: &str = r#"{"interface":"rfidl.control.Lifecycle","version":1,"methods":[{"name":"Decommission","kind":"Command","params":[{"name":"interface","type":"string"},{"name":"version","type":"u32"}]},{"name":"Recommission","kind":"Command","params":[{"name":"interface","type":"string"},{"name":"version","type":"u32"}]}]}"#;
+/// The error code of a command addressed to another instance (422).
+pub const WRONG_TARGET: &str = "wrong_target";
+/// The error code of a command older than the state it would change (422).
+pub const STALE_COMMAND: &str = "stale_command";
+/// The canonical manifest of [`INTERFACE`] v2.
+pub const MANIFEST_JSON: &str = r#"{"interface":"rfidl.control.Lifecycle","version":2,"methods":[{"name":"Decommission","kind":"Command","params":[{"name":"interface","type":"string"},{"name":"version","type":"u32"},{"name":"instanceId","type":"string"},{"name":"baseUrl","type":"string"},{"name":"generation","type":"u64"}]},{"name":"Recommission","kind":"Command","params":[{"name":"interface","type":"string"},{"name":"version","type":"u32"},{"name":"instanceId","type":"string"},{"name":"baseUrl","type":"string"},{"name":"generation","type":"u64"}]}]}"#;
 /// `sha256:` of [`MANIFEST_JSON`] (checked by a unit test).
 pub const FINGERPRINT: &str =
-    "sha256:e5c70b7781d7c9f8bb07208b77ab6837467bb9540db1729f292d581066ff2c7e";
+    "sha256:c110916f59117f82afb7bb0922f975125ffc639da5eb59c95c879eca645d6405";
 
 /// The hosted interface of the control service.
 pub const HOSTED: HostedInterface = HostedInterface {
@@ -99,12 +127,22 @@ pub fn held_reason(interface: &str, version: u32) -> String {
     format!("held: {interface} v{version} is decommissioned")
 }
 
-/// The payload of both commands.
+/// The payload of both commands: which version, for which instance, at
+/// which generation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VersionRef {
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CommandPayload {
     pub interface: String,
     pub version: u32,
+    /// The instance the registry addressed: the id it assigned at
+    /// registration.
+    pub instance_id: String,
+    /// That instance's base URL as the registry knows it (shown in
+    /// refusals; the id is what is compared).
+    pub base_url: String,
+    /// The registry's generation of this interface version: larger for
+    /// every later decommission or re-commission.
+    pub generation: u64,
 }
 
 /// The decommissioned versions this process knows of, shared by the outbox,
@@ -124,6 +162,9 @@ struct Inner {
     /// Counts the handler's changes, so that a refresh read before a change
     /// committed does not undo it ([`Lifecycle::replace_since`]).
     generation: std::sync::atomic::AtomicU64,
+    /// The id the registry assigned this instance; commands for another
+    /// are refused.
+    instance: RwLock<Option<String>>,
 }
 
 impl std::fmt::Debug for Lifecycle {
@@ -138,6 +179,31 @@ impl Lifecycle {
     /// An empty set.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Tells the lifecycle the id the registry assigned this instance (the
+    /// `instanceId` of the registration's answer): commands addressed to
+    /// another id are refused [`WRONG_TARGET`]. A later call (the instance
+    /// registered again) replaces it.
+    /// [`DirectoryClient::lifecycle`](crate::directory::DirectoryClient::lifecycle)
+    /// calls it on every accepted registration.
+    pub fn bind_instance(&self, instance_id: impl Into<String>) {
+        let instance_id = instance_id.into();
+        if let Ok(mut slot) = self.inner.instance.write()
+            && slot.as_deref() != Some(instance_id.as_str())
+        {
+            tracing::info!(instance = %instance_id, "lifecycle commands bound to this instance id");
+            *slot = Some(instance_id);
+        }
+    }
+
+    /// The instance id commands must name, once known.
+    pub fn instance(&self) -> Option<String> {
+        self.inner
+            .instance
+            .read()
+            .ok()
+            .and_then(|slot| slot.clone())
     }
 
     /// Whether `interface` `version` is decommissioned. One read lock and
@@ -286,12 +352,28 @@ pub(crate) fn read_postgres(
         .collect())
 }
 
-/// The control service: hosts [`INTERFACE`] v1 on a receiver built with
+/// The control service: hosts [`INTERFACE`] v2 on a receiver built with
 /// [`ReceiverBuilder::lifecycle`](crate::receiver::ReceiverBuilder::lifecycle).
 pub struct LifecycleService {
     lifecycle: Lifecycle,
     registry: String,
 }
+
+/// Records the command as the last applied for its version, unless the one
+/// recorded is newer (or as new, but the other command): then nothing is
+/// written. One statement, so that on PostgreSQL two replicas applying
+/// commands of one version at once are ordered by the row lock.
+const RECORD_APPLIED_SQLITE: &str = "INSERT INTO rf_lifecycle_applied \
+     (interface, version, generation, command, applied_at) VALUES (?1, ?2, ?3, ?4, ?5) \
+     ON CONFLICT (interface, version) DO UPDATE SET generation = excluded.generation, \
+     command = excluded.command, applied_at = excluded.applied_at \
+     WHERE rf_lifecycle_applied.generation < excluded.generation \
+     OR (rf_lifecycle_applied.generation = excluded.generation \
+         AND rf_lifecycle_applied.command = excluded.command)";
+
+/// The last command applied for a version: (generation, endpoint).
+const APPLIED_SQLITE: &str =
+    "SELECT generation, command FROM rf_lifecycle_applied WHERE interface = ?1 AND version = ?2";
 
 impl LifecycleService {
     /// Accepts commands from the source id `registry` only.
@@ -302,8 +384,13 @@ impl LifecycleService {
         }
     }
 
-    /// Checks the source and decodes the payload: which command, for what.
-    fn command(&self, call: &IncomingCall<'_>) -> Result<(Command, VersionRef), HandlerError> {
+    /// Checks the source, decodes the payload and checks that it is
+    /// addressed to this instance: which command, for what, at which
+    /// generation (as stored).
+    fn command(
+        &self,
+        call: &IncomingCall<'_>,
+    ) -> Result<(Command, CommandPayload, i64), HandlerError> {
         if call.source != self.registry {
             return Err(HandlerError::poison(format!(
                 "lifecycle commands are accepted from the registry (`{}`) only, not from `{}`",
@@ -315,24 +402,81 @@ impl LifecycleService {
             RECOMMISSION => Command::Recommission,
             other => return Err(HandlerError::unknown_endpoint(other)),
         };
-        let target: VersionRef = crate::receiver::decode_payload(call.payload)?;
+        let target: CommandPayload = crate::receiver::decode_payload(call.payload)?;
         if target.interface.is_empty() || target.version == 0 {
             return Err(HandlerError::payload_mismatch(
                 "`interface` must be non-empty and `version` at least 1",
             ));
         }
+        let generation = i64::try_from(target.generation)
+            .ok()
+            .filter(|g| *g >= 1)
+            .ok_or_else(|| {
+                HandlerError::payload_mismatch("`generation` must be from 1 to 2^63 - 1")
+            })?;
         if target.interface == INTERFACE {
             return Err(HandlerError::poison(format!(
                 "the control interface `{INTERFACE}` cannot be decommissioned"
             )));
         }
-        Ok((command, target))
+        match self.lifecycle.instance() {
+            None => Err(HandlerError::retryable(format!(
+                "this instance does not know its instance id yet (it is not registered with the \
+                 registry), so it cannot check that this command for `{}` ({}) is its own; \
+                 retry once it is registered",
+                target.instance_id, target.base_url
+            ))),
+            Some(own) if own != target.instance_id => Err(HandlerError::refused(
+                WRONG_TARGET,
+                format!(
+                    "this {} of {} v{} is addressed to instance `{}` ({}), not to this \
+                     instance `{own}`: a lifecycle command is applied only by the instance the \
+                     registry sent it to",
+                    command.endpoint(),
+                    target.interface,
+                    target.version,
+                    target.instance_id,
+                    target.base_url
+                ),
+            )),
+            Some(_) => Ok((command, target, generation)),
+        }
+    }
+
+    /// The refusal of a command that is not newer than `applied`, the last
+    /// one applied for its version.
+    fn stale(
+        command: Command,
+        target: &CommandPayload,
+        applied: Option<(i64, String)>,
+    ) -> HandlerError {
+        let held = applied.map_or_else(
+            || "a newer command".to_owned(),
+            |(generation, endpoint)| format!("`{endpoint}` at generation {generation}"),
+        );
+        HandlerError::refused(
+            STALE_COMMAND,
+            format!(
+                "`{}` of {} v{} carries generation {}, but this instance applied {held}: a \
+                 command older than the state it holds is refused",
+                command.endpoint(),
+                target.interface,
+                target.version,
+                target.generation
+            ),
+        )
     }
 
     /// Updates the set and answers; `at` is when the version was
     /// decommissioned (for a decommission), `rows` how many rows were held
     /// or released.
-    fn done(&self, command: Command, target: &VersionRef, at: i64, rows: u64) -> serde_json::Value {
+    fn done(
+        &self,
+        command: Command,
+        target: &CommandPayload,
+        at: i64,
+        rows: u64,
+    ) -> serde_json::Value {
         // Set before the commit (a handler has no after-commit hook): a
         // rollback is corrected by the dispatcher's next refresh.
         let decommissioned = command == Command::Decommission;
@@ -344,6 +488,7 @@ impl LifecycleService {
         tracing::info!(
             interface = %target.interface,
             version = target.version,
+            generation = target.generation,
             decommissioned,
             rows,
             "lifecycle command processed"
@@ -351,6 +496,7 @@ impl LifecycleService {
         serde_json::json!({
             "interface": target.interface,
             "version": target.version,
+            "generation": target.generation,
             "decommissioned": decommissioned,
             if decommissioned { "held" } else { "released" }: rows,
         })
@@ -367,9 +513,21 @@ impl HostedService<Sqlite> for LifecycleService {
         call: &IncomingCall<'_>,
         tx: &rusqlite::Transaction<'_>,
     ) -> Result<serde_json::Value, HandlerError> {
-        let (command, target) = self.command(call)?;
+        let (command, target, generation) = self.command(call)?;
         let now = crate::db::now_ms();
         let (interface, version) = (target.interface.as_str(), target.version);
+        let recorded = tx.execute(
+            RECORD_APPLIED_SQLITE,
+            rusqlite::params![interface, version, generation, command.endpoint(), now],
+        )?;
+        if recorded == 0 {
+            let applied = rusqlite::OptionalExtension::optional(tx.query_row(
+                APPLIED_SQLITE,
+                rusqlite::params![interface, version],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            ))?;
+            return Err(Self::stale(command, &target, applied));
+        }
         if command == Command::Decommission {
             tx.execute(
                 "INSERT INTO rf_decommissioned (interface, version, decommissioned_at) \
@@ -431,10 +589,30 @@ impl HostedService<crate::store::Postgres> for LifecycleService {
         call: &IncomingCall<'_>,
         tx: &mut postgres::Transaction<'_>,
     ) -> Result<serde_json::Value, HandlerError> {
-        let (command, target) = self.command(call)?;
+        let (command, target, generation) = self.command(call)?;
         let now = crate::db::now_ms();
         let interface = target.interface.as_str();
         let version = i64::from(target.version);
+        let recorded = tx.execute(
+            "INSERT INTO rf_lifecycle_applied \
+             (interface, version, generation, command, applied_at) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (interface, version) DO UPDATE SET generation = excluded.generation, \
+             command = excluded.command, applied_at = excluded.applied_at \
+             WHERE rf_lifecycle_applied.generation < excluded.generation \
+             OR (rf_lifecycle_applied.generation = excluded.generation \
+                 AND rf_lifecycle_applied.command = excluded.command)",
+            &[&interface, &version, &generation, &command.endpoint(), &now],
+        )?;
+        if recorded == 0 {
+            let applied = tx
+                .query_opt(
+                    "SELECT generation, command FROM rf_lifecycle_applied \
+                     WHERE interface = $1 AND version = $2",
+                    &[&interface, &version],
+                )?
+                .map(|row| (row.get(0), row.get(1)));
+            return Err(Self::stale(command, &target, applied));
+        }
         if command == Command::Decommission {
             tx.execute(
                 "INSERT INTO rf_decommissioned (interface, version, decommissioned_at) \

@@ -19,7 +19,9 @@
 //! **The inbox must outlive the sender's retries.** A copy that arrives after
 //! its inbox row was deleted is processed again. The inbox row expires
 //! `inbox.retention` after processing and the sender stops retrying at
-//! `outbox.ttl` after enqueueing, so `inbox.retention >= outbox.ttl` of every
+//! `outbox.ttl` after enqueueing, and a copy older than the dedup horizon
+//! (`inbox.retention - inbox.signature_tolerance`) is refused, so
+//! `inbox.retention >= outbox.ttl + inbox.signature_tolerance` of every
 //! sender is enough; [`retention_warnings`] says when a config breaks that.
 //!
 //! [`Retention::spawn`] runs a pass at start and then every
@@ -107,15 +109,24 @@ fn repeat_in_batches(
 ///
 /// A service's own config describes its inbox and its outbox; pass the
 /// largest `outbox.ttl` of the services that send to it if they differ.
-pub fn retention_warnings(inbox_retention: Duration, sender_ttl: Duration) -> Vec<String> {
+/// The rule is `inbox.retention >= outbox.ttl + inbox.signature_tolerance`:
+/// a retry sent in the last `signature_tolerance` of its TTL is otherwise
+/// beyond the dedup horizon.
+pub fn retention_warnings(
+    inbox_retention: Duration,
+    sender_ttl: Duration,
+    signature_tolerance: Duration,
+) -> Vec<String> {
     let mut warnings = Vec::new();
-    if inbox_retention < sender_ttl {
+    if inbox_retention < sender_ttl + signature_tolerance {
         warnings.push(format!(
-            "inbox.retention ({}) is shorter than the senders' outbox.ttl ({}): a retry that \
-             arrives after its inbox row was cleaned up is beyond the dedup horizon, refused \
-             (422 beyond_dedup_horizon) and left Failed for an operator",
+            "inbox.retention ({}) is shorter than the senders' outbox.ttl ({}) plus \
+             inbox.signature_tolerance ({}): a retry late in its TTL is beyond the dedup \
+             horizon (inbox.retention - inbox.signature_tolerance), refused (422 \
+             beyond_dedup_horizon) and left Failed for an operator",
             crate::duration::format_duration(inbox_retention),
             crate::duration::format_duration(sender_ttl),
+            crate::duration::format_duration(signature_tolerance),
         ));
     }
     warnings
@@ -151,7 +162,11 @@ impl Retention {
         db_path: impl AsRef<Path>,
         metrics: Arc<Metrics>,
     ) -> Result<RetentionHandle, DbError> {
-        for warning in retention_warnings(config.inbox.retention, config.outbox.ttl) {
+        for warning in retention_warnings(
+            config.inbox.retention,
+            config.outbox.ttl,
+            config.inbox.signature_tolerance,
+        ) {
             tracing::warn!("{warning}");
         }
         let conn = db::open(db_path, config.outbox.durability)?;
@@ -172,7 +187,11 @@ impl Retention {
         url: &crate::pg::PostgresUrl,
         metrics: Arc<Metrics>,
     ) -> Result<RetentionHandle, DbError> {
-        for warning in retention_warnings(config.inbox.retention, config.outbox.ttl) {
+        for warning in retention_warnings(
+            config.inbox.retention,
+            config.outbox.ttl,
+            config.inbox.signature_tolerance,
+        ) {
             tracing::warn!("{warning}");
         }
         let client = crate::pg::open(url)?;
@@ -246,10 +265,16 @@ mod tests {
     #[test]
     fn warns_when_the_inbox_forgets_before_the_sender_gives_up() {
         let hour = Duration::from_secs(3600);
-        assert!(retention_warnings(24 * hour, 24 * hour).is_empty());
-        let warnings = retention_warnings(hour, 24 * hour);
+        let tolerance = Duration::from_secs(300);
+        assert!(retention_warnings(24 * hour + tolerance, 24 * hour, tolerance).is_empty());
+        let warnings = retention_warnings(hour, 24 * hour, tolerance);
         assert_eq!(warnings.len(), 1);
         assert!(warnings[0].contains("1h"), "{}", warnings[0]);
         assert!(warnings[0].contains("(1d)"), "{}", warnings[0]);
+        // The documented rule: equal retention and TTL leave the last five
+        // minutes of the TTL beyond the dedup horizon.
+        let warnings = retention_warnings(24 * hour, 24 * hour, tolerance);
+        assert_eq!(warnings.len(), 1, "retention = ttl is not enough");
+        assert!(warnings[0].contains("(5m)"), "{}", warnings[0]);
     }
 }

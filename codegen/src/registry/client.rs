@@ -9,6 +9,9 @@ use super::{Published, RegistryError, Remote, Source, verify};
 use crate::manifest::Manifest;
 use crate::manifest::compat::BreakingChange;
 
+/// The largest answer [`Source::versions`] reads from a registry.
+pub const VERSIONS_LIMIT: usize = 1 << 20;
+
 /// A registry at a base URL such as `http://registry.internal:7300`.
 #[derive(Debug, Clone)]
 pub struct RegistryClient {
@@ -353,6 +356,54 @@ impl Source for RegistryClient {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// `GET /v1/interfaces/{interface}`, read up to [`VERSIONS_LIMIT`].
+    fn versions(&self, interface: &str) -> Result<Vec<super::PublishedVersion>, RegistryError> {
+        #[derive(serde::Deserialize)]
+        struct Versions {
+            versions: Vec<super::PublishedVersion>,
+        }
+        if !crate::validate::is_interface_id(interface) {
+            return Err(RegistryError::InvalidName {
+                name: crate::validate::shown(interface),
+                expected: "an interface id `package.Service`",
+            });
+        }
+        let url = format!("{}/v1/interfaces/{interface}", self.base);
+        let response = self
+            .http
+            .get(&url)
+            .send()
+            .map_err(|e| self.unreachable(&url, e))?;
+        if !response.status().is_success() {
+            return Err(self.refused(&url, response));
+        }
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(response, VERSIONS_LIMIT as u64 + 1),
+            &mut bytes,
+        )
+        .map_err(|e| RegistryError::Unreachable {
+            url: url.clone(),
+            message: e.to_string(),
+        })?;
+        if bytes.len() > VERSIONS_LIMIT {
+            return Err(RegistryError::Refused {
+                url,
+                status: 200,
+                code: "unexpected_answer".to_owned(),
+                message: format!("the list of versions is larger than {VERSIONS_LIMIT} bytes"),
+            });
+        }
+        serde_json::from_slice::<Versions>(&bytes)
+            .map(|answer| answer.versions)
+            .map_err(|e| RegistryError::Refused {
+                url,
+                status: 200,
+                code: "unexpected_answer".to_owned(),
+                message: format!("not a list of versions: {e}"),
+            })
     }
 
     fn latest(&self, remote: &Remote) -> Result<Manifest, RegistryError> {

@@ -16,12 +16,16 @@
 //!   and no name from a lock file, a registry or `Builder::remote` becomes
 //!   part of a path before it is checked ([`Cache::path_of`]), so
 //!   `../../etc/passwd` can never leave the cache directory.
+//! * [`freshness`]: after resolution, warns when the registry has a newer
+//!   revision or version of a pinned interface, or says how old the cached
+//!   copy is when the registry is unreachable.
 //! * [`merge_remote`]: adds a manifest's service and type closure to the
 //!   packages to generate, refusing a type or service that a local contract
 //!   defines differently.
 
 #[cfg(feature = "registry")]
 pub mod client;
+pub mod freshness;
 
 use std::path::{Path, PathBuf};
 
@@ -367,6 +371,19 @@ impl Cache {
         Ok(Some(manifest))
     }
 
+    /// When the cached manifest was fetched (its file's modification time:
+    /// a cache file is written once); `None` when it is not cached or the
+    /// file system does not say.
+    pub fn fetched_at(
+        &self,
+        interface: &str,
+        version: u32,
+        fingerprint: &str,
+    ) -> Option<std::time::SystemTime> {
+        let path = self.path_of(interface, version, fingerprint).ok()?;
+        std::fs::metadata(path).ok()?.modified().ok()
+    }
+
     /// Stores `manifest` (verified first) and returns its path. The file is
     /// written next to its final name and renamed, so a reader never sees half.
     pub fn put(&self, manifest: &Manifest) -> Result<PathBuf, RegistryError> {
@@ -439,6 +456,25 @@ pub fn verify(
     Ok(())
 }
 
+/// One published version of an interface with its revisions, oldest first
+/// (an entry of the registry's `GET /v1/interfaces/{interface}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PublishedVersion {
+    pub version: u32,
+    pub revisions: Vec<PublishedRevision>,
+}
+
+/// One published revision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PublishedRevision {
+    pub revision: u32,
+    pub fingerprint: String,
+    /// RFC 3339, as the registry says it.
+    pub published_at: String,
+}
+
 /// Where manifests come from when the lock and the cache do not have them.
 pub trait Source {
     /// A human name for messages (the registry's URL).
@@ -451,6 +487,13 @@ pub trait Source {
     /// (RFC 3339); empty when it has none or cannot say.
     fn decommissioned(&self) -> Vec<(String, u32, String)> {
         Vec::new()
+    }
+    /// Every published version of `interface` with its revisions, for
+    /// [`freshness::check`]; a source that cannot list them says so with an
+    /// empty list.
+    fn versions(&self, interface: &str) -> Result<Vec<PublishedVersion>, RegistryError> {
+        let _ = interface;
+        Ok(Vec::new())
     }
 }
 

@@ -1,6 +1,8 @@
 //! Remote interfaces without a registry: the lock file, the offline cache,
-//! resolution and merging into generation. (The registry server and the
-//! HTTP client are tested against a real server in `registry/tests`.)
+//! resolution and merging into generation, and what a build says when the
+//! registry is down. (The registry server and the HTTP client are tested
+//! against a real server in `registry/tests`, the staleness warnings too:
+//! `registry/tests/it/client.rs`.)
 
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
@@ -312,4 +314,165 @@ fn a_lock_file_from_the_future_is_refused() {
     std::fs::write(&path, r#"{"format": 2, "interfaces": []}"#).expect("write");
     let error = LockFile::load(&path).expect_err("newer format");
     assert!(error.to_string().contains("format 2 is newer"), "{error}");
+}
+
+/// A registry that cannot be reached, counting how often it is asked.
+struct Down {
+    asked: Cell<u32>,
+}
+
+impl Source for Down {
+    fn name(&self) -> String {
+        "http://registry.invalid".into()
+    }
+
+    fn latest(&self, remote: &Remote) -> Result<Manifest, RegistryError> {
+        self.exact(remote, "")
+    }
+
+    fn exact(&self, _remote: &Remote, _fingerprint: &str) -> Result<Manifest, RegistryError> {
+        self.asked.set(self.asked.get() + 1);
+        Err(RegistryError::Unreachable {
+            url: self.name(),
+            message: "connection refused".into(),
+        })
+    }
+
+    fn versions(
+        &self,
+        _interface: &str,
+    ) -> Result<Vec<rfidl_codegen::registry::PublishedVersion>, RegistryError> {
+        self.exact(&remote("a.B@v1"), "").map(|_| Vec::new())
+    }
+}
+
+#[test]
+fn offline_each_cached_copy_is_named_with_its_age_and_the_registry_is_asked_once() {
+    use rfidl_codegen::registry::freshness;
+    use std::time::{Duration, SystemTime};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (lock_path, cache_dir) = (dir.path().join("rfidl.lock"), dir.path().join("cache"));
+    let cache = Cache::new(&cache_dir);
+    let mut lock = LockFile::default();
+    let mut remotes = Vec::new();
+    for manifest in schema_manifests()
+        .into_iter()
+        .filter(|m| m.interface == "shop.orders.OrderService" || m.version == 2)
+    {
+        cache.put(&manifest).expect("cache");
+        let pinned = remote(&format!("{}@v{}", manifest.interface, manifest.version));
+        lock.pin(&pinned, &manifest.fingerprint);
+        remotes.push(pinned);
+    }
+    lock.save(&lock_path).expect("lock");
+    assert!(remotes.len() >= 2, "{remotes:?}");
+
+    // The orders copy was fetched three days (and an hour) ago.
+    let orders = orders();
+    let path = cache
+        .path_of(&orders.interface, 1, &orders.fingerprint)
+        .expect("path");
+    let now = SystemTime::now();
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .and_then(|file| file.set_modified(now - Duration::from_secs(3 * 86_400 + 3_600)))
+        .expect("age the cached copy");
+
+    let down = Down {
+        asked: Cell::new(0),
+    };
+    let checked = freshness::check(&remotes, &lock, &cache, &down, now);
+    assert!(!checked.reachable);
+    assert_eq!(down.asked.get(), 1, "asked once, not once per interface");
+    assert_eq!(
+        checked.warnings.len(),
+        remotes.len(),
+        "{:?}",
+        checked.warnings
+    );
+    assert!(
+        checked.warnings.contains(&format!(
+            "using the cached copy of shop.orders.OrderService v1 ({}) fetched 3 days ago; the \
+             registry http://registry.invalid is unreachable (connection refused), so a newer \
+             revision or version would not be seen",
+            orders.fingerprint
+        )),
+        "{:?}",
+        checked.warnings
+    );
+    // The others were fetched just now.
+    assert_eq!(
+        checked
+            .warnings
+            .iter()
+            .filter(|w| w.contains("fetched less than a minute ago"))
+            .count(),
+        remotes.len() - 1,
+        "{:?}",
+        checked.warnings
+    );
+}
+
+/// `rfidl fetch` and the build against a registry on a closed port: both
+/// go on from the cache, and `fetch` says how old the copy is.
+#[cfg(feature = "registry")]
+#[test]
+fn fetch_with_an_unreachable_registry_says_how_old_the_cached_copy_is() {
+    use rfidl_codegen::cli::{self, DiagnosticFormat, Outcome, Report};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (lock_path, cache_dir, out) = (
+        dir.path().join("rfidl.lock"),
+        dir.path().join("cache"),
+        dir.path().join("out"),
+    );
+    std::fs::create_dir_all(&out).expect("mkdir");
+    let manifest = orders();
+    pin_and_cache(&manifest, &lock_path, &cache_dir);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+
+    let report = Report::capturing(DiagnosticFormat::Json);
+    let outcome = cli::fetch_with(
+        Some(&url),
+        &lock_path,
+        &Cache::new(&cache_dir),
+        &[],
+        LockPolicy::Keep,
+        &report,
+    );
+    assert_eq!(outcome, Outcome::Success, "{}", report.captured());
+    let warnings: Vec<serde_json::Value> = report
+        .captured()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|line| line["severity"] == "warning")
+        .collect();
+    assert_eq!(warnings.len(), 1, "{}", report.captured());
+    let message = warnings[0]["message"].as_str().expect("message");
+    assert!(
+        message.starts_with(&format!(
+            "using the cached copy of shop.orders.OrderService v1 ({}) fetched less than a \
+             minute ago; the registry {url} is unreachable (",
+            manifest.fingerprint
+        )),
+        "{message}"
+    );
+    assert!(message.contains("Connection refused"), "{message}");
+
+    let files = Builder::new()
+        .skip_rerun_if_changed()
+        .remote("shop.orders.OrderService", 1)
+        .registry(&url)
+        .lock_file(&lock_path)
+        .cache_dir(&cache_dir)
+        .out_dir(&out)
+        .compile(&[] as &[&str])
+        .expect("the build goes on from the cache");
+    assert!(files.iter().any(|f| f.name == "shop.orders.rs"));
 }

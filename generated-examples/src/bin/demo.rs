@@ -39,11 +39,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        // Colours only for a person at a terminal, not in a log file.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        .init();
+    rfidl_examples::demo::init_logging();
     let args = Args::parse();
     let signal = shutdown_signal()?;
     let temp = tempfile_dir()?;
@@ -80,6 +76,7 @@ async fn main() -> anyhow::Result<()> {
         registry: Some(registry.url.clone()),
         nats: None,
         ops_token: None,
+        registry_publish_token: None,
     };
     let hr_settings = Settings {
         service_id: "hr-service".into(),
@@ -95,6 +92,7 @@ async fn main() -> anyhow::Result<()> {
         registry: Some(registry.url.clone()),
         nats: None,
         ops_token: None,
+        registry_publish_token: None,
     };
     // HR (the provider of EmpService) registers first: the registry's
     // manifest scan accepts the engine (its consumer) only once a provider

@@ -33,11 +33,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        // Colours only for a person at a terminal, not in a log file.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        .init();
+    rfidl_examples::demo::init_logging();
     let args = Args::parse();
     let signal = shutdown_signal()?;
     tokio::pin!(signal);

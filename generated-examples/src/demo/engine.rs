@@ -310,6 +310,8 @@ impl Engine {
             settings.ops_token.as_deref(),
             Vec::new(),
             super::emp_service_versions(),
+            // The engine hosts nothing: nothing to publish.
+            None,
             keys.as_ref(),
         );
         Ok(Self {

@@ -228,12 +228,14 @@ impl HrService {
         let broker =
             super::broker::Broker::start(settings, &config, ENGINE, &receiver, |answers| answers)?;
         // HR provides EmpService (the engine's commands land here).
-        let directory = super::register(
+        let directory = super::register_provider(
             &config,
             &url,
             settings.ops_token.as_deref(),
             super::emp_service_versions(),
             Vec::new(),
+            super::publish_hosted(settings, &super::emp_service_manifests()),
+            Some(outbox.lifecycle()),
             keys.as_ref(),
         );
         Ok(Self {

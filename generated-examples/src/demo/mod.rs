@@ -25,7 +25,8 @@ use rfidl_runtime::Config;
 use rfidl_runtime::config::DestinationConfig;
 use rfidl_runtime::diagnostics::Diagnostics;
 use rfidl_runtime::directory::{
-    DirectoryClient, DirectoryState, InterfaceRef, Registration, RegistryConfig,
+    DirectoryClient, DirectoryState, InterfaceRef, PublishOnRegistration, Registration,
+    RegistryConfig,
 };
 use rfidl_runtime::keys::IssuedKeys;
 use rfidl_runtime::outbox::Outbox;
@@ -70,11 +71,19 @@ pub struct Settings {
     /// without it the retries refuse (403) and the service must listen on
     /// loopback only. Given to the registry for its health checks.
     pub ops_token: Option<String>,
+    /// The registry's publish token (`--registry-publish-token`): with it,
+    /// the service publishes the manifests of what it hosts before it
+    /// registers.
+    pub registry_publish_token: Option<String>,
 }
 
 impl std::fmt::Debug for Settings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Settings")
+            .field(
+                "registry_publish_token",
+                &self.registry_publish_token.is_some(),
+            )
             .field("service_id", &self.service_id)
             .field("listen", &self.listen)
             .field("grpc_listen", &self.grpc_listen)
@@ -102,6 +111,7 @@ impl Settings {
                 urls: self.peer_urls.clone(),
                 secret: self.signing_secret.clone(),
                 ca_file: None,
+                replicas: None,
             },
         );
         if !self.peer_secret.is_empty() {
@@ -128,15 +138,52 @@ impl Settings {
     }
 }
 
+/// Logs to stderr (stdout carries the lines a script reads, such as
+/// `listening on`) at `info` unless `RUST_LOG` says otherwise, so that a
+/// refused registration or an open circuit shows without a flag.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal, not in a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
 /// Registers the service with the registry of `config` (if it has one)
 /// and keeps the registration alive; see `rfidl_runtime::directory`.
 /// With `keys`, the keys the registry issues go there.
+/// With `publish` (the registry's publish token and the manifests of what
+/// it hosts), it publishes them before registering.
 pub fn register(
     config: &Config,
     base_url: &str,
     ops_token: Option<&str>,
     hosts: Vec<InterfaceRef>,
     calls: Vec<InterfaceRef>,
+    publish: Option<PublishOnRegistration>,
+    keys: Option<&IssuedKeys>,
+) -> Option<Directory> {
+    register_provider(
+        config, base_url, ops_token, hosts, calls, publish, None, keys,
+    )
+}
+
+/// [`register`], binding `lifecycle` (the receiver's lifecycle commands)
+/// to the instance id the registry assigns, so that a command addressed to
+/// another instance is refused.
+// One call per demo service: a builder would be longer than its one use.
+#[allow(clippy::too_many_arguments)]
+pub fn register_provider(
+    config: &Config,
+    base_url: &str,
+    ops_token: Option<&str>,
+    hosts: Vec<InterfaceRef>,
+    calls: Vec<InterfaceRef>,
+    publish: Option<PublishOnRegistration>,
+    lifecycle: Option<&rfidl_runtime::lifecycle::Lifecycle>,
     keys: Option<&IssuedKeys>,
 ) -> Option<Directory> {
     let registry = config.registry.clone()?;
@@ -152,6 +199,12 @@ pub fn register(
     );
     if let Some(keys) = keys {
         client = client.issued_keys(keys);
+    }
+    if let Some(lifecycle) = lifecycle {
+        client = client.lifecycle(lifecycle);
+    }
+    if let Some(publish) = publish {
+        client = client.publish_on_registration(publish);
     }
     let (task, state) = client.spawn();
     Some(Directory { task, state })
@@ -170,6 +223,23 @@ pub fn interface_ref(interface: &str, version: u32, fingerprint: &str) -> Interf
         version,
         fingerprint: fingerprint.to_owned(),
     }
+}
+
+/// What a service publishes on registration when `settings` holds the
+/// registry's publish token: the manifests of the versions it hosts.
+pub fn publish_hosted(settings: &Settings, manifests: &[&str]) -> Option<PublishOnRegistration> {
+    let token = settings.registry_publish_token.clone()?;
+    Some(PublishOnRegistration {
+        token,
+        manifests: manifests.iter().map(|m| (*m).to_owned()).collect(),
+    })
+}
+
+/// The manifests of EmpService v1 and v2 as compiled here (what HR hosts).
+#[allow(deprecated)]
+pub fn emp_service_manifests() -> [&'static str; 2] {
+    use crate::generated::hr::employees::{emp_service_v1, emp_service_v2};
+    [emp_service_v1::MANIFEST_JSON, emp_service_v2::MANIFEST_JSON]
 }
 
 /// EmpService v1 and v2 as compiled here: what HR hosts and the engine
@@ -455,6 +525,11 @@ pub struct ServiceArgs {
     /// loopback (its failed list would be open to anyone).
     #[arg(long, env = "RFIDL_OPS_TOKEN", hide_env_values = true)]
     pub ops_token: Option<String>,
+    /// The registry's publish token: with it (and `--registry`), the
+    /// service publishes the manifests of the interface versions it hosts
+    /// before it registers, so it registers where nobody published them.
+    #[arg(long, env = "RFIDL_REGISTRY_PUBLISH_TOKEN", hide_env_values = true)]
+    pub registry_publish_token: Option<String>,
 }
 
 impl ServiceArgs {
@@ -499,6 +574,7 @@ impl ServiceArgs {
             registry: self.registry.clone(),
             nats: self.nats.clone(),
             ops_token: self.ops_token.clone(),
+            registry_publish_token: self.registry_publish_token.clone(),
         })
     }
 }

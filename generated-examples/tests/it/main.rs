@@ -4,5 +4,6 @@ mod demo;
 mod drift;
 mod ops_access;
 mod processes;
+mod registration;
 mod signals;
 mod verdict;

@@ -180,3 +180,108 @@ fn an_unreachable_registry_is_a_clear_error() {
     );
     assert_eq!(text.matches("error sending request").count(), 1, "{text}");
 }
+
+/// The JSON warning lines of a capturing report.
+fn warnings(report: &cli::Report) -> Vec<String> {
+    report
+        .captured()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|line| line["severity"] == "warning")
+        .filter_map(|line| line["message"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn a_pin_behind_the_registry_is_warned_about_by_fetch_and_the_build() {
+    use rfidl_codegen::cli::{DiagnosticFormat, Report};
+    use rfidl_codegen::registry::freshness;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::on_file(&dir.path().join("registry.db"));
+    let client = RegistryClient::new(&server.url).expect("client");
+    let v1 = schema_manifest("hr.employees.EmpService", 1);
+    client.publish(&v1).expect("publish v1");
+    let lock_path = dir.path().join("rfidl.lock");
+    let cache = Cache::new(dir.path().join("cache"));
+    let remotes = [remote("hr.employees.EmpService@v1")];
+    let fetch = |policy| {
+        let report = Report::capturing(DiagnosticFormat::Json);
+        let outcome = cli::fetch_with(
+            Some(&server.url),
+            &lock_path,
+            &cache,
+            &remotes,
+            policy,
+            &report,
+        );
+        assert_eq!(outcome, Outcome::Success, "{}", report.captured());
+        warnings(&report)
+    };
+
+    // Pinned at the latest revision of the latest version: nothing to say.
+    assert_eq!(fetch(LockPolicy::Keep), Vec::<String>::new());
+
+    // A newer revision of the pinned version: fetch (keeping the pin) says
+    // so, with what to run, and so does the build's check.
+    let revised = compatible_revision(&v1, "note");
+    client.publish(&revised).expect("publish revision 2");
+    let said = fetch(LockPolicy::Keep);
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].starts_with(&format!(
+            "the registry {} has a newer revision of hr.employees.EmpService v1: revision 2 ({}, \
+             published 20",
+            server.url, revised.fingerprint
+        )),
+        "{said:?}"
+    );
+    assert!(
+        said[0].contains(&format!(
+            "rfidl.lock pins revision 1 ({}). Run `rfidl fetch --update --registry {} \
+             hr.employees.EmpService@v1`",
+            v1.fingerprint, server.url
+        )),
+        "{said:?}"
+    );
+    let lock = LockFile::load(&lock_path).expect("lock");
+    let checked = freshness::check(
+        &remotes,
+        &lock,
+        &cache,
+        &client,
+        std::time::SystemTime::now(),
+    );
+    assert!(checked.reachable);
+    assert_eq!(checked.warnings, said);
+
+    // A newer version: said too, also after moving to the latest revision.
+    client
+        .publish(&schema_manifest("hr.employees.EmpService", 2))
+        .expect("publish v2");
+    assert_eq!(fetch(LockPolicy::Keep).len(), 2);
+    let said = fetch(LockPolicy::Update);
+    assert_eq!(
+        said,
+        [format!(
+            "the registry {} publishes a newer version of hr.employees.EmpService (v2) than \
+             this build uses (v1)",
+            server.url
+        )]
+    );
+
+    // The build with `Builder::remote` runs the same check (its warnings
+    // are `cargo:warning` lines) and still builds from the lock.
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).expect("mkdir");
+    let files = rfidl_codegen::Builder::new()
+        .skip_rerun_if_changed()
+        .remote("hr.employees.EmpService", 1)
+        .registry(&server.url)
+        .lock_file(&lock_path)
+        .cache_dir(cache.root())
+        .out_dir(&out)
+        .compile(&[] as &[&str])
+        .expect("build");
+    assert!(files.iter().any(|f| f.name == "hr.employees.rs"));
+}

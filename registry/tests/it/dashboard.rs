@@ -374,15 +374,16 @@ fn services_made_healthy_warning_and_critical_show_their_colours() {
         cell(row(&dom, "ledger"), "num oldest").starts_with("15"),
         "150 s"
     );
-    // Three reachable checks make a three-point line that rises (SVG y
-    // grows downwards) with the backlog.
+    // The three checks fall in one 5-minute bucket (two, when they
+    // straddle a boundary): the last point is at the right end and the
+    // top (the highest depth, 100); the dot has the colour.
     let points = attribute(row(&dom, "ledger"), "points");
-    let ys: Vec<f64> = points
-        .split(' ')
-        .map(|p| p.split_once(',').expect("x,y").1.parse().expect("y"))
-        .collect();
-    assert_eq!(ys.len(), 3, "{points}");
-    assert!(ys[0] > ys[1] && ys[1] > ys[2], "{points}");
+    assert!(points.split(' ').count() <= 2, "{points}");
+    assert!(points.ends_with("157.0,3.0"), "{points}");
+    assert!(
+        row(&dom, "ledger").contains("fill=\"#f9a825\""),
+        "warning dot"
+    );
     assert!(dom.contains("id=\"count-critical\""), "summary");
     assert!(dom.contains("critical: <b>3</b>"), "summary counts");
     assert!(dom.contains("healthy: <b>1</b>"));
@@ -404,4 +405,83 @@ fn services_made_healthy_warning_and_critical_show_their_colours() {
     let png = std::fs::read(&picture).expect("screenshot written");
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
     eprintln!("screenshot: {}", picture.display());
+}
+
+/// 120 instances of three services: the page groups them by service with
+/// counts per colour, shows 50 instances a page, the worst first, with
+/// previous/next links, and `?service=` shows one service's instances.
+#[test]
+fn the_dashboard_groups_by_service_and_pages_the_worst_first() {
+    use rfidl_registry::aggregator::{judge, record};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("registry.db");
+    let server = Server::start(Registry::open(&db).expect("open"));
+    let mut ids = Vec::new();
+    for n in 0..120 {
+        let service = ["alpha", "beta", "gamma"][n % 3];
+        ids.push(register(
+            &server.url,
+            service,
+            &format!("http://127.0.0.1:{}", 10_000 + n),
+            None,
+            json!([]),
+        ));
+    }
+    // Checks written as the aggregator writes them: gamma's instance
+    // 10,002 critical, beta's 10,001 a warning, every other one healthy.
+    let conn = rusqlite::Connection::open(&db).expect("open");
+    let now = db::now_ms();
+    for (n, id) in ids.iter().enumerate() {
+        let answer = match n {
+            2 => Err("connection refused or unreachable".to_owned()),
+            _ => Ok(rfidl_registry::aggregator::RemoteHealth {
+                status: if n == 1 { "warning" } else { "healthy" }.to_owned(),
+                ..Default::default()
+            }),
+        };
+        record(&conn, id, &judge(answer), now).expect("record");
+    }
+    let page = |query: &str| {
+        let (status, body) = crate::support::get(&server.url, query);
+        assert_eq!(status, 200, "{query}: {body}");
+        body
+    };
+    let first = page("/");
+    assert!(first.contains("healthy: <b>118</b>"), "{first}");
+    assert!(first.contains("critical: <b>1</b>"));
+    assert!(first.contains("warning: <b>1</b>"));
+    assert_eq!(first.matches("class=\"service\" id=\"service-").count(), 3);
+    let beta = &first[first.find("id=\"service-beta\"").expect("beta row")..];
+    let beta = &beta[..beta.find("</tr>").expect("end")];
+    assert_eq!(cell(beta, "num instances"), "40");
+    assert_eq!(cell(beta, "num warning"), "1");
+    assert_eq!(cell(beta, "num healthy"), "39");
+    assert_eq!(first.matches("<tr class=\"instance\"").count(), 50);
+    // The worst first: the critical one, then the warning.
+    let statuses: Vec<&str> = first
+        .match_indices("data-status=\"")
+        .map(|(at, _)| {
+            let rest = &first[at + 13..];
+            &rest[..rest.find('"').expect("quote")]
+        })
+        .collect();
+    assert_eq!(&statuses[..3], ["critical", "warning", "healthy"]);
+    assert!(first.contains("1–50 of 120"), "{first}");
+    assert!(first.contains("href=\"/?page=2\""), "next link");
+    let last = page("/?page=3");
+    assert_eq!(last.matches("<tr class=\"instance\"").count(), 20);
+    assert!(last.contains("101–120 of 120"), "{last}");
+    assert!(last.contains("rel=\"prev\" href=\"/?page=2\""), "{last}");
+    assert!(!last.contains("rel=\"next\""));
+    let gamma = page("/?service=gamma&hours=2");
+    assert_eq!(gamma.matches("<tr class=\"instance\"").count(), 40);
+    assert_eq!(gamma.matches("data-service=\"gamma\"").count(), 40);
+    assert!(gamma.contains("1–40 of 40"), "{gamma}");
+    let beyond = page("/?page=9");
+    assert!(beyond.contains("No instance on this page"), "{beyond}");
+    for odd in ["/?page=0", "/?page=x", "/?service=a%20b", "/?service="] {
+        let (status, body) = crate::support::get(&server.url, odd);
+        assert_eq!(status, 400, "{odd}: {body}");
+    }
 }

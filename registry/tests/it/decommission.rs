@@ -3,6 +3,7 @@
 //! every registered provider instance (real runtime receivers on loopback,
 //! real SQLite files), also to one that registers later; the provider holds
 //! that version's outbox rows and answers 410; `DELETE` re-commissions.
+//! (Replays of a command, by a fake instance or late: `crate::replay`.)
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -11,6 +12,7 @@ use rfidl_codegen::cli::{self, DiagnosticFormat, Outcome, Report};
 use rfidl_codegen::registry::Remote;
 use rfidl_registry::Registry;
 use rfidl_registry::commands::CommandSender;
+use rfidl_runtime::directory::{DirectoryClient, InterfaceRef, Registration, RegistryConfig};
 use rfidl_runtime::lifecycle::{self, HELD_DUE_MS};
 use rfidl_runtime::outbox::{Outbox, OutgoingMessage};
 use rfidl_runtime::receiver::{
@@ -22,7 +24,7 @@ use serde_json::{Value, json};
 
 use crate::support::{Server, manifest_path, put, schema_manifest};
 
-const INTERFACE: &str = "hr.employees.EmpService";
+pub(crate) const INTERFACE: &str = "hr.employees.EmpService";
 
 /// Hosts EmpService v1 and answers every call with `{}`.
 struct EmpService(HostedInterface);
@@ -43,14 +45,14 @@ impl HostedService for EmpService {
 
 /// A provider instance: its outbox (one waiting EmpService v1 message) and
 /// a receiver with the lifecycle, served on loopback.
-struct Provider {
-    url: String,
-    db: PathBuf,
-    outbox: Outbox,
+pub(crate) struct Provider {
+    pub(crate) url: String,
+    pub(crate) db: PathBuf,
+    pub(crate) outbox: Outbox,
     _server: tokio::task::JoinHandle<()>,
 }
 
-fn provider(
+pub(crate) fn provider(
     rt: &tokio::runtime::Runtime,
     dir: &Path,
     name: &str,
@@ -124,7 +126,7 @@ fn provider(
 }
 
 /// The provider's held rows of EmpService v1.
-fn held(provider: &Provider) -> i64 {
+pub(crate) fn held(provider: &Provider) -> i64 {
     let conn = rusqlite::Connection::open(&provider.db).expect("open");
     conn.query_row(
         &format!(
@@ -137,7 +139,7 @@ fn held(provider: &Provider) -> i64 {
     .expect("count")
 }
 
-fn wait_until(what: &str, done: impl Fn() -> bool) {
+pub(crate) fn wait_until(what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !done() {
         assert!(Instant::now() < deadline, "timed out waiting: {what}");
@@ -145,7 +147,7 @@ fn wait_until(what: &str, done: impl Fn() -> bool) {
     }
 }
 
-fn send(method: reqwest::Method, url: &str, body: Option<&Value>) -> (u16, Value) {
+pub(crate) fn send(method: reqwest::Method, url: &str, body: Option<&Value>) -> (u16, Value) {
     let mut request = reqwest::blocking::Client::new().request(method, url);
     if let Some(body) = body {
         request = request.json(body);
@@ -153,6 +155,36 @@ fn send(method: reqwest::Method, url: &str, body: Option<&Value>) -> (u16, Value
     let response = request.send().expect("request");
     let status = response.status().as_u16();
     (status, response.json().unwrap_or(Value::Null))
+}
+
+/// Registers `provider` as an instance of `service` hosting EmpService v1,
+/// as a service does (`DirectoryClient`), which binds its lifecycle to the
+/// instance id the registry assigns. Returns that id.
+pub(crate) fn register(
+    rt: &tokio::runtime::Runtime,
+    registry: &str,
+    service: &str,
+    provider: &Provider,
+    fingerprint: &str,
+) -> String {
+    let client = DirectoryClient::new(
+        RegistryConfig::new(registry),
+        Registration {
+            service_id: service.into(),
+            base_url: provider.url.clone(),
+            hosts: vec![InterfaceRef {
+                interface: INTERFACE.into(),
+                version: 1,
+                fingerprint: fingerprint.into(),
+            }],
+            calls: Vec::new(),
+            diagnostics_token: None,
+        },
+    )
+    .lifecycle(provider.outbox.lifecycle());
+    let id = rt.block_on(client.register(true)).expect("registered");
+    assert_eq!(provider.outbox.lifecycle().instance(), Some(id.clone()));
+    id
 }
 
 #[test]
@@ -184,17 +216,7 @@ fn a_decommission_reaches_every_provider_instance_and_a_recommission_releases_th
     let fingerprint: &'static str = Box::leak(v1.fingerprint.clone().into_boxed_str());
 
     let first = provider(&rt, dir.path(), "hr-a", &secret, fingerprint);
-    let register = |provider: &Provider| {
-        let (status, body) = send(
-            reqwest::Method::POST,
-            &format!("{}/v1/services/hr/instances", server.url),
-            Some(&json!({
-                "baseUrl": provider.url,
-                "hosts": [{"interface": INTERFACE, "version": 1, "fingerprint": fingerprint}],
-            })),
-        );
-        assert!(status == 200 || status == 201, "{status} {body}");
-    };
+    let register = |provider: &Provider| register(&rt, &server.url, "hr", provider, fingerprint);
     register(&first);
     assert_eq!(held(&first), 0);
 
@@ -345,15 +367,7 @@ fn the_binary_sends_commands_with_its_command_secret_and_refuses_a_bad_one() {
         .build()
         .expect("runtime");
     let hr = provider(&rt, dir.path(), "hr", &secret, fingerprint);
-    let (status, body) = send(
-        reqwest::Method::POST,
-        &format!("{url}/v1/services/hr/instances"),
-        Some(&json!({
-            "baseUrl": hr.url,
-            "hosts": [{"interface": INTERFACE, "version": 1, "fingerprint": fingerprint}],
-        })),
-    );
-    assert_eq!(status, 201, "{body}");
+    register(&rt, &url, "hr", &hr, fingerprint);
     let report = Report::capturing(DiagnosticFormat::Json);
     let remote: Remote = format!("{INTERFACE}@v1").parse().expect("remote");
     let started = Instant::now();

@@ -359,6 +359,7 @@ fn odd_dashboard_queries_are_400_and_the_page_is_html() {
     for query in [
         "hours=0",
         "hours=49",
+        "hours=25",
         "hours=abc",
         "hours=-1",
         "foo=1",
@@ -576,4 +577,99 @@ fn the_binary_polls_every_health_interval_and_refuses_a_bad_one() {
     let _ = child.wait();
     assert_eq!(health["status"], "critical", "{health}");
     eprintln!("first health check after {:?}", started.elapsed());
+}
+
+/// A service publishing what it hosts on registration
+/// (`DirectoryClient::publish_on_registration`): the registry runs the
+/// checks of `rfidl publish` on each manifest (a wrong token is 401, a
+/// tampered manifest 422 `fingerprint_mismatch`, nothing stored), and once
+/// they are published the service registers as their host; the
+/// registration says its heartbeat interval.
+#[test]
+fn the_runtime_client_publishes_what_it_hosts_with_the_same_checks_as_rfidl_publish() {
+    use rfidl_runtime::directory::{
+        DirectoryClient, DirectoryError, InterfaceRef, PublishOnRegistration, Registration,
+        RegistryConfig,
+    };
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("registry.db");
+    // A closed registry: the publish token publishes, the registration
+    // credential registers.
+    let server = Server::start(
+        Registry::open(&db)
+            .expect("open")
+            .publish_token("t0k")
+            .registration_token("reg"),
+    );
+    let v1 = schema_manifest("hr.employees.EmpService", 1);
+    let mut tampered = compatible_revision(&v1, "extra");
+    tampered.fingerprint = v1.fingerprint.clone();
+    let client = |token: &str, manifests: Vec<String>| {
+        DirectoryClient::new(
+            RegistryConfig {
+                url: server.url.clone(),
+                token: Some("reg".into()),
+                heartbeat: std::time::Duration::from_millis(1500),
+            },
+            Registration {
+                service_id: "hr".into(),
+                base_url: "http://127.0.0.1:7001".into(),
+                hosts: vec![InterfaceRef {
+                    interface: v1.interface.clone(),
+                    version: 1,
+                    fingerprint: v1.fingerprint.clone(),
+                }],
+                calls: vec![],
+                diagnostics_token: None,
+            },
+        )
+        .publish_on_registration(PublishOnRegistration {
+            token: token.into(),
+            manifests,
+        })
+    };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let refused = |result: Result<(), DirectoryError>| match result {
+            Err(DirectoryError::Refused { status, code, .. }) => (status, code),
+            other => panic!("{other:?}"),
+        };
+        let wrong = client("not-it", vec![v1.to_pretty_json()]);
+        assert_eq!(
+            refused(wrong.publish_manifests().await),
+            (401, "unauthorized".to_owned())
+        );
+        let bad = client("t0k", vec![tampered.to_pretty_json()]);
+        assert_eq!(
+            refused(bad.publish_manifests().await),
+            (422, "fingerprint_mismatch".to_owned())
+        );
+        // Still not published: the registration is refused.
+        assert!(matches!(
+            bad.register(true).await,
+            Err(DirectoryError::Refused { status: 422, .. })
+        ));
+        let good = client("t0k", vec![v1.to_pretty_json()]);
+        let (task, mut state) = good.spawn();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            state.wait_for(|s| s.complete),
+        )
+        .await
+        .expect("registered in time")
+        .expect("state");
+        task.abort();
+    });
+    let (status, _) = crate::support::get(&server.url, &manifest_path(&v1));
+    assert_eq!(status, 200, "published by the service");
+    let conn = rusqlite::Connection::open(&db).expect("open");
+    let (revisions, heartbeat_ms): (i64, Option<i64>) = conn
+        .query_row(
+            "SELECT (SELECT COUNT(*) FROM manifests), heartbeat_ms FROM instances",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .expect("read");
+    assert_eq!((revisions, heartbeat_ms), (1, Some(1500)));
 }

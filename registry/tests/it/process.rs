@@ -126,3 +126,66 @@ fn the_binary_refuses_an_empty_publish_token() {
     assert!(stderr.contains("publish token is empty"), "{stderr}");
     assert!(output.stdout.is_empty(), "it never listened");
 }
+
+/// The registry binary closes connections that trickle their headers or
+/// withhold their body (issue 26: they used to stay open until the
+/// file-descriptor limit).
+#[test]
+fn the_binary_closes_connections_that_trickle_headers_or_withhold_the_body() {
+    use std::io::{Read as _, Write as _};
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rfidl-registry"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .arg(dir.path().join("registry.db"))
+        .args([
+            "--header-read-timeout",
+            "500ms",
+            "--body-read-timeout",
+            "800ms",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start rfidl-registry");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    let address = line
+        .trim()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+        .to_owned();
+    let started = Instant::now();
+    let mut connections: Vec<std::net::TcpStream> = (0..200)
+        .map(|i| {
+            let mut stream = std::net::TcpStream::connect(&address).expect("connect");
+            let partial: &[u8] = if i % 2 == 0 {
+                b"GET /v1/interfaces HTT"
+            } else {
+                b"PUT /v1/interfaces/a.B/v1 HTTP/1.1\r\nhost: r\r\ncontent-length: 5000\r\n\r\n{\"na"
+            };
+            stream.write_all(partial).expect("write");
+            stream
+        })
+        .collect();
+    for stream in &mut connections {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut answer = Vec::new();
+        let closed = match stream.read_to_end(&mut answer) {
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        assert!(closed, "a slow connection is still open after 5 s");
+    }
+    assert!(started.elapsed() < Duration::from_secs(8));
+    // Still serving.
+    let probe = reqwest::blocking::get(format!("http://{address}/livez")).expect("livez");
+    assert_eq!(probe.status(), 200);
+    let _ = child.kill();
+    let _ = child.wait();
+}

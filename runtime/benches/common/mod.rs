@@ -291,6 +291,7 @@ pub async fn pair(
             urls: Vec::new(),
             secret: secret.to_whsec(),
             ca_file: None,
+            replicas: None,
         },
     );
     let outbox = Outbox::new(sender, &sender_db);

@@ -195,6 +195,7 @@ impl Config {
                             urls: Vec::new(),
                             secret: String::new(),
                             ca_file: None,
+                            replicas: None,
                         });
                 match field {
                     Field::Url => {

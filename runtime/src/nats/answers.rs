@@ -102,7 +102,11 @@ impl AnswersConsumer {
                 field: "secret",
                 message: format!("destination `{destination}`: {e}"),
             })?;
-        Ok(Self::builder(&config.service_id, &found.url, db_path).secret(secret))
+        let mut builder = Self::builder(&config.service_id, &found.url, db_path).secret(secret);
+        builder.url = builder
+            .url
+            .map(|url| url.with_default_replicas(found.replicas.unwrap_or(1)));
+        Ok(builder)
     }
 
     fn with_store<S: Store>(

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use answers::{AnswersBuilder, AnswersConsumer, AnswersHandle};
 pub use consumer::{ConsumerBuilder, ConsumerHandle, JetStreamConsumer};
-pub use url::{DEFAULT_PORT, NatsUrl};
+pub use url::{DEFAULT_PORT, MAX_REPLICAS, NatsUrl};
 
 /// The header that carries the subject a message's answer is published to
 /// (`<destination subject>.answers.<sender service id>`), set by the
@@ -92,6 +92,7 @@ pub(crate) async fn ensure_stream(
         // a work queue requires.
         retention: jetstream::stream::RetentionPolicy::WorkQueue,
         duplicate_window: DUPLICATE_WINDOW,
+        num_replicas: url.replicas(),
         ..Default::default()
     };
     let mut stream = context

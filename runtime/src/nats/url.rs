@@ -1,20 +1,27 @@
-//! `nats://[user:password@|token@]host[:port]/<subject>`: where a JetStream
-//! destination or consumer is, parsed once, with the credentials kept out of
-//! every `Debug`, `Display` and error text.
+//! `nats://[user:password@|token@]host[:port][,host[:port]…]/<subject>[?replicas=N]`:
+//! where a JetStream destination or consumer is, parsed once, with the
+//! credentials kept out of every `Debug`, `Display` and error text. Several
+//! comma-separated servers are seeds of one cluster, as NATS tools take
+//! them: the client connects to any that answers and moves to another when
+//! it goes; `replicas` is the replica count of the stream rfidl creates
+//! (1 to 5, default 1; 3 on a 3-node cluster survives losing any node).
 
 use std::time::Duration;
 
 /// Default NATS port when a URL names none.
 pub const DEFAULT_PORT: u16 = 4222;
+/// The most stream replicas JetStream allows.
+pub const MAX_REPLICAS: usize = 5;
 
 /// A parsed `nats://` URL. Its `Debug` and [`shown`](Self::shown) never
 /// contain the credentials.
 #[derive(Clone, PartialEq, Eq)]
 pub struct NatsUrl {
-    host: String,
-    port: u16,
+    /// `(host, port)` of each seed server, in the URL's order.
+    servers: Vec<(String, u16)>,
     credentials: Credentials,
     subject: String,
+    replicas: usize,
 }
 
 #[derive(Clone, PartialEq, Eq)]
@@ -37,16 +44,18 @@ impl std::fmt::Debug for NatsUrl {
                 },
             )
             .field("subject", &self.subject)
+            .field("replicas", &self.replicas)
             .finish()
     }
 }
 
 impl NatsUrl {
-    /// Parses `nats://[user:password@|token@]host[:port]/<subject>`.
+    /// Parses `nats://[user:password@|token@]host[:port][,host[:port]…]/<subject>[?replicas=N]`.
     ///
     /// The subject is one or more dot-separated tokens of letters, digits,
     /// `-` and `_` (no wildcards: messages are published to it). Percent
-    /// escapes are decoded in the user, password and token.
+    /// escapes are decoded in the user, password and token. The one query
+    /// parameter is `replicas` (1 to [`MAX_REPLICAS`]).
     ///
     /// # Errors
     ///
@@ -56,11 +65,15 @@ impl NatsUrl {
         let Some(rest) = url.strip_prefix("nats://") else {
             return Err("is not a nats:// URL".to_owned());
         };
-        let (authority, subject) = rest.split_once('/').ok_or_else(|| {
+        let (authority, path) = rest.split_once('/').ok_or_else(|| {
             "nats:// URL has no subject: write nats://host:port/<subject>".to_owned()
         })?;
-        let (userinfo, hostport) = match authority.rsplit_once('@') {
-            Some((userinfo, hostport)) => (Some(userinfo), hostport),
+        let (subject, replicas) = match path.split_once('?') {
+            Some((subject, query)) => (subject, parse_replicas(query)?),
+            None => (path, 1),
+        };
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(userinfo), hosts),
             None => (None, authority),
         };
         let credentials = match userinfo {
@@ -72,34 +85,31 @@ impl NatsUrl {
                 None => Credentials::Token(decode(info, "token")?),
             },
         };
-        let (host, port) = match hostport.rsplit_once(':') {
-            // `[::1]:4222` and `host:4222`; a bare `[::1]` has no port.
-            Some((host, port)) if !port.contains(']') => {
-                let port = port
-                    .parse::<u16>()
-                    .ok()
-                    .filter(|port| *port != 0)
-                    .ok_or_else(|| {
-                        "nats:// URL has an invalid port (want 1 to 65535)".to_owned()
-                    })?;
-                (host, port)
-            }
-            _ => (hostport, DEFAULT_PORT),
-        };
-        if host.is_empty()
-            || host
-                .chars()
-                .any(|c| c.is_whitespace() || matches!(c, '/' | '?' | '#' | '@'))
-        {
-            return Err("nats:// URL has no valid host".to_owned());
-        }
+        let servers = hosts
+            .split(',')
+            .map(parse_server)
+            .collect::<Result<Vec<_>, _>>()?;
         validate_subject(subject)?;
         Ok(Self {
-            host: host.to_owned(),
-            port,
+            servers,
             credentials,
             subject: subject.to_owned(),
+            replicas,
         })
+    }
+
+    /// This URL with the stream replica count `replicas` (a destination's
+    /// `replicas` setting), unless the URL gave one.
+    pub fn with_default_replicas(mut self, replicas: usize) -> Self {
+        if self.replicas == 1 {
+            self.replicas = replicas.clamp(1, MAX_REPLICAS);
+        }
+        self
+    }
+
+    /// The replica count of the stream rfidl creates.
+    pub fn replicas(&self) -> usize {
+        self.replicas
     }
 
     /// The subject messages are published to (the destination's inbound
@@ -114,21 +124,43 @@ impl NatsUrl {
         format!("RF_{}", self.subject.replace('.', "_"))
     }
 
-    /// `nats://host:port`, without credentials or subject: safe to log.
+    /// `nats://host:port[,host:port…]`, without credentials or subject:
+    /// safe to log.
     pub fn server(&self) -> String {
-        format!("nats://{}:{}", self.host, self.port)
+        format!("nats://{}", self.hosts())
     }
 
-    /// The URL as it may be shown: server and subject, credentials replaced
-    /// by `***`.
+    /// The seed servers, each `nats://host:port`.
+    pub fn servers(&self) -> Vec<String> {
+        self.servers
+            .iter()
+            .map(|(host, port)| format!("nats://{host}:{port}"))
+            .collect()
+    }
+
+    fn hosts(&self) -> String {
+        self.servers
+            .iter()
+            .map(|(host, port)| format!("{host}:{port}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The URL as it may be shown: servers and subject, credentials
+    /// replaced by `***`.
     pub fn shown(&self) -> String {
         let credentials = match self.credentials {
             Credentials::None => "",
             _ => "***@",
         };
+        let replicas = match self.replicas {
+            1 => String::new(),
+            n => format!("?replicas={n}"),
+        };
         format!(
-            "nats://{credentials}{}:{}/{}",
-            self.host, self.port, self.subject
+            "nats://{credentials}{}/{}{replicas}",
+            self.hosts(),
+            self.subject
         )
     }
 
@@ -154,7 +186,7 @@ impl NatsUrl {
             }
         };
         let server = self.server();
-        match tokio::time::timeout(timeout, options.connect(server.as_str())).await {
+        match tokio::time::timeout(timeout, options.connect(self.servers())).await {
             Ok(Ok(client)) => Ok(client),
             // The error names the server, never credentials.
             Ok(Err(error)) => Err(crate::transport::TransportError::Connect(format!(
@@ -164,6 +196,56 @@ impl NatsUrl {
             Err(_) => Err(crate::transport::TransportError::Timeout),
         }
     }
+}
+
+/// One `host[:port]` of the server list.
+fn parse_server(hostport: &str) -> Result<(String, u16), String> {
+    let (host, port) = match hostport.rsplit_once(':') {
+        // `[::1]:4222` and `host:4222`; a bare `[::1]` has no port.
+        Some((host, port)) if !port.contains(']') => {
+            let port = port
+                .parse::<u16>()
+                .ok()
+                .filter(|port| *port != 0)
+                .ok_or_else(|| "nats:// URL has an invalid port (want 1 to 65535)".to_owned())?;
+            (host, port)
+        }
+        _ => (hostport, DEFAULT_PORT),
+    };
+    if host.is_empty()
+        || host
+            .chars()
+            .any(|c| c.is_whitespace() || matches!(c, '/' | '?' | '#' | '@'))
+    {
+        return Err(
+            "nats:// URL has no valid host (or an empty one in its server list)".to_owned(),
+        );
+    }
+    Ok((host.to_owned(), port))
+}
+
+/// The query of a nats:// URL: `replicas=N` and nothing else.
+fn parse_replicas(query: &str) -> Result<usize, String> {
+    let mut replicas = None;
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some(("replicas", value)) if replicas.is_none() => {
+                replicas = Some(
+                    value
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| (1..=MAX_REPLICAS).contains(n))
+                        .ok_or_else(|| {
+                            format!("nats:// URL `replicas` must be 1 to {MAX_REPLICAS}")
+                        })?,
+                );
+            }
+            _ => {
+                return Err("nats:// URL takes one query parameter, `replicas=N`, once".to_owned());
+            }
+        }
+    }
+    Ok(replicas.unwrap_or(1))
 }
 
 /// Checks a publish subject: dot-separated non-empty tokens of
@@ -240,6 +322,27 @@ mod tests {
     }
 
     #[test]
+    fn a_server_list_and_a_replica_count_parse() {
+        let url =
+            NatsUrl::parse("nats://u:p@h1:4301,h2,[::1]:4303/orders?replicas=3").expect("cluster");
+        assert_eq!(
+            url.servers(),
+            ["nats://h1:4301", "nats://h2:4222", "nats://[::1]:4303"]
+        );
+        assert_eq!(url.replicas(), 3);
+        assert_eq!(url.subject(), "orders");
+        assert_eq!(
+            url.shown(),
+            "nats://***@h1:4301,h2:4222,[::1]:4303/orders?replicas=3"
+        );
+        let url = NatsUrl::parse("nats://h1/orders").expect("one");
+        assert_eq!(url.replicas(), 1);
+        assert_eq!(url.clone().with_default_replicas(3).replicas(), 3);
+        let url = NatsUrl::parse("nats://h1/orders?replicas=2").expect("two");
+        assert_eq!(url.with_default_replicas(3).replicas(), 2, "the URL wins");
+    }
+
+    #[test]
     fn malformed_urls_say_what_is_wrong_without_the_secret() {
         for (url, wanted) in [
             ("http://host/x", "not a nats://"),
@@ -252,6 +355,11 @@ mod tests {
             ("nats://u:hunter2@host/a..b", "dot-separated"),
             ("nats://u:hunter2@host/a b", "dot-separated"),
             ("nats://u:hunter2%zz@host/a", "invalid % escape"),
+            ("nats://u:hunter2@h1,,h3/a", "no valid host"),
+            ("nats://u:hunter2@h1/a?replicas=0", "1 to 5"),
+            ("nats://u:hunter2@h1/a?replicas=6", "1 to 5"),
+            ("nats://u:hunter2@h1/a?replicas=3&replicas=3", "once"),
+            ("nats://u:hunter2@h1/a?stream=x", "`replicas=N`"),
         ] {
             let error = NatsUrl::parse(url).expect_err(url);
             assert!(error.contains(wanted), "{url}: {error}");

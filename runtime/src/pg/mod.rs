@@ -221,6 +221,19 @@ pub const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (stream, stream_sequence)
     );
     "#,
+    // 4: the last lifecycle command applied per interface version
+    //    (`crate::lifecycle`), as SQLite's migration 7: a command older
+    //    than it is refused (`stale_command`).
+    r#"
+    CREATE TABLE rf_lifecycle_applied (
+        interface   TEXT NOT NULL,
+        version     BIGINT NOT NULL,
+        generation  BIGINT NOT NULL,
+        command     TEXT NOT NULL,
+        applied_at  BIGINT NOT NULL,
+        PRIMARY KEY (interface, version)
+    );
+    "#,
 ];
 
 /// The advisory lock that serialises migrations across processes

@@ -78,6 +78,10 @@ pub enum ReceiveError {
     PayloadMismatch(String),
     #[error("{0}")]
     Poison(String),
+    /// A handler's refusal with a code of its own
+    /// ([`HandlerError::Refused`](super::HandlerError::Refused)).
+    #[error("{message}")]
+    Refused { code: &'static str, message: String },
     #[error("{0}")]
     HandlerFailed(String),
     #[error("a copy of this message is still being processed; retry later")]
@@ -107,7 +111,8 @@ impl ReceiveError {
             Self::MessageIdReused { .. }
             | Self::BeyondDedupHorizon { .. }
             | Self::PayloadMismatch(_)
-            | Self::Poison(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            | Self::Poison(_)
+            | Self::Refused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::VersionDecommissioned { .. } => StatusCode::GONE,
             Self::HandlerFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::InProgress | Self::Unavailable(_) | Self::ShuttingDown | Self::KeysPending(_) => {
@@ -135,6 +140,7 @@ impl ReceiveError {
             Self::VersionDecommissioned { .. } => super::VERSION_DECOMMISSIONED,
             Self::PayloadMismatch(_) => "payload_mismatch",
             Self::Poison(_) => "poison",
+            Self::Refused { code, .. } => code,
             Self::HandlerFailed(_) => "handler_failed",
             Self::InProgress => "in_progress",
             Self::Unavailable(_) => "storage_unavailable",

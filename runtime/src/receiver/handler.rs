@@ -121,6 +121,12 @@ pub enum HandlerError {
     /// 422 `poison`, the sender dead-letters it.
     #[error("message refused for good: {0}")]
     Poison(String),
+    /// Refused for good with a code of the service's own (the lifecycle's
+    /// `wrong_target`, `stale_command`): 422 `code`, the sender
+    /// dead-letters it. Use a code that is not one of the wire protocol's
+    /// (`docs/wire-protocol.md`), and document it.
+    #[error("message refused for good ({code}): {message}")]
+    Refused { code: &'static str, message: String },
     /// A failure worth retrying (a resource is down, a lock timed out): 500
     /// `handler_failed`, the sender retries with backoff.
     #[error("handler failed: {0}")]
@@ -164,6 +170,14 @@ impl HandlerError {
     /// A message that can never succeed (422 `poison`).
     pub fn poison(message: impl std::fmt::Display) -> Self {
         Self::Poison(message.to_string())
+    }
+
+    /// A message refused for good with the service's own `code` (422 `code`).
+    pub fn refused(code: &'static str, message: impl std::fmt::Display) -> Self {
+        Self::Refused {
+            code,
+            message: message.to_string(),
+        }
     }
 
     /// A payload that does not fit the contract (422 `payload_mismatch`).

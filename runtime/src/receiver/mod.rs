@@ -28,6 +28,7 @@
 //! rolled back, processes it then.
 
 pub(crate) mod answer;
+mod duplicates;
 pub mod handler;
 pub(crate) mod writer;
 
@@ -224,12 +225,15 @@ impl<S: Store> ReceiverBuilder<S> {
         self
     }
 
-    /// Hosts the control interface `rfidl.control.Lifecycle` v1 (commands
+    /// Hosts the control interface `rfidl.control.Lifecycle` v2 (commands
     /// from the registry's source id [`crate::lifecycle::DEFAULT_REGISTRY_SOURCE`]
     /// only; configure a `peers` secret for it) and answers the routes of
     /// every version in `lifecycle` 410 `version_decommissioned`. Pass the
     /// outbox's set ([`Outbox::lifecycle`](crate::outbox::Outbox::lifecycle))
-    /// so that its dispatcher holds what the commands decommission.
+    /// so that its dispatcher holds what the commands decommission, and
+    /// bind it to this instance's id when it registers
+    /// ([`DirectoryClient::lifecycle`](crate::directory::DirectoryClient::lifecycle)):
+    /// a command addressed to another instance is refused.
     pub fn lifecycle(self, lifecycle: &crate::lifecycle::Lifecycle) -> Self
     where
         crate::lifecycle::LifecycleService: HostedService<S>,
@@ -354,6 +358,7 @@ impl<S: Store> ReceiverBuilder<S> {
                 reader,
                 commands,
                 metrics,
+                duplicates: Default::default(),
                 writer_threads: Mutex::new(threads),
                 liveness,
                 lifecycle: self.lifecycle,
@@ -380,6 +385,8 @@ struct Shared {
     reader: Arc<dyn InboxLookup>,
     commands: mpsc::Sender<Command>,
     metrics: Arc<Metrics>,
+    /// One warning per duplicate delivery, rate-limited.
+    duplicates: duplicates::DuplicateLog,
     writer_threads: Mutex<Vec<JoinHandle<()>>>,
     liveness: crate::liveness::Liveness,
     /// Decommissioned versions, answered 410.
@@ -990,6 +997,7 @@ impl Shared {
             true => Ok(vec![Ok(None)]),
             false => {
                 let reader = Arc::clone(&self.reader);
+                let keys = keys.clone();
                 tokio::task::spawn_blocking(move || {
                     keys.iter()
                         .map(|(source, id)| reader.lookup(source, id))
@@ -1062,10 +1070,21 @@ impl Shared {
         }
         answers
             .into_iter()
-            .map(|answer| {
-                answer.unwrap_or(Answer::Refused(ReceiveError::Unavailable(
+            .zip(keys)
+            .map(|(answer, (source, id))| {
+                let answer = answer.unwrap_or(Answer::Refused(ReceiveError::Unavailable(
                     "no answer".to_owned(),
-                )))
+                )));
+                if matches!(
+                    answer,
+                    Answer::Acknowledged {
+                        duplicate: true,
+                        ..
+                    }
+                ) {
+                    self.duplicates.note(&source, &id);
+                }
+                answer
             })
             .collect()
     }

@@ -385,6 +385,7 @@ pub(crate) fn refusal_of(handler_error: HandlerError, envelope: &Envelope) -> Re
             envelope.interface, envelope.version, envelope.endpoint
         )),
         HandlerError::Poison(message) => ReceiveError::Poison(message),
+        HandlerError::Refused { code, message } => ReceiveError::Refused { code, message },
         HandlerError::Retryable(message) => ReceiveError::HandlerFailed(message),
         HandlerError::UnknownEndpoint(endpoint) => ReceiveError::UnknownEndpoint {
             interface: envelope.interface.clone(),

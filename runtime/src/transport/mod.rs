@@ -189,6 +189,21 @@ pub(crate) fn for_destination(
         if destination.url.starts_with("grpc://") {
             return grpc_transport(&destination.url, timeout);
         }
+        if destination.url.starts_with("inproc://") {
+            return Err(
+                "`url` is inproc://: an in-process receiver is routed in code, \
+                 `DispatcherBuilder::route(name, InProcessTransport::new(receiver.router()), \
+                 secret)`, not by URL"
+                    .to_owned(),
+            );
+        }
+        if !(destination.url.starts_with("http://") || destination.url.starts_with("https://")) {
+            let scheme = destination.url.split("://").next().unwrap_or_default();
+            return Err(format!(
+                "`url` has the scheme `{scheme}`, which no transport serves: use http://, \
+                 https://, unix://, grpc:// or nats://"
+            ));
+        }
         return Ok(Arc::new(http_transport(
             destination,
             &destination.url,
@@ -261,9 +276,17 @@ fn nats_transport(
             "`urls`: a nats:// destination takes one `url` (the broker spreads)".to_owned(),
         );
     }
-    JetStreamTransport::new(&destination.url, timeout)
-        .map(|transport| Arc::new(transport) as Arc<dyn Transport>)
-        .map_err(|message| format!("`url`: {message}"))
+    let url = crate::nats::NatsUrl::parse(&destination.url)
+        .map_err(|message| format!("`url`: {message}"))?;
+    let replicas = destination.replicas.unwrap_or(1);
+    if !(1..=crate::nats::MAX_REPLICAS).contains(&replicas) {
+        return Err(format!(
+            "`replicas` must be 1 to {}",
+            crate::nats::MAX_REPLICAS
+        ));
+    }
+    let url = url.with_default_replicas(replicas);
+    Ok(Arc::new(JetStreamTransport::with_url(url, timeout)))
 }
 
 #[cfg(not(feature = "nats"))]

@@ -2,8 +2,10 @@
 //! every store: the registry's signed `Decommission` command, processed
 //! through the inbox, holds the version's outbox rows (not sent, not
 //! expired), its routes answer 410, `/_rf/health` shows it; `Recommission`
-//! releases every held row, delivered exactly once. Real databases, real
-//! HTTP on loopback.
+//! releases every held row, delivered exactly once. A command is bound to
+//! its target: one for another instance is refused `wrong_target`, one
+//! older than the state held `stale_command`, also after a restart. Real
+//! databases, real HTTP on loopback.
 
 use std::time::{Duration, Instant};
 
@@ -20,8 +22,19 @@ use crate::support::{self, post_signed, serve};
 
 const TOKEN: &str = "ops-token";
 
-/// A lifecycle command envelope from `source`.
-fn command(id: &str, source: &str, endpoint: &str, interface: &str, version: u32) -> Vec<u8> {
+/// The instance id the registry assigned the provider.
+const INSTANCE: &str = "0123456789abcdef";
+
+/// A lifecycle command envelope from `source` for `interface` v`version`,
+/// addressed to `instance` at `generation`.
+fn command(
+    id: &str,
+    source: &str,
+    endpoint: &str,
+    (interface, version): (&str, u32),
+    instance: &str,
+    generation: u64,
+) -> Vec<u8> {
     serde_json::to_vec(&json!({
         "messageId": id,
         "sourceServiceId": source,
@@ -30,9 +43,44 @@ fn command(id: &str, source: &str, endpoint: &str, interface: &str, version: u32
         "version": lifecycle::VERSION,
         "fingerprint": lifecycle::FINGERPRINT,
         "endpoint": endpoint,
-        "payload": {"interface": interface, "version": version},
+        "payload": {
+            "interface": interface,
+            "version": version,
+            "instanceId": instance,
+            "baseUrl": "http://provider.invalid",
+            "generation": generation,
+        },
     }))
     .expect("json")
+}
+
+/// Posts a fresh registry command and returns the answer.
+async fn post_command(
+    client: &reqwest::Client,
+    url: &str,
+    secret: &Secret,
+    endpoint: &str,
+    instance: &str,
+    generation: u64,
+) -> (u16, serde_json::Value) {
+    let id = Uuid::now_v7().to_string();
+    let body = command(
+        &id,
+        lifecycle::DEFAULT_REGISTRY_SOURCE,
+        endpoint,
+        (support::INTERFACE, 1),
+        instance,
+        generation,
+    );
+    post_signed(
+        client,
+        url,
+        &body,
+        &id,
+        secret,
+        rfidl_runtime::signing::unix_now(),
+    )
+    .await
 }
 
 async fn get_health(client: &reqwest::Client, ops_url: &str) -> serde_json::Value {
@@ -120,7 +168,8 @@ async fn decommission_and_recommission(store: &TestStore) {
         &id,
         support::SOURCE,
         lifecycle::DECOMMISSION,
-        support::INTERFACE,
+        (support::INTERFACE, 1),
+        INSTANCE,
         1,
     );
     let (status, answer) = post_signed(
@@ -142,7 +191,8 @@ async fn decommission_and_recommission(store: &TestStore) {
         &id,
         "intruder",
         lifecycle::DECOMMISSION,
-        support::INTERFACE,
+        (support::INTERFACE, 1),
+        INSTANCE,
         1,
     );
     let (status, answer) = post_signed(
@@ -161,13 +211,51 @@ async fn decommission_and_recommission(store: &TestStore) {
     );
     assert_eq!(held_rows(store), 0);
 
+    // Before the instance knows its id (it registers at start-up), a
+    // command cannot be checked: 500, the registry retries.
+    let (status, answer) = post_command(
+        &client,
+        &provider_url,
+        &registry_secret,
+        lifecycle::DECOMMISSION,
+        INSTANCE,
+        1,
+    )
+    .await;
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (500, Some("handler_failed")),
+        "{answer}"
+    );
+    assert_eq!(held_rows(store), 0);
+    lifecycle_set.bind_instance(INSTANCE);
+
+    // A command the registry addressed to another instance (a copy a fake
+    // registered instance received) is refused for good: 422 wrong_target.
+    let (status, answer) = post_command(
+        &client,
+        &provider_url,
+        &registry_secret,
+        lifecycle::DECOMMISSION,
+        "fedcba9876543210",
+        1,
+    )
+    .await;
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (422, Some(lifecycle::WRONG_TARGET)),
+        "{answer}"
+    );
+    assert_eq!(held_rows(store), 0);
+
     // The registry's Decommission: the five rows are held in its transaction.
     let decommission_id = Uuid::now_v7().to_string();
     let decommission = command(
         &decommission_id,
         lifecycle::DEFAULT_REGISTRY_SOURCE,
         lifecycle::DECOMMISSION,
-        support::INTERFACE,
+        (support::INTERFACE, 1),
+        INSTANCE,
         1,
     );
     let (status, answer) = post_signed(
@@ -327,8 +415,9 @@ async fn decommission_and_recommission(store: &TestStore) {
         &recommission_id,
         lifecycle::DEFAULT_REGISTRY_SOURCE,
         lifecycle::RECOMMISSION,
-        support::INTERFACE,
-        1,
+        (support::INTERFACE, 1),
+        INSTANCE,
+        2,
     );
     let (status, answer) = post_signed(
         &client,
@@ -369,6 +458,88 @@ async fn decommission_and_recommission(store: &TestStore) {
     assert_eq!(answer["duplicate"], true, "{answer}");
     assert!(!outbox.lifecycle().is_decommissioned(support::INTERFACE, 1));
     assert_eq!(store.count("SELECT COUNT(*) FROM rf_decommissioned"), 0);
+
+    // An older Decommission under a new message id (a late retry, a
+    // replay) is refused: 422 stale_command; so is the other command at
+    // the generation held. The version stays commissioned.
+    for (endpoint, generation) in [(lifecycle::DECOMMISSION, 1), (lifecycle::DECOMMISSION, 2)] {
+        let (status, answer) = post_command(
+            &client,
+            &provider_url,
+            &registry_secret,
+            endpoint,
+            INSTANCE,
+            generation,
+        )
+        .await;
+        assert_eq!(
+            (status, answer["error"].as_str()),
+            (422, Some(lifecycle::STALE_COMMAND)),
+            "{endpoint} at {generation}: {answer}"
+        );
+    }
+    assert!(!outbox.lifecycle().is_decommissioned(support::INTERFACE, 1));
+    assert_eq!(store.count("SELECT COUNT(*) FROM rf_decommissioned"), 0);
+    // The same command at the generation held is a no-op repeat.
+    let (status, answer) = post_command(
+        &client,
+        &provider_url,
+        &registry_secret,
+        lifecycle::RECOMMISSION,
+        INSTANCE,
+        2,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["payload"]["released"], 0, "{answer}");
+
+    // The generation held survives a restart: a restarted receiver (a
+    // fresh set, bound again at registration) refuses the old command.
+    assert_eq!(
+        store.count(
+            "SELECT generation FROM rf_lifecycle_applied \
+             WHERE interface = 'test.Ledger' AND version = 1 AND command = 'Recommission'"
+        ),
+        2
+    );
+    let restarted = lifecycle::Lifecycle::new();
+    restarted.bind_instance(INSTANCE);
+    let again = store
+        .receiver_with(
+            config.clone(),
+            std::sync::Arc::new(support::Ledger::default()),
+            |b| b.lifecycle(&restarted),
+            |b| b.lifecycle(&restarted),
+        )
+        .expect("restarted receiver");
+    let (again_url, _again_server) = serve(again.router()).await;
+    let (status, answer) = post_command(
+        &client,
+        &again_url,
+        &registry_secret,
+        lifecycle::DECOMMISSION,
+        INSTANCE,
+        1,
+    )
+    .await;
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (422, Some(lifecycle::STALE_COMMAND)),
+        "{answer}"
+    );
+    assert!(!restarted.is_decommissioned(support::INTERFACE, 1));
+    // A newer one is applied.
+    let (status, answer) = post_command(
+        &client,
+        &again_url,
+        &registry_secret,
+        lifecycle::DECOMMISSION,
+        INSTANCE,
+        3,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(restarted.is_decommissioned(support::INTERFACE, 1));
 
     handle.shutdown().await;
 }

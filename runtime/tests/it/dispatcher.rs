@@ -566,3 +566,30 @@ async fn a_declared_destination_without_a_route_stops_the_start_with_its_config_
     outbox.declare_destination("audit");
     handle.shutdown().await;
 }
+
+/// A destination URL no transport serves stops the start, naming the field
+/// (issue 30: `inproc://` used to fall through to the HTTP client and fail
+/// on every send).
+#[tokio::test]
+async fn a_destination_url_no_transport_serves_stops_the_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db: PathBuf = dir.path().join("sender.db");
+    for (url, expected) in [
+        ("inproc://ledger", "InProcessTransport"),
+        ("ftp://ledger.example", "`ftp`"),
+    ] {
+        let mut config = sender_config(Duration::from_millis(50));
+        config.destinations.insert(
+            "ledger".into(),
+            rfidl_runtime::config::DestinationConfig::new(url, Secret::generate().to_whsec()),
+        );
+        let outbox = Outbox::new(config, &db);
+        let error = Dispatcher::builder(&outbox, &db)
+            .start()
+            .err()
+            .expect("refused at start");
+        let text = error.to_string();
+        assert!(text.contains("destination `ledger`"), "{text}");
+        assert!(text.contains(expected), "{url}: {text}");
+    }
+}

@@ -341,6 +341,7 @@ async fn receiver_down_then_up(store: &TestStore) {
             urls: Vec::new(),
             secret: secret.to_whsec(),
             ca_file: None,
+            replicas: None,
         },
     );
     let outbox = store.outbox(config);
@@ -438,6 +439,7 @@ async fn a_malformed_grpc_url_is_a_configuration_error_at_start_that_shows_no_cr
                 urls: Vec::new(),
                 secret: Secret::generate().to_whsec(),
                 ca_file: None,
+                replicas: None,
             },
         );
         let db = dir.path().join("sender.db");

@@ -12,6 +12,8 @@ mod interop;
 mod issued_keys;
 // The NATS JetStream transport against a real nats-server.
 mod nats;
+// A 3-node JetStream cluster losing a node, or the stream's leader (issue 31).
+mod nats_cluster;
 mod operations;
 mod ops_access;
 mod postgres_faults;

@@ -171,6 +171,7 @@ fn replicas_starting_together_migrate_once() {
             "inbox_messages",
             "outbox_messages",
             "rf_decommissioned",
+            "rf_lifecycle_applied",
             "rf_terminated",
             "rfidl_schema"
         ],

@@ -78,6 +78,7 @@ async fn metrics_follow_prometheus_conventions_per_destination() {
             urls: Vec::new(),
             secret: Secret::generate().to_whsec(),
             ca_file: None,
+            replicas: None,
         },
     );
     let outbox = Outbox::new(config, &db);

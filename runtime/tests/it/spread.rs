@@ -231,6 +231,7 @@ async fn every_url_down(store: &TestStore) {
             urls: vec![format!("http://127.0.0.1:{second}/")],
             secret: secret.to_whsec(),
             ca_file: None,
+            replicas: None,
         },
     );
     let outbox = store.outbox(config);
@@ -314,6 +315,7 @@ async fn several_urls_must_all_be_http_and_distinct() {
                 urls: urls.into_iter().map(str::to_owned).collect(),
                 secret: Secret::generate().to_whsec(),
                 ca_file: None,
+                replicas: None,
             },
         );
         let outbox = Outbox::new(config, &db);

@@ -60,6 +60,7 @@ fn https_config(url: &str, secret: &Secret, ca_file: Option<&Path>) -> Config {
             urls: Vec::new(),
             secret: secret.to_whsec(),
             ca_file: ca_file.map(Path::to_path_buf),
+            replicas: None,
         },
     );
     config

@@ -126,6 +126,7 @@ async fn a_command_through_generated_code_is_processed_once_and_answered() {
             urls: Vec::new(),
             secret: secret.to_whsec(),
             ca_file: None,
+            replicas: None,
         },
     );
     let outbox = Outbox::new(engine_config, &engine_db);

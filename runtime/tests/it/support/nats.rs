@@ -33,20 +33,7 @@ impl NatsServer {
     /// Panics when the binary cannot be started or does not accept
     /// connections within 10 s.
     pub fn start() -> Option<Self> {
-        let binary = match std::env::var_os("RFIDL_NATS_SERVER") {
-            Some(path) if !path.is_empty() => PathBuf::from(path),
-            _ if std::env::var("RFIDL_REQUIRE_NATS").as_deref() == Ok("1") => panic!(
-                "RFIDL_REQUIRE_NATS=1 but RFIDL_NATS_SERVER is not set: run `cargo xtask test` \
-                 (it installs nats-server into .venv) or point it at a nats-server binary"
-            ),
-            _ => {
-                eprintln!(
-                    "SKIPPED: no nats-server (run `cargo xtask test`, or set RFIDL_NATS_SERVER \
-                     to a nats-server 2.10+ binary; docs/testing.md)"
-                );
-                return None;
-            }
-        };
+        let binary = binary()?;
         let port = free_port();
         let store = tempfile::Builder::new()
             .prefix("rfidl-nats-")
@@ -129,6 +116,155 @@ impl NatsServer {
 impl Drop for NatsServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// The `nats-server` binary of `RFIDL_NATS_SERVER`, or `None` (having
+/// printed why) when it is not set and `RFIDL_REQUIRE_NATS` is not `1`.
+fn binary() -> Option<PathBuf> {
+    match std::env::var_os("RFIDL_NATS_SERVER") {
+        Some(path) if !path.is_empty() => Some(PathBuf::from(path)),
+        _ if std::env::var("RFIDL_REQUIRE_NATS").as_deref() == Ok("1") => panic!(
+            "RFIDL_REQUIRE_NATS=1 but RFIDL_NATS_SERVER is not set: run `cargo xtask test` \
+             (it installs nats-server into .venv) or point it at a nats-server binary"
+        ),
+        _ => {
+            eprintln!(
+                "SKIPPED: no nats-server (run `cargo xtask test`, or set RFIDL_NATS_SERVER \
+                 to a nats-server 2.10+ binary; docs/testing.md)"
+            );
+            None
+        }
+    }
+}
+
+/// A 3-node JetStream cluster on loopback (`../shared/recipes`: routes
+/// between the three, a store directory and a name each), owned by one
+/// test: [`kill`](Self::kill) SIGKILLs one node, [`restart`](Self::restart)
+/// starts it again on its port and store; dropping the guard kills all.
+pub struct NatsCluster {
+    binary: PathBuf,
+    /// Its own cluster name: nodes of two tests' clusters never join.
+    name: String,
+    nodes: Vec<ClusterNode>,
+}
+
+struct ClusterNode {
+    name: String,
+    port: u16,
+    route_port: u16,
+    store: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl NatsCluster {
+    /// Starts three nodes (`None` as [`NatsServer::start`]); each accepts
+    /// connections on return. JetStream elects its leaders a few seconds
+    /// later: clients retry until then.
+    pub fn start() -> Option<Self> {
+        let binary = binary()?;
+        let nodes = (1..=3)
+            .map(|i| ClusterNode {
+                name: format!("node{i}"),
+                port: free_port(),
+                route_port: free_port(),
+                store: tempfile::Builder::new()
+                    .prefix("rfidl-nats-cluster-")
+                    .tempdir()
+                    .expect("temporary store directory"),
+                child: None,
+            })
+            .collect();
+        let name = format!("rfidl-{}", free_port());
+        let mut cluster = Self {
+            binary,
+            name,
+            nodes,
+        };
+        for i in 0..3 {
+            cluster.launch(i);
+        }
+        Some(cluster)
+    }
+
+    /// `nats://127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3/<subject>?replicas=3`.
+    pub fn url(&self, subject: &str) -> String {
+        let servers: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|node| format!("127.0.0.1:{}", node.port))
+            .collect();
+        format!("nats://{}/{subject}?replicas=3", servers.join(","))
+    }
+
+    /// The client ports of the nodes, in order.
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|node| node.port).collect()
+    }
+
+    /// The index of the node named `name` (`node1`…).
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|node| node.name == name)
+    }
+
+    /// SIGKILLs node `i` and waits for it to be gone.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts node `i` again on its port and store.
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.launch(i);
+    }
+
+    fn launch(&mut self, i: usize) {
+        let routes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|node| format!("nats://127.0.0.1:{}", node.route_port))
+            .collect();
+        let node = &mut self.nodes[i];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(node.store.path().join("server.log"))
+            .expect("server log");
+        let child = Command::new(&self.binary)
+            .args(["-js", "-a", "127.0.0.1", "-p"])
+            .arg(node.port.to_string())
+            .args(["-n", &node.name, "--cluster_name", &self.name, "--cluster"])
+            .arg(format!("nats://127.0.0.1:{}", node.route_port))
+            .args(["--routes", &routes.join(",")])
+            .arg("-sd")
+            .arg(node.store.path().join("jetstream"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.binary.display()));
+        node.child = Some(child);
+        let address = SocketAddr::from(([127, 0, 0, 1], node.port));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "cluster node {} does not accept connections within 10 s",
+                node.name
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
     }
 }
 
