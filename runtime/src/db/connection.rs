@@ -20,7 +20,7 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Opens (creating if needed) a database file, sets the pragmas and migrates it.
 ///
-/// The first open of an existing file in a process runs [`preflight`](super::preflight)
+/// The first open of an existing file in a process runs [`preflight`](fn@super::preflight)
 /// first: a file written by a newer schema, or a damaged one, is refused
 /// before anything writes to it.
 ///

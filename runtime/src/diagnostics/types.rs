@@ -234,7 +234,8 @@ pub struct InboxStats {
 }
 
 /// One (destination, status) group of undelivered outbox rows, as a store
-/// reads it: the raw material of [`OutboxStats`] and [`DestinationGauges`].
+/// reads it: the raw material of [`OutboxStats`] and
+/// [`DestinationGauges`](crate::metrics::DestinationGauges).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct UnsentGroup {
     pub destination: String,
