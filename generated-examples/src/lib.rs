@@ -5,5 +5,6 @@
 //! Regenerate with `cargo xtask regen`; a test fails when this copy drifts
 //! from what the generator produces today.
 
+pub mod chaos;
 pub mod demo;
 pub mod generated;

@@ -4,13 +4,12 @@
 //! shorter time slice than its default (0.7-3 ms, by the number of
 //! processors): it gets the same share of the processor in shorter turns,
 //! and when it wakes it may preempt a thread with a longer slice instead of
-//! waiting for that thread's turn to end. The receivers' writer threads ask for the shortest slice the
-//! kernel allows: woken by the request that carries a delivery, a writer
-//! then runs at once instead of after the waking worker's turn. Measured
-//! paired per message: 6-15 µs of commit -> effect. The dispatcher's
-//! threads gained a few µs more but cost one-message-per-request
-//! throughput about 6 %, so they keep the default (BENCHMARKS.md, "fifth
-//! pass").
+//! waiting for that thread's turn to end. The receivers' writer threads
+//! ask for the shortest slice the kernel allows: woken by the request that
+//! carries a delivery, a writer then runs at once instead of after the
+//! waking worker's turn. The dispatcher's threads keep the default: there
+//! the gain in latency cost throughput of one message per request. Both
+//! are measured in BENCHMARKS.md ("Commit -> effect, fifth pass").
 //!
 //! Best effort: older kernels ignore the request, and a refusal (a seccomp
 //! profile, another scheduling policy) leaves the thread as it was.

@@ -1,5 +1,6 @@
 //! Tests of the checked-in generated code and the demo services.
 
+mod chaos;
 mod demo;
 mod drift;
 mod ops_access;

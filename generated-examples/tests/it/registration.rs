@@ -115,6 +115,12 @@ fn with_the_publish_token_a_service_publishes_what_it_hosts_and_registers() {
         let listed = get(&runtime, &format!("{url}/v1/services"));
         listed["services"][0]["service"] == "hr-service"
     });
+    // The service logs once the registry's answer is back: a moment after
+    // the registry lists it.
+    wait_for("the registration logged", || {
+        std::fs::read_to_string(&stderr)
+            .is_ok_and(|log| log.contains("registered with the registry"))
+    });
     stop(child);
     let interfaces = get(&runtime, &format!("{url}/v1/interfaces"));
     let versions = &interfaces["interfaces"][0];

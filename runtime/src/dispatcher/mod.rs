@@ -18,12 +18,11 @@
 //!   nothing is in flight a claim (on SQLite) runs on the worker that runs
 //!   the dispatcher's loop, where nothing else waits for it: a message's
 //!   idle path from its commit to the socket then crosses no thread, where
-//!   a claim on the blocking pool costs a wake-up there and one back
-//!   (BENCHMARKS.md, "fourth pass": 25-65 µs of commit -> effect under
-//!   `outbox.durability: normal` in paired runs; under `full`, where a
-//!   claim on the pool sends before it commits, within the noise). Under
-//!   `full` such a claim is left open while the loop writes its requests,
-//!   and commits right after ("fifth pass": 6-21 µs in paired runs).
+//!   a claim on the blocking pool costs a wake-up there and one back.
+//!   Under `full` such a claim is left open while the loop writes its
+//!   requests, and commits right after. What each of these saves is
+//!   measured in BENCHMARKS.md ("Commit -> effect, fourth pass" and
+//!   "fifth pass").
 //!   With sends in flight, claims and every recording run on the blocking
 //!   pool, so answers are never held behind a commit. No database work
 //!   ever runs on the application's executor.

@@ -5,10 +5,9 @@
 //! base URL without credentials when the environment names no HTTP proxy;
 //! everything else (HTTPS, a proxy, credentials in the URL) goes through
 //! `reqwest`, which handles them. The two speak the same HTTP; this one has
-//! less between the dispatcher and the socket. On the benchmark machine a
-//! request reached the receiver's handler 77-98 µs after it was sent this
-//! way, against 137-185 µs through `reqwest` (BENCHMARKS.md, "Commit ->
-//! effect").
+//! less between the dispatcher and the socket; how much sooner a request
+//! reaches the receiver's handler this way is measured in BENCHMARKS.md
+//! ("Commit -> effect").
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,0 +1,248 @@
+//! The diagnostics operations written once over a store: the
+//! [`DiagnosticsStore`] trait each database implements (SQLite in
+//! `sqlite`, PostgreSQL in `crate::pg::diagnostics`), and the operations the
+//! routes and the public functions run on it (the counts, the failed list,
+//! the manual retries and their errors).
+//!
+//! It never holds SQL of its own beyond the one statement both stores share
+//! ([`DECOMMISSIONED_SQL`]), and never touches HTTP.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rusqlite::Connection;
+use uuid::Uuid;
+
+use super::health::{fold_gauges, fold_unsent};
+use super::{
+    AttentionFilter, AttentionMessage, AttentionRow, DiagnosticsError, MAX_LIST_LIMIT, OutboxStats,
+    UnsentGroup, sqlite,
+};
+use crate::metrics::DestinationGauges;
+use crate::outbox::Status;
+
+/// The statements behind the diagnostics routes, one implementation per
+/// store: SQLite below (on `rusqlite::Connection`), PostgreSQL in
+/// `crate::pg::diagnostics`. Synchronous: the routes call it on the blocking
+/// pool, one call at a time per connection. Each method reads or writes raw
+/// rows; what the routes make of them (the folding into [`OutboxStats`] and
+/// [`DestinationGauges`], the filters, the retry errors) is written once,
+/// in this module, for both.
+pub(crate) trait DiagnosticsStore {
+    /// Every (destination, status) group of rows not `Sent`, read through
+    /// the partial indexes `outbox_due` and `outbox_attention` only.
+    fn unsent_groups(&self) -> Result<Vec<UnsentGroup>, DiagnosticsError>;
+    /// `sent_at` of the last acknowledged row kept (one index look-up).
+    fn last_sent_at(&self) -> Result<Option<i64>, DiagnosticsError>;
+    /// Kept `Sent` rows (a scan of the `outbox_sent` index).
+    fn sent_count(&self) -> Result<u64, DiagnosticsError>;
+    /// `Failed`, `DeadLetter` and `Expired` rows matching the filter,
+    /// oldest first, at most `limit`.
+    fn attention_rows(
+        &self,
+        status: Option<Status>,
+        destination: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<AttentionRow>, DiagnosticsError>;
+    /// Puts `message_id` back to `Pending` if it needs a human: due at
+    /// `now_ms`, retry count 0, expiring no earlier than `renew_until_ms`.
+    /// Returns the rows changed (0 or 1).
+    fn retry_one(
+        &self,
+        message_id: &str,
+        now_ms: i64,
+        renew_until_ms: i64,
+    ) -> Result<usize, DiagnosticsError>;
+    /// The status of `message_id`, if the row exists.
+    fn status_of(&self, message_id: &str) -> Result<Option<String>, DiagnosticsError>;
+    /// [`retry_one`](Self::retry_one) for every row needing a human that
+    /// matches the filter.
+    fn retry_matching(
+        &self,
+        status: Option<Status>,
+        destination: Option<&str>,
+        now_ms: i64,
+        renew_until_ms: i64,
+    ) -> Result<usize, DiagnosticsError>;
+    /// Rows needing a human, matching the filter (and `message_id`), created
+    /// before `before_ms`.
+    fn count_older(
+        &self,
+        message_id: Option<&str>,
+        status: Option<Status>,
+        destination: Option<&str>,
+        before_ms: i64,
+    ) -> Result<usize, DiagnosticsError>;
+    /// Rows in the inbox.
+    fn inbox_size(&self) -> Result<u64, DiagnosticsError>;
+    /// `rf_decommissioned` with each version's held rows: (interface,
+    /// version, decommissioned at, held).
+    fn decommissioned(&self) -> Result<Vec<(String, i64, i64, i64)>, DiagnosticsError>;
+    /// The `database` and `migrations` checks of `GET /_rf/readyz`, each
+    /// `"ok"` or why not, answered within the readiness timeout.
+    fn database_checks(&self) -> BTreeMap<String, String>;
+}
+
+/// The decommissioned versions and their held rows (the same SQL on both
+/// stores; `4611686018427387904` is [`crate::lifecycle::HELD_DUE_MS`]).
+pub(crate) const DECOMMISSIONED_SQL: &str = "SELECT d.interface, d.version, d.decommissioned_at, \
+     (SELECT COUNT(*) FROM outbox_messages o WHERE o.status IN ('Pending', 'Sending') \
+      AND o.status = 'Pending' AND o.next_retry_at >= 4611686018427387904 \
+      AND o.interface = d.interface AND o.version = d.version) \
+     FROM rf_decommissioned d ORDER BY d.interface, d.version";
+
+/// The outbox counts, read through the partial indexes only, with the
+/// number of kept `Sent` rows (which costs a scan of their index).
+pub fn outbox_stats(conn: &Connection, now_ms: i64) -> rusqlite::Result<OutboxStats> {
+    let mut stats = unsent_stats(conn, now_ms)?;
+    stats.sent = Some(sqlite::sent_count(conn)?);
+    Ok(stats)
+}
+
+/// The outbox counts except `Sent`: every row that is not delivered yet,
+/// and the time of the last delivery. Its cost does not grow with the
+/// number of kept `Sent` rows; the health check uses it.
+pub fn unsent_stats(conn: &Connection, now_ms: i64) -> rusqlite::Result<OutboxStats> {
+    Ok(fold_unsent(
+        sqlite::unsent_groups(conn)?,
+        sqlite::last_sent_at(conn)?,
+        now_ms,
+    ))
+}
+
+/// [`outbox_stats`] on any store.
+pub(super) fn outbox_stats_in(
+    store: &dyn DiagnosticsStore,
+    now_ms: i64,
+) -> Result<OutboxStats, DiagnosticsError> {
+    let mut stats = unsent_stats_in(store, now_ms)?;
+    stats.sent = Some(store.sent_count()?);
+    Ok(stats)
+}
+
+/// [`unsent_stats`] on any store.
+pub(super) fn unsent_stats_in(
+    store: &dyn DiagnosticsStore,
+    now_ms: i64,
+) -> Result<OutboxStats, DiagnosticsError> {
+    Ok(fold_unsent(
+        store.unsent_groups()?,
+        store.last_sent_at()?,
+        now_ms,
+    ))
+}
+
+/// The messages that need a human, oldest first.
+pub fn attention_messages(
+    conn: &Connection,
+    filter: &AttentionFilter,
+) -> Result<Vec<AttentionMessage>, DiagnosticsError> {
+    attention_messages_in(conn, filter)
+}
+
+/// [`attention_messages`] on any store.
+pub(super) fn attention_messages_in(
+    store: &dyn DiagnosticsStore,
+    filter: &AttentionFilter,
+) -> Result<Vec<AttentionMessage>, DiagnosticsError> {
+    let limit = filter.limit.unwrap_or(100).clamp(1, MAX_LIST_LIMIT);
+    Ok(store
+        .attention_rows(filter.status()?, filter.destination.as_deref(), limit)?
+        .into_iter()
+        .map(AttentionMessage::from)
+        .collect())
+}
+
+/// Puts one `Failed`, `DeadLetter` or `Expired` message back to `Pending`,
+/// due now, with its retry count reset and its TTL renewed from now.
+pub fn retry_message(
+    conn: &Connection,
+    message_id: &Uuid,
+    ttl: Duration,
+    now_ms: i64,
+) -> Result<(), DiagnosticsError> {
+    retry_message_in(conn, message_id, ttl, now_ms)
+}
+
+/// [`retry_message`] on any store.
+pub(super) fn retry_message_in(
+    store: &dyn DiagnosticsStore,
+    message_id: &Uuid,
+    ttl: Duration,
+    now_ms: i64,
+) -> Result<(), DiagnosticsError> {
+    let id = message_id.to_string();
+    if store.retry_one(&id, now_ms, renewed_expiry(now_ms, ttl))? == 1 {
+        return Ok(());
+    }
+    match store.status_of(&id)?.as_deref().and_then(Status::parse) {
+        None => Err(DiagnosticsError::NotFound(id)),
+        Some(status) => Err(DiagnosticsError::NotRetryable {
+            message_id: id,
+            status,
+        }),
+    }
+}
+
+/// [`retry_message`] for every message matching `filter` (its `limit` is
+/// ignored); returns how many were put back.
+pub fn retry_matching(
+    conn: &Connection,
+    filter: &AttentionFilter,
+    ttl: Duration,
+    now_ms: i64,
+) -> Result<usize, DiagnosticsError> {
+    retry_matching_in(conn, filter, ttl, now_ms)
+}
+
+/// [`retry_matching`] on any store.
+pub(super) fn retry_matching_in(
+    store: &dyn DiagnosticsStore,
+    filter: &AttentionFilter,
+    ttl: Duration,
+    now_ms: i64,
+) -> Result<usize, DiagnosticsError> {
+    store.retry_matching(
+        filter.status()?,
+        filter.destination.as_deref(),
+        now_ms,
+        renewed_expiry(now_ms, ttl),
+    )
+}
+
+/// The expiry of a message retried by hand at `now_ms`: a full TTL from now.
+fn renewed_expiry(now_ms: i64, ttl: Duration) -> i64 {
+    now_ms.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Messages matching `filter` (or the one `message_id`) that are waiting for
+/// a human and were created before `before_ms`.
+pub(super) fn count_older(
+    store: &dyn DiagnosticsStore,
+    message_id: Option<&str>,
+    filter: &AttentionFilter,
+    before_ms: i64,
+) -> Result<usize, DiagnosticsError> {
+    store.count_older(
+        message_id,
+        filter.status()?,
+        filter.destination.as_deref(),
+        before_ms,
+    )
+}
+
+/// The gauges of every destination that has undelivered rows or is in
+/// `configured` (those show zeros, so an alert rule sees the series before
+/// the first problem), sorted by name. Reads through the partial indexes
+/// `outbox_due` and `outbox_attention` only, like [`unsent_stats`].
+pub fn destination_gauges(
+    conn: &Connection,
+    now_ms: i64,
+    configured: &[String],
+) -> rusqlite::Result<Vec<DestinationGauges>> {
+    Ok(fold_gauges(
+        sqlite::unsent_groups(conn)?,
+        now_ms,
+        configured,
+    ))
+}

@@ -1,0 +1,463 @@
+//! The diagnostics routes: [`Diagnostics`] and its builder (which store,
+//! which outbox, metrics, token, thresholds), the axum router and its
+//! handlers. Each handler runs one closure on the store connection, on the
+//! blocking pool, and shapes the answer.
+//!
+//! It never writes SQL (that is `queries` over `sqlite` or
+//! `crate::pg::diagnostics`) nor decides a health status (that is `health`).
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path as UrlPath, Query, Request, State};
+use axum::http::header;
+use axum::middleware;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Serialize;
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+use super::access::{require_token, require_token_for_changes};
+use super::health::{fold_gauges, health, horizon_warning, with_decommissioned, with_destinations};
+use super::queries::{
+    DiagnosticsStore, attention_messages_in, count_older, outbox_stats_in, retry_matching_in,
+    retry_message_in, unsent_stats_in,
+};
+use super::readiness::{serve_livez, serve_readyz};
+use super::{
+    AttentionFilter, AttentionMessage, DecommissionedVersion, DiagnosticsError, Health,
+    HealthThresholds, InboxStats, OutboxStats, rfc3339,
+};
+use crate::circuit::Circuits;
+use crate::config::Config;
+use crate::db::{self, DbError};
+use crate::liveness::Liveness;
+use crate::metrics::{Gauges, Metrics};
+use crate::outbox::Outbox;
+use crate::store::Database;
+
+/// Builds a [`Diagnostics`]; see [`Diagnostics::builder`].
+pub struct DiagnosticsBuilder {
+    database: Database,
+    metrics: Arc<Metrics>,
+    wake: Option<Arc<Notify>>,
+    circuits: Option<Arc<Circuits>>,
+    dedup_horizon: Duration,
+    ttl: Duration,
+    token: Option<String>,
+    thresholds: HealthThresholds,
+    destinations: Vec<String>,
+    outbox: Option<Outbox>,
+    workers: Vec<(String, Liveness)>,
+    readiness_timeout: Duration,
+}
+
+impl DiagnosticsBuilder {
+    /// Takes the outbox's metrics and TTL, and wakes its dispatcher when a
+    /// message is retried by hand.
+    pub fn outbox(mut self, outbox: &Outbox) -> Self {
+        self.metrics = Arc::clone(outbox.metrics());
+        self.wake = Some(outbox.wake_handle());
+        self.circuits = Some(Arc::clone(outbox.circuits()));
+        self.ttl = outbox.config().outbox.ttl;
+        let inbox = &outbox.config().inbox;
+        self.dedup_horizon = inbox.retention.saturating_sub(inbox.signature_tolerance);
+        self.destinations = outbox.config().destinations.keys().cloned().collect();
+        self.outbox = Some(outbox.clone());
+        self
+    }
+
+    /// `GET /_rf/readyz` also checks that the receiver's writer thread runs.
+    /// (With [`outbox`](Self::outbox), it checks the dispatcher started on
+    /// that outbox: none started is not ready.)
+    pub fn receiver(self, receiver: &crate::receiver::Receiver) -> Self {
+        self.worker("receiver_writer", receiver.liveness())
+    }
+
+    /// `GET /_rf/readyz` also checks this worker, reported under `name`.
+    pub fn worker(mut self, name: impl Into<String>, liveness: Liveness) -> Self {
+        self.workers.push((name.into(), liveness));
+        self
+    }
+
+    /// How long `GET /_rf/readyz` waits for the database before it answers
+    /// 503 (default 1 s; a probe must answer quickly): on SQLite, for the
+    /// write lock; on PostgreSQL, for a new connection and for each of its
+    /// statements (`statement_timeout`).
+    pub fn readiness_timeout(mut self, timeout: Duration) -> Self {
+        self.readiness_timeout = timeout;
+        self
+    }
+
+    /// The counters `GET /_rf/metrics` and `GET /_rf/inbox/stats` report
+    /// (share one `Arc<Metrics>` between the outbox and the receiver).
+    pub fn metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Requires `Authorization: Bearer <token>` on every route.
+    pub fn bearer_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    pub fn thresholds(mut self, thresholds: HealthThresholds) -> Self {
+        self.thresholds = thresholds;
+        self
+    }
+
+    /// Opens the database (creating and migrating it if needed). On
+    /// PostgreSQL, an unreachable server or a wrong URL is
+    /// `DbError::Postgres`, naming the host and the cause.
+    pub fn build(self) -> Result<Diagnostics, DbError> {
+        let (conn, ready_conn) = match &self.database {
+            Database::Sqlite(path) => {
+                let conn = db::open(path, crate::config::Durability::Normal)?;
+                // A connection of its own, so a probe never queues behind a
+                // slow diagnostics query, with a short busy timeout.
+                let ready_conn = db::open(path, crate::config::Durability::Normal)?;
+                ready_conn
+                    .busy_timeout(self.readiness_timeout)
+                    .map_err(|source| DbError::Sqlite {
+                        path: path.display().to_string(),
+                        source,
+                    })?;
+                (Box::new(conn) as StoreBox, Box::new(ready_conn) as StoreBox)
+            }
+            #[cfg(feature = "postgres")]
+            Database::Postgres(url) => {
+                let (conn, ready_conn) = crate::pg::diagnostics::open(url, self.readiness_timeout)?;
+                (Box::new(conn) as StoreBox, Box::new(ready_conn) as StoreBox)
+            }
+        };
+        Ok(Diagnostics {
+            shared: Arc::new(Shared {
+                conn: Mutex::new(conn),
+                metrics: self.metrics,
+                wake: self.wake,
+                circuits: self.circuits,
+                dedup_horizon: self.dedup_horizon,
+                ttl: self.ttl,
+                token: self.token,
+                thresholds: self.thresholds,
+                destinations: self.destinations,
+                ready_conn: Mutex::new(ready_conn),
+                readiness_timeout: self.readiness_timeout,
+                outbox: self.outbox,
+                workers: self.workers,
+            }),
+        })
+    }
+}
+
+/// The diagnostics routes of one service database. Cheap to clone.
+#[derive(Clone)]
+pub struct Diagnostics {
+    shared: Arc<Shared>,
+}
+
+/// A store's connection behind the routes.
+type StoreBox = Box<dyn DiagnosticsStore + Send>;
+
+pub(super) struct Shared {
+    pub(super) conn: Mutex<StoreBox>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) wake: Option<Arc<Notify>>,
+    pub(super) circuits: Option<Arc<Circuits>>,
+    /// The dedup horizon assumed for receivers (this service's own
+    /// `inbox.retention` less its signature tolerance): a manual retry of an
+    /// older message warns that it may be refused.
+    pub(super) dedup_horizon: Duration,
+    pub(super) ttl: Duration,
+    pub(super) token: Option<String>,
+    pub(super) thresholds: HealthThresholds,
+    /// Configured destinations: their gauges are rendered even at zero.
+    pub(super) destinations: Vec<String>,
+    pub(super) ready_conn: Mutex<StoreBox>,
+    pub(super) readiness_timeout: Duration,
+    pub(super) outbox: Option<Outbox>,
+    pub(super) workers: Vec<(String, Liveness)>,
+}
+
+impl Diagnostics {
+    /// Diagnostics of the SQLite service database at `db_path`.
+    pub fn builder(db_path: impl AsRef<Path>) -> DiagnosticsBuilder {
+        Self::builder_for(Database::Sqlite(db_path.as_ref().to_path_buf()))
+    }
+
+    /// Diagnostics of the service database in PostgreSQL: the same routes
+    /// and answers as on SQLite.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(url: &crate::pg::PostgresUrl) -> DiagnosticsBuilder {
+        Self::builder_for(Database::Postgres(Box::new(url.clone())))
+    }
+
+    /// Diagnostics of the service database `database`, either store.
+    pub fn builder_for(database: impl Into<Database>) -> DiagnosticsBuilder {
+        DiagnosticsBuilder {
+            database: database.into(),
+            metrics: Arc::new(Metrics::default()),
+            wake: None,
+            circuits: None,
+            dedup_horizon: Duration::MAX,
+            ttl: Config::default().outbox.ttl,
+            token: None,
+            thresholds: HealthThresholds::default(),
+            destinations: Vec::new(),
+            outbox: None,
+            workers: Vec::new(),
+            readiness_timeout: Duration::from_secs(1),
+        }
+    }
+
+    /// The routes, ready to merge with [`crate::receiver::Receiver::router`]
+    /// (which answers a JSON 404 for other paths under `/_rf/`) or into an
+    /// application router.
+    pub fn router(&self) -> Router {
+        // A wrong method gets the JSON 405 every other error has (axum's
+        // own is an empty body).
+        Router::new()
+            .route(
+                "/_rf/health",
+                get(serve_health).fallback(method_not_allowed),
+            )
+            .route(
+                "/_rf/outbox/stats",
+                get(serve_outbox_stats).fallback(method_not_allowed),
+            )
+            .route(
+                "/_rf/outbox/failed",
+                get(serve_failed).fallback(method_not_allowed),
+            )
+            .merge(
+                Router::new()
+                    .route(
+                        "/_rf/outbox/retry",
+                        post(serve_retry_matching).fallback(method_not_allowed),
+                    )
+                    .route(
+                        "/_rf/outbox/{message_id}/retry",
+                        post(serve_retry).fallback(method_not_allowed),
+                    )
+                    .route_layer(middleware::from_fn_with_state(
+                        Arc::clone(&self.shared),
+                        require_token_for_changes,
+                    )),
+            )
+            .route(
+                "/_rf/inbox/stats",
+                get(serve_inbox_stats).fallback(method_not_allowed),
+            )
+            .route(
+                "/_rf/metrics",
+                get(serve_metrics).fallback(method_not_allowed),
+            )
+            .route_layer(middleware::from_fn_with_state(
+                Arc::clone(&self.shared),
+                require_token,
+            ))
+            // Probes need no token: they show no data, and an orchestrator's
+            // probe rarely carries credentials.
+            .route("/_rf/livez", get(serve_livez))
+            .route("/_rf/readyz", get(serve_readyz))
+            .with_state(Arc::clone(&self.shared))
+    }
+
+    /// Runs `query` on the diagnostics connection, on the blocking pool.
+    async fn query<T: Send + 'static>(
+        shared: &Arc<Shared>,
+        query: impl FnOnce(&dyn DiagnosticsStore) -> Result<T, DiagnosticsError> + Send + 'static,
+    ) -> Result<T, DiagnosticsError> {
+        let shared = Arc::clone(shared);
+        tokio::task::spawn_blocking(move || {
+            let conn = shared
+                .conn
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            query(conn.as_ref())
+        })
+        .await
+        .map_err(|error| DiagnosticsError::Unavailable(error.to_string()))?
+    }
+}
+
+async fn method_not_allowed(request: Request) -> DiagnosticsError {
+    DiagnosticsError::MethodNotAllowed {
+        method: request.method().to_string(),
+        path: request.uri().path().to_owned(),
+    }
+}
+
+async fn serve_health(State(shared): State<Arc<Shared>>) -> Result<Json<Health>, DiagnosticsError> {
+    let thresholds = shared.thresholds;
+    let (stats, decommissioned) = Diagnostics::query(&shared, |store| {
+        Ok((
+            unsent_stats_in(store, db::now_ms())?,
+            store.decommissioned()?,
+        ))
+    })
+    .await?;
+    let decommissioned = decommissioned
+        .into_iter()
+        .map(|(interface, version, at, held)| DecommissionedVersion {
+            interface,
+            version: u32::try_from(version.max(0)).unwrap_or(u32::MAX),
+            decommissioned_at: rfc3339(at),
+            held: held.max(0) as u64,
+        })
+        .collect();
+    let states = shared
+        .circuits
+        .as_ref()
+        .map(|circuits| circuits.states())
+        .unwrap_or_default();
+    Ok(Json(with_decommissioned(
+        with_destinations(health(stats, thresholds), states),
+        decommissioned,
+    )))
+}
+
+async fn serve_outbox_stats(
+    State(shared): State<Arc<Shared>>,
+) -> Result<Json<OutboxStats>, DiagnosticsError> {
+    let stats = Diagnostics::query(&shared, |store| outbox_stats_in(store, db::now_ms())).await?;
+    Ok(Json(stats))
+}
+
+#[derive(Serialize)]
+struct AttentionList {
+    messages: Vec<AttentionMessage>,
+}
+
+async fn serve_failed(
+    State(shared): State<Arc<Shared>>,
+    filter: Result<Query<AttentionFilter>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<impl Serialize>, DiagnosticsError> {
+    let Query(filter) = filter.map_err(|e| DiagnosticsError::BadRequest(e.body_text()))?;
+    let messages =
+        Diagnostics::query(&shared, move |store| attention_messages_in(store, &filter)).await?;
+    Ok(Json(AttentionList { messages }))
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Retried {
+    retried: usize,
+    /// Set when some of them are older than the dedup horizon receivers are
+    /// assumed to keep: they may be refused (422 `beyond_dedup_horizon`)
+    /// and come back `Failed`. They are never processed twice.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warning: Option<String>,
+}
+
+async fn serve_retry(
+    State(shared): State<Arc<Shared>>,
+    message_id: Result<UrlPath<String>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<impl Serialize>, DiagnosticsError> {
+    // A segment that does not decode (`%FF`) is a bad id like any other,
+    // answered as JSON (axum's own rejection is plain text).
+    let UrlPath(message_id) =
+        message_id.map_err(|e| DiagnosticsError::BadRequest(e.body_text()))?;
+    let id = Uuid::parse_str(&message_id).map_err(|_| {
+        DiagnosticsError::BadRequest(format!("`{message_id}` is not a message id (a UUID)"))
+    })?;
+    let ttl = shared.ttl;
+    let horizon = shared.dedup_horizon;
+    let old = Diagnostics::query(&shared, move |store| {
+        let now = db::now_ms();
+        let key = id.to_string();
+        let old = count_older(
+            store,
+            Some(&key),
+            &AttentionFilter::default(),
+            now.saturating_sub(i64::try_from(horizon.as_millis()).unwrap_or(i64::MAX)),
+        )?;
+        retry_message_in(store, &id, ttl, now)?;
+        Ok(old)
+    })
+    .await?;
+    wake_dispatcher(&shared);
+    Ok(Json(Retried {
+        retried: 1,
+        warning: horizon_warning(old, horizon),
+    }))
+}
+
+async fn serve_retry_matching(
+    State(shared): State<Arc<Shared>>,
+    filter: Result<Query<AttentionFilter>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<impl Serialize>, DiagnosticsError> {
+    let Query(filter) = filter.map_err(|e| DiagnosticsError::BadRequest(e.body_text()))?;
+    let ttl = shared.ttl;
+    let horizon = shared.dedup_horizon;
+    let (retried, old) = Diagnostics::query(&shared, move |store| {
+        let now = db::now_ms();
+        let old = count_older(
+            store,
+            None,
+            &filter,
+            now.saturating_sub(i64::try_from(horizon.as_millis()).unwrap_or(i64::MAX)),
+        )?;
+        Ok((retry_matching_in(store, &filter, ttl, now)?, old))
+    })
+    .await?;
+    if retried > 0 {
+        wake_dispatcher(&shared);
+    }
+    Ok(Json(Retried {
+        retried,
+        warning: horizon_warning(old, horizon),
+    }))
+}
+
+fn wake_dispatcher(shared: &Shared) {
+    if let Some(wake) = &shared.wake {
+        wake.notify_one();
+    }
+}
+
+async fn serve_inbox_stats(
+    State(shared): State<Arc<Shared>>,
+) -> Result<Json<InboxStats>, DiagnosticsError> {
+    let size = Diagnostics::query(&shared, |store| store.inbox_size()).await?;
+    let metrics = &shared.metrics;
+    let processed = metrics.inbox_processed.get();
+    let duplicates = metrics.inbox_duplicates.get();
+    let seen = processed + duplicates;
+    Ok(Json(InboxStats {
+        size,
+        processed,
+        duplicates,
+        duplicate_rate: if seen == 0 {
+            0.0
+        } else {
+            duplicates as f64 / seen as f64
+        },
+        signature_failures: metrics.inbox_signature_failures.get(),
+        rejected: metrics.inbox_rejected.get(),
+    }))
+}
+
+async fn serve_metrics(State(shared): State<Arc<Shared>>) -> Result<Response, DiagnosticsError> {
+    let configured = shared.destinations.clone();
+    let gauges = Diagnostics::query(&shared, move |store| {
+        Ok(Gauges {
+            destinations: fold_gauges(store.unsent_groups()?, db::now_ms(), &configured),
+            inbox_size: Some(store.inbox_size()?),
+        })
+    })
+    .await?;
+    let text = shared.metrics.render(&gauges);
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}

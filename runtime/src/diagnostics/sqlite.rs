@@ -1,0 +1,243 @@
+//! The diagnostics statements on SQLite: [`DiagnosticsStore`] for
+//! `rusqlite::Connection`, the group counts the folding in `health` starts
+//! from, and the `database` / `migrations` checks of `GET /_rf/readyz`.
+//! `?n` placeholders; the two `status IN (…)` conditions of the group
+//! queries repeat those of the partial indexes `outbox_due` and
+//! `outbox_attention`, so neither query scans the table.
+//!
+//! Returns raw rows only; it never folds, filters or decides a status (that
+//! is `health` and `queries`), and never touches HTTP.
+
+use std::collections::BTreeMap;
+
+use rusqlite::{Connection, OptionalExtension as _, params};
+
+use super::{AttentionRow, DECOMMISSIONED_SQL, DiagnosticsError, DiagnosticsStore, UnsentGroup};
+use crate::db;
+use crate::outbox::Status;
+
+/// The database part of readiness: a write transaction can start (nobody
+/// holds the write lock past `conn`'s busy timeout, the file is writable)
+/// and the schema is the one this build knows.
+pub fn database_checks(conn: &Connection) -> BTreeMap<String, String> {
+    let mut checks = BTreeMap::new();
+    let writable = conn
+        .execute_batch("BEGIN IMMEDIATE; ROLLBACK;")
+        .map(|()| "ok".to_owned())
+        .unwrap_or_else(|error| {
+            // A failed BEGIN leaves no transaction; a failed ROLLBACK might.
+            let _ = conn.execute_batch("ROLLBACK");
+            format!("cannot start a write transaction: {error}")
+        });
+    checks.insert("database".to_owned(), writable);
+    let known = db::MIGRATIONS.len() as i64;
+    let migrations = match conn.query_row("PRAGMA user_version", [], |row| row.get::<_, i64>(0)) {
+        Ok(version) if version == known => "ok".to_owned(),
+        Ok(version) => format!("schema version {version}, this build needs {known}"),
+        Err(error) => format!("cannot read the schema version: {error}"),
+    };
+    checks.insert("migrations".to_owned(), migrations);
+    checks
+}
+
+pub(super) fn unsent_groups(conn: &Connection) -> rusqlite::Result<Vec<UnsentGroup>> {
+    let mut groups = Vec::new();
+    for sql in [
+        "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
+         WHERE status IN ('Pending', 'Sending') GROUP BY destination, status",
+        concat!(
+            "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
+         WHERE ",
+            crate::db::attention!(),
+            " GROUP BY destination, status"
+        ),
+    ] {
+        let mut statement = conn.prepare_cached(sql)?;
+        let mut rows = statement.query([])?;
+        while let Some(row) = rows.next()? {
+            let status: String = row.get(1)?;
+            let Some(status) = Status::parse(&status) else {
+                continue;
+            };
+            groups.push(UnsentGroup {
+                destination: row.get(0)?,
+                status,
+                rows: row.get::<_, i64>(2)?.max(0) as u64,
+                oldest_created_at: row.get(3)?,
+            });
+        }
+    }
+    Ok(groups)
+}
+
+/// One look-up at the end of `outbox_sent`, not a scan.
+pub(super) fn last_sent_at(conn: &Connection) -> rusqlite::Result<Option<i64>> {
+    conn.prepare_cached("SELECT MAX(sent_at) FROM outbox_messages WHERE status = 'Sent'")?
+        .query_row([], |row| row.get(0))
+}
+
+pub(super) fn sent_count(conn: &Connection) -> rusqlite::Result<u64> {
+    let sent: i64 = conn
+        .prepare_cached("SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'")?
+        .query_row([], |row| row.get(0))?;
+    Ok(sent.max(0) as u64)
+}
+
+impl DiagnosticsStore for Connection {
+    fn decommissioned(&self) -> Result<Vec<(String, i64, i64, i64)>, DiagnosticsError> {
+        let mut statement = self.prepare_cached(DECOMMISSIONED_SQL)?;
+        let rows = statement
+            .query_map([], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    fn unsent_groups(&self) -> Result<Vec<UnsentGroup>, DiagnosticsError> {
+        Ok(unsent_groups(self)?)
+    }
+
+    fn last_sent_at(&self) -> Result<Option<i64>, DiagnosticsError> {
+        Ok(last_sent_at(self)?)
+    }
+
+    fn sent_count(&self) -> Result<u64, DiagnosticsError> {
+        Ok(sent_count(self)?)
+    }
+
+    fn attention_rows(
+        &self,
+        status: Option<Status>,
+        destination: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<AttentionRow>, DiagnosticsError> {
+        let mut statement = self.prepare_cached(concat!(
+            "SELECT message_id, correlation_id, message_type, destination, interface, \
+                    version, endpoint, status, retry_count, max_retries, last_error, \
+                    created_at, last_attempt_at, expires_at \
+             FROM outbox_messages \
+             WHERE ",
+            crate::db::attention!(),
+            " \
+               AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2) \
+             ORDER BY created_at LIMIT +?3"
+        ))?;
+        let rows = statement.query_map(
+            params![status.map(Status::as_str), destination, limit],
+            |row| {
+                Ok(AttentionRow {
+                    message_id: row.get(0)?,
+                    correlation_id: row.get(1)?,
+                    message_type: row.get(2)?,
+                    destination: row.get(3)?,
+                    interface: row.get(4)?,
+                    version: row.get(5)?,
+                    endpoint: row.get(6)?,
+                    status: row.get(7)?,
+                    retry_count: row.get(8)?,
+                    max_retries: row.get(9)?,
+                    last_error: row.get(10)?,
+                    created_at: row.get(11)?,
+                    last_attempt_at: row.get(12)?,
+                    expires_at: row.get(13)?,
+                })
+            },
+        )?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn retry_one(
+        &self,
+        message_id: &str,
+        now_ms: i64,
+        renew_until_ms: i64,
+    ) -> Result<usize, DiagnosticsError> {
+        Ok(self
+            .prepare_cached(concat!(
+                "UPDATE outbox_messages \
+                 SET status = 'Pending', retry_count = 0, next_retry_at = ?2, \
+                     lease_token = NULL, expires_at = MAX(expires_at, ?3) \
+                 WHERE message_id = ?1 AND seq = ?4 AND ",
+                crate::db::attention!(),
+                ""
+            ))?
+            .execute(params![
+                message_id,
+                now_ms,
+                renew_until_ms,
+                crate::db::outbox_seq(message_id)
+            ])?)
+    }
+
+    fn status_of(&self, message_id: &str) -> Result<Option<String>, DiagnosticsError> {
+        Ok(self
+            .query_row(
+                "SELECT status FROM outbox_messages WHERE message_id = ?1 AND seq = ?2",
+                params![message_id, crate::db::outbox_seq(message_id)],
+                |row| row.get(0),
+            )
+            .optional()?)
+    }
+
+    fn retry_matching(
+        &self,
+        status: Option<Status>,
+        destination: Option<&str>,
+        now_ms: i64,
+        renew_until_ms: i64,
+    ) -> Result<usize, DiagnosticsError> {
+        Ok(self
+            .prepare_cached(concat!(
+                "UPDATE outbox_messages \
+                 SET status = 'Pending', retry_count = 0, next_retry_at = ?3, \
+                     lease_token = NULL, expires_at = MAX(expires_at, ?4) \
+                 WHERE ",
+                crate::db::attention!(),
+                " \
+                   AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2)"
+            ))?
+            .execute(params![
+                status.map(Status::as_str),
+                destination,
+                now_ms,
+                renew_until_ms
+            ])?)
+    }
+
+    fn count_older(
+        &self,
+        message_id: Option<&str>,
+        status: Option<Status>,
+        destination: Option<&str>,
+        before_ms: i64,
+    ) -> Result<usize, DiagnosticsError> {
+        let count: i64 = self
+            .prepare_cached(concat!(
+                "SELECT COUNT(*) FROM outbox_messages \
+                 WHERE ",
+                crate::db::attention!(),
+                " AND created_at < ?4 \
+                   AND (?1 IS NULL OR message_id = ?1) AND (?2 IS NULL OR status = ?2) \
+                   AND (?3 IS NULL OR destination = ?3)"
+            ))?
+            .query_row(
+                params![
+                    message_id,
+                    status.map(Status::as_str),
+                    destination,
+                    before_ms
+                ],
+                |row| row.get(0),
+            )?;
+        Ok(count.max(0) as usize)
+    }
+
+    fn inbox_size(&self) -> Result<u64, DiagnosticsError> {
+        Ok(crate::inbox::count(self)?)
+    }
+
+    fn database_checks(&self) -> BTreeMap<String, String> {
+        database_checks(self)
+    }
+}

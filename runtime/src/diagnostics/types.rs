@@ -1,0 +1,323 @@
+//! The diagnostics vocabulary: what the routes answer ([`OutboxStats`],
+//! [`Health`], [`AttentionMessage`], [`InboxStats`]), their filter
+//! ([`AttentionFilter`]), their errors ([`DiagnosticsError`], with the wire's
+//! status and code) and the raw rows a store hands up ([`UnsentGroup`],
+//! [`AttentionRow`]).
+//!
+//! Plain data and its conversions: it never runs a query, decides a health
+//! status or serves a route.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::Json;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use crate::circuit::DestinationState;
+use crate::envelope::ErrorBody;
+use crate::outbox::Status;
+
+/// The statuses that need a human; the only ones a retry accepts.
+const ATTENTION: [Status; 3] = [Status::Failed, Status::DeadLetter, Status::Expired];
+
+/// Most rows one `GET /_rf/outbox/failed` returns.
+pub const MAX_LIST_LIMIT: u32 = 1000;
+
+/// When `GET /_rf/health` turns from `healthy` to `warning`. Any `Failed`,
+/// `DeadLetter` or `Expired` row makes it `critical`: a message is not
+/// getting through, and only a human can decide what to do with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthThresholds {
+    /// Pending + sending rows at or above this are a backlog (default 500).
+    pub backlog: u64,
+    /// A pending row older than this is a stuck peer (default 2 minutes).
+    pub oldest_pending_age: Duration,
+}
+
+impl Default for HealthThresholds {
+    fn default() -> Self {
+        Self {
+            backlog: 500,
+            oldest_pending_age: Duration::from_secs(120),
+        }
+    }
+}
+
+/// A refused diagnostics request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DiagnosticsError {
+    /// 401 `unauthorized`: the bearer token is missing or wrong.
+    #[error("a valid `Authorization: Bearer` token is required")]
+    Unauthorized,
+    /// 403 `token_required`: a route that changes state (a retry) on
+    /// diagnostics built without a token.
+    #[error(
+        "this route changes state and the service has no diagnostics token; configure one \
+         (DiagnosticsBuilder::bearer_token, --ops-token on the demo services) to use it"
+    )]
+    TokenRequired,
+    /// 400 `bad_request`: a malformed id or query parameter.
+    #[error("{0}")]
+    BadRequest(String),
+    /// 404 `not_found`: no outbox message has this id.
+    #[error("no outbox message `{0}`")]
+    NotFound(String),
+    /// 409 `not_retryable`: the message is not `Failed`, `DeadLetter` or `Expired`.
+    #[error(
+        "message `{message_id}` is {status:?}; only Failed, DeadLetter and Expired messages can be retried"
+    )]
+    NotRetryable { message_id: String, status: Status },
+    /// 503 `unavailable`: the database could not be read (locked, corrupt, gone).
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+    /// 405 `method_not_allowed`: e.g. `DELETE /_rf/health`.
+    #[error("method {method} is not allowed on {path}")]
+    MethodNotAllowed { method: String, path: String },
+}
+
+impl DiagnosticsError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            DiagnosticsError::Unauthorized => StatusCode::UNAUTHORIZED,
+            DiagnosticsError::TokenRequired => StatusCode::FORBIDDEN,
+            DiagnosticsError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            DiagnosticsError::NotFound(_) => StatusCode::NOT_FOUND,
+            DiagnosticsError::NotRetryable { .. } => StatusCode::CONFLICT,
+            DiagnosticsError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            DiagnosticsError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+        }
+    }
+
+    /// The `error` member of the body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            DiagnosticsError::Unauthorized => "unauthorized",
+            DiagnosticsError::TokenRequired => "token_required",
+            DiagnosticsError::BadRequest(_) => "bad_request",
+            DiagnosticsError::NotFound(_) => "not_found",
+            DiagnosticsError::NotRetryable { .. } => "not_retryable",
+            DiagnosticsError::Unavailable(_) => "unavailable",
+            DiagnosticsError::MethodNotAllowed { .. } => "method_not_allowed",
+        }
+    }
+}
+
+impl IntoResponse for DiagnosticsError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: self.code().to_owned(),
+            message: self.to_string(),
+        };
+        let mut response = (self.status(), Json(body)).into_response();
+        if matches!(self, DiagnosticsError::Unauthorized) {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
+    }
+}
+
+impl From<rusqlite::Error> for DiagnosticsError {
+    fn from(error: rusqlite::Error) -> Self {
+        DiagnosticsError::Unavailable(error.to_string())
+    }
+}
+
+/// Outbox rows of one destination, by status (only statuses with rows).
+pub type StatusCounts = BTreeMap<Status, u64>;
+
+/// `GET /_rf/outbox/stats`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboxStats {
+    pub pending: u64,
+    pub sending: u64,
+    /// Kept `Sent` rows (up to `outbox.sent_retention`). Counting them reads
+    /// the whole `outbox_sent` index, so only `GET /_rf/outbox/stats` does;
+    /// the health check leaves it out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sent: Option<u64>,
+    pub failed: u64,
+    pub dead_letter: u64,
+    pub expired: u64,
+    /// Age of the oldest `Pending` or `Sending` row, if any.
+    pub oldest_pending_age_ms: Option<i64>,
+    /// When the last message was acknowledged (RFC 3339), if any is kept.
+    pub last_sent_at: Option<String>,
+    /// Unsent rows per destination (`Sent` rows are not broken down).
+    pub destinations: BTreeMap<String, StatusCounts>,
+}
+
+impl OutboxStats {
+    /// Rows that need a human.
+    pub fn attention(&self) -> u64 {
+        self.failed + self.dead_letter + self.expired
+    }
+}
+
+/// The traffic light of `GET /_rf/health`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HealthStatus {
+    Healthy,
+    Warning,
+    Critical,
+}
+
+/// `GET /_rf/health`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Health {
+    pub status: HealthStatus,
+    /// Why the status is not `healthy`, one sentence each.
+    pub reasons: Vec<String>,
+    pub outbox: OutboxStats,
+    /// What the dispatcher knows of each destination: circuit open or
+    /// closed, batch limit, clock problems (empty without an outbox).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub destinations: Vec<DestinationState>,
+    /// Interface versions decommissioned on this service, with their held
+    /// outbox rows ([`crate::lifecycle`]); left out when none is.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub decommissioned: Vec<DecommissionedVersion>,
+}
+
+/// One decommissioned interface version in `GET /_rf/health`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DecommissionedVersion {
+    pub interface: String,
+    pub version: u32,
+    /// When the registry's command decommissioned it (RFC 3339).
+    pub decommissioned_at: String,
+    /// Its outbox rows held (`Pending`, not sent) until it is re-commissioned.
+    pub held: u64,
+}
+
+/// One message of `GET /_rf/outbox/failed`: everything but the payload.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttentionMessage {
+    pub message_id: String,
+    pub correlation_id: Option<String>,
+    pub message_type: String,
+    pub destination: String,
+    pub interface: String,
+    pub version: u32,
+    pub endpoint: String,
+    pub status: Status,
+    pub retry_count: u32,
+    pub max_retries: u32,
+    pub last_error: Option<String>,
+    pub created_at: String,
+    pub last_attempt_at: Option<String>,
+    pub expires_at: String,
+}
+
+/// `GET /_rf/inbox/stats`. The counts are this process's since it started.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InboxStats {
+    /// Rows in the inbox now.
+    pub size: u64,
+    pub processed: u64,
+    pub duplicates: u64,
+    /// `duplicates / (processed + duplicates)`; 0 before the first delivery.
+    pub duplicate_rate: f64,
+    pub signature_failures: u64,
+    pub rejected: u64,
+}
+
+/// One (destination, status) group of undelivered outbox rows, as a store
+/// reads it: the raw material of [`OutboxStats`] and
+/// [`DestinationGauges`](crate::metrics::DestinationGauges).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct UnsentGroup {
+    pub destination: String,
+    pub status: Status,
+    pub rows: u64,
+    /// `created_at` of the group's oldest row (ms).
+    pub oldest_created_at: i64,
+}
+
+/// One row of the failed list as a store reads it (times in ms); made into
+/// an [`AttentionMessage`] in one place.
+#[derive(Debug, Clone)]
+pub(crate) struct AttentionRow {
+    pub message_id: String,
+    pub correlation_id: Option<String>,
+    pub message_type: String,
+    pub destination: String,
+    pub interface: String,
+    pub version: i64,
+    pub endpoint: String,
+    pub status: String,
+    pub retry_count: i64,
+    pub max_retries: i64,
+    pub last_error: Option<String>,
+    pub created_at: i64,
+    pub last_attempt_at: Option<i64>,
+    pub expires_at: i64,
+}
+
+impl From<AttentionRow> for AttentionMessage {
+    fn from(row: AttentionRow) -> Self {
+        let small = |n: i64| u32::try_from(n.max(0)).unwrap_or(u32::MAX);
+        AttentionMessage {
+            message_id: row.message_id,
+            correlation_id: row.correlation_id,
+            message_type: row.message_type,
+            destination: row.destination,
+            interface: row.interface,
+            version: small(row.version),
+            endpoint: row.endpoint,
+            status: Status::parse(&row.status).unwrap_or(Status::Failed),
+            retry_count: small(row.retry_count),
+            max_retries: small(row.max_retries),
+            last_error: row.last_error,
+            created_at: rfc3339(row.created_at),
+            last_attempt_at: row.last_attempt_at.map(rfc3339),
+            expires_at: rfc3339(row.expires_at),
+        }
+    }
+}
+
+/// Filters of the failed list and of the bulk retry.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttentionFilter {
+    /// One of `Failed`, `DeadLetter`, `Expired`; all three when absent.
+    pub status: Option<String>,
+    pub destination: Option<String>,
+    /// At most this many rows (default 100, at most [`MAX_LIST_LIMIT`]).
+    pub limit: Option<u32>,
+}
+
+impl AttentionFilter {
+    pub(super) fn status(&self) -> Result<Option<Status>, DiagnosticsError> {
+        let Some(text) = &self.status else {
+            return Ok(None);
+        };
+        ATTENTION
+            .into_iter()
+            .find(|status| status.as_str() == text)
+            .map(Some)
+            .ok_or_else(|| {
+                DiagnosticsError::BadRequest(format!(
+                    "status `{text}` is not one of Failed, DeadLetter, Expired"
+                ))
+            })
+    }
+}
+
+/// `ms` since the epoch as RFC 3339 (the number itself if out of range).
+pub(super) fn rfc3339(ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(ms)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| ms.to_string())
+}
