@@ -9,9 +9,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rfidl_codegen::diagnostics::FileId;
-use rfidl_codegen::format::format_source;
-use rfidl_codegen::syntax::parse_file;
+use rfidl_contract::diagnostics::FileId;
+use rfidl_contract::format::format_source;
+use rfidl_contract::syntax::parse_file;
 
 /// The syntax tree's debug form with every `Span { .. }` removed.
 fn shape(text: &str) -> Option<String> {

@@ -80,37 +80,37 @@ const CASES: &[Case] = &[
     },
     Case {
         name: "ui_diamond_imports",
-        roots: &["tests/ui/ok_diamond_imports/main.rfidl"],
+        roots: &["../contract/tests/ui/ok_diamond_imports/main.rfidl"],
         sides: "Both",
     },
     Case {
         name: "ui_generated_names",
-        roots: &["tests/ui/ok_generated_names_stay_distinct.rfidl"],
+        roots: &["../contract/tests/ui/ok_generated_names_stay_distinct.rfidl"],
         sides: "Both",
     },
     Case {
         name: "ui_recursion",
-        roots: &["tests/ui/ok_recursion_through_containers.rfidl"],
+        roots: &["../contract/tests/ui/ok_recursion_through_containers.rfidl"],
         sides: "Both",
     },
     Case {
         name: "ui_keywords",
-        roots: &["tests/ui/ok_rust_keyword_names.rfidl"],
+        roots: &["../contract/tests/ui/ok_rust_keyword_names.rfidl"],
         sides: "Both",
     },
     Case {
         name: "ui_spec_example",
-        roots: &["tests/ui/ok_spec_example/main.rfidl"],
+        roots: &["../contract/tests/ui/ok_spec_example/main.rfidl"],
         sides: "Both",
     },
     Case {
         name: "ui_dangling_doc",
-        roots: &["tests/ui/w0001_dangling_doc_comment.rfidl"],
+        roots: &["../contract/tests/ui/w0001_dangling_doc_comment.rfidl"],
         sides: "Both",
     },
     Case {
         name: "ui_deprecated_use",
-        roots: &["tests/ui/w0002_deprecated_use.rfidl"],
+        roots: &["../contract/tests/ui/w0002_deprecated_use.rfidl"],
         sides: "Both",
     },
 ];

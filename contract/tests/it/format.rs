@@ -2,13 +2,14 @@
 
 use std::path::{Path, PathBuf};
 
-use rfidl_codegen::format::format_source;
+use rfidl_contract::format::format_source;
 
 /// Every contract we have: the example schemas and the UI test inputs.
 fn corpus() -> Vec<PathBuf> {
     let mut files = Vec::new();
     for dir in ["../schemas", "tests/ui"] {
-        files.extend(rfidl_codegen::check::load::contract_files(Path::new(dir)).expect("readable"));
+        files
+            .extend(rfidl_contract::check::load::contract_files(Path::new(dir)).expect("readable"));
     }
     assert!(files.len() > 20, "corpus too small: {files:?}");
     files
@@ -44,7 +45,7 @@ fn formatting_is_idempotent_and_preserves_the_tree() {
 #[test]
 fn the_example_schemas_are_formatted() {
     for path in
-        rfidl_codegen::check::load::contract_files(Path::new("../schemas")).expect("schemas")
+        rfidl_contract::check::load::contract_files(Path::new("../schemas")).expect("schemas")
     {
         let text = std::fs::read_to_string(&path).expect("read");
         assert_eq!(

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rfidl_codegen::cli::breaking_between;
+use rfidl_cli::breaking_between;
 use rfidl_codegen::manifest::Manifest;
 use rfidl_codegen::manifest::compat::{CODES, breaking_changes};
 

@@ -7,9 +7,9 @@
 //! lines, ends with one newline).
 
 use proptest::prelude::*;
-use rfidl_codegen::diagnostics::FileId;
-use rfidl_codegen::format::format_source;
-use rfidl_codegen::syntax::parse_file;
+use rfidl_contract::diagnostics::FileId;
+use rfidl_contract::format::format_source;
+use rfidl_contract::syntax::parse_file;
 
 /// A small deterministic generator (xorshift64*): proptest picks the seed,
 /// the failure message shows the text, which is what a human needs.
@@ -547,7 +547,7 @@ proptest! {
         edits in prop::collection::vec(line_edit(), 1..5),
     ) {
         let schemas: Vec<String> =
-            rfidl_codegen::check::load::contract_files(std::path::Path::new("../schemas"))
+            rfidl_contract::check::load::contract_files(std::path::Path::new("../schemas"))
                 .expect("schemas")
                 .into_iter()
                 .map(|path| std::fs::read_to_string(path).expect("read"))

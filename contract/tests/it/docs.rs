@@ -5,9 +5,9 @@
 //! (a method without its service, `…`) and examples spanning several files
 //! are left to the UI tests.
 
-use rfidl_codegen::check::check_paths;
-use rfidl_codegen::diagnostics::FileId;
-use rfidl_codegen::syntax::parse_file;
+use rfidl_contract::check::check_paths;
+use rfidl_contract::diagnostics::FileId;
+use rfidl_contract::syntax::parse_file;
 
 /// The ```rfidl code blocks of a Markdown text, each with the paragraph
 /// line just above it ("Fails:", "Fixed:", …).

@@ -2,7 +2,7 @@
 //! takes for itself.
 //!
 //! This module sits below both the checker and the generator: the generator
-//! ([`crate::generate::plan`]) names everything through these functions,
+//! (`rfidl_codegen::generate::plan`) names everything through these functions,
 //! and the checker's collision rules (E0014, E0015, E0026) call the same
 //! ones, so the checker refuses exactly the contracts whose generated names
 //! would clash: the two can never disagree.

@@ -6,8 +6,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use rfidl_codegen::ErrorCode;
-use rfidl_codegen::check::check_paths;
+use rfidl_contract::ErrorCode;
+use rfidl_contract::check::check_paths;
 
 /// (case name, root file to check, expectation file).
 fn cases() -> Vec<(String, PathBuf, PathBuf)> {

@@ -1,12 +1,13 @@
 //! The `rfidl` command-line tool: parses flags with clap and calls the
-//! library. Exit codes: 0 success, 1 contract errors, 2 usage or I/O errors.
+//! `rfidl_cli` library (one file per subcommand). Exit codes: 0 success,
+//! 1 contract errors, 2 usage or I/O errors.
 
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, CommandFactory as _, Parser, Subcommand, ValueEnum};
-use rfidl_codegen::cli::{self, DiagnosticFormat, ManifestFormat, Report};
+use rfidl_cli::{self as cli, DiagnosticFormat, ManifestFormat, Report};
 use rfidl_codegen::diagnostics::ColorChoice;
 
 #[derive(Parser)]
@@ -502,9 +503,8 @@ fn fetch(
 #[cfg(not(feature = "registry"))]
 fn without_registry_feature(report: &Report) -> cli::Outcome {
     report.error(
-        "this rfidl was built without the `registry` feature; \
-         run it with `cargo run -p rfidl-codegen --features registry --bin rfidl -- …` \
-         or install it with `cargo install rfidl-codegen --features registry`",
+        "this rfidl was built without the `registry` feature (on by default); \
+         install it with `cargo install rfidl-cli`, or run it here with `cargo run -p rfidl-cli -- …`",
     );
     cli::Outcome::UsageOrIo
 }

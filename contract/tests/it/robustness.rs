@@ -4,14 +4,14 @@
 use std::path::PathBuf;
 
 use proptest::prelude::*;
-use rfidl_codegen::ErrorCode;
-use rfidl_codegen::check::check_paths;
-use rfidl_codegen::diagnostics::FileId;
-use rfidl_codegen::format::format_source;
-use rfidl_codegen::syntax::parse_file;
+use rfidl_contract::ErrorCode;
+use rfidl_contract::check::check_paths;
+use rfidl_contract::diagnostics::FileId;
+use rfidl_contract::format::format_source;
+use rfidl_contract::syntax::parse_file;
 
 fn schemas() -> Vec<String> {
-    rfidl_codegen::check::load::contract_files(std::path::Path::new("../schemas"))
+    rfidl_contract::check::load::contract_files(std::path::Path::new("../schemas"))
         .expect("schemas")
         .into_iter()
         .map(|p| std::fs::read_to_string(p).expect("read"))
@@ -20,7 +20,7 @@ fn schemas() -> Vec<String> {
 
 /// Checks `bytes` as a file of its own (imports of the mutated file may
 /// point anywhere; missing ones are diagnostics too).
-fn check_bytes(dir: &tempfile::TempDir, bytes: &[u8]) -> rfidl_codegen::check::CheckOutcome {
+fn check_bytes(dir: &tempfile::TempDir, bytes: &[u8]) -> rfidl_contract::check::CheckOutcome {
     let path: PathBuf = dir.path().join("input.rfidl");
     std::fs::write(&path, bytes).expect("write");
     check_paths(&[path]).expect("the file exists")

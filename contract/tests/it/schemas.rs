@@ -6,12 +6,12 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use rfidl_codegen::check::check_paths;
-use rfidl_codegen::diagnostics::FileId;
-use rfidl_codegen::syntax::{ast, parse_file};
+use rfidl_contract::check::check_paths;
+use rfidl_contract::diagnostics::FileId;
+use rfidl_contract::syntax::{ast, parse_file};
 
 fn schema_files() -> Vec<PathBuf> {
-    rfidl_codegen::check::load::contract_files(Path::new("../schemas")).expect("schemas/")
+    rfidl_contract::check::load::contract_files(Path::new("../schemas")).expect("schemas/")
 }
 
 #[test]
@@ -133,7 +133,7 @@ fn the_example_schemas_use_every_construct() {
 
     assert!(usage.packages.len() >= 2, "{:?}", usage.packages);
     assert!(usage.imports >= 2);
-    let scalars: Vec<&str> = rfidl_codegen::manifest::Scalar::ALL
+    let scalars: Vec<&str> = rfidl_contract::manifest::Scalar::ALL
         .iter()
         .map(|s| s.keyword())
         .collect();

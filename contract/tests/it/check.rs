@@ -4,9 +4,9 @@
 
 use std::path::PathBuf;
 
-use rfidl_codegen::ErrorCode;
-use rfidl_codegen::check::check_paths;
-use rfidl_codegen::manifest::{MethodKind, Scalar, TypeDef, TypeRef};
+use rfidl_contract::ErrorCode;
+use rfidl_contract::check::check_paths;
+use rfidl_contract::manifest::{MethodKind, Scalar, TypeDef, TypeRef};
 
 #[test]
 fn the_model_of_the_spec_example_is_resolved() {
@@ -141,8 +141,8 @@ mod spans {
     //! recovery across items).
 
     use proptest::prelude::*;
-    use rfidl_codegen::diagnostics::{FileId, render_human, render_json};
-    use rfidl_codegen::syntax::parse_file_all_errors;
+    use rfidl_contract::diagnostics::{FileId, render_human, render_json};
+    use rfidl_contract::syntax::parse_file_all_errors;
 
     fn ui_inputs() -> Vec<String> {
         let mut inputs: Vec<String> = std::fs::read_dir("tests/ui")
@@ -239,8 +239,8 @@ mod spans {
                 return Ok(());
             };
             prop_assert!(!errors.is_empty());
-            prop_assert!(errors.len() <= rfidl_codegen::syntax::MAX_SYNTAX_ERRORS);
-            let mut sources = rfidl_codegen::SourceMap::new();
+            prop_assert!(errors.len() <= rfidl_contract::syntax::MAX_SYNTAX_ERRORS);
+            let mut sources = rfidl_contract::SourceMap::new();
             sources.add("x.rfidl", "x.rfidl", text.clone());
             let mut previous_start = 0;
             for error in &errors {
