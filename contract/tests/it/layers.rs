@@ -62,7 +62,7 @@ fn each_module_uses_only_the_layers_below_it() {
         ),
         // The manifest validator applies the checker's rules to manifests.
         (
-            "validate.rs",
+            "validate",
             &[
                 "check",
                 "diagnostics",
