@@ -4,8 +4,8 @@
 //! - be idempotent (`format(format(x)) == format(x)`).
 //!
 //! Run: `cargo +nightly fuzz run parse` from the repository root; seed the
-//! corpus with `schemas/` and `codegen/tests/ui/` for a fast start:
-//! `cargo +nightly fuzz run parse fuzz/corpus/parse schemas codegen/tests/ui`.
+//! corpus with `schemas/` and `contract/tests/ui/` for a fast start:
+//! `cargo +nightly fuzz run parse fuzz/corpus/parse schemas contract/tests/ui`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

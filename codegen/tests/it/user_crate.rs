@@ -4,8 +4,8 @@
 //! this one (its own `[workspace]` table, so cargo never takes it for a
 //! member). Each member crate runs `rfidl_codegen::Builder` from its
 //! `build.rs` over one case of the corpus (`schemas/`, the valid UI cases,
-//! `tests/corpus/`), depends on `rfidl-codegen` with `default-features =
-//! false` and on `rfidl-runtime`, and includes the output with
+//! `tests/corpus/`), depends on `rfidl-codegen` (which compiles no clap:
+//! the CLI is `rfidl-cli`) and on `rfidl-runtime`, and includes the output with
 //! `include_contracts!()`. Then `cargo build` with `RUSTFLAGS=-D warnings`
 //! and `cargo clippy -- -D warnings -W clippy::pedantic` must pass: any rustc
 //! warning or clippy lint in generated code fails the test (two pedantic
@@ -163,7 +163,7 @@ fn write_member(dir: &Path, name: &str, roots: &[PathBuf], sides: &str, with_run
             "[package]\nname = {name:?}\nversion = \"0.1.0\"\nedition = \"2024\"\npublish = false\n\n\
              [dependencies]\n{runtime}\n\
              [build-dependencies]\n\
-             rfidl-codegen = {{ path = {:?}, default-features = false }}\n",
+             rfidl-codegen = {{ path = {:?} }}\n",
             absolute(".").display().to_string()
         ),
     )

@@ -1,6 +1,6 @@
 //! UI tests: every `tests/ui/*.rfidl` file (or `tests/ui/<case>/main.rfidl`
 //! for multi-file cases) is checked, and the rendered diagnostics must equal
-//! the `.stderr` file beside it. `BLESS=1 cargo test -p rfidl-codegen` rewrites
+//! the `.stderr` file beside it. `BLESS=1 cargo test -p rfidl-contract` rewrites
 //! the expectations; read the diff before committing it.
 
 use std::collections::BTreeSet;
