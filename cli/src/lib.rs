@@ -1,6 +1,6 @@
-//! `rfidl-cli`: the `rfidl` tool. `src/main.rs` parses flags (clap) and
-//! calls the functions of this library, one file per subcommand, so every
-//! behaviour is testable without spawning the binary.
+//! `rfidl-cli`: the `rfidl` tool. `src/main.rs` defines and parses the
+//! flags (clap) and calls the functions of this library, one file per
+//! subcommand, so every behaviour is testable without spawning the binary.
 //!
 //! Every subcommand that reports takes a [`Report`]: the format (`text`:
 //! rustc-style on stderr; `json`: one object per line on stdout; `github`:
@@ -14,6 +14,7 @@
 
 mod breaking;
 mod check;
+mod completions;
 #[cfg(feature = "registry")]
 mod decommission;
 #[cfg(feature = "registry")]
@@ -22,6 +23,7 @@ mod deploy_check;
 mod fetch;
 mod fmt;
 mod generate;
+mod man;
 mod manifest;
 #[cfg(feature = "registry")]
 mod publish;
@@ -29,6 +31,7 @@ mod report;
 
 pub use breaking::{VersionChange, baseline_manifests, breaking, breaking_between};
 pub use check::{check, check_with};
+pub use completions::completions;
 #[cfg(feature = "registry")]
 pub use decommission::decommission_with;
 #[cfg(feature = "registry")]
@@ -37,6 +40,7 @@ pub use deploy_check::deploy_check_with;
 pub use fetch::{fetch, fetch_with};
 pub use fmt::{FmtMode, fmt};
 pub use generate::generate;
+pub use man::man;
 pub use manifest::{ManifestFormat, manifest};
 #[cfg(feature = "registry")]
 pub use publish::{publish, publish_with};

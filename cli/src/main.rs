@@ -2,7 +2,6 @@
 //! `rfidl_cli` library (one file per subcommand). Exit codes: 0 success,
 //! 1 contract errors, 2 usage or I/O errors.
 
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -351,68 +350,10 @@ fn main() -> ExitCode {
             .report(color);
             cli::manifest(&paths, format, &report)
         }
-        Command::Completions { shell } => {
-            let mut script = Vec::new();
-            clap_complete::generate(shell, &mut Cli::command(), "rfidl", &mut script);
-            to_stdout(&script, "the completion script")
-        }
-        Command::Man { out } => man(out),
+        Command::Completions { shell } => cli::completions(Cli::command(), shell),
+        Command::Man { out } => cli::man(Cli::command(), out),
     };
     ExitCode::from(outcome.exit_code())
-}
-
-/// `rfidl man [--out DIR]`.
-fn man(out: Option<PathBuf>) -> cli::Outcome {
-    let command = Cli::command();
-    let Some(dir) = out else {
-        let mut roff = Vec::new();
-        clap_mangen::Man::new(command)
-            .render(&mut roff)
-            .expect("rendering into memory cannot fail");
-        return to_stdout(&roff, "the manual");
-    };
-    match std::fs::create_dir_all(&dir).and_then(|()| man_pages(command, &dir)) {
-        Ok(()) => {
-            eprintln!("wrote the manual pages into {}", dir.display());
-            cli::Outcome::Success
-        }
-        Err(error) => {
-            eprintln!(
-                "error: cannot write the manual into {}: {error}",
-                dir.display()
-            );
-            cli::Outcome::UsageOrIo
-        }
-    }
-}
-
-/// `rfidl.1` and one page per subcommand (`rfidl-check.1`, …), each naming
-/// `rfidl VERSION` as its source.
-fn man_pages(command: clap::Command, dir: &std::path::Path) -> std::io::Result<()> {
-    let mut command = command.disable_help_subcommand(true);
-    command.build();
-    let source = format!("rfidl {}", env!("CARGO_PKG_VERSION"));
-    for sub in command.get_subcommands().filter(|s| !s.is_hide_set()) {
-        clap_mangen::Man::new(sub.clone())
-            .source(source.clone())
-            .generate_to(dir)?;
-    }
-    clap_mangen::Man::new(command)
-        .source(source)
-        .generate_to(dir)?;
-    Ok(())
-}
-
-/// Writes `bytes` to stdout; a reader that stops early (`| head`) is fine.
-fn to_stdout(bytes: &[u8], what: &str) -> cli::Outcome {
-    match std::io::stdout().lock().write_all(bytes) {
-        Ok(()) => cli::Outcome::Success,
-        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => cli::Outcome::Success,
-        Err(error) => {
-            eprintln!("error: cannot write {what} to stdout: {error}");
-            cli::Outcome::UsageOrIo
-        }
-    }
 }
 
 #[cfg(feature = "registry")]
