@@ -2,17 +2,11 @@
 
 use std::path::PathBuf;
 
-use rfidl_codegen::diagnostics::ColorChoice;
-
 use crate::report::{DiagnosticFormat, Outcome, Report, checked, plural};
 
-/// `rfidl check`.
-pub fn check(paths: &[PathBuf], format: DiagnosticFormat, color: ColorChoice) -> Outcome {
-    check_with(paths, &Report::new(format, color))
-}
-
-/// [`check`] reporting as `report` says.
-pub fn check_with(paths: &[PathBuf], report: &Report) -> Outcome {
+/// `rfidl check`: diagnostics as `report` says, then (text and github) a
+/// summary line on stderr.
+pub fn check(paths: &[PathBuf], report: &Report) -> Outcome {
     let format = report.format;
     match checked(paths, report) {
         Ok(outcome) => {

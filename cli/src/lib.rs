@@ -30,7 +30,7 @@ mod publish;
 mod report;
 
 pub use breaking::{VersionChange, baseline_manifests, breaking, breaking_between};
-pub use check::{check, check_with};
+pub use check::check;
 pub use completions::completions;
 #[cfg(feature = "registry")]
 pub use decommission::decommission_with;

@@ -269,7 +269,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let color = cli.color;
     let outcome = match cli.command {
-        Command::Check { paths, format } => cli::check_with(&paths, &format.report(color)),
+        Command::Check { paths, format } => cli::check(&paths, &format.report(color)),
         Command::Generate {
             paths,
             out,
