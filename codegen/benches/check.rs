@@ -144,18 +144,23 @@ fn child(which: &str) {
     let args: Vec<std::path::PathBuf> = std::env::args_os().skip(1).map(Into::into).collect();
     let (out, inputs) = args.split_last().expect("child: inputs and an output dir");
     match which {
-        // What `rfidl generate --out OUT <files>` runs, minus flag parsing.
+        // What `rfidl generate --out OUT <files>` runs, minus flag parsing
+        // and reporting: check, generate, write what changed.
         "rfidl" => {
-            let report = rfidl_codegen::cli::Report::new(
-                rfidl_codegen::cli::DiagnosticFormat::Json,
-                rfidl_codegen::diagnostics::ColorChoice::Never,
-            );
-            let outcome =
-                rfidl_codegen::cli::generate(inputs, out, rfidl_codegen::Sides::Both, &report);
-            assert!(
-                matches!(outcome, rfidl_codegen::cli::Outcome::Success),
-                "rfidl generate failed"
-            );
+            let outcome = check_paths(inputs).expect("readable contracts");
+            let model = outcome
+                .model
+                .expect("rfidl generate failed: contract errors");
+            let files = generate_files(
+                &model.packages,
+                &rfidl_codegen::Options::default(),
+                Layout::SourceDir,
+            )
+            .expect("rfidl generate failed");
+            for file in &files {
+                rfidl_codegen::output::write_if_changed(&out.join(&file.name), &file.contents)
+                    .expect("write");
+            }
         }
         // protox (parse + check) then tonic-prost-build's generation.
         "tonic" => {

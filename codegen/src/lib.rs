@@ -1,34 +1,25 @@
-//! `rfidl-codegen`: the contract compiler.
+//! `rfidl-codegen`: Rust code from `.rfidl` contracts, for build scripts.
 //!
-//! The pipeline is `syntax` (text -> AST with spans) -> `check` (rules,
-//! diagnostics) -> `model` (resolved, immutable) -> `generate` / `manifest`.
-//! Each stage reads only the output of the one before it.
+//! [`Builder`] checks contracts (with `rfidl-contract`), adds remote
+//! interfaces pinned in `rfidl.lock` ([`registry`]: the lock file, the
+//! offline cache and, with the cargo feature `registry`, the HTTP client),
+//! generates the code ([`generate`]) and writes it to `OUT_DIR` only where
+//! it changed ([`output`]). No flag parsing lives here: the `rfidl` tool is
+//! the `rfidl-cli` crate, so a build script compiles no clap.
 //!
-//! Entry points of the contract front-end:
-//! - [`syntax::parse_file`]: one file's text -> [`syntax::ast::File`] (every
-//!   node with a [`diagnostics::Span`]; `///` docs kept, `//` comments left in
-//!   the text for the formatter), or the first syntax error.
-//! - [`check::check_paths`]: files or folders -> [`check::CheckOutcome`] with
-//!   the loaded [`SourceMap`], every [`Diagnostic`] (errors and warnings, in
-//!   file and position order) and, when there is no error, the [`model::Model`].
-//! - [`diagnostics::render_human`] / [`diagnostics::render_json`]: one
-//!   diagnostic as rustc-style text or one JSON line. Codes: [`ErrorCode`],
-//!   documented in `docs/errors.md`.
+//! The contract language itself (parser, checker, model, manifests,
+//! validation, formatter, diagnostics) is `rfidl-contract`; its modules are
+//! re-exported here under the same names ([`check`], [`manifest`], …), so a
+//! build script needs one dependency.
 
 pub mod builder;
-pub mod check;
-pub mod cli;
-pub mod diagnostics;
-pub mod format;
 pub mod generate;
-pub mod limits;
-pub mod manifest;
-pub mod model;
-pub mod names;
 pub mod output;
 pub mod registry;
-pub mod syntax;
-pub mod validate;
+
+pub use rfidl_contract::{
+    check, diagnostics, format, limits, manifest, model, names, syntax, validate,
+};
 
 pub use builder::Builder;
 pub use diagnostics::{Diagnostic, ErrorCode, SourceMap};

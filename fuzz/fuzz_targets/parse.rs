@@ -4,14 +4,14 @@
 //! - be idempotent (`format(format(x)) == format(x)`).
 //!
 //! Run: `cargo +nightly fuzz run parse` from the repository root; seed the
-//! corpus with `schemas/` and `codegen/tests/ui/` for a fast start:
-//! `cargo +nightly fuzz run parse fuzz/corpus/parse schemas codegen/tests/ui`.
+//! corpus with `schemas/` and `contract/tests/ui/` for a fast start:
+//! `cargo +nightly fuzz run parse fuzz/corpus/parse schemas contract/tests/ui`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rfidl_codegen::diagnostics::FileId;
-use rfidl_codegen::format::format_source;
-use rfidl_codegen::syntax::parse_file;
+use rfidl_contract::diagnostics::FileId;
+use rfidl_contract::format::format_source;
+use rfidl_contract::syntax::parse_file;
 
 /// The syntax tree's debug form with every `Span { .. }` removed.
 fn shape(text: &str) -> Option<String> {

@@ -49,10 +49,10 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
-use rfidl_codegen::manifest::Manifest;
-use rfidl_codegen::manifest::compat::BreakingChange;
-use rfidl_codegen::validate::InvalidManifest;
-use rfidl_codegen::validate::{ManifestProblem, shown};
+use rfidl_contract::manifest::Manifest;
+use rfidl_contract::manifest::compat::BreakingChange;
+use rfidl_contract::validate::InvalidManifest;
+use rfidl_contract::validate::{ManifestProblem, shown};
 use rusqlite::Connection;
 use serde::Serialize;
 
@@ -729,7 +729,7 @@ async fn publish(
 
 /// The checks of a publish after the token, in order: body size, a
 /// manifest, the one the path names, its fingerprint matches its content,
-/// a manifest a contract could produce (`rfidl_codegen::validate`). A dry run
+/// a manifest a contract could produce (`rfidl_contract::validate`). A dry run
 /// (`POST /v1/compatibility/…`) makes the same ones. Messages never echo a
 /// hostile value in full (serde quotes what it could not read; names can be
 /// a megabyte long).

@@ -90,9 +90,10 @@ pub(crate) fn missing(
             Ok(names) => names,
             Err(error) => return error.into(),
         };
-        let hint = rfidl_codegen::diagnostics::suggest(interface, names.iter().map(String::as_str))
-            .map(|close| format!("; did you mean `{close}`?"))
-            .unwrap_or_default();
+        let hint =
+            rfidl_contract::diagnostics::suggest(interface, names.iter().map(String::as_str))
+                .map(|close| format!("; did you mean `{close}`?"))
+                .unwrap_or_default();
         return ApiError::NotFound(format!("interface `{interface}` is not published{hint}"));
     }
     let Some(found) = versions.iter().find(|v| v.version == version) else {

@@ -2,7 +2,7 @@
 //! interface version. Rows are inserted, never updated or deleted: a
 //! published manifest is immutable, and a new revision of a version is
 //! accepted only if it is compatible with the latest one
-//! (`rfidl_codegen::manifest::compat`).
+//! (`rfidl_contract::manifest::compat`).
 //!
 //! Publishes of one database are serialised by an `IMMEDIATE` transaction,
 //! so two concurrent publishes cannot both become revision 2. Commits are
@@ -11,9 +11,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use rfidl_codegen::manifest::Manifest;
-use rfidl_codegen::manifest::compat::{BreakingChange, breaking_changes};
-pub use rfidl_codegen::registry::Published;
+use rfidl_contract::manifest::Manifest;
+use rfidl_contract::manifest::compat::{BreakingChange, breaking_changes};
+pub use rfidl_contract::wire::Published;
 use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 use serde::Serialize;
 
@@ -256,7 +256,7 @@ pub enum PublishError {
     #[error("the revision breaks the published one")]
     Breaking(Vec<BreakingChange>),
     #[error("no contract could produce this manifest: {0}")]
-    Invalid(rfidl_codegen::validate::InvalidManifest),
+    Invalid(rfidl_contract::validate::InvalidManifest),
     #[error("the stored revision {revision} is unreadable: {reason}")]
     CorruptRevision { revision: u32, reason: String },
     #[error(transparent)]
@@ -265,7 +265,7 @@ pub enum PublishError {
 
 /// Stores `manifest` as the next revision of its interface version, unless
 /// that fingerprint is stored already or it breaks the latest revision.
-/// A manifest no contract could produce (`rfidl_codegen::validate`, which also
+/// A manifest no contract could produce (`rfidl_contract::validate`, which also
 /// checks the fingerprint) is refused before the transaction opens: the
 /// store never holds one, whoever calls it.
 pub fn publish(

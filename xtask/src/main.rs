@@ -341,16 +341,16 @@ fn ci() -> Result<(), String> {
             "everything",
             &["--workspace", "--all-targets", "--all-features"],
         ),
-        // The default build of the build-dependency, without the registry
-        // client.
+        // What a user's build.rs compiles: the generator without the
+        // registry client (no HTTP stack, no clap), with its tests.
         (
-            "rfidl-codegen, default features",
+            "rfidl-codegen without the registry client",
             &["-p", "rfidl-codegen", "--all-targets"],
         ),
-        // What a user's build.rs compiles: the library without the CLI (clap).
+        // The `rfidl` tool without the registry subcommands.
         (
-            "rfidl-codegen library alone",
-            &["-p", "rfidl-codegen", "--lib", "--no-default-features"],
+            "rfidl-cli without the registry feature",
+            &["-p", "rfidl-cli", "--all-targets", "--no-default-features"],
         ),
         // The runtime without TLS.
         (
@@ -425,9 +425,7 @@ fn regen() -> Result<(), String> {
         "run",
         "--quiet",
         "-p",
-        "rfidl-codegen",
-        "--bin",
-        "rfidl",
+        "rfidl-cli",
         "--",
         "generate",
         "schemas",

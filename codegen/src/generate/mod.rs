@@ -12,10 +12,10 @@ pub mod options;
 pub mod plan;
 pub mod templates;
 
+pub use options::{GeneratedFile, Options, Sides};
 /// The naming rules moved below the checker and the generator; this path
 /// stays for callers of `generate::names`.
-pub use crate::names;
-pub use options::{GeneratedFile, Options, Sides};
+pub use rfidl_contract::names;
 
 use askama::Template;
 

@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::manifest::{Manifest, PackageContract, TypeDef};
 use crate::validate::{InvalidManifest, is_fingerprint, is_interface_id, shown};
+pub use rfidl_contract::wire::{Published, PublishedRevision, PublishedVersion};
 
 /// Why a remote interface could not be resolved, published or merged.
 #[derive(Debug, thiserror::Error)]
@@ -114,18 +115,6 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> RegistryError + '_ {
         path: path.to_path_buf(),
         source,
     }
-}
-
-/// What a publish did: the registry's answer to `PUT /v1/interfaces/…`
-/// (the server answers with this type, the client reads it).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Published {
-    pub interface: String,
-    pub version: u32,
-    pub fingerprint: String,
-    pub revision: u32,
-    /// False when this exact fingerprint was published before (nothing written).
-    pub created: bool,
 }
 
 /// One interface version: `hr.employees.EmpService@v2` on the command line.
@@ -454,25 +443,6 @@ pub fn verify(
         return Err(format!("it is {computed}, not the locked {wanted}"));
     }
     Ok(())
-}
-
-/// One published version of an interface with its revisions, oldest first
-/// (an entry of the registry's `GET /v1/interfaces/{interface}`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PublishedVersion {
-    pub version: u32,
-    pub revisions: Vec<PublishedRevision>,
-}
-
-/// One published revision.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PublishedRevision {
-    pub revision: u32,
-    pub fingerprint: String,
-    /// RFC 3339, as the registry says it.
-    pub published_at: String,
 }
 
 /// Where manifests come from when the lock and the cache do not have them.

@@ -129,7 +129,7 @@ fn fingerprints_ignore_layout_and_docs_but_not_meaning() {
 #[test]
 fn generated_names_stay_distinct_where_the_checker_accepts() {
     let model = model_of(&[PathBuf::from(
-        "tests/ui/ok_generated_names_stay_distinct.rfidl",
+        "../contract/tests/ui/ok_generated_names_stay_distinct.rfidl",
     )]);
     let files = generate_files(
         &model.packages,

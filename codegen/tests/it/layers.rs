@@ -1,7 +1,8 @@
 //! The layer order of `codegen/src` stated in ARCHITECTURE.md: a module
-//! uses only the layers below it. Read from the source, so a new `use` that
-//! reaches up (the checker into the generator, the generator into the
-//! build-script front door) fails here.
+//! uses only the layers below it (and the contract language, re-exported
+//! from `rfidl-contract`). Read from the source, so a new `use` that reaches
+//! up (the generator into the build-script front door) fails here. The
+//! language's own layers are tested in `contract/tests/it/layers.rs`.
 
 use std::path::{Path, PathBuf};
 
@@ -42,40 +43,16 @@ fn uses(module: &str) -> Vec<(String, String)> {
 
 #[test]
 fn each_module_uses_only_the_layers_below_it() {
+    // `manifest`, `names`, `validate`, `check`… are rfidl-contract's,
+    // re-exported at this crate's root.
     let allowed: &[(&str, &[&str])] = &[
-        ("diagnostics.rs", &[]),
-        ("limits.rs", &[]),
-        ("names.rs", &[]),
         ("output.rs", &[]),
-        ("manifest", &["limits"]),
-        ("syntax", &["diagnostics", "limits"]),
-        ("model.rs", &["manifest"]),
-        (
-            "check",
-            &[
-                "diagnostics",
-                "syntax",
-                "model",
-                "manifest",
-                "names",
-                "limits",
-            ],
-        ),
-        // The manifest validator applies the checker's rules to manifests.
-        (
-            "validate.rs",
-            &[
-                "check",
-                "diagnostics",
-                "syntax",
-                "manifest",
-                "names",
-                "limits",
-            ],
-        ),
         ("generate", &["manifest", "names"]),
         ("registry", &["manifest", "output", "validate"]),
-        ("format", &["diagnostics", "syntax"]),
+        (
+            "builder.rs",
+            &["check", "generate", "manifest", "output", "registry"],
+        ),
     ];
     let mut violations = Vec::new();
     for (module, below) in allowed {
@@ -90,5 +67,58 @@ fn each_module_uses_only_the_layers_below_it() {
         violations.is_empty(),
         "layer order broken (see ARCHITECTURE.md):\n{}",
         violations.join("\n")
+    );
+}
+
+/// The normal (not dev) dependencies of `package`, one name per line, as
+/// `cargo tree` resolves them from this workspace's lock file.
+fn normal_dependencies(package: &str) -> Vec<String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = std::process::Command::new(cargo)
+        .current_dir("..")
+        .args(["tree", "--offline", "-e", "normal", "--prefix", "none"])
+        .args(["--format", "{p}", "-p", package])
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        output.status.success(),
+        "cargo tree -p {package}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A build script that uses rfidl-codegen compiles no flag parsing: clap,
+/// clap_complete and clap_mangen are rfidl-cli's alone, with or without the
+/// registry client.
+#[test]
+fn build_scripts_compile_no_clap() {
+    let dependencies = normal_dependencies("rfidl-codegen");
+    assert!(dependencies.iter().any(|d| d == "rfidl-contract"));
+    let clap: Vec<_> = dependencies
+        .iter()
+        .filter(|d| d.starts_with("clap"))
+        .collect();
+    assert!(clap.is_empty(), "rfidl-codegen pulls in {clap:?}");
+}
+
+/// The registry server uses the language (manifests, validation,
+/// compatibility) and never the generator: no rfidl-codegen, no
+/// prettyplease, no askama templates of generated code in its build.
+#[test]
+fn the_registry_depends_on_the_contract_not_the_generator() {
+    let dependencies = normal_dependencies("rfidl-registry");
+    assert!(dependencies.iter().any(|d| d == "rfidl-contract"));
+    let generator: Vec<_> = dependencies
+        .iter()
+        .filter(|d| ["rfidl-codegen", "rfidl-cli", "prettyplease"].contains(&d.as_str()))
+        .collect();
+    assert!(
+        generator.is_empty(),
+        "rfidl-registry pulls in {generator:?}"
     );
 }

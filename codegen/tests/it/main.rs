@@ -1,20 +1,10 @@
-//! Integration tests for rfidl-codegen (one binary: see house style).
+//! Integration tests for rfidl-codegen (one binary: see house style). The
+//! language's tests are rfidl-contract's, the `rfidl` tool's rfidl-cli's.
 
-mod breaking;
-mod check;
-mod cli;
-mod cli_report;
-mod docs;
 mod fast_layout;
-mod fmt_cli;
-mod format;
-mod format_properties;
 mod generate;
 mod hostile;
 mod layers;
 mod remote;
-mod robustness;
-mod schemas;
 mod support;
-mod ui;
 mod user_crate;

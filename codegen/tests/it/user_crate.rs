@@ -4,8 +4,8 @@
 //! this one (its own `[workspace]` table, so cargo never takes it for a
 //! member). Each member crate runs `rfidl_codegen::Builder` from its
 //! `build.rs` over one case of the corpus (`schemas/`, the valid UI cases,
-//! `tests/corpus/`), depends on `rfidl-codegen` with `default-features =
-//! false` and on `rfidl-runtime`, and includes the output with
+//! `tests/corpus/`), depends on `rfidl-codegen` (which compiles no clap:
+//! the CLI is `rfidl-cli`) and on `rfidl-runtime`, and includes the output with
 //! `include_contracts!()`. Then `cargo build` with `RUSTFLAGS=-D warnings`
 //! and `cargo clippy -- -D warnings -W clippy::pedantic` must pass: any rustc
 //! warning or clippy lint in generated code fails the test (two pedantic
@@ -80,37 +80,37 @@ const CASES: &[Case] = &[
     },
     Case {
         name: "ui_diamond_imports",
-        roots: &["tests/ui/ok_diamond_imports/main.rfidl"],
+        roots: &["../contract/tests/ui/ok_diamond_imports/main.rfidl"],
         sides: "Both",
     },
     Case {
         name: "ui_generated_names",
-        roots: &["tests/ui/ok_generated_names_stay_distinct.rfidl"],
+        roots: &["../contract/tests/ui/ok_generated_names_stay_distinct.rfidl"],
         sides: "Both",
     },
     Case {
         name: "ui_recursion",
-        roots: &["tests/ui/ok_recursion_through_containers.rfidl"],
+        roots: &["../contract/tests/ui/ok_recursion_through_containers.rfidl"],
         sides: "Both",
     },
     Case {
         name: "ui_keywords",
-        roots: &["tests/ui/ok_rust_keyword_names.rfidl"],
+        roots: &["../contract/tests/ui/ok_rust_keyword_names.rfidl"],
         sides: "Both",
     },
     Case {
         name: "ui_spec_example",
-        roots: &["tests/ui/ok_spec_example/main.rfidl"],
+        roots: &["../contract/tests/ui/ok_spec_example/main.rfidl"],
         sides: "Both",
     },
     Case {
         name: "ui_dangling_doc",
-        roots: &["tests/ui/w0001_dangling_doc_comment.rfidl"],
+        roots: &["../contract/tests/ui/w0001_dangling_doc_comment.rfidl"],
         sides: "Both",
     },
     Case {
         name: "ui_deprecated_use",
-        roots: &["tests/ui/w0002_deprecated_use.rfidl"],
+        roots: &["../contract/tests/ui/w0002_deprecated_use.rfidl"],
         sides: "Both",
     },
 ];
@@ -163,7 +163,7 @@ fn write_member(dir: &Path, name: &str, roots: &[PathBuf], sides: &str, with_run
             "[package]\nname = {name:?}\nversion = \"0.1.0\"\nedition = \"2024\"\npublish = false\n\n\
              [dependencies]\n{runtime}\n\
              [build-dependencies]\n\
-             rfidl-codegen = {{ path = {:?}, default-features = false }}\n",
+             rfidl-codegen = {{ path = {:?} }}\n",
             absolute(".").display().to_string()
         ),
     )

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use rfidl_codegen::cli::{self, DiagnosticFormat, Outcome, Report};
+use rfidl_cli::{self as cli, DiagnosticFormat, Outcome, Report};
 use rfidl_codegen::registry::{Cache, LockPolicy};
 use serde_json::{Value, json};
 

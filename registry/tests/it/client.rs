@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use rfidl_codegen::cli::{self, Outcome};
+use rfidl_cli::{self as cli, Outcome};
 use rfidl_codegen::registry::client::RegistryClient;
 use rfidl_codegen::registry::{Cache, LockFile, LockPolicy, RegistryError, Remote, resolve};
 
@@ -194,7 +194,7 @@ fn warnings(report: &cli::Report) -> Vec<String> {
 
 #[test]
 fn a_pin_behind_the_registry_is_warned_about_by_fetch_and_the_build() {
-    use rfidl_codegen::cli::{DiagnosticFormat, Report};
+    use rfidl_cli::{DiagnosticFormat, Report};
     use rfidl_codegen::registry::freshness;
 
     let dir = tempfile::tempdir().expect("tempdir");

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rfidl_codegen::cli::{self, DiagnosticFormat, Outcome, Report};
+use rfidl_cli::{self as cli, DiagnosticFormat, Outcome, Report};
 use rfidl_codegen::registry::Remote;
 use rfidl_registry::Registry;
 use rfidl_registry::commands::CommandSender;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
-use rfidl_codegen::cli::{self, Outcome};
+use rfidl_cli::{self as cli, Outcome};
 use rfidl_codegen::manifest::{Field, Manifest};
 use rfidl_codegen::registry::client::RegistryClient;
 use rfidl_codegen::registry::{Cache, LockFile, LockPolicy, RegistryError, Remote, resolve};

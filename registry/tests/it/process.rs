@@ -5,9 +5,9 @@ use std::io::{BufRead as _, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
+use rfidl_cli::{self as cli, Outcome};
 use rfidl_codegen::Builder;
 use rfidl_codegen::builder::BuildError;
-use rfidl_codegen::cli::{self, Outcome};
 use rfidl_codegen::registry::client::RegistryClient;
 use rfidl_codegen::registry::{Cache, RegistryError, Remote, Source as _};
 
