@@ -299,9 +299,13 @@ impl Engine {
         // Over JetStream the answers to its ProvisionLaptop commands come
         // back through the broker: the same handlers, once per answer.
         let broker = super::broker::Broker::start(settings, &config, HR, &receiver, |answers| {
-            answers
+            let answers = answers
                 .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
-                .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers))
+                .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers));
+            match &keys {
+                Some(keys) => answers.issued_keys(keys),
+                None => answers,
+            }
         })?;
         // The engine calls EmpService (its commands go to HR).
         let directory = super::register(

@@ -225,8 +225,16 @@ impl HrService {
         }
         let dispatcher = dispatcher.start()?;
         // HR acts on no answer: the engine's answers are only recorded.
-        let broker =
-            super::broker::Broker::start(settings, &config, ENGINE, &receiver, |answers| answers)?;
+        let broker = super::broker::Broker::start(
+            settings,
+            &config,
+            ENGINE,
+            &receiver,
+            |answers| match &keys {
+                Some(keys) => answers.issued_keys(keys),
+                None => answers,
+            },
+        )?;
         // HR provides EmpService (the engine's commands land here).
         let directory = super::register_provider(
             &config,

@@ -97,12 +97,17 @@ impl AnswersConsumer {
                 field: "destination",
                 message: format!("no destination `{destination}` is configured"),
             })?;
-        let secret =
-            crate::signing::Secret::parse(&found.secret).map_err(|e| NatsError::Config {
-                field: "secret",
-                message: format!("destination `{destination}`: {e}"),
-            })?;
-        let mut builder = Self::builder(&config.service_id, &found.url, db_path).secret(secret);
+        let mut builder = Self::builder(&config.service_id, &found.url, db_path);
+        // No secret in the config: the registry issues this service's
+        // signing keys, and the caller adds them (`issued_keys`).
+        if !found.secret.is_empty() {
+            let secret =
+                crate::signing::Secret::parse(&found.secret).map_err(|e| NatsError::Config {
+                    field: "secret",
+                    message: format!("destination `{destination}`: {e}"),
+                })?;
+            builder = builder.secret(secret);
+        }
         builder.url = builder
             .url
             .map(|url| url.with_default_replicas(found.replicas.unwrap_or(1)));
@@ -120,6 +125,7 @@ impl AnswersConsumer {
             open,
             durable: None,
             secrets: Vec::new(),
+            issued: None,
             handlers: Vec::new(),
             settings: PullSettings::default(),
         }
@@ -134,6 +140,7 @@ pub struct AnswersBuilder<S: Store = Sqlite> {
     open: OpenStore<S>,
     durable: Option<String>,
     secrets: Vec<crate::signing::Secret>,
+    issued: Option<crate::keys::IssuedKeys>,
     handlers: Vec<Arc<dyn ResponseHandler<S>>>,
     settings: PullSettings,
 }
@@ -159,11 +166,17 @@ impl<S: Store> AnswersBuilder<S> {
         self
     }
 
+    /// Accepts answers signed with the keys the registry issued to this
+    /// service ([`crate::keys`]), as they are when each answer arrives,
+    /// when no [`secret`](Self::secret) is given: the receiving side signs
+    /// its answers with the keys it accepts from this service.
+    pub fn issued_keys(mut self, keys: &crate::keys::IssuedKeys) -> Self {
+        self.issued = Some(keys.clone());
+        self
+    }
+
     /// Accepts only answers signed with `secret` (the destination's, which
-    /// the receiving consumer signs answers with); others are terminated.
-    /// Call again to accept several (rotation). Without any, answers are
-    /// not checked: anyone who may publish to the answers subject could
-    /// forge one.
+    /// the receiving side signs its answers with); several for a rotation.
     pub fn secret(mut self, secret: crate::signing::Secret) -> Self {
         self.secrets.push(secret);
         self
@@ -227,6 +240,7 @@ impl<S: Store> AnswersBuilder<S> {
             url,
             durable,
             secrets: self.secrets,
+            issued: self.issued,
             handlers: self.handlers,
             settings: self.settings,
             store,
@@ -256,6 +270,8 @@ struct Shared<S: Store> {
     filter: String,
     durable: String,
     secrets: Vec<crate::signing::Secret>,
+    /// Issued signing keys, when no secret is configured.
+    issued: Option<crate::keys::IssuedKeys>,
     handlers: Vec<Arc<dyn ResponseHandler<S>>>,
     settings: PullSettings,
     store: Arc<dyn AnswerStore<S>>,
@@ -364,7 +380,26 @@ async fn handle<S: Store>(shared: &Arc<Shared<S>>, message: jetstream::Message) 
         .info()
         .map(|info| info.delivered.max(1) as u32)
         .unwrap_or(1);
-    if !shared.secrets.is_empty() {
+    let issued;
+    let secrets: &[crate::signing::Secret] = match &shared.issued {
+        Some(keys) if shared.secrets.is_empty() => {
+            issued = keys.snapshot();
+            &issued.signing
+        }
+        _ => &shared.secrets,
+    };
+    if secrets.is_empty()
+        && let Some(keys) = &shared.issued
+    {
+        // Keys not issued yet (a restart before the registration): the
+        // answer waits for them rather than being refused as a forgery.
+        keys.request_refresh();
+        let _ = message
+            .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+            .await;
+        return;
+    }
+    if !secrets.is_empty() {
         let header = |name: &str| {
             message
                 .headers
@@ -379,7 +414,7 @@ async fn handle<S: Store>(shared: &Arc<Shared<S>>, message: jetstream::Message) 
             header(crate::signing::HEADER_TIMESTAMP).as_deref(),
             header(crate::signing::HEADER_SIGNATURE).as_deref(),
             &message.payload,
-            &shared.secrets,
+            secrets,
             crate::signing::unix_now(),
             Duration::from_secs(u64::MAX / 4),
         );

@@ -1332,3 +1332,58 @@ async fn a_message_waiting_in_the_stream_longer_than_the_signature_tolerance_is_
     consumer.shutdown().await;
     receiver.shutdown().await;
 }
+
+/// With keys issued by the registry (no secret in the sender's config),
+/// the answers consumer checks answers against the keys the service signs
+/// with, as they are when each answer arrives; before any key is issued it
+/// leaves answers in the stream (NAK) instead of refusing them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_are_checked_against_the_issued_keys_and_wait_for_them() {
+    let Some(server) = NatsServer::start() else {
+        return;
+    };
+    let pair = Pair::new(&server);
+    rfidl_runtime::db::open(&pair.sender_db, rfidl_runtime::Durability::Normal)
+        .expect("open")
+        .execute_batch("CREATE TABLE answers (message_id TEXT PRIMARY KEY, balance INTEGER)")
+        .expect("answers table");
+    let receiver = pair.receiver(pair.receiver_config());
+    let consumer = pair.consumer(receiver.clone());
+    let keys = rfidl_runtime::keys::IssuedKeys::new();
+    let balances = Arc::new(Balances::default());
+    let answers =
+        rfidl_runtime::nats::AnswersConsumer::builder(support::SOURCE, &pair.url, &pair.sender_db)
+            .responses(BalancesHandler(balances.clone()))
+            .issued_keys(&keys)
+            .ack_wait(Duration::from_secs(2))
+            .timeout(Duration::from_secs(1))
+            .spawn()
+            .expect("answers consumer");
+    let dispatcher = pair.dispatcher();
+    let messages = 20;
+    pair.credits(messages as usize);
+    wait_until("every effect", Duration::from_secs(15), || {
+        pair.receiver_count("SELECT COUNT(*) FROM ledger") == messages
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        pair.sender_count("SELECT COUNT(*) FROM answers"),
+        0,
+        "no answer applied before the keys are issued"
+    );
+    // The registry issues the key this service signs with.
+    keys.replace(rfidl_runtime::keys::KeySnapshot {
+        signing: vec![pair.secret.clone()],
+        peers: Default::default(),
+    });
+    wait_until("every answer applied", Duration::from_secs(15), || {
+        pair.sender_count("SELECT COUNT(*) FROM answers") == messages
+    })
+    .await;
+    assert_exactly_once(&pair, messages);
+    answers.shutdown().await;
+    dispatcher.shutdown().await;
+    consumer.shutdown().await;
+    receiver.shutdown().await;
+}
