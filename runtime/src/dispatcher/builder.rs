@@ -1,0 +1,340 @@
+//! Building and starting a dispatcher: [`Dispatcher`] (one constructor per
+//! store), [`DispatcherBuilder`] (routes, response handlers, a resolver for
+//! destinations that come and go, issued keys) and the checks at start (every
+//! destination a client declared has a route; every configured destination
+//! has a transport for its URL). It never claims or sends: the loop in the
+//! parent module does.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use tokio_util::sync::CancellationToken;
+
+use super::{DispatcherHandle, State, records, run, sqlite};
+use crate::config::{Config, Durability};
+use crate::db;
+use crate::liveness::Liveness;
+use crate::outbox::Outbox;
+use crate::responses::ResponseHandler;
+use crate::signing::Secret;
+use crate::store::{Sqlite, Store};
+use crate::transport::Transport;
+
+/// Why a dispatcher could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DispatcherError {
+    #[error(transparent)]
+    Db(#[from] db::DbError),
+    #[error("destination `{name}`: {message}")]
+    Destination { name: String, message: String },
+    /// A generated client sends to a destination that nothing routes.
+    #[error(
+        "a client sends to destination `{name}`, which has no route: add `destinations.{name}` \
+         (its `url` and `secret`) to the config, or set RFIDL_DESTINATIONS_{env}_URL and \
+         RFIDL_DESTINATIONS_{env}_SECRET",
+        env = crate::config::env::name_key(name)
+    )]
+    UnknownDestination { name: String },
+    #[error("cannot start the dispatcher's runtime or thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// Where one destination is reached and with which secret requests are signed.
+#[derive(Clone)]
+pub struct Route {
+    pub transport: Arc<dyn Transport>,
+    /// Empty: the signing secrets the registry issued to this service
+    /// ([`DispatcherBuilder::issued_keys`]).
+    pub secrets: Vec<Secret>,
+}
+
+/// Opens the dispatcher's store once the builder starts it.
+type OpenDb<S> = Box<
+    dyn FnOnce(
+            &Config,
+            Vec<Arc<dyn ResponseHandler<S>>>,
+        ) -> Result<Arc<dyn records::DispatchDb>, db::DbError>
+        + Send,
+>;
+
+/// Configures and starts a dispatcher on the store `S`.
+#[must_use]
+pub struct DispatcherBuilder<S: Store = Sqlite> {
+    outbox: Outbox,
+    open: OpenDb<S>,
+    routes: BTreeMap<String, Route>,
+    errors: Vec<DispatcherError>,
+    responses: Vec<Arc<dyn ResponseHandler<S>>>,
+    resolver: Option<Resolver>,
+    issued: Option<crate::keys::IssuedKeys>,
+}
+
+/// Finds the route of a destination that has none of its own
+/// ([`DispatcherBuilder::route_by`]).
+pub(super) type Resolver = Arc<dyn Fn(&str) -> Option<Route> + Send + Sync>;
+
+impl<S: Store> DispatcherBuilder<S> {
+    /// Routes every destination that has no route of its own through
+    /// `resolve`, called once per request to such a destination (cache in
+    /// it when building a route costs). For senders whose destinations come
+    /// and go, such as the registry's commands to service instances, whose
+    /// destination names are base URLs. `None` fails the rows as unroutable.
+    pub fn route_by(
+        mut self,
+        resolve: impl Fn(&str) -> Option<Route> + Send + Sync + 'static,
+    ) -> Self {
+        self.resolver = Some(Arc::new(resolve));
+        self
+    }
+
+    /// Acts on the answers to messages of `handler`'s interface version,
+    /// inside the transaction that marks each one `Sent` (see
+    /// [`crate::responses`]).
+    pub fn responses(mut self, handler: impl ResponseHandler<S>) -> Self {
+        self.responses.push(Arc::new(handler));
+        self
+    }
+
+    /// Signs messages to every destination whose config gives no `secret`
+    /// with the signing secrets the registry issued to this service
+    /// ([`crate::keys`]), as they are when each request is signed. Until
+    /// the first ones arrive, such messages wait (not counted). Without
+    /// this, a destination without a secret stops the start.
+    pub fn issued_keys(mut self, keys: &crate::keys::IssuedKeys) -> Self {
+        self.issued = Some(keys.clone());
+        self
+    }
+
+    /// Sends messages for `destination` through `transport`, signed with `secret`.
+    pub fn route(
+        mut self,
+        destination: impl Into<String>,
+        transport: impl Transport,
+        secret: Secret,
+    ) -> Self {
+        self.routes.insert(
+            destination.into(),
+            Route {
+                transport: Arc::new(transport),
+                secrets: vec![secret],
+            },
+        );
+        self
+    }
+
+    /// Starts the dispatcher, on a runtime of its own (see the module's
+    /// documentation); call it on a tokio runtime, whose shutdown stops the
+    /// dispatcher too. Destinations from `Config::destinations` with an
+    /// `http(s)://` or `unix://` URL are added unless routed explicitly
+    /// (several base URLs: [`crate::transport::SpreadTransport`]).
+    pub fn start(mut self) -> Result<DispatcherHandle, DispatcherError> {
+        // Panics outside a tokio runtime, before anything has started.
+        let caller = tokio::runtime::Handle::current();
+        let config = self.outbox.config().clone();
+        let mut runtime = Unstarted(Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(RUNTIME_WORKERS)
+                .thread_name("rfidl-dispatcher-worker")
+                .enable_all()
+                .build()
+                .map_err(DispatcherError::Thread)?,
+        ));
+        // Transports made here start their background tasks (a gRPC
+        // channel's worker) on the dispatcher's runtime, beside the sends.
+        let entered = runtime.0.as_ref().map(tokio::runtime::Runtime::enter);
+        for (name, destination) in &config.destinations {
+            if self.routes.contains_key(name) {
+                continue;
+            }
+            let secrets = if destination.secret.is_empty() && self.issued.is_some() {
+                Vec::new()
+            } else {
+                vec![Secret::parse(&destination.secret).map_err(|e| {
+                    DispatcherError::Destination {
+                        name: name.clone(),
+                        message: if destination.secret.is_empty() {
+                            "has no `secret`: give one (`whsec_…`), or run with keys issued by \
+                             the registry (`rfidl-registry serve --issue-keys`)"
+                                .to_owned()
+                        } else {
+                            e.to_string()
+                        },
+                    }
+                })?]
+            };
+            let transport =
+                crate::transport::for_destination(destination, config.outbox.request_timeout)
+                    .map_err(|message| DispatcherError::Destination {
+                        name: name.clone(),
+                        message,
+                    })?;
+            self.routes
+                .insert(name.clone(), Route { transport, secrets });
+        }
+        drop(entered);
+        if let Some(error) = self.errors.pop() {
+            return Err(error);
+        }
+        let routable = match self.resolver {
+            Some(_) => None,
+            None => Some(self.routes.keys().cloned().collect()),
+        };
+        if let Some(name) = self
+            .outbox
+            .unroutable_destinations(routable)
+            .into_iter()
+            .next()
+        {
+            return Err(DispatcherError::UnknownDestination { name });
+        }
+        let db = (self.open)(&config, self.responses)?;
+        let cancel = CancellationToken::new();
+        let state = Arc::new(State {
+            config,
+            db,
+            routes: self.routes,
+            metrics: self.outbox.metrics().clone(),
+            circuits: self.outbox.circuits().clone(),
+            lifecycle: self.outbox.lifecycle().clone(),
+            resolver: self.resolver,
+            issued: self.issued,
+            unrouted: Mutex::new(Vec::new()),
+            rotation: std::sync::atomic::AtomicUsize::new(0),
+        });
+        let (liveness, alive) = Liveness::start();
+        self.outbox.set_dispatcher_liveness(liveness.clone());
+        let wake = self.outbox.wake_handle();
+        let stop = cancel.clone();
+        let crash = CancellationToken::new();
+        let crashed = crash.clone();
+        let (finished, done) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("rfidl-dispatcher".into())
+            .spawn(move || {
+                let Some(runtime) = runtime.0.take() else {
+                    return;
+                };
+                runtime.block_on(async move {
+                    let _alive = alive;
+                    // On a worker, so that the sends it spawns start there.
+                    let mut task = tokio::spawn(run(state, wake, stop));
+                    tokio::select! {
+                        _ = &mut task => {}
+                        () = crashed.cancelled() => task.abort(),
+                    }
+                });
+                // Waits for a claim or recording still on the blocking pool.
+                drop(runtime);
+                let _ = finished.send(());
+            })
+            .map_err(DispatcherError::Thread)?;
+        // Lives on the runtime that started the dispatcher, and stops the
+        // dispatcher when dropped with it, as a task of that runtime would.
+        let crash_on_drop = crash.clone().drop_guard();
+        let task = caller.spawn(async move {
+            let _crash_on_drop = crash_on_drop;
+            let _ = done.await;
+        });
+        Ok(DispatcherHandle {
+            cancel,
+            crash,
+            task,
+            liveness,
+        })
+    }
+}
+
+/// Worker threads of the dispatcher's runtime: one runs its loop (and an
+/// idle claim), and the sends spread over both, which a gRPC destination's
+/// one call per message needs (on a single thread its batched rate halved on
+/// the benchmark machine).
+const RUNTIME_WORKERS: usize = 2;
+
+/// The dispatcher's runtime until its thread takes it over. Should `start`
+/// fail first (or the thread not start), this drops it without waiting, as
+/// a runtime must be dropped on the caller's executor.
+struct Unstarted(Option<tokio::runtime::Runtime>);
+
+impl Drop for Unstarted {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// The entry point: `Dispatcher::builder(&outbox, db_path).route(…).start()`
+/// on SQLite, `Dispatcher::postgres(&outbox, &url)` on PostgreSQL.
+pub struct Dispatcher;
+
+impl Dispatcher {
+    /// A dispatcher for the outbox in the SQLite file `db_path`.
+    pub fn builder(outbox: &Outbox, db_path: impl AsRef<Path>) -> DispatcherBuilder<Sqlite> {
+        let path = db_path.as_ref().to_path_buf();
+        Self::with_store(
+            outbox,
+            Box::new(move |config: &Config, responses| {
+                // NORMAL: only a claim may need an fsync, and it asks for
+                // one itself (see `SqliteDispatch::claim`).
+                let conn = db::open(&path, Durability::Normal)?;
+                let exclusive = sqlite::ExclusiveDispatch::try_acquire(&path);
+                if exclusive.is_some() {
+                    let reclaimed =
+                        sqlite::reclaim_abandoned(&conn, db::now_ms()).map_err(|source| {
+                            db::DbError::Sqlite {
+                                path: path.display().to_string(),
+                                source,
+                            }
+                        })?;
+                    if reclaimed > 0 {
+                        tracing::info!(
+                            rows = reclaimed,
+                            "rows a dispatcher that is gone left `Sending` are due again now"
+                        );
+                    }
+                }
+                Ok(Arc::new(sqlite::SqliteDispatch::new(
+                    conn,
+                    exclusive,
+                    config.outbox.durability,
+                    responses,
+                )) as Arc<dyn records::DispatchDb>)
+            }),
+        )
+    }
+
+    /// A dispatcher for the outbox in a PostgreSQL database. Any number of
+    /// dispatchers (replicas) may share one database: claims skip the rows
+    /// another one has locked, and leases fence what each may update.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(
+        outbox: &Outbox,
+        url: &crate::pg::PostgresUrl,
+    ) -> DispatcherBuilder<crate::store::Postgres> {
+        let url = url.clone();
+        Self::with_store(
+            outbox,
+            Box::new(move |_: &Config, responses| {
+                let client = crate::pg::open(&url)?;
+                Ok(Arc::new(crate::pg::PostgresDispatch::new(
+                    crate::pg::Connection::new(url, client),
+                    responses,
+                )) as Arc<dyn records::DispatchDb>)
+            }),
+        )
+    }
+
+    fn with_store<S: Store>(outbox: &Outbox, open: OpenDb<S>) -> DispatcherBuilder<S> {
+        DispatcherBuilder {
+            outbox: outbox.clone(),
+            open,
+            routes: BTreeMap::new(),
+            errors: Vec::new(),
+            responses: Vec::new(),
+            resolver: None,
+            issued: None,
+        }
+    }
+}
