@@ -133,7 +133,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         root.display()
     );
     println!(
-        "{:<15} {:>8} {:>7} {:>5} {:>11} {:>11}  notes",
+        "{:<17} {:>8} {:>7} {:>5} {:>11} {:>11}  notes",
         "scenario", "messages", "faults", "lost", "duplicated", "drained_in"
     );
     let mut all_ok = true;
@@ -160,7 +160,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             Err(error) => {
                 all_ok = false;
-                println!("{name:<15} ERROR {error:#}");
+                println!("{name:<17} ERROR {error:#}");
             }
         }
     }
