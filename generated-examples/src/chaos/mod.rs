@@ -135,7 +135,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     println!(
-        "rfidl chaos: {messages} hire(s) per scenario, seed {seed}, databases under {}",
+        "rfidl chaos: {messages} hire(s) per scenario{}, seed {seed}, databases under {}",
+        if args.messages.is_none() {
+            " (jetstream-cluster: 5000)"
+        } else {
+            ""
+        },
         root.display()
     );
     println!(
