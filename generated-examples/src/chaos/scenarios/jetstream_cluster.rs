@@ -301,7 +301,13 @@ pub(crate) async fn jetstream_cluster(
         if led.iter().any(|role| role.starts_with("RF_")) {
             leader_kills += 1;
         }
-        killed.push(format!("{}({})", nats.nodes[victim].name, led.join("+")));
+        // Where hiring stood: the kills land mid-stream.
+        let hired = Cluster::count(&cluster.hr_db, "SELECT COUNT(*) FROM employees");
+        killed.push(format!(
+            "{}({})@{hired}",
+            nats.nodes[victim].name,
+            led.join("+")
+        ));
         let down_since = Instant::now();
         nats.kill(victim);
         node_kills += 1;
@@ -352,7 +358,7 @@ pub(crate) async fn jetstream_cluster(
             format!("node_kills={node_kills}"),
             format!("stream_leader_kills={leader_kills}"),
             format!("service_kills={service_kills}"),
-            format!("killed={}", killed.join(",")),
+            format!("killed_at_hires={}", killed.join(",")),
         ],
     })
 }
