@@ -408,7 +408,8 @@ fn chaos(extra: &[String]) -> Result<(), String> {
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("target"));
     let bins = target.join(if release { "release" } else { "debug" });
-    // The `jetstream` scenario starts (and kills) its own nats-server.
+    // The `jetstream` and `jetstream-cluster` scenarios start (and kill)
+    // their own nats-server processes.
     let nats = nats_server(&python_venv()?)?;
     // The `replicas` scenario runs engines on a PostgreSQL database.
     let (postgres_url, _cluster) = test_postgres()?;

@@ -45,13 +45,19 @@ use rand::rngs::StdRng;
 
 pub use scenarios::SCENARIOS;
 
+/// Hires per scenario without `--messages`.
+const DEFAULT_MESSAGES: u32 = 300;
+
+/// Hires of `jetstream-cluster` without `--messages` (issue 31: 5,000).
+const CLUSTER_MESSAGES: u32 = 5000;
+
 /// The flags of the `chaos` binary.
 #[derive(Parser, Debug)]
 #[command(about = "Fault-injection harness for the demo services (see docs/guarantees.md)")]
 pub struct Args {
-    /// Hires per scenario.
-    #[arg(long, default_value_t = 300)]
-    pub messages: u32,
+    /// Hires per scenario (default: 300; 5,000 for `jetstream-cluster`).
+    #[arg(long)]
+    pub messages: Option<u32>,
     /// One scenario, or `all`.
     #[arg(long, default_value = "all")]
     pub scenario: String,
@@ -118,6 +124,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             bins.join(bin).display()
         );
     }
+    let messages = args.messages.unwrap_or(DEFAULT_MESSAGES);
     let root = match &args.dir {
         Some(dir) => dir.clone(),
         None => std::env::temp_dir().join(format!("rfidl-chaos-{}", std::process::id())),
@@ -128,12 +135,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     println!(
-        "rfidl chaos: {} hire(s) per scenario, seed {seed}, databases under {}",
-        args.messages,
+        "rfidl chaos: {messages} hire(s) per scenario{}, seed {seed}, databases under {}",
+        if args.messages.is_none() {
+            " (jetstream-cluster: 5000)"
+        } else {
+            ""
+        },
         root.display()
     );
     println!(
-        "{:<15} {:>8} {:>7} {:>5} {:>11} {:>11}  notes",
+        "{:<17} {:>8} {:>7} {:>5} {:>11} {:>11}  notes",
         "scenario", "messages", "faults", "lost", "duplicated", "drained_in"
     );
     let mut all_ok = true;
@@ -145,7 +156,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let context = Context {
             bins: bins.clone(),
             dir,
-            messages: args.messages,
+            messages: if *name == "jetstream-cluster" {
+                args.messages.unwrap_or(CLUSTER_MESSAGES)
+            } else {
+                messages
+            },
             kills: args.kills,
             outage: args.outage,
             drain_timeout: args.drain_timeout,
@@ -160,7 +175,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             Err(error) => {
                 all_ok = false;
-                println!("{name:<15} ERROR {error:#}");
+                println!("{name:<17} ERROR {error:#}");
             }
         }
     }

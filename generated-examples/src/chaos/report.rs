@@ -32,7 +32,7 @@ impl Report {
         ];
         notes.extend(self.notes.iter().cloned());
         format!(
-            "{name:<15} {:>8} {:>7} {:>5} {:>11} {:>11}  {}{}",
+            "{name:<17} {:>8} {:>7} {:>5} {:>11} {:>11}  {}{}",
             self.messages,
             self.faults,
             self.verdict.lost,

@@ -33,3 +33,15 @@ fn a_folder_without_the_service_binaries_is_refused_naming_the_build_step() {
     assert!(message.contains("hr-service is missing"), "{message}");
     assert!(message.contains("cargo xtask chaos"), "{message}");
 }
+
+#[test]
+fn the_jetstream_cluster_scenario_runs_with_all_and_takes_its_hires_from_messages() {
+    assert!(
+        SCENARIOS.contains(&"jetstream-cluster"),
+        "`cargo xtask chaos` (all scenarios, what CI runs) includes it"
+    );
+    // Without --messages every scenario picks its own default (5,000 hires
+    // for jetstream-cluster); CI's `--messages 200` reaches it too.
+    assert_eq!(args(&[]).messages, None);
+    assert_eq!(args(&["--messages", "200"]).messages, Some(200));
+}

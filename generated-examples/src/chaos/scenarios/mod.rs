@@ -1,7 +1,8 @@
 //! The scenarios, one file per family of faults: process kills (`kills`),
 //! the network between the services (`network`), the disk (`disk`), the
-//! clock (`clock`), replicas on PostgreSQL (`replicas`) and the JetStream
-//! transport (`jetstream`). Each builds its cluster, injects its faults,
+//! clock (`clock`), replicas on PostgreSQL (`replicas`), the JetStream
+//! transport (`jetstream`) and a 3-node JetStream cluster
+//! (`jetstream_cluster`). Each builds its cluster, injects its faults,
 //! waits for the drain and returns a [`Report`].
 //!
 //! A scenario never judges its own run: the verdict comes from both
@@ -10,6 +11,7 @@
 mod clock;
 mod disk;
 mod jetstream;
+mod jetstream_cluster;
 mod kills;
 mod network;
 mod replicas;
@@ -34,6 +36,7 @@ pub const SCENARIOS: &[&str] = &[
     "corrupt-db",
     "replicas",
     "jetstream",
+    "jetstream-cluster",
 ];
 
 /// Runs scenario `name`.
@@ -51,6 +54,7 @@ pub(crate) async fn run(name: &str, context: &Context, rng: &mut StdRng) -> anyh
         "corrupt-db" => disk::corrupt_db(context).await,
         "replicas" => replicas::replicas(context, rng).await,
         "jetstream" => jetstream::jetstream(context, rng).await,
+        "jetstream-cluster" => jetstream_cluster::jetstream_cluster(context, rng).await,
         other => bail!("no scenario `{other}`"),
     }
 }
