@@ -12,6 +12,8 @@
 //! `deploy-check`, `decommission`) need the cargo feature `registry`, on by
 //! default: `cargo install rfidl-cli` gives the whole tool.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod breaking;
 mod check;
 mod completions;
@@ -33,16 +35,20 @@ pub use breaking::{VersionChange, baseline_manifests, breaking, breaking_between
 pub use check::check;
 pub use completions::completions;
 #[cfg(feature = "registry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "registry")))]
 pub use decommission::decommission_with;
 #[cfg(feature = "registry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "registry")))]
 pub use deploy_check::deploy_check_with;
 #[cfg(feature = "registry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "registry")))]
 pub use fetch::{fetch, fetch_with};
 pub use fmt::{FmtMode, fmt};
 pub use generate::generate;
 pub use man::man;
 pub use manifest::{ManifestFormat, manifest};
 #[cfg(feature = "registry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "registry")))]
 pub use publish::{publish, publish_with};
 pub use report::{DiagnosticFormat, Outcome, Report};
 pub use rfidl_codegen::diagnostics::ColorChoice;

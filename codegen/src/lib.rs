@@ -12,6 +12,8 @@
 //! re-exported here under the same names ([`check`], [`manifest`], …), so a
 //! build script needs one dependency.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod builder;
 pub mod generate;
 pub mod output;

@@ -24,6 +24,8 @@
 //! - [`format::format_source`]: the canonical layout of a contract file.
 //! - [`wire`]: the registry's answers that its server and its client share.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod check;
 pub mod diagnostics;
 pub mod format;

@@ -6,6 +6,8 @@
 //! thing. A crate of its own because `rfidl-codegen` must not depend on
 //! `rfidl-runtime` (nor the other way round); it has no dependencies.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::time::Duration;
 
 /// Error for a duration string that is not of the `"1h30m"` form.

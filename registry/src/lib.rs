@@ -27,6 +27,8 @@
 //! ([`routes`]); `/livez` and `/readyz` are the probes.
 //! Nothing is stored for a refused publish.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod access;
 pub mod aggregator;
 pub mod commands;

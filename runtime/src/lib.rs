@@ -19,6 +19,8 @@
 //!
 //! The runtime never depends on the code generator; generated code depends on it.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod auth;
 mod chain;
 pub mod circuit;
@@ -30,6 +32,7 @@ pub mod dispatcher;
 pub mod duration;
 pub mod envelope;
 #[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub mod grpc;
 pub mod inbox;
 pub mod keys;
@@ -37,9 +40,11 @@ pub mod lifecycle;
 pub mod liveness;
 pub mod metrics;
 #[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
 pub mod outbox;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod pg;
 pub mod receiver;
 pub mod redact;
@@ -56,6 +61,7 @@ pub mod types;
 // Re-exported for generated code, so user crates need no direct dependency.
 /// The PostgreSQL client whose `Transaction` handlers of a `Postgres` store get.
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres;
 pub use rusqlite;
 pub use serde;
@@ -65,6 +71,7 @@ pub use config::{Config, Durability};
 pub use envelope::{Envelope, MessageType};
 pub use serve::serve;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use store::Postgres;
 pub use store::{Database, Sqlite, Store};
 

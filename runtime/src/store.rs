@@ -84,6 +84,7 @@ impl Store for Sqlite {
 
 /// A PostgreSQL database shared by the replicas of a service.
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Postgres {}
 

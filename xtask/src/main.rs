@@ -44,7 +44,7 @@ fn main() -> ExitCode {
         "postgres" => postgres_task(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <task>\n\n  test [cargo test args]  set up .venv (Python interop deps) and run all tests\n  ci                      fmt --check, clippy -D warnings, then test\n  bench [name]            run the benchmarks (release)\n  bench peers             rfidl beside NATS JetStream and apalis, one run\n  chaos [--release] [--messages N] [--scenario NAME]\n                          fault-injection harness (demo services as processes)\n  postgres [command...]   start a throw-away PostgreSQL, print its URL, run the\n                          command with RFIDL_POSTGRES_URL set (or wait for Ctrl-C)\n  regen                   regenerate generated-examples/src/generated from schemas/"
+                "usage: cargo xtask <task>\n\n  test [cargo test args]  set up .venv (Python interop deps) and run all tests\n  ci                      fmt --check, clippy -D warnings, cargo package, then test\n  bench [name]            run the benchmarks (release)\n  bench peers             rfidl beside NATS JetStream and apalis, one run\n  chaos [--release] [--messages N] [--scenario NAME]\n                          fault-injection harness (demo services as processes)\n  postgres [command...]   start a throw-away PostgreSQL, print its URL, run the\n                          command with RFIDL_POSTGRES_URL set (or wait for Ctrl-C)\n  regen                   regenerate generated-examples/src/generated from schemas/"
             );
             return if task == "help" {
                 ExitCode::SUCCESS
@@ -378,6 +378,22 @@ fn ci() -> Result<(), String> {
             .args(args)
             .args(["--", "-D", "warnings"]))?;
     }
+    // What `cargo publish` would upload, each package built from its .crate
+    // alone (templates, READMEs and licences inside; no path outside the
+    // crate). The demo, end-to-end tests and xtask are not published; the
+    // e2e crate's build.rs reads ../schemas, so it cannot build alone.
+    eprintln!("xtask: cargo package");
+    run(cargo().args([
+        "package",
+        "--workspace",
+        "--exclude",
+        "rfidl-examples",
+        "--exclude",
+        "rfidl-e2e",
+        "--exclude",
+        "xtask",
+        "--allow-dirty",
+    ]))?;
     test(&[])?;
     // Every fault scenario with a small load (docs/guarantees.md).
     chaos(&["--messages".to_owned(), "200".to_owned()])

@@ -24,6 +24,7 @@
 //!   defines differently.
 
 #[cfg(feature = "registry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "registry")))]
 pub mod client;
 pub mod freshness;
 

@@ -27,10 +27,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 #[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub use grpc::GrpcTransport;
 pub use http::HttpTransport;
 pub use in_process::InProcessTransport;
 #[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub use nats::{BROKER_ACCEPTED, JetStreamTransport};
 pub use spread::{DEFAULT_DOWN_BASE, DEFAULT_DOWN_MAX, EndpointState, SpreadTransport};
 #[cfg(unix)]
