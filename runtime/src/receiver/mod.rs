@@ -34,9 +34,11 @@ pub mod handler;
 mod pipeline;
 pub(crate) mod writer;
 
+#[cfg(feature = "postgres")]
+pub(crate) use builder::Started;
+pub(crate) use builder::WriterParts;
 pub use builder::{ReceiverBuilder, ReceiverError};
 use builder::{Route, StartWriters, Verification};
-pub(crate) use builder::{Started, WriterParts};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
