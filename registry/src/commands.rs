@@ -75,7 +75,7 @@ pub enum CommandError {
     #[error("command outbox: {0}")]
     Dispatcher(#[from] rfidl_runtime::dispatcher::DispatcherError),
     #[error("command outbox: {0}")]
-    Db(#[from] rfidl_runtime::db::DbError),
+    Db(#[from] rfidl_runtime::store::StoreError),
 }
 
 impl CommandSender {
@@ -95,7 +95,10 @@ impl CommandSender {
         };
         config.outbox.poll_interval = poll;
         // Create and migrate the file before the dispatcher opens it.
-        drop(rfidl_runtime::db::open(db, config.outbox.durability)?);
+        drop(rfidl_runtime::store::sqlite::open(
+            db,
+            config.outbox.durability,
+        )?);
         let timeout = config.outbox.request_timeout;
         let outbox = Outbox::new(config, db);
         let routes: Mutex<HashMap<String, Route>> = Mutex::new(HashMap::new());

@@ -200,24 +200,28 @@ pub fn open(path: &Path) -> Result<Connection, StoreError> {
     };
     // Refuse a newer or damaged file before `journal_mode=WAL` can rewrite
     // its header: the file stays byte-for-byte unchanged.
-    rfidl_runtime::db::preflight(path, MIGRATIONS.len() as i64).map_err(|error| match error {
-        rfidl_runtime::db::DbError::TooNew {
-            path,
-            found,
-            supported,
-        } => StoreError::TooNew {
-            path,
-            found,
-            supported,
-        },
-        rfidl_runtime::db::DbError::Corrupt { path, detail } => {
-            StoreError::Corrupt { path, detail }
+    rfidl_runtime::store::sqlite::preflight(path, MIGRATIONS.len() as i64).map_err(|error| {
+        match error {
+            rfidl_runtime::store::StoreError::TooNew {
+                path,
+                found,
+                supported,
+            } => StoreError::TooNew {
+                path,
+                found,
+                supported,
+            },
+            rfidl_runtime::store::StoreError::Corrupt { path, detail } => {
+                StoreError::Corrupt { path, detail }
+            }
+            rfidl_runtime::store::StoreError::Sqlite { path, source } => {
+                StoreError::Sqlite { path, source }
+            }
+            other => StoreError::Corrupt {
+                path: shown.clone(),
+                detail: other.to_string(),
+            },
         }
-        rfidl_runtime::db::DbError::Sqlite { path, source } => StoreError::Sqlite { path, source },
-        other => StoreError::Corrupt {
-            path: shown.clone(),
-            detail: other.to_string(),
-        },
     })?;
     let mut conn = Connection::open(path).map_err(wrap)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(wrap)?;

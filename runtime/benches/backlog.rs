@@ -13,12 +13,13 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use rfidl_runtime::MessageType;
 use rfidl_runtime::config::{Config, DestinationConfig, Durability};
 use rfidl_runtime::dispatcher::Dispatcher;
 use rfidl_runtime::outbox::{Outbox, OutgoingMessage};
 use rfidl_runtime::receiver::Receiver;
 use rfidl_runtime::signing::Secret;
-use rfidl_runtime::{MessageType, db};
+use rfidl_runtime::store::sqlite as db;
 
 use common::{Ledger, count};
 

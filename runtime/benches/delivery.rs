@@ -29,10 +29,11 @@ use std::time::{Duration, Instant};
 use common::*;
 use rfidl_runtime::config::{Config, DestinationConfig, Durability};
 use rfidl_runtime::dispatcher::Dispatcher;
+use rfidl_runtime::inbox;
 use rfidl_runtime::outbox::Outbox;
 use rfidl_runtime::receiver::Receiver;
 use rfidl_runtime::signing::Secret;
-use rfidl_runtime::{db, inbox};
+use rfidl_runtime::store::sqlite as db;
 
 const INBOX_ROWS: usize = 1_000_000;
 
@@ -278,7 +279,7 @@ fn dedupe_latency(path: &Path) -> (f64, f64, f64) {
 mod postgres {
     use super::*;
     use ::postgres::{Client, NoTls};
-    use rfidl_runtime::pg::PostgresUrl;
+    use rfidl_runtime::store::postgres::PostgresUrl;
 
     /// Where the receiver's writer threads run their handlers.
     const WRITERS: usize = 8;
@@ -337,7 +338,7 @@ mod postgres {
         let (scheme, rest) = server.split_once("://").expect("a URL");
         let authority = rest.split(['/', '?']).next().unwrap_or(rest);
         let url = PostgresUrl::parse(&format!("{scheme}://{authority}/{name}")).expect("url");
-        rfidl_runtime::pg::open(&url).expect("migrate");
+        rfidl_runtime::store::postgres::open(&url).expect("migrate");
         url
     }
 
@@ -358,7 +359,11 @@ mod postgres {
             let mut tx = client.transaction().expect("tx");
             tx.execute(
                 "INSERT INTO t (id, body, at) VALUES ($1, $2, $3)",
-                &[&uuid::Uuid::now_v7().to_string(), &body, &db::now_ms()],
+                &[
+                    &uuid::Uuid::now_v7().to_string(),
+                    &body,
+                    &rfidl_runtime::store::now_ms(),
+                ],
             )
             .expect("insert");
             tx.commit().expect("commit");

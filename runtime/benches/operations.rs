@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use rfidl_runtime::config::{Config, Durability};
 use rfidl_runtime::diagnostics::{self, AttentionFilter};
-use rfidl_runtime::{db, retention};
+use rfidl_runtime::retention;
+use rfidl_runtime::store::sqlite as db;
 
 const SENT_ROWS: i64 = 1_000_000;
 const INBOX_ROWS: i64 = 1_000_000;
@@ -21,7 +22,7 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("service.db");
     let conn = db::open(&path, Durability::Normal).expect("open");
-    let now = db::now_ms();
+    let now = rfidl_runtime::store::now_ms();
     let started = Instant::now();
     fill(&conn, now);
     println!(

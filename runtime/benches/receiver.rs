@@ -13,7 +13,8 @@ use rfidl_runtime::receiver::{
     Answer, HandlerError, HostedInterface, HostedService, IncomingCall, Receiver,
 };
 use rfidl_runtime::signing::{Secret, SignatureHeaders, unix_now};
-use rfidl_runtime::{Config, Durability, db};
+use rfidl_runtime::store::sqlite as db;
+use rfidl_runtime::{Config, Durability};
 
 const SOURCE: &str = "bench-sender";
 const INTERFACE: &str = "bench.Counter";

@@ -166,14 +166,14 @@ impl Circuits {
             }
             match &outcome.clock_problem {
                 Some(problem) => {
-                    circuit.clock_problem = Some((crate::db::now_ms(), problem.clone()));
+                    circuit.clock_problem = Some((crate::store::now_ms(), problem.clone()));
                 }
                 None if outcome.unavailable.is_none() => circuit.clock_problem = None,
                 None => {}
             }
             let Some(problem) = &outcome.unavailable else {
                 if let Some((since, _)) = circuit.open.take() {
-                    let down = crate::db::now_ms() - since;
+                    let down = crate::store::now_ms() - since;
                     tracing::info!(
                         destination,
                         down_ms = down,
@@ -201,7 +201,7 @@ impl Circuits {
                             %problem,
                             "destination unreachable; circuit open, probing with one message at a time"
                         );
-                        crate::db::now_ms()
+                        crate::store::now_ms()
                     }
                 };
                 circuit.open = Some((since, now + delay));

@@ -1,6 +1,6 @@
 //! The inbox: which messages this receiver has processed, and what it answered.
 //!
-//! Owns every query on `inbox_messages` (schema in [`crate::db`]): the
+//! Owns every query on `inbox_messages` (schema in [`crate::store::sqlite`]): the
 //! duplicate look-up keyed on (`sourceServiceId`, `messageId`), the insert
 //! that the receiver's writer makes in the handler's own transaction, and the
 //! deletion of expired rows (called by retention).
@@ -20,7 +20,7 @@ use std::sync::Mutex;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use sha2::{Digest, Sha256};
 
-use crate::db::BUSY_TIMEOUT;
+use crate::store::sqlite::BUSY_TIMEOUT;
 
 /// SHA-256 of a payload, as stored in `payload_sha256`.
 pub type PayloadDigest = [u8; 32];
@@ -263,7 +263,7 @@ pub struct InboxReader {
 
 impl InboxReader {
     /// A reader of the database at `path` (which must exist and be migrated:
-    /// open it with [`crate::db::open`] first). Opens one connection now, so a
+    /// open it with [`crate::store::sqlite::open`] first). Opens one connection now, so a
     /// wrong path fails here rather than on the first request.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, InboxError> {
         let reader = Self {
@@ -369,7 +369,7 @@ mod tests {
     fn insert_lookup_and_expire() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("inbox.db");
-        let conn = crate::db::open(&path, Durability::Normal).expect("open");
+        let conn = crate::store::sqlite::open(&path, Durability::Normal).expect("open");
         let reader = InboxReader::open(&path).expect("reader");
         let digest = [7u8; 32];
         assert_eq!(reader.lookup("hr", "m1").expect("lookup"), None);
@@ -390,8 +390,8 @@ mod tests {
     #[test]
     fn delete_all_expired_goes_batch_by_batch_to_the_end() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut conn =
-            crate::db::open(dir.path().join("inbox.db"), Durability::Normal).expect("open");
+        let mut conn = crate::store::sqlite::open(dir.path().join("inbox.db"), Durability::Normal)
+            .expect("open");
         let digest = [1u8; 32];
         let tx = conn.transaction().expect("tx");
         let rows = EXPIRY_BATCH as usize * 2 + 500;

@@ -25,7 +25,6 @@ pub mod auth;
 mod chain;
 pub mod circuit;
 pub mod config;
-pub mod db;
 pub mod diagnostics;
 pub mod directory;
 pub mod dispatcher;
@@ -43,9 +42,6 @@ pub mod metrics;
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
 pub mod outbox;
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub mod pg;
 pub mod receiver;
 pub mod redact;
 pub mod responses;

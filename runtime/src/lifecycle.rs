@@ -514,7 +514,7 @@ impl HostedService<Sqlite> for LifecycleService {
         tx: &rusqlite::Transaction<'_>,
     ) -> Result<serde_json::Value, HandlerError> {
         let (command, target, generation) = self.command(call)?;
-        let now = crate::db::now_ms();
+        let now = crate::store::now_ms();
         let (interface, version) = (target.interface.as_str(), target.version);
         let recorded = tx.execute(
             RECORD_APPLIED_SQLITE,
@@ -590,7 +590,7 @@ impl HostedService<crate::store::Postgres> for LifecycleService {
         tx: &mut postgres::Transaction<'_>,
     ) -> Result<serde_json::Value, HandlerError> {
         let (command, target, generation) = self.command(call)?;
-        let now = crate::db::now_ms();
+        let now = crate::store::now_ms();
         let interface = target.interface.as_str();
         let version = i64::from(target.version);
         let recorded = tx.execute(

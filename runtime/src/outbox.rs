@@ -22,11 +22,11 @@ use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::config::{Config, Durability};
-use crate::db;
 use crate::envelope::MessageType;
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::store::Database;
+use crate::store::sqlite as db;
 
 /// A message to send, as generated clients build it.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,12 +58,12 @@ pub enum OutboxError {
     #[error("outbox database: {0}")]
     Sqlite(#[from] rusqlite::Error),
     #[cfg(feature = "postgres")]
-    #[error("outbox database: {}", crate::pg::error_text(.0))]
+    #[error("outbox database: {}", crate::store::postgres::error_text(.0))]
     Postgres(#[from] postgres::Error),
     #[error("cannot encode the payload: {0}")]
     Encode(#[from] serde_json::Error),
     #[error(transparent)]
-    Db(#[from] db::DbError),
+    Db(#[from] crate::store::StoreError),
     #[error("the outbox writer stopped")]
     Stopped,
     /// A shared commit failed; no message of that group was written.
@@ -291,7 +291,7 @@ impl Outbox {
     ) -> Result<Uuid, OutboxError> {
         let span = enqueue_span(&mut message);
         let _entered = span.enter();
-        let id = crate::pg::insert_outbox(tx, &self.inner.config, &message)?;
+        let id = crate::store::postgres::insert_outbox(tx, &self.inner.config, &message)?;
         span.record("message_id", tracing::field::display(id));
         self.inner.metrics.outbox_enqueued.inc();
         self.inner.wake.notify_one();
@@ -353,9 +353,11 @@ impl Outbox {
             }
             #[cfg(feature = "postgres")]
             Database::Postgres(url) => {
-                let client = crate::pg::open(url)?;
-                let mut conn = crate::pg::Connection::new((**url).clone(), client);
-                Box::new(move |group| crate::pg::write_group(&mut conn, &config, group))
+                let client = crate::store::postgres::open(url)?;
+                let mut conn = crate::store::postgres::Connection::new((**url).clone(), client);
+                Box::new(move |group| {
+                    crate::store::postgres::write_group(&mut conn, &config, group)
+                })
             }
         };
         std::thread::Builder::new()

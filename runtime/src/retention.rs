@@ -35,9 +35,10 @@ use rusqlite::{Connection, params};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::db::{self, DbError};
 use crate::inbox;
 use crate::metrics::Metrics;
+use crate::store::StoreError;
+use crate::store::sqlite as db;
 
 /// Rows deleted or updated per statement (each statement commits on its own).
 pub const CLEANUP_BATCH: u32 = 1000;
@@ -161,7 +162,7 @@ impl Retention {
         config: Config,
         db_path: impl AsRef<Path>,
         metrics: Arc<Metrics>,
-    ) -> Result<RetentionHandle, DbError> {
+    ) -> Result<RetentionHandle, StoreError> {
         for warning in retention_warnings(
             config.inbox.retention,
             config.outbox.ttl,
@@ -184,9 +185,9 @@ impl Retention {
     #[cfg(feature = "postgres")]
     pub fn spawn_postgres(
         config: Config,
-        url: &crate::pg::PostgresUrl,
+        url: &crate::store::postgres::PostgresUrl,
         metrics: Arc<Metrics>,
-    ) -> Result<RetentionHandle, DbError> {
+    ) -> Result<RetentionHandle, StoreError> {
         for warning in retention_warnings(
             config.inbox.retention,
             config.outbox.ttl,
@@ -194,12 +195,12 @@ impl Retention {
         ) {
             tracing::warn!("{warning}");
         }
-        let client = crate::pg::open(url)?;
-        let mut conn = crate::pg::Connection::new(url.clone(), client);
+        let client = crate::store::postgres::open(url)?;
+        let mut conn = crate::store::postgres::Connection::new(url.clone(), client);
         let pass_config = config.clone();
         Ok(Self::start(
             config,
-            Box::new(move |now| crate::pg::cleanup(&mut conn, &pass_config, now)),
+            Box::new(move |now| crate::store::postgres::cleanup(&mut conn, &pass_config, now)),
             metrics,
         ))
     }

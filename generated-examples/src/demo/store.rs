@@ -144,10 +144,10 @@ impl Connection {
     ) -> anyhow::Result<Self> {
         Ok(match database {
             Database::Sqlite(path) => {
-                Connection::Sqlite(rfidl_runtime::db::open(path, durability)?)
+                Connection::Sqlite(rfidl_runtime::store::sqlite::open(path, durability)?)
             }
             Database::Postgres(url) => {
-                Connection::Postgres(PgClient(Some(rfidl_runtime::pg::open(url)?)))
+                Connection::Postgres(PgClient(Some(rfidl_runtime::store::postgres::open(url)?)))
             }
             other => anyhow::bail!("unsupported database {other}"),
         })
@@ -160,7 +160,7 @@ impl Connection {
         Ok(match database {
             Database::Sqlite(path) => {
                 let conn = rfidl_runtime::rusqlite::Connection::open(path)?;
-                conn.busy_timeout(rfidl_runtime::db::BUSY_TIMEOUT)?;
+                conn.busy_timeout(rfidl_runtime::store::sqlite::BUSY_TIMEOUT)?;
                 Connection::Sqlite(conn)
             }
             Database::Postgres(url) => Connection::Postgres(PgClient(Some(url.connect()?))),

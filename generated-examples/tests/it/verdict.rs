@@ -8,7 +8,8 @@ use rfidl_examples::demo::{engine, hr};
 use rfidl_runtime::rusqlite::{Connection, params};
 
 fn open(db: &Path, schema: &str) -> Connection {
-    let conn = rfidl_runtime::db::open(db, rfidl_runtime::Durability::Normal).expect("open");
+    let conn =
+        rfidl_runtime::store::sqlite::open(db, rfidl_runtime::Durability::Normal).expect("open");
     conn.execute_batch(schema).expect("schema");
     conn
 }

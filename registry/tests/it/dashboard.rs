@@ -19,7 +19,8 @@ use rfidl_registry::Registry;
 use rfidl_runtime::config::Durability;
 use rfidl_runtime::diagnostics::Diagnostics;
 use rfidl_runtime::outbox::{Outbox, OutgoingMessage};
-use rfidl_runtime::{Config, MessageType, db};
+use rfidl_runtime::store::sqlite as db;
+use rfidl_runtime::{Config, MessageType};
 use serde_json::{Value, json};
 
 use crate::support::{Server, manifest_path, put, schema_manifest};
@@ -53,7 +54,7 @@ fn seed_outbox(path: &Path, n: usize, age: Duration, dead: usize) {
                 .to_string()
         })
         .collect();
-    let created = db::now_ms() - age.as_millis() as i64;
+    let created = rfidl_runtime::store::now_ms() - age.as_millis() as i64;
     tx.execute("UPDATE outbox_messages SET created_at = ?1", [created])
         .expect("age rows");
     for id in ids.iter().take(dead) {
@@ -431,7 +432,7 @@ fn the_dashboard_groups_by_service_and_pages_the_worst_first() {
     // Checks written as the aggregator writes them: gamma's instance
     // 10,002 critical, beta's 10,001 a warning, every other one healthy.
     let conn = rusqlite::Connection::open(&db).expect("open");
-    let now = db::now_ms();
+    let now = rfidl_runtime::store::now_ms();
     for (n, id) in ids.iter().enumerate() {
         let answer = match n {
             2 => Err("connection refused or unreachable".to_owned()),

@@ -71,8 +71,8 @@ pub(crate) fn provider(
     };
     let outbox = Outbox::new(config.clone(), &db);
     {
-        let mut conn =
-            rfidl_runtime::db::open(&db, rfidl_runtime::Durability::Normal).expect("open");
+        let mut conn = rfidl_runtime::store::sqlite::open(&db, rfidl_runtime::Durability::Normal)
+            .expect("open");
         let tx = conn.transaction().expect("tx");
         outbox
             .enqueue(

@@ -230,7 +230,8 @@ fn engine(
 impl Engine {
     fn send(&self, fingerprint: &str) {
         let mut conn =
-            rfidl_runtime::db::open(&self.db, rfidl_runtime::Durability::Normal).expect("open");
+            rfidl_runtime::store::sqlite::open(&self.db, rfidl_runtime::Durability::Normal)
+                .expect("open");
         let tx = conn.transaction().expect("tx");
         self.outbox
             .enqueue(

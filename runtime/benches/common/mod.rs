@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rfidl_runtime::MessageType;
 use rfidl_runtime::config::{Config, DestinationConfig, Durability};
 use rfidl_runtime::dispatcher::Dispatcher;
 use rfidl_runtime::outbox::{Outbox, OutgoingMessage};
@@ -19,7 +20,7 @@ use rfidl_runtime::receiver::{
     HandlerError, HostedInterface, HostedService, IncomingCall, Receiver,
 };
 use rfidl_runtime::signing::Secret;
-use rfidl_runtime::{MessageType, db};
+use rfidl_runtime::store::sqlite as db;
 
 /// Rows of the raw insert reference.
 pub const ROWS: usize = 20_000;
@@ -62,7 +63,11 @@ pub fn raw_inserts(conn: &mut rusqlite::Connection, rows: usize) {
         let tx = conn.transaction().expect("tx");
         tx.execute(
             "INSERT INTO t (id, body, at) VALUES (?1, ?2, ?3)",
-            rusqlite::params![uuid::Uuid::now_v7().to_string(), body, db::now_ms()],
+            rusqlite::params![
+                uuid::Uuid::now_v7().to_string(),
+                body,
+                rfidl_runtime::store::now_ms()
+            ],
         )
         .expect("insert");
         tx.commit().expect("commit");

@@ -14,9 +14,9 @@ use super::{
     rfc3339,
 };
 use crate::circuit::DestinationState;
-use crate::db;
 use crate::metrics::DestinationGauges;
 use crate::outbox::Status;
+use crate::store::sqlite as db;
 
 /// Adds the decommissioned versions to `health`; held rows turn a healthy
 /// service to `warning`, with a reason per version.

@@ -23,7 +23,7 @@
 //! only.
 //!
 //! Every query runs on the blocking pool against one connection of its own,
-//! and reads only through the partial indexes of [`crate::db`], so a large
+//! and reads only through the partial indexes of [`crate::store::sqlite`], so a large
 //! table of `Sent` rows does not slow the health check down.
 //!
 //! **Both stores.** [`Diagnostics::builder`] serves a SQLite file,
@@ -51,9 +51,10 @@ mod health;
 mod queries;
 mod readiness;
 mod routes;
-mod sqlite;
+
 mod types;
 
+pub use crate::store::sqlite::diagnostics::database_checks;
 pub use health::{health, with_decommissioned, with_destinations};
 pub(crate) use queries::{DECOMMISSIONED_SQL, DiagnosticsStore};
 pub use queries::{
@@ -62,7 +63,6 @@ pub use queries::{
 };
 pub use readiness::Readiness;
 pub use routes::{Diagnostics, DiagnosticsBuilder};
-pub use sqlite::database_checks;
 use types::rfc3339;
 pub use types::{
     AttentionFilter, AttentionMessage, DecommissionedVersion, DiagnosticsError, Health,

@@ -1,6 +1,6 @@
 //! The diagnostics operations written once over a store: the
 //! [`DiagnosticsStore`] trait each database implements (SQLite in
-//! `sqlite`, PostgreSQL in `crate::pg::diagnostics`), and the operations the
+//! `sqlite`, PostgreSQL in `crate::store::postgres::diagnostics`), and the operations the
 //! routes and the public functions run on it (the counts, the failed list,
 //! the manual retries and their errors).
 //!
@@ -16,14 +16,14 @@ use uuid::Uuid;
 use super::health::{fold_gauges, fold_unsent};
 use super::{
     AttentionFilter, AttentionMessage, AttentionRow, DiagnosticsError, MAX_LIST_LIMIT, OutboxStats,
-    UnsentGroup, sqlite,
+    UnsentGroup,
 };
 use crate::metrics::DestinationGauges;
 use crate::outbox::Status;
 
 /// The statements behind the diagnostics routes, one implementation per
 /// store: SQLite below (on `rusqlite::Connection`), PostgreSQL in
-/// `crate::pg::diagnostics`. Synchronous: the routes call it on the blocking
+/// `crate::store::postgres::diagnostics`. Synchronous: the routes call it on the blocking
 /// pool, one call at a time per connection. Each method reads or writes raw
 /// rows; what the routes make of them (the folding into [`OutboxStats`] and
 /// [`DestinationGauges`], the filters, the retry errors) is written once,
@@ -95,7 +95,7 @@ pub(crate) const DECOMMISSIONED_SQL: &str = "SELECT d.interface, d.version, d.de
 /// number of kept `Sent` rows (which costs a scan of their index).
 pub fn outbox_stats(conn: &Connection, now_ms: i64) -> rusqlite::Result<OutboxStats> {
     let mut stats = unsent_stats(conn, now_ms)?;
-    stats.sent = Some(sqlite::sent_count(conn)?);
+    stats.sent = Some(crate::store::sqlite::diagnostics::sent_count(conn)?);
     Ok(stats)
 }
 
@@ -104,8 +104,8 @@ pub fn outbox_stats(conn: &Connection, now_ms: i64) -> rusqlite::Result<OutboxSt
 /// number of kept `Sent` rows; the health check uses it.
 pub fn unsent_stats(conn: &Connection, now_ms: i64) -> rusqlite::Result<OutboxStats> {
     Ok(fold_unsent(
-        sqlite::unsent_groups(conn)?,
-        sqlite::last_sent_at(conn)?,
+        crate::store::sqlite::diagnostics::unsent_groups(conn)?,
+        crate::store::sqlite::diagnostics::last_sent_at(conn)?,
         now_ms,
     ))
 }
@@ -241,7 +241,7 @@ pub fn destination_gauges(
     configured: &[String],
 ) -> rusqlite::Result<Vec<DestinationGauges>> {
     Ok(fold_gauges(
-        sqlite::unsent_groups(conn)?,
+        crate::store::sqlite::diagnostics::unsent_groups(conn)?,
         now_ms,
         configured,
     ))

@@ -4,7 +4,7 @@
 //! blocking pool, and shapes the answer.
 //!
 //! It never writes SQL (that is `queries` over `sqlite` or
-//! `crate::pg::diagnostics`) nor decides a health status (that is `health`).
+//! `crate::store::postgres::diagnostics`) nor decides a health status (that is `health`).
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -33,11 +33,12 @@ use super::{
 };
 use crate::circuit::Circuits;
 use crate::config::Config;
-use crate::db::{self, DbError};
 use crate::liveness::Liveness;
 use crate::metrics::{Gauges, Metrics};
 use crate::outbox::Outbox;
 use crate::store::Database;
+use crate::store::StoreError;
+use crate::store::sqlite as db;
 
 /// Builds a [`Diagnostics`]; see [`Diagnostics::builder`].
 pub struct DiagnosticsBuilder {
@@ -112,8 +113,8 @@ impl DiagnosticsBuilder {
 
     /// Opens the database (creating and migrating it if needed). On
     /// PostgreSQL, an unreachable server or a wrong URL is
-    /// `DbError::Postgres`, naming the host and the cause.
-    pub fn build(self) -> Result<Diagnostics, DbError> {
+    /// `StoreError::Postgres`, naming the host and the cause.
+    pub fn build(self) -> Result<Diagnostics, StoreError> {
         let (conn, ready_conn) = match &self.database {
             Database::Sqlite(path) => {
                 let conn = db::open(path, crate::config::Durability::Normal)?;
@@ -122,7 +123,7 @@ impl DiagnosticsBuilder {
                 let ready_conn = db::open(path, crate::config::Durability::Normal)?;
                 ready_conn
                     .busy_timeout(self.readiness_timeout)
-                    .map_err(|source| DbError::Sqlite {
+                    .map_err(|source| StoreError::Sqlite {
                         path: path.display().to_string(),
                         source,
                     })?;
@@ -130,7 +131,8 @@ impl DiagnosticsBuilder {
             }
             #[cfg(feature = "postgres")]
             Database::Postgres(url) => {
-                let (conn, ready_conn) = crate::pg::diagnostics::open(url, self.readiness_timeout)?;
+                let (conn, ready_conn) =
+                    crate::store::postgres::diagnostics::open(url, self.readiness_timeout)?;
                 (Box::new(conn) as StoreBox, Box::new(ready_conn) as StoreBox)
             }
         };
@@ -192,7 +194,7 @@ impl Diagnostics {
     /// Diagnostics of the service database in PostgreSQL: the same routes
     /// and answers as on SQLite.
     #[cfg(feature = "postgres")]
-    pub fn postgres(url: &crate::pg::PostgresUrl) -> DiagnosticsBuilder {
+    pub fn postgres(url: &crate::store::postgres::PostgresUrl) -> DiagnosticsBuilder {
         Self::builder_for(Database::Postgres(Box::new(url.clone())))
     }
 

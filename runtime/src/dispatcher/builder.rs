@@ -11,13 +11,13 @@ use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{DispatcherHandle, State, records, run, sqlite};
+use super::{DispatcherHandle, State, records, run};
 use crate::config::{Config, Durability};
-use crate::db;
 use crate::liveness::Liveness;
 use crate::outbox::Outbox;
 use crate::responses::ResponseHandler;
 use crate::signing::Secret;
+use crate::store::sqlite as db;
 use crate::store::{Sqlite, Store};
 use crate::transport::Transport;
 
@@ -26,7 +26,7 @@ use crate::transport::Transport;
 #[non_exhaustive]
 pub enum DispatcherError {
     #[error(transparent)]
-    Db(#[from] db::DbError),
+    Db(#[from] crate::store::StoreError),
     #[error("destination `{name}`: {message}")]
     Destination { name: String, message: String },
     /// A generated client sends to a destination that nothing routes.
@@ -55,7 +55,7 @@ type OpenDb<S> = Box<
     dyn FnOnce(
             &Config,
             Vec<Arc<dyn ResponseHandler<S>>>,
-        ) -> Result<Arc<dyn records::DispatchDb>, db::DbError>
+        ) -> Result<Arc<dyn records::DispatchDb>, crate::store::StoreError>
         + Send,
 >;
 
@@ -279,15 +279,15 @@ impl Dispatcher {
                 // NORMAL: only a claim may need an fsync, and it asks for
                 // one itself (see `SqliteDispatch::claim`).
                 let conn = db::open(&path, Durability::Normal)?;
-                let exclusive = sqlite::ExclusiveDispatch::try_acquire(&path);
+                let exclusive =
+                    crate::store::sqlite::dispatch::ExclusiveDispatch::try_acquire(&path);
                 if exclusive.is_some() {
                     let reclaimed =
-                        sqlite::reclaim_abandoned(&conn, db::now_ms()).map_err(|source| {
-                            db::DbError::Sqlite {
+                        crate::store::sqlite::dispatch::reclaim_abandoned(&conn, db::now_ms())
+                            .map_err(|source| crate::store::StoreError::Sqlite {
                                 path: path.display().to_string(),
                                 source,
-                            }
-                        })?;
+                            })?;
                     if reclaimed > 0 {
                         tracing::info!(
                             rows = reclaimed,
@@ -295,12 +295,14 @@ impl Dispatcher {
                         );
                     }
                 }
-                Ok(Arc::new(sqlite::SqliteDispatch::new(
-                    conn,
-                    exclusive,
-                    config.outbox.durability,
-                    responses,
-                )) as Arc<dyn records::DispatchDb>)
+                Ok(
+                    Arc::new(crate::store::sqlite::dispatch::SqliteDispatch::new(
+                        conn,
+                        exclusive,
+                        config.outbox.durability,
+                        responses,
+                    )) as Arc<dyn records::DispatchDb>,
+                )
             }),
         )
     }
@@ -311,15 +313,15 @@ impl Dispatcher {
     #[cfg(feature = "postgres")]
     pub fn postgres(
         outbox: &Outbox,
-        url: &crate::pg::PostgresUrl,
+        url: &crate::store::postgres::PostgresUrl,
     ) -> DispatcherBuilder<crate::store::Postgres> {
         let url = url.clone();
         Self::with_store(
             outbox,
             Box::new(move |_: &Config, responses| {
-                let client = crate::pg::open(&url)?;
-                Ok(Arc::new(crate::pg::PostgresDispatch::new(
-                    crate::pg::Connection::new(url, client),
+                let client = crate::store::postgres::open(&url)?;
+                Ok(Arc::new(crate::store::postgres::PostgresDispatch::new(
+                    crate::store::postgres::Connection::new(url, client),
                     responses,
                 )) as Arc<dyn records::DispatchDb>)
             }),

@@ -29,7 +29,7 @@
 
 mod builder;
 pub(crate) mod records;
-pub(crate) mod sqlite;
+
 mod verdict;
 
 use builder::Resolver;

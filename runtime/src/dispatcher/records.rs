@@ -2,7 +2,7 @@
 //! a claim takes (and which it expires or gives back), and what each
 //! verdict writes to its row. A store supplies the statements
 //! ([`OutboxTx`], one open transaction) and the transactions around them
-//! ([`DispatchDb`]): `sqlite.rs` here, `crate::pg::dispatch` there.
+//! ([`DispatchDb`]): `sqlite.rs` here, `crate::store::postgres::dispatch` there.
 
 use std::time::Duration;
 
@@ -145,7 +145,7 @@ pub(crate) fn claim_in(
     row_budget: usize,
     capacity: usize,
 ) -> Result<(Vec<Group>, u64), String> {
-    let now = crate::db::now_ms();
+    let now = crate::store::now_ms();
     let lease = uuid::Uuid::now_v7().to_string();
     let mut groups = Vec::new();
     let mut expired_total = 0;
@@ -199,7 +199,7 @@ pub(crate) fn record_in(
     attempts: &[(Attempt, Verdict)],
     config: &Config,
 ) -> Result<RecordCounts, String> {
-    let now = crate::db::now_ms();
+    let now = crate::store::now_ms();
     let mut counts = RecordCounts::default();
     let backoff_of = |retry: u32| {
         backoff(

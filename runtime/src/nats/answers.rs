@@ -47,7 +47,7 @@ impl AnswersConsumer {
             service_id,
             destination_url,
             Box::new(move || {
-                let conn = crate::db::open(&path, crate::config::Durability::Full)?;
+                let conn = crate::store::sqlite::open(&path, crate::config::Durability::Full)?;
                 Ok(Arc::new(SqliteAnswers(Mutex::new(conn))) as Arc<dyn AnswerStore<Sqlite>>)
             }),
         )
@@ -60,19 +60,18 @@ impl AnswersConsumer {
     pub fn postgres(
         service_id: &str,
         destination_url: &str,
-        database: &crate::pg::PostgresUrl,
+        database: &crate::store::postgres::PostgresUrl,
     ) -> AnswersBuilder<crate::store::Postgres> {
         let url = database.clone();
         Self::with_store(
             service_id,
             destination_url,
             Box::new(move || {
-                let client = crate::pg::open(&url)?;
-                Ok(
-                    Arc::new(PostgresAnswers(Mutex::new(crate::pg::Connection::new(
-                        url, client,
-                    )))) as Arc<dyn AnswerStore<crate::store::Postgres>>,
-                )
+                let client = crate::store::postgres::open(&url)?;
+                Ok(Arc::new(PostgresAnswers(Mutex::new(
+                    crate::store::postgres::Connection::new(url, client),
+                )))
+                    as Arc<dyn AnswerStore<crate::store::Postgres>>)
             }),
         )
     }
@@ -146,7 +145,8 @@ pub struct AnswersBuilder<S: Store = Sqlite> {
 }
 
 /// Opens the sender's database when the consumer starts.
-type OpenStore<S> = Box<dyn FnOnce() -> Result<Arc<dyn AnswerStore<S>>, crate::db::DbError> + Send>;
+type OpenStore<S> =
+    Box<dyn FnOnce() -> Result<Arc<dyn AnswerStore<S>>, crate::store::StoreError> + Send>;
 
 impl<S: Store> std::fmt::Debug for AnswersBuilder<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -579,7 +579,7 @@ impl AnswerStore<Sqlite> for SqliteAnswers {
                     &format!("{SELECT_ROW}?1 AND seq = ?2"),
                     rusqlite::params![
                         published.message_id,
-                        crate::db::outbox_seq(&published.message_id)
+                        crate::store::sqlite::outbox_seq(&published.message_id)
                     ],
                     |r| {
                         Ok(Row {
@@ -602,10 +602,10 @@ impl AnswerStore<Sqlite> for SqliteAnswers {
                 "UPDATE outbox_messages SET answered_at = ?1, response = ?2 \
                  WHERE message_id = ?3 AND seq = ?4",
                 rusqlite::params![
-                    crate::db::now_ms(),
+                    crate::store::now_ms(),
                     serde_json::to_string(&payload).unwrap_or_default(),
                     published.message_id,
-                    crate::db::outbox_seq(&published.message_id)
+                    crate::store::sqlite::outbox_seq(&published.message_id)
                 ],
             )?;
             if let Err(error) = run_handler(handlers, &row, &published.message_id, &payload, &tx) {
@@ -622,14 +622,18 @@ impl AnswerStore<Sqlite> for SqliteAnswers {
         if let Ok(conn) = self.0.lock() {
             let _ = conn.execute(
                 "UPDATE outbox_messages SET last_error = ?1 WHERE message_id = ?2 AND seq = ?3",
-                rusqlite::params![error, message_id, crate::db::outbox_seq(message_id)],
+                rusqlite::params![
+                    error,
+                    message_id,
+                    crate::store::sqlite::outbox_seq(message_id)
+                ],
             );
         }
     }
 }
 
 #[cfg(feature = "postgres")]
-struct PostgresAnswers(Mutex<crate::pg::Connection>);
+struct PostgresAnswers(Mutex<crate::store::postgres::Connection>);
 
 #[cfg(feature = "postgres")]
 impl AnswerStore<crate::store::Postgres> for PostgresAnswers {
@@ -670,7 +674,7 @@ impl AnswerStore<crate::store::Postgres> for PostgresAnswers {
             tx.execute(
                 "UPDATE outbox_messages SET answered_at = $1, response = $2 WHERE message_id = $3",
                 &[
-                    &crate::db::now_ms(),
+                    &crate::store::now_ms(),
                     &serde_json::to_string(&payload).unwrap_or_default(),
                     &published.message_id,
                 ],
@@ -683,7 +687,7 @@ impl AnswerStore<crate::store::Postgres> for PostgresAnswers {
             tx.commit()?;
             Ok(Recorded::Done)
         })();
-        result.unwrap_or_else(|error| Recorded::Failed(crate::pg::error_text(&error)))
+        result.unwrap_or_else(|error| Recorded::Failed(crate::store::postgres::error_text(&error)))
     }
 
     fn note_failure(&self, message_id: &str, error: &str) {

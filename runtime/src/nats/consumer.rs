@@ -75,7 +75,7 @@ impl JetStreamConsumer {
     pub fn postgres(
         receiver: Receiver,
         nats_url: &str,
-        database: &crate::pg::PostgresUrl,
+        database: &crate::store::postgres::PostgresUrl,
     ) -> ConsumerBuilder {
         Self::with_database(receiver, nats_url, database.into())
     }
@@ -182,15 +182,14 @@ impl ConsumerBuilder {
         })?;
         let terminated = match &self.db {
             crate::Database::Sqlite(path) => Terminated::Sqlite(Arc::new(Mutex::new(
-                crate::db::open(path, crate::config::Durability::Full)?,
+                crate::store::sqlite::open(path, crate::config::Durability::Full)?,
             ))),
             #[cfg(feature = "postgres")]
             crate::Database::Postgres(url) => {
-                let client = crate::pg::open(url)?;
-                Terminated::Postgres(Arc::new(Mutex::new(crate::pg::Connection::new(
-                    (**url).clone(),
-                    client,
-                ))))
+                let client = crate::store::postgres::open(url)?;
+                Terminated::Postgres(Arc::new(Mutex::new(
+                    crate::store::postgres::Connection::new((**url).clone(), client),
+                )))
             }
         };
         let shared = Arc::new(Shared {
@@ -237,7 +236,7 @@ struct Shared {
 enum Terminated {
     Sqlite(Arc<Mutex<rusqlite::Connection>>),
     #[cfg(feature = "postgres")]
-    Postgres(Arc<Mutex<crate::pg::Connection>>),
+    Postgres(Arc<Mutex<crate::store::postgres::Connection>>),
 }
 
 async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
@@ -577,7 +576,7 @@ async fn record_terminated(
     subject: &str,
     error: &str,
 ) -> Result<(), String> {
-    let now = crate::db::now_ms();
+    let now = crate::store::now_ms();
     let terminated = shared.terminated.clone();
     let (stream, message_id, subject, error) = (
         stream.to_owned(),
@@ -615,7 +614,7 @@ async fn record_terminated(
                     ],
                 )
                 .map(|_| ())
-                .map_err(|e| crate::pg::error_text(&e))
+                .map_err(|e| crate::store::postgres::error_text(&e))
         }
     })
     .await

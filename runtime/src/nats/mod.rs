@@ -52,7 +52,7 @@ pub enum NatsError {
     },
     /// The database (terminated messages, answers) cannot be opened.
     #[error(transparent)]
-    Db(#[from] crate::db::DbError),
+    Db(#[from] crate::store::StoreError),
 }
 
 /// The subject of the answers to `sender`'s messages sent to `subject`.

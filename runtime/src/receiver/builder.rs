@@ -13,7 +13,7 @@ use super::*;
 #[non_exhaustive]
 pub enum ReceiverError {
     #[error(transparent)]
-    Database(#[from] crate::db::DbError),
+    Database(#[from] crate::store::StoreError),
     #[error(transparent)]
     Inbox(#[from] crate::inbox::InboxError),
     #[error("secret #{index} of peer `{peer}` is invalid: {source}")]

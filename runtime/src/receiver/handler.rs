@@ -150,7 +150,10 @@ impl From<rusqlite::Error> for HandlerError {
 #[cfg(feature = "postgres")]
 impl From<postgres::Error> for HandlerError {
     fn from(error: postgres::Error) -> Self {
-        HandlerError::Retryable(format!("database: {}", crate::pg::error_text(&error)))
+        HandlerError::Retryable(format!(
+            "database: {}",
+            crate::store::postgres::error_text(&error)
+        ))
     }
 }
 

@@ -151,7 +151,7 @@ impl Receiver {
     /// Starts building a receiver that stores its inbox in the SQLite file
     /// `db_path` (created and migrated if needed; it may be the service's own
     /// database, so handlers write business rows next to the inbox).
-    /// `db_path` may be a SQLite URI filename (see [`crate::db::open`]).
+    /// `db_path` may be a SQLite URI filename (see [`crate::store::sqlite::open`]).
     pub fn builder(config: Config, db_path: impl AsRef<Path>) -> ReceiverBuilder<Sqlite> {
         let path = db_path.as_ref().to_path_buf();
         let shown = path.display().to_string();
@@ -159,14 +159,14 @@ impl Receiver {
             config,
             shown,
             Box::new(move |parts: WriterParts<Sqlite>| {
-                let conn = crate::db::open(&path, parts.durability)?;
+                let conn = crate::store::sqlite::open(&path, parts.durability)?;
                 if let Some(lifecycle) = &parts.lifecycle {
-                    lifecycle
-                        .load_sqlite(&conn)
-                        .map_err(|source| crate::db::DbError::Sqlite {
+                    lifecycle.load_sqlite(&conn).map_err(|source| {
+                        crate::store::StoreError::Sqlite {
                             path: path.display().to_string(),
                             source,
-                        })?;
+                        }
+                    })?;
                 }
                 let reader = InboxReader::open(&path)?;
                 let writer = Writer {
@@ -199,14 +199,16 @@ impl Receiver {
     #[cfg(feature = "postgres")]
     pub fn postgres(
         config: Config,
-        url: &crate::pg::PostgresUrl,
+        url: &crate::store::postgres::PostgresUrl,
         writers: usize,
     ) -> ReceiverBuilder<crate::store::Postgres> {
         let url = url.clone();
         Self::with_store(
             config,
             url.to_string(),
-            Box::new(move |parts| crate::pg::start_receiver(&url, writers.max(1), parts)),
+            Box::new(move |parts| {
+                crate::store::postgres::start_receiver(&url, writers.max(1), parts)
+            }),
         )
     }
 

@@ -24,12 +24,12 @@ use rusqlite::{Connection, Transaction, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, warn};
 
-use crate::db::now_ms;
 use crate::envelope::Envelope;
 use crate::inbox::{self, PayloadDigest, ProcessedMessage};
 use crate::metrics::Metrics;
 use crate::receiver::answer::{Answer, ReceiveError};
 use crate::receiver::handler::{HandlerError, HostedService, IncomingCall};
+use crate::store::now_ms;
 use crate::store::{Sqlite, Store};
 
 /// A verified, routed message waiting for the writer.

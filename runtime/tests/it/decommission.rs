@@ -386,7 +386,7 @@ async fn decommission_and_recommission(store: &TestStore) {
     assert_eq!(health["status"], "warning", "{health}");
 
     // Past their TTL, held rows are not expired by the retention task.
-    let ttl_passed = rfidl_runtime::db::now_ms() - 1;
+    let ttl_passed = rfidl_runtime::store::now_ms() - 1;
     store.execute(&format!(
         "UPDATE outbox_messages SET expires_at = {ttl_passed}"
     ));
@@ -406,7 +406,7 @@ async fn decommission_and_recommission(store: &TestStore) {
     );
     assert_eq!(held_rows(store), 8);
     // (Their TTL clock restarts: give them a live expiry again.)
-    let live = rfidl_runtime::db::now_ms() + 60_000;
+    let live = rfidl_runtime::store::now_ms() + 60_000;
     store.execute(&format!("UPDATE outbox_messages SET expires_at = {live}"));
 
     // Recommission: every held row is delivered, each exactly once.

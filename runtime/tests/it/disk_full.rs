@@ -215,7 +215,7 @@ async fn disk_full_receiver_fills_up_mid_stream() {
 async fn disk_full_outbox_enqueue_and_send_fail_cleanly() {
     let fault = FaultDir::new();
     let uri = fault.db_uri("sender.db");
-    let mut conn = rfidl_runtime::db::open(&uri, Durability::Normal).expect("open");
+    let mut conn = rfidl_runtime::store::sqlite::open(&uri, Durability::Normal).expect("open");
     conn.execute_batch("CREATE TABLE orders (id INTEGER PRIMARY KEY, note TEXT NOT NULL)")
         .expect("business table");
     let outbox = Outbox::new(sender_config(Duration::from_secs(1)), &uri);
@@ -353,11 +353,11 @@ async fn disk_full_dispatcher_recording_loses_nothing() {
     let uri = fault.db_uri("sender.db");
     let mut config = sender_config(Duration::from_millis(20));
     config.outbox.lease_timeout = Duration::from_millis(400);
-    drop(rfidl_runtime::db::open(&uri, Durability::Normal).expect("open"));
+    drop(rfidl_runtime::store::sqlite::open(&uri, Durability::Normal).expect("open"));
     let outbox = Outbox::new(config, &uri);
     let mut ids = Vec::new();
     {
-        let mut conn = rfidl_runtime::db::open(&uri, Durability::Normal).expect("open");
+        let mut conn = rfidl_runtime::store::sqlite::open(&uri, Durability::Normal).expect("open");
         let tx = conn.transaction().expect("tx");
         for amount in 1..=5 {
             let payload = serde_json::json!({"account": "acme", "amount": amount});

@@ -56,7 +56,8 @@ pub(crate) fn message(
 }
 
 pub(crate) fn enqueue(outbox: &Outbox, db: &Path, message: OutgoingMessage) -> Uuid {
-    let mut conn = rfidl_runtime::db::open(db, rfidl_runtime::Durability::Normal).expect("open");
+    let mut conn =
+        rfidl_runtime::store::sqlite::open(db, rfidl_runtime::Durability::Normal).expect("open");
     let tx = conn.transaction().expect("tx");
     let id = outbox.enqueue(&tx, message).expect("enqueue");
     tx.commit().expect("commit");
@@ -206,7 +207,7 @@ async fn a_claim_that_fails_to_commit_after_sending_loses_nothing_and_does_not_l
     let mut config = sender_config(Duration::from_millis(20));
     config.outbox.durability = Durability::Full;
     let outbox = Outbox::new(config, &db);
-    let conn = rfidl_runtime::db::open(&db, Durability::Full).expect("open");
+    let conn = rfidl_runtime::store::sqlite::open(&db, Durability::Full).expect("open");
     // Every claim's commit fails while this trigger exists.
     conn.execute_batch(
         "CREATE TABLE guard_parent (id INTEGER PRIMARY KEY);
@@ -215,7 +216,7 @@ async fn a_claim_that_fails_to_commit_after_sending_loses_nothing_and_does_not_l
          WHEN NEW.status = 'Sending' BEGIN INSERT INTO guard (parent) VALUES (1); END;",
     )
     .expect("trigger");
-    let mut sending = rfidl_runtime::db::open(&db, Durability::Full).expect("open");
+    let mut sending = rfidl_runtime::store::sqlite::open(&db, Durability::Full).expect("open");
     let tx = sending.transaction().expect("tx");
     let id = outbox
         .enqueue(
@@ -428,7 +429,7 @@ async fn an_idle_claim_commits_while_its_request_is_in_flight() {
         )
         .start()
         .expect("dispatcher");
-    let mut sending = rfidl_runtime::db::open(&db, Durability::Full).expect("open");
+    let mut sending = rfidl_runtime::store::sqlite::open(&db, Durability::Full).expect("open");
     let tx = sending.transaction().expect("tx");
     let id = outbox
         .enqueue(
@@ -476,7 +477,7 @@ async fn rows_left_sending_are_reclaimed_at_once_only_when_no_live_dispatcher_ho
         message("ledger", "Credit", json!({"account": "lease", "amount": 1})),
     );
     // What a claimer killed mid-send leaves: `Sending`, due at its lease.
-    let leased_until = rfidl_runtime::db::now_ms() + 600_000;
+    let leased_until = rfidl_runtime::store::now_ms() + 600_000;
     rusqlite::Connection::open(&db)
         .expect("open")
         .execute(

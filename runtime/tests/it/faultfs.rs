@@ -4,7 +4,7 @@
 //! The shim is registered once, under the name [`VFS_NAME`], and never as the
 //! default VFS: a connection uses it only when opened with a URI filename
 //! such as `file:/tmp/x/receiver.db?vfs=rfidl-faultfs` (see
-//! [`FaultDir::db_uri`]; `rfidl_runtime::db::open`, the receiver and the
+//! [`FaultDir::db_uri`]; `rfidl_runtime::store::sqlite::open`, the receiver and the
 //! dispatcher all open URI filenames). It wraps the platform's default VFS
 //! (`sqlite3_vfs_find(NULL)`, the unix VFS): every file it opens embeds the
 //! real VFS's file after a small header, and every I/O method forwards to the

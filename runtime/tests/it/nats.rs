@@ -90,8 +90,9 @@ impl Pair {
 
     /// Enqueues `messages` in one transaction.
     fn enqueue(&self, messages: Vec<OutgoingMessage>) -> Vec<Uuid> {
-        let mut conn = rfidl_runtime::db::open(&self.sender_db, rfidl_runtime::Durability::Normal)
-            .expect("open");
+        let mut conn =
+            rfidl_runtime::store::sqlite::open(&self.sender_db, rfidl_runtime::Durability::Normal)
+                .expect("open");
         let tx = conn.transaction().expect("tx");
         let ids = messages
             .into_iter()
@@ -578,7 +579,8 @@ async fn an_unreachable_broker_is_retried_uncounted_and_shows_in_health() {
     let dispatcher = Dispatcher::builder(&outbox, &db)
         .start()
         .expect("dispatcher");
-    let mut conn = rfidl_runtime::db::open(&db, rfidl_runtime::Durability::Normal).expect("open");
+    let mut conn =
+        rfidl_runtime::store::sqlite::open(&db, rfidl_runtime::Durability::Normal).expect("open");
     let tx = conn.transaction().expect("tx");
     for i in 0..5 {
         outbox
@@ -871,7 +873,7 @@ async fn command_answers_come_back_and_their_handler_runs_once() {
         return;
     };
     let pair = Pair::new(&server);
-    rfidl_runtime::db::open(&pair.sender_db, rfidl_runtime::Durability::Normal)
+    rfidl_runtime::store::sqlite::open(&pair.sender_db, rfidl_runtime::Durability::Normal)
         .expect("open")
         .execute_batch("CREATE TABLE answers (message_id TEXT PRIMARY KEY, balance INTEGER)")
         .expect("answers table");
@@ -1343,7 +1345,7 @@ async fn answers_are_checked_against_the_issued_keys_and_wait_for_them() {
         return;
     };
     let pair = Pair::new(&server);
-    rfidl_runtime::db::open(&pair.sender_db, rfidl_runtime::Durability::Normal)
+    rfidl_runtime::store::sqlite::open(&pair.sender_db, rfidl_runtime::Durability::Normal)
         .expect("open")
         .execute_batch("CREATE TABLE answers (message_id TEXT PRIMARY KEY, balance INTEGER)")
         .expect("answers table");

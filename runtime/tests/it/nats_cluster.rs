@@ -87,7 +87,8 @@ async fn exactly_once_while_a_node_dies(victim: Victim) {
 
     let started = Instant::now();
     let mut conn =
-        rfidl_runtime::db::open(&sender_db, rfidl_runtime::Durability::Normal).expect("open");
+        rfidl_runtime::store::sqlite::open(&sender_db, rfidl_runtime::Durability::Normal)
+            .expect("open");
     for batch in 0..(MESSAGES / 100) {
         let tx = conn.transaction().expect("tx");
         for i in 0..100 {

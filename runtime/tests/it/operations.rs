@@ -12,8 +12,9 @@ use rfidl_runtime::metrics::Metrics;
 use rfidl_runtime::outbox::{Outbox, Status};
 use rfidl_runtime::retention::{self, CleanupReport, Retention};
 use rfidl_runtime::signing::Secret;
+use rfidl_runtime::store::sqlite as db;
 use rfidl_runtime::transport::HttpTransport;
-use rfidl_runtime::{Config, Durability, db};
+use rfidl_runtime::{Config, Durability};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -75,7 +76,7 @@ async fn cleanup_deletes_what_served_its_purpose_and_keeps_what_needs_a_human() 
     let db = dir.path().join("service.db");
     let config = sender_config(Duration::from_secs(60));
     let outbox = Outbox::new(config.clone(), &db);
-    let now = db::now_ms();
+    let now = rfidl_runtime::store::now_ms();
 
     // More old Sent rows than one clean-up batch, so batching is exercised.
     let old_sent = enqueue_many(&outbox, &db, "ledger", 2_500);
@@ -179,8 +180,8 @@ async fn the_retention_task_cleans_on_its_interval_and_counts_what_it_removed() 
     let task = Retention::spawn(config, &db, metrics.clone()).expect("spawn");
     // Written after the first pass ran: a later pass must find them.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    insert_inbox_rows(&db, "expired", 40, db::now_ms() - 1);
-    insert_inbox_rows(&db, "fresh", 2, db::now_ms() + DAY_MS);
+    insert_inbox_rows(&db, "expired", 40, rfidl_runtime::store::now_ms() - 1);
+    insert_inbox_rows(&db, "fresh", 2, rfidl_runtime::store::now_ms() + DAY_MS);
     let deadline = Instant::now() + Duration::from_secs(5);
     // The counter moves right after the delete commits: wait for both (a
     // loaded machine can read between the two).
@@ -422,7 +423,8 @@ async fn a_bulk_retry_puts_back_only_the_matching_messages() {
     };
     let listed = diagnostics::attention_messages(&conn, &filter).expect("list");
     assert_eq!(listed.len(), 2);
-    let retried = diagnostics::retry_matching(&conn, &filter, ttl, db::now_ms()).expect("retry");
+    let retried = diagnostics::retry_matching(&conn, &filter, ttl, rfidl_runtime::store::now_ms())
+        .expect("retry");
     assert_eq!(retried, 2);
     for id in &billing[..2] {
         let row = status_of(&db, id);
@@ -434,7 +436,8 @@ async fn a_bulk_retry_puts_back_only_the_matching_messages() {
     }
     let everything = AttentionFilter::default();
     assert_eq!(
-        diagnostics::retry_matching(&conn, &everything, ttl, db::now_ms()).expect("retry"),
+        diagnostics::retry_matching(&conn, &everything, ttl, rfidl_runtime::store::now_ms())
+            .expect("retry"),
         3
     );
     assert_eq!(status_count(&db, "Pending"), 5);

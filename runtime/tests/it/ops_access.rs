@@ -7,7 +7,8 @@
 use rfidl_runtime::config::Durability;
 use rfidl_runtime::diagnostics::Diagnostics;
 use rfidl_runtime::outbox::{Outbox, OutgoingMessage, Status};
-use rfidl_runtime::{Config, MessageType, db};
+use rfidl_runtime::store::sqlite as db;
+use rfidl_runtime::{Config, MessageType};
 use serde_json::json;
 
 use crate::support::serve;

@@ -5,8 +5,8 @@
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use rfidl_runtime::pg::PostgresUrl;
 use rfidl_runtime::signing::Secret;
+use rfidl_runtime::store::postgres::PostgresUrl;
 use rfidl_runtime::transport::HttpTransport;
 use serde_json::json;
 use uuid::Uuid;
@@ -135,7 +135,7 @@ fn replicas_starting_together_migrate_once() {
             let (url, barrier) = (url.clone(), barrier.clone());
             std::thread::spawn(move || {
                 barrier.wait();
-                rfidl_runtime::pg::open(&url).map(drop)
+                rfidl_runtime::store::postgres::open(&url).map(drop)
             })
         })
         .collect();
@@ -147,7 +147,10 @@ fn replicas_starting_together_migrate_once() {
         .query_one("SELECT version FROM rfidl_schema", &[])
         .expect("version")
         .get(0);
-    assert_eq!(version, rfidl_runtime::pg::MIGRATIONS.len() as i64);
+    assert_eq!(
+        version,
+        rfidl_runtime::store::postgres::MIGRATIONS.len() as i64
+    );
     let rows: i64 = client
         .query_one("SELECT COUNT(*) FROM rfidl_schema", &[])
         .expect("rows")

@@ -564,7 +564,7 @@ fn powerloss_outbox_row_shares_the_fate_of_the_business_row() {
     ] {
         let fault = FaultDir::new();
         let uri = fault.db_uri("sender.db");
-        let mut conn = rfidl_runtime::db::open(&uri, durability).expect("open");
+        let mut conn = rfidl_runtime::store::sqlite::open(&uri, durability).expect("open");
         conn.execute_batch(
             "CREATE TABLE orders (id INTEGER PRIMARY KEY, message_id TEXT NOT NULL)",
         )
@@ -714,7 +714,7 @@ async fn powerloss_sender_normal_never_delivers_a_transaction_it_can_lose() {
                 .await;
         let fault = FaultDir::new();
         let uri = fault.db_uri("sender.db");
-        let mut conn = rfidl_runtime::db::open(&uri, durability).expect("open");
+        let mut conn = rfidl_runtime::store::sqlite::open(&uri, durability).expect("open");
         conn.execute_batch(
             "CREATE TABLE orders (id INTEGER PRIMARY KEY, message_id TEXT NOT NULL)",
         )
@@ -863,7 +863,7 @@ fn outbox_full_refuses_a_transaction_that_is_not_durable_at_commit() {
     let outbox = Outbox::new(config, &path);
     let message =
         || crate::dispatcher::message("ledger", "Credit", serde_json::json!({"amount": 1}));
-    let mut normal = rfidl_runtime::db::open(&path, Durability::Normal).expect("open");
+    let mut normal = rfidl_runtime::store::sqlite::open(&path, Durability::Normal).expect("open");
     let tx = normal.transaction().expect("tx");
     let refused = outbox
         .enqueue(&tx, message())
@@ -885,7 +885,7 @@ fn outbox_full_refuses_a_transaction_that_is_not_durable_at_commit() {
             .expect("count")
     };
     assert_eq!(count(&normal), 0, "a refused enqueue wrote a row");
-    let mut full = rfidl_runtime::db::open(&path, Durability::Full).expect("open");
+    let mut full = rfidl_runtime::store::sqlite::open(&path, Durability::Full).expect("open");
     let tx = full.transaction().expect("tx");
     outbox.enqueue(&tx, message()).expect("a FULL connection");
     tx.commit().expect("commit");

@@ -7,12 +7,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use rfidl_runtime::Durability;
 use rfidl_runtime::diagnostics::Diagnostics;
 use rfidl_runtime::dispatcher::Dispatcher;
 use rfidl_runtime::outbox::{Outbox, Status};
 use rfidl_runtime::signing::Secret;
+use rfidl_runtime::store::sqlite as db;
 use rfidl_runtime::transport::HttpTransport;
-use rfidl_runtime::{Durability, db};
 use serde_json::{Value, json};
 
 use crate::dispatcher::{enqueue, message, sender_config, wait_for};
@@ -88,8 +89,8 @@ async fn metrics_follow_prometheus_conventions_per_destination() {
         "UPDATE outbox_messages SET created_at = ?2, next_retry_at = ?3 WHERE message_id = ?1",
         rusqlite::params![
             later.to_string(),
-            db::now_ms() - 90_000,
-            db::now_ms() + 3_600_000
+            rfidl_runtime::store::now_ms() - 90_000,
+            rfidl_runtime::store::now_ms() + 3_600_000
         ],
     )
     .expect("age the waiting row");

@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use rfidl_runtime::config::Durability;
 use rfidl_runtime::diagnostics::Diagnostics;
 use rfidl_runtime::outbox::{Outbox, OutgoingMessage};
-use rfidl_runtime::{Config, MessageType, db};
+use rfidl_runtime::store::sqlite as db;
+use rfidl_runtime::{Config, MessageType};
 use serde_json::json;
 
 use crate::support::serve;

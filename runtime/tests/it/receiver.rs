@@ -42,7 +42,7 @@ async fn an_answered_effect_is_visible_from_a_fresh_connection() {
     );
     let sync: i64 = rusqlite::Connection::open(&receiver.db)
         .and_then(|c| {
-            rfidl_runtime::db::configure(&c, rfidl_runtime::Durability::Full)?;
+            rfidl_runtime::store::sqlite::configure(&c, rfidl_runtime::Durability::Full)?;
             c.query_row("PRAGMA synchronous", [], |r| r.get(0))
         })
         .expect("pragma");

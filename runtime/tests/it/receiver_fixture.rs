@@ -232,8 +232,8 @@ impl Fixture {
     ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let db_path = dir.path().join("receiver.db");
-        let conn =
-            rfidl_runtime::db::open(&db_path, rfidl_runtime::Durability::Full).expect("open db");
+        let conn = rfidl_runtime::store::sqlite::open(&db_path, rfidl_runtime::Durability::Full)
+            .expect("open db");
         conn.execute_batch(EMPLOYEES_SQLITE)
             .expect("business table");
         drop(conn);

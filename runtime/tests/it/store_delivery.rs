@@ -414,7 +414,7 @@ async fn lease_recovery(store: &TestStore) {
     // A dispatcher claimed the row and died: Sending, lease already expired.
     store.execute(&format!(
         "UPDATE outbox_messages SET status = 'Sending', lease_token = 'crashed', next_retry_at = {}",
-        rfidl_runtime::db::now_ms() - 1
+        rfidl_runtime::store::now_ms() - 1
     ));
     let handle = store
         .dispatcher(&outbox)
@@ -715,7 +715,7 @@ async fn counting_server() -> (String, Deliveries) {
 /// database written by a newer version is refused, untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_start_up_errors_name_the_host_and_the_cause() {
-    use rfidl_runtime::pg::PostgresUrl;
+    use rfidl_runtime::store::postgres::PostgresUrl;
     // Nothing listens on port 9 of loopback.
     let url = PostgresUrl::parse("postgres://app:s3cret@127.0.0.1:9/orders?connect_timeout=2")
         .expect("parses");

@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rfidl_runtime::Config;
-use rfidl_runtime::db::{self, DbError};
 use rfidl_runtime::diagnostics::Diagnostics;
 use rfidl_runtime::metrics::Metrics;
 use rfidl_runtime::outbox::Status;
-use rfidl_runtime::pg::PostgresUrl;
 use rfidl_runtime::signing::Secret;
+use rfidl_runtime::store::StoreError;
+use rfidl_runtime::store::postgres::PostgresUrl;
 use rfidl_runtime::transport::HttpTransport;
 use serde_json::json;
 use uuid::Uuid;
@@ -85,7 +85,7 @@ async fn operator_story(store: &TestStore) {
             message("billing", "Charge", json!({})),
         ],
     );
-    let now = db::now_ms();
+    let now = rfidl_runtime::store::now_ms();
     let set = |id: &Uuid, assignments: &str| {
         store.execute(&format!(
             "UPDATE outbox_messages SET {assignments} WHERE message_id = '{id}'"
@@ -333,7 +333,7 @@ on_every_store!(
 );
 async fn retention_story(store: &TestStore) {
     let outbox = store.outbox(sender_config(Duration::from_secs(60)));
-    let now = db::now_ms();
+    let now = rfidl_runtime::store::now_ms();
     // One group of rows per destination, so the same UPDATE picks each group
     // on both stores. More old Sent rows than one clean-up batch (1000).
     let many = |destination: &str, n: usize| {
@@ -475,7 +475,7 @@ async fn diagnostics_on_an_unreachable_postgresql_is_a_start_up_error_naming_hos
         "{:?}",
         started.elapsed()
     );
-    assert!(matches!(error, DbError::Postgres { .. }), "{error:?}");
+    assert!(matches!(error, StoreError::Postgres { .. }), "{error:?}");
     let text = error.to_string();
     assert!(
         text.contains(&format!("127.0.0.1:{port}/service")),
@@ -592,7 +592,7 @@ async fn postgresql_diagnostics_reconnect_and_readiness_checks_the_schema() {
     assert_eq!(status, 503, "{body}");
     let readiness = json_of(&body);
     assert_eq!(readiness["failed"], json!(["migrations"]), "{body}");
-    let known = rfidl_runtime::pg::MIGRATIONS.len();
+    let known = rfidl_runtime::store::postgres::MIGRATIONS.len();
     assert_eq!(
         readiness["checks"]["migrations"],
         format!("schema version {}, this build needs {known}", known + 1),

@@ -13,11 +13,11 @@ use rfidl_runtime::diagnostics::{Diagnostics, DiagnosticsBuilder};
 use rfidl_runtime::dispatcher::{Dispatcher, DispatcherBuilder, DispatcherError, DispatcherHandle};
 use rfidl_runtime::metrics::Metrics;
 use rfidl_runtime::outbox::{Outbox, OutboxRow, OutgoingMessage, Status};
-use rfidl_runtime::pg::PostgresUrl;
 use rfidl_runtime::receiver::{HostedService, Receiver, ReceiverBuilder, ReceiverError};
 use rfidl_runtime::responses::ResponseHandler;
 use rfidl_runtime::retention::{Retention, RetentionHandle};
 use rfidl_runtime::signing::Secret;
+use rfidl_runtime::store::postgres::PostgresUrl;
 use rfidl_runtime::transport::Transport;
 use rfidl_runtime::{Config, Database, Postgres, Sqlite};
 use uuid::Uuid;
@@ -175,7 +175,8 @@ impl TestStore {
         match self {
             TestStore::Sqlite { path, .. } => {
                 let conn =
-                    rfidl_runtime::db::open(path, rfidl_runtime::Durability::Normal).expect("open");
+                    rfidl_runtime::store::sqlite::open(path, rfidl_runtime::Durability::Normal)
+                        .expect("open");
                 conn.execute_batch(sql).expect("sql");
             }
             TestStore::Postgres { .. } => {
@@ -203,11 +204,12 @@ impl TestStore {
         // part of the runtime opened the database.
         match self {
             TestStore::Sqlite { path, .. } => {
-                rfidl_runtime::db::open(path, rfidl_runtime::Durability::Normal).expect("migrate");
+                rfidl_runtime::store::sqlite::open(path, rfidl_runtime::Durability::Normal)
+                    .expect("migrate");
             }
             TestStore::Postgres { url, .. } => {
                 let url = url.clone();
-                std::thread::spawn(move || rfidl_runtime::pg::open(&url).map(drop))
+                std::thread::spawn(move || rfidl_runtime::store::postgres::open(&url).map(drop))
                     .join()
                     .expect("join")
                     .expect("migrate");
@@ -336,7 +338,8 @@ impl TestStore {
         match self {
             TestStore::Sqlite { path, .. } => {
                 let mut conn =
-                    rfidl_runtime::db::open(path, rfidl_runtime::Durability::Normal).expect("open");
+                    rfidl_runtime::store::sqlite::open(path, rfidl_runtime::Durability::Normal)
+                        .expect("open");
                 let tx = conn.transaction().expect("tx");
                 tx.execute_batch(business_sql).expect("business sql");
                 let id = outbox.enqueue(&tx, message).expect("enqueue");
@@ -371,7 +374,8 @@ impl TestStore {
         match self {
             TestStore::Sqlite { path, .. } => {
                 let mut conn =
-                    rfidl_runtime::db::open(path, rfidl_runtime::Durability::Normal).expect("open");
+                    rfidl_runtime::store::sqlite::open(path, rfidl_runtime::Durability::Normal)
+                        .expect("open");
                 let tx = conn.transaction().expect("tx");
                 let ids = messages
                     .into_iter()

@@ -144,7 +144,8 @@ pub fn receiver_config(secrets: &[&Secret]) -> Config {
 }
 
 pub fn create_ledger_table(db: &Path) {
-    let conn = rfidl_runtime::db::open(db, rfidl_runtime::Durability::Normal).expect("open");
+    let conn =
+        rfidl_runtime::store::sqlite::open(db, rfidl_runtime::Durability::Normal).expect("open");
     conn.execute_batch("CREATE TABLE IF NOT EXISTS ledger (message_id TEXT NOT NULL, account TEXT NOT NULL, amount INTEGER NOT NULL)")
         .expect("ledger table");
 }

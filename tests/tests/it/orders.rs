@@ -95,7 +95,7 @@ async fn a_command_through_generated_code_is_processed_once_and_answered() {
         peers: [("engine".to_owned(), vec![secret.to_whsec()])].into(),
         ..Config::default()
     };
-    rfidl_runtime::db::open(&shop_db, rfidl_runtime::Durability::Full)
+    rfidl_runtime::store::sqlite::open(&shop_db, rfidl_runtime::Durability::Full)
         .expect("open")
         .execute_batch(
             "CREATE TABLE reservations (order_id TEXT, correlation_id TEXT, units INTEGER)",
@@ -132,7 +132,8 @@ async fn a_command_through_generated_code_is_processed_once_and_answered() {
     let outbox = Outbox::new(engine_config, &engine_db);
     let client = ServiceClient::new(outbox.clone(), "shop");
     let mut conn =
-        rfidl_runtime::db::open(&engine_db, rfidl_runtime::Durability::Normal).expect("open");
+        rfidl_runtime::store::sqlite::open(&engine_db, rfidl_runtime::Durability::Normal)
+            .expect("open");
     conn.execute_batch("CREATE TABLE fulfilments (order_id TEXT PRIMARY KEY)")
         .expect("table");
     let order_id = Uuid::now_v7();

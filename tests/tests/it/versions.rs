@@ -107,7 +107,7 @@ async fn v1_and_v2_side_by_side_with_strict_decoding_and_tolerant_fingerprints()
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("engine.db");
     let secret = Secret::generate();
-    rfidl_runtime::db::open(&db, rfidl_runtime::Durability::Full)
+    rfidl_runtime::store::sqlite::open(&db, rfidl_runtime::Durability::Full)
         .expect("open")
         .execute_batch("CREATE TABLE hires (employee_id TEXT, version INTEGER)")
         .expect("table");

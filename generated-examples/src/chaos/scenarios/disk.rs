@@ -207,7 +207,7 @@ pub(crate) fn make_newer(path: &Path) -> anyhow::Result<()> {
 
 pub(crate) fn make_garbage(path: &Path) -> anyhow::Result<()> {
     {
-        let conn = rfidl_runtime::db::open(path, rfidl_runtime::Durability::Normal)?;
+        let conn = rfidl_runtime::store::sqlite::open(path, rfidl_runtime::Durability::Normal)?;
         conn.execute_batch(
             "CREATE TABLE filler (id INTEGER PRIMARY KEY, text TEXT NOT NULL);
              CREATE INDEX filler_text ON filler (text);

@@ -9,25 +9,20 @@
 //! indexable, and compared without parsing.
 //!
 //! One file per job: `connection` (open and pragmas), `migrations` (the
-//! schema as data), `preflight` (the checks before a write), `error`.
+//! schema as data), `preflight` (the checks before a write), `dispatch`
+//! (claims, results, leases), `diagnostics` (the operators' queries).
 
 mod connection;
-mod error;
+pub(crate) mod diagnostics;
+pub(crate) mod dispatch;
 mod migrations;
 mod preflight;
 #[cfg(test)]
 mod tests;
 
 pub use connection::{BUSY_TIMEOUT, configure, open};
-pub use error::DbError;
 pub use migrations::MIGRATIONS;
 pub(crate) use migrations::{attention, outbox_seq};
 pub use preflight::preflight;
 
-/// Milliseconds since the Unix epoch, the unit of every stored time.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub(crate) use super::now_ms;

@@ -19,9 +19,9 @@ use postgres::types::{ToSql, Type};
 use postgres::{Client, NoTls};
 
 use super::{Connection, PostgresUrl, error_text};
-use crate::db::DbError;
 use crate::diagnostics::{AttentionRow, DiagnosticsError, DiagnosticsStore, UnsentGroup};
 use crate::outbox::Status;
+use crate::store::StoreError;
 
 /// One connection of the diagnostics routes.
 pub(crate) struct PostgresDiagnostics {
@@ -34,11 +34,11 @@ pub(crate) struct PostgresDiagnostics {
 
 /// Connects (and migrates), for [`crate::diagnostics::DiagnosticsBuilder::build`]:
 /// the routes' connection and the readiness probe's. A wrong URL or an
-/// unreachable server is [`DbError::Postgres`] naming host and cause.
+/// unreachable server is [`StoreError::Postgres`] naming host and cause.
 pub(crate) fn open(
     url: &PostgresUrl,
     readiness_timeout: Duration,
-) -> Result<(PostgresDiagnostics, PostgresDiagnostics), DbError> {
+) -> Result<(PostgresDiagnostics, PostgresDiagnostics), StoreError> {
     let client = super::open(url)?;
     let routes = PostgresDiagnostics {
         url: url.clone(),
@@ -55,7 +55,7 @@ pub(crate) fn open(
     };
     // Connected now, so a server that takes the routes' connection but not
     // a second one is a start-up error too.
-    probe.connect().map_err(|cause| DbError::Postgres {
+    probe.connect().map_err(|cause| StoreError::Postgres {
         target: url.target(),
         cause,
     })?;

@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
+use super::MIGRATIONS;
 use super::migrations::migrate;
 use super::preflight::preflight_once;
-use super::{DbError, MIGRATIONS};
 use crate::config::Durability;
+use crate::store::StoreError;
 
 /// How long a statement waits for another connection's lock before `SQLITE_BUSY`.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -30,10 +31,10 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// fault-injecting one this way). Every connection the runtime opens on a
 /// path it was given (receiver, inbox reader, outbox, dispatcher, retention,
 /// diagnostics) accepts the same URI.
-pub fn open(path: impl AsRef<Path>, durability: Durability) -> Result<Connection, DbError> {
+pub fn open(path: impl AsRef<Path>, durability: Durability) -> Result<Connection, StoreError> {
     let path = path.as_ref();
     let shown = path.display().to_string();
-    let wrap = |source| DbError::Sqlite {
+    let wrap = |source| StoreError::Sqlite {
         path: shown.clone(),
         source,
     };

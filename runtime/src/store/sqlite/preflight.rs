@@ -8,7 +8,8 @@ use std::path::Path;
 
 use rusqlite::Connection;
 
-use super::{BUSY_TIMEOUT, DbError};
+use super::BUSY_TIMEOUT;
+use crate::store::StoreError;
 
 /// Checks an existing database file before anything may write to it, through
 /// a read-only connection: its schema version must be one this build knows
@@ -18,13 +19,13 @@ use super::{BUSY_TIMEOUT, DbError};
 /// created). The file is never changed, whatever the outcome: setting
 /// `journal_mode=WAL` rewrites the header of a rollback-journal database, so
 /// it must not run before this check.
-pub fn preflight(path: &Path, supported: i64) -> Result<(), DbError> {
+pub fn preflight(path: &Path, supported: i64) -> Result<(), StoreError> {
     use rusqlite::OpenFlags;
     let shown = path.display().to_string();
     if std::fs::metadata(file_of(path)).map_or(true, |m| m.len() == 0) {
         return Ok(());
     }
-    let corrupt = |detail: String| DbError::Corrupt {
+    let corrupt = |detail: String| StoreError::Corrupt {
         path: shown.clone(),
         detail,
     };
@@ -34,12 +35,12 @@ pub fn preflight(path: &Path, supported: i64) -> Result<(), DbError> {
             | OpenFlags::SQLITE_OPEN_NO_MUTEX
             | OpenFlags::SQLITE_OPEN_URI,
     )
-    .map_err(|source| DbError::Sqlite {
+    .map_err(|source| StoreError::Sqlite {
         path: shown.clone(),
         source,
     })?;
     conn.busy_timeout(BUSY_TIMEOUT)
-        .map_err(|source| DbError::Sqlite {
+        .map_err(|source| StoreError::Sqlite {
             path: shown.clone(),
             source,
         })?;
@@ -47,7 +48,7 @@ pub fn preflight(path: &Path, supported: i64) -> Result<(), DbError> {
         .query_row("PRAGMA user_version", [], |row| row.get(0))
         .map_err(|e| classify_open_error(e, &shown))?;
     if found > supported {
-        return Err(DbError::TooNew {
+        return Err(StoreError::TooNew {
             path: shown,
             found,
             supported,
@@ -68,14 +69,14 @@ pub fn preflight(path: &Path, supported: i64) -> Result<(), DbError> {
 
 /// A read error of the pre-flight check: damage, or something else (locked,
 /// permissions) that is reported as it is.
-fn classify_open_error(error: rusqlite::Error, shown: &str) -> DbError {
+fn classify_open_error(error: rusqlite::Error, shown: &str) -> StoreError {
     use rusqlite::ffi::ErrorCode;
     match error.sqlite_error_code() {
-        Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => DbError::Corrupt {
+        Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => StoreError::Corrupt {
             path: shown.to_owned(),
             detail: error.to_string(),
         },
-        _ => DbError::Sqlite {
+        _ => StoreError::Sqlite {
             path: shown.to_owned(),
             source: error,
         },
@@ -121,7 +122,7 @@ pub(super) fn file_of(path: &Path) -> std::path::PathBuf {
 /// [`preflight`] once per file and process: the runtime opens several
 /// connections to one file (writer, dispatcher, readers), and the check
 /// reads the whole file.
-pub(super) fn preflight_once(path: &Path, supported: i64) -> Result<(), DbError> {
+pub(super) fn preflight_once(path: &Path, supported: i64) -> Result<(), StoreError> {
     use std::collections::HashSet;
     use std::sync::{Mutex, OnceLock};
     static CHECKED: OnceLock<Mutex<HashSet<std::path::PathBuf>>> = OnceLock::new();

@@ -9,12 +9,14 @@ use rusqlite::{Connection, OptionalExtension as _, params};
 
 use crate::circuit::Admission;
 use crate::config::{Config, Durability};
-use crate::db;
 use crate::responses::ResponseHandler;
 use crate::store::Sqlite;
+use crate::store::sqlite as db;
 
-use super::records::{self, ClaimCommit, ClaimSender, DispatchDb, OutboxTx, RecordCounts};
-use super::{Attempt, Claimed, Group, Verdict};
+use crate::dispatcher::records::{
+    self, ClaimCommit, ClaimSender, DispatchDb, OutboxTx, RecordCounts,
+};
+use crate::dispatcher::{Attempt, Claimed, Group, Verdict};
 
 /// Held for the life of a dispatcher on one SQLite file: an exclusive
 /// `flock` on `<db>.dispatcher-lock`, which the kernel releases when the

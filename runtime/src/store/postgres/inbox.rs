@@ -113,7 +113,7 @@ pub(crate) fn start_receiver(
     let mut client = super::open(url)?;
     if let Some(lifecycle) = &parts.lifecycle {
         let rows = super::off_runtime(|| crate::lifecycle::read_postgres(&mut client)).map_err(
-            |error| crate::db::DbError::Postgres {
+            |error| crate::store::StoreError::Postgres {
                 target: url.target(),
                 cause: super::error_text(&error),
             },
@@ -217,7 +217,7 @@ impl PostgresWriter {
                 return;
             }
         };
-        let now = crate::db::now_ms();
+        let now = crate::store::now_ms();
         let expires_at = now.saturating_add(self.retention_ms);
         let mut answers = Vec::with_capacity(count);
         let mut lost: Option<String> = None;

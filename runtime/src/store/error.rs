@@ -1,10 +1,10 @@
-//! [`DbError`]: why a service database could not be opened, migrated or
+//! [`StoreError`]: why a service database could not be opened, migrated or
 //! trusted. Data only; it never retries or repairs anything.
 
 /// Errors opening or migrating a database.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum DbError {
+pub enum StoreError {
     #[error("database {path}: {source}")]
     Sqlite {
         path: String,

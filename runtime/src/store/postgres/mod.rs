@@ -32,9 +32,9 @@ use postgres::{Client, NoTls};
 use uuid::Uuid;
 
 use crate::config::Config;
-use crate::db::DbError;
 use crate::outbox::{OutboxError, OutgoingMessage};
 use crate::store::DatabaseError;
+use crate::store::StoreError;
 
 /// A PostgreSQL connection URL (`postgres://user:password@host:port/db`).
 /// Its `Display` and `Debug` forms hide the password.
@@ -125,11 +125,11 @@ impl PostgresUrl {
     /// Opens a connection (no TLS: reach the database over a private
     /// network, a unix socket or a TLS-terminating proxy). May be called on
     /// an async executor (it then connects on a thread of its own).
-    pub fn connect(&self) -> Result<Client, DbError> {
+    pub fn connect(&self) -> Result<Client, StoreError> {
         off_runtime(|| {
             self.config
                 .connect(NoTls)
-                .map_err(|error| DbError::Postgres {
+                .map_err(|error| StoreError::Postgres {
                     target: self.target(),
                     cause: format!("cannot connect: {}", error_text(&error)),
                 })
@@ -242,7 +242,7 @@ const MIGRATION_LOCK: i64 = 0x7266_6964_6c2d_6d69;
 
 /// Connects and migrates: the start-up of every part on PostgreSQL. May be
 /// called on an async executor.
-pub fn open(url: &PostgresUrl) -> Result<Client, DbError> {
+pub fn open(url: &PostgresUrl) -> Result<Client, StoreError> {
     off_runtime(|| {
         let mut client = url.connect()?;
         migrate(&mut client, url, MIGRATIONS)?;
@@ -269,8 +269,8 @@ pub(crate) fn migrate(
     client: &mut Client,
     url: &PostgresUrl,
     migrations: &[&str],
-) -> Result<(), DbError> {
-    let wrap = |error: postgres::Error| DbError::Postgres {
+) -> Result<(), StoreError> {
+    let wrap = |error: postgres::Error| StoreError::Postgres {
         target: url.target(),
         cause: error_text(&error),
     };
@@ -290,7 +290,7 @@ pub(crate) fn migrate(
         .map(|row| row.get(0))
         .unwrap_or(0);
     if found > supported {
-        return Err(DbError::TooNew {
+        return Err(StoreError::TooNew {
             path: url.target(),
             found,
             supported,
@@ -360,7 +360,7 @@ pub(crate) fn insert_outbox(
     message: &OutgoingMessage,
 ) -> Result<Uuid, OutboxError> {
     let id = Uuid::now_v7();
-    let now = crate::db::now_ms();
+    let now = crate::store::now_ms();
     let ttl = message.ttl.unwrap_or(config.outbox.ttl);
     let max_retries = i64::from(message.max_retries.unwrap_or(config.outbox.max_retries));
     let (payload, headers) = (

@@ -5,11 +5,11 @@
 //!
 //! Never edits a released script (a change is a new entry at the end) and
 //! never migrates a database written by a newer schema: that is refused as
-//! [`DbError::TooNew`].
+//! [`StoreError::TooNew`].
 
 use rusqlite::Connection;
 
-use super::DbError;
+use crate::store::StoreError;
 
 /// The rows that need a human (`Failed`, `DeadLetter`, `Expired`), written
 /// as the `outbox_attention` index's predicate: SQLite uses a partial index
@@ -355,8 +355,8 @@ pub(crate) fn outbox_seq(message_id: &str) -> Option<i64> {
 
 /// Runs the scripts `conn` has not run yet, in one transaction; a newer
 /// schema than this build knows is refused untouched.
-pub(super) fn migrate(conn: &mut Connection, shown: &str) -> Result<(), DbError> {
-    let wrap = |source| DbError::Sqlite {
+pub(super) fn migrate(conn: &mut Connection, shown: &str) -> Result<(), StoreError> {
+    let wrap = |source| StoreError::Sqlite {
         path: shown.to_owned(),
         source,
     };
@@ -368,7 +368,7 @@ pub(super) fn migrate(conn: &mut Connection, shown: &str) -> Result<(), DbError>
         .query_row("PRAGMA user_version", [], |row| row.get(0))
         .map_err(wrap)?;
     if found > supported {
-        return Err(DbError::TooNew {
+        return Err(StoreError::TooNew {
             path: shown.to_owned(),
             found,
             supported,

@@ -12,9 +12,11 @@ use std::collections::BTreeMap;
 
 use rusqlite::{Connection, OptionalExtension as _, params};
 
-use super::{AttentionRow, DECOMMISSIONED_SQL, DiagnosticsError, DiagnosticsStore, UnsentGroup};
-use crate::db;
+use crate::diagnostics::{
+    AttentionRow, DECOMMISSIONED_SQL, DiagnosticsError, DiagnosticsStore, UnsentGroup,
+};
 use crate::outbox::Status;
+use crate::store::sqlite as db;
 
 /// The database part of readiness: a write transaction can start (nobody
 /// holds the write lock past `conn`'s busy timeout, the file is writable)
@@ -40,7 +42,7 @@ pub fn database_checks(conn: &Connection) -> BTreeMap<String, String> {
     checks
 }
 
-pub(super) fn unsent_groups(conn: &Connection) -> rusqlite::Result<Vec<UnsentGroup>> {
+pub(crate) fn unsent_groups(conn: &Connection) -> rusqlite::Result<Vec<UnsentGroup>> {
     let mut groups = Vec::new();
     for sql in [
         "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
@@ -48,7 +50,7 @@ pub(super) fn unsent_groups(conn: &Connection) -> rusqlite::Result<Vec<UnsentGro
         concat!(
             "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
          WHERE ",
-            crate::db::attention!(),
+            crate::store::sqlite::attention!(),
             " GROUP BY destination, status"
         ),
     ] {
@@ -71,12 +73,12 @@ pub(super) fn unsent_groups(conn: &Connection) -> rusqlite::Result<Vec<UnsentGro
 }
 
 /// One look-up at the end of `outbox_sent`, not a scan.
-pub(super) fn last_sent_at(conn: &Connection) -> rusqlite::Result<Option<i64>> {
+pub(crate) fn last_sent_at(conn: &Connection) -> rusqlite::Result<Option<i64>> {
     conn.prepare_cached("SELECT MAX(sent_at) FROM outbox_messages WHERE status = 'Sent'")?
         .query_row([], |row| row.get(0))
 }
 
-pub(super) fn sent_count(conn: &Connection) -> rusqlite::Result<u64> {
+pub(crate) fn sent_count(conn: &Connection) -> rusqlite::Result<u64> {
     let sent: i64 = conn
         .prepare_cached("SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'")?
         .query_row([], |row| row.get(0))?;
@@ -118,7 +120,7 @@ impl DiagnosticsStore for Connection {
                     created_at, last_attempt_at, expires_at \
              FROM outbox_messages \
              WHERE ",
-            crate::db::attention!(),
+            crate::store::sqlite::attention!(),
             " \
                AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2) \
              ORDER BY created_at LIMIT +?3"
@@ -159,14 +161,14 @@ impl DiagnosticsStore for Connection {
                  SET status = 'Pending', retry_count = 0, next_retry_at = ?2, \
                      lease_token = NULL, expires_at = MAX(expires_at, ?3) \
                  WHERE message_id = ?1 AND seq = ?4 AND ",
-                crate::db::attention!(),
+                crate::store::sqlite::attention!(),
                 ""
             ))?
             .execute(params![
                 message_id,
                 now_ms,
                 renew_until_ms,
-                crate::db::outbox_seq(message_id)
+                crate::store::sqlite::outbox_seq(message_id)
             ])?)
     }
 
@@ -174,7 +176,7 @@ impl DiagnosticsStore for Connection {
         Ok(self
             .query_row(
                 "SELECT status FROM outbox_messages WHERE message_id = ?1 AND seq = ?2",
-                params![message_id, crate::db::outbox_seq(message_id)],
+                params![message_id, crate::store::sqlite::outbox_seq(message_id)],
                 |row| row.get(0),
             )
             .optional()?)
@@ -193,7 +195,7 @@ impl DiagnosticsStore for Connection {
                  SET status = 'Pending', retry_count = 0, next_retry_at = ?3, \
                      lease_token = NULL, expires_at = MAX(expires_at, ?4) \
                  WHERE ",
-                crate::db::attention!(),
+                crate::store::sqlite::attention!(),
                 " \
                    AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2)"
             ))?
@@ -216,7 +218,7 @@ impl DiagnosticsStore for Connection {
             .prepare_cached(concat!(
                 "SELECT COUNT(*) FROM outbox_messages \
                  WHERE ",
-                crate::db::attention!(),
+                crate::store::sqlite::attention!(),
                 " AND created_at < ?4 \
                    AND (?1 IS NULL OR message_id = ?1) AND (?2 IS NULL OR status = ?2) \
                    AND (?3 IS NULL OR destination = ?3)"

@@ -22,6 +22,14 @@
 //! Where the database is: [`Database`], parsed from a file path or a
 //! `postgres://` URL.
 
+mod error;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
+pub mod sqlite;
+
+pub use error::StoreError;
+
 use std::path::{Path, PathBuf};
 
 use uuid::Uuid;
@@ -39,7 +47,7 @@ mod sealed {
 /// [`Postgres`].
 pub trait Store: sealed::Sealed + Send + Sync + 'static {
     /// The open transaction that handlers write through and clients enqueue
-    /// in: `&'a rusqlite::Transaction<'c>` or `&'a mut postgres::Transaction<'c>`.
+    /// in: `&'a rusqlite::Transaction<'c>` or `&'a mut ::postgres::Transaction<'c>`.
     type Handle<'a, 'c: 'a>;
 
     /// The store's name, as shown in diagnostics (`sqlite`, `postgres`).
@@ -90,7 +98,7 @@ pub enum Postgres {}
 
 #[cfg(feature = "postgres")]
 impl Store for Postgres {
-    type Handle<'a, 'c: 'a> = &'a mut postgres::Transaction<'c>;
+    type Handle<'a, 'c: 'a> = &'a mut ::postgres::Transaction<'c>;
     const NAME: &'static str = "postgres";
 
     fn reborrow<'s, 'a: 's, 'c: 'a>(handle: &'s mut Self::Handle<'a, 'c>) -> Self::Handle<'s, 'c> {
@@ -115,7 +123,7 @@ pub enum Database {
     /// A PostgreSQL connection URL,
     /// `postgres://user:password@host:port/database[?options]`.
     #[cfg(feature = "postgres")]
-    Postgres(Box<crate::pg::PostgresUrl>),
+    Postgres(Box<crate::store::postgres::PostgresUrl>),
 }
 
 impl std::fmt::Debug for Database {
@@ -160,7 +168,7 @@ impl Database {
         let lower = text.to_ascii_lowercase();
         if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
             #[cfg(feature = "postgres")]
-            return crate::pg::PostgresUrl::parse(text)
+            return crate::store::postgres::PostgresUrl::parse(text)
                 .map(|url| Database::Postgres(Box::new(url)));
             #[cfg(not(feature = "postgres"))]
             return Err(DatabaseError::PostgresNotBuilt(
@@ -196,15 +204,15 @@ impl From<PathBuf> for Database {
 }
 
 #[cfg(feature = "postgres")]
-impl From<crate::pg::PostgresUrl> for Database {
-    fn from(url: crate::pg::PostgresUrl) -> Self {
+impl From<crate::store::postgres::PostgresUrl> for Database {
+    fn from(url: crate::store::postgres::PostgresUrl) -> Self {
         Database::Postgres(Box::new(url))
     }
 }
 
 #[cfg(feature = "postgres")]
-impl From<&crate::pg::PostgresUrl> for Database {
-    fn from(url: &crate::pg::PostgresUrl) -> Self {
+impl From<&crate::store::postgres::PostgresUrl> for Database {
+    fn from(url: &crate::store::postgres::PostgresUrl) -> Self {
         Database::Postgres(Box::new(url.clone()))
     }
 }
@@ -213,4 +221,12 @@ impl From<&Path> for Database {
     fn from(path: &Path) -> Self {
         Database::Sqlite(path.to_path_buf())
     }
+}
+
+/// Milliseconds since the Unix epoch, the unit of every stored time.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }

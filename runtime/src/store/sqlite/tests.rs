@@ -10,6 +10,7 @@ use super::migrations::{hex_digit_sql, outbox_seq_sql, uuid_glob};
 use super::preflight::file_of;
 use super::*;
 use crate::config::Durability;
+use crate::store::StoreError;
 
 #[test]
 fn creates_schema_and_refuses_newer_versions() {
@@ -27,7 +28,7 @@ fn creates_schema_and_refuses_newer_versions() {
     conn.pragma_update(None, "user_version", 99).expect("bump");
     drop(conn);
     match open(&path, Durability::Full) {
-        Err(DbError::TooNew { found: 99, .. }) => {}
+        Err(StoreError::TooNew { found: 99, .. }) => {}
         other => panic!("expected TooNew, got {other:?}"),
     }
 }
@@ -393,8 +394,12 @@ fn migration_6_keeps_every_row_findable_and_dispatchable() {
 
     // The dispatcher claims the Pending rows and the Sending row whose
     // lease ran out (not the others), and records them Sent.
-    let dispatch =
-        crate::dispatcher::sqlite::SqliteDispatch::new(conn, None, Durability::Normal, Vec::new());
+    let dispatch = crate::store::sqlite::dispatch::SqliteDispatch::new(
+        conn,
+        None,
+        Durability::Normal,
+        Vec::new(),
+    );
     let (claimed, result) = tokio::sync::oneshot::channel();
     dispatch.claim(
         &[("peer".to_owned(), Admission::Closed { batch_limit: 50 })],
@@ -462,7 +467,7 @@ fn a_newer_rollback_journal_database_is_refused_unchanged() {
     }
     let before = sha256_of(&path);
     match open(&path, Durability::Full) {
-        Err(error @ DbError::TooNew { found, .. }) if found == newer => {
+        Err(error @ StoreError::TooNew { found, .. }) if found == newer => {
             assert!(
                 error.to_string().contains("refusing to touch it"),
                 "{error}"
@@ -514,7 +519,7 @@ fn garbage_in_the_middle_of_a_database_is_refused_unchanged() {
     }
     let before = sha256_of(&path);
     match preflight(&path, MIGRATIONS.len() as i64) {
-        Err(error @ DbError::Corrupt { .. }) => {
+        Err(error @ StoreError::Corrupt { .. }) => {
             assert!(error.to_string().contains("damaged"), "{error}");
         }
         other => panic!("expected Corrupt, got {other:?}"),
@@ -546,7 +551,7 @@ fn uri_filenames_are_opened_and_preflighted_like_paths() {
     std::fs::write(&notes, vec![b'x'; 4096]).expect("write");
     assert!(matches!(
         open(uri(&notes), Durability::Normal),
-        Err(DbError::Corrupt { .. })
+        Err(StoreError::Corrupt { .. })
     ));
 }
 
@@ -558,7 +563,7 @@ fn a_file_that_is_not_a_database_is_refused_unchanged() {
     let before = sha256_of(&path);
     assert!(matches!(
         open(&path, Durability::Normal),
-        Err(DbError::Corrupt { .. })
+        Err(StoreError::Corrupt { .. })
     ));
     assert_eq!(sha256_of(&path), before);
 }
