@@ -102,7 +102,7 @@ impl CommandSender {
         let timeout = config.outbox.request_timeout;
         let outbox = Outbox::new(config, db);
         let routes: Mutex<HashMap<String, Route>> = Mutex::new(HashMap::new());
-        let dispatcher = Dispatcher::builder(&outbox, db)
+        let dispatcher = Dispatcher::builder(&outbox)
             .route_by(move |base_url| {
                 let mut routes = routes.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(route) = routes.get(base_url) {

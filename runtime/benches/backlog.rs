@@ -119,9 +119,7 @@ fn main() {
         );
         let outbox = Outbox::new(sender, &sender_db);
         let started = Instant::now();
-        let dispatcher = Dispatcher::builder(&outbox, &sender_db)
-            .start()
-            .expect("dispatcher");
+        let dispatcher = Dispatcher::builder(&outbox).start().expect("dispatcher");
         let mut samples = Vec::new();
         loop {
             tokio::time::sleep(Duration::from_secs(1)).await;

@@ -371,12 +371,8 @@ mod postgres {
         rate(ROWS, started.elapsed())
     }
 
-    fn outbox(url: &PostgresUrl, config: Config) -> Outbox {
-        Outbox::with_database(
-            config,
-            rfidl_runtime::Database::parse(url.as_str()).expect("database"),
-            Arc::default(),
-        )
+    fn outbox(url: &PostgresUrl, config: Config) -> Outbox<rfidl_runtime::Postgres> {
+        Outbox::with_metrics(config, url, Arc::default())
     }
 
     fn enqueue_rate(url: &PostgresUrl) -> f64 {
@@ -386,7 +382,7 @@ mod postgres {
         for n in 0..ROWS {
             let mut tx = client.transaction().expect("tx");
             outbox
-                .enqueue_postgres(&mut tx, message("peer", n))
+                .enqueue(&mut tx, message("peer", n))
                 .expect("enqueue");
             tx.commit().expect("commit");
         }
@@ -414,7 +410,7 @@ mod postgres {
     }
 
     struct PgPair {
-        outbox: Outbox,
+        outbox: Outbox<rfidl_runtime::Postgres>,
         sender: PostgresUrl,
         receiver: PostgresUrl,
         effects: Arc<Mutex<Vec<Instant>>>,
@@ -433,7 +429,8 @@ mod postgres {
         };
         config.peers.insert("bench".into(), vec![secret.to_whsec()]);
         let effects = Arc::new(Mutex::new(Vec::new()));
-        let receiver = Receiver::postgres(config, &receiver_url, WRITERS)
+        let receiver = Receiver::builder(config, &receiver_url)
+            .writers(WRITERS)
             .service(Ledger {
                 effects: Some(effects.clone()),
             })
@@ -484,13 +481,13 @@ mod postgres {
         let mut tx = client.transaction().expect("tx");
         for n in 0..DELIVERIES {
             pair.outbox
-                .enqueue_postgres(&mut tx, message("ledger", n))
+                .enqueue(&mut tx, message("ledger", n))
                 .expect("enqueue");
         }
         tx.commit().expect("commit");
         let started = Instant::now();
         let dispatcher = runtime.block_on(async {
-            Dispatcher::postgres(&pair.outbox, &pair.sender)
+            Dispatcher::builder(&pair.outbox)
                 .start()
                 .expect("dispatcher")
         });
@@ -556,7 +553,7 @@ mod postgres {
     fn commit_to_effect(runtime: &tokio::runtime::Runtime, server: &str) -> (f64, f64) {
         let pair = pair(runtime, server, "e");
         let dispatcher = runtime.block_on(async {
-            Dispatcher::postgres(&pair.outbox, &pair.sender)
+            Dispatcher::builder(&pair.outbox)
                 .start()
                 .expect("dispatcher")
         });
@@ -566,7 +563,7 @@ mod postgres {
             let before = pair.effects.lock().expect("lock").len();
             let mut tx = client.transaction().expect("tx");
             pair.outbox
-                .enqueue_postgres(&mut tx, message("ledger", n))
+                .enqueue(&mut tx, message("ledger", n))
                 .expect("enqueue");
             tx.commit().expect("commit");
             let committed = Instant::now();

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use rfidl_runtime::config::{Config, Durability};
 use rfidl_runtime::diagnostics::{self, AttentionFilter};
-use rfidl_runtime::retention;
 use rfidl_runtime::store::sqlite as db;
 
 const SENT_ROWS: i64 = 1_000_000;
@@ -80,7 +79,7 @@ fn main() {
     let config = Config::default();
     let later = now + 8 * DAY_MS;
     let started = Instant::now();
-    let report_ = retention::cleanup(&conn, &config, later).expect("cleanup");
+    let report_ = db::cleanup(&conn, &config, later).expect("cleanup");
     let elapsed = started.elapsed().as_secs_f64();
     assert_eq!(report_.sent_deleted as i64, SENT_ROWS);
     assert_eq!(report_.inbox_deleted as i64, INBOX_ROWS);

@@ -12,21 +12,20 @@
 //! rows written by other processes.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rusqlite::{Transaction, params};
 use tokio::sync::Notify;
 use tracing::Instrument as _;
 use uuid::Uuid;
 
-use crate::config::{Config, Durability};
+use crate::config::Config;
 use crate::envelope::MessageType;
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
-use crate::store::Database;
 use crate::store::sqlite as db;
+use crate::store::{Database, Location, Sqlite, Store};
 
 /// A message to send, as generated clients build it.
 #[derive(Debug, Clone, PartialEq)]
@@ -77,15 +76,29 @@ pub enum OutboxError {
     #[error(
         "outbox.durability is `full`, but this transaction's connection commits with \
          PRAGMA synchronous={found} (not durable at commit): open it with `Durability::Full` \
-         (`rfidl_runtime::db::open(path, Durability::Full)`) or set `outbox.durability: normal`"
+         (`rfidl_runtime::store::sqlite::open(path, Durability::Full)`) or set `outbox.durability: normal`"
     )]
     NotDurable { found: &'static str },
 }
 
-/// A handle to write messages. Cheap to clone.
-#[derive(Clone)]
-pub struct Outbox {
+/// A handle to write messages to the outbox of one database. Cheap to clone.
+///
+/// Typed by its store, which the database given to [`Outbox::new`] decides
+/// (a path: [`Sqlite`], the default; a `PostgresUrl`: `Postgres`), so
+/// [`enqueue`](Outbox::enqueue) takes that store's transaction, and the
+/// dispatcher, clients and handlers built on it agree on the store.
+pub struct Outbox<S: Store = Sqlite> {
     inner: Arc<Inner>,
+    store: PhantomData<fn() -> S>,
+}
+
+impl<S: Store> Clone for Outbox<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            store: PhantomData,
+        }
+    }
 }
 
 struct Inner {
@@ -113,7 +126,7 @@ struct DestinationCheck {
     routable: Option<std::collections::BTreeSet<String>>,
 }
 
-impl std::fmt::Debug for Outbox {
+impl<S: Store> std::fmt::Debug for Outbox<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Outbox")
             .field("database", &self.inner.database)
@@ -129,24 +142,20 @@ pub(crate) type SendJob = (
     tokio::sync::oneshot::Sender<Result<Uuid, OutboxError>>,
 );
 
-impl Outbox {
-    /// An outbox for `enqueue` in the caller's transactions. `db_path` is the
-    /// database the caller writes to (and the dispatcher reads); it is needed
-    /// only by [`Outbox::send`].
-    pub fn new(config: Config, db_path: impl AsRef<Path>) -> Self {
-        Self::with_metrics(config, db_path, Arc::new(Metrics::default()))
+impl<S: Store> Outbox<S> {
+    /// An outbox on `database`, the database the caller writes to (and the
+    /// dispatcher reads): a SQLite file path, or a
+    /// [`PostgresUrl`](crate::store::postgres::PostgresUrl). Nothing is
+    /// opened until [`send`](Outbox::send) or a dispatcher needs it.
+    pub fn new(config: Config, database: impl Location<Store = S>) -> Self {
+        Self::with_metrics(config, database, Arc::new(Metrics::default()))
     }
 
-    pub fn with_metrics(config: Config, db_path: impl AsRef<Path>, metrics: Arc<Metrics>) -> Self {
-        Self::with_database(config, db_path.as_ref(), metrics)
-    }
-
-    /// An outbox on `database`: a SQLite file, or a PostgreSQL database
-    /// (enqueue there with [`Outbox::enqueue_postgres`], or through a
-    /// generated client of store `Postgres`).
-    pub fn with_database(
+    /// [`new`](Outbox::new), counting into `metrics` (shared with the
+    /// dispatcher and the diagnostics routes).
+    pub fn with_metrics(
         config: Config,
-        database: impl Into<Database>,
+        database: impl Location<Store = S>,
         metrics: Arc<Metrics>,
     ) -> Self {
         let wake = Arc::new(Notify::new());
@@ -158,12 +167,13 @@ impl Outbox {
                 config,
                 metrics,
                 wake,
-                database: database.into(),
+                database: database.into_database(),
                 sender: std::sync::Mutex::new(None),
                 dispatcher: std::sync::Mutex::new(None),
                 lifecycle,
                 destinations: Default::default(),
             }),
+            store: PhantomData,
         }
     }
 
@@ -247,6 +257,15 @@ impl Outbox {
         missing
     }
 
+    /// The same outbox seen without its store, for parts that only read
+    /// its state (the diagnostics' readiness).
+    pub(crate) fn untyped(&self) -> Outbox {
+        Outbox {
+            inner: Arc::clone(&self.inner),
+            store: PhantomData,
+        }
+    }
+
     pub(crate) fn set_dispatcher_liveness(&self, liveness: Liveness) {
         *self
             .inner
@@ -260,38 +279,19 @@ impl Outbox {
         self.inner.wake.clone()
     }
 
-    /// Writes `message` in `tx`; it is sent if and only if `tx` commits.
+    /// Writes `message` in `tx`, the caller's open transaction on this
+    /// outbox's database; it is sent if and only if `tx` commits.
     ///
     /// The message gets a `traceparent` header unless it has one (see
     /// [`crate::trace`]); the write runs in an `enqueue` span.
     pub fn enqueue(
         &self,
-        tx: &Transaction<'_>,
+        tx: S::Handle<'_, '_>,
         mut message: OutgoingMessage,
     ) -> Result<Uuid, OutboxError> {
         let span = enqueue_span(&mut message);
         let _entered = span.enter();
-        if self.inner.config.outbox.durability == Durability::Full {
-            require_durable_commit(tx)?;
-        }
-        let id = insert(tx, &self.inner.config, &message)?;
-        span.record("message_id", tracing::field::display(id));
-        self.inner.metrics.outbox_enqueued.inc();
-        self.inner.wake.notify_one();
-        Ok(id)
-    }
-
-    /// Writes `message` in the PostgreSQL transaction `tx`; it is sent if
-    /// and only if `tx` commits.
-    #[cfg(feature = "postgres")]
-    pub fn enqueue_postgres(
-        &self,
-        tx: &mut postgres::Transaction<'_>,
-        mut message: OutgoingMessage,
-    ) -> Result<Uuid, OutboxError> {
-        let span = enqueue_span(&mut message);
-        let _entered = span.enter();
-        let id = crate::store::postgres::insert_outbox(tx, &self.inner.config, &message)?;
+        let id = S::enqueue(&self.inner.config, tx, &message)?;
         span.record("message_id", tracing::field::display(id));
         self.inner.metrics.outbox_enqueued.inc();
         self.inner.wake.notify_one();
@@ -349,7 +349,7 @@ impl Outbox {
         let mut write: GroupWriter = match &self.inner.database {
             Database::Sqlite(path) => {
                 let mut conn = db::open(path, self.inner.config.outbox.durability)?;
-                Box::new(move |group| write_group(&mut conn, &config, group))
+                Box::new(move |group| db::outbox::write_group(&mut conn, &config, group))
             }
             #[cfg(feature = "postgres")]
             Database::Postgres(url) => {
@@ -397,127 +397,6 @@ fn enqueue_span(message: &mut OutgoingMessage) -> tracing::Span {
         endpoint = %message.endpoint,
         trace_id = %crate::trace::OptionalId(trace.map(|t| t.trace_id())),
     )
-}
-
-fn write_group(
-    conn: &mut rusqlite::Connection,
-    config: &Config,
-    group: &[SendJob],
-) -> Vec<Result<Uuid, OutboxError>> {
-    let tx = match conn.transaction() {
-        Ok(tx) => tx,
-        Err(error) => {
-            return group
-                .iter()
-                .map(|_| Err(OutboxError::Write(error.to_string())))
-                .collect();
-        }
-    };
-    let mut ids = Vec::with_capacity(group.len());
-    for (message, _) in group {
-        match insert(&tx, config, message) {
-            Ok(id) => ids.push(id),
-            Err(error) => {
-                let text = error.to_string();
-                drop(tx);
-                return group
-                    .iter()
-                    .map(|_| Err(OutboxError::Write(text.clone())))
-                    .collect();
-            }
-        }
-    }
-    match tx.commit() {
-        Ok(()) => ids.into_iter().map(Ok).collect(),
-        Err(error) => group
-            .iter()
-            .map(|_| Err(OutboxError::Write(error.to_string())))
-            .collect(),
-    }
-}
-
-/// Under `outbox.durability: full` the dispatcher's claim relies on every
-/// enqueuing transaction being durable when it commits: refuses a connection
-/// whose `synchronous` level is below `FULL` (2).
-fn require_durable_commit(conn: &rusqlite::Connection) -> Result<(), OutboxError> {
-    let level: i64 = conn
-        .prepare_cached("PRAGMA synchronous")?
-        .query_row([], |row| row.get(0))?;
-    match level {
-        2.. => Ok(()),
-        1 => Err(OutboxError::NotDurable { found: "NORMAL" }),
-        _ => Err(OutboxError::NotDurable { found: "OFF" }),
-    }
-}
-
-/// The INSERT itself, shared by `enqueue` and `send`.
-///
-/// The row's `seq` (its rowid) is derived from its id ([`db::outbox_seq`]):
-/// ids made by other processes writing to the same file in the same
-/// millisecond may share it, and the INSERT then fails on the primary key
-/// before it wrote anything, so it is tried again with a fresh id.
-fn insert(
-    conn: &rusqlite::Connection,
-    config: &Config,
-    message: &OutgoingMessage,
-) -> Result<Uuid, OutboxError> {
-    insert_with_ids(conn, config, message, Uuid::now_v7)
-}
-
-/// [`insert`] with the ids drawn from `next_id`.
-fn insert_with_ids(
-    conn: &rusqlite::Connection,
-    config: &Config,
-    message: &OutgoingMessage,
-    mut next_id: impl FnMut() -> Uuid,
-) -> Result<Uuid, OutboxError> {
-    const ATTEMPTS: usize = 8;
-    let now = db::now_ms();
-    let ttl = message.ttl.unwrap_or(config.outbox.ttl);
-    let max_retries = message.max_retries.unwrap_or(config.outbox.max_retries);
-    let payload = serde_json::to_string(&message.payload)?;
-    let headers = serde_json::to_string(&message.headers)?;
-    let mut statement = conn.prepare_cached(
-        "INSERT INTO outbox_messages (seq, message_id, correlation_id, message_type, destination, \
-         interface, version, fingerprint, endpoint, payload, headers, status, max_retries, \
-         next_retry_at, created_at, expires_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'Pending', ?12, ?13, ?13, ?14)",
-    )?;
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let id = next_id();
-        let mut text = Uuid::encode_buffer();
-        let text = id.hyphenated().encode_lower(&mut text);
-        let result = statement.execute(params![
-            db::outbox_seq(text),
-            &*text,
-            message.correlation_id,
-            message.message_type.as_str(),
-            message.destination,
-            message.interface,
-            message.version,
-            message.fingerprint,
-            message.endpoint,
-            payload,
-            headers,
-            max_retries,
-            now,
-            now + ttl.as_millis() as i64,
-        ]);
-        match result {
-            Ok(_) => return Ok(id),
-            Err(error)
-                if attempt < ATTEMPTS
-                    && error.sqlite_error().is_some_and(|e| {
-                        e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
-                    }) =>
-            {
-                continue;
-            }
-            Err(error) => return Err(error.into()),
-        }
-    }
 }
 
 /// The statuses of the `outbox_messages.status` column.
@@ -568,98 +447,4 @@ pub struct OutboxRow {
     pub max_retries: u32,
     pub last_error: Option<String>,
     pub response: Option<serde_json::Value>,
-}
-
-/// Reads one row.
-pub fn row(conn: &rusqlite::Connection, message_id: &Uuid) -> rusqlite::Result<Option<OutboxRow>> {
-    use rusqlite::OptionalExtension as _;
-    conn.query_row(
-        "SELECT message_id, destination, endpoint, status, retry_count, max_retries, last_error, response \
-         FROM outbox_messages WHERE seq = ?2 AND message_id = ?1",
-        params![message_id.to_string(), db::outbox_seq(&message_id.to_string())],
-        |r| {
-            let status: String = r.get(3)?;
-            let response: Option<String> = r.get(7)?;
-            Ok(OutboxRow {
-                message_id: r.get(0)?,
-                destination: r.get(1)?,
-                endpoint: r.get(2)?,
-                status: Status::parse(&status).unwrap_or(Status::Pending),
-                retry_count: r.get(4)?,
-                max_retries: r.get(5)?,
-                last_error: r.get(6)?,
-                response: response.and_then(|t| serde_json::from_str(&t).ok()),
-            })
-        },
-    )
-    .optional()
-}
-
-/// Row counts per status.
-pub fn counts(conn: &rusqlite::Connection) -> rusqlite::Result<BTreeMap<String, u64>> {
-    let mut statement =
-        conn.prepare("SELECT status, COUNT(*) FROM outbox_messages GROUP BY status")?;
-    let rows = statement.query_map([], |r| {
-        Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
-    })?;
-    rows.collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::Durability;
-
-    fn message() -> OutgoingMessage {
-        OutgoingMessage {
-            destination: "peer".into(),
-            message_type: MessageType::Signal,
-            interface: "p.S".into(),
-            version: 1,
-            fingerprint: "sha256:f".into(),
-            endpoint: "E".into(),
-            correlation_id: None,
-            payload: serde_json::json!({"n": 1}),
-            headers: BTreeMap::new(),
-            max_retries: None,
-            ttl: None,
-        }
-    }
-
-    #[test]
-    fn an_id_whose_seq_is_taken_is_replaced_by_a_fresh_one() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut conn = db::open(dir.path().join("o.db"), Durability::Normal).expect("open");
-        let config = Config::default();
-        let first = Uuid::parse_str("019ab5d3-7f00-7abc-8def-0123456789ab").expect("uuid");
-        // Same millisecond, same low 15 counter bits: same seq, other id.
-        let twin = Uuid::parse_str("019ab5d3-7f00-7fff-bfff-0123ffffffff").expect("uuid");
-        let fresh = Uuid::parse_str("019ab5d3-7f01-7000-8000-000000000000").expect("uuid");
-        assert_eq!(
-            db::outbox_seq(&first.to_string()),
-            db::outbox_seq(&twin.to_string())
-        );
-        let tx = conn.transaction().expect("tx");
-        let mut ids = [first].into_iter();
-        let written = insert_with_ids(&tx, &config, &message(), || ids.next().expect("id"));
-        assert_eq!(written.expect("first"), first);
-        let mut ids = [twin, fresh].into_iter();
-        let written = insert_with_ids(&tx, &config, &message(), || ids.next().expect("id"));
-        assert_eq!(written.expect("retried"), fresh);
-        tx.commit().expect("commit");
-        for id in [first, fresh] {
-            assert!(row(&conn, &id).expect("row").is_some(), "{id}");
-        }
-        assert!(row(&conn, &twin).expect("row").is_none());
-        let count: i64 = conn
-            .query_row("SELECT COUNT(*) FROM outbox_messages", [], |r| r.get(0))
-            .expect("count");
-        assert_eq!(count, 2, "the failed attempt left nothing behind");
-
-        // A conflict that persists is an error, after a bounded number of tries.
-        let tx = conn.transaction().expect("tx");
-        let error =
-            insert_with_ids(&tx, &config, &message(), || twin).expect_err("the seq stays taken");
-        assert!(error.to_string().contains("UNIQUE"), "{error}");
-    }
 }

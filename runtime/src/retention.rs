@@ -27,18 +27,15 @@
 //! [`Retention::spawn`] runs a pass at start and then every
 //! `cleanup_interval` (5 minutes) on the blocking pool.
 
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rusqlite::{Connection, params};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::inbox;
 use crate::metrics::Metrics;
-use crate::store::StoreError;
 use crate::store::sqlite as db;
+use crate::store::{Database, StoreError};
 
 /// Rows deleted or updated per statement (each statement commits on its own).
 pub const CLEANUP_BATCH: u32 = 1000;
@@ -53,56 +50,6 @@ pub struct CleanupReport {
     pub expired: usize,
     /// Inbox rows deleted after their retention.
     pub inbox_deleted: usize,
-}
-
-/// Runs one clean-up pass at `now_ms` on `conn`, which must not be inside a
-/// transaction (each batch commits on its own). Blocking.
-pub fn cleanup(conn: &Connection, config: &Config, now_ms: i64) -> rusqlite::Result<CleanupReport> {
-    let sent_before = now_ms.saturating_sub(config.outbox.sent_retention.as_millis() as i64);
-    // `LIMIT +?2`: a bare bound `LIMIT` is re-prepared on every execution
-    // (see the dispatcher's `CLAIM_SELECT`).
-    let sent_deleted = repeat_in_batches(|| {
-        conn.prepare_cached(
-            "DELETE FROM outbox_messages WHERE seq IN \
-             (SELECT seq FROM outbox_messages \
-              WHERE status = 'Sent' AND sent_at < ?1 ORDER BY sent_at LIMIT +?2)",
-        )?
-        .execute(params![sent_before, CLEANUP_BATCH])
-    })?;
-    // Held rows (due at `lifecycle::HELD_DUE_MS`, 2^62) never expire: their
-    // version is decommissioned and they wait for its re-commission.
-    // `status IN ('Pending', 'Sending')` repeats the condition of the partial
-    // index `outbox_due`, so SQLite uses it instead of scanning the table.
-    let expired = repeat_in_batches(|| {
-        conn.prepare_cached(
-            "UPDATE outbox_messages \
-             SET status = 'Expired', last_error = 'time to live exceeded' \
-             WHERE seq IN \
-             (SELECT seq FROM outbox_messages \
-              WHERE status IN ('Pending', 'Sending') AND status = 'Pending' \
-              AND expires_at <= ?1 AND next_retry_at < 4611686018427387904 LIMIT +?2)",
-        )?
-        .execute(params![now_ms, CLEANUP_BATCH])
-    })?;
-    let inbox_deleted = inbox::delete_all_expired(conn, now_ms)?;
-    Ok(CleanupReport {
-        sent_deleted,
-        expired,
-        inbox_deleted,
-    })
-}
-
-fn repeat_in_batches(
-    mut batch: impl FnMut() -> rusqlite::Result<usize>,
-) -> rusqlite::Result<usize> {
-    let mut total = 0;
-    loop {
-        let done = batch()?;
-        total += done;
-        if done < CLEANUP_BATCH as usize {
-            return Ok(total);
-        }
-    }
 }
 
 /// Settings that let the inbox forget a message while its sender may still
@@ -160,7 +107,7 @@ impl Retention {
     /// the next interval, never fatal.
     pub fn spawn(
         config: Config,
-        db_path: impl AsRef<Path>,
+        database: impl Into<Database>,
         metrics: Arc<Metrics>,
     ) -> Result<RetentionHandle, StoreError> {
         for warning in retention_warnings(
@@ -170,39 +117,28 @@ impl Retention {
         ) {
             tracing::warn!("{warning}");
         }
-        let conn = db::open(db_path, config.outbox.durability)?;
-        let pass_config = config.clone();
-        Ok(Self::start(
-            config,
-            Box::new(move |now| cleanup(&conn, &pass_config, now).map_err(|e| e.to_string())),
-            metrics,
-        ))
-    }
-
-    /// The same on a PostgreSQL database (migrated if needed). Replicas may
-    /// each run one: the passes delete in small batches and skip rows
-    /// another pass has locked.
-    #[cfg(feature = "postgres")]
-    pub fn spawn_postgres(
-        config: Config,
-        url: &crate::store::postgres::PostgresUrl,
-        metrics: Arc<Metrics>,
-    ) -> Result<RetentionHandle, StoreError> {
-        for warning in retention_warnings(
-            config.inbox.retention,
-            config.outbox.ttl,
-            config.inbox.signature_tolerance,
-        ) {
-            tracing::warn!("{warning}");
-        }
-        let client = crate::store::postgres::open(url)?;
-        let mut conn = crate::store::postgres::Connection::new(url.clone(), client);
-        let pass_config = config.clone();
-        Ok(Self::start(
-            config,
-            Box::new(move |now| crate::store::postgres::cleanup(&mut conn, &pass_config, now)),
-            metrics,
-        ))
+        let pass: Pass = match database.into() {
+            Database::Sqlite(path) => {
+                let conn = db::open(&path, config.outbox.durability)?;
+                let pass_config = config.clone();
+                Box::new(move |now| {
+                    db::cleanup(&conn, &pass_config, now).map_err(|source| StoreError::Sqlite {
+                        path: path.display().to_string(),
+                        source,
+                    })
+                })
+            }
+            #[cfg(feature = "postgres")]
+            Database::Postgres(url) => {
+                let client = crate::store::postgres::open(&url)?;
+                let mut conn = crate::store::postgres::Connection::new(*url, client);
+                let pass_config = config.clone();
+                Box::new(move |now| {
+                    crate::store::postgres::retention::cleanup(&mut conn, &pass_config, now)
+                })
+            }
+        };
+        Ok(Self::start(config, pass, metrics))
     }
 
     fn start(config: Config, pass: Pass, metrics: Arc<Metrics>) -> RetentionHandle {
@@ -218,7 +154,7 @@ impl Retention {
 }
 
 /// One clean-up pass at a time (milliseconds now), on the store's connection.
-type Pass = Box<dyn FnMut(i64) -> Result<CleanupReport, String> + Send>;
+type Pass = Box<dyn FnMut(i64) -> Result<CleanupReport, StoreError> + Send>;
 
 async fn run(
     config: Config,

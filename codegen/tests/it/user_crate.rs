@@ -430,7 +430,7 @@ fn the_stores_guide_runs() {
         "impl greeter_v1::EngineHandler<Postgres> for FrontDesk",
         "impl greeter_v1::EngineAnswers<Postgres> for Newcomers",
         "tx: &mut Transaction<'_>",
-        "EngineClient::<Postgres>::with_store(outbox, \"engine\")",
+        "EngineClient::new(outbox, \"engine\")",
         "client.joined(&mut tx, name.into())",
     ] {
         assert!(

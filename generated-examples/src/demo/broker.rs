@@ -54,7 +54,7 @@ impl Broker {
         let consumer = match &settings.nats {
             // Replicas of one service share its durable consumer.
             Some(url) => Some(
-                JetStreamConsumer::builder(receiver.clone(), url, path)
+                JetStreamConsumer::builder(receiver.clone(), url)
                     .durable(&settings.service_id)
                     .ack_wait(ACK_WAIT)
                     .spawn()

@@ -259,10 +259,10 @@ impl Engine {
     ) -> anyhow::Result<Self> {
         let config = settings.runtime_config(HR);
         S::create_schema(&settings.db, &SCHEMA)?;
-        let outbox = super::store::outbox(config.clone(), &settings.db);
+        let outbox = S::outbox(config.clone(), &settings.db)?;
         let workflows = std::sync::Arc::new(Workflows::<S> {
-            v1: emp_service_v1::ServiceClient::with_store(outbox.clone(), HR),
-            v2: emp_service_v2::ServiceClient::with_store(outbox.clone(), HR),
+            v1: emp_service_v1::ServiceClient::new(outbox.clone(), HR),
+            v2: emp_service_v2::ServiceClient::new(outbox.clone(), HR),
             slow,
             hires: std::sync::atomic::AtomicU32::new(0),
         });
@@ -288,7 +288,7 @@ impl Engine {
         let addr = listener.local_addr()?;
         let server = super::serve(listener, operations.router.clone());
         let (grpc_url, grpc_server) = super::serve_grpc_receiver(settings, &receiver).await?;
-        let mut dispatcher = S::dispatcher(&outbox)?;
+        let mut dispatcher = rfidl_runtime::dispatcher::Dispatcher::builder(&outbox);
         if let Some(keys) = &keys {
             dispatcher = dispatcher.issued_keys(keys);
         }

@@ -188,7 +188,7 @@ impl HrService {
         let config = settings.runtime_config(ENGINE);
         S::create_schema(&settings.db, &SCHEMA)?;
         let desk = std::sync::Arc::new(LaptopDesk);
-        let outbox = super::store::outbox(config.clone(), &settings.db);
+        let outbox = S::outbox(config.clone(), &settings.db)?;
         let keys = settings.issued_keys();
         let mut receiver = S::receiver(config.clone(), &settings.db)?;
         if let Some(keys) = &keys {
@@ -216,10 +216,10 @@ impl HrService {
         // Made before the dispatcher starts, which checks that the config
         // routes every destination they send to.
         let hiring = std::sync::Arc::new(Clients::<S> {
-            v1: emp_service_v1::EngineClient::with_store(outbox.clone(), ENGINE),
-            v2: emp_service_v2::EngineClient::with_store(outbox.clone(), ENGINE),
+            v1: emp_service_v1::EngineClient::new(outbox.clone(), ENGINE),
+            v2: emp_service_v2::EngineClient::new(outbox.clone(), ENGINE),
         });
-        let mut dispatcher = S::dispatcher(&outbox)?;
+        let mut dispatcher = rfidl_runtime::dispatcher::Dispatcher::builder(&outbox);
         if let Some(keys) = &keys {
             dispatcher = dispatcher.issued_keys(keys);
         }
@@ -320,7 +320,7 @@ pub fn sample_employee(number: u32) -> Employee {
 pub fn outbox_counts(db: &Database) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
     super::store::reading(db, |connection| {
         Ok(match connection {
-            Connection::Sqlite(conn) => rfidl_runtime::outbox::counts(conn)?,
+            Connection::Sqlite(conn) => rfidl_runtime::store::sqlite::outbox_counts(conn)?,
             Connection::Postgres(client) => client
                 .query(
                     "SELECT status, COUNT(*) FROM outbox_messages GROUP BY status",

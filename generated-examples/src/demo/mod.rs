@@ -280,27 +280,17 @@ pub struct Operations {
 impl Operations {
     /// `receiver` and `outbox` must count into the same metrics (build the
     /// receiver with `.metrics(outbox.metrics().clone())`).
-    pub fn start(
+    pub fn start<S: rfidl_runtime::Store>(
         config: &Config,
         db: &rfidl_runtime::Database,
-        outbox: &Outbox,
+        outbox: &Outbox<S>,
         receiver: &Receiver,
         ops_token: Option<&str>,
     ) -> anyhow::Result<Self> {
-        let retention = match db {
-            rfidl_runtime::Database::Postgres(url) => {
-                Retention::spawn_postgres(config.clone(), url, outbox.metrics().clone())?
-            }
-            _ => {
-                let path = db
-                    .sqlite_path()
-                    .ok_or_else(|| anyhow::anyhow!("unsupported database {db}"))?;
-                Retention::spawn(config.clone(), path, outbox.metrics().clone())?
-            }
-        };
+        let retention = Retention::spawn(config.clone(), db.clone(), outbox.metrics().clone())?;
         // `/_rf/readyz` checks the database, the receiver's writer thread
         // and the dispatcher started on `outbox`.
-        let mut diagnostics = Diagnostics::builder_for(db.clone())
+        let mut diagnostics = Diagnostics::builder(db.clone())
             .outbox(outbox)
             .receiver(receiver);
         if let Some(token) = ops_token {

@@ -9,7 +9,6 @@
 
 use std::sync::Arc;
 
-use rfidl_runtime::dispatcher::{Dispatcher, DispatcherBuilder};
 use rfidl_runtime::metrics::Metrics;
 use rfidl_runtime::outbox::Outbox;
 use rfidl_runtime::receiver::{HandlerError, Receiver, ReceiverBuilder};
@@ -28,8 +27,8 @@ pub trait DemoStore: Store + Sized {
     /// A receiver on `database`.
     fn receiver(config: Config, database: &Database) -> anyhow::Result<ReceiverBuilder<Self>>;
 
-    /// A dispatcher for `outbox`.
-    fn dispatcher(outbox: &Outbox) -> anyhow::Result<DispatcherBuilder<Self>>;
+    /// An outbox on `database` counting into `metrics`.
+    fn outbox(config: Config, database: &Database) -> anyhow::Result<Outbox<Self>>;
 
     /// Runs `work` in a transaction of its own on `connection`, and
     /// commits if it succeeded.
@@ -217,11 +216,6 @@ pub fn count(database: &Database, sql: &str) -> anyhow::Result<i64> {
     reading(database, |connection| connection.count(sql))
 }
 
-/// An outbox on `database` counting into `metrics`.
-pub fn outbox(config: Config, database: &Database) -> Outbox {
-    Outbox::with_database(config, database.clone(), Arc::new(Metrics::default()))
-}
-
 impl DemoStore for Sqlite {
     fn create_schema(database: &Database, schema: &Schema) -> anyhow::Result<()> {
         let sql = schema.sqlite;
@@ -238,12 +232,15 @@ impl DemoStore for Sqlite {
         Ok(Receiver::builder(config, path))
     }
 
-    fn dispatcher(outbox: &Outbox) -> anyhow::Result<DispatcherBuilder<Self>> {
-        let path = outbox
-            .database()
+    fn outbox(config: Config, database: &Database) -> anyhow::Result<Outbox<Self>> {
+        let path = database
             .sqlite_path()
-            .ok_or_else(|| anyhow::anyhow!("the outbox is not in a SQLite file"))?;
-        Ok(Dispatcher::builder(outbox, path))
+            .ok_or_else(|| anyhow::anyhow!("{database} is not a SQLite file"))?;
+        Ok(Outbox::with_metrics(
+            config,
+            path,
+            Arc::new(Metrics::default()),
+        ))
     }
 
     fn in_transaction<W: Work<Self>>(
@@ -346,14 +343,18 @@ impl DemoStore for Postgres {
         let Database::Postgres(url) = database else {
             anyhow::bail!("{database} is not a PostgreSQL database");
         };
-        Ok(Receiver::postgres(config, url, POSTGRES_WRITERS))
+        Ok(Receiver::builder(config, &**url).writers(POSTGRES_WRITERS))
     }
 
-    fn dispatcher(outbox: &Outbox) -> anyhow::Result<DispatcherBuilder<Self>> {
-        let Database::Postgres(url) = outbox.database() else {
-            anyhow::bail!("the outbox is not in a PostgreSQL database");
+    fn outbox(config: Config, database: &Database) -> anyhow::Result<Outbox<Self>> {
+        let Database::Postgres(url) = database else {
+            anyhow::bail!("{database} is not a PostgreSQL database");
         };
-        Ok(Dispatcher::postgres(outbox, url))
+        Ok(Outbox::with_metrics(
+            config,
+            &**url,
+            Arc::new(Metrics::default()),
+        ))
     }
 
     fn in_transaction<W: Work<Self>>(

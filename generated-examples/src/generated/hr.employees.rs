@@ -127,15 +127,14 @@ pub mod emp_service_v1 {
     /// message is sent if and only if that transaction commits.
     ///
     /// `S` is the store the outbox is in, and so the type of that
-    /// transaction: [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`&rusqlite::Transaction`, from [`new`](Self::new)), or
-    /// `rfidl_runtime::Postgres` (`&mut postgres::Transaction`, cargo
-    /// feature `postgres` of rfidl-runtime) from
-    /// `EngineClient::<Postgres>::with_store(outbox, destination)`.
+    /// transaction, which follows from the outbox:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) for an outbox on a file path
+    /// (`&rusqlite::Transaction`), `rfidl_runtime::Postgres` for one on a
+    /// `PostgresUrl` (`&mut postgres::Transaction`, cargo feature `postgres`
+    /// of rfidl-runtime).
     pub struct EngineClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
-        outbox: ::rfidl_runtime::outbox::Outbox,
+        outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
-        store: ::std::marker::PhantomData<fn() -> S>,
     }
 
     impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for EngineClient<S> {
@@ -153,43 +152,24 @@ pub mod emp_service_v1 {
             Self {
                 outbox: self.outbox.clone(),
                 destination: self.destination.clone(),
-                store: ::std::marker::PhantomData,
             }
-        }
-    }
-
-    impl EngineClient {
-        /// A client that sends to `destination` (a name mapped to a transport
-        /// and URL in the runtime configuration) and enqueues in transactions
-        /// of the default store, [`Sqlite`](::rfidl_runtime::Sqlite). For
-        /// another store, see [`with_store`](Self::with_store).
-        pub fn new(
-            outbox: ::rfidl_runtime::outbox::Outbox,
-            destination: impl Into<::std::string::String>,
-        ) -> Self {
-            Self::with_store(outbox, destination)
         }
     }
 
     impl<S: ::rfidl_runtime::Store> EngineClient<S> {
         /// A client that sends to `destination` (a name mapped to a transport
         /// and URL in the runtime configuration) and enqueues in transactions
-        /// of the store `S`: `EngineClient::<Postgres>::with_store(outbox, destination)`
-        /// for an outbox in a `postgres://` database.
+        /// of `outbox`'s database.
         ///
         /// The destination is declared on the outbox: a dispatcher refuses to
         /// start while the configuration has no route for it.
-        pub fn with_store(
-            outbox: ::rfidl_runtime::outbox::Outbox,
+        pub fn new(
+            outbox: ::rfidl_runtime::outbox::Outbox<S>,
             destination: impl Into<::std::string::String>,
         ) -> Self {
             let destination = destination.into();
             outbox.declare_destination(&destination);
-            Self {
-                outbox,
-                destination,
-                store: ::std::marker::PhantomData,
-            }
+            Self { outbox, destination }
         }
 
         /// Raised when an employee is hired; the engine matches waiting
@@ -212,7 +192,7 @@ pub mod emp_service_v1 {
             ::rfidl_runtime::outbox::OutboxError,
         > {
             let request = EmployeeHiredRequest { employee };
-            S::enqueue(
+            ::rfidl_runtime::outbox::Outbox::enqueue(
                 &self.outbox,
                 tx,
                 ::rfidl_runtime::outbox::OutgoingMessage {
@@ -252,7 +232,7 @@ pub mod emp_service_v1 {
                 employee_id,
                 completed_at,
             };
-            S::enqueue(
+            ::rfidl_runtime::outbox::Outbox::enqueue(
                 &self.outbox,
                 tx,
                 ::rfidl_runtime::outbox::OutgoingMessage {
@@ -285,7 +265,7 @@ pub mod emp_service_v1 {
     /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
     /// (`impl EngineAnswers for …`, `tx: &rusqlite::Transaction<'_>`),
     /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a dispatcher started with `Dispatcher::postgres`
+    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
     /// (`impl EngineAnswers<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
     pub trait EngineAnswers<
@@ -353,7 +333,7 @@ pub mod emp_service_v1 {
     /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
     /// (`impl EngineHandler for …`, `tx: &rusqlite::Transaction<'_>`),
     /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a receiver built with `Receiver::postgres`
+    /// rfidl-runtime) for a receiver built on a `PostgresUrl`
     /// (`impl EngineHandler<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
     pub trait EngineHandler<
@@ -425,7 +405,7 @@ pub mod emp_service_v1 {
     /// each payload into its request type (422 `payload_mismatch` when it does
     /// not fit) and routes by endpoint name with a static `match`. It hosts a
     /// `EngineHandler<S>` in a receiver of the same store `S`:
-    /// `Receiver::builder` (`Sqlite`) or `Receiver::postgres` (`Postgres`).
+    /// `Receiver::builder(config, path)` (`Sqlite`) or `(config, &url)` (`Postgres`).
     #[derive(Debug)]
     pub struct EngineReceiver<H>(pub H);
 
@@ -484,15 +464,14 @@ pub mod emp_service_v1 {
     /// message is sent if and only if that transaction commits.
     ///
     /// `S` is the store the outbox is in, and so the type of that
-    /// transaction: [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`&rusqlite::Transaction`, from [`new`](Self::new)), or
-    /// `rfidl_runtime::Postgres` (`&mut postgres::Transaction`, cargo
-    /// feature `postgres` of rfidl-runtime) from
-    /// `ServiceClient::<Postgres>::with_store(outbox, destination)`.
+    /// transaction, which follows from the outbox:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) for an outbox on a file path
+    /// (`&rusqlite::Transaction`), `rfidl_runtime::Postgres` for one on a
+    /// `PostgresUrl` (`&mut postgres::Transaction`, cargo feature `postgres`
+    /// of rfidl-runtime).
     pub struct ServiceClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
-        outbox: ::rfidl_runtime::outbox::Outbox,
+        outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
-        store: ::std::marker::PhantomData<fn() -> S>,
     }
 
     impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for ServiceClient<S> {
@@ -510,43 +489,24 @@ pub mod emp_service_v1 {
             Self {
                 outbox: self.outbox.clone(),
                 destination: self.destination.clone(),
-                store: ::std::marker::PhantomData,
             }
-        }
-    }
-
-    impl ServiceClient {
-        /// A client that sends to `destination` (a name mapped to a transport
-        /// and URL in the runtime configuration) and enqueues in transactions
-        /// of the default store, [`Sqlite`](::rfidl_runtime::Sqlite). For
-        /// another store, see [`with_store`](Self::with_store).
-        pub fn new(
-            outbox: ::rfidl_runtime::outbox::Outbox,
-            destination: impl Into<::std::string::String>,
-        ) -> Self {
-            Self::with_store(outbox, destination)
         }
     }
 
     impl<S: ::rfidl_runtime::Store> ServiceClient<S> {
         /// A client that sends to `destination` (a name mapped to a transport
         /// and URL in the runtime configuration) and enqueues in transactions
-        /// of the store `S`: `ServiceClient::<Postgres>::with_store(outbox, destination)`
-        /// for an outbox in a `postgres://` database.
+        /// of `outbox`'s database.
         ///
         /// The destination is declared on the outbox: a dispatcher refuses to
         /// start while the configuration has no route for it.
-        pub fn with_store(
-            outbox: ::rfidl_runtime::outbox::Outbox,
+        pub fn new(
+            outbox: ::rfidl_runtime::outbox::Outbox<S>,
             destination: impl Into<::std::string::String>,
         ) -> Self {
             let destination = destination.into();
             outbox.declare_destination(&destination);
-            Self {
-                outbox,
-                destination,
-                store: ::std::marker::PhantomData,
-            }
+            Self { outbox, destination }
         }
 
         /// The engine asks the HR service to provision a laptop.
@@ -572,7 +532,7 @@ pub mod emp_service_v1 {
                 employee_id,
                 model,
             };
-            S::enqueue(
+            ::rfidl_runtime::outbox::Outbox::enqueue(
                 &self.outbox,
                 tx,
                 ::rfidl_runtime::outbox::OutgoingMessage {
@@ -605,7 +565,7 @@ pub mod emp_service_v1 {
     /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
     /// (`impl ServiceAnswers for …`, `tx: &rusqlite::Transaction<'_>`),
     /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a dispatcher started with `Dispatcher::postgres`
+    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
     /// (`impl ServiceAnswers<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
     pub trait ServiceAnswers<
@@ -673,7 +633,7 @@ pub mod emp_service_v1 {
     /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
     /// (`impl ServiceHandler for …`, `tx: &rusqlite::Transaction<'_>`),
     /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a receiver built with `Receiver::postgres`
+    /// rfidl-runtime) for a receiver built on a `PostgresUrl`
     /// (`impl ServiceHandler<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
     pub trait ServiceHandler<
@@ -721,7 +681,7 @@ pub mod emp_service_v1 {
     /// each payload into its request type (422 `payload_mismatch` when it does
     /// not fit) and routes by endpoint name with a static `match`. It hosts a
     /// `ServiceHandler<S>` in a receiver of the same store `S`:
-    /// `Receiver::builder` (`Sqlite`) or `Receiver::postgres` (`Postgres`).
+    /// `Receiver::builder(config, path)` (`Sqlite`) or `(config, &url)` (`Postgres`).
     #[derive(Debug)]
     pub struct ServiceReceiver<H>(pub H);
 
@@ -858,15 +818,14 @@ pub mod emp_service_v2 {
     /// message is sent if and only if that transaction commits.
     ///
     /// `S` is the store the outbox is in, and so the type of that
-    /// transaction: [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`&rusqlite::Transaction`, from [`new`](Self::new)), or
-    /// `rfidl_runtime::Postgres` (`&mut postgres::Transaction`, cargo
-    /// feature `postgres` of rfidl-runtime) from
-    /// `EngineClient::<Postgres>::with_store(outbox, destination)`.
+    /// transaction, which follows from the outbox:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) for an outbox on a file path
+    /// (`&rusqlite::Transaction`), `rfidl_runtime::Postgres` for one on a
+    /// `PostgresUrl` (`&mut postgres::Transaction`, cargo feature `postgres`
+    /// of rfidl-runtime).
     pub struct EngineClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
-        outbox: ::rfidl_runtime::outbox::Outbox,
+        outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
-        store: ::std::marker::PhantomData<fn() -> S>,
     }
 
     impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for EngineClient<S> {
@@ -884,43 +843,24 @@ pub mod emp_service_v2 {
             Self {
                 outbox: self.outbox.clone(),
                 destination: self.destination.clone(),
-                store: ::std::marker::PhantomData,
             }
-        }
-    }
-
-    impl EngineClient {
-        /// A client that sends to `destination` (a name mapped to a transport
-        /// and URL in the runtime configuration) and enqueues in transactions
-        /// of the default store, [`Sqlite`](::rfidl_runtime::Sqlite). For
-        /// another store, see [`with_store`](Self::with_store).
-        pub fn new(
-            outbox: ::rfidl_runtime::outbox::Outbox,
-            destination: impl Into<::std::string::String>,
-        ) -> Self {
-            Self::with_store(outbox, destination)
         }
     }
 
     impl<S: ::rfidl_runtime::Store> EngineClient<S> {
         /// A client that sends to `destination` (a name mapped to a transport
         /// and URL in the runtime configuration) and enqueues in transactions
-        /// of the store `S`: `EngineClient::<Postgres>::with_store(outbox, destination)`
-        /// for an outbox in a `postgres://` database.
+        /// of `outbox`'s database.
         ///
         /// The destination is declared on the outbox: a dispatcher refuses to
         /// start while the configuration has no route for it.
-        pub fn with_store(
-            outbox: ::rfidl_runtime::outbox::Outbox,
+        pub fn new(
+            outbox: ::rfidl_runtime::outbox::Outbox<S>,
             destination: impl Into<::std::string::String>,
         ) -> Self {
             let destination = destination.into();
             outbox.declare_destination(&destination);
-            Self {
-                outbox,
-                destination,
-                store: ::std::marker::PhantomData,
-            }
+            Self { outbox, destination }
         }
 
         /// Raised when an employee is hired.
@@ -948,7 +888,7 @@ pub mod emp_service_v2 {
                 channel,
                 referral_code,
             };
-            S::enqueue(
+            ::rfidl_runtime::outbox::Outbox::enqueue(
                 &self.outbox,
                 tx,
                 ::rfidl_runtime::outbox::OutgoingMessage {
@@ -988,7 +928,7 @@ pub mod emp_service_v2 {
                 employee_id,
                 completed_at,
             };
-            S::enqueue(
+            ::rfidl_runtime::outbox::Outbox::enqueue(
                 &self.outbox,
                 tx,
                 ::rfidl_runtime::outbox::OutgoingMessage {
@@ -1032,7 +972,7 @@ pub mod emp_service_v2 {
                 expected_length,
                 reason,
             };
-            S::enqueue(
+            ::rfidl_runtime::outbox::Outbox::enqueue(
                 &self.outbox,
                 tx,
                 ::rfidl_runtime::outbox::OutgoingMessage {
@@ -1074,7 +1014,7 @@ pub mod emp_service_v2 {
                 root,
                 version,
             };
-            S::enqueue(
+            ::rfidl_runtime::outbox::Outbox::enqueue(
                 &self.outbox,
                 tx,
                 ::rfidl_runtime::outbox::OutgoingMessage {
@@ -1107,7 +1047,7 @@ pub mod emp_service_v2 {
     /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
     /// (`impl EngineAnswers for …`, `tx: &rusqlite::Transaction<'_>`),
     /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a dispatcher started with `Dispatcher::postgres`
+    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
     /// (`impl EngineAnswers<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
     pub trait EngineAnswers<
@@ -1175,7 +1115,7 @@ pub mod emp_service_v2 {
     /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
     /// (`impl EngineHandler for …`, `tx: &rusqlite::Transaction<'_>`),
     /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a receiver built with `Receiver::postgres`
+    /// rfidl-runtime) for a receiver built on a `PostgresUrl`
     /// (`impl EngineHandler<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
     pub trait EngineHandler<
@@ -1306,7 +1246,7 @@ pub mod emp_service_v2 {
     /// each payload into its request type (422 `payload_mismatch` when it does
     /// not fit) and routes by endpoint name with a static `match`. It hosts a
     /// `EngineHandler<S>` in a receiver of the same store `S`:
-    /// `Receiver::builder` (`Sqlite`) or `Receiver::postgres` (`Postgres`).
+    /// `Receiver::builder(config, path)` (`Sqlite`) or `(config, &url)` (`Postgres`).
     #[derive(Debug)]
     pub struct EngineReceiver<H>(pub H);
 
@@ -1399,15 +1339,14 @@ pub mod emp_service_v2 {
     /// message is sent if and only if that transaction commits.
     ///
     /// `S` is the store the outbox is in, and so the type of that
-    /// transaction: [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`&rusqlite::Transaction`, from [`new`](Self::new)), or
-    /// `rfidl_runtime::Postgres` (`&mut postgres::Transaction`, cargo
-    /// feature `postgres` of rfidl-runtime) from
-    /// `ServiceClient::<Postgres>::with_store(outbox, destination)`.
+    /// transaction, which follows from the outbox:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) for an outbox on a file path
+    /// (`&rusqlite::Transaction`), `rfidl_runtime::Postgres` for one on a
+    /// `PostgresUrl` (`&mut postgres::Transaction`, cargo feature `postgres`
+    /// of rfidl-runtime).
     pub struct ServiceClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
-        outbox: ::rfidl_runtime::outbox::Outbox,
+        outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
-        store: ::std::marker::PhantomData<fn() -> S>,
     }
 
     impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for ServiceClient<S> {
@@ -1425,43 +1364,24 @@ pub mod emp_service_v2 {
             Self {
                 outbox: self.outbox.clone(),
                 destination: self.destination.clone(),
-                store: ::std::marker::PhantomData,
             }
-        }
-    }
-
-    impl ServiceClient {
-        /// A client that sends to `destination` (a name mapped to a transport
-        /// and URL in the runtime configuration) and enqueues in transactions
-        /// of the default store, [`Sqlite`](::rfidl_runtime::Sqlite). For
-        /// another store, see [`with_store`](Self::with_store).
-        pub fn new(
-            outbox: ::rfidl_runtime::outbox::Outbox,
-            destination: impl Into<::std::string::String>,
-        ) -> Self {
-            Self::with_store(outbox, destination)
         }
     }
 
     impl<S: ::rfidl_runtime::Store> ServiceClient<S> {
         /// A client that sends to `destination` (a name mapped to a transport
         /// and URL in the runtime configuration) and enqueues in transactions
-        /// of the store `S`: `ServiceClient::<Postgres>::with_store(outbox, destination)`
-        /// for an outbox in a `postgres://` database.
+        /// of `outbox`'s database.
         ///
         /// The destination is declared on the outbox: a dispatcher refuses to
         /// start while the configuration has no route for it.
-        pub fn with_store(
-            outbox: ::rfidl_runtime::outbox::Outbox,
+        pub fn new(
+            outbox: ::rfidl_runtime::outbox::Outbox<S>,
             destination: impl Into<::std::string::String>,
         ) -> Self {
             let destination = destination.into();
             outbox.declare_destination(&destination);
-            Self {
-                outbox,
-                destination,
-                store: ::std::marker::PhantomData,
-            }
+            Self { outbox, destination }
         }
 
         /// The engine asks the HR service to provision a laptop.
@@ -1489,7 +1409,7 @@ pub mod emp_service_v2 {
                 model,
                 ship_to,
             };
-            S::enqueue(
+            ::rfidl_runtime::outbox::Outbox::enqueue(
                 &self.outbox,
                 tx,
                 ::rfidl_runtime::outbox::OutgoingMessage {
@@ -1522,7 +1442,7 @@ pub mod emp_service_v2 {
     /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
     /// (`impl ServiceAnswers for …`, `tx: &rusqlite::Transaction<'_>`),
     /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a dispatcher started with `Dispatcher::postgres`
+    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
     /// (`impl ServiceAnswers<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
     pub trait ServiceAnswers<
@@ -1590,7 +1510,7 @@ pub mod emp_service_v2 {
     /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
     /// (`impl ServiceHandler for …`, `tx: &rusqlite::Transaction<'_>`),
     /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a receiver built with `Receiver::postgres`
+    /// rfidl-runtime) for a receiver built on a `PostgresUrl`
     /// (`impl ServiceHandler<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
     pub trait ServiceHandler<
@@ -1640,7 +1560,7 @@ pub mod emp_service_v2 {
     /// each payload into its request type (422 `payload_mismatch` when it does
     /// not fit) and routes by endpoint name with a static `match`. It hosts a
     /// `ServiceHandler<S>` in a receiver of the same store `S`:
-    /// `Receiver::builder` (`Sqlite`) or `Receiver::postgres` (`Postgres`).
+    /// `Receiver::builder(config, path)` (`Sqlite`) or `(config, &url)` (`Postgres`).
     #[derive(Debug)]
     pub struct ServiceReceiver<H>(pub H);
 

@@ -144,15 +144,14 @@ pub mod order_service_v1 {
     /// message is sent if and only if that transaction commits.
     ///
     /// `S` is the store the outbox is in, and so the type of that
-    /// transaction: [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`&rusqlite::Transaction`, from [`new`](Self::new)), or
-    /// `rfidl_runtime::Postgres` (`&mut postgres::Transaction`, cargo
-    /// feature `postgres` of rfidl-runtime) from
-    /// `EngineClient::<Postgres>::with_store(outbox, destination)`.
+    /// transaction, which follows from the outbox:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) for an outbox on a file path
+    /// (`&rusqlite::Transaction`), `rfidl_runtime::Postgres` for one on a
+    /// `PostgresUrl` (`&mut postgres::Transaction`, cargo feature `postgres`
+    /// of rfidl-runtime).
     pub struct EngineClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
-        outbox: ::rfidl_runtime::outbox::Outbox,
+        outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
-        store: ::std::marker::PhantomData<fn() -> S>,
     }
 
     impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for EngineClient<S> {
@@ -170,43 +169,24 @@ pub mod order_service_v1 {
             Self {
                 outbox: self.outbox.clone(),
                 destination: self.destination.clone(),
-                store: ::std::marker::PhantomData,
             }
-        }
-    }
-
-    impl EngineClient {
-        /// A client that sends to `destination` (a name mapped to a transport
-        /// and URL in the runtime configuration) and enqueues in transactions
-        /// of the default store, [`Sqlite`](::rfidl_runtime::Sqlite). For
-        /// another store, see [`with_store`](Self::with_store).
-        pub fn new(
-            outbox: ::rfidl_runtime::outbox::Outbox,
-            destination: impl Into<::std::string::String>,
-        ) -> Self {
-            Self::with_store(outbox, destination)
         }
     }
 
     impl<S: ::rfidl_runtime::Store> EngineClient<S> {
         /// A client that sends to `destination` (a name mapped to a transport
         /// and URL in the runtime configuration) and enqueues in transactions
-        /// of the store `S`: `EngineClient::<Postgres>::with_store(outbox, destination)`
-        /// for an outbox in a `postgres://` database.
+        /// of `outbox`'s database.
         ///
         /// The destination is declared on the outbox: a dispatcher refuses to
         /// start while the configuration has no route for it.
-        pub fn with_store(
-            outbox: ::rfidl_runtime::outbox::Outbox,
+        pub fn new(
+            outbox: ::rfidl_runtime::outbox::Outbox<S>,
             destination: impl Into<::std::string::String>,
         ) -> Self {
             let destination = destination.into();
             outbox.declare_destination(&destination);
-            Self {
-                outbox,
-                destination,
-                store: ::std::marker::PhantomData,
-            }
+            Self { outbox, destination }
         }
 
         /// A customer placed an order: starts the fulfilment workflow.
@@ -228,7 +208,7 @@ pub mod order_service_v1 {
             ::rfidl_runtime::outbox::OutboxError,
         > {
             let request = OrderPlacedRequest { order };
-            S::enqueue(
+            ::rfidl_runtime::outbox::Outbox::enqueue(
                 &self.outbox,
                 tx,
                 ::rfidl_runtime::outbox::OutgoingMessage {
@@ -270,7 +250,7 @@ pub mod order_service_v1 {
                 order_id,
                 reason,
             };
-            S::enqueue(
+            ::rfidl_runtime::outbox::Outbox::enqueue(
                 &self.outbox,
                 tx,
                 ::rfidl_runtime::outbox::OutgoingMessage {
@@ -305,7 +285,7 @@ pub mod order_service_v1 {
     /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
     /// (`impl EngineHandler for …`, `tx: &rusqlite::Transaction<'_>`),
     /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a receiver built with `Receiver::postgres`
+    /// rfidl-runtime) for a receiver built on a `PostgresUrl`
     /// (`impl EngineHandler<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
     pub trait EngineHandler<
@@ -372,7 +352,7 @@ pub mod order_service_v1 {
     /// each payload into its request type (422 `payload_mismatch` when it does
     /// not fit) and routes by endpoint name with a static `match`. It hosts a
     /// `EngineHandler<S>` in a receiver of the same store `S`:
-    /// `Receiver::builder` (`Sqlite`) or `Receiver::postgres` (`Postgres`).
+    /// `Receiver::builder(config, path)` (`Sqlite`) or `(config, &url)` (`Postgres`).
     #[derive(Debug)]
     pub struct EngineReceiver<H>(pub H);
 
@@ -425,15 +405,14 @@ pub mod order_service_v1 {
     /// message is sent if and only if that transaction commits.
     ///
     /// `S` is the store the outbox is in, and so the type of that
-    /// transaction: [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`&rusqlite::Transaction`, from [`new`](Self::new)), or
-    /// `rfidl_runtime::Postgres` (`&mut postgres::Transaction`, cargo
-    /// feature `postgres` of rfidl-runtime) from
-    /// `ServiceClient::<Postgres>::with_store(outbox, destination)`.
+    /// transaction, which follows from the outbox:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) for an outbox on a file path
+    /// (`&rusqlite::Transaction`), `rfidl_runtime::Postgres` for one on a
+    /// `PostgresUrl` (`&mut postgres::Transaction`, cargo feature `postgres`
+    /// of rfidl-runtime).
     pub struct ServiceClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
-        outbox: ::rfidl_runtime::outbox::Outbox,
+        outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
-        store: ::std::marker::PhantomData<fn() -> S>,
     }
 
     impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for ServiceClient<S> {
@@ -451,43 +430,24 @@ pub mod order_service_v1 {
             Self {
                 outbox: self.outbox.clone(),
                 destination: self.destination.clone(),
-                store: ::std::marker::PhantomData,
             }
-        }
-    }
-
-    impl ServiceClient {
-        /// A client that sends to `destination` (a name mapped to a transport
-        /// and URL in the runtime configuration) and enqueues in transactions
-        /// of the default store, [`Sqlite`](::rfidl_runtime::Sqlite). For
-        /// another store, see [`with_store`](Self::with_store).
-        pub fn new(
-            outbox: ::rfidl_runtime::outbox::Outbox,
-            destination: impl Into<::std::string::String>,
-        ) -> Self {
-            Self::with_store(outbox, destination)
         }
     }
 
     impl<S: ::rfidl_runtime::Store> ServiceClient<S> {
         /// A client that sends to `destination` (a name mapped to a transport
         /// and URL in the runtime configuration) and enqueues in transactions
-        /// of the store `S`: `ServiceClient::<Postgres>::with_store(outbox, destination)`
-        /// for an outbox in a `postgres://` database.
+        /// of `outbox`'s database.
         ///
         /// The destination is declared on the outbox: a dispatcher refuses to
         /// start while the configuration has no route for it.
-        pub fn with_store(
-            outbox: ::rfidl_runtime::outbox::Outbox,
+        pub fn new(
+            outbox: ::rfidl_runtime::outbox::Outbox<S>,
             destination: impl Into<::std::string::String>,
         ) -> Self {
             let destination = destination.into();
             outbox.declare_destination(&destination);
-            Self {
-                outbox,
-                destination,
-                store: ::std::marker::PhantomData,
-            }
+            Self { outbox, destination }
         }
 
         /// Reserve stock for an order; answers what could be reserved.
@@ -513,7 +473,7 @@ pub mod order_service_v1 {
                 order_id,
                 lines,
             };
-            S::enqueue(
+            ::rfidl_runtime::outbox::Outbox::enqueue(
                 &self.outbox,
                 tx,
                 ::rfidl_runtime::outbox::OutgoingMessage {
@@ -555,7 +515,7 @@ pub mod order_service_v1 {
                 order_id,
                 amount,
             };
-            S::enqueue(
+            ::rfidl_runtime::outbox::Outbox::enqueue(
                 &self.outbox,
                 tx,
                 ::rfidl_runtime::outbox::OutgoingMessage {
@@ -593,7 +553,7 @@ pub mod order_service_v1 {
             ::rfidl_runtime::outbox::OutboxError,
         > {
             let request = CheckStockRequest { sku };
-            S::enqueue(
+            ::rfidl_runtime::outbox::Outbox::enqueue(
                 &self.outbox,
                 tx,
                 ::rfidl_runtime::outbox::OutgoingMessage {
@@ -626,7 +586,7 @@ pub mod order_service_v1 {
     /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
     /// (`impl ServiceAnswers for …`, `tx: &rusqlite::Transaction<'_>`),
     /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a dispatcher started with `Dispatcher::postgres`
+    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
     /// (`impl ServiceAnswers<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
     pub trait ServiceAnswers<
@@ -736,7 +696,7 @@ pub mod order_service_v1 {
     /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
     /// (`impl ServiceHandler for …`, `tx: &rusqlite::Transaction<'_>`),
     /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a receiver built with `Receiver::postgres`
+    /// rfidl-runtime) for a receiver built on a `PostgresUrl`
     /// (`impl ServiceHandler<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
     pub trait ServiceHandler<
@@ -848,7 +808,7 @@ pub mod order_service_v1 {
     /// each payload into its request type (422 `payload_mismatch` when it does
     /// not fit) and routes by endpoint name with a static `match`. It hosts a
     /// `ServiceHandler<S>` in a receiver of the same store `S`:
-    /// `Receiver::builder` (`Sqlite`) or `Receiver::postgres` (`Postgres`).
+    /// `Receiver::builder(config, path)` (`Sqlite`) or `(config, &url)` (`Postgres`).
     #[derive(Debug)]
     pub struct ServiceReceiver<H>(pub H);
 

@@ -194,7 +194,7 @@ fn engine(
     let outbox = Outbox::new(config, &db);
     let dispatcher = {
         let _in_runtime = rt.enter();
-        Dispatcher::builder(&outbox, &db)
+        Dispatcher::builder(&outbox)
             .issued_keys(&keys)
             .start()
             .expect("dispatcher")

@@ -276,7 +276,7 @@ pub async fn pair(
     };
     let consumer = match wire {
         Wire::JetStream(_) => Some(
-            rfidl_runtime::nats::JetStreamConsumer::builder(receiver, &url, &receiver_db)
+            rfidl_runtime::nats::JetStreamConsumer::builder(receiver, &url)
                 .spawn()
                 .expect("consumer"),
         ),
@@ -358,7 +358,7 @@ pub async fn delivery_run(
     tx.commit().expect("commit");
     let enqueue = enqueuing.elapsed();
     let started = Instant::now();
-    let dispatcher = Dispatcher::builder(&pair.outbox, &pair.sender_db)
+    let dispatcher = Dispatcher::builder(&pair.outbox)
         .start()
         .expect("dispatcher");
     loop {
@@ -515,9 +515,7 @@ pub async fn commit_to_effect(
     let mut config = pair.outbox.config().clone();
     config.outbox.durability = sender;
     let outbox = Outbox::new(config, &pair.sender_db);
-    let dispatcher = Dispatcher::builder(&outbox, &pair.sender_db)
-        .start()
-        .expect("dispatcher");
+    let dispatcher = Dispatcher::builder(&outbox).start().expect("dispatcher");
     let mut conn = db::open(&pair.sender_db, sender).expect("open");
     let mut samples = Vec::new();
     for n in 0..300 {

@@ -6,7 +6,6 @@
 //! It never writes SQL (that is `queries` over `sqlite` or
 //! `crate::store::postgres::diagnostics`) nor decides a health status (that is `health`).
 
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -59,7 +58,7 @@ pub struct DiagnosticsBuilder {
 impl DiagnosticsBuilder {
     /// Takes the outbox's metrics and TTL, and wakes its dispatcher when a
     /// message is retried by hand.
-    pub fn outbox(mut self, outbox: &Outbox) -> Self {
+    pub fn outbox<S: crate::store::Store>(mut self, outbox: &Outbox<S>) -> Self {
         self.metrics = Arc::clone(outbox.metrics());
         self.wake = Some(outbox.wake_handle());
         self.circuits = Some(Arc::clone(outbox.circuits()));
@@ -67,7 +66,7 @@ impl DiagnosticsBuilder {
         let inbox = &outbox.config().inbox;
         self.dedup_horizon = inbox.retention.saturating_sub(inbox.signature_tolerance);
         self.destinations = outbox.config().destinations.keys().cloned().collect();
-        self.outbox = Some(outbox.clone());
+        self.outbox = Some(outbox.untyped());
         self
     }
 
@@ -186,20 +185,11 @@ pub(super) struct Shared {
 }
 
 impl Diagnostics {
-    /// Diagnostics of the SQLite service database at `db_path`.
-    pub fn builder(db_path: impl AsRef<Path>) -> DiagnosticsBuilder {
-        Self::builder_for(Database::Sqlite(db_path.as_ref().to_path_buf()))
-    }
-
-    /// Diagnostics of the service database in PostgreSQL: the same routes
-    /// and answers as on SQLite.
-    #[cfg(feature = "postgres")]
-    pub fn postgres(url: &crate::store::postgres::PostgresUrl) -> DiagnosticsBuilder {
-        Self::builder_for(Database::Postgres(Box::new(url.clone())))
-    }
-
-    /// Diagnostics of the service database `database`, either store.
-    pub fn builder_for(database: impl Into<Database>) -> DiagnosticsBuilder {
+    /// Diagnostics of the service database `database`: a SQLite file
+    /// path, a [`PostgresUrl`](crate::store::postgres::PostgresUrl), or a
+    /// [`Database`] chosen at run time. The same routes and answers on
+    /// every store.
+    pub fn builder(database: impl Into<Database>) -> DiagnosticsBuilder {
         DiagnosticsBuilder {
             database: database.into(),
             metrics: Arc::new(Metrics::default()),

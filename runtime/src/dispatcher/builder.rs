@@ -6,18 +6,15 @@
 //! parent module does.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{DispatcherHandle, State, records, run};
-use crate::config::{Config, Durability};
+use super::{DispatcherHandle, State, run};
 use crate::liveness::Liveness;
 use crate::outbox::Outbox;
 use crate::responses::ResponseHandler;
 use crate::signing::Secret;
-use crate::store::sqlite as db;
 use crate::store::{Sqlite, Store};
 use crate::transport::Transport;
 
@@ -50,20 +47,10 @@ pub struct Route {
     pub secrets: Vec<Secret>,
 }
 
-/// Opens the dispatcher's store once the builder starts it.
-type OpenDb<S> = Box<
-    dyn FnOnce(
-            &Config,
-            Vec<Arc<dyn ResponseHandler<S>>>,
-        ) -> Result<Arc<dyn records::DispatchDb>, crate::store::StoreError>
-        + Send,
->;
-
 /// Configures and starts a dispatcher on the store `S`.
 #[must_use]
 pub struct DispatcherBuilder<S: Store = Sqlite> {
-    outbox: Outbox,
-    open: OpenDb<S>,
+    outbox: Outbox<S>,
     routes: BTreeMap<String, Route>,
     errors: Vec<DispatcherError>,
     responses: Vec<Arc<dyn ResponseHandler<S>>>,
@@ -189,7 +176,7 @@ impl<S: Store> DispatcherBuilder<S> {
         {
             return Err(DispatcherError::UnknownDestination { name });
         }
-        let db = (self.open)(&config, self.responses)?;
+        let db = S::open_dispatch(self.outbox.database(), &config, self.responses)?;
         let cancel = CancellationToken::new();
         let state = Arc::new(State {
             config,
@@ -265,73 +252,19 @@ impl Drop for Unstarted {
     }
 }
 
-/// The entry point: `Dispatcher::builder(&outbox, db_path).route(…).start()`
-/// on SQLite, `Dispatcher::postgres(&outbox, &url)` on PostgreSQL.
+/// The entry point: `Dispatcher::builder(&outbox).route(…).start()`.
 pub struct Dispatcher;
 
 impl Dispatcher {
-    /// A dispatcher for the outbox in the SQLite file `db_path`.
-    pub fn builder(outbox: &Outbox, db_path: impl AsRef<Path>) -> DispatcherBuilder<Sqlite> {
-        let path = db_path.as_ref().to_path_buf();
-        Self::with_store(
-            outbox,
-            Box::new(move |config: &Config, responses| {
-                // NORMAL: only a claim may need an fsync, and it asks for
-                // one itself (see `SqliteDispatch::claim`).
-                let conn = db::open(&path, Durability::Normal)?;
-                let exclusive =
-                    crate::store::sqlite::dispatch::ExclusiveDispatch::try_acquire(&path);
-                if exclusive.is_some() {
-                    let reclaimed =
-                        crate::store::sqlite::dispatch::reclaim_abandoned(&conn, db::now_ms())
-                            .map_err(|source| crate::store::StoreError::Sqlite {
-                                path: path.display().to_string(),
-                                source,
-                            })?;
-                    if reclaimed > 0 {
-                        tracing::info!(
-                            rows = reclaimed,
-                            "rows a dispatcher that is gone left `Sending` are due again now"
-                        );
-                    }
-                }
-                Ok(
-                    Arc::new(crate::store::sqlite::dispatch::SqliteDispatch::new(
-                        conn,
-                        exclusive,
-                        config.outbox.durability,
-                        responses,
-                    )) as Arc<dyn records::DispatchDb>,
-                )
-            }),
-        )
-    }
-
-    /// A dispatcher for the outbox in a PostgreSQL database. Any number of
-    /// dispatchers (replicas) may share one database: claims skip the rows
-    /// another one has locked, and leases fence what each may update.
-    #[cfg(feature = "postgres")]
-    pub fn postgres(
-        outbox: &Outbox,
-        url: &crate::store::postgres::PostgresUrl,
-    ) -> DispatcherBuilder<crate::store::Postgres> {
-        let url = url.clone();
-        Self::with_store(
-            outbox,
-            Box::new(move |_: &Config, responses| {
-                let client = crate::store::postgres::open(&url)?;
-                Ok(Arc::new(crate::store::postgres::PostgresDispatch::new(
-                    crate::store::postgres::Connection::new(url, client),
-                    responses,
-                )) as Arc<dyn records::DispatchDb>)
-            }),
-        )
-    }
-
-    fn with_store<S: Store>(outbox: &Outbox, open: OpenDb<S>) -> DispatcherBuilder<S> {
+    /// A dispatcher for `outbox`, on the outbox's database (and store).
+    /// Any number of dispatchers may share a PostgreSQL database (replicas):
+    /// claims skip the rows another one has locked, and leases fence what
+    /// each may update. On SQLite, the first one to start on a file holds it
+    /// (`<file>.dispatcher-lock`) and reclaims rows a dispatcher that is gone
+    /// left `Sending`.
+    pub fn builder<S: Store>(outbox: &Outbox<S>) -> DispatcherBuilder<S> {
         DispatcherBuilder {
             outbox: outbox.clone(),
-            open,
             routes: BTreeMap::new(),
             errors: Vec::new(),
             responses: Vec::new(),

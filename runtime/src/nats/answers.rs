@@ -13,13 +13,11 @@
 //! the dispatcher recorded the publish (the row is not `Sent` yet) is
 //! negatively acknowledged for a moment.
 
-use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt as _;
-use rusqlite::OptionalExtension as _;
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -27,7 +25,7 @@ use super::{
     reconnect_delay, validate_durable,
 };
 use crate::responses::ResponseHandler;
-use crate::store::{Sqlite, Store};
+use crate::store::{Location, Sqlite, Store};
 
 /// The entry point: `AnswersConsumer::builder("engine", "nats://…/orders",
 /// "engine.db").responses(router).spawn()`.
@@ -36,59 +34,41 @@ pub struct AnswersConsumer;
 impl AnswersConsumer {
     /// Takes the answers to the messages this service (`service_id`, its
     /// `Config::service_id`) sends to the destination `destination_url`,
-    /// for the outbox in the SQLite file `db_path`.
-    pub fn builder(
+    /// for the outbox in `database` (a SQLite file path, or a
+    /// [`PostgresUrl`](crate::store::postgres::PostgresUrl)). The answer,
+    /// its marker and the handler's writes commit in one transaction of that
+    /// database (on PostgreSQL the row is locked, so replicas apply an
+    /// answer once).
+    pub fn builder<S: Store>(
         service_id: &str,
         destination_url: &str,
-        db_path: impl AsRef<Path>,
-    ) -> AnswersBuilder<Sqlite> {
-        let path = db_path.as_ref().to_path_buf();
-        Self::with_store(
-            service_id,
-            destination_url,
-            Box::new(move || {
-                let conn = crate::store::sqlite::open(&path, crate::config::Durability::Full)?;
-                Ok(Arc::new(SqliteAnswers(Mutex::new(conn))) as Arc<dyn AnswerStore<Sqlite>>)
-            }),
-        )
-    }
-
-    /// [`builder`](Self::builder) for an outbox on PostgreSQL: the answer,
-    /// its marker and the handler's writes commit in one transaction of
-    /// that database (the row locked, so replicas apply an answer once).
-    #[cfg(feature = "postgres")]
-    pub fn postgres(
-        service_id: &str,
-        destination_url: &str,
-        database: &crate::store::postgres::PostgresUrl,
-    ) -> AnswersBuilder<crate::store::Postgres> {
-        let url = database.clone();
-        Self::with_store(
-            service_id,
-            destination_url,
-            Box::new(move || {
-                let client = crate::store::postgres::open(&url)?;
-                Ok(Arc::new(PostgresAnswers(Mutex::new(
-                    crate::store::postgres::Connection::new(url, client),
-                )))
-                    as Arc<dyn AnswerStore<crate::store::Postgres>>)
-            }),
-        )
+        database: impl Location<Store = S>,
+    ) -> AnswersBuilder<S> {
+        AnswersBuilder {
+            service_id: service_id.to_owned(),
+            url: NatsUrl::parse(destination_url),
+            database: database.into_database(),
+            durable: None,
+            secrets: Vec::new(),
+            issued: None,
+            handlers: Vec::new(),
+            settings: PullSettings::default(),
+        }
     }
 
     /// The answers consumer of the configured destination `destination`
     /// (its `nats://` URL and secret, and `config.service_id`), for the
-    /// outbox in the SQLite file `db_path`.
+    /// outbox in `database`.
     ///
     /// # Errors
     ///
     /// [`NatsError::Config`] when `config.destinations` has no such
     /// destination or its secret is invalid.
-    pub fn for_destination(
+    pub fn for_destination<S: Store>(
         config: &crate::Config,
         destination: &str,
-        db_path: impl AsRef<Path>,
-    ) -> Result<AnswersBuilder<Sqlite>, NatsError> {
+        database: impl Location<Store = S>,
+    ) -> Result<AnswersBuilder<S>, NatsError> {
         let found = config
             .destinations
             .get(destination)
@@ -96,7 +76,7 @@ impl AnswersConsumer {
                 field: "destination",
                 message: format!("no destination `{destination}` is configured"),
             })?;
-        let mut builder = Self::builder(&config.service_id, &found.url, db_path);
+        let mut builder = Self::builder(&config.service_id, &found.url, database);
         // No secret in the config: the registry issues this service's
         // signing keys, and the caller adds them (`issued_keys`).
         if !found.secret.is_empty() {
@@ -112,23 +92,6 @@ impl AnswersConsumer {
             .map(|url| url.with_default_replicas(found.replicas.unwrap_or(1)));
         Ok(builder)
     }
-
-    fn with_store<S: Store>(
-        service_id: &str,
-        destination_url: &str,
-        open: OpenStore<S>,
-    ) -> AnswersBuilder<S> {
-        AnswersBuilder {
-            service_id: service_id.to_owned(),
-            url: NatsUrl::parse(destination_url),
-            open,
-            durable: None,
-            secrets: Vec::new(),
-            issued: None,
-            handlers: Vec::new(),
-            settings: PullSettings::default(),
-        }
-    }
 }
 
 /// Configures an [`AnswersConsumer`].
@@ -136,17 +99,13 @@ impl AnswersConsumer {
 pub struct AnswersBuilder<S: Store = Sqlite> {
     service_id: String,
     url: Result<NatsUrl, String>,
-    open: OpenStore<S>,
+    database: crate::store::Database,
     durable: Option<String>,
     secrets: Vec<crate::signing::Secret>,
     issued: Option<crate::keys::IssuedKeys>,
     handlers: Vec<Arc<dyn ResponseHandler<S>>>,
     settings: PullSettings,
 }
-
-/// Opens the sender's database when the consumer starts.
-type OpenStore<S> =
-    Box<dyn FnOnce() -> Result<Arc<dyn AnswerStore<S>>, crate::store::StoreError> + Send>;
 
 impl<S: Store> std::fmt::Debug for AnswersBuilder<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -234,7 +193,7 @@ impl<S: Store> AnswersBuilder<S> {
             field: "durable",
             message,
         })?;
-        let store = (self.open)()?;
+        let store = S::open_answers(&self.database)?;
         let shared = Arc::new(Shared {
             filter: answers_subject(url.subject(), &self.service_id),
             url,
@@ -358,7 +317,7 @@ async fn run<S: Store>(shared: Arc<Shared<S>>, cancel: CancellationToken) {
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Published {
-    message_id: String,
+    pub(crate) message_id: String,
     status: u16,
     #[serde(default)]
     body: serde_json::Value,
@@ -486,14 +445,14 @@ pub(crate) trait AnswerStore<S: Store>: Send + Sync + 'static {
 }
 
 /// The outbox row an answer belongs to.
-struct Row {
-    status: String,
-    answered: bool,
-    interface: String,
-    version: u32,
-    endpoint: String,
-    correlation_id: Option<String>,
-    headers: String,
+pub(crate) struct Row {
+    pub(crate) status: String,
+    pub(crate) answered: bool,
+    pub(crate) interface: String,
+    pub(crate) version: u32,
+    pub(crate) endpoint: String,
+    pub(crate) correlation_id: Option<String>,
+    pub(crate) headers: String,
 }
 
 /// The payload of an answer (`null` when it has none).
@@ -510,7 +469,7 @@ fn payload_of(published: &Published) -> serde_json::Value {
 
 /// Runs the row's handler, if one is registered, in the caller's
 /// transaction, in the message's trace.
-fn run_handler<S: Store>(
+pub(crate) fn run_handler<S: Store>(
     handlers: &[Arc<dyn ResponseHandler<S>>],
     row: &Row,
     message_id: &str,
@@ -543,7 +502,10 @@ fn run_handler<S: Store>(
 
 /// What a row says about an answer before it is applied: the row and the
 /// answer's payload to apply, or what to do instead.
-fn precheck(row: Option<Row>, published: &Published) -> Result<(Row, serde_json::Value), Recorded> {
+pub(crate) fn precheck(
+    row: Option<Row>,
+    published: &Published,
+) -> Result<(Row, serde_json::Value), Recorded> {
     let message_id = &published.message_id;
     let Some(row) = row else {
         tracing::warn!(%message_id, "answer to a message this outbox does not hold (deleted by retention?); acknowledged");
@@ -556,148 +518,4 @@ fn precheck(row: Option<Row>, published: &Published) -> Result<(Row, serde_json:
         return Err(Recorded::NotYet);
     }
     Ok((row, payload_of(published)))
-}
-
-const SELECT_ROW: &str = "SELECT status, answered_at IS NOT NULL, interface, version, endpoint, \
-     correlation_id, headers FROM outbox_messages WHERE message_id = ";
-
-struct SqliteAnswers(Mutex<rusqlite::Connection>);
-
-impl AnswerStore<Sqlite> for SqliteAnswers {
-    fn record(
-        &self,
-        handlers: &[Arc<dyn ResponseHandler<Sqlite>>],
-        published: &Published,
-    ) -> Recorded {
-        let Ok(mut conn) = self.0.lock() else {
-            return Recorded::Failed("connection lock poisoned".to_owned());
-        };
-        let result = (|| -> Result<Recorded, rusqlite::Error> {
-            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let row = tx
-                .query_row(
-                    &format!("{SELECT_ROW}?1 AND seq = ?2"),
-                    rusqlite::params![
-                        published.message_id,
-                        crate::store::sqlite::outbox_seq(&published.message_id)
-                    ],
-                    |r| {
-                        Ok(Row {
-                            status: r.get(0)?,
-                            answered: r.get(1)?,
-                            interface: r.get(2)?,
-                            version: r.get(3)?,
-                            endpoint: r.get(4)?,
-                            correlation_id: r.get(5)?,
-                            headers: r.get(6)?,
-                        })
-                    },
-                )
-                .optional()?;
-            let (row, payload) = match precheck(row, published) {
-                Ok(ready) => ready,
-                Err(done) => return Ok(done),
-            };
-            tx.execute(
-                "UPDATE outbox_messages SET answered_at = ?1, response = ?2 \
-                 WHERE message_id = ?3 AND seq = ?4",
-                rusqlite::params![
-                    crate::store::now_ms(),
-                    serde_json::to_string(&payload).unwrap_or_default(),
-                    published.message_id,
-                    crate::store::sqlite::outbox_seq(&published.message_id)
-                ],
-            )?;
-            if let Err(error) = run_handler(handlers, &row, &published.message_id, &payload, &tx) {
-                // Dropping `tx` rolls the marker back too.
-                return Ok(Recorded::Failed(error));
-            }
-            tx.commit()?;
-            Ok(Recorded::Done)
-        })();
-        result.unwrap_or_else(|error| Recorded::Failed(format!("database: {error}")))
-    }
-
-    fn note_failure(&self, message_id: &str, error: &str) {
-        if let Ok(conn) = self.0.lock() {
-            let _ = conn.execute(
-                "UPDATE outbox_messages SET last_error = ?1 WHERE message_id = ?2 AND seq = ?3",
-                rusqlite::params![
-                    error,
-                    message_id,
-                    crate::store::sqlite::outbox_seq(message_id)
-                ],
-            );
-        }
-    }
-}
-
-#[cfg(feature = "postgres")]
-struct PostgresAnswers(Mutex<crate::store::postgres::Connection>);
-
-#[cfg(feature = "postgres")]
-impl AnswerStore<crate::store::Postgres> for PostgresAnswers {
-    fn record(
-        &self,
-        handlers: &[Arc<dyn ResponseHandler<crate::store::Postgres>>],
-        published: &Published,
-    ) -> Recorded {
-        let Ok(mut conn) = self.0.lock() else {
-            return Recorded::Failed("connection lock poisoned".to_owned());
-        };
-        let client = match conn.client() {
-            Ok(client) => client,
-            Err(error) => return Recorded::Failed(format!("database: {error}")),
-        };
-        let result = (|| -> Result<Recorded, postgres::Error> {
-            let mut tx = client.transaction()?;
-            // Locked: a replica's consumer of the same answer waits, then
-            // finds the marker.
-            let row = tx
-                .query_opt(
-                    &format!("{SELECT_ROW}$1 FOR UPDATE"),
-                    &[&published.message_id],
-                )?
-                .map(|r| Row {
-                    status: r.get(0),
-                    answered: r.get(1),
-                    interface: r.get(2),
-                    version: u32::try_from(r.get::<_, i64>(3)).unwrap_or(0),
-                    endpoint: r.get(4),
-                    correlation_id: r.get(5),
-                    headers: r.get(6),
-                });
-            let (row, payload) = match precheck(row, published) {
-                Ok(ready) => ready,
-                Err(done) => return Ok(done),
-            };
-            tx.execute(
-                "UPDATE outbox_messages SET answered_at = $1, response = $2 WHERE message_id = $3",
-                &[
-                    &crate::store::now_ms(),
-                    &serde_json::to_string(&payload).unwrap_or_default(),
-                    &published.message_id,
-                ],
-            )?;
-            if let Err(error) =
-                run_handler(handlers, &row, &published.message_id, &payload, &mut tx)
-            {
-                return Ok(Recorded::Failed(error));
-            }
-            tx.commit()?;
-            Ok(Recorded::Done)
-        })();
-        result.unwrap_or_else(|error| Recorded::Failed(crate::store::postgres::error_text(&error)))
-    }
-
-    fn note_failure(&self, message_id: &str, error: &str) {
-        if let Ok(mut conn) = self.0.lock()
-            && let Ok(client) = conn.client()
-        {
-            let _ = client.execute(
-                "UPDATE outbox_messages SET last_error = $1 WHERE message_id = $2",
-                &[&error, &message_id],
-            );
-        }
-    }
 }

@@ -22,7 +22,6 @@
 //! its transaction had committed. Several consumers (replicas, each with
 //! its receiver on the shared database) may pull from one durable consumer.
 
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -48,43 +47,16 @@ pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 /// `max_ack_pending` is four times this).
 pub const DEFAULT_CONCURRENCY: usize = 64;
 
-/// The entry point: `JetStreamConsumer::builder(receiver, "nats://…/orders",
-/// "service.db").durable("orders").spawn()`.
+/// The entry point: `JetStreamConsumer::builder(receiver, "nats://…/orders")
+/// .durable("orders").spawn()`.
 pub struct JetStreamConsumer;
 
 impl JetStreamConsumer {
     /// A consumer of the stream of `nats_url` into `receiver`, recording
-    /// terminated messages in the SQLite file `db_path` (the receiver's
-    /// database; table `rf_terminated`).
-    pub fn builder(
-        receiver: Receiver,
-        nats_url: &str,
-        db_path: impl AsRef<Path>,
-    ) -> ConsumerBuilder {
-        Self::with_database(
-            receiver,
-            nats_url,
-            crate::Database::Sqlite(db_path.as_ref().to_path_buf()),
-        )
-    }
-
-    /// [`builder`](Self::builder) for a receiver on PostgreSQL
-    /// ([`Receiver::postgres`]): terminated messages are recorded in its
-    /// database.
-    #[cfg(feature = "postgres")]
-    pub fn postgres(
-        receiver: Receiver,
-        nats_url: &str,
-        database: &crate::store::postgres::PostgresUrl,
-    ) -> ConsumerBuilder {
-        Self::with_database(receiver, nats_url, database.into())
-    }
-
-    fn with_database(
-        receiver: Receiver,
-        nats_url: &str,
-        database: crate::Database,
-    ) -> ConsumerBuilder {
+    /// terminated messages in the receiver's database (table
+    /// `rf_terminated`).
+    pub fn builder(receiver: Receiver, nats_url: &str) -> ConsumerBuilder {
+        let database = receiver.database().clone();
         ConsumerBuilder {
             receiver,
             url: NatsUrl::parse(nats_url),
@@ -229,6 +201,16 @@ struct Shared {
     settings: PullSettings,
     /// Where terminated messages are recorded.
     terminated: Terminated,
+}
+
+/// A message the consumer gave up on, as `rf_terminated` records it.
+pub(crate) struct TerminatedRow<'a> {
+    pub stream_sequence: i64,
+    pub stream: &'a str,
+    pub message_id: Option<&'a str>,
+    pub subject: &'a str,
+    pub error: &'a str,
+    pub at: i64,
 }
 
 /// The database of the `rf_terminated` table.
@@ -584,37 +566,26 @@ async fn record_terminated(
         subject.to_owned(),
         error.to_owned(),
     );
-    tokio::task::spawn_blocking(move || match terminated {
-        Terminated::Sqlite(conn) => {
-            let conn = conn.lock().map_err(|_| "poisoned".to_owned())?;
-            conn.execute(
-                "INSERT OR IGNORE INTO rf_terminated \
-                 (stream_sequence, stream, message_id, subject, error, at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                rusqlite::params![sequence as i64, stream, message_id, subject, error, now],
-            )
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-        }
-        #[cfg(feature = "postgres")]
-        Terminated::Postgres(conn) => {
-            let mut conn = conn.lock().map_err(|_| "poisoned".to_owned())?;
-            conn.client()?
-                .execute(
-                    "INSERT INTO rf_terminated \
-                     (stream_sequence, stream, message_id, subject, error, at) \
-                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
-                    &[
-                        &(sequence as i64),
-                        &stream,
-                        &message_id,
-                        &subject,
-                        &error,
-                        &now,
-                    ],
-                )
-                .map(|_| ())
-                .map_err(|e| crate::store::postgres::error_text(&e))
+    tokio::task::spawn_blocking(move || {
+        let row = TerminatedRow {
+            stream_sequence: sequence as i64,
+            stream: &stream,
+            message_id: message_id.as_deref(),
+            subject: &subject,
+            error: &error,
+            at: now,
+        };
+        match terminated {
+            Terminated::Sqlite(conn) => {
+                let conn = conn.lock().map_err(|_| "poisoned".to_owned())?;
+                crate::store::sqlite::record_terminated(&conn, &row).map_err(|e| e.to_string())
+            }
+            #[cfg(feature = "postgres")]
+            Terminated::Postgres(conn) => {
+                let mut conn = conn.lock().map_err(|_| "poisoned".to_owned())?;
+                crate::store::postgres::record_terminated(&mut conn, &row)
+                    .map_err(|e| e.to_string())
+            }
         }
     })
     .await

@@ -15,8 +15,8 @@
 //! below (file storage, a [`DUPLICATE_WINDOW`] of deduplication by
 //! `Nats-Msg-Id`).
 
-mod answers;
-mod consumer;
+pub(crate) mod answers;
+pub(crate) mod consumer;
 mod url;
 
 use std::time::Duration;

@@ -53,9 +53,10 @@ pub(super) enum Verification {
 #[must_use = "call .build() to get a Receiver"]
 pub struct ReceiverBuilder<S: Store = Sqlite> {
     pub(super) config: Config,
-    /// The database, as shown in logs.
-    pub(super) shown: String,
-    pub(super) start: StartWriters<S>,
+    pub(super) database: crate::store::Database,
+    /// Writer threads, each with its own connection (PostgreSQL); `None`:
+    /// the store's default.
+    pub(super) writers: Option<usize>,
     pub(super) services: Vec<Arc<dyn HostedService<S>>>,
     pub(super) metrics: Option<Arc<Metrics>>,
     pub(super) group_commit_limit: usize,
@@ -68,7 +69,7 @@ pub struct ReceiverBuilder<S: Store = Sqlite> {
 impl<S: Store> std::fmt::Debug for ReceiverBuilder<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReceiverBuilder")
-            .field("database", &self.shown)
+            .field("database", &self.database)
             .field("services", &self.services.len())
             .field("verification", &self.verification)
             .finish_non_exhaustive()
@@ -90,10 +91,6 @@ pub(crate) struct WriterParts<S: Store> {
 
 /// Started writers: the inbox look-up and the writer threads.
 pub(crate) type Started = (Arc<dyn InboxLookup>, Vec<JoinHandle<()>>);
-
-/// Opens the store and starts its writer threads, once the builder builds.
-pub(super) type StartWriters<S> =
-    Box<dyn FnOnce(WriterParts<S>) -> Result<Started, ReceiverError> + Send>;
 
 impl<S: Store> ReceiverBuilder<S> {
     /// Hosts a service (generated `…Receiver(handler)` or hand-written).
@@ -173,6 +170,14 @@ impl<S: Store> ReceiverBuilder<S> {
         self
     }
 
+    /// Runs `writers` writer threads, each with a connection of its own, so
+    /// that handlers run side by side (PostgreSQL; 4 by default). SQLite
+    /// has one writer, which group-commits: this setting does not apply.
+    pub fn writers(mut self, writers: usize) -> Self {
+        self.writers = Some(writers);
+        self
+    }
+
     /// Opens (and migrates) the database, starts the writer thread.
     pub fn build(self) -> Result<Receiver, ReceiverError> {
         let mut secrets = HashMap::new();
@@ -226,7 +231,7 @@ impl<S: Store> ReceiverBuilder<S> {
 
         if self.verification == Verification::DisabledForLocalDevelopment {
             warn!(
-                db = %self.shown,
+                db = %self.database,
                 "SIGNATURE VERIFICATION IS OFF: this receiver accepts unsigned messages from anyone. \
                  Never run it like this outside local development."
             );
@@ -236,21 +241,27 @@ impl<S: Store> ReceiverBuilder<S> {
         let services: Arc<[Arc<dyn HostedService<S>>]> = self.services.into();
         let (commands, receiver) = mpsc::channel(QUEUE_CAPACITY);
         let (liveness, alive) = crate::liveness::Liveness::start();
-        let (reader, threads) = (self.start)(WriterParts {
-            commands: receiver,
-            handlers: Handlers {
-                services,
-                metrics: Arc::clone(&metrics),
+        let writers = self.writers.unwrap_or(S::DEFAULT_WRITERS).max(1);
+        let (reader, threads) = S::start_inbox(
+            &self.database,
+            writers,
+            WriterParts {
+                commands: receiver,
+                handlers: Handlers {
+                    services,
+                    metrics: Arc::clone(&metrics),
+                },
+                retention: self.config.inbox.retention,
+                group_limit: self.group_commit_limit,
+                durability: self.config.inbox.durability,
+                alive: Arc::new(alive),
+                lifecycle: self.lifecycle.clone(),
             },
-            retention: self.config.inbox.retention,
-            group_limit: self.group_commit_limit,
-            durability: self.config.inbox.durability,
-            alive: Arc::new(alive),
-            lifecycle: self.lifecycle.clone(),
-        })?;
+        )?;
 
         Ok(Receiver {
             shared: Arc::new(Shared {
+                database: self.database.clone(),
                 body_limit: self.config.inbox.body_limit,
                 batch_body_limit: self.batch_body_limit,
                 tolerance: self.config.inbox.signature_tolerance,

@@ -34,14 +34,13 @@ pub mod handler;
 mod pipeline;
 pub(crate) mod writer;
 
-#[cfg(feature = "postgres")]
 pub(crate) use builder::Started;
 pub(crate) use builder::WriterParts;
 pub use builder::{ReceiverBuilder, ReceiverError};
-use builder::{Route, StartWriters, Verification};
+use builder::{Route, Verification};
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -63,11 +62,11 @@ pub use handler::{
 
 use crate::config::Config;
 use crate::envelope::BatchResult;
-use crate::inbox::{InboxLookup, InboxReader};
+use crate::inbox::InboxLookup;
 use crate::metrics::Metrics;
 use crate::signing::Secret;
 use crate::store::{Sqlite, Store};
-use writer::{Command, Delivery, Handlers, Writer};
+use writer::{Command, Delivery, Handlers};
 
 /// Path of the single-message endpoint.
 pub const RECEIVE_PATH: &str = "/_rf/receive";
@@ -130,6 +129,8 @@ struct Shared {
     liveness: crate::liveness::Liveness,
     /// Decommissioned versions, answered 410.
     lifecycle: Option<crate::lifecycle::Lifecycle>,
+    /// Where the inbox is.
+    database: crate::store::Database,
 }
 
 /// A running receiver: verification, routing, the inbox and the writer
@@ -148,79 +149,23 @@ impl std::fmt::Debug for Receiver {
 }
 
 impl Receiver {
-    /// Starts building a receiver that stores its inbox in the SQLite file
-    /// `db_path` (created and migrated if needed; it may be the service's own
-    /// database, so handlers write business rows next to the inbox).
-    /// `db_path` may be a SQLite URI filename (see [`crate::store::sqlite::open`]).
-    pub fn builder(config: Config, db_path: impl AsRef<Path>) -> ReceiverBuilder<Sqlite> {
-        let path = db_path.as_ref().to_path_buf();
-        let shown = path.display().to_string();
-        Self::with_store(
-            config,
-            shown,
-            Box::new(move |parts: WriterParts<Sqlite>| {
-                let conn = crate::store::sqlite::open(&path, parts.durability)?;
-                if let Some(lifecycle) = &parts.lifecycle {
-                    lifecycle.load_sqlite(&conn).map_err(|source| {
-                        crate::store::StoreError::Sqlite {
-                            path: path.display().to_string(),
-                            source,
-                        }
-                    })?;
-                }
-                let reader = InboxReader::open(&path)?;
-                let writer = Writer {
-                    conn,
-                    commands: parts.commands,
-                    handlers: parts.handlers,
-                    retention: parts.retention,
-                    group_limit: parts.group_limit,
-                };
-                let alive = parts.alive;
-                let thread = std::thread::Builder::new()
-                    .name("rfidl-receiver-writer".to_owned())
-                    .spawn(move || {
-                        let _alive = alive;
-                        crate::sched::request_short_slice();
-                        writer.run();
-                    })
-                    .map_err(ReceiverError::WriterThread)?;
-                Ok((Arc::new(reader) as Arc<dyn InboxLookup>, vec![thread]))
-            }),
-        )
-    }
-
-    /// Starts building a receiver whose inbox is in a PostgreSQL database
-    /// (migrated if needed). Several receivers (replicas) may share one
-    /// database: a message delivered to two of them at once is processed by
-    /// one; the other answers it as a duplicate. Handlers get a
-    /// `&mut postgres::Transaction`, and `writers` threads, each with its own
-    /// connection, run them side by side.
-    #[cfg(feature = "postgres")]
-    pub fn postgres(
+    /// Starts building a receiver whose inbox is in `database` (created and
+    /// migrated if needed): a SQLite file path, or a
+    /// [`PostgresUrl`](crate::store::postgres::PostgresUrl). It may be the
+    /// service's own database, so handlers write business rows next to the
+    /// inbox; handlers get that store's transaction.
+    ///
+    /// Several receivers (replicas) may share one PostgreSQL database: a
+    /// message delivered to two of them at once is processed by one; the
+    /// other answers it as a duplicate.
+    pub fn builder<S: Store>(
         config: Config,
-        url: &crate::store::postgres::PostgresUrl,
-        writers: usize,
-    ) -> ReceiverBuilder<crate::store::Postgres> {
-        let url = url.clone();
-        Self::with_store(
-            config,
-            url.to_string(),
-            Box::new(move |parts| {
-                crate::store::postgres::start_receiver(&url, writers.max(1), parts)
-            }),
-        )
-    }
-
-    fn with_store<S: Store>(
-        config: Config,
-        shown: String,
-        start: StartWriters<S>,
+        database: impl crate::store::Location<Store = S>,
     ) -> ReceiverBuilder<S> {
         ReceiverBuilder {
             config,
-            shown,
-            start,
+            database: database.into_database(),
+            writers: None,
             services: Vec::new(),
             metrics: None,
             group_commit_limit: DEFAULT_GROUP_COMMIT_LIMIT,
@@ -250,6 +195,11 @@ impl Receiver {
             .route("/_rf/", any(not_found))
             .route("/_rf/{*rest}", any(not_found))
             .with_state(Arc::clone(&self.shared))
+    }
+
+    /// The database the inbox is in.
+    pub fn database(&self) -> &crate::store::Database {
+        &self.shared.database
     }
 
     /// Whether the writer thread runs (for readiness probes).

@@ -28,4 +28,10 @@ pub enum StoreError {
          changed: restore it from a backup, or inspect it with `sqlite3 {path} \"PRAGMA integrity_check\"`"
     )]
     Corrupt { path: String, detail: String },
+    /// A part of one store was given another store's database.
+    #[error("`{database}` is not a {expected} database")]
+    WrongStore {
+        expected: &'static str,
+        database: String,
+    },
 }

@@ -32,22 +32,72 @@ pub use error::StoreError;
 
 use std::path::{Path, PathBuf};
 
-use uuid::Uuid;
+// `Backend` is public only as `Store`'s supertrait; nothing outside the
+// crate can name it, so its crate-private argument types never leak.
+#[allow(private_interfaces)]
+pub(crate) mod sealed {
+    use std::sync::Arc;
 
-use crate::outbox::{OutboxError, OutgoingMessage};
+    use uuid::Uuid;
 
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for super::Sqlite {}
-    #[cfg(feature = "postgres")]
-    impl Sealed for super::Postgres {}
+    use super::StoreError;
+    use crate::config::Config;
+    use crate::dispatcher::records::DispatchDb;
+    use crate::outbox::{OutboxError, OutgoingMessage};
+    use crate::receiver::{ReceiverError, Started, WriterParts};
+    use crate::responses::ResponseHandler;
+
+    /// What the parts above the store (outbox, dispatcher, receiver,
+    /// answers) ask of a store: written once per store, in its folder.
+    /// Private to the crate, so [`Store`](super::Store) is sealed.
+    pub trait Backend: Send + Sync + Sized + 'static {
+        /// Writes `message` to the outbox in `tx` (the caller's transaction);
+        /// the part above adds the span, the metrics and the wake-up.
+        fn enqueue(
+            config: &Config,
+            tx: <Self as super::Store>::Handle<'_, '_>,
+            message: &OutgoingMessage,
+        ) -> Result<Uuid, OutboxError>
+        where
+            Self: super::Store;
+
+        /// Opens the dispatcher's claims and results on `database`.
+        fn open_dispatch(
+            database: &super::Database,
+            config: &Config,
+            responses: Vec<Arc<dyn ResponseHandler<Self>>>,
+        ) -> Result<Arc<dyn DispatchDb>, StoreError>
+        where
+            Self: super::Store;
+
+        /// Writer threads a receiver runs when it is not told.
+        const DEFAULT_WRITERS: usize;
+
+        /// Opens (and migrates) the inbox on `database`, starts `writers`
+        /// writer threads.
+        fn start_inbox(
+            database: &super::Database,
+            writers: usize,
+            parts: WriterParts<Self>,
+        ) -> Result<Started, ReceiverError>
+        where
+            Self: super::Store;
+
+        /// Opens the sender's database for the JetStream answers consumer.
+        #[cfg(feature = "nats")]
+        fn open_answers(
+            database: &super::Database,
+        ) -> Result<Arc<dyn crate::nats::answers::AnswerStore<Self>>, StoreError>
+        where
+            Self: super::Store;
+    }
 }
 
 /// A database rfidl can keep its outbox and inbox in. Sealed: [`Sqlite`] and
 /// [`Postgres`].
-pub trait Store: sealed::Sealed + Send + Sync + 'static {
+pub trait Store: sealed::Backend {
     /// The open transaction that handlers write through and clients enqueue
-    /// in: `&'a rusqlite::Transaction<'c>` or `&'a mut ::postgres::Transaction<'c>`.
+    /// in: `&'a rusqlite::Transaction<'c>` or `&'a mut postgres::Transaction<'c>`.
     type Handle<'a, 'c: 'a>;
 
     /// The store's name, as shown in diagnostics (`sqlite`, `postgres`).
@@ -58,15 +108,46 @@ pub trait Store: sealed::Sealed + Send + Sync + 'static {
     /// statements): `S::reborrow(&mut tx)`. (With a concrete store the
     /// compiler reborrows by itself.)
     fn reborrow<'s, 'a: 's, 'c: 'a>(handle: &'s mut Self::Handle<'a, 'c>) -> Self::Handle<'s, 'c>;
+}
 
-    /// Writes `message` to the outbox in the transaction behind `handle`.
-    /// Generated clients call this; application code calls the client.
-    #[doc(hidden)]
-    fn enqueue(
-        outbox: &crate::outbox::Outbox,
-        handle: Self::Handle<'_, '_>,
-        message: OutgoingMessage,
-    ) -> Result<Uuid, OutboxError>;
+/// Where the database of a known store is: what the constructors of the
+/// store-typed parts take, and what decides their store, so code written for
+/// SQLite names no store. A SQLite file is any path (`"service.db"`,
+/// `PathBuf`); a PostgreSQL database is a [`PostgresUrl`](postgres::PostgresUrl).
+/// A store chosen at run time ([`Database`], from `--db`) is matched once,
+/// by the caller.
+pub trait Location {
+    /// The store this database belongs to.
+    type Store: Store;
+
+    /// The database, for the parts that are not typed by a store.
+    fn into_database(self) -> Database;
+}
+
+impl<P: AsRef<Path>> Location for P {
+    type Store = Sqlite;
+
+    fn into_database(self) -> Database {
+        Database::Sqlite(self.as_ref().to_path_buf())
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Location for postgres::PostgresUrl {
+    type Store = Postgres;
+
+    fn into_database(self) -> Database {
+        Database::Postgres(Box::new(self))
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Location for &postgres::PostgresUrl {
+    type Store = Postgres;
+
+    fn into_database(self) -> Database {
+        Database::Postgres(Box::new(self.clone()))
+    }
 }
 
 /// The embedded default: one SQLite file per service.
@@ -79,14 +160,6 @@ impl Store for Sqlite {
 
     fn reborrow<'s, 'a: 's, 'c: 'a>(handle: &'s mut Self::Handle<'a, 'c>) -> Self::Handle<'s, 'c> {
         handle
-    }
-
-    fn enqueue(
-        outbox: &crate::outbox::Outbox,
-        handle: Self::Handle<'_, '_>,
-        message: OutgoingMessage,
-    ) -> Result<Uuid, OutboxError> {
-        outbox.enqueue(handle, message)
     }
 }
 
@@ -104,14 +177,6 @@ impl Store for Postgres {
     fn reborrow<'s, 'a: 's, 'c: 'a>(handle: &'s mut Self::Handle<'a, 'c>) -> Self::Handle<'s, 'c> {
         handle
     }
-
-    fn enqueue(
-        outbox: &crate::outbox::Outbox,
-        handle: Self::Handle<'_, '_>,
-        message: OutgoingMessage,
-    ) -> Result<Uuid, OutboxError> {
-        outbox.enqueue_postgres(handle, message)
-    }
 }
 
 /// Where a service's database is: a SQLite file, or a PostgreSQL server.
@@ -123,7 +188,7 @@ pub enum Database {
     /// A PostgreSQL connection URL,
     /// `postgres://user:password@host:port/database[?options]`.
     #[cfg(feature = "postgres")]
-    Postgres(Box<crate::store::postgres::PostgresUrl>),
+    Postgres(Box<postgres::PostgresUrl>),
 }
 
 impl std::fmt::Debug for Database {
@@ -168,8 +233,7 @@ impl Database {
         let lower = text.to_ascii_lowercase();
         if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
             #[cfg(feature = "postgres")]
-            return crate::store::postgres::PostgresUrl::parse(text)
-                .map(|url| Database::Postgres(Box::new(url)));
+            return postgres::PostgresUrl::parse(text).map(|url| Database::Postgres(Box::new(url)));
             #[cfg(not(feature = "postgres"))]
             return Err(DatabaseError::PostgresNotBuilt(
                 crate::redact::url_password(text),
@@ -197,29 +261,23 @@ impl Database {
     }
 }
 
-impl From<PathBuf> for Database {
-    fn from(path: PathBuf) -> Self {
-        Database::Sqlite(path)
+impl<P: AsRef<Path>> From<P> for Database {
+    fn from(path: P) -> Self {
+        Database::Sqlite(path.as_ref().to_path_buf())
     }
 }
 
 #[cfg(feature = "postgres")]
-impl From<crate::store::postgres::PostgresUrl> for Database {
-    fn from(url: crate::store::postgres::PostgresUrl) -> Self {
+impl From<postgres::PostgresUrl> for Database {
+    fn from(url: postgres::PostgresUrl) -> Self {
         Database::Postgres(Box::new(url))
     }
 }
 
 #[cfg(feature = "postgres")]
-impl From<&crate::store::postgres::PostgresUrl> for Database {
-    fn from(url: &crate::store::postgres::PostgresUrl) -> Self {
+impl From<&postgres::PostgresUrl> for Database {
+    fn from(url: &postgres::PostgresUrl) -> Self {
         Database::Postgres(Box::new(url.clone()))
-    }
-}
-
-impl From<&Path> for Database {
-    fn from(path: &Path) -> Self {
-        Database::Sqlite(path.to_path_buf())
     }
 }
 

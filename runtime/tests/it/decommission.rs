@@ -143,9 +143,8 @@ async fn decommission_and_recommission(store: &TestStore) {
         )
         .expect("provider receiver");
     let (provider_url, _provider_server) = serve(provider.router()).await;
-    let ops = store
-        .diagnostics()
-        .outbox(&outbox)
+    let ops = outbox
+        .watched_by(store.diagnostics())
         .bearer_token(TOKEN)
         .build()
         .expect("diagnostics");

@@ -302,7 +302,7 @@ async fn disk_full_outbox_enqueue_and_send_fail_cleanly() {
     );
     for id in &failed {
         assert!(
-            rfidl_runtime::outbox::row(&live, id)
+            rfidl_runtime::store::sqlite::outbox_row(&live, id)
                 .expect("query")
                 .is_none()
         );
@@ -374,7 +374,7 @@ async fn disk_full_dispatcher_recording_loses_nothing() {
         fault: Arc::clone(&fault),
         filled: AtomicBool::new(false),
     };
-    let dispatcher = Dispatcher::builder(&outbox, &uri)
+    let dispatcher = Dispatcher::builder(&outbox)
         .route("ledger", transport, secret.clone())
         .start()
         .expect("dispatcher");
@@ -384,7 +384,7 @@ async fn disk_full_dispatcher_recording_loses_nothing() {
         let live = peek(&live_path);
         ids.iter()
             .filter(|id| {
-                rfidl_runtime::outbox::row(&live, id)
+                rfidl_runtime::store::sqlite::outbox_row(&live, id)
                     .expect("query")
                     .is_some_and(|row| row.status == wanted)
             })

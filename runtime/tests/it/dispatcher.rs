@@ -66,7 +66,7 @@ pub(crate) fn enqueue(outbox: &Outbox, db: &Path, message: OutgoingMessage) -> U
 
 pub(crate) fn status_of(db: &Path, id: &Uuid) -> rfidl_runtime::outbox::OutboxRow {
     let conn = rusqlite::Connection::open(db).expect("open");
-    rfidl_runtime::outbox::row(&conn, id)
+    rfidl_runtime::store::sqlite::outbox_row(&conn, id)
         .expect("query")
         .expect("row exists")
 }
@@ -94,7 +94,7 @@ async fn end_to_end(transport_for: impl FnOnce(&support::TestReceiver, &Path) ->
         support::start_receiver(dir.path(), support::receiver_config(&[&sender_secret])).await;
     let db: PathBuf = dir.path().join("sender.db");
     let outbox = Outbox::new(sender_config(Duration::from_millis(50)), &db);
-    let builder = Dispatcher::builder(&outbox, &db);
+    let builder = Dispatcher::builder(&outbox);
     let builder = match transport_for(&receiver, dir.path()) {
         TransportChoice::InProcess(router) => {
             builder.route("ledger", InProcessTransport::new(router), sender_secret)
@@ -226,7 +226,7 @@ async fn a_claim_that_fails_to_commit_after_sending_loses_nothing_and_does_not_l
         .expect("enqueue");
     tx.commit().expect("commit");
 
-    let dispatcher = Dispatcher::builder(&outbox, &db)
+    let dispatcher = Dispatcher::builder(&outbox)
         .route(
             "ledger",
             rfidl_runtime::transport::HttpTransport::new(&receiver.url, Duration::from_secs(2))
@@ -301,12 +301,8 @@ impl ReceiverApart {
         }
     }
 
-    fn dispatcher(
-        &self,
-        outbox: &Outbox,
-        db: &Path,
-    ) -> rfidl_runtime::dispatcher::DispatcherHandle {
-        Dispatcher::builder(outbox, db)
+    fn dispatcher(&self, outbox: &Outbox) -> rfidl_runtime::dispatcher::DispatcherHandle {
+        Dispatcher::builder(outbox)
             .route(
                 "ledger",
                 rfidl_runtime::transport::HttpTransport::new(
@@ -336,7 +332,7 @@ fn deliveries_go_on_while_the_application_executor_is_blocked() {
     // Only the enqueue's wake-up can find the row within the test's time.
     let outbox = Outbox::new(sender_config(Duration::from_secs(60)), &db);
     application.block_on(async {
-        let dispatcher = apart.dispatcher(&outbox, &db);
+        let dispatcher = apart.dispatcher(&outbox);
         let id = enqueue(
             &outbox,
             &db,
@@ -372,7 +368,7 @@ fn a_dispatcher_stops_with_the_runtime_that_started_it() {
         .enable_all()
         .build()
         .expect("runtime");
-    let dispatcher = starting.block_on(async { apart.dispatcher(&outbox, &db) });
+    let dispatcher = starting.block_on(async { apart.dispatcher(&outbox) });
     let liveness = dispatcher.liveness();
     assert!(liveness.is_alive());
     drop(starting);
@@ -420,7 +416,7 @@ async fn an_idle_claim_commits_while_its_request_is_in_flight() {
     let mut config = sender_config(Duration::from_secs(60));
     config.outbox.durability = Durability::Full;
     let outbox = Outbox::new(config, &db);
-    let dispatcher = Dispatcher::builder(&outbox, &db)
+    let dispatcher = Dispatcher::builder(&outbox)
         .route(
             "ledger",
             rfidl_runtime::transport::HttpTransport::new(&url, Duration::from_secs(30))
@@ -486,7 +482,7 @@ async fn rows_left_sending_are_reclaimed_at_once_only_when_no_live_dispatcher_ho
         )
         .expect("leave it Sending");
     let start = || {
-        Dispatcher::builder(&outbox, &db)
+        Dispatcher::builder(&outbox)
             .route(
                 "ledger",
                 InProcessTransport::new(receiver.receiver.router()),
@@ -530,7 +526,7 @@ async fn a_declared_destination_without_a_route_stops_the_start_with_its_config_
     outbox.declare_destination("ledger");
     outbox.declare_destination("billing-eu");
     let router = axum::Router::new();
-    let error = Dispatcher::builder(&outbox, &db)
+    let error = Dispatcher::builder(&outbox)
         .route(
             "ledger",
             InProcessTransport::new(router.clone()),
@@ -551,7 +547,7 @@ async fn a_declared_destination_without_a_route_stops_the_start_with_its_config_
     assert!(text.contains("RFIDL_DESTINATIONS_BILLING_EU_URL"), "{text}");
 
     // Routed, it starts; a later declaration does not stop a running one.
-    let handle = Dispatcher::builder(&outbox, &db)
+    let handle = Dispatcher::builder(&outbox)
         .route(
             "ledger",
             InProcessTransport::new(router.clone()),
@@ -585,7 +581,7 @@ async fn a_destination_url_no_transport_serves_stops_the_start() {
             rfidl_runtime::config::DestinationConfig::new(url, Secret::generate().to_whsec()),
         );
         let outbox = Outbox::new(config, &db);
-        let error = Dispatcher::builder(&outbox, &db)
+        let error = Dispatcher::builder(&outbox)
             .start()
             .err()
             .expect("refused at start");

@@ -153,9 +153,8 @@ async fn outage(store: &TestStore) {
         attempts_during_outage <= 30,
         "{attempts_during_outage} connections in {outage:?} of outage"
     );
-    let health = store
-        .diagnostics()
-        .outbox(&outbox)
+    let health = outbox
+        .watched_by(store.diagnostics())
         .build()
         .expect("diagnostics");
     let (health_url, _health_server) = serve(health.router()).await;
@@ -331,9 +330,8 @@ async fn dedup_horizon(store: &TestStore) {
     );
 
     // An operator retries it: the answer warns, and it comes back Failed.
-    let diagnostics = store
-        .diagnostics()
-        .outbox(&outbox)
+    let diagnostics = outbox
+        .watched_by(store.diagnostics())
         .bearer_token("ops-token")
         .build()
         .expect("diagnostics");
@@ -430,9 +428,8 @@ async fn clock_skew(store: &TestStore) {
             .is_some_and(|e| e.starts_with("clock problem")),
         "{row:?}"
     );
-    let diagnostics = store
-        .diagnostics()
-        .outbox(&outbox)
+    let diagnostics = outbox
+        .watched_by(store.diagnostics())
         .build()
         .expect("diagnostics");
     let (health_url, _health) = serve(diagnostics.router()).await;

@@ -368,9 +368,8 @@ async fn receiver_down_then_up(store: &TestStore) {
         0,
         "an unreachable receiver is not counted against max_retries"
     );
-    let health = store
-        .diagnostics()
-        .outbox(&outbox)
+    let health = outbox
+        .watched_by(store.diagnostics())
         .build()
         .expect("diagnostics");
     let (health_url, _health_server) = support::serve(health.router()).await;
@@ -444,8 +443,7 @@ async fn a_malformed_grpc_url_is_a_configuration_error_at_start_that_shows_no_cr
         );
         let db = dir.path().join("sender.db");
         let outbox = rfidl_runtime::outbox::Outbox::new(config, &db);
-        let Err(error) = rfidl_runtime::dispatcher::Dispatcher::builder(&outbox, &db).start()
-        else {
+        let Err(error) = rfidl_runtime::dispatcher::Dispatcher::builder(&outbox).start() else {
             panic!("{url}: the dispatcher started");
         };
         let DispatcherError::Destination { name, message } = &error else {

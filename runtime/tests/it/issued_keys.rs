@@ -99,7 +99,7 @@ async fn a_destination_without_a_secret_needs_issued_keys() {
         ..Config::default()
     };
     let outbox = Outbox::new(config, &db);
-    let error = Dispatcher::builder(&outbox, &db)
+    let error = Dispatcher::builder(&outbox)
         .start()
         .err()
         .expect("no secret, no issued keys");
@@ -108,7 +108,7 @@ async fn a_destination_without_a_secret_needs_issued_keys() {
         "{error}"
     );
     assert!(error.to_string().contains("--issue-keys"), "{error}");
-    let handle = Dispatcher::builder(&outbox, &db)
+    let handle = Dispatcher::builder(&outbox)
         .issued_keys(&IssuedKeys::new())
         .start()
         .expect("signs with the issued keys");

@@ -61,7 +61,7 @@ impl Pair {
     }
 
     fn dispatcher(&self) -> DispatcherHandle {
-        Dispatcher::builder(&self.outbox, &self.sender_db)
+        Dispatcher::builder(&self.outbox)
             .start()
             .expect("dispatcher")
     }
@@ -78,7 +78,7 @@ impl Pair {
     }
 
     fn consumer(&self, receiver: Receiver) -> ConsumerHandle {
-        JetStreamConsumer::builder(receiver, &self.url, &self.receiver_db)
+        JetStreamConsumer::builder(receiver, &self.url)
             .durable("ledger")
             .ack_wait(Duration::from_secs(2))
             .backoff(Duration::from_millis(20), Duration::from_millis(100))
@@ -576,9 +576,7 @@ async fn an_unreachable_broker_is_retried_uncounted_and_shows_in_health() {
         ),
     );
     let outbox = Outbox::new(config, &db);
-    let dispatcher = Dispatcher::builder(&outbox, &db)
-        .start()
-        .expect("dispatcher");
+    let dispatcher = Dispatcher::builder(&outbox).start().expect("dispatcher");
     let mut conn =
         rfidl_runtime::store::sqlite::open(&db, rfidl_runtime::Durability::Normal).expect("open");
     let tx = conn.transaction().expect("tx");
@@ -657,7 +655,7 @@ async fn a_malformed_nats_url_is_a_configuration_error_naming_the_field_not_the_
             DestinationConfig::new(url, Secret::generate().to_whsec()),
         );
         let outbox = Outbox::new(config, &db);
-        let error = Dispatcher::builder(&outbox, &db)
+        let error = Dispatcher::builder(&outbox)
             .start()
             .err()
             .expect("refused at start")
@@ -676,25 +674,18 @@ async fn a_malformed_nats_url_is_a_configuration_error_naming_the_field_not_the_
     let receiver = Receiver::builder(Config::default(), dir.path().join("receiver.db"))
         .build()
         .expect("receiver");
-    let error = JetStreamConsumer::builder(
-        receiver.clone(),
-        "nats://alice:hunter2@broker:4222/a.*",
-        dir.path().join("receiver.db"),
-    )
-    .spawn()
-    .expect_err("refused")
-    .to_string();
+    let error =
+        JetStreamConsumer::builder(receiver.clone(), "nats://alice:hunter2@broker:4222/a.*")
+            .spawn()
+            .expect_err("refused")
+            .to_string();
     assert!(error.starts_with("nats url: "), "{error}");
     assert!(!error.contains("hunter2"), "{error}");
-    let error = JetStreamConsumer::builder(
-        receiver.clone(),
-        "nats://127.0.0.1:4222/ledger",
-        dir.path().join("receiver.db"),
-    )
-    .durable("a.b")
-    .spawn()
-    .expect_err("refused")
-    .to_string();
+    let error = JetStreamConsumer::builder(receiver.clone(), "nats://127.0.0.1:4222/ledger")
+        .durable("a.b")
+        .spawn()
+        .expect_err("refused")
+        .to_string();
     assert!(error.starts_with("durable: "), "{error}");
     receiver.shutdown().await;
 }
@@ -756,7 +747,7 @@ async fn child_consumer_of_the_kill_test() {
         })
         .build()
         .expect("receiver");
-    let _consumer = JetStreamConsumer::builder(receiver, &text("url"), &db)
+    let _consumer = JetStreamConsumer::builder(receiver, &text("url"))
         .durable("ledger")
         .ack_wait(Duration::from_secs(2))
         .spawn()
@@ -1030,17 +1021,12 @@ async fn answers_on_every_store(store: &crate::stores::TestStore) {
     let receiver = receiver_store
         .receiver(support::receiver_config(&[&secret]), ledger.clone())
         .expect("receiver");
-    let consumer = match &receiver_store {
-        TestStore::Sqlite { path, .. } => JetStreamConsumer::builder(receiver.clone(), &url, path),
-        TestStore::Postgres { url: database, .. } => {
-            JetStreamConsumer::postgres(receiver.clone(), &url, database)
-        }
-    }
-    .durable("ledger")
-    .ack_wait(Duration::from_secs(2))
-    .timeout(Duration::from_secs(1))
-    .spawn()
-    .expect("consumer");
+    let consumer = JetStreamConsumer::builder(receiver.clone(), &url)
+        .durable("ledger")
+        .ack_wait(Duration::from_secs(2))
+        .timeout(Duration::from_secs(1))
+        .spawn()
+        .expect("consumer");
     let balances = Arc::new(Balances::default());
     let handler = BalancesHandler(balances.clone());
     let answers = match store {
@@ -1052,7 +1038,7 @@ async fn answers_on_every_store(store: &crate::stores::TestStore) {
                 .spawn()
         }
         TestStore::Postgres { url: database, .. } => {
-            rfidl_runtime::nats::AnswersConsumer::postgres(support::SOURCE, &url, database)
+            rfidl_runtime::nats::AnswersConsumer::builder(support::SOURCE, &url, database)
                 .secret(secret.clone())
                 .responses(handler)
                 .timeout(Duration::from_secs(1))
@@ -1233,7 +1219,7 @@ async fn a_handler_slower_than_ack_wait_keeps_its_message_and_is_not_redelivered
         })
         .build()
         .expect("receiver");
-    let consumer = JetStreamConsumer::builder(receiver.clone(), &pair.url, &pair.receiver_db)
+    let consumer = JetStreamConsumer::builder(receiver.clone(), &pair.url)
         .durable("ledger")
         .ack_wait(Duration::from_secs(1))
         .timeout(Duration::from_secs(1))

@@ -73,7 +73,7 @@ async fn exactly_once_while_a_node_dies(victim: Victim) {
         .service(LedgerService(ledger.clone()))
         .build()
         .expect("receiver");
-    let consumer = JetStreamConsumer::builder(receiver.clone(), &url, &receiver_db)
+    let consumer = JetStreamConsumer::builder(receiver.clone(), &url)
         .durable("ledger")
         .ack_wait(Duration::from_secs(3))
         .backoff(Duration::from_millis(20), Duration::from_millis(200))
@@ -81,9 +81,7 @@ async fn exactly_once_while_a_node_dies(victim: Victim) {
         .timeout(Duration::from_secs(2))
         .spawn()
         .expect("consumer");
-    let dispatcher = Dispatcher::builder(&outbox, &sender_db)
-        .start()
-        .expect("dispatcher");
+    let dispatcher = Dispatcher::builder(&outbox).start().expect("dispatcher");
 
     let started = Instant::now();
     let mut conn =

@@ -10,7 +10,7 @@ use rfidl_runtime::diagnostics::{self, AttentionFilter, Diagnostics, Diagnostics
 use rfidl_runtime::dispatcher::Dispatcher;
 use rfidl_runtime::metrics::Metrics;
 use rfidl_runtime::outbox::{Outbox, Status};
-use rfidl_runtime::retention::{self, CleanupReport, Retention};
+use rfidl_runtime::retention::{CleanupReport, Retention};
 use rfidl_runtime::signing::Secret;
 use rfidl_runtime::store::sqlite as db;
 use rfidl_runtime::transport::HttpTransport;
@@ -130,7 +130,7 @@ async fn cleanup_deletes_what_served_its_purpose_and_keeps_what_needs_a_human() 
     insert_inbox_rows(&db, "fresh", 5, now + DAY_MS);
 
     let conn = db::open(&db, Durability::Normal).expect("open");
-    let report = retention::cleanup(&conn, &config, now).expect("cleanup");
+    let report = rfidl_runtime::store::sqlite::cleanup(&conn, &config, now).expect("cleanup");
     assert_eq!(
         report,
         CleanupReport {
@@ -160,7 +160,7 @@ async fn cleanup_deletes_what_served_its_purpose_and_keeps_what_needs_a_human() 
         );
     }
 
-    let again = retention::cleanup(&conn, &config, now).expect("second cleanup");
+    let again = rfidl_runtime::store::sqlite::cleanup(&conn, &config, now).expect("second cleanup");
     assert_eq!(
         again,
         CleanupReport::default(),
@@ -237,7 +237,7 @@ async fn an_operator_sees_a_failed_message_and_retries_it_into_exactly_one_effec
     receiver.ledger.fail_next.store(3, Ordering::SeqCst);
     let db = dir.path().join("sender.db");
     let outbox = Outbox::new(sender_config(Duration::from_millis(50)), &db);
-    let dispatcher = Dispatcher::builder(&outbox, &db)
+    let dispatcher = Dispatcher::builder(&outbox)
         .route(
             "ledger",
             HttpTransport::new(&receiver.url, Duration::from_secs(2)).expect("client"),

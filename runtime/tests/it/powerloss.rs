@@ -725,7 +725,7 @@ async fn powerloss_sender_normal_never_delivers_a_transaction_it_can_lose() {
         config.outbox.durability = durability;
         config.outbox.lease_timeout = std::time::Duration::from_millis(200);
         let outbox = Outbox::new(config.clone(), &uri);
-        let dispatcher = rfidl_runtime::dispatcher::Dispatcher::builder(&outbox, &uri)
+        let dispatcher = rfidl_runtime::dispatcher::Dispatcher::builder(&outbox)
             .route(
                 "ledger",
                 rfidl_runtime::transport::HttpTransport::new(
@@ -809,7 +809,7 @@ async fn powerloss_sender_normal_never_delivers_a_transaction_it_can_lose() {
         // answers a duplicate, and the effect stays single. Under `full` the
         // claim has no fsync either: the cut may take it too, leaving the
         // row `Pending`, sent again at once and answered as a duplicate.
-        let status = rfidl_runtime::outbox::row(&disk, &id)
+        let status = rfidl_runtime::store::sqlite::outbox_row(&disk, &id)
             .expect("query")
             .expect("row")
             .status;
@@ -822,7 +822,7 @@ async fn powerloss_sender_normal_never_delivers_a_transaction_it_can_lose() {
         drop(disk);
         let restored = after.path().join("sender.db");
         let outbox = Outbox::new(config, &restored);
-        let dispatcher = rfidl_runtime::dispatcher::Dispatcher::builder(&outbox, &restored)
+        let dispatcher = rfidl_runtime::dispatcher::Dispatcher::builder(&outbox)
             .route(
                 "ledger",
                 rfidl_runtime::transport::HttpTransport::new(

@@ -109,7 +109,7 @@ async fn metrics_follow_prometheus_conventions_per_destination() {
             json!({"account": "a", "amount": "Salary 250000 EUR; bonus"}),
         ),
     );
-    let dispatcher = Dispatcher::builder(&outbox, &db)
+    let dispatcher = Dispatcher::builder(&outbox)
         .route(
             "ledger",
             HttpTransport::new(&receiver.url, Duration::from_secs(2)).expect("client"),
@@ -278,9 +278,7 @@ async fn readiness_follows_the_database_and_the_workers() {
     assert_eq!((status, failed), (503, vec!["dispatcher".to_owned()]));
     assert_eq!(checks["dispatcher"], "not started");
 
-    let dispatcher = Dispatcher::builder(&outbox, &db)
-        .start()
-        .expect("dispatcher");
+    let dispatcher = Dispatcher::builder(&outbox).start().expect("dispatcher");
     let (status, failed, checks) = readyz(&url).await;
     assert_eq!((status, failed.len()), (200, 0), "{checks}");
     for check in ["database", "migrations", "dispatcher", "receiver_writer"] {

@@ -239,6 +239,7 @@ async fn every_url_down(store: &TestStore) {
     let ids = store.enqueue_many(&outbox, (0..20).map(credit).collect());
     let circuit_open = || {
         outbox
+            .sqlite()
             .circuits()
             .states()
             .iter()
@@ -319,7 +320,7 @@ async fn several_urls_must_all_be_http_and_distinct() {
             },
         );
         let outbox = Outbox::new(config, &db);
-        let Err(error) = Dispatcher::builder(&outbox, &db).start() else {
+        let Err(error) = Dispatcher::builder(&outbox).start() else {
             panic!("{url} {expected}: the dispatcher started");
         };
         assert!(

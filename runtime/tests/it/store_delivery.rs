@@ -719,11 +719,11 @@ async fn postgres_start_up_errors_name_the_host_and_the_cause() {
     // Nothing listens on port 9 of loopback.
     let url = PostgresUrl::parse("postgres://app:s3cret@127.0.0.1:9/orders?connect_timeout=2")
         .expect("parses");
-    let error = rfidl_runtime::receiver::Receiver::postgres(
+    let error = rfidl_runtime::receiver::Receiver::builder(
         support::receiver_config(&[&Secret::generate()]),
         &url,
-        1,
     )
+    .writers(1)
     .service(support::LedgerService(Arc::default()))
     .build()
     .expect_err("no server");
@@ -738,11 +738,8 @@ async fn postgres_start_up_errors_name_the_host_and_the_cause() {
         return;
     };
     store.execute("UPDATE rfidl_schema SET version = 99");
-    let TestStore::Postgres { url, .. } = &store else {
-        unreachable!()
-    };
     let outbox = store.outbox(sender_config(Duration::from_secs(60)));
-    let error = match rfidl_runtime::dispatcher::Dispatcher::postgres(&outbox, url).start() {
+    let error = match rfidl_runtime::dispatcher::Dispatcher::builder(outbox.postgres()).start() {
         Err(error) => error.to_string(),
         Ok(_) => panic!("started on a newer database"),
     };

@@ -108,9 +108,8 @@ async fn operator_story(store: &TestStore) {
         "status = 'Expired', last_error = 'time to live exceeded'",
     );
 
-    let ops = store
-        .diagnostics()
-        .outbox(&outbox)
+    let ops = outbox
+        .watched_by(store.diagnostics())
         .bearer_token(TOKEN)
         .build()
         .expect("diagnostics");
@@ -466,7 +465,7 @@ async fn diagnostics_on_an_unreachable_postgresql_is_a_start_up_error_naming_hos
     ))
     .expect("url");
     let started = Instant::now();
-    let error = match Diagnostics::postgres(&url).build() {
+    let error = match Diagnostics::builder(&url).build() {
         Err(error) => error,
         Ok(_) => panic!("diagnostics started on a closed port"),
     };
@@ -504,7 +503,7 @@ async fn diagnostics_on_a_missing_postgresql_database_names_it() {
         query.map(|q| format!("?{q}")).unwrap_or_default()
     );
     let url = PostgresUrl::parse(&missing).expect("url");
-    let error = match Diagnostics::postgres(&url).build() {
+    let error = match Diagnostics::builder(&url).build() {
         Err(error) => error.to_string(),
         Ok(_) => panic!("diagnostics started on a missing database"),
     };

@@ -19,7 +19,7 @@ use rfidl_runtime::retention::{Retention, RetentionHandle};
 use rfidl_runtime::signing::Secret;
 use rfidl_runtime::store::postgres::PostgresUrl;
 use rfidl_runtime::transport::Transport;
-use rfidl_runtime::{Config, Database, Postgres, Sqlite};
+use rfidl_runtime::{Config, Postgres, Sqlite};
 use uuid::Uuid;
 
 use crate::support::postgres::TestDatabase;
@@ -159,15 +159,16 @@ impl TestStore {
         }
     }
 
-    pub fn database(&self) -> Database {
+    pub fn outbox(&self, config: Config) -> AnyOutbox {
+        let metrics = Arc::new(Metrics::default());
         match self {
-            TestStore::Sqlite { path, .. } => Database::Sqlite(path.clone()),
-            TestStore::Postgres { url, .. } => Database::parse(&url_text(url)).expect("database"),
+            TestStore::Sqlite { path, .. } => {
+                AnyOutbox::Sqlite(Outbox::with_metrics(config, path, metrics))
+            }
+            TestStore::Postgres { url, .. } => {
+                AnyOutbox::Postgres(Outbox::with_metrics(config, url, metrics))
+            }
         }
-    }
-
-    pub fn outbox(&self, config: Config) -> Outbox {
-        Outbox::with_database(config, self.database(), Arc::new(Metrics::default()))
     }
 
     /// Runs `sql` (the same on both stores) on a connection of its own.
@@ -321,7 +322,7 @@ impl TestStore {
 
     /// Enqueues `message` in a transaction of the store's own kind, then
     /// commits (`commit = true`) or rolls back.
-    pub fn enqueue_then(&self, outbox: &Outbox, message: OutgoingMessage, commit: bool) -> Uuid {
+    pub fn enqueue_then(&self, outbox: &AnyOutbox, message: OutgoingMessage, commit: bool) -> Uuid {
         self.enqueue_with(outbox, message, "", commit)
     }
 
@@ -330,7 +331,7 @@ impl TestStore {
     /// commits (`commit = true`) or rolls back.
     pub fn enqueue_with(
         &self,
-        outbox: &Outbox,
+        outbox: &AnyOutbox,
         message: OutgoingMessage,
         business_sql: &str,
         commit: bool,
@@ -342,19 +343,19 @@ impl TestStore {
                         .expect("open");
                 let tx = conn.transaction().expect("tx");
                 tx.execute_batch(business_sql).expect("business sql");
-                let id = outbox.enqueue(&tx, message).expect("enqueue");
+                let id = outbox.sqlite().enqueue(&tx, message).expect("enqueue");
                 if commit {
                     tx.commit().expect("commit");
                 }
                 id
             }
             TestStore::Postgres { .. } => {
-                let outbox = outbox.clone();
+                let outbox = outbox.postgres().clone();
                 let business_sql = business_sql.to_owned();
                 self.with_pg(move |client| {
                     let mut tx = client.transaction().expect("tx");
                     tx.batch_execute(&business_sql).expect("business sql");
-                    let id = outbox.enqueue_postgres(&mut tx, message).expect("enqueue");
+                    let id = outbox.enqueue(&mut tx, message).expect("enqueue");
                     if commit {
                         tx.commit().expect("commit");
                     }
@@ -365,12 +366,12 @@ impl TestStore {
     }
 
     /// Enqueues `message` and commits.
-    pub fn enqueue(&self, outbox: &Outbox, message: OutgoingMessage) -> Uuid {
+    pub fn enqueue(&self, outbox: &AnyOutbox, message: OutgoingMessage) -> Uuid {
         self.enqueue_then(outbox, message, true)
     }
 
     /// Enqueues every message of `messages` in one transaction, committed.
-    pub fn enqueue_many(&self, outbox: &Outbox, messages: Vec<OutgoingMessage>) -> Vec<Uuid> {
+    pub fn enqueue_many(&self, outbox: &AnyOutbox, messages: Vec<OutgoingMessage>) -> Vec<Uuid> {
         match self {
             TestStore::Sqlite { path, .. } => {
                 let mut conn =
@@ -379,18 +380,18 @@ impl TestStore {
                 let tx = conn.transaction().expect("tx");
                 let ids = messages
                     .into_iter()
-                    .map(|message| outbox.enqueue(&tx, message).expect("enqueue"))
+                    .map(|message| outbox.sqlite().enqueue(&tx, message).expect("enqueue"))
                     .collect();
                 tx.commit().expect("commit");
                 ids
             }
             TestStore::Postgres { .. } => {
-                let outbox = outbox.clone();
+                let outbox = outbox.postgres().clone();
                 self.with_pg(move |client| {
                     let mut tx = client.transaction().expect("tx");
                     let ids = messages
                         .into_iter()
-                        .map(|message| outbox.enqueue_postgres(&mut tx, message).expect("enqueue"))
+                        .map(|message| outbox.enqueue(&mut tx, message).expect("enqueue"))
                         .collect();
                     tx.commit().expect("commit");
                     ids
@@ -440,7 +441,7 @@ impl TestStore {
     pub fn diagnostics(&self) -> DiagnosticsBuilder {
         match self {
             TestStore::Sqlite { path, .. } => Diagnostics::builder(path),
-            TestStore::Postgres { url, .. } => Diagnostics::postgres(url),
+            TestStore::Postgres { url, .. } => Diagnostics::builder(url),
         }
     }
 
@@ -449,7 +450,7 @@ impl TestStore {
     pub fn retention(&self, config: Config, metrics: Arc<Metrics>) -> RetentionHandle {
         match self {
             TestStore::Sqlite { path, .. } => Retention::spawn(config, path, metrics),
-            TestStore::Postgres { url, .. } => Retention::spawn_postgres(config, url, metrics),
+            TestStore::Postgres { url, .. } => Retention::spawn(config, url, metrics),
         }
         .expect("retention")
     }
@@ -459,7 +460,7 @@ impl TestStore {
         match self {
             TestStore::Sqlite { path, .. } => {
                 let conn = rusqlite::Connection::open(path).expect("open");
-                rfidl_runtime::outbox::row(&conn, id)
+                rfidl_runtime::store::sqlite::outbox_row(&conn, id)
                     .expect("query")
                     .expect("row exists")
             }
@@ -551,13 +552,11 @@ impl TestStore {
     }
 
     /// A dispatcher for `outbox` on this store.
-    pub fn dispatcher(&self, outbox: &Outbox) -> AnyDispatcher {
+    pub fn dispatcher(&self, outbox: &AnyOutbox) -> AnyDispatcher {
         match self {
-            TestStore::Sqlite { path, .. } => {
-                AnyDispatcher::Sqlite(Dispatcher::builder(outbox, path))
-            }
-            TestStore::Postgres { url, .. } => {
-                AnyDispatcher::Postgres(Dispatcher::postgres(outbox, url))
+            TestStore::Sqlite { .. } => AnyDispatcher::Sqlite(Dispatcher::builder(outbox.sqlite())),
+            TestStore::Postgres { .. } => {
+                AnyDispatcher::Postgres(Dispatcher::builder(outbox.postgres()))
             }
         }
     }
@@ -572,9 +571,10 @@ impl TestStore {
             TestStore::Sqlite { path, .. } => {
                 Receiver::builder(config, path).service(service).build()
             }
-            TestStore::Postgres { url, .. } => {
-                Receiver::postgres(config, url, 4).service(service).build()
-            }
+            TestStore::Postgres { url, .. } => Receiver::builder(config, url)
+                .writers(4)
+                .service(service)
+                .build(),
         }
     }
 
@@ -599,9 +599,12 @@ impl TestStore {
             TestStore::Sqlite { path, .. } => {
                 sqlite(Receiver::builder(config, path).service(LedgerService(ledger))).build()
             }
-            TestStore::Postgres { url, .. } => {
-                postgres(Receiver::postgres(config, url, 4).service(LedgerService(ledger))).build()
-            }
+            TestStore::Postgres { url, .. } => postgres(
+                Receiver::builder(config, url)
+                    .writers(4)
+                    .service(LedgerService(ledger)),
+            )
+            .build(),
         }
     }
 
@@ -627,9 +630,59 @@ impl TestStore {
     }
 }
 
-/// The URL text of a test database (with its password, for `Database::parse`).
-fn url_text(url: &PostgresUrl) -> String {
-    url.as_str().to_owned()
+/// An outbox of either store.
+#[derive(Clone, Debug)]
+pub enum AnyOutbox {
+    Sqlite(Outbox<Sqlite>),
+    Postgres(Outbox<Postgres>),
+}
+
+impl AnyOutbox {
+    pub fn sqlite(&self) -> &Outbox<Sqlite> {
+        match self {
+            AnyOutbox::Sqlite(outbox) => outbox,
+            AnyOutbox::Postgres(_) => panic!("not a SQLite outbox"),
+        }
+    }
+
+    pub fn postgres(&self) -> &Outbox<Postgres> {
+        match self {
+            AnyOutbox::Postgres(outbox) => outbox,
+            AnyOutbox::Sqlite(_) => panic!("not a PostgreSQL outbox"),
+        }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        match self {
+            AnyOutbox::Sqlite(outbox) => outbox.metrics(),
+            AnyOutbox::Postgres(outbox) => outbox.metrics(),
+        }
+    }
+
+    pub fn lifecycle(&self) -> &rfidl_runtime::lifecycle::Lifecycle {
+        match self {
+            AnyOutbox::Sqlite(outbox) => outbox.lifecycle(),
+            AnyOutbox::Postgres(outbox) => outbox.lifecycle(),
+        }
+    }
+
+    /// `builder` reading this outbox's metrics and dispatcher.
+    pub fn watched_by(&self, builder: DiagnosticsBuilder) -> DiagnosticsBuilder {
+        match self {
+            AnyOutbox::Sqlite(outbox) => builder.outbox(outbox),
+            AnyOutbox::Postgres(outbox) => builder.outbox(outbox),
+        }
+    }
+
+    pub async fn send(
+        &self,
+        message: OutgoingMessage,
+    ) -> Result<Uuid, rfidl_runtime::outbox::OutboxError> {
+        match self {
+            AnyOutbox::Sqlite(outbox) => outbox.send(message).await,
+            AnyOutbox::Postgres(outbox) => outbox.send(message).await,
+        }
+    }
 }
 
 /// A dispatcher builder of either store.

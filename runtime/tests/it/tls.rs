@@ -93,9 +93,7 @@ async fn setup(trust: Trust) -> Setup {
     let trusted = (trust == Trust::PeerCertificate).then_some(ca_file.as_path());
     let db = dir.path().join("sender.db");
     let outbox = Outbox::new(https_config(&url, &secret, trusted), &db);
-    let dispatcher = Dispatcher::builder(&outbox, &db)
-        .start()
-        .expect("dispatcher");
+    let dispatcher = Dispatcher::builder(&outbox).start().expect("dispatcher");
     let id = enqueue(
         &outbox,
         &db,
@@ -161,7 +159,7 @@ fn an_unreadable_ca_file_stops_the_dispatcher_from_starting() {
         .build()
         .expect("runtime");
     let error = runtime
-        .block_on(async { Dispatcher::builder(&outbox, &db).start().err() })
+        .block_on(async { Dispatcher::builder(&outbox).start().err() })
         .expect("refused");
     let text = error.to_string();
     assert!(
@@ -177,7 +175,7 @@ fn an_unreadable_ca_file_stops_the_dispatcher_from_starting() {
     );
     let outbox = Outbox::new(config, &db);
     let error = runtime
-        .block_on(async { Dispatcher::builder(&outbox, &db).start().err() })
+        .block_on(async { Dispatcher::builder(&outbox).start().err() })
         .expect("refused");
     assert!(error.to_string().contains("certificate"), "{error}");
 }

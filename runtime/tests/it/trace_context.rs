@@ -213,7 +213,7 @@ struct Relayed {
 /// Handles `Forward` by enqueuing a follow-up for destination `next` in
 /// the handler's own transaction.
 struct Relay {
-    outbox: Outbox,
+    outbox: crate::stores::AnyOutbox,
     seen: Arc<Mutex<Vec<Relayed>>>,
 }
 
@@ -248,6 +248,7 @@ impl HostedService for Relay {
     ) -> Result<serde_json::Value, HandlerError> {
         let id = self
             .outbox
+            .sqlite()
             .enqueue(tx, follow_up())
             .map_err(|e| HandlerError::retryable(e.to_string()))?;
         let headers: String = tx.query_row(
@@ -272,7 +273,8 @@ impl HostedService<rfidl_runtime::Postgres> for Relay {
     ) -> Result<serde_json::Value, HandlerError> {
         let id = self
             .outbox
-            .enqueue_postgres(tx, follow_up())
+            .postgres()
+            .enqueue(tx, follow_up())
             .map_err(|e| HandlerError::retryable(e.to_string()))?;
         let headers: String = tx
             .query_one(
@@ -341,9 +343,10 @@ async fn start_relay(
     };
     let receiver = match store {
         TestStore::Sqlite { path, .. } => Receiver::builder(config, path).service(relay).build(),
-        TestStore::Postgres { url, .. } => {
-            Receiver::postgres(config, url, 2).service(relay).build()
-        }
+        TestStore::Postgres { url, .. } => Receiver::builder(config, url)
+            .writers(2)
+            .service(relay)
+            .build(),
     }
     .expect("receiver");
     // The router keeps the receiver's state alive.
@@ -399,7 +402,7 @@ async fn one_trace_spans_sender_receiver_and_next_hop(store: &TestStore) {
     let sent = TraceParent::parse(&stored_traceparent(&db, &id)).expect("a valid traceparent");
 
     let on_answer = Arc::new(Mutex::new(None));
-    let dispatcher = Dispatcher::builder(&outbox, &db)
+    let dispatcher = Dispatcher::builder(&outbox)
         .route(
             "relay",
             HttpTransport::new(&url, Duration::from_secs(2)).expect("client"),
@@ -595,7 +598,7 @@ async fn a_retry_is_logged_with_the_message_id_and_the_next_attempt_is_counted()
         &db,
         message("ledger", "Credit", json!({"account": "a-1", "amount": 5})),
     );
-    let dispatcher = Dispatcher::builder(&outbox, &db)
+    let dispatcher = Dispatcher::builder(&outbox)
         .route(
             "ledger",
             HttpTransport::new(&receiver.url, Duration::from_secs(2)).expect("client"),

@@ -164,12 +164,10 @@ async fn a_command_through_generated_code_is_processed_once_and_answered() {
     let message_id = client.reserve_stock(&tx, order_id, lines).expect("enqueue");
     tx.commit().expect("commit");
 
-    let dispatcher = Dispatcher::builder(&outbox, &engine_db)
-        .start()
-        .expect("dispatcher");
+    let dispatcher = Dispatcher::builder(&outbox).start().expect("dispatcher");
     let deadline = Instant::now() + Duration::from_secs(5);
     let row = loop {
-        let row = rfidl_runtime::outbox::row(&conn, &message_id)
+        let row = rfidl_runtime::store::sqlite::outbox_row(&conn, &message_id)
             .expect("query")
             .expect("row");
         if row.status == Status::Sent || Instant::now() > deadline {

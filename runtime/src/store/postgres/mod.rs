@@ -18,9 +18,12 @@
 //! migrate once; `rfidl_schema.version` records how many ran, and a database
 //! at a version this build does not know is refused, never altered.
 
+#[cfg(feature = "nats")]
+mod answers;
 pub(crate) mod diagnostics;
 mod dispatch;
 mod inbox;
+pub(crate) mod retention;
 
 pub(crate) use dispatch::PostgresDispatch;
 pub(crate) use inbox::start_receiver;
@@ -350,9 +353,14 @@ impl Connection {
             .as_mut()
             .ok_or_else(|| "no connection".to_owned())
     }
+
+    /// The database's host, port and name, for errors.
+    pub(crate) fn target(&self) -> String {
+        self.url.target()
+    }
 }
 
-/// The INSERT of [`crate::outbox::Outbox::enqueue_postgres`] and of the
+/// The INSERT of [`crate::outbox::Outbox::enqueue`] and of the
 /// outbox's `send` writer.
 pub(crate) fn insert_outbox(
     tx: &mut postgres::Transaction<'_>,
@@ -432,53 +440,89 @@ pub(crate) fn write_group(
     }
 }
 
-/// One retention pass on PostgreSQL: the statements of
-/// [`crate::retention::cleanup`], each batch committing on its own and
-/// skipping rows another pass (replica) holds.
-pub(crate) fn cleanup(
+#[allow(private_interfaces)] // see `store::sealed`
+impl crate::store::sealed::Backend for crate::store::Postgres {
+    fn enqueue(
+        config: &Config,
+        tx: &mut postgres::Transaction<'_>,
+        message: &OutgoingMessage,
+    ) -> Result<Uuid, OutboxError> {
+        insert_outbox(tx, config, message)
+    }
+
+    fn open_dispatch(
+        database: &crate::store::Database,
+        _: &Config,
+        responses: Vec<std::sync::Arc<dyn crate::responses::ResponseHandler<Self>>>,
+    ) -> Result<std::sync::Arc<dyn crate::dispatcher::records::DispatchDb>, StoreError> {
+        let url = url_of(database)?;
+        let client = open(url)?;
+        Ok(std::sync::Arc::new(PostgresDispatch::new(
+            Connection::new(url.clone(), client),
+            responses,
+        )))
+    }
+
+    const DEFAULT_WRITERS: usize = 4;
+
+    fn start_inbox(
+        database: &crate::store::Database,
+        writers: usize,
+        parts: crate::receiver::WriterParts<Self>,
+    ) -> Result<crate::receiver::Started, crate::receiver::ReceiverError> {
+        start_receiver(url_of(database)?, writers, parts)
+    }
+
+    #[cfg(feature = "nats")]
+    fn open_answers(
+        database: &crate::store::Database,
+    ) -> Result<std::sync::Arc<dyn crate::nats::answers::AnswerStore<Self>>, StoreError> {
+        let url = url_of(database)?;
+        let client = open(url)?;
+        Ok(std::sync::Arc::new(answers::PostgresAnswers(
+            std::sync::Mutex::new(Connection::new(url.clone(), client)),
+        )))
+    }
+}
+
+/// The PostgreSQL URL of `database`.
+pub(crate) fn url_of(database: &crate::store::Database) -> Result<&PostgresUrl, StoreError> {
+    match database {
+        crate::store::Database::Postgres(url) => Ok(url),
+        other => Err(StoreError::WrongStore {
+            expected: "PostgreSQL",
+            database: other.to_string(),
+        }),
+    }
+}
+
+/// Records a message the JetStream consumer gave up on (idempotent per
+/// stream sequence).
+#[cfg(feature = "nats")]
+pub(crate) fn record_terminated(
     conn: &mut Connection,
-    config: &Config,
-    now_ms: i64,
-) -> Result<crate::retention::CleanupReport, String> {
-    let batch = i64::from(crate::retention::CLEANUP_BATCH);
-    let client = conn.client()?;
-    let mut repeat = |sql: &str, at: i64| -> Result<usize, String> {
-        let mut total = 0;
-        loop {
-            let done = client
-                .execute_typed(sql, &[(&at, Type::INT8), (&batch, Type::INT8)])
-                .map_err(|e| error_text(&e))? as usize;
-            total += done;
-            if done < batch as usize {
-                return Ok(total);
-            }
-        }
+    row: &crate::nats::consumer::TerminatedRow<'_>,
+) -> Result<(), StoreError> {
+    let target = conn.target();
+    let fail = |cause: String| StoreError::Postgres { target, cause };
+    let client = match conn.client() {
+        Ok(client) => client,
+        Err(cause) => return Err(fail(cause)),
     };
-    let sent_before = now_ms.saturating_sub(config.outbox.sent_retention.as_millis() as i64);
-    let sent_deleted = repeat(
-        "DELETE FROM outbox_messages WHERE message_id IN \
-         (SELECT message_id FROM outbox_messages \
-          WHERE status = 'Sent' AND sent_at < $1 ORDER BY sent_at LIMIT $2 \
-          FOR UPDATE SKIP LOCKED)",
-        sent_before,
-    )?;
-    let expired = repeat(
-        "UPDATE outbox_messages SET status = 'Expired', last_error = 'time to live exceeded' \
-         WHERE message_id IN (SELECT message_id FROM outbox_messages \
-          WHERE status IN ('Pending', 'Sending') AND status = 'Pending' \
-          AND expires_at <= $1 AND next_retry_at < 4611686018427387904 \
-          LIMIT $2 FOR UPDATE SKIP LOCKED)",
-        now_ms,
-    )?;
-    let inbox_deleted = repeat(
-        "DELETE FROM inbox_messages WHERE (source_service_id, message_id) IN \
-         (SELECT source_service_id, message_id FROM inbox_messages \
-          WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
-        now_ms,
-    )?;
-    Ok(crate::retention::CleanupReport {
-        sent_deleted,
-        expired,
-        inbox_deleted,
-    })
+    client
+        .execute(
+            "INSERT INTO rf_terminated \
+             (stream_sequence, stream, message_id, subject, error, at) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+            &[
+                &row.stream_sequence,
+                &row.stream,
+                &row.message_id,
+                &row.subject,
+                &row.error,
+                &row.at,
+            ],
+        )
+        .map(|_| ())
+        .map_err(|e| fail(error_text(&e)))
 }

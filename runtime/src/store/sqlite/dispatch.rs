@@ -539,6 +539,40 @@ impl OutboxTx for SqliteOps<'_, '_> {
     }
 }
 
+/// Opens the dispatcher's connection on the SQLite file `path` and, when
+/// this dispatcher is the file's only one, reclaims what a dispatcher that
+/// is gone left `Sending`.
+pub(crate) fn open(
+    path: &std::path::Path,
+    config: &crate::config::Config,
+    responses: Vec<Arc<dyn crate::responses::ResponseHandler<crate::store::Sqlite>>>,
+) -> Result<Arc<dyn DispatchDb>, crate::store::StoreError> {
+    // NORMAL: only a claim may need an fsync, and it asks for one itself
+    // (see `SqliteDispatch::claim`).
+    let conn = db::open(path, Durability::Normal)?;
+    let exclusive = ExclusiveDispatch::try_acquire(path);
+    if exclusive.is_some() {
+        let reclaimed = reclaim_abandoned(&conn, db::now_ms()).map_err(|source| {
+            crate::store::StoreError::Sqlite {
+                path: path.display().to_string(),
+                source,
+            }
+        })?;
+        if reclaimed > 0 {
+            tracing::info!(
+                rows = reclaimed,
+                "rows a dispatcher that is gone left `Sending` are due again now"
+            );
+        }
+    }
+    Ok(Arc::new(SqliteDispatch::new(
+        conn,
+        exclusive,
+        config.outbox.durability,
+        responses,
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

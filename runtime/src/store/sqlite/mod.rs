@@ -12,17 +12,138 @@
 //! schema as data), `preflight` (the checks before a write), `dispatch`
 //! (claims, results, leases), `diagnostics` (the operators' queries).
 
+#[cfg(feature = "nats")]
+mod answers;
 mod connection;
 pub(crate) mod diagnostics;
 pub(crate) mod dispatch;
 mod migrations;
+pub(crate) mod outbox;
 mod preflight;
+mod retention;
 #[cfg(test)]
 mod tests;
 
 pub use connection::{BUSY_TIMEOUT, configure, open};
 pub use migrations::MIGRATIONS;
 pub(crate) use migrations::{attention, outbox_seq};
+pub use outbox::{outbox_counts, outbox_row};
 pub use preflight::preflight;
+pub use retention::cleanup;
 
 pub(crate) use super::now_ms;
+
+#[allow(private_interfaces)] // see `store::sealed`
+impl super::sealed::Backend for super::Sqlite {
+    fn enqueue(
+        config: &crate::config::Config,
+        tx: &rusqlite::Transaction<'_>,
+        message: &crate::outbox::OutgoingMessage,
+    ) -> Result<uuid::Uuid, crate::outbox::OutboxError> {
+        if config.outbox.durability == crate::config::Durability::Full {
+            outbox::require_durable_commit(tx)?;
+        }
+        outbox::insert(tx, config, message)
+    }
+
+    fn open_dispatch(
+        database: &super::Database,
+        config: &crate::config::Config,
+        responses: Vec<std::sync::Arc<dyn crate::responses::ResponseHandler<Self>>>,
+    ) -> Result<std::sync::Arc<dyn crate::dispatcher::records::DispatchDb>, super::StoreError> {
+        dispatch::open(path_of(database)?, config, responses)
+    }
+
+    const DEFAULT_WRITERS: usize = 1;
+
+    fn start_inbox(
+        database: &super::Database,
+        _writers: usize,
+        parts: crate::receiver::WriterParts<Self>,
+    ) -> Result<crate::receiver::Started, crate::receiver::ReceiverError> {
+        start_inbox(path_of(database)?, parts)
+    }
+
+    #[cfg(feature = "nats")]
+    fn open_answers(
+        database: &super::Database,
+    ) -> Result<std::sync::Arc<dyn crate::nats::answers::AnswerStore<Self>>, super::StoreError>
+    {
+        let conn = open(path_of(database)?, crate::config::Durability::Full)?;
+        Ok(std::sync::Arc::new(answers::SqliteAnswers(
+            std::sync::Mutex::new(conn),
+        )))
+    }
+}
+
+/// Opens (and migrates) the inbox in the SQLite file `path` and starts its
+/// one writer thread, which group-commits.
+fn start_inbox(
+    path: &std::path::Path,
+    parts: crate::receiver::WriterParts<super::Sqlite>,
+) -> Result<crate::receiver::Started, crate::receiver::ReceiverError> {
+    use std::sync::Arc;
+    let conn = open(path, parts.durability)?;
+    if let Some(lifecycle) = &parts.lifecycle {
+        lifecycle
+            .load_sqlite(&conn)
+            .map_err(|source| super::StoreError::Sqlite {
+                path: path.display().to_string(),
+                source,
+            })?;
+    }
+    let reader = crate::inbox::InboxReader::open(path)?;
+    let writer = crate::receiver::writer::Writer {
+        conn,
+        commands: parts.commands,
+        handlers: parts.handlers,
+        retention: parts.retention,
+        group_limit: parts.group_limit,
+    };
+    let alive = parts.alive;
+    let thread = std::thread::Builder::new()
+        .name("rfidl-receiver-writer".to_owned())
+        .spawn(move || {
+            let _alive = alive;
+            crate::sched::request_short_slice();
+            writer.run();
+        })
+        .map_err(crate::receiver::ReceiverError::WriterThread)?;
+    Ok((
+        Arc::new(reader) as Arc<dyn crate::inbox::InboxLookup>,
+        vec![thread],
+    ))
+}
+
+/// The SQLite file of `database`.
+pub(crate) fn path_of(database: &super::Database) -> Result<&std::path::Path, super::StoreError> {
+    database
+        .sqlite_path()
+        .ok_or_else(|| super::StoreError::WrongStore {
+            expected: "SQLite",
+            database: database.to_string(),
+        })
+}
+
+/// Records a message the JetStream consumer gave up on (idempotent per
+/// stream sequence).
+#[cfg(feature = "nats")]
+pub(crate) fn record_terminated(
+    conn: &rusqlite::Connection,
+    row: &crate::nats::consumer::TerminatedRow<'_>,
+) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT OR IGNORE INTO rf_terminated \
+         (stream_sequence, stream, message_id, subject, error, at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        rusqlite::params![
+            row.stream_sequence,
+            row.stream,
+            row.message_id,
+            row.subject,
+            row.error,
+            row.at
+        ],
+    )
+    .map(|_| ())
+}

@@ -364,7 +364,7 @@ fn migration_6_keeps_every_row_findable_and_dispatchable() {
         if n < statuses.len() {
             assert_eq!(Some(seq_of(id)), outbox_seq(id), "{id}");
             let parsed = uuid::Uuid::parse_str(id).expect("uuid");
-            let found = crate::outbox::row(&conn, &parsed).expect("row");
+            let found = crate::store::sqlite::outbox_row(&conn, &parsed).expect("row");
             assert_eq!(found.map(|row| row.status.as_str()), Some(statuses[n]));
         } else {
             // Shared or no derived seq: a rowid past every derived one.

@@ -1,0 +1,58 @@
+//! Retention's statements on SQLite: one clean-up pass, in batches of
+//! [`CLEANUP_BATCH`] rows that each commit on their own.
+
+use rusqlite::{Connection, params};
+
+use crate::config::Config;
+use crate::inbox;
+use crate::retention::{CLEANUP_BATCH, CleanupReport};
+
+/// Runs one clean-up pass at `now_ms` on `conn`, which must not be inside a
+/// transaction (each batch commits on its own). Blocking.
+pub fn cleanup(conn: &Connection, config: &Config, now_ms: i64) -> rusqlite::Result<CleanupReport> {
+    let sent_before = now_ms.saturating_sub(config.outbox.sent_retention.as_millis() as i64);
+    // `LIMIT +?2`: a bare bound `LIMIT` is re-prepared on every execution
+    // (see the dispatcher's `CLAIM_SELECT`).
+    let sent_deleted = repeat_in_batches(|| {
+        conn.prepare_cached(
+            "DELETE FROM outbox_messages WHERE seq IN \
+             (SELECT seq FROM outbox_messages \
+              WHERE status = 'Sent' AND sent_at < ?1 ORDER BY sent_at LIMIT +?2)",
+        )?
+        .execute(params![sent_before, CLEANUP_BATCH])
+    })?;
+    // Held rows (due at `lifecycle::HELD_DUE_MS`, 2^62) never expire: their
+    // version is decommissioned and they wait for its re-commission.
+    // `status IN ('Pending', 'Sending')` repeats the condition of the partial
+    // index `outbox_due`, so SQLite uses it instead of scanning the table.
+    let expired = repeat_in_batches(|| {
+        conn.prepare_cached(
+            "UPDATE outbox_messages \
+             SET status = 'Expired', last_error = 'time to live exceeded' \
+             WHERE seq IN \
+             (SELECT seq FROM outbox_messages \
+              WHERE status IN ('Pending', 'Sending') AND status = 'Pending' \
+              AND expires_at <= ?1 AND next_retry_at < 4611686018427387904 LIMIT +?2)",
+        )?
+        .execute(params![now_ms, CLEANUP_BATCH])
+    })?;
+    let inbox_deleted = inbox::delete_all_expired(conn, now_ms)?;
+    Ok(CleanupReport {
+        sent_deleted,
+        expired,
+        inbox_deleted,
+    })
+}
+
+fn repeat_in_batches(
+    mut batch: impl FnMut() -> rusqlite::Result<usize>,
+) -> rusqlite::Result<usize> {
+    let mut total = 0;
+    loop {
+        let done = batch()?;
+        total += done;
+        if done < CLEANUP_BATCH as usize {
+            return Ok(total);
+        }
+    }
+}
