@@ -239,7 +239,6 @@ async fn every_url_down(store: &TestStore) {
     let ids = store.enqueue_many(&outbox, (0..20).map(credit).collect());
     let circuit_open = || {
         outbox
-            .sqlite()
             .circuits()
             .states()
             .iter()

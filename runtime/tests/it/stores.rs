@@ -659,6 +659,13 @@ impl AnyOutbox {
         }
     }
 
+    pub fn circuits(&self) -> &Arc<rfidl_runtime::circuit::Circuits> {
+        match self {
+            AnyOutbox::Sqlite(outbox) => outbox.circuits(),
+            AnyOutbox::Postgres(outbox) => outbox.circuits(),
+        }
+    }
+
     pub fn lifecycle(&self) -> &rfidl_runtime::lifecycle::Lifecycle {
         match self {
             AnyOutbox::Sqlite(outbox) => outbox.lifecycle(),
