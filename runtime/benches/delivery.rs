@@ -34,6 +34,7 @@ use rfidl_runtime::outbox::Outbox;
 use rfidl_runtime::receiver::Receiver;
 use rfidl_runtime::signing::Secret;
 use rfidl_runtime::store::sqlite as db;
+use rfidl_runtime::store::sqlite::{inbox_lookup, record_processed};
 
 const INBOX_ROWS: usize = 1_000_000;
 
@@ -239,7 +240,7 @@ fn dedupe_latency(path: &Path) -> (f64, f64, f64) {
     let digest = [7u8; 32];
     for _ in 0..INBOX_ROWS {
         let id = uuid::Uuid::now_v7().to_string();
-        inbox::record_processed(
+        record_processed(
             &tx,
             &inbox::ProcessedMessage {
                 source_service_id: "bench",
@@ -263,7 +264,7 @@ fn dedupe_latency(path: &Path) -> (f64, f64, f64) {
             .wrapping_add(1442695040888963407);
         let id = &ids[(seed >> 33) as usize % ids.len()];
         let started = Instant::now();
-        let found = inbox::lookup(&conn, "bench", id).expect("lookup");
+        let found = inbox_lookup(&conn, "bench", id).expect("lookup");
         samples.push(started.elapsed().as_secs_f64() * 1e6);
         assert!(found.is_some());
     }

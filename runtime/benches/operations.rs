@@ -55,7 +55,7 @@ fn main() {
     );
     let scrape = latencies(20, || {
         diagnostics::destination_gauges(&conn, now, &[]).expect("gauges");
-        rfidl_runtime::inbox::count(&conn).expect("inbox size");
+        rfidl_runtime::store::sqlite::inbox_count(&conn).expect("inbox size");
     });
     report(
         "GET /_rf/metrics all queries (with the inbox size): p50 / p99",

@@ -8,12 +8,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rfidl_runtime::inbox::{self, InboxReader, ProcessedMessage};
+use rfidl_runtime::inbox::ProcessedMessage;
 use rfidl_runtime::receiver::{
     Answer, HandlerError, HostedInterface, HostedService, IncomingCall, Receiver,
 };
 use rfidl_runtime::signing::{Secret, SignatureHeaders, unix_now};
 use rfidl_runtime::store::sqlite as db;
+use rfidl_runtime::store::sqlite::{InboxReader, record_processed};
 use rfidl_runtime::{Config, Durability};
 
 const SOURCE: &str = "bench-sender";
@@ -79,7 +80,7 @@ fn inbox_lookup(path: &std::path::Path) {
     let tx = conn.transaction().expect("tx");
     for _ in 0..rows {
         let id = uuid::Uuid::now_v7().to_string();
-        inbox::record_processed(
+        record_processed(
             &tx,
             &ProcessedMessage {
                 source_service_id: SOURCE,

@@ -1,36 +1,37 @@
-//! The receiver's single database writer: one thread that owns the write
-//! connection, runs every handler, and group-commits.
+//! The receiver's database writers: threads that own a write connection
+//! each, run the handlers, and commit.
 //!
-//! A `synchronous=FULL` commit costs one fsync (a few hundred microseconds),
-//! which would cap a receiver that commits once per message at a few thousand
-//! messages a second. So the writer drains every delivery queued at that
-//! moment (up to a cap), opens one `BEGIN IMMEDIATE` transaction, and gives
-//! each message its own savepoint: re-check the inbox (a copy of the same id
-//! processed earlier in this group, or committed since the request's own
-//! look-up, is seen here and answered as a duplicate, so two copies can never
-//! both run the handler to commit), run the handler, insert the inbox row,
-//! `RELEASE`; or `ROLLBACK TO` when the handler fails or panics, so only that
-//! message's work is undone. One `COMMIT` (one fsync) covers the group; only
-//! then is any request of the group answered.
+//! One loop for every store ([`run`]), over the store's step ([`InboxStep`],
+//! in `store::<name>::inbox`). A writer takes what is queued (up to the
+//! store's group limit), opens one transaction, and processes each message
+//! in it: claim the message (a copy processed earlier, by this transaction
+//! or another that committed, is answered as a duplicate, so two copies can
+//! never both run the handler to commit), run the handler, record the
+//! inbox row. A message that shares its transaction has a savepoint of its
+//! own, so a refusal or a panic undoes only its work; the next message's
+//! savepoint releases it in the same round trip. A message alone in its
+//! transaction has none, and its refusal rolls the transaction back. One
+//! commit covers the group; only then is any request of the group answered.
 //!
-//! Handlers run on this thread because `rusqlite::Transaction` is neither
-//! `Send` nor `Sync`. This thread never touches the network.
+//! SQLite runs one writer that group-commits (one fsync for many
+//! messages); PostgreSQL runs several (`ReceiverBuilder::writers`), one
+//! request per transaction, and the server shares fsyncs between them.
+//! Handlers run on these threads because the stores' transactions are
+//! neither `Send` nor `Sync`. A writer never touches the network.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, Transaction, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, warn};
 
 use crate::envelope::Envelope;
-use crate::inbox::{self, PayloadDigest, ProcessedMessage};
+use crate::inbox::{PayloadDigest, RawEntry};
 use crate::metrics::Metrics;
 use crate::receiver::answer::{Answer, ReceiveError};
 use crate::receiver::handler::{HandlerError, HostedService, IncomingCall};
-use crate::store::now_ms;
-use crate::store::{Sqlite, Store};
+use crate::store::{Sqlite, Store, StoreError};
 
 /// A verified, routed message waiting for the writer.
 #[derive(Debug)]
@@ -64,15 +65,6 @@ pub(crate) enum Command {
     Stop {
         done: oneshot::Sender<()>,
     },
-}
-
-pub(crate) struct Writer {
-    pub conn: Connection,
-    pub commands: mpsc::Receiver<Command>,
-    pub handlers: Handlers<Sqlite>,
-    pub retention: Duration,
-    /// Most deliveries per group commit (a bigger single batch still goes whole).
-    pub group_limit: usize,
 }
 
 /// What runs one message: the hosted services and the metrics they count into.
@@ -141,47 +133,140 @@ impl<S: Store> Handlers<S> {
     }
 }
 
-/// Whether the group's transaction can still be committed after a message.
+/// One store's part of the writer: its transaction and statements.
+pub(crate) trait InboxStep: Send + 'static {
+    /// The store whose handlers run here.
+    type Store: Store;
+    /// An open transaction on the writer's connection.
+    type Tx<'c>
+    where
+        Self: 'c;
+
+    /// Most deliveries one transaction takes (a single bigger batch still
+    /// goes whole); 1: one request per transaction.
+    fn group_limit(&self) -> usize;
+
+    /// Begins a write transaction.
+    fn begin(&mut self) -> Result<Self::Tx<'_>, StoreError>;
+
+    /// The transaction as handlers and clients get it.
+    fn handle<'a, 'c>(tx: &'a mut Self::Tx<'c>) -> <Self::Store as Store>::Handle<'a, 'c>;
+
+    /// Runs `sql` (savepoint statements, the same on every store).
+    fn batch(tx: &mut Self::Tx<'_>, sql: &str) -> Result<(), StoreError>;
+
+    /// Claims (`source`, `message_id`) for this transaction: [`Claim::Fresh`]
+    /// when no transaction processed it, else what the inbox holds.
+    fn claim(
+        tx: &mut Self::Tx<'_>,
+        delivery: &Delivery,
+        now: i64,
+        expires_at: i64,
+    ) -> Result<Claim, StoreError>;
+
+    /// Records the claimed message as processed, with its answer.
+    fn record(
+        tx: &mut Self::Tx<'_>,
+        delivery: &Delivery,
+        response: &str,
+        now: i64,
+        expires_at: i64,
+    ) -> Result<(), StoreError>;
+
+    /// Whether the database ended the transaction under the writer (I/O
+    /// error, disk full, a handler's stray `COMMIT`).
+    fn lost(tx: &Self::Tx<'_>) -> bool;
+
+    fn commit(tx: Self::Tx<'_>) -> Result<(), StoreError>;
+
+    fn rollback(tx: Self::Tx<'_>) -> Result<(), StoreError>;
+}
+
+/// What the inbox says of a message a writer is about to process.
+pub(crate) enum Claim {
+    /// Nobody processed it: run the handler.
+    Fresh,
+    /// Processed already (committed, or earlier in this transaction).
+    Done(RawEntry),
+    /// Another transaction holds it and its row is not visible yet.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    InProgress,
+}
+
+/// How a message's work is set apart from the rest of its transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum TransactionState {
+enum Savepoint {
+    /// Alone in its transaction: a refusal rolls the transaction back.
+    None,
+    /// The first of several: opens `rf_message`.
+    Open,
+    /// A later one: releases the previous message's savepoint and opens its
+    /// own, in one round trip.
+    ReleaseAndOpen,
+}
+
+/// What became of the transaction after one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Usable; the message's work is kept or was undone to its savepoint.
     Intact,
-    /// A failed message's work could not be rolled back to its savepoint.
+    /// The message (alone in its transaction) was refused: roll back.
+    RollBack,
+    /// Could not be brought back to a usable state.
     Compromised,
 }
 
-const SAVEPOINT: &str = "SAVEPOINT rf_message";
-const RELEASE: &str = "RELEASE rf_message";
-const ROLLBACK_TO: &str = "ROLLBACK TO rf_message; RELEASE rf_message";
+/// A writer thread: its store's step, the shared queue, the handlers.
+pub(crate) struct Writer<W: InboxStep> {
+    pub step: W,
+    pub commands: Arc<Mutex<mpsc::Receiver<Command>>>,
+    pub handlers: Arc<Handlers<W::Store>>,
+    pub retention: Duration,
+}
 
-impl Writer {
+impl<W: InboxStep> Writer<W> {
     /// Runs until stopped or until every sender is gone.
     pub fn run(mut self) {
         let mut stopped = Vec::new();
-        while let Some(first) = self.commands.blocking_recv() {
-            let mut group = Vec::new();
-            let mut queued = 0;
-            let mut next = Some(first);
-            while let Some(command) = next.take() {
-                match command {
-                    Command::Deliver(job) => {
-                        queued += job.deliveries.len();
-                        group.push(job);
+        loop {
+            // Waits for work holding the lock (other writers wait for the
+            // lock); a Stop closes the queue under that same lock, so no
+            // writer sleeps on a queue that will never be closed.
+            let group = {
+                let Ok(mut commands) = self.commands.lock() else {
+                    break;
+                };
+                let Some(first) = commands.blocking_recv() else {
+                    break;
+                };
+                let limit = self.step.group_limit();
+                let mut group = Vec::new();
+                let mut queued = 0;
+                let mut next = Some(first);
+                while let Some(command) = next.take() {
+                    match command {
+                        Command::Deliver(job) => {
+                            queued += job.deliveries.len();
+                            group.push(job);
+                        }
+                        Command::Stop { done } => {
+                            // Refuse new work; what is queued is still
+                            // processed by whichever writer takes it.
+                            commands.close();
+                            stopped.push(done);
+                        }
                     }
-                    Command::Stop { done } => {
-                        // Refuse new work; what is already queued is still processed.
-                        self.commands.close();
-                        stopped.push(done);
+                    if queued < limit {
+                        next = commands.try_recv().ok();
                     }
                 }
-                if queued < self.group_limit {
-                    next = self.commands.try_recv().ok();
-                }
-            }
+                group
+            };
             if !group.is_empty() {
                 self.commit_group(group);
             }
         }
-        drop(self.conn);
+        drop(self.step);
         for done in stopped {
             let _ = done.send(());
         }
@@ -189,28 +274,30 @@ impl Writer {
 
     fn commit_group(&mut self, group: Vec<Job>) {
         let started = Instant::now();
-        let tx = match self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-        {
+        let count: usize = group.iter().map(|job| job.deliveries.len()).sum();
+        let refuse_all = |group: Vec<Job>, reason: &str| {
+            for job in group {
+                let refusal = Answer::Refused(ReceiveError::Unavailable(reason.to_owned()));
+                let _ = job.reply.send(vec![refusal; job.deliveries.len()]);
+            }
+        };
+        let retention_ms = self.retention.as_millis() as i64;
+        let handlers = Arc::clone(&self.handlers);
+        let mut tx = match self.step.begin() {
             Ok(tx) => tx,
             Err(e) => {
                 error!(error = %e, "receiver cannot begin a write transaction");
-                let refusal = ReceiveError::Unavailable(format!("cannot begin a transaction: {e}"));
-                for job in group {
-                    let answers = vec![Answer::Refused(refusal.clone()); job.deliveries.len()];
-                    let _ = job.reply.send(answers);
-                }
+                refuse_all(group, &format!("cannot begin a transaction: {e}"));
                 return;
             }
         };
-        let now = now_ms();
-        let expires_at = now.saturating_add(self.retention.as_millis() as i64);
+        let now = crate::store::now_ms();
+        let expires_at = now.saturating_add(retention_ms);
         let mut answered: Vec<(oneshot::Sender<Vec<Answer>>, Vec<Answer>)> =
             Vec::with_capacity(group.len());
         let mut lost: Option<String> = None;
-        let mut processed = 0u64;
-        let mut duplicates = 0u64;
+        let mut refused_alone = false;
+        let mut index = 0;
         for job in group {
             let mut answers = Vec::with_capacity(job.deliveries.len());
             for delivery in &job.deliveries {
@@ -218,31 +305,56 @@ impl Writer {
                     answers.push(Answer::Refused(ReceiveError::Unavailable(reason.clone())));
                     continue;
                 }
-                let (answer, state) = self.handlers.process(&tx, delivery, now, expires_at);
-                if tx.is_autocommit() || state == TransactionState::Compromised {
-                    // SQLite ended the transaction (I/O error, disk full, a
-                    // handler's stray COMMIT/ROLLBACK), or a failed message's
-                    // work could not be undone: roll the whole group back and
-                    // acknowledge nothing of it.
-                    error!(
-                        "receiver transaction lost or compromised mid-group; rolling the group back"
-                    );
-                    lost = Some("the write transaction was lost; retry".to_owned());
+                let savepoint = match (count, index) {
+                    (1, _) => Savepoint::None,
+                    (_, 0) => Savepoint::Open,
+                    _ => Savepoint::ReleaseAndOpen,
+                };
+                index += 1;
+                let (answer, state) =
+                    process::<W>(&mut tx, &handlers, delivery, now, expires_at, savepoint);
+                let state = if W::lost(&tx) {
+                    State::Compromised
+                } else {
+                    state
+                };
+                match state {
+                    State::Intact => {}
+                    State::RollBack => refused_alone = true,
+                    State::Compromised => {
+                        error!(
+                            "receiver transaction lost or compromised mid-group; rolling the group back"
+                        );
+                        lost = Some("the write transaction was lost; retry".to_owned());
+                    }
                 }
                 answers.push(answer);
             }
             answered.push((job.reply, answers));
         }
-        let failure = match lost {
-            Some(reason) => {
-                let _ = tx.rollback();
-                Some(reason)
+        let failure = if refused_alone {
+            // The one message was refused: nothing of it may commit. If the
+            // rollback fails too, the connection was lost under the handler
+            // (its error said so only as a failed statement): that is the
+            // database's fault, not the message's, and is answered 503 (not
+            // counted against the message's retries), as a lost commit is.
+            match W::rollback(tx) {
+                Ok(()) => None,
+                Err(e) => Some(format!("the database connection was lost: {e}")),
             }
-            None => tx.commit().err().map(|e| {
-                error!(error = %e, "receiver group commit failed");
-                format!("commit failed: {e}")
-            }),
+        } else {
+            match lost {
+                Some(reason) => {
+                    let _ = W::rollback(tx);
+                    Some(reason)
+                }
+                None => W::commit(tx).err().map(|e| {
+                    error!(error = %e, "receiver commit failed");
+                    format!("commit failed: {e}")
+                }),
+            }
         };
+        let (mut processed, mut duplicates) = (0, 0);
         for (_, answers) in &mut answered {
             if let Some(reason) = &failure {
                 // Acknowledgements and id-reuse verdicts of this group may rest
@@ -258,83 +370,89 @@ impl Writer {
         }
         // Count before answering, so a caller that saw its answer sees the count.
         // Each message processed now waited for the whole group's commit.
-        count_committed(
-            &self.handlers.metrics,
-            processed,
-            duplicates,
-            started.elapsed(),
-        );
+        count_committed(&handlers.metrics, processed, duplicates, started.elapsed());
         for (reply, answers) in answered {
             let _ = reply.send(answers);
         }
     }
 }
 
-impl Handlers<Sqlite> {
-    /// One message inside the group's transaction.
-    fn process(
-        &self,
-        tx: &Transaction<'_>,
-        delivery: &Delivery,
-        now: i64,
-        expires_at: i64,
-    ) -> (Answer, TransactionState) {
-        let intact = |answer| (answer, TransactionState::Intact);
-        let envelope = &delivery.envelope;
-        let source = envelope.source_service_id.as_str();
-        match inbox::lookup(tx, source, &delivery.message_id) {
-            Ok(Some(entry)) => {
-                return intact(if entry.payload_sha256 == delivery.payload_sha256 {
-                    Answer::Acknowledged {
-                        duplicate: true,
-                        payload: entry_response(entry.response.as_deref()),
-                    }
-                } else {
-                    Answer::Refused(ReceiveError::MessageIdReused {
-                        source_service_id: source.to_owned(),
-                        message_id: delivery.message_id.clone(),
-                    })
-                });
-            }
-            Ok(None) => {}
-            Err(e) => return intact(unavailable("inbox look-up failed", &e)),
+/// One message: claim it, run the handler, record the answer.
+fn process<W: InboxStep>(
+    tx: &mut W::Tx<'_>,
+    handlers: &Handlers<W::Store>,
+    delivery: &Delivery,
+    now: i64,
+    expires_at: i64,
+    savepoint: Savepoint,
+) -> (Answer, State) {
+    let envelope = &delivery.envelope;
+    let source = envelope.source_service_id.as_str();
+    let unavailable = |what: &str, e: &StoreError| {
+        error!(error = %e, "{what}");
+        Answer::Refused(ReceiveError::Unavailable(format!("{what}: {e}")))
+    };
+    let opening = match savepoint {
+        Savepoint::None => None,
+        Savepoint::Open => Some("SAVEPOINT rf_message"),
+        Savepoint::ReleaseAndOpen => Some("RELEASE SAVEPOINT rf_message; SAVEPOINT rf_message"),
+    };
+    if let Some(sql) = opening
+        && let Err(e) = W::batch(tx, sql)
+    {
+        return (
+            unavailable("cannot open a savepoint", &e),
+            State::Compromised,
+        );
+    }
+    let refusal = match W::claim(tx, delivery, now, expires_at) {
+        Ok(Claim::Done(entry)) => {
+            // Processed already: by a transaction that committed, or
+            // earlier in this one.
+            let answer = if entry.payload_sha256[..] == delivery.payload_sha256[..] {
+                Answer::Acknowledged {
+                    duplicate: true,
+                    payload: entry_response(entry.response.as_deref()),
+                }
+            } else {
+                Answer::Refused(ReceiveError::MessageIdReused {
+                    source_service_id: source.to_owned(),
+                    message_id: delivery.message_id.clone(),
+                })
+            };
+            return (answer, State::Intact);
         }
-        if let Err(e) = tx.execute_batch(SAVEPOINT) {
-            return intact(unavailable("cannot open a savepoint", &e));
-        }
-        let outcome = self.run(delivery, tx);
-        let refusal = match outcome {
-            Ok(response) => {
-                let response_text = response.to_string();
-                let row = ProcessedMessage {
-                    source_service_id: source,
-                    message_id: &delivery.message_id,
-                    endpoint: &envelope.endpoint,
-                    payload_sha256: &delivery.payload_sha256,
-                    response: &response_text,
-                    processed_at_ms: now,
-                    expires_at_ms: expires_at,
-                };
-                match inbox::record_processed(tx, &row).and_then(|()| tx.execute_batch(RELEASE)) {
-                    Ok(()) => {
-                        return intact(Answer::Acknowledged {
+        Ok(Claim::InProgress) => return (Answer::Refused(ReceiveError::InProgress), State::Intact),
+        Err(e) => return (unavailable("inbox look-up failed", &e), State::Intact),
+        Ok(Claim::Fresh) => match handlers.run(delivery, W::handle(tx)) {
+            Ok(response) => match W::record(tx, delivery, &response.to_string(), now, expires_at) {
+                Ok(()) => {
+                    return (
+                        Answer::Acknowledged {
                             duplicate: false,
                             payload: response,
-                        });
-                    }
-                    Err(e) => {
-                        error!(error = %e, source, message_id = %delivery.message_id, "cannot record an inbox row");
-                        ReceiveError::Unavailable(format!("cannot record the message: {e}"))
-                    }
+                        },
+                        State::Intact,
+                    );
                 }
-            }
+                Err(e) => {
+                    error!(error = %e, source, message_id = %delivery.message_id, "cannot record an inbox row");
+                    ReceiveError::Unavailable(format!("cannot record the message: {e}"))
+                }
+            },
             Err(refusal) => refusal,
-        };
-        if let Err(e) = tx.execute_batch(ROLLBACK_TO) {
+        },
+    };
+    if savepoint == Savepoint::None {
+        return (Answer::Refused(refusal), State::RollBack);
+    }
+    // The savepoint stays open: the next message (or the commit) releases it.
+    match W::batch(tx, "ROLLBACK TO SAVEPOINT rf_message") {
+        Ok(()) => (Answer::Refused(refusal), State::Intact),
+        Err(e) => {
             error!(error = %e, "cannot roll back a failed message's savepoint");
-            return (Answer::Refused(refusal), TransactionState::Compromised);
+            (Answer::Refused(refusal), State::Compromised)
         }
-        (Answer::Refused(refusal), TransactionState::Intact)
     }
 }
 
@@ -371,11 +489,6 @@ pub(crate) fn count_committed(
 pub(crate) fn entry_response(text: Option<&str>) -> serde_json::Value {
     text.and_then(|t| serde_json::from_str(t).ok())
         .unwrap_or(serde_json::Value::Null)
-}
-
-fn unavailable(what: &str, error: &rusqlite::Error) -> Answer {
-    error!(error = %error, "{what}");
-    Answer::Refused(ReceiveError::Unavailable(format!("{what}: {error}")))
 }
 
 pub(crate) fn refusal_of(handler_error: HandlerError, envelope: &Envelope) -> ReceiveError {

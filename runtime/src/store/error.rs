@@ -28,6 +28,14 @@ pub enum StoreError {
          changed: restore it from a backup, or inspect it with `sqlite3 {path} \"PRAGMA integrity_check\"`"
     )]
     Corrupt { path: String, detail: String },
+    /// A statement failed on a connection the part already holds (shown
+    /// without the database's name: such errors may reach a peer).
+    #[error("{0}")]
+    SqliteStatement(#[source] rusqlite::Error),
+    /// The same on PostgreSQL.
+    #[cfg(feature = "postgres")]
+    #[error("{0}")]
+    PostgresStatement(String),
     /// A part of one store was given another store's database.
     #[error("`{database}` is not a {expected} database")]
     WrongStore {

@@ -15,25 +15,17 @@
 //!
 //! Each writer thread commits one request (one message, or one batch) per
 //! transaction; several threads (`writers`) work side by side, and the
-//! server's own group commit shares fsyncs between them. Every statement is
-//! a round trip, so they are few: a lone message has no savepoint (a refusal
-//! rolls its transaction back), and in a batch one round trip releases the
-//! previous message's savepoint and opens the next one's.
+//! server's own group commit shares fsyncs between them. The loop is the
+//! receiver's ([`crate::receiver::writer`]); this file is its step.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use postgres::types::Type;
-use tokio::sync::{mpsc, oneshot};
-use tracing::error;
 
 use crate::inbox::{InboxEntry, InboxError, InboxLookup, RawEntry};
-use crate::receiver::answer::{Answer, ReceiveError};
-use crate::receiver::writer::{
-    Command, Delivery, Handlers, Job, acknowledged, count_committed, entry_response,
-};
+use crate::receiver::writer::{Claim, Delivery, InboxStep, Writer};
 use crate::receiver::{ReceiverError, Started, WriterParts};
-use crate::store::Postgres;
+use crate::store::{Postgres, StoreError};
 
 use super::{Connection, PostgresUrl, error_text};
 
@@ -135,12 +127,13 @@ pub(crate) fn start_receiver(
     let handlers = Arc::new(handlers);
     let mut threads = Vec::with_capacity(writers);
     for index in 0..writers {
-        let conn = Connection::new(url.clone(), url.connect()?);
-        let writer = PostgresWriter {
-            conn,
+        let writer = Writer {
+            step: PostgresStep {
+                conn: Connection::new(url.clone(), url.connect()?),
+            },
             commands: Arc::clone(&commands),
             handlers: Arc::clone(&handlers),
-            retention_ms: retention.as_millis() as i64,
+            retention,
         };
         let alive = Arc::clone(&alive);
         let thread = std::thread::Builder::new()
@@ -156,284 +149,108 @@ pub(crate) fn start_receiver(
     Ok((Arc::new(reader) as Arc<dyn InboxLookup>, threads))
 }
 
-/// One writer thread and its connection.
-pub(crate) struct PostgresWriter {
+/// The PostgreSQL writer's step: one request per transaction (several
+/// writers run side by side). A claim inserts the inbox row first (`ON
+/// CONFLICT DO NOTHING`), which waits for a concurrent copy's transaction;
+/// the record stores the answer in that row.
+pub(crate) struct PostgresStep {
     conn: Connection,
-    commands: Arc<Mutex<mpsc::Receiver<Command>>>,
-    handlers: Arc<Handlers<Postgres>>,
-    retention_ms: i64,
 }
 
-impl PostgresWriter {
-    fn run(mut self) {
-        let mut stopped: Vec<oneshot::Sender<()>> = Vec::new();
-        loop {
-            // Waits for work holding the lock (the other writers wait for
-            // the lock); a Stop closes the queue under that same lock, so
-            // no writer sleeps on a queue that will never be closed.
-            let command = match self.commands.lock() {
-                Ok(mut commands) => {
-                    let command = commands.blocking_recv();
-                    if matches!(command, Some(Command::Stop { .. })) {
-                        // Refuse new work; what is queued is still processed
-                        // by whichever writer takes it.
-                        commands.close();
-                    }
-                    command
-                }
-                Err(_) => None,
-            };
-            match command {
-                None => break,
-                Some(Command::Deliver(job)) => self.commit_job(job),
-                Some(Command::Stop { done }) => stopped.push(done),
-            }
-        }
-        drop(self.conn);
-        for done in stopped {
-            let _ = done.send(());
-        }
+fn statement(error: &postgres::Error) -> StoreError {
+    StoreError::PostgresStatement(error_text(error))
+}
+
+impl InboxStep for PostgresStep {
+    type Store = Postgres;
+    type Tx<'c> = postgres::Transaction<'c>;
+
+    fn group_limit(&self) -> usize {
+        1
     }
 
-    fn commit_job(&mut self, job: Job) {
-        let started = Instant::now();
-        let count = job.deliveries.len();
-        let refuse_all =
-            |reason: String| vec![Answer::Refused(ReceiveError::Unavailable(reason)); count];
-        let client = match self.conn.client() {
-            Ok(client) => client,
-            Err(reason) => {
-                error!(%reason, "receiver cannot reach its database");
-                let _ = job.reply.send(refuse_all(reason));
-                return;
-            }
-        };
-        let mut tx = match client.transaction() {
-            Ok(tx) => tx,
-            Err(e) => {
-                let reason = format!("cannot begin a transaction: {}", error_text(&e));
-                error!(%reason, "receiver cannot begin a write transaction");
-                let _ = job.reply.send(refuse_all(reason));
-                return;
-            }
-        };
-        let now = crate::store::now_ms();
-        let expires_at = now.saturating_add(self.retention_ms);
-        let mut answers = Vec::with_capacity(count);
-        let mut lost: Option<String> = None;
-        let mut refused_alone = false;
-        for (index, delivery) in job.deliveries.iter().enumerate() {
-            if let Some(reason) = &lost {
-                answers.push(Answer::Refused(ReceiveError::Unavailable(reason.clone())));
-                continue;
-            }
-            // A request of one message needs no savepoint: its transaction
-            // is the message's. In a batch, each message opens one, and the
-            // next message's opening releases it in the same round trip
-            // (COMMIT releases the last).
-            let savepoint = match (count, index) {
-                (1, _) => Savepoint::None,
-                (_, 0) => Savepoint::Open,
-                _ => Savepoint::ReleaseAndOpen,
-            };
-            let (answer, state) = process(
-                &mut tx,
-                &self.handlers,
-                delivery,
-                now,
-                expires_at,
-                savepoint,
-            );
-            match state {
-                State::Intact => {}
-                State::RollBack => refused_alone = true,
-                State::Compromised => {
-                    error!("receiver transaction compromised mid-request; rolling it back");
-                    lost = Some("the write transaction was lost; retry".to_owned());
-                }
-            }
-            answers.push(answer);
-        }
-        if refused_alone {
-            // The one message was refused: nothing of it may commit. If the
-            // rollback fails too, the connection was lost under the handler
-            // (its error said so only as a failed statement): that is the
-            // database's fault, not the message's, and is answered 503 (not
-            // counted against the message's retries), as a lost commit is.
-            let answers = match tx.rollback() {
-                Ok(()) => answers,
-                Err(e) => refuse_all(format!(
-                    "the database connection was lost: {}",
-                    error_text(&e)
-                )),
-            };
-            let _ = job.reply.send(answers);
-            return;
-        }
-        let failure = match lost {
-            Some(reason) => {
-                let _ = tx.rollback();
-                Some(reason)
-            }
-            None => tx.commit().err().map(|e| {
-                let reason = format!("commit failed: {}", error_text(&e));
-                error!(%reason, "receiver commit failed");
-                reason
-            }),
-        };
-        if let Some(reason) = failure {
-            let _ = job.reply.send(refuse_all(reason));
-            return;
-        }
-        let (processed, duplicates) = acknowledged(&answers);
-        count_committed(
-            &self.handlers.metrics,
-            processed,
-            duplicates,
-            started.elapsed(),
-        );
-        let _ = job.reply.send(answers);
+    fn begin(&mut self) -> Result<Self::Tx<'_>, StoreError> {
+        let client = self.conn.client().map_err(StoreError::PostgresStatement)?;
+        client.transaction().map_err(|e| statement(&e))
     }
-}
 
-/// How a message's work is set apart from the rest of its request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Savepoint {
-    /// Alone in its transaction: a refusal rolls the transaction back.
-    None,
-    /// The first of a batch: opens `rf_message`.
-    Open,
-    /// A later one: releases the previous message's savepoint and opens its
-    /// own, in one round trip.
-    ReleaseAndOpen,
-}
-
-/// What became of the transaction after one message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// Usable; the message's work is kept or was undone to its savepoint.
-    Intact,
-    /// The message (alone in its transaction) was refused: roll back.
-    RollBack,
-    /// Could not be brought back to a usable state.
-    Compromised,
-}
-
-/// One message: claim its inbox row, run the handler, store the answer.
-fn process(
-    tx: &mut postgres::Transaction<'_>,
-    handlers: &Handlers<Postgres>,
-    delivery: &Delivery,
-    now: i64,
-    expires_at: i64,
-    savepoint: Savepoint,
-) -> (Answer, State) {
-    let envelope = &delivery.envelope;
-    let source = envelope.source_service_id.as_str();
-    let unavailable = |what: &str, e: &postgres::Error| {
-        let text = error_text(e);
-        error!(error = %text, "{what}");
-        Answer::Refused(ReceiveError::Unavailable(format!("{what}: {text}")))
-    };
-    let opening = match savepoint {
-        Savepoint::None => None,
-        Savepoint::Open => Some("SAVEPOINT rf_message"),
-        Savepoint::ReleaseAndOpen => Some("RELEASE SAVEPOINT rf_message; SAVEPOINT rf_message"),
-    };
-    if let Some(sql) = opening
-        && let Err(e) = tx.batch_execute(sql)
-    {
-        return (
-            unavailable("cannot open a savepoint", &e),
-            State::Compromised,
-        );
+    fn handle<'a, 'c>(tx: &'a mut Self::Tx<'c>) -> &'a mut postgres::Transaction<'c> {
+        tx
     }
-    // Claim the message: waits for a concurrent copy's transaction to end.
-    let claimed = tx.execute_typed(
-        "INSERT INTO inbox_messages (source_service_id, message_id, endpoint, payload_sha256, \
-         processed_at, response, expires_at) VALUES ($1, $2, $3, $4, $5, NULL, $6) \
-         ON CONFLICT (source_service_id, message_id) DO NOTHING",
-        &[
-            (&source, Type::TEXT),
-            (&delivery.message_id, Type::TEXT),
-            (&envelope.endpoint, Type::TEXT),
-            (&&delivery.payload_sha256[..], Type::BYTEA),
-            (&now, Type::INT8),
-            (&expires_at, Type::INT8),
-        ],
-    );
-    let refusal = match claimed {
-        Ok(0) => {
-            // Processed already: by a transaction that committed, or
-            // earlier in this one.
-            let answer = match tx.query_typed_opt(
+
+    fn batch(tx: &mut Self::Tx<'_>, sql: &str) -> Result<(), StoreError> {
+        tx.batch_execute(sql).map_err(|e| statement(&e))
+    }
+
+    fn claim(
+        tx: &mut Self::Tx<'_>,
+        delivery: &Delivery,
+        now: i64,
+        expires_at: i64,
+    ) -> Result<Claim, StoreError> {
+        let envelope = &delivery.envelope;
+        let source = envelope.source_service_id.as_str();
+        // Waits for a concurrent copy's transaction to end.
+        let claimed = tx
+            .execute_typed(
+                "INSERT INTO inbox_messages (source_service_id, message_id, endpoint, \
+                 payload_sha256, processed_at, response, expires_at) \
+                 VALUES ($1, $2, $3, $4, $5, NULL, $6) \
+                 ON CONFLICT (source_service_id, message_id) DO NOTHING",
+                &[
+                    (&source, Type::TEXT),
+                    (&delivery.message_id, Type::TEXT),
+                    (&envelope.endpoint, Type::TEXT),
+                    (&&delivery.payload_sha256[..], Type::BYTEA),
+                    (&now, Type::INT8),
+                    (&expires_at, Type::INT8),
+                ],
+            )
+            .map_err(|e| statement(&e))?;
+        if claimed > 0 {
+            return Ok(Claim::Fresh);
+        }
+        let found = tx
+            .query_typed_opt(
                 LOOKUP_SQL,
                 &[(&source, Type::TEXT), (&delivery.message_id, Type::TEXT)],
-            ) {
-                Ok(Some(row)) => {
-                    let raw = raw_entry(&row);
-                    if raw.payload_sha256[..] == delivery.payload_sha256[..] {
-                        Answer::Acknowledged {
-                            duplicate: true,
-                            payload: entry_response(raw.response.as_deref()),
-                        }
-                    } else {
-                        Answer::Refused(ReceiveError::MessageIdReused {
-                            source_service_id: source.to_owned(),
-                            message_id: delivery.message_id.clone(),
-                        })
-                    }
-                }
-                Ok(None) => Answer::Refused(ReceiveError::InProgress),
-                Err(e) => unavailable("inbox look-up failed", &e),
-            };
-            return (answer, State::Intact);
-        }
-        Ok(_) => match handlers.run(delivery, tx) {
-            Ok(response) => {
-                let stored = tx.execute_typed(
-                    "UPDATE inbox_messages SET response = $3 \
-                         WHERE source_service_id = $1 AND message_id = $2",
-                    &[
-                        (&source, Type::TEXT),
-                        (&delivery.message_id, Type::TEXT),
-                        (&response.to_string(), Type::TEXT),
-                    ],
-                );
-                match stored {
-                    Ok(_) => {
-                        return (
-                            Answer::Acknowledged {
-                                duplicate: false,
-                                payload: response,
-                            },
-                            State::Intact,
-                        );
-                    }
-                    Err(e) => {
-                        let text = error_text(&e);
-                        error!(error = %text, source, message_id = %delivery.message_id, "cannot record an inbox row");
-                        ReceiveError::Unavailable(format!("cannot record the message: {text}"))
-                    }
-                }
-            }
-            Err(refusal) => refusal,
-        },
-        Err(e) => {
-            let text = error_text(&e);
-            error!(error = %text, "cannot record an inbox row");
-            ReceiveError::Unavailable(format!("cannot record the message: {text}"))
-        }
-    };
-    if savepoint == Savepoint::None {
-        return (Answer::Refused(refusal), State::RollBack);
+            )
+            .map_err(|e| statement(&e))?;
+        Ok(match found {
+            Some(row) => Claim::Done(raw_entry(&row)),
+            None => Claim::InProgress,
+        })
     }
-    // The savepoint stays open: the next message (or COMMIT) releases it.
-    match tx.batch_execute("ROLLBACK TO SAVEPOINT rf_message") {
-        Ok(()) => (Answer::Refused(refusal), State::Intact),
-        Err(e) => {
-            error!(error = %error_text(&e), "cannot roll back a failed message's savepoint");
-            (Answer::Refused(refusal), State::Compromised)
-        }
+
+    fn record(
+        tx: &mut Self::Tx<'_>,
+        delivery: &Delivery,
+        response: &str,
+        _now: i64,
+        _expires_at: i64,
+    ) -> Result<(), StoreError> {
+        tx.execute_typed(
+            "UPDATE inbox_messages SET response = $3 \
+             WHERE source_service_id = $1 AND message_id = $2",
+            &[
+                (&delivery.envelope.source_service_id, Type::TEXT),
+                (&delivery.message_id, Type::TEXT),
+                (&response, Type::TEXT),
+            ],
+        )
+        .map(|_| ())
+        .map_err(|e| statement(&e))
+    }
+
+    fn lost(_: &Self::Tx<'_>) -> bool {
+        false
+    }
+
+    fn commit(tx: Self::Tx<'_>) -> Result<(), StoreError> {
+        tx.commit().map_err(|e| statement(&e))
+    }
+
+    fn rollback(tx: Self::Tx<'_>) -> Result<(), StoreError> {
+        tx.rollback().map_err(|e| statement(&e))
     }
 }

@@ -236,7 +236,7 @@ impl DiagnosticsStore for Connection {
     }
 
     fn inbox_size(&self) -> Result<u64, DiagnosticsError> {
-        Ok(crate::inbox::count(self)?)
+        Ok(super::inbox::count(self)?)
     }
 
     fn database_checks(&self) -> BTreeMap<String, String> {

@@ -17,6 +17,7 @@ mod answers;
 mod connection;
 pub(crate) mod diagnostics;
 pub(crate) mod dispatch;
+pub(crate) mod inbox;
 mod migrations;
 pub(crate) mod outbox;
 mod preflight;
@@ -25,6 +26,7 @@ mod retention;
 mod tests;
 
 pub use connection::{BUSY_TIMEOUT, configure, open};
+pub use inbox::{InboxReader, count as inbox_count, lookup as inbox_lookup, record_processed};
 pub use migrations::MIGRATIONS;
 pub(crate) use migrations::{attention, outbox_seq};
 pub use outbox::{outbox_counts, outbox_row};
@@ -92,13 +94,15 @@ fn start_inbox(
                 source,
             })?;
     }
-    let reader = crate::inbox::InboxReader::open(path)?;
+    let reader = inbox::InboxReader::open(path)?;
     let writer = crate::receiver::writer::Writer {
-        conn,
-        commands: parts.commands,
-        handlers: parts.handlers,
+        step: inbox::SqliteStep {
+            conn,
+            group_limit: parts.group_limit,
+        },
+        commands: Arc::new(std::sync::Mutex::new(parts.commands)),
+        handlers: Arc::new(parts.handlers),
         retention: parts.retention,
-        group_limit: parts.group_limit,
     };
     let alive = parts.alive;
     let thread = std::thread::Builder::new()

@@ -4,7 +4,7 @@
 use rusqlite::{Connection, params};
 
 use crate::config::Config;
-use crate::inbox;
+
 use crate::retention::{CLEANUP_BATCH, CleanupReport};
 
 /// Runs one clean-up pass at `now_ms` on `conn`, which must not be inside a
@@ -36,7 +36,7 @@ pub fn cleanup(conn: &Connection, config: &Config, now_ms: i64) -> rusqlite::Res
         )?
         .execute(params![now_ms, CLEANUP_BATCH])
     })?;
-    let inbox_deleted = inbox::delete_all_expired(conn, now_ms)?;
+    let inbox_deleted = super::inbox::delete_all_expired(conn, now_ms)?;
     Ok(CleanupReport {
         sent_deleted,
         expired,
