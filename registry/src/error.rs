@@ -47,41 +47,84 @@ pub enum ApiError {
          {retry_after} s"
     )]
     RateLimited {
+        /// The service id whose registrations are over the limit.
         service: String,
+        /// The limit: registrations of one service per minute.
         per_minute: u32,
+        /// Seconds until the next registration is accepted; also the
+        /// `Retry-After` header.
         retry_after: u64,
     },
     /// 422 `network_not_allowed`: a registration's base URL is outside the
     /// registry's allowed networks.
     #[error("{0}")]
     NetworkNotAllowed(String),
+    /// 413 `payload_too_large`: the body is over its route's limit
+    /// ([`BODY_LIMIT`] for a manifest, [`directory::REGISTRATION_LIMIT`],
+    /// [`directory::HEARTBEAT_LIMIT`]).
     #[error("the manifest is larger than the {BODY_LIMIT}-byte limit")]
     PayloadTooLarge,
+    /// 400 `bad_request`: a path segment or query that is not of its form
+    /// (a version like `v2`, a service id, a dashboard page), or a body whose
+    /// connection failed.
     #[error("{0}")]
     BadRequest(String),
     /// 408 `body_timeout`: the body did not arrive within the server's body
     /// read timeout.
     #[error("the request body did not arrive in time")]
     BodyTimeout,
+    /// 422 `invalid_manifest`: the body does not parse as a manifest (the
+    /// parser's message, cut to 300 characters).
     #[error("the body is not a manifest: {0}")]
     InvalidManifest(String),
+    /// 422 `path_mismatch`: the manifest is of another interface version
+    /// than the publish path names.
     #[error("the path names {path}, the manifest is {manifest}")]
-    PathMismatch { path: String, manifest: String },
+    PathMismatch {
+        /// `interface vN` as the path names it.
+        path: String,
+        /// `interface vN` as the manifest says.
+        manifest: String,
+    },
+    /// 422 `fingerprint_mismatch`: the manifest's `fingerprint` is not the
+    /// one its content hashes to.
     #[error("the manifest says {stated}, its content has {computed}")]
-    FingerprintMismatch { stated: String, computed: String },
+    FingerprintMismatch {
+        /// The fingerprint the manifest states (shortened if hostile).
+        stated: String,
+        /// `sha256:…` computed from the manifest's content.
+        computed: String,
+    },
+    /// 422 `manifest_rejected`: no contract could produce the manifest;
+    /// its `M0001`… problems go in the body's `problems`.
     #[error("no contract could produce this manifest: {0}")]
     ManifestRejected(InvalidManifest),
+    /// 409 `breaking_change`: the manifest is not a compatible next
+    /// revision of the latest published one; the changes go in the body's
+    /// `changes`.
     #[error("{interface} v{version}: {} change(s) break the published revision", changes.len())]
     BreakingChange {
+        /// The interface, `package.Service`.
         interface: String,
+        /// The interface version whose latest revision it breaks.
         version: u32,
+        /// Each breaking change with its `B0001`… code.
         changes: Vec<BreakingChange>,
     },
-    /// The message names what is missing (and a close name, if any).
+    /// 404 `not_found`: no such route, interface, version or revision. The
+    /// message names what is missing (and a close name, if any).
     #[error("{0}")]
     NotFound(String),
+    /// 405 `method_not_allowed`: the path exists, the method does not.
     #[error("method {method} is not allowed on {path}")]
-    MethodNotAllowed { method: String, path: String },
+    MethodNotAllowed {
+        /// The request's method.
+        method: String,
+        /// The request's path.
+        path: String,
+    },
+    /// 503 `unavailable`: the database, the command outbox or rendering a
+    /// page failed; the request may be repeated.
     #[error("storage unavailable: {0}")]
     Unavailable(String),
     /// 422 `invalid_registration`: the body is not a registration (or
@@ -107,6 +150,7 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// The HTTP status of the answer (each variant's doc names it).
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,

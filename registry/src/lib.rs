@@ -37,6 +37,7 @@
 //! [`conditional`] (`ETag`s).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
 
 pub mod access;
 pub mod aggregator;

@@ -19,8 +19,12 @@ use crate::liveness::ActiveAt;
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Registered {
+    /// The service id of the path.
     pub service: String,
+    /// The instance's id ([`super::instance_id`]): the same for every
+    /// registration of this service at this base URL.
     pub instance_id: String,
+    /// The base URL as stored (normalised: no trailing `/`).
     pub base_url: String,
     /// False when the instance was registered already (its lists replaced).
     pub created: bool,
@@ -34,6 +38,7 @@ pub struct Registered {
 
 /// Who registers, for the binding of an instance to its credential.
 pub struct Owner<'a> {
+    /// The SHA-256 of the credential this request presented.
     pub registrant: &'a Registrant,
     /// Whether a stored owner's credential is still accepted.
     pub is_live: &'a dyn Fn(&str) -> bool,

@@ -18,11 +18,20 @@ pub struct LastHealth {
     pub status: String,
     /// The service's own `/_rf/health` status; absent when unreachable.
     pub reported: Option<String>,
+    /// When it was checked, RFC 3339 (UTC).
     pub checked_at: String,
+    /// Messages pending or sending in its outbox; absent when unreachable.
     pub outbox_depth: Option<u64>,
+    /// Dead-lettered messages; absent when unreachable.
     pub dead_letter: Option<u64>,
+    /// Messages that need a human: failed, dead-lettered and expired;
+    /// absent when unreachable.
     pub attention: Option<u64>,
+    /// Age in milliseconds of the oldest pending or sending message;
+    /// absent when there is none or it was unreachable.
     pub oldest_pending_age_ms: Option<i64>,
+    /// Why it has its colour (bounded, [`crate::aggregator::judge`]); a
+    /// failure is one generic reason, never its precise cause.
     pub reasons: Vec<String>,
 }
 
@@ -30,13 +39,20 @@ pub struct LastHealth {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InstanceEntry {
+    /// Its id ([`super::instance_id`]).
     pub instance_id: String,
+    /// Where it serves, as registered.
     pub base_url: String,
+    /// The interface versions it provides, by interface and version.
     pub hosts: Vec<InterfaceRef>,
+    /// The interface versions it sends to, at their locked revisions.
     pub calls: Vec<InterfaceRef>,
+    /// When it first registered, RFC 3339 (UTC).
     pub registered_at: String,
+    /// When it last registered or heartbeated, RFC 3339 (UTC).
     pub last_seen_at: String,
-    /// Milliseconds since the Unix epoch, for the dashboard.
+    /// `last_seen_at` in milliseconds since the Unix epoch, for the
+    /// dashboard; not serialised.
     #[serde(skip)]
     pub last_seen_ms: i64,
     /// True when it missed its heartbeats ([`crate::liveness`]): it no
@@ -50,7 +66,9 @@ pub struct InstanceEntry {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceEntry {
+    /// The service id.
     pub service: String,
+    /// Its registered instances, by base URL; gone ones included.
     pub instances: Vec<InstanceEntry>,
 }
 

@@ -53,6 +53,7 @@ pub const HEARTBEAT_LIMIT: usize = 1024;
 pub struct InterfaceRef {
     /// `package.Service`, e.g. `hr.employees.EmpService`.
     pub interface: String,
+    /// The interface version (the `N` of `vN`).
     pub version: u32,
     /// `sha256:…` of the manifest revision.
     pub fingerprint: String,
@@ -121,6 +122,8 @@ pub struct Heartbeat {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DeployCheck {
+    /// The interface versions the service to deploy sends to, at their
+    /// locked revisions; each must have an active provider.
     pub calls: Vec<InterfaceRef>,
 }
 
@@ -128,11 +131,15 @@ pub struct DeployCheck {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Unmet {
+    /// The called interface, `package.Service`.
     pub interface: String,
+    /// The called interface version.
     pub version: u32,
+    /// The revision the caller is locked to, `sha256:…`.
     pub fingerprint: String,
     /// `decommissioned`, `not_published`, `no_provider` or `older_provider`.
     pub reason: String,
+    /// The reason in a sentence, with what to do about it.
     pub message: String,
 }
 
