@@ -69,8 +69,12 @@ fn contract_manifests(paths: &[PathBuf]) -> Result<Vec<Manifest>, String> {
 /// One breaking change of one interface version, as `rfidl breaking` reports it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct VersionChange {
+    /// The interface, `package.Service` (e.g. `hr.employees.EmpService`).
     pub interface: String,
+    /// The interface version the change breaks (the `N` of `vN`).
     pub version: u32,
+    /// What changed, with its code (`B0001`…); serialised flat, beside
+    /// `interface` and `version`.
     #[serde(flatten)]
     pub change: BreakingChange,
 }

@@ -13,6 +13,7 @@
 //! default: `cargo install rfidl-cli` gives the whole tool.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
 
 mod breaking;
 mod check;

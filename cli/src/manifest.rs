@@ -8,7 +8,9 @@ use crate::report::{Outcome, Report, checked};
 /// The format of the printed manifests (`--format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ManifestFormat {
+    /// `json`: one pretty-printed JSON array of every manifest.
     Json,
+    /// `yaml`: the same array as YAML.
     Yaml,
 }
 

@@ -23,6 +23,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The process exit code: 0, 1 or 2 (see the variants).
     pub fn exit_code(self) -> u8 {
         match self {
             Outcome::Success => 0,
@@ -53,12 +54,17 @@ pub enum DiagnosticFormat {
 /// [`Report::capturing`] one.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
+    /// What diagnostics, errors and results are printed as, and where.
     pub format: DiagnosticFormat,
+    /// Whether text on stderr is coloured (`auto`: when stderr is a
+    /// terminal and `NO_COLOR` is unset); never affects stdout.
     pub color: ColorChoice,
     captured: Option<std::sync::Arc<std::sync::Mutex<String>>>,
 }
 
 impl Report {
+    /// A report that prints in `format` to stdout and stderr, text
+    /// coloured as `color` says.
     pub fn new(format: DiagnosticFormat, color: ColorChoice) -> Self {
         Self {
             format,

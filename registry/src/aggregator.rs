@@ -46,8 +46,13 @@ pub const HEALTHY_OLDEST: Duration = Duration::from_secs(30);
 /// The dashboard colour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Colour {
+    /// Green: reachable, says `healthy`, and within [`HEALTHY_DEPTH`] and
+    /// [`HEALTHY_OLDEST`].
     Healthy,
+    /// Amber: a backlog, or the instance says `warning`.
     Warning,
+    /// Red: unreachable, messages that need a human, or the instance says
+    /// `critical` (or a status it does not know).
     Critical,
 }
 
@@ -66,9 +71,13 @@ impl Colour {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RemoteHealth {
+    /// The instance's own verdict: `healthy`, `warning` or `critical`
+    /// (anything else is judged critical).
     pub status: String,
+    /// The instance's reasons for its verdict (bounded by [`judge`]).
     #[serde(default)]
     pub reasons: Vec<String>,
+    /// Its outbox's message counts.
     pub outbox: RemoteOutbox,
 }
 
@@ -76,16 +85,23 @@ pub struct RemoteHealth {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RemoteOutbox {
+    /// Messages waiting to be sent (first try or retry).
     #[serde(default)]
     pub pending: u64,
+    /// Messages a dispatcher is sending now.
     #[serde(default)]
     pub sending: u64,
+    /// Messages that must not be sent again automatically (need a human).
     #[serde(default)]
     pub failed: u64,
+    /// Messages the receiver refused for good (need a human).
     #[serde(default)]
     pub dead_letter: u64,
+    /// Messages whose TTL ran out before delivery (need a human).
     #[serde(default)]
     pub expired: u64,
+    /// Age in milliseconds of the oldest pending or sending message; `None`
+    /// when there is none.
     #[serde(default)]
     pub oldest_pending_age_ms: Option<i64>,
 }
@@ -93,8 +109,14 @@ pub struct RemoteOutbox {
 /// One poll's outcome.
 #[derive(Debug, Clone)]
 pub struct Check {
+    /// The verdict: the worse of the thresholds' and the instance's own.
     pub colour: Colour,
+    /// The answer as read (its reasons bounded); `None` when the instance
+    /// could not be read.
     pub health: Option<RemoteHealth>,
+    /// What is stored and shown: the instance's reasons plus the
+    /// thresholds' where they made the colour worse, or the one generic
+    /// failure reason.
     pub reasons: Vec<String>,
     /// Why the instance could not be read, precisely (refused, timeout,
     /// `HTTP 401`, …): for the log only, never stored or shown.
@@ -232,8 +254,11 @@ pub fn judge(answer: Result<RemoteHealth, String>) -> Check {
 /// An instance to poll.
 #[derive(Debug, Clone)]
 pub struct Target {
+    /// The instance id ([`crate::directory::instance_id`]).
     pub instance_id: String,
+    /// Its registered base URL; the poll asks `{base_url}/_rf/health`.
     pub base_url: String,
+    /// Its diagnostics bearer token, sent with the poll when it gave one.
     pub token: Option<String>,
 }
 
@@ -401,8 +426,11 @@ pub fn last_health(conn: &Connection, instance_id: &str) -> rusqlite::Result<Opt
 /// unreachable) and the colour.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Point {
+    /// When it was checked, in milliseconds since the Unix epoch.
     pub at_ms: i64,
+    /// Outbox depth (pending + sending); `None` when unreachable.
     pub depth: Option<u64>,
+    /// `healthy`, `warning` or `critical` ([`Colour::as_str`]).
     pub colour: String,
 }
 

@@ -72,8 +72,10 @@ impl std::fmt::Debug for CommandSender {
 /// Why the command sender could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {
+    /// The dispatcher of the command outbox did not start.
     #[error("command outbox: {0}")]
     Dispatcher(#[from] rfidl_runtime::dispatcher::DispatcherError),
+    /// The command outbox's SQLite file could not be opened or migrated.
     #[error("command outbox: {0}")]
     Db(#[from] rfidl_runtime::store::StoreError),
 }

@@ -29,8 +29,11 @@ use crate::{ApiError, Shared, authorize, conditional, now_ms, routes, store, ver
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Decommissioned {
+    /// The interface, `package.Service`.
     pub interface: String,
+    /// The retired interface version (the `N` of `vN`).
     pub version: u32,
+    /// When it was decommissioned, RFC 3339 (UTC).
     pub decommissioned_at: String,
 }
 

@@ -62,23 +62,36 @@ const CANARY: &[u8] = b"rfidl-registry issued keys v1";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyError {
+    /// The key file could not be read or created.
     #[error("key file {path}: {source}")]
     Io {
+        /// The key file's path.
         path: String,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// The key file is not one line of base64 of 32 bytes.
     #[error(
         "key file {path} is not a registry key file (one line: the base64 of 32 random \
          bytes); restore the right file, or move it away to create a new one (the keys \
          issued so far are then lost)"
     )]
-    Malformed { path: String },
+    Malformed {
+        /// The key file's path.
+        path: String,
+    },
+    /// The database holds keys sealed under another key file (its canary
+    /// does not open).
     #[error(
         "key file {path} cannot decrypt the issued keys stored in this registry's database: it \
          is not the key file they were sealed with. Start with the original key file (or, to \
          issue new keys to every service, delete the database's issued keys)"
     )]
-    WrongKeyFile { path: String },
+    WrongKeyFile {
+        /// The key file's path.
+        path: String,
+    },
+    /// The registry database could not be read.
     #[error("registry database: {0}")]
     Sqlite(#[from] rusqlite::Error),
 }

@@ -57,6 +57,7 @@ impl Liveness {
 /// [`Liveness`] at one instant: what the queries compare `last_seen_at` with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ActiveAt {
+    /// The instant, in milliseconds since the Unix epoch.
     pub now_ms: i64,
     missed: i64,
     default_ms: i64,
@@ -86,9 +87,13 @@ impl ActiveAt {
 /// An instance that just went.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Departed {
+    /// Its service id.
     pub service: String,
+    /// Its instance id.
     pub instance_id: String,
+    /// Its registered base URL.
     pub base_url: String,
+    /// When it was last seen, in milliseconds since the Unix epoch.
     pub last_seen_ms: i64,
 }
 

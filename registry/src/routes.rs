@@ -1,6 +1,10 @@
-//! The read-side routes beyond one manifest: an interface's versions and
-//! revisions, the dry-run compatibility check, the readiness probe, and
-//! the 404 messages that say what exists instead.
+//! The read routes of manifests: the list of interfaces, an interface's
+//! versions and revisions, one manifest (its latest or an exact revision,
+//! with its `ETag` and cache headers), the dry-run compatibility check, the
+//! readiness probe, and the 404 messages that say what exists instead.
+//!
+//! Never: writes to the database (the readiness probe opens a write
+//! transaction and rolls it back).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,11 +12,11 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use rusqlite::Connection;
 
-use crate::{ApiError, Shared, conditional, store, verified_manifest, with_db};
+use crate::{ApiError, Shared, conditional, store, verified_manifest, version_of, with_db};
 
 /// How long `/readyz` waits for another writer before it answers 503.
 const READY_BUSY: Duration = Duration::from_millis(250);
@@ -54,6 +58,84 @@ pub(crate) async fn versions(
         &headers,
         &serde_json::json!({"interface": interface, "versions": versions}),
     ))
+}
+
+/// `GET /v1/interfaces`: every published interface.
+pub(crate) async fn list(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let interfaces = with_db(&shared, |conn| Ok(store::list(conn)?)).await?;
+    Ok(conditional::json_response(
+        &headers,
+        &serde_json::json!({ "interfaces": interfaces }),
+    ))
+}
+
+/// A manifest with `ETag: "<fingerprint>"`, or 304 if the client has it.
+/// An exact revision never changes, so it may be cached for a year; the
+/// latest revision must be revalidated.
+fn manifest_response(
+    headers: &HeaderMap,
+    text: String,
+    fingerprint: &str,
+    immutable: bool,
+) -> Response {
+    let etag = format!("\"{fingerprint}\"");
+    let cache_control = if immutable {
+        "public, max-age=31536000, immutable"
+    } else {
+        "no-cache"
+    };
+    if conditional::none_match(headers, &etag) {
+        return conditional::not_modified(&etag, Some(cache_control));
+    }
+    (
+        [
+            (header::CONTENT_TYPE, "application/json".to_owned()),
+            (header::ETAG, etag),
+            (header::CACHE_CONTROL, cache_control.to_owned()),
+        ],
+        text,
+    )
+        .into_response()
+}
+
+/// `GET /v1/interfaces/{interface}/v{version}`: its latest revision.
+pub(crate) async fn latest(
+    State(shared): State<Arc<Shared>>,
+    UrlPath((interface, version)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let version = version_of(&version)?;
+    let found = with_db(&shared, move |conn| {
+        match store::latest(conn, &interface, version)? {
+            Some(found) => Ok(found),
+            None => Err(missing(conn, &interface, version, None)),
+        }
+    })
+    .await?;
+    let (text, fingerprint) = found;
+    Ok(manifest_response(&headers, text, &fingerprint, false))
+}
+
+/// `GET /v1/interfaces/{interface}/v{version}/{fingerprint}`: one
+/// revision.
+pub(crate) async fn exact(
+    State(shared): State<Arc<Shared>>,
+    UrlPath((interface, version, fingerprint)): UrlPath<(String, String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let version = version_of(&version)?;
+    let wanted = fingerprint.clone();
+    let text = with_db(&shared, move |conn| {
+        match store::exact(conn, &interface, version, &wanted)? {
+            Some(text) => Ok(text),
+            None => Err(missing(conn, &interface, version, Some(&wanted))),
+        }
+    })
+    .await?;
+    Ok(manifest_response(&headers, text, &fingerprint, true))
 }
 
 /// `POST /v1/compatibility/interfaces/{interface}/v{version}`: would this

@@ -170,25 +170,39 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
+    /// SQLite failed to open, configure or migrate the file.
     #[error("registry database {path}: {source}")]
     Sqlite {
+        /// The database file's path.
         path: String,
+        /// SQLite's error.
         source: rusqlite::Error,
     },
+    /// The file was written by a newer build (left unchanged).
     #[error(
         "registry database {path} has schema version {found}, newer than the {supported} \
          this build knows; refusing to touch it"
     )]
     TooNew {
+        /// The database file's path.
         path: String,
+        /// The file's schema version (`PRAGMA user_version`).
         found: i64,
+        /// The newest schema version this build knows ([`MIGRATIONS`]).
         supported: i64,
     },
+    /// The file is damaged: not a database, or it fails SQLite's
+    /// `quick_check` (left unchanged).
     #[error(
         "registry database {path} is damaged ({detail}); refusing to start on it. The file was \
          not changed: restore it from a backup"
     )]
-    Corrupt { path: String, detail: String },
+    Corrupt {
+        /// The database file's path.
+        path: String,
+        /// What the check found.
+        detail: String,
+    },
 }
 
 /// Opens (creating and migrating if needed) the store at `path`.
@@ -257,12 +271,22 @@ pub fn open(path: &Path) -> Result<Connection, StoreError> {
 /// Why a publish was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
+    /// The manifest is not a compatible next revision of the latest one:
+    /// each breaking change with its `B0001`… code.
     #[error("the revision breaks the published one")]
     Breaking(Vec<BreakingChange>),
+    /// No contract could produce the manifest (its `M0001`… problems).
     #[error("no contract could produce this manifest: {0}")]
     Invalid(rfidl_contract::validate::InvalidManifest),
+    /// The latest stored revision, to compare with, does not parse.
     #[error("the stored revision {revision} is unreadable: {reason}")]
-    CorruptRevision { revision: u32, reason: String },
+    CorruptRevision {
+        /// Its revision number (from 1).
+        revision: u32,
+        /// Why it does not parse.
+        reason: String,
+    },
+    /// SQLite failed.
     #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
 }
@@ -369,15 +393,22 @@ pub fn exact(
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InterfaceSummary {
+    /// The interface, `package.Service`.
     pub interface: String,
+    /// Its published versions, in ascending order.
     pub versions: Vec<VersionSummary>,
 }
 
+/// One published version in `GET /v1/interfaces`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VersionSummary {
+    /// The interface version (the `N` of `vN`).
     pub version: u32,
+    /// `sha256:…` of its latest revision, the one `GET …/v{version}`
+    /// serves.
     pub latest_fingerprint: String,
+    /// How many revisions it has (at least 1).
     pub revisions: u32,
 }
 
@@ -418,6 +449,7 @@ pub fn list(conn: &Connection) -> rusqlite::Result<Vec<InterfaceSummary>> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VersionDetail {
+    /// The interface version (the `N` of `vN`).
     pub version: u32,
     /// Oldest first; the last one is what `GET …/v{version}` serves.
     pub revisions: Vec<RevisionDetail>,
@@ -427,7 +459,9 @@ pub struct VersionDetail {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RevisionDetail {
+    /// Its revision number: 1 for the first, one more for each later one.
     pub revision: u32,
+    /// `sha256:…` of the manifest; its URL is `…/v{version}/{fingerprint}`.
     pub fingerprint: String,
     /// When it was stored, RFC 3339 in UTC with milliseconds
     /// (`2026-11-24T09:02:41.123Z`).
@@ -489,7 +523,9 @@ pub struct Compatibility {
 /// The stored revision a dry run compared with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Against {
+    /// The revision number of the latest stored revision.
     pub revision: u32,
+    /// Its fingerprint, `sha256:…`.
     pub fingerprint: String,
 }
 
