@@ -7,6 +7,7 @@
 //! `rfidl-runtime` (nor the other way round); it has no dependencies.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
 
 use std::time::Duration;
 
