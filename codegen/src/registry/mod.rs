@@ -182,7 +182,9 @@ pub enum RegistryError {
         expected: &'static str,
     },
     /// A remote interface brings a record, enum or service version that a
-    /// local contract also defines, differently ([`merge_remote`]).
+    /// local contract (or another remote) also defines, differently: doc
+    /// comments aside for a type, by fingerprint for a service version
+    /// ([`merge_remote`]).
     #[error(
         "`{name}` is defined both by the local contracts and by remote {interface} v{version}, \
          differently; use one source for it"

@@ -212,8 +212,8 @@ pub struct PackageContract {
     pub docs: Vec<String>,
     /// Fully qualified name and definition, in source order.
     pub types: Vec<(String, TypeDef)>,
-    /// One manifest per service version declared in the package, in source
-    /// order.
+    /// One manifest per service version declared in the package: files in
+    /// load order, each in source order.
     pub services: Vec<Manifest>,
 }
 

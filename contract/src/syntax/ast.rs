@@ -39,8 +39,8 @@ pub struct File {
 /// `package hr.employees;`: the namespace of the file's types.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PackageDecl {
-    /// The `///` lines above it: the package's documentation, which becomes
-    /// the generated module's doc.
+    /// The `///` lines above it: the package's documentation
+    /// ([`PackageContract::docs`](crate::manifest::PackageContract::docs)).
     pub docs: Docs,
     /// Always refused by the checker (E0071); kept so it can say so.
     pub annotations: Vec<Annotation>,
