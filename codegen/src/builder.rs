@@ -109,6 +109,12 @@ impl Builder {
     }
 
     /// Adds `#[derive(<derive>)]` items (e.g. `"Eq, Hash"`) to the matching types.
+    ///
+    /// `path` selects records and enums by their fully qualified contract
+    /// name (`hr.employees.Employee`), by package (`hr.employees`, or `hr`
+    /// for every package below it), or `.` for every type. The text is
+    /// Rust, checked when the code is generated (an invalid one fails with
+    /// [`GenerateError::InvalidRust`](crate::generate::GenerateError::InvalidRust)).
     pub fn type_derive(mut self, path: impl Into<String>, derive: impl Into<String>) -> Self {
         self.options.type_rules.push(TypeRule {
             path: path.into(),
@@ -117,7 +123,8 @@ impl Builder {
         self
     }
 
-    /// Adds an attribute (e.g. `"#[non_exhaustive]"`) to the matching types.
+    /// Adds an attribute (e.g. `"#[non_exhaustive]"`) to the matching types,
+    /// selected by `path` as for [`type_derive`](Self::type_derive).
     pub fn type_attribute(mut self, path: impl Into<String>, attribute: impl Into<String>) -> Self {
         self.options.type_rules.push(TypeRule {
             path: path.into(),
@@ -155,17 +162,32 @@ pub enum BuildError {
         /// Every diagnostic (errors and warnings), rendered like rustc's.
         rendered: String,
     },
+    /// A path given to [`Builder::compile`] could not be read (missing, not
+    /// readable, a directory without `.rfidl` files). A missing *import* is
+    /// a contract error ([`BuildError::Contract`], E0060) instead.
     #[error(transparent)]
     Load(#[from] crate::check::LoadError),
+    /// The generator failed on checked contracts: a bug in rfidl-codegen,
+    /// or a [`Builder::type_derive`] / [`Builder::type_attribute`] text that
+    /// is not valid Rust.
     #[error(transparent)]
     Generate(#[from] crate::generate::GenerateError),
+    /// A generated file could not be written into the output directory.
     #[error("cannot write {path}: {source}")]
     Write {
+        /// The file that failed: the output directory joined with
+        /// [`GeneratedFile::name`].
         path: PathBuf,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// Neither [`Builder::out_dir`] nor the `OUT_DIR` environment variable
+    /// (which cargo sets for build scripts) says where to write.
     #[error("OUT_DIR is not set: call compile from a build script, or set Builder::out_dir")]
     NoOutDir,
+    /// A remote interface ([`Builder::remote`]) could not be resolved from
+    /// the lock file, the cache or the registry, or conflicts with a local
+    /// contract.
     #[error(transparent)]
     Registry(#[from] RegistryError),
 }
@@ -181,6 +203,16 @@ impl std::fmt::Debug for BuildError {
 impl Builder {
     /// Checks `paths` (files or directories) and writes the generated code
     /// and manifests into the output directory.
+    ///
+    /// Adds the remote interfaces ([`Builder::remote`]) and returns every
+    /// generated file (names relative to the output directory). Contract
+    /// warnings are passed to cargo as `cargo:warning` lines.
+    ///
+    /// # Errors
+    ///
+    /// Any [`BuildError`]: contract errors (rendered to stderr first),
+    /// unreadable paths, unresolvable remote interfaces, a missing `OUT_DIR`,
+    /// a file that cannot be written.
     pub fn compile(&self, paths: &[impl AsRef<Path>]) -> Result<Vec<GeneratedFile>, BuildError> {
         let roots: Vec<PathBuf> = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
         if self.emit_rerun_if_changed {

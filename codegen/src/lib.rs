@@ -13,6 +13,7 @@
 //! build script needs one dependency.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
 
 pub mod builder;
 pub mod generate;

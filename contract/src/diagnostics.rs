@@ -18,14 +18,24 @@ use serde::Serialize;
 pub struct FileId(pub(crate) usize);
 
 /// A byte range in one source file.
+///
+/// Offsets are bytes into the file's text as held by the [`SourceMap`]
+/// (`&sources.text(span.file)[span.start..span.end]`), on `char`
+/// boundaries; renderers turn them into 1-based lines and character
+/// columns ([`SourceMap::line_column`]). Spans order by file, then start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Span {
+    /// The file the range is in.
     pub file: FileId,
+    /// First byte of the range (inclusive).
     pub start: usize,
+    /// End of the range (exclusive); equal to `start` for an empty span,
+    /// which points between two characters (where something is missing).
     pub end: usize,
 }
 
 impl Span {
+    /// The bytes `start..end` of `file`.
     pub fn new(file: FileId, start: usize, end: usize) -> Self {
         Self { file, start, end }
     }
@@ -47,11 +57,15 @@ impl fmt::Debug for SourceMap {
 }
 
 impl SourceMap {
+    /// An empty map.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Adds a source; `name` is what diagnostics print (usually the path as given).
+    /// Adds a source; `name` is what diagnostics print (usually the path as
+    /// given), `path` is where it was read from (the loader stores the
+    /// canonical path, which [`find`](Self::find) compares against).
+    /// Returns the new file's id; ids are handed out in order from 0.
     pub fn add(
         &mut self,
         name: impl Into<String>,
@@ -62,6 +76,7 @@ impl SourceMap {
         FileId(self.files.add(name.into(), text.into()))
     }
 
+    /// The full text of `file`; empty for an id this map did not hand out.
     pub fn text(&self, file: FileId) -> &str {
         self.files
             .get(file.0)
@@ -69,6 +84,8 @@ impl SourceMap {
             .unwrap_or("")
     }
 
+    /// The name diagnostics print for `file` (see [`add`](Self::add));
+    /// `<unknown>` for an id this map did not hand out.
     pub fn name(&self, file: FileId) -> &str {
         self.files
             .get(file.0)
@@ -76,6 +93,11 @@ impl SourceMap {
             .unwrap_or("<unknown>")
     }
 
+    /// The path `file` was read from.
+    ///
+    /// # Panics
+    ///
+    /// If `file` was not handed out by this map.
     pub fn path(&self, file: FileId) -> &Path {
         &self.paths[file.0]
     }
@@ -90,7 +112,9 @@ impl SourceMap {
         self.paths.iter().position(|p| p == path).map(FileId)
     }
 
-    /// 1-based line and column (in characters) of a byte offset.
+    /// 1-based line and column (in characters, not bytes) of a byte offset:
+    /// the positions editors and the JSON output show. `(1, 1)` when the
+    /// file is unknown or the offset lies outside it.
     pub fn line_column(&self, file: FileId, byte: usize) -> (usize, usize) {
         match self.files.location(file.0, byte) {
             Ok(location) => (location.line_number, location.column_number),
@@ -103,16 +127,24 @@ impl SourceMap {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
+    /// An `E…` code: the contract is wrong. `rfidl check` exits 1 and no
+    /// model (so no code, no manifest) is produced.
     Error,
+    /// A `W…` code: shown, but checking and generation go on.
     Warning,
 }
 
 macro_rules! error_codes {
     ($($variant:ident = $code:literal, $title:literal;)*) => {
         /// Every stable diagnostic code. See `docs/errors.md`.
+        ///
+        /// `E…` codes are errors, `W…` codes warnings. A code keeps its
+        /// meaning forever; new ones may be added (the enum is
+        /// `#[non_exhaustive]`). Each variant's doc is its code and
+        /// [`title`](Self::title).
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         #[non_exhaustive]
-        pub enum ErrorCode { $($variant,)* }
+        pub enum ErrorCode { $(#[doc = concat!("`", $code, "`: ", $title, ".")] $variant,)* }
 
         impl ErrorCode {
             /// All codes, in numeric order.
@@ -179,19 +211,30 @@ impl fmt::Display for ErrorCode {
 /// One finding, with where it is and how to fix it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Diagnostic {
+    /// The stable code (`E0010`, `W0002`, …), documented in `docs/errors.md`.
     pub code: ErrorCode,
+    /// Whether it stops the check ([`Severity::Error`]) or is only shown.
     pub severity: Severity,
+    /// The headline, one line without a final period: ``unknown type `Employe` ``.
     pub message: String,
     /// The primary location; `None` for file-less problems.
     pub span: Option<Span>,
     /// Text under the primary caret.
     pub label: String,
+    /// Other places the finding involves (the first declaration of a
+    /// duplicate, the import that is missing, …), each with the text shown
+    /// under it.
     pub secondary: Vec<(Span, String)>,
+    /// How to fix it, shown as `= help: …` (a "did you mean", the line to
+    /// write).
     pub help: Option<String>,
+    /// Further explanation, each shown as `= note: …`.
     pub notes: Vec<String>,
 }
 
 impl Diagnostic {
+    /// An error with `code` at `span`; add a label, places, help and notes
+    /// with the `with_…` methods.
     pub fn error(code: ErrorCode, span: Span, message: impl Into<String>) -> Self {
         Self {
             code,
@@ -213,30 +256,35 @@ impl Diagnostic {
         }
     }
 
+    /// Sets the text under the primary caret.
     #[must_use]
     pub fn with_label(mut self, label: impl Into<String>) -> Self {
         self.label = label.into();
         self
     }
 
+    /// Adds another place, with the text shown under it.
     #[must_use]
     pub fn with_secondary(mut self, span: Span, label: impl Into<String>) -> Self {
         self.secondary.push((span, label.into()));
         self
     }
 
+    /// Sets the help line (replacing any earlier one).
     #[must_use]
     pub fn with_help(mut self, help: impl Into<String>) -> Self {
         self.help = Some(help.into());
         self
     }
 
+    /// Adds a note.
     #[must_use]
     pub fn with_note(mut self, note: impl Into<String>) -> Self {
         self.notes.push(note.into());
         self
     }
 
+    /// Whether its severity is [`Severity::Error`].
     pub fn is_error(&self) -> bool {
         self.severity == Severity::Error
     }
@@ -248,7 +296,9 @@ pub enum ColorChoice {
     /// Colour when stderr is a terminal and `NO_COLOR` is not set.
     #[default]
     Auto,
+    /// Always colour (ANSI escapes), even into a pipe.
     Always,
+    /// Never colour: the plain text of [`render_human`].
     Never,
 }
 

@@ -25,6 +25,7 @@
 //! - [`wire`]: the registry's answers that its server and its client share.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
 
 pub mod check;
 pub mod diagnostics;

@@ -12,6 +12,13 @@
 
 use crate::manifest::{Manifest, PackageContract, TypeDef};
 
+/// A checked contract set: its packages, each with its records, enums and
+/// service-version manifests (see the module docs for the order).
+///
+/// Produced by [`check_paths`](crate::check::check_paths) only when no
+/// error was found, so every rule of the language holds: names resolve,
+/// nothing collides in generated code, no record contains itself through
+/// required fields.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Model {
     /// Sorted by package name.
@@ -24,6 +31,7 @@ impl Model {
         self.packages.iter().flat_map(|p| p.services.iter())
     }
 
+    /// A package by its dotted name (`hr.employees`).
     pub fn package(&self, name: &str) -> Option<&PackageContract> {
         self.packages.iter().find(|p| p.package == name)
     }

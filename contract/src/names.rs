@@ -90,22 +90,37 @@ pub const CALL_ARGUMENTS: &[&str] = &["call", "tx"];
 /// constructors (`new` for the default store, `with_store` for any).
 pub const CLIENT_FUNCTIONS: &[&str] = &["new", "with_store"];
 
-/// The client, handler trait and receiver of the methods sent to the engine
-/// (signals and pushcalls).
+// The types each service-version module defines. `Engine…` types carry the
+// methods sent to the engine (signals and pushcalls), `Service…` types the
+// methods sent to the service (commands).
+
+/// The client the service uses to send signals and pushcalls to the engine
+/// (one function per method, each enqueueing into the caller's transaction).
 pub const ENGINE_CLIENT: &str = "EngineClient";
+/// The trait the engine implements to handle signals and pushcalls (one
+/// method per contract method).
 pub const ENGINE_HANDLER: &str = "EngineHandler";
+/// The engine's receiver: decodes incoming signals and pushcalls and calls
+/// its [`ENGINE_HANDLER`].
 pub const ENGINE_RECEIVER: &str = "EngineReceiver";
-/// The client, handler trait and receiver of the methods sent to the service
-/// (commands).
+/// The client the engine uses to send commands to the service.
 pub const SERVICE_CLIENT: &str = "ServiceClient";
+/// The trait the service implements to handle commands.
 pub const SERVICE_HANDLER: &str = "ServiceHandler";
+/// The service's receiver: decodes incoming commands and calls its
+/// [`SERVICE_HANDLER`].
 pub const SERVICE_RECEIVER: &str = "ServiceReceiver";
-/// The typed answer-handler trait and its dispatcher glue, for the side that
-/// sends pushcalls (`Engine…`: answers from the engine) or commands
-/// (`Service…`: answers from the service).
+/// The trait the service implements to act on the engine's answers to its
+/// pushcalls (one method per pushcall with a response).
 pub const ENGINE_ANSWERS: &str = "EngineAnswers";
+/// The dispatcher glue that routes the engine's answers to an
+/// [`ENGINE_ANSWERS`] implementation.
 pub const ENGINE_ANSWER_ROUTER: &str = "EngineAnswerRouter";
+/// The trait the engine implements to act on the service's answers to its
+/// commands (one method per command with a response).
 pub const SERVICE_ANSWERS: &str = "ServiceAnswers";
+/// The dispatcher glue that routes the service's answers to a
+/// [`SERVICE_ANSWERS`] implementation.
 pub const SERVICE_ANSWER_ROUTER: &str = "ServiceAnswerRouter";
 
 /// Types a service-version module defines or imports besides the request

@@ -7,6 +7,7 @@
 //! `rfidl-runtime` (nor the other way round); it has no dependencies.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
 
 use std::time::Duration;
 
@@ -31,6 +32,16 @@ impl std::error::Error for DurationError {}
 
 /// Parses `"1h30m"`-style durations: one or more `<integer><unit>` parts with
 /// units `ms`, `s`, `m`, `h`, `d`, largest unit first is not required.
+///
+/// Parts add up (`"1d12h"` is 36 hours, `"30m1h"` is 90 minutes); white
+/// space around the whole text is ignored, none is allowed inside. The
+/// result is whole milliseconds.
+///
+/// # Errors
+///
+/// [`DurationError`] for an empty text, a part without digits or without a
+/// known unit (`"5"`, `"h"`, `"5x"`, `"1.5h"`, `"-1s"`, ISO 8601's
+/// `"PT1H"`), or a part too large (its milliseconds beyond `u64::MAX`).
 pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
     let err = |reason| DurationError {
         input: input.to_owned(),
@@ -77,6 +88,9 @@ pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
 }
 
 /// Formats a duration in the shortest `"1h30m"` form that parses back exactly.
+///
+/// Largest unit first, zero parts left out (`"1d2h"`, never `"26h"`); zero
+/// is `"0s"`. Sub-millisecond precision is dropped (`1.5ms` -> `"1ms"`).
 pub fn format_duration(duration: Duration) -> String {
     let mut ms = duration.as_millis();
     if ms == 0 {

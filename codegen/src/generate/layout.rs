@@ -2,7 +2,9 @@
 //!
 //! The templates in `templates/` lay generated code out exactly as
 //! prettyplease prints it, so that generation needs no syn parse and no
-//! prettyplease print (see BENCHMARKS.md). Most of that layout is fixed; the
+//! prettyplease print (what that saves is measured in
+//! [BENCHMARKS.md](https://github.com/rfidl/rfidl/blob/main/BENCHMARKS.md#contract-parse--check-generation-build-script-re-run)).
+//! Most of that layout is fixed; the
 //! few constructs whose layout depends on how long the contract's names are
 //! (a struct literal, a call, a return type, an array of endpoint names) are
 //! decided here, with prettyplease's margin: a group stays on one line when

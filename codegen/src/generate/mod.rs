@@ -7,9 +7,17 @@
 //! gets a checked model and returns file names with their contents; writing
 //! them (only when changed) is the caller's job.
 
+// The generator's machinery: the template views (`templates`), how they are
+// planned from the model (`plan`) and the width decisions (`layout`). Public
+// only for the benchmark (`benches/check.rs` times each phase) and the layout
+// tests (`tests/it/fast_layout.rs`); not part of the API, and free to change
+// in any release.
+#[doc(hidden)]
 pub mod layout;
 pub mod options;
+#[doc(hidden)]
 pub mod plan;
+#[doc(hidden)]
 pub mod templates;
 
 pub use options::{GeneratedFile, Options, Sides};
@@ -165,6 +173,7 @@ impl Rendered {
 
 /// One record, enum or service module of a package, as the fast templates
 /// lay it out (for tests that compare it with prettyplease's layout).
+#[doc(hidden)]
 #[derive(Debug, Clone)]
 pub struct FastItem {
     /// `package: Name` of the item.
@@ -180,6 +189,7 @@ pub struct FastItem {
 /// templates lay it out, without the fallback. Generation uses the text of
 /// each item that has one as it is; `tests/it/fast_layout.rs` checks that
 /// prettyplease prints each of them unchanged.
+#[doc(hidden)]
 pub fn fast_items(
     contracts: &[PackageContract],
     options: &Options,
@@ -349,17 +359,27 @@ pub const GENERATED_HEADER: &str =
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GenerateError {
+    /// A template failed to render (a bug in rfidl-codegen).
     #[error("template {template} failed to render: {source}")]
     Render {
+        /// The template's file name in `templates/`: `service.rs.askama`.
         template: &'static str,
+        /// askama's error.
         source: askama::Error,
     },
+    /// Rendered code that does not parse as Rust. From the templates alone
+    /// this is a bug; it is also how a derive or attribute given to
+    /// `Builder::type_derive` / `type_attribute` that is not valid Rust
+    /// shows.
     #[error(
         "generated code for {what} is not valid Rust ({source}); this is a bug in rfidl-codegen's templates"
     )]
     InvalidRust {
+        /// Which output: a package name, or `the module tree`.
         what: String,
+        /// syn's parse error (its message names the problem).
         source: syn::Error,
+        /// The code that did not parse, for a bug report.
         text: String,
     },
 }
@@ -369,6 +389,9 @@ pub enum GenerateError {
 /// prettyplease prints a file's items one after the other, so the result is
 /// the same as formatting the whole module at once, without holding the
 /// syntax tree of the whole module in memory.
+///
+/// Takes the generator's internal view of a package; public for tests only.
+#[doc(hidden)]
 pub fn render_package(
     package: &str,
     view: &templates::PackageTemplate,

@@ -53,9 +53,16 @@ impl TypeRule {
     }
 }
 
-/// Generation options shared by [`Builder`] and the `rfidl generate` CLI.
+/// Generation options shared by [`Builder`](crate::Builder) and the `rfidl generate` CLI.
+///
+/// Set through [`Builder`](crate::Builder)'s methods
+/// ([`sides`](crate::Builder::sides),
+/// [`type_derive`](crate::Builder::type_derive),
+/// [`type_attribute`](crate::Builder::type_attribute)); `Options::default()`
+/// generates both sides with no extra derives or attributes.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
+    /// Which side(s) of each service version to generate.
     pub sides: Sides,
     pub(crate) type_rules: Vec<TypeRule>,
 }
@@ -63,6 +70,11 @@ pub struct Options {
 /// One generated file: a name relative to the output directory, and its text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GeneratedFile {
+    /// The path relative to the output directory, `/`-separated:
+    /// `hr.employees.rs`, the module tree (`rfidl_contracts.rs` or
+    /// `mod.rs`), `manifests/hr.employees.EmpService.v1.json`.
     pub name: String,
+    /// The whole text of the file: Rust laid out as prettyplease prints it,
+    /// under the `@generated` header, or a manifest as JSON or YAML.
     pub contents: String,
 }

@@ -176,7 +176,7 @@ pub struct MethodView {
 }
 
 /// The layout decisions of one method's code that depend on the width of its
-/// names (made by [`super::layout::method_layout`] with prettyplease's
+/// names (made by `layout::method_layout` with prettyplease's
 /// margin), so that templates emit code already formatted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MethodLayout {

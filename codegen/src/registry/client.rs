@@ -36,6 +36,14 @@ struct WireChange {
 }
 
 impl RegistryClient {
+    /// A client of the registry at `base_url` (`http://…` or `https://…`;
+    /// a trailing `/` is ignored). Requests time out after 30 s, connecting
+    /// after 5 s. Nothing is sent until a method is called.
+    ///
+    /// # Errors
+    ///
+    /// [`RegistryError::Unreachable`] when the HTTP client cannot be set up
+    /// (its TLS backend failed to initialise).
     pub fn new(base_url: &str) -> Result<Self, RegistryError> {
         let http = reqwest::blocking::Client::builder()
             .timeout(Duration::from_secs(30))
@@ -204,11 +212,20 @@ impl RegistryClient {
 /// `unsatisfied_dependencies`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Unsatisfied {
+    /// The called interface, `package.Service`.
     pub interface: String,
+    /// The called version, the `N` of `vN`.
     pub version: u32,
+    /// The fingerprint the caller's lock file pins.
     pub fingerprint: String,
-    /// `not_published`, `no_provider` or `older_provider`.
+    /// Why: `decommissioned` (the version is retired), `not_published` (the
+    /// locked fingerprint is not a revision the registry stores),
+    /// `no_provider` (no active registered instance hosts the version) or
+    /// `older_provider` (the newest hosted revision is older than the locked
+    /// one). Kept as text: a newer registry may add reasons.
     pub reason: String,
+    /// The registry's explanation for a human (when the providers went away,
+    /// which revision they host).
     pub message: String,
 }
 

@@ -8,7 +8,7 @@
 //! * [`Cache`] (`~/.cache/rfidl` or `$RFIDL_CACHE_DIR`): fetched manifests,
 //!   content-addressed by fingerprint and verified on every read.
 //! * [`resolve`]: lock + cache first, the network only for what they lack (or
-//!   for `--update`); the client ([`client::RegistryClient`]) exists with the
+//!   for `--update`); the client ([`RegistryClient`]) exists with the
 //!   cargo feature `registry`, so a build script that only reads the lock and
 //!   the cache pulls in no HTTP stack.
 //! * Every manifest is validated ([`crate::validate`]) where it
@@ -22,6 +22,17 @@
 //! * [`merge_remote`]: adds a manifest's service and type closure to the
 //!   packages to generate, refusing a type or service that a local contract
 //!   defines differently.
+//!
+// The client is compiled with the feature only; without it (a plain `cargo
+// doc`), the link goes to its page on docs.rs, built with every feature.
+#![cfg_attr(
+    feature = "registry",
+    doc = "[`RegistryClient`]: client::RegistryClient"
+)]
+#![cfg_attr(
+    not(feature = "registry"),
+    doc = "[`RegistryClient`]: https://docs.rs/rfidl-codegen/latest/rfidl_codegen/registry/client/struct.RegistryClient.html"
+)]
 
 #[cfg(feature = "registry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "registry")))]
@@ -40,73 +51,150 @@ pub use rfidl_contract::wire::{Published, PublishedRevision, PublishedVersion};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RegistryError {
+    /// Reading or writing the lock file or a cache file failed.
     #[error("cannot access {path}: {source}")]
     Io {
+        /// The file or directory.
         path: PathBuf,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// The lock file is not JSON of the expected shape, has a newer format,
+    /// or holds an entry that is not an interface id, a version or a
+    /// fingerprint.
     #[error("{path} is not a valid lock file: {reason}")]
-    LockFile { path: PathBuf, reason: String },
+    LockFile {
+        /// The lock file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A cache file is not UTF-8, not a manifest, or not the manifest its
+    /// name says (interface, version or fingerprint). Deleting it is safe:
+    /// the next fetch writes it again.
     #[error("cached manifest {path} is damaged ({reason}); delete it and fetch again")]
-    CorruptCache { path: PathBuf, reason: String },
+    CorruptCache {
+        /// The cache file (or the cache root, for a manifest refused before
+        /// it was stored).
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A remote interface is not pinned in the lock file and there is no
+    /// registry to fetch it from; the message says what to run.
     #[error(
         "{interface} v{version} is not in the lock file and no registry is configured; \
          run `rfidl fetch --registry URL {interface}@v{version}` (or set RFIDL_REGISTRY)"
     )]
-    NotLocked { interface: String, version: u32 },
+    NotLocked {
+        /// `package.Service`.
+        interface: String,
+        /// The `N` of `vN`.
+        version: u32,
+    },
+    /// The lock file pins a fingerprint the cache does not hold, and there is
+    /// no registry to fetch it from (a fresh clone whose cache is empty).
     #[error(
         "{interface} v{version} is locked at {fingerprint}, which is not in the cache ({cache}) \
          and no registry is configured to fetch it from; run `rfidl fetch --registry URL` \
          (or set RFIDL_REGISTRY)"
     )]
     NotCached {
+        /// `package.Service`.
         interface: String,
+        /// The `N` of `vN`.
         version: u32,
+        /// The pinned fingerprint, `sha256:<hex>`.
         fingerprint: String,
+        /// The cache directory searched.
         cache: PathBuf,
     },
+    /// The registry could not be asked: bad URL, connection refused, TLS
+    /// failure, timeout (30 s per request, 5 s to connect).
     #[error("registry {url}: {message}")]
-    Unreachable { url: String, message: String },
-    #[error("registry {url} answered {status} `{code}`: {message}")]
-    Refused {
+    Unreachable {
+        /// The URL requested.
         url: String,
-        status: u16,
-        code: String,
+        /// The HTTP client's error, with its causes.
         message: String,
     },
+    /// The registry answered with an error status (other than a publish
+    /// refused as breaking, which is [`RegistryError::Breaking`]).
+    #[error("registry {url} answered {status} `{code}`: {message}")]
+    Refused {
+        /// The URL requested.
+        url: String,
+        /// The HTTP status: 404 for an interface or version not published,
+        /// 401 for a missing or wrong token, 429 or 503 for a busy registry, ….
+        status: u16,
+        /// The registry's error code (`not_found`, `unauthorized`, … as in
+        /// `docs/registry.md`), or `unexpected_answer` when the body was not
+        /// a registry error.
+        code: String,
+        /// The registry's message (it says what exists instead of a missing
+        /// interface).
+        message: String,
+    },
+    /// A publish refused because the manifest is not a compatible revision
+    /// of the version already published (HTTP 409 `breaking_change`).
     #[error(
         "registry {url} refused {interface} v{version}: it breaks the published revision\n{}",
         changes.iter().map(|c| format!("  {c}")).collect::<Vec<_>>().join("\n")
     )]
     Breaking {
+        /// The URL published to.
         url: String,
+        /// `package.Service`.
         interface: String,
+        /// The `N` of `vN`.
         version: u32,
+        /// Every change that needs a new version, as the registry listed
+        /// them (codes `B0001`…).
         changes: Vec<crate::manifest::compat::BreakingChange>,
     },
+    /// The registry answered 2xx with something that is not the manifest
+    /// asked for: not a manifest, another interface or version, or a
+    /// fingerprint that does not match the content.
     #[error("registry {url} sent a manifest that is not what was asked for: {reason}")]
-    BadManifest { url: String, reason: String },
+    BadManifest {
+        /// The URL requested.
+        url: String,
+        /// What is wrong with the answer.
+        reason: String,
+    },
     /// A manifest no contract could produce (codes `M0001`…), refused
-    /// before anything uses it; `origin` is the URL or the cache file.
+    /// before anything uses it.
     #[error("refused the manifest from {origin}: {problems}")]
     InvalidManifest {
+        /// Where it came from: the registry URL, the cache file, or
+        /// `interface vN` for one about to be published, stored or generated.
         origin: String,
+        /// Every rule it breaks.
         problems: InvalidManifest,
     },
     /// An interface id or fingerprint (from `Builder::remote`, the command
     /// line or a lock file) that is not `package.Service` / `sha256:<hex>`.
     #[error("{name} is not {expected}")]
     InvalidName {
+        /// The refused text, escaped and shortened for display.
         name: String,
+        /// What it should have been.
         expected: &'static str,
     },
+    /// A remote interface brings a record, enum or service version that a
+    /// local contract (or another remote) also defines, differently: doc
+    /// comments aside for a type, by fingerprint for a service version
+    /// ([`merge_remote`]).
     #[error(
         "`{name}` is defined both by the local contracts and by remote {interface} v{version}, \
          differently; use one source for it"
     )]
     Conflict {
+        /// The fully qualified type, or the service version.
         name: String,
+        /// The remote interface that brought it, `package.Service`.
         interface: String,
+        /// Its version.
         version: u32,
     },
 }
@@ -121,7 +209,9 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> RegistryError + '_ {
 /// One interface version: `hr.employees.EmpService@v2` on the command line.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Remote {
+    /// The interface id, `package.Service`: `hr.employees.EmpService`.
     pub interface: String,
+    /// The `N` of `vN`, from 1.
     pub version: u32,
 }
 
@@ -161,11 +251,18 @@ pub struct LockFile {
     pub interfaces: Vec<Locked>,
 }
 
+/// One entry of the lock file: a remote interface version and the revision
+/// the build uses.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Locked {
+    /// The interface id, `package.Service`.
     pub interface: String,
+    /// The `N` of `vN`, from 1.
     pub version: u32,
+    /// The pinned revision's fingerprint, `sha256:` and 64 hex digits: the
+    /// build uses exactly that manifest, whatever the registry publishes
+    /// later (until `rfidl fetch --update`).
     pub fingerprint: String,
 }
 
@@ -225,6 +322,7 @@ impl LockFile {
         crate::output::write_if_changed(path, &text).map_err(io_error(path))
     }
 
+    /// The entry of `remote`, if it is pinned.
     pub fn get(&self, remote: &Remote) -> Option<&Locked> {
         self.interfaces
             .iter()
@@ -249,6 +347,7 @@ impl LockFile {
             .sort_by(|a, b| (&a.interface, a.version).cmp(&(&b.interface, b.version)));
     }
 
+    /// Every pinned interface version, in the file's order.
     pub fn remotes(&self) -> Vec<Remote> {
         self.interfaces
             .iter()
@@ -268,6 +367,7 @@ pub struct Cache {
 }
 
 impl Cache {
+    /// A cache rooted at `root` (nothing is created until [`put`](Self::put)).
     pub fn new(root: impl Into<PathBuf>) -> Self {
         Self { root: root.into() }
     }
@@ -287,6 +387,7 @@ impl Cache {
         }
     }
 
+    /// The directory the cache lives in.
     pub fn root(&self) -> &Path {
         &self.root
     }

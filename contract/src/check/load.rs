@@ -14,18 +14,26 @@ use crate::syntax::{self, ast};
 #[derive(Debug, thiserror::Error)]
 #[error("cannot read {path}: {source}")]
 pub struct LoadError {
+    /// The path that failed, as given (a root, or the directory being listed).
     pub path: PathBuf,
+    /// Why: the I/O error (`NotFound` also for a directory holding no
+    /// `.rfidl` file).
     pub source: std::io::Error,
 }
 
 /// Everything loaded for one run.
 #[derive(Debug, Default)]
 pub struct Loaded {
+    /// Every file read, roots and imports, in load order; the [`FileId`]s
+    /// below index into it.
     pub sources: SourceMap,
     /// Parsed files, by file id; files that failed to parse are absent.
     pub files: BTreeMap<FileId, ast::File>,
     /// Direct imports of each file that loaded (cycle edges excluded).
     pub imports: BTreeMap<FileId, Vec<FileId>>,
+    /// Problems found while loading: files that are not UTF-8 (E0002),
+    /// syntax errors, missing imports (E0060) and import cycles (E0061).
+    /// No language rule is checked here.
     pub diagnostics: Vec<Diagnostic>,
     /// Every file read, for `cargo:rerun-if-changed`.
     pub read_paths: Vec<PathBuf>,

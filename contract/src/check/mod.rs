@@ -24,17 +24,29 @@ pub use load::LoadError;
 use scope::Scope;
 
 /// The result of checking a set of contracts.
+///
+/// Contract errors are data here, not an `Err`: a run that found broken
+/// contracts still returns `Ok(CheckOutcome)`, with the errors in
+/// [`diagnostics`](Self::diagnostics) and no [`model`](Self::model).
 #[derive(Debug)]
 pub struct CheckOutcome {
+    /// Every file read (roots and imports), with its text: the
+    /// [`Span`]s of the diagnostics point into it, and the renderers
+    /// ([`render_human`](crate::diagnostics::render_human), …) need it.
     pub sources: SourceMap,
-    /// Present only when there are no errors.
+    /// The resolved contracts; present only when no diagnostic is an error
+    /// (warnings do not prevent it).
     pub model: Option<Model>,
+    /// Every error and warning of the run, sorted by file (load order) and
+    /// byte position; diagnostics without a span come first.
     pub diagnostics: Vec<Diagnostic>,
     /// Every contract file read (roots and imports), canonical paths.
     pub read_paths: Vec<PathBuf>,
 }
 
 impl CheckOutcome {
+    /// Whether any diagnostic is an error (then [`model`](Self::model) is
+    /// `None`); warnings alone return `false`.
     pub fn has_errors(&self) -> bool {
         self.diagnostics.iter().any(Diagnostic::is_error)
     }
@@ -49,11 +61,28 @@ impl CheckOutcome {
 }
 
 /// Loads, parses and checks `roots` (files or directories).
+///
+/// A directory stands for every `.rfidl` file below it, recursively; each
+/// file's imports are loaded too, relative to the importing file. Every rule
+/// of the language is checked and every problem reported (see
+/// [`CheckOutcome`]).
+///
+/// # Errors
+///
+/// [`LoadError`] only when a root cannot be read at all (missing, not
+/// readable, a directory without `.rfidl` files). Problems inside the
+/// contracts, a missing import included, are diagnostics in the outcome.
 pub fn check_paths(roots: &[PathBuf]) -> Result<CheckOutcome, LoadError> {
     check_paths_with_includes(roots, &[])
 }
 
-/// Like [`check_paths`], also searching `include_paths` for imports.
+/// Like [`check_paths`], also searching `include_paths` for imports: an
+/// import not found beside the importing file is looked for in each of
+/// them, in order (`Builder::include_path` in `rfidl-codegen`).
+///
+/// # Errors
+///
+/// As [`check_paths`].
 pub fn check_paths_with_includes(
     roots: &[PathBuf],
     include_paths: &[PathBuf],

@@ -32,6 +32,7 @@ pub struct BreakingChange {
     /// Where: `EmpService v1 method Hire param employee`,
     /// `record hr.employees.Employee field email`.
     pub path: String,
+    /// What changed, one line: ``type was `string`, is `string?` ``.
     pub message: String,
 }
 

@@ -32,19 +32,34 @@ pub const FORMAT_VERSION: u32 = 1;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Manifest {
+    /// The manifest format this document follows: [`FORMAT_VERSION`] for
+    /// every manifest this crate writes.
     pub format: u32,
-    /// `package.Service`.
+    /// `package.Service`: `hr.employees.EmpService`. With
+    /// [`version`](Self::version), the identity of the interface in a
+    /// registry and a lock file.
     pub interface: String,
+    /// The contract's package, dotted lowercase: `hr.employees`.
     pub package: String,
+    /// The service name as declared, `UpperCamelCase`: `EmpService`.
     pub service: String,
+    /// The `N` of `service Name vN`, from 1.
     pub version: u32,
-    /// `sha256:<hex>`; see the module docs.
+    /// `sha256:<hex>`; see the module docs. Empty (and left out of the JSON)
+    /// until computed ([`with_fingerprint`](Self::with_fingerprint)); every
+    /// manifest of a [`Model`](crate::model::Model) has it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub fingerprint: String,
+    /// The service's `///` doc comment, one string per line (without the
+    /// `///` and one leading space). Not part of the fingerprint.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub docs: Vec<String>,
+    /// `Some(reason)` when the service version is `@deprecated("reason")`;
+    /// a bare `@deprecated` gives the reason `"deprecated"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deprecated: Option<String>,
+    /// The methods, in source order (the order is part of the fingerprint,
+    /// though not of compatibility).
     pub methods: Vec<Method>,
     /// Every record and enum the methods use, directly or through other types.
     pub types: BTreeMap<String, TypeDef>,
@@ -69,32 +84,54 @@ impl MethodKind {
     }
 }
 
+/// One method of a service version: a `signal`, `pushcall` or `command`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Method {
+    /// The method name as declared, `UpperCamelCase`: `EmployeeHired`
+    /// (generated code calls it `employee_hired`).
     pub name: String,
+    /// Which of the three kinds, hence who sends it and whether it may answer.
     pub kind: MethodKind,
+    /// The method's `///` doc comment, one string per line. Not part of the
+    /// fingerprint.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub docs: Vec<String>,
+    /// `Some(reason)` when the method is `@deprecated` (a bare
+    /// `@deprecated` gives `"deprecated"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deprecated: Option<String>,
+    /// The parameters, in source order; together they are the message's JSON
+    /// payload, one member per parameter.
     pub params: Vec<Field>,
+    /// The `-> T` answer type, if declared; always `None` for a signal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response: Option<TypeRef>,
     /// `@correlate(a.b.c)`: the path through the parameters to a scalar.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub correlate: Option<Vec<String>>,
+    /// `@delivery(…)`: this method's override of the runtime's retry policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivery: Option<Delivery>,
 }
 
-/// `@delivery(max_retries = N, ttl = "D")`.
+/// `@delivery(max_retries = N, ttl = "D")`: a per-method override of the
+/// sender's retry policy (`outbox.max_retries`, `outbox.ttl` in the
+/// runtime's configuration), honoured by the generated client. At least one
+/// of the two is set. A sender-side policy: changing it keeps a revision
+/// compatible (but changes the fingerprint).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Delivery {
+    /// How many times a delivery the receiver refused (its handler failed, a
+    /// 2xx without acknowledgement, …) is retried before the outbox row is
+    /// `Failed`. An unreachable destination is retried until the TTL and
+    /// never counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_retries: Option<u32>,
-    /// Milliseconds.
+    /// How long the message may wait for delivery, in milliseconds, from
+    /// the moment it is enqueued; past it the outbox row is `Expired`.
+    /// Written `ttl = "48h"` in the contract; always above zero.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_ms: Option<u64>,
 }
@@ -103,40 +140,64 @@ pub struct Delivery {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Field {
+    /// The field or parameter name as declared, `snake_case`; also its JSON
+    /// member name (the contract is the wire format).
     pub name: String,
+    /// Its type; a [`TypeRef::Optional`] for `T?`, whose member may be
+    /// absent or `null`. Serialised as the member `type`, in text form.
     #[serde(rename = "type")]
     pub ty: TypeRef,
+    /// The field's `///` doc comment, one string per line. Not part of the
+    /// fingerprint.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub docs: Vec<String>,
+    /// `Some(reason)` when the field is `@deprecated` (a bare `@deprecated`
+    /// gives `"deprecated"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deprecated: Option<String>,
 }
 
+/// A named type of the contract: a record or an enum. Serialised with a
+/// `kind` member, `"record"` or `"enum"`; its fully qualified name is the
+/// key it is stored under ([`Manifest::types`], [`PackageContract::types`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum TypeDef {
+    /// `record Name { field: Type, … }`: a JSON object, one member per field.
     Record {
+        /// The record's `///` doc comment, one string per line.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         docs: Vec<String>,
+        /// `Some(reason)` when the record is `@deprecated`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         deprecated: Option<String>,
+        /// The fields in source order (possibly none: `record Ping {}`).
         fields: Vec<Field>,
     },
+    /// `enum Name { Variant, … }`: unit variants, serialised as their name.
     Enum {
+        /// The enum's `///` doc comment, one string per line.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         docs: Vec<String>,
+        /// `Some(reason)` when the enum is `@deprecated`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         deprecated: Option<String>,
+        /// The variants in source order; at least one.
         variants: Vec<Variant>,
     },
 }
 
+/// One variant of an enum.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Variant {
+    /// The variant name, `UpperCamelCase`; also its JSON form (`"OnLeave"`).
     pub name: String,
+    /// The variant's `///` doc comment, one string per line.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub docs: Vec<String>,
+    /// `Some(reason)` when the variant is `@deprecated` (a bare
+    /// `@deprecated` gives `"deprecated"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deprecated: Option<String>,
 }
@@ -145,10 +206,14 @@ pub struct Variant {
 /// service versions as manifests. The unit of code generation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PackageContract {
+    /// The dotted package name: `hr.employees`.
     pub package: String,
+    /// The `///` lines above `package` in each of its files, in load order.
     pub docs: Vec<String>,
     /// Fully qualified name and definition, in source order.
     pub types: Vec<(String, TypeDef)>,
+    /// One manifest per service version declared in the package: files in
+    /// load order, each in source order.
     pub services: Vec<Manifest>,
 }
 

@@ -8,25 +8,48 @@ use std::str::FromStr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The contract language's scalar types.
+///
+/// Each variant's doc says what the type holds and its JSON form on the
+/// wire; the Rust type generated for it is in `docs/language.md`, "Types".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scalar {
+    /// `bool`: `true` or `false`.
     Bool,
+    /// `i32`: a signed 32-bit integer, a JSON number.
     I32,
+    /// `i64`: a signed 64-bit integer, a plain JSON number (peers that read
+    /// numbers as doubles lose precision beyond 2^53).
     I64,
+    /// `u32`: an unsigned 32-bit integer, a JSON number.
     U32,
+    /// `u64`: an unsigned 64-bit integer, a plain JSON number.
     U64,
+    /// `f64`: an IEEE double, a JSON number; finite only (JSON has no `NaN`
+    /// or infinity).
     F64,
+    /// `string`: UTF-8 text.
     String,
+    /// `bytes`: raw bytes, a JSON string in standard base64 with padding.
     Bytes,
+    /// `uuid`: a UUID, a JSON string, hyphenated lowercase.
     Uuid,
+    /// `timestamp`: an instant in UTC, a JSON string in RFC 3339
+    /// (`"2026-11-23T10:15:00Z"`).
     Timestamp,
+    /// `date`: a calendar date, a JSON string `"YYYY-MM-DD"`.
     Date,
+    /// `duration`: a length of time in whole milliseconds, a JSON string in
+    /// the `"1h30m"` form (`rfidl-duration`).
     Duration,
+    /// `decimal`: an exact decimal number, a JSON string (`"1250.00"`),
+    /// never a JSON float.
     Decimal,
+    /// `json`: any JSON value, carried as is.
     Json,
 }
 
 impl Scalar {
+    /// Every scalar, in the order of the variants.
     pub const ALL: [Scalar; 14] = [
         Scalar::Bool,
         Scalar::I32,
@@ -64,6 +87,8 @@ impl Scalar {
         }
     }
 
+    /// The scalar a contract keyword names (`"uuid"` -> [`Scalar::Uuid`]);
+    /// `None` for anything else, other spellings (`"Bool"`) included.
     pub fn from_keyword(word: &str) -> Option<Scalar> {
         // A `match` rather than a search of `ALL`: the checker asks this for
         // every type it resolves.
@@ -88,14 +113,23 @@ impl Scalar {
 }
 
 /// A resolved type reference.
+///
+/// Its text form ([`Display`](fmt::Display), [`FromStr`], and serde, which
+/// uses the text) is the canonical one of the module docs: `list<common.Money>`,
+/// `map<string, hr.employees.Employee>`, `string?`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TypeRef {
+    /// A built-in scalar: `uuid`, `string`, ….
     Scalar(Scalar),
     /// A record or enum, fully qualified: `common.Money`.
     Named(String),
+    /// `list<T>`: an ordered sequence, a JSON array (`Vec<T>` in Rust).
     List(Box<TypeRef>),
     /// `map<string, T>`: keys are always strings.
     Map(Box<TypeRef>),
+    /// `T?`: the value may be missing (JSON member absent or `null`,
+    /// `Option<T>` in Rust). A field or parameter of this type is optional,
+    /// which is what makes adding one a compatible change.
     Optional(Box<TypeRef>),
 }
 

@@ -20,9 +20,16 @@ pub use lower::unescape;
 use lower::*;
 use recovery::*;
 
-#[derive(pest_derive::Parser)]
-#[grammar = "syntax/rfidl.pest"]
-struct RfidlParser;
+/// The pest parser, in a module of its own: the derive also defines
+/// `pub enum Rule` (one variant per grammar rule), which is this module's
+/// business and not part of the crate's API.
+mod grammar {
+    #[derive(pest_derive::Parser)]
+    #[grammar = "syntax/rfidl.pest"]
+    pub(super) struct RfidlParser;
+}
+
+use grammar::{RfidlParser, Rule};
 
 /// Deepest allowed nesting of `list<…>`/`map<…>` and parentheses.
 pub use crate::limits::MAX_TYPE_DEPTH;

@@ -73,6 +73,8 @@ pub struct ManifestProblem {
     pub code: String,
     /// Where: `method Hire param employee`, `type hr.Employee field email`.
     pub path: String,
+    /// What is wrong, one line; names in it are escaped and cut short
+    /// ([`shown`]), so it is safe to print.
     pub message: String,
 }
 
@@ -86,7 +88,11 @@ impl fmt::Display for ManifestProblem {
 /// found (at most [`MAX_PROBLEMS`]), and how many there were in all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct InvalidManifest {
+    /// The problems found, in the order found; at most [`MAX_PROBLEMS`],
+    /// never empty.
     pub problems: Vec<ManifestProblem>,
+    /// How many problems there were in all (at least `problems.len()`; the
+    /// display says "… and N more" for the rest).
     pub total: usize,
 }
 
