@@ -56,7 +56,7 @@ mod types;
 
 pub use crate::store::sqlite::diagnostics::database_checks;
 pub use health::{health, with_decommissioned, with_destinations};
-pub(crate) use queries::{DECOMMISSIONED_SQL, DiagnosticsStore};
+pub(crate) use queries::DiagnosticsStore;
 pub use queries::{
     attention_messages, destination_gauges, outbox_stats, retry_matching, retry_message,
     unsent_stats,

@@ -157,6 +157,14 @@ impl From<postgres::Error> for HandlerError {
     }
 }
 
+/// The runtime's own statements in a handler's transaction (the lifecycle
+/// service's) fail as a handler's own would: worth retrying.
+impl From<crate::store::StoreError> for HandlerError {
+    fn from(error: crate::store::StoreError) -> Self {
+        HandlerError::Retryable(format!("database: {error}"))
+    }
+}
+
 /// A handler that enqueues follow-up messages can `?` outbox errors.
 impl From<crate::outbox::OutboxError> for HandlerError {
     fn from(error: crate::outbox::OutboxError) -> Self {

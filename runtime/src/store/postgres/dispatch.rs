@@ -81,7 +81,7 @@ impl DispatchDb for PostgresDispatch {
 
     fn decommissioned(&self) -> Result<Vec<(String, u32, i64)>, String> {
         self.in_transaction(|ops| {
-            crate::lifecycle::read_postgres(&mut *ops.tx).map_err(|e| error_text(&e))
+            crate::store::postgres::lifecycle::read(&mut *ops.tx).map_err(|e| error_text(&e))
         })
     }
 

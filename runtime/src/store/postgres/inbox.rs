@@ -104,12 +104,11 @@ pub(crate) fn start_receiver(
 ) -> Result<Started, ReceiverError> {
     let mut client = super::open(url)?;
     if let Some(lifecycle) = &parts.lifecycle {
-        let rows = super::off_runtime(|| crate::lifecycle::read_postgres(&mut client)).map_err(
-            |error| crate::store::StoreError::Postgres {
+        let rows = super::off_runtime(|| crate::store::postgres::lifecycle::read(&mut client))
+            .map_err(|error| crate::store::StoreError::Postgres {
                 target: url.target(),
                 cause: super::error_text(&error),
-            },
-        )?;
+            })?;
         lifecycle.replace(rows);
     }
     let reader = PostgresInbox {

@@ -23,6 +23,7 @@ mod answers;
 pub(crate) mod diagnostics;
 mod dispatch;
 mod inbox;
+pub(crate) mod lifecycle;
 pub(crate) mod retention;
 
 pub(crate) use dispatch::PostgresDispatch;
@@ -461,6 +462,36 @@ impl crate::store::sealed::Backend for crate::store::Postgres {
             Connection::new(url.clone(), client),
             responses,
         )))
+    }
+
+    fn record_applied(
+        tx: &mut &mut postgres::Transaction<'_>,
+        applied: &crate::lifecycle::Applied<'_>,
+    ) -> Result<Option<(i64, String)>, StoreError> {
+        lifecycle::record_applied(tx, applied)
+            .map_err(|e| StoreError::PostgresStatement(error_text(&e)))
+    }
+
+    fn hold_version(
+        tx: &mut &mut postgres::Transaction<'_>,
+        interface: &str,
+        version: u32,
+        now: i64,
+        reason: &str,
+    ) -> Result<(i64, u64), StoreError> {
+        lifecycle::hold_version(tx, interface, version, now, reason)
+            .map_err(|e| StoreError::PostgresStatement(error_text(&e)))
+    }
+
+    fn release_version(
+        tx: &mut &mut postgres::Transaction<'_>,
+        interface: &str,
+        version: u32,
+        now: i64,
+        reason: &str,
+    ) -> Result<u64, StoreError> {
+        lifecycle::release_version(tx, interface, version, now, reason)
+            .map_err(|e| StoreError::PostgresStatement(error_text(&e)))
     }
 
     const DEFAULT_WRITERS: usize = 4;

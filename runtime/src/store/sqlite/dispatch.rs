@@ -295,7 +295,7 @@ impl DispatchDb for SqliteDispatch {
     }
 
     fn decommissioned(&self) -> Result<Vec<(String, u32, i64)>, String> {
-        crate::lifecycle::read_sqlite(&*self.lock()?).map_err(text)
+        crate::store::sqlite::lifecycle::read(&*self.lock()?).map_err(text)
     }
 
     fn claim(
