@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::circuit::Admission;
 use crate::config::Config;
+use crate::store::StoreError;
 
 use super::{Attempt, Claimed, Group, Verdict, backoff};
 
@@ -24,10 +25,10 @@ pub(crate) trait DispatchDb: Send + Sync + 'static {
     }
 
     /// Destinations with waiting rows (`Pending` or `Sending`).
-    fn discover(&self) -> Result<Vec<String>, String>;
+    fn discover(&self) -> Result<Vec<String>, StoreError>;
 
     /// The decommissioned interface versions (`crate::lifecycle`).
-    fn decommissioned(&self) -> Result<Vec<(String, u32, i64)>, String>;
+    fn decommissioned(&self) -> Result<Vec<(String, u32, i64)>, StoreError>;
 
     /// Claims due rows as `plan` admits them, and gives `claimed` the groups
     /// to send and how many rows expired instead (or why the claim failed):
@@ -51,7 +52,7 @@ pub(crate) trait DispatchDb: Send + Sync + 'static {
         &self,
         attempts: &[(Attempt, Verdict)],
         config: &Config,
-    ) -> Result<RecordCounts, String>;
+    ) -> Result<RecordCounts, StoreError>;
 }
 
 /// When a claim whose rows may leave before it commits does commit.
@@ -65,7 +66,7 @@ pub(crate) enum ClaimCommit {
 }
 
 /// Where a claim's result goes.
-pub(crate) type ClaimSender = tokio::sync::oneshot::Sender<Result<(Vec<Group>, u64), String>>;
+pub(crate) type ClaimSender = tokio::sync::oneshot::Sender<Result<(Vec<Group>, u64), StoreError>>;
 
 /// What one recording transaction changed, added to the metrics after it commits.
 #[derive(Debug, Default, Clone, Copy)]
@@ -92,23 +93,23 @@ pub(crate) trait OutboxTx {
         now: i64,
         lease_until: i64,
         limit: usize,
-    ) -> Result<Vec<(Claimed, i64)>, String>;
-    fn expire(&mut self, row: &Claimed) -> Result<(), String>;
+    ) -> Result<Vec<(Claimed, i64)>, StoreError>;
+    fn expire(&mut self, row: &Claimed) -> Result<(), StoreError>;
     /// Gives a claimed row back (due at `now`).
-    fn release(&mut self, row: &Claimed, now: i64) -> Result<(), String>;
-    fn finish(&mut self, row: &Claimed, status: &str, error: &str) -> Result<bool, String>;
+    fn release(&mut self, row: &Claimed, now: i64) -> Result<(), StoreError>;
+    fn finish(&mut self, row: &Claimed, status: &str, error: &str) -> Result<bool, StoreError>;
     fn again(
         &mut self,
         row: &Claimed,
         retry_count: u32,
         next_at: i64,
         error: &str,
-    ) -> Result<bool, String>;
-    fn mark_sent(&mut self, row: &Claimed, now: i64, response: &str) -> Result<bool, String>;
+    ) -> Result<bool, StoreError>;
+    fn mark_sent(&mut self, row: &Claimed, now: i64, response: &str) -> Result<bool, StoreError>;
     /// [`mark_sent`](Self::mark_sent) for several rows (no response
     /// handler involved); how many changed. One statement where the store
     /// can (PostgreSQL: a round trip per statement), else one per row.
-    fn mark_sent_many(&mut self, rows: &[(&Claimed, String)], now: i64) -> Result<u64, String> {
+    fn mark_sent_many(&mut self, rows: &[(&Claimed, String)], now: i64) -> Result<u64, StoreError> {
         let mut changed = 0;
         for (row, response) in rows {
             if self.mark_sent(row, now, response)? {
@@ -124,12 +125,12 @@ pub(crate) trait OutboxTx {
     /// PostgreSQL the check locks the table row (`FOR SHARE`): a
     /// re-commission's delete waits for this transaction, and its release
     /// then sees the held row.
-    fn hold(&mut self, row: &Claimed, now: i64, error: &str) -> Result<bool, String>;
+    fn hold(&mut self, row: &Claimed, now: i64, error: &str) -> Result<bool, StoreError>;
     /// Whether a response handler is registered for the row's interface version.
     fn has_answer_handler(&self, row: &Claimed) -> bool;
-    fn savepoint(&mut self) -> Result<(), String>;
-    fn release_savepoint(&mut self) -> Result<(), String>;
-    fn rollback_to_savepoint(&mut self) -> Result<(), String>;
+    fn savepoint(&mut self) -> Result<(), StoreError>;
+    fn release_savepoint(&mut self) -> Result<(), StoreError>;
+    fn rollback_to_savepoint(&mut self) -> Result<(), StoreError>;
     /// Runs the row's response handler in this transaction; `Some(error)`
     /// when it failed.
     fn act_on_answer(&mut self, row: &Claimed, response: &serde_json::Value) -> Option<String>;
@@ -144,7 +145,7 @@ pub(crate) fn claim_in(
     lease_ms: i64,
     row_budget: usize,
     capacity: usize,
-) -> Result<(Vec<Group>, u64), String> {
+) -> Result<(Vec<Group>, u64), StoreError> {
     let now = crate::store::now_ms();
     let lease = uuid::Uuid::now_v7().to_string();
     let mut groups = Vec::new();
@@ -198,7 +199,7 @@ pub(crate) fn record_in(
     tx: &mut impl OutboxTx,
     attempts: &[(Attempt, Verdict)],
     config: &Config,
-) -> Result<RecordCounts, String> {
+) -> Result<RecordCounts, StoreError> {
     let now = crate::store::now_ms();
     let mut counts = RecordCounts::default();
     let backoff_of = |retry: u32| {

@@ -36,6 +36,9 @@ pub enum StoreError {
     #[cfg(feature = "postgres")]
     #[error("{0}")]
     PostgresStatement(String),
+    /// A connection's lock was poisoned: a thread panicked while using it.
+    #[error("the database connection is unusable: a thread panicked while using it")]
+    Poisoned,
     /// A part of one store was given another store's database.
     #[error("`{database}` is not a {expected} database")]
     WrongStore {

@@ -143,6 +143,11 @@ impl PostgresUrl {
 
 /// An error's message with its causes (`postgres::Error`'s own `Display`
 /// says only "error connecting to server" or "db error").
+/// A failed statement on a connection a part holds.
+pub(crate) fn statement(error: &postgres::Error) -> StoreError {
+    StoreError::PostgresStatement(error_text(error))
+}
+
 pub(crate) fn error_text(error: &postgres::Error) -> String {
     if let Some(db) = error.as_db_error() {
         let mut text = format!("{} ({})", db.message(), db.code().code());
@@ -344,20 +349,16 @@ impl Connection {
     }
 
     /// The client, reconnected first if the last one broke.
-    pub(crate) fn client(&mut self) -> Result<&mut Client, String> {
+    pub(crate) fn client(&mut self) -> Result<&mut Client, StoreError> {
         if self.client.as_ref().is_none_or(Client::is_closed) {
             self.client = None;
-            let client = self.url.connect().map_err(|e| e.to_string())?;
+            let client = self.url.connect()?;
             self.client = Some(client);
         }
-        self.client
-            .as_mut()
-            .ok_or_else(|| "no connection".to_owned())
-    }
-
-    /// The database's host, port and name, for errors.
-    pub(crate) fn target(&self) -> String {
-        self.url.target()
+        self.client.as_mut().ok_or_else(|| StoreError::Postgres {
+            target: self.url.target(),
+            cause: "no connection".to_owned(),
+        })
     }
 }
 
@@ -422,7 +423,7 @@ pub(crate) fn write_group(
     };
     let client = match conn.client() {
         Ok(client) => client,
-        Err(error) => return fail(error),
+        Err(error) => return fail(error.to_string()),
     };
     let mut tx = match client.transaction() {
         Ok(tx) => tx,
@@ -534,13 +535,7 @@ pub(crate) fn record_terminated(
     conn: &mut Connection,
     row: &crate::nats::consumer::TerminatedRow<'_>,
 ) -> Result<(), StoreError> {
-    let target = conn.target();
-    let fail = |cause: String| StoreError::Postgres { target, cause };
-    let client = match conn.client() {
-        Ok(client) => client,
-        Err(cause) => return Err(fail(cause)),
-    };
-    client
+    conn.client()?
         .execute(
             "INSERT INTO rf_terminated \
              (stream_sequence, stream, message_id, subject, error, at) \
@@ -555,5 +550,5 @@ pub(crate) fn record_terminated(
             ],
         )
         .map(|_| ())
-        .map_err(|e| fail(error_text(&e)))
+        .map_err(|e| statement(&e))
 }

@@ -11,6 +11,7 @@ use crate::circuit::Admission;
 use crate::config::{Config, Durability};
 use crate::responses::ResponseHandler;
 use crate::store::Sqlite;
+use crate::store::StoreError;
 use crate::store::sqlite as db;
 
 use crate::dispatcher::records::{
@@ -103,11 +104,8 @@ impl SqliteDispatch {
 
     /// The connection, with no claim left open on it: one that
     /// [`ClaimCommit::Later`] left open commits first.
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Connection>, String> {
-        let conn = self
-            .conn
-            .lock()
-            .map_err(|_| "the dispatcher's connection is poisoned".to_owned())?;
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Connection>, StoreError> {
+        let conn = self.conn.lock().map_err(|_| StoreError::Poisoned)?;
         if !conn.is_autocommit() {
             self.commit_open_claim(&conn);
         }
@@ -125,7 +123,7 @@ impl SqliteDispatch {
                 if !conn.is_autocommit() {
                     let _ = conn.execute_batch("ROLLBACK");
                 }
-                warn_unclaimed_sent(&error.to_string());
+                warn_unclaimed_sent(&StoreError::SqliteStatement(error));
             }
         }
     }
@@ -140,7 +138,7 @@ impl SqliteDispatch {
         capacity: usize,
         early: &mut Option<ClaimSender>,
         commit: ClaimCommit,
-    ) -> Result<(Vec<Group>, u64), String> {
+    ) -> Result<(Vec<Group>, u64), StoreError> {
         let mut conn = self.lock()?;
         // Nothing may leave before the transaction that enqueued it is on
         // disk. Under `outbox.durability: normal` an enqueuing commit is not
@@ -160,7 +158,7 @@ impl SqliteDispatch {
             conn.pragma_update(None, "synchronous", "FULL")
                 .map_err(text)?;
         }
-        let claimed = (|| -> Result<(Vec<Group>, u64), String> {
+        let claimed = (|| -> Result<(Vec<Group>, u64), StoreError> {
             let tx = conn
                 .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                 .map_err(text)?;
@@ -260,12 +258,12 @@ fn wait_for_writer(attempt: i32) -> bool {
 }
 
 /// A claim whose rows went out failed to commit.
-fn warn_unclaimed_sent(error: &str) {
+fn warn_unclaimed_sent(error: &StoreError) {
     tracing::warn!(%error, "an outbox claim failed to commit after its rows went out; they are sent again after their lease and answered as duplicates");
 }
 
-fn text(error: rusqlite::Error) -> String {
-    error.to_string()
+fn text(error: rusqlite::Error) -> StoreError {
+    StoreError::SqliteStatement(error)
 }
 
 impl DispatchDb for SqliteDispatch {
@@ -273,7 +271,7 @@ impl DispatchDb for SqliteDispatch {
         true
     }
 
-    fn discover(&self) -> Result<Vec<String>, String> {
+    fn discover(&self) -> Result<Vec<String>, StoreError> {
         let conn = self.lock()?;
         let mut statement = conn
             .prepare_cached(
@@ -294,7 +292,7 @@ impl DispatchDb for SqliteDispatch {
         Ok(destinations)
     }
 
-    fn decommissioned(&self) -> Result<Vec<(String, u32, i64)>, String> {
+    fn decommissioned(&self) -> Result<Vec<(String, u32, i64)>, StoreError> {
         crate::store::sqlite::lifecycle::read(&*self.lock()?).map_err(text)
     }
 
@@ -325,7 +323,7 @@ impl DispatchDb for SqliteDispatch {
         &self,
         attempts: &[(Attempt, Verdict)],
         config: &Config,
-    ) -> Result<RecordCounts, String> {
+    ) -> Result<RecordCounts, StoreError> {
         let mut conn = self.lock()?;
         let tx = conn.transaction().map_err(text)?;
         let mut ops = SqliteOps {
@@ -380,7 +378,7 @@ impl OutboxTx for SqliteOps<'_, '_> {
         now: i64,
         lease_until: i64,
         limit: usize,
-    ) -> Result<Vec<(Claimed, i64)>, String> {
+    ) -> Result<Vec<(Claimed, i64)>, StoreError> {
         // Read the due rows, then claim each by its key: one
         // `UPDATE … WHERE message_id IN (SELECT …) RETURNING …` cost about
         // 170 µs for a single row, most of it in the temporary b-trees
@@ -421,7 +419,7 @@ impl OutboxTx for SqliteOps<'_, '_> {
         Ok(rows)
     }
 
-    fn expire(&mut self, row: &Claimed) -> Result<(), String> {
+    fn expire(&mut self, row: &Claimed) -> Result<(), StoreError> {
         self.tx
             .execute(
                 "UPDATE outbox_messages SET status = 'Expired', lease_token = NULL, \
@@ -432,7 +430,7 @@ impl OutboxTx for SqliteOps<'_, '_> {
             .map_err(text)
     }
 
-    fn release(&mut self, row: &Claimed, now: i64) -> Result<(), String> {
+    fn release(&mut self, row: &Claimed, now: i64) -> Result<(), StoreError> {
         self.tx
             .execute(
                 "UPDATE outbox_messages SET status = 'Pending', lease_token = NULL, next_retry_at = ?3 \
@@ -443,7 +441,7 @@ impl OutboxTx for SqliteOps<'_, '_> {
             .map_err(text)
     }
 
-    fn finish(&mut self, row: &Claimed, status: &str, error: &str) -> Result<bool, String> {
+    fn finish(&mut self, row: &Claimed, status: &str, error: &str) -> Result<bool, StoreError> {
         self.tx
             .prepare_cached(
                 "UPDATE outbox_messages SET status = ?3, last_error = ?4, lease_token = NULL \
@@ -460,7 +458,7 @@ impl OutboxTx for SqliteOps<'_, '_> {
         retry_count: u32,
         next_at: i64,
         error: &str,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, StoreError> {
         self.tx
             .prepare_cached(
                 "UPDATE outbox_messages SET status = 'Pending', retry_count = ?3, next_retry_at = ?4, \
@@ -474,7 +472,7 @@ impl OutboxTx for SqliteOps<'_, '_> {
             .map_err(text)
     }
 
-    fn mark_sent(&mut self, row: &Claimed, now: i64, response: &str) -> Result<bool, String> {
+    fn mark_sent(&mut self, row: &Claimed, now: i64, response: &str) -> Result<bool, StoreError> {
         self.tx
             .prepare_cached(
                 "UPDATE outbox_messages SET status = 'Sent', sent_at = ?3, response = ?4, lease_token = NULL, \
@@ -485,7 +483,7 @@ impl OutboxTx for SqliteOps<'_, '_> {
             .map_err(text)
     }
 
-    fn hold(&mut self, row: &Claimed, now: i64, error: &str) -> Result<bool, String> {
+    fn hold(&mut self, row: &Claimed, now: i64, error: &str) -> Result<bool, StoreError> {
         self.tx
             .prepare_cached(
                 "UPDATE outbox_messages SET status = 'Pending', lease_token = NULL, \
@@ -514,17 +512,17 @@ impl OutboxTx for SqliteOps<'_, '_> {
         self.handler(row).is_some()
     }
 
-    fn savepoint(&mut self) -> Result<(), String> {
+    fn savepoint(&mut self) -> Result<(), StoreError> {
         self.tx
             .execute_batch("SAVEPOINT rfidl_answer")
             .map_err(text)
     }
 
-    fn release_savepoint(&mut self) -> Result<(), String> {
+    fn release_savepoint(&mut self) -> Result<(), StoreError> {
         self.tx.execute_batch("RELEASE rfidl_answer").map_err(text)
     }
 
-    fn rollback_to_savepoint(&mut self) -> Result<(), String> {
+    fn rollback_to_savepoint(&mut self) -> Result<(), StoreError> {
         self.tx
             .execute_batch("ROLLBACK TO rfidl_answer; RELEASE rfidl_answer")
             .map_err(text)
