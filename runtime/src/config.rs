@@ -248,7 +248,7 @@ impl Default for Config {
 ///
 /// Messages never quote a value from the file or the environment (it may
 /// be a secret): they name the file, the setting or variable, the line and
-/// what was expected (see [`crate::redact`]).
+/// what was expected.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {

@@ -185,9 +185,14 @@ impl<S: Store> Outbox<S> {
         &self.inner.metrics
     }
 
-    /// The circuit breakers of this outbox's destinations (updated by its
-    /// dispatcher, shown by the diagnostics).
-    pub fn circuits(&self) -> &Arc<crate::circuit::Circuits> {
+    /// The circuit breaker of each destination (updated by the dispatcher,
+    /// shown by the diagnostics): closed, open or probing.
+    pub fn circuit_states(&self) -> Vec<crate::diagnostics::DestinationState> {
+        self.inner.circuits.states()
+    }
+
+    /// The circuit breakers of this outbox's destinations.
+    pub(crate) fn circuits(&self) -> &Arc<crate::circuit::Circuits> {
         &self.inner.circuits
     }
 

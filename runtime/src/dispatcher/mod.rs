@@ -51,9 +51,7 @@ use crate::envelope::{MessageType, StoredEnvelope};
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::signing::{self, Secret, SignatureHeaders};
-use crate::transport::{
-    OutgoingRequest, RECEIVE_PATH, Transport, TransportError, TransportResponse,
-};
+use crate::transport::{OutgoingRequest, Transport, TransportError, TransportResponse};
 use records::ClaimCommit;
 
 /// Owns the running dispatcher; `shutdown` stops it cleanly. It runs on a
@@ -70,7 +68,7 @@ pub struct DispatcherHandle {
 }
 
 impl DispatcherHandle {
-    /// Whether the task runs (for readiness probes; see [`crate::liveness`]).
+    /// Whether the task runs (for readiness probes).
     pub fn liveness(&self) -> Liveness {
         self.liveness.clone()
     }
@@ -548,7 +546,7 @@ fn signed_request(
     let body = serde_json::to_vec(&envelope).map_err(|e| format!("cannot encode: {e}"))?;
     let signature = SignatureHeaders::sign(&row.message_id, signing::unix_now(), &body, secrets);
     Ok(OutgoingRequest {
-        path: RECEIVE_PATH,
+        path: crate::receiver::RECEIVE_PATH,
         headers: signature.to_pairs().to_vec(),
         body,
     })

@@ -94,17 +94,24 @@ pub(crate) trait OutboxTx {
         lease_until: i64,
         limit: usize,
     ) -> Result<Vec<(Claimed, i64)>, StoreError>;
+    /// Marks a claimed row `Expired` (its TTL passed).
     fn expire(&mut self, row: &Claimed) -> Result<(), StoreError>;
     /// Gives a claimed row back (due at `now`).
     fn release(&mut self, row: &Claimed, now: i64) -> Result<(), StoreError>;
-    fn finish(&mut self, row: &Claimed, status: &str, error: &str) -> Result<bool, StoreError>;
-    fn again(
+    /// Ends a claimed row in `status` (`Failed`, `DeadLetter`, `Expired`)
+    /// with `error`; whether the lease still held it.
+    fn mark_final(&mut self, row: &Claimed, status: &str, error: &str) -> Result<bool, StoreError>;
+    /// Gives a claimed row back `Pending`, due at `next_at`, after its
+    /// `retry_count`-th failed attempt; whether the lease still held it.
+    fn schedule_retry(
         &mut self,
         row: &Claimed,
         retry_count: u32,
         next_at: i64,
         error: &str,
     ) -> Result<bool, StoreError>;
+    /// Marks a claimed row `Sent` with the receiver's `response`; whether
+    /// the lease still held it.
     fn mark_sent(&mut self, row: &Claimed, now: i64, response: &str) -> Result<bool, StoreError>;
     /// [`mark_sent`](Self::mark_sent) for several rows (no response
     /// handler involved); how many changed. One statement where the store
@@ -125,7 +132,12 @@ pub(crate) trait OutboxTx {
     /// PostgreSQL the check locks the table row (`FOR SHARE`): a
     /// re-commission's delete waits for this transaction, and its release
     /// then sees the held row.
-    fn hold(&mut self, row: &Claimed, now: i64, error: &str) -> Result<bool, StoreError>;
+    fn hold_if_decommissioned(
+        &mut self,
+        row: &Claimed,
+        now: i64,
+        error: &str,
+    ) -> Result<bool, StoreError>;
     /// Whether a response handler is registered for the row's interface version.
     fn has_answer_handler(&self, row: &Claimed) -> bool;
     fn savepoint(&mut self) -> Result<(), StoreError>;
@@ -254,10 +266,15 @@ pub(crate) fn record_in(
                     tracing::warn!(message_id = %row.message_id, %error, "response handler failed; the message is sent again");
                     let attempt = row.retry_count + 1;
                     if attempt > row.max_retries {
-                        if tx.finish(row, "Failed", &error)? {
+                        if tx.mark_final(row, "Failed", &error)? {
                             counts.failed += 1;
                         }
-                    } else if tx.again(row, attempt, at(backoff_of(row.retry_count)), &error)? {
+                    } else if tx.schedule_retry(
+                        row,
+                        attempt,
+                        at(backoff_of(row.retry_count)),
+                        &error,
+                    )? {
                         counts.retries += 1;
                     }
                     continue;
@@ -269,13 +286,13 @@ pub(crate) fn record_in(
             }
             Verdict::DeadLetter { error } => {
                 tracing::warn!(message_id = %row.message_id, %error, "message dead-lettered");
-                if tx.finish(row, "DeadLetter", error)? {
+                if tx.mark_final(row, "DeadLetter", error)? {
                     counts.dead_lettered += 1;
                 }
             }
             Verdict::Failed { error } => {
                 tracing::error!(message_id = %row.message_id, %error, "message failed; an operator decides");
-                if tx.finish(row, "Failed", error)? {
+                if tx.mark_final(row, "Failed", error)? {
                     counts.failed += 1;
                 }
             }
@@ -292,7 +309,7 @@ pub(crate) fn record_in(
                         "Failed"
                     };
                     tracing::error!(message_id = %row.message_id, %error, "giving up after {} retries", row.max_retries);
-                    if tx.finish(row, status, error)? {
+                    if tx.mark_final(row, status, error)? {
                         if *dead_letter_when_exhausted {
                             counts.dead_lettered += 1;
                         } else {
@@ -310,7 +327,7 @@ pub(crate) fn record_in(
                     %error,
                     "send failed; retrying"
                 );
-                if tx.again(row, attempt, at(delay), error)? {
+                if tx.schedule_retry(row, attempt, at(delay), error)? {
                     counts.retries += 1;
                 }
             }
@@ -318,7 +335,7 @@ pub(crate) fn record_in(
             // due, never expired (`crate::lifecycle`).
             Verdict::Held { error } => {
                 tracing::info!(message_id = %row.message_id, %error, "message held");
-                tx.hold(row, now, error)?;
+                tx.hold_if_decommissioned(row, now, error)?;
             }
             // Not counted: the row waits (its circuit gates an unreachable
             // destination) and is due again after one base backoff.
@@ -335,7 +352,7 @@ pub(crate) fn record_in(
                     %error,
                     "not delivered; retrying (not counted)"
                 );
-                if tx.again(row, row.retry_count, at(delay), error)? {
+                if tx.schedule_retry(row, row.retry_count, at(delay), error)? {
                     counts.retries += 1;
                 }
             }

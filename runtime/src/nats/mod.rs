@@ -25,7 +25,10 @@ use async_nats::jetstream;
 use tokio_util::sync::CancellationToken;
 
 pub use answers::{AnswersBuilder, AnswersConsumer, AnswersHandle};
-pub use consumer::{ConsumerBuilder, ConsumerHandle, JetStreamConsumer};
+pub use consumer::{
+    ConsumerBuilder, ConsumerHandle, DEFAULT_ACK_WAIT, DEFAULT_CONCURRENCY, DEFAULT_DURABLE,
+    JetStreamConsumer,
+};
 pub use url::{DEFAULT_PORT, MAX_REPLICAS, NatsUrl};
 
 /// The header that carries the subject a message's answer is published to

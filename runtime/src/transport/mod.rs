@@ -38,9 +38,6 @@ pub use spread::{DEFAULT_DOWN_BASE, DEFAULT_DOWN_MAX, EndpointState, SpreadTrans
 #[cfg(unix)]
 pub use unix::UnixSocketTransport;
 
-/// The receiver path for single messages.
-pub const RECEIVE_PATH: &str = "/_rf/receive";
-
 /// A request ready to send: headers (signature included) and exact body bytes.
 #[derive(Debug, Clone)]
 pub struct OutgoingRequest {
@@ -77,9 +74,6 @@ pub type SendFuture<'a> =
 /// The answers to a batch, one per request, in order.
 pub type BatchFuture<'a> =
     Pin<Box<dyn Future<Output = Vec<Result<TransportResponse, TransportError>>> + Send + 'a>>;
-
-/// The receiver path for batches (`wire-protocol.md`, "Batches").
-pub const RECEIVE_BATCH_PATH: &str = "/_rf/receive/batch";
 
 /// Moves requests to a receiver.
 pub trait Transport: Send + Sync + 'static {

@@ -211,7 +211,7 @@ impl OutboxTx for PostgresOps<'_, '_> {
         .map(drop)
     }
 
-    fn finish(&mut self, row: &Claimed, status: &str, error: &str) -> Result<bool, StoreError> {
+    fn mark_final(&mut self, row: &Claimed, status: &str, error: &str) -> Result<bool, StoreError> {
         self.update(
             "UPDATE outbox_messages SET status = $3, last_error = $4, lease_token = NULL \
              WHERE message_id = $1 AND lease_token = $2 AND status = 'Sending'",
@@ -224,7 +224,7 @@ impl OutboxTx for PostgresOps<'_, '_> {
         )
     }
 
-    fn again(
+    fn schedule_retry(
         &mut self,
         row: &Claimed,
         retry_count: u32,
@@ -245,7 +245,12 @@ impl OutboxTx for PostgresOps<'_, '_> {
         )
     }
 
-    fn hold(&mut self, row: &Claimed, now: i64, error: &str) -> Result<bool, StoreError> {
+    fn hold_if_decommissioned(
+        &mut self,
+        row: &Claimed,
+        now: i64,
+        error: &str,
+    ) -> Result<bool, StoreError> {
         let still = !self
             .tx
             .query_typed(

@@ -441,7 +441,7 @@ impl OutboxTx for SqliteOps<'_, '_> {
             .map_err(text)
     }
 
-    fn finish(&mut self, row: &Claimed, status: &str, error: &str) -> Result<bool, StoreError> {
+    fn mark_final(&mut self, row: &Claimed, status: &str, error: &str) -> Result<bool, StoreError> {
         self.tx
             .prepare_cached(
                 "UPDATE outbox_messages SET status = ?3, last_error = ?4, lease_token = NULL \
@@ -452,7 +452,7 @@ impl OutboxTx for SqliteOps<'_, '_> {
             .map_err(text)
     }
 
-    fn again(
+    fn schedule_retry(
         &mut self,
         row: &Claimed,
         retry_count: u32,
@@ -483,7 +483,12 @@ impl OutboxTx for SqliteOps<'_, '_> {
             .map_err(text)
     }
 
-    fn hold(&mut self, row: &Claimed, now: i64, error: &str) -> Result<bool, StoreError> {
+    fn hold_if_decommissioned(
+        &mut self,
+        row: &Claimed,
+        now: i64,
+        error: &str,
+    ) -> Result<bool, StoreError> {
         self.tx
             .prepare_cached(
                 "UPDATE outbox_messages SET status = 'Pending', lease_token = NULL, \

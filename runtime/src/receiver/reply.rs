@@ -1,4 +1,4 @@
-//! What the receiver answers: one [`Answer`] per message, rendered either as
+//! What the receiver answers: one [`Reply`] per message, rendered either as
 //! an HTTP response (single endpoint) or as a [`BatchResult`] (batch endpoint).
 //!
 //! Every refusal is a [`ReceiveError`] with a fixed status and wire code
@@ -184,7 +184,7 @@ impl IntoResponse for ReceiveError {
 
 /// The outcome of one delivery.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Answer {
+pub enum Reply {
     /// 200: processed now (`duplicate: false`) or before (`duplicate: true`).
     Acknowledged {
         duplicate: bool,
@@ -193,11 +193,11 @@ pub enum Answer {
     Refused(ReceiveError),
 }
 
-impl Answer {
+impl Reply {
     pub fn status(&self) -> StatusCode {
         match self {
-            Answer::Acknowledged { .. } => StatusCode::OK,
-            Answer::Refused(error) => error.status(),
+            Reply::Acknowledged { .. } => StatusCode::OK,
+            Reply::Refused(error) => error.status(),
         }
     }
 
@@ -205,12 +205,12 @@ impl Answer {
     pub fn into_batch_result(self) -> BatchResult {
         let status = self.status().as_u16();
         let body = match self {
-            Answer::Acknowledged { duplicate, payload } => serde_json::to_value(Acknowledgement {
+            Reply::Acknowledged { duplicate, payload } => serde_json::to_value(Acknowledgement {
                 acknowledged: true,
                 duplicate,
                 payload,
             }),
-            Answer::Refused(error) => serde_json::to_value(error.body()),
+            Reply::Refused(error) => serde_json::to_value(error.body()),
         };
         BatchResult {
             status,
@@ -219,22 +219,22 @@ impl Answer {
     }
 }
 
-impl From<ReceiveError> for Answer {
+impl From<ReceiveError> for Reply {
     fn from(error: ReceiveError) -> Self {
-        Answer::Refused(error)
+        Reply::Refused(error)
     }
 }
 
-impl IntoResponse for Answer {
+impl IntoResponse for Reply {
     fn into_response(self) -> Response {
         match self {
-            Answer::Acknowledged { duplicate, payload } => axum::Json(Acknowledgement {
+            Reply::Acknowledged { duplicate, payload } => axum::Json(Acknowledgement {
                 acknowledged: true,
                 duplicate,
                 payload,
             })
             .into_response(),
-            Answer::Refused(error) => error.into_response(),
+            Reply::Refused(error) => error.into_response(),
         }
     }
 }
