@@ -69,8 +69,8 @@ pub struct Envelope {
 /// An [`Envelope`] written from a stored outbox row: the same JSON (same
 /// members, same order), with `payload` and `headers` copied as the JSON
 /// text the row holds instead of parsed into values and printed again. The
-/// dispatcher builds every request body this way (about 10 µs less per
-/// message on the benchmark machine); `stored_envelope_is_the_envelope`
+/// dispatcher builds every request body this way (BENCHMARKS.md has what it
+/// saves); `stored_envelope_is_the_envelope`
 /// pins it to [`Envelope`]'s serialisation.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -136,10 +136,9 @@ const RECHECK_DELAYS_MS: [u64; 7] = [1, 2, 4, 8, 16, 32, 64];
 /// messages per request; a claim takes at least this many (still cut into
 /// requests of at most the batch size, at most `max_in_flight` of them), so
 /// that small batches do not cost a claim transaction, and under
-/// `outbox.durability: normal` an fsync, per request: with `batch_size: 1`
-/// one claim per message held exactly-once delivery to about 1,600
-/// messages a second on the benchmark machine (BENCHMARKS.md, "One message
-/// per request").
+/// `outbox.durability: normal` an fsync, per request (one claim per
+/// message was the bottleneck of `batch_size: 1`: BENCHMARKS.md, "One
+/// message per request").
 const MIN_CLAIM_ROWS: u32 = 64;
 
 /// How many rows a claim may take for `batch_size`.

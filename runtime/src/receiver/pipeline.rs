@@ -286,8 +286,8 @@ impl Shared {
         // writer, unread: the writer's transaction looks it up anyway and
         // answers a duplicate from there, so a look-up here would only put a
         // read (and, on SQLite, a page cache the writer's last commit made
-        // stale) on every message's path: about 30 µs of commit -> effect on
-        // the benchmark machine. Batches, and a message whose age makes the
+        // stale) on every message's path (measured in BENCHMARKS.md,
+        // "Commit -> effect"). Batches, and a message whose age makes the
         // look-up decide between a duplicate and `beyond_dedup_horizon`,
         // are looked up here on the blocking pool, which keeps duplicates
         // off the writer.

@@ -170,8 +170,8 @@ impl SqliteDispatch {
             // Under `full` the rows may leave before the claim commits: what
             // they carry is on disk already (see above), and no other
             // dispatcher can claim them while this transaction holds the
-            // write lock. Sending then overlaps the commit (about 20 µs of
-            // commit -> effect on the benchmark machine). A claim on the
+            // write lock. Sending then overlaps the commit (see BENCHMARKS.md,
+            // "Commit -> effect"). A claim on the
             // dispatcher's loop worker (`ClaimCommit::Later`) is left open
             // instead, and commits once the loop has written its requests:
             // its write lock lasts that much longer. Should the commit
@@ -223,10 +223,9 @@ impl SqliteDispatch {
 /// dispatcher from inside it), so every message waited a millisecond or
 /// more for a lock released a few microseconds later. This one yields the
 /// processor between tries (a try is one `fcntl`) for the first 1.5 ms,
-/// longer than nearly every commit's fsync takes here (300-600 µs; with a
-/// 300 µs window a claim found the lock free 36 µs after the commit at the
-/// median and 129 µs at p90, now 25 and 40 µs), then sleeps 50 µs at a
-/// time (about 100 µs with the kernel's timer slack) until 3 ms, then 1 ms,
+/// longer than nearly every commit's fsync takes (the measured waits are in
+/// BENCHMARKS.md, "Commit -> effect"), then sleeps 50 µs at a time until
+/// 3 ms, then 1 ms,
 /// and gives up after [`db::BUSY_TIMEOUT`] as before. Yielding gives the
 /// processor to any thread that wants it, so the wait only spends a
 /// processor nobody else needs, and only while a transaction that wrote to
@@ -354,9 +353,7 @@ impl SqliteOps<'_, '_> {
 ///
 /// `LIMIT +?3`, not `LIMIT ?3`: SQLite's planner reads a bare bound `LIMIT`
 /// and marks the statement to be re-prepared whenever it is bound again, so
-/// every claim parsed and planned this statement anew (13 µs with warm
-/// caches, about 50 µs after an idle spell, on the benchmark machine); the
-/// unary plus leaves the value the same and the prepared plan in place
+/// every claim parsed and planned this statement anew; the unary plus leaves the value the same and the prepared plan in place
 /// (test `claiming_reuses_its_prepared_statements`).
 const CLAIM_SELECT: &str = "SELECT message_id, correlation_id, message_type, interface, version, \
      fingerprint, endpoint, payload, headers, retry_count, max_retries, created_at, expires_at, seq \
@@ -380,8 +377,8 @@ impl OutboxTx for SqliteOps<'_, '_> {
         limit: usize,
     ) -> Result<Vec<(Claimed, i64)>, StoreError> {
         // Read the due rows, then claim each by its key: one
-        // `UPDATE … WHERE message_id IN (SELECT …) RETURNING …` cost about
-        // 170 µs for a single row, most of it in the temporary b-trees
+        // `UPDATE … WHERE message_id IN (SELECT …) RETURNING …` spent most
+        // of a single-row claim in the temporary b-trees
         // SQLite builds for the sub-select and for RETURNING (see
         // `claiming_builds_no_temporary_btree`); these two build none.
         let mut select = self.tx.prepare_cached(CLAIM_SELECT).map_err(text)?;
