@@ -316,6 +316,39 @@ impl ConfigError {
 }
 
 impl Config {
+    /// The defaults, for the service `service_id` (the `sourceServiceId` of
+    /// what it sends): `Config::for_service("hr").with_peer("engine", secret)`.
+    pub fn for_service(service_id: impl Into<String>) -> Self {
+        Self {
+            service_id: service_id.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Accepts messages from `peer` signed with `secret` (a `whsec_…`
+    /// Standard Webhooks secret; call again to accept several during a
+    /// rotation).
+    #[must_use]
+    pub fn with_peer(mut self, peer: impl Into<String>, secret: impl Into<String>) -> Self {
+        self.peers
+            .entry(peer.into())
+            .or_default()
+            .push(secret.into());
+        self
+    }
+
+    /// Sends what clients address to `name` as `destination` says (its URL
+    /// and signing secret).
+    #[must_use]
+    pub fn with_destination(
+        mut self,
+        name: impl Into<String>,
+        destination: DestinationConfig,
+    ) -> Self {
+        self.destinations.insert(name.into(), destination);
+        self
+    }
+
     /// Parses YAML text; missing settings keep their defaults, unknown ones are errors.
     pub fn from_yaml_str(text: &str) -> Result<Self, ConfigError> {
         parse_yaml(text).map_err(|error| ConfigError::yaml("<text>", &error))

@@ -482,6 +482,18 @@ fn regen() -> Result<(), String> {
         "--out",
         "generated-examples/src/generated",
     ]))?;
+    // The examples' own small contract, next to them.
+    run(cargo().args([
+        "run",
+        "--quiet",
+        "-p",
+        "rfidl-cli",
+        "--",
+        "generate",
+        "generated-examples/examples/contracts",
+        "--out",
+        "generated-examples/examples/generated",
+    ]))?;
     repin_e2e_remote()
 }
 
