@@ -445,7 +445,11 @@ async fn send_group(state: &State, group: Group) -> GroupResult {
                 requests.push(request);
                 ready.push(row);
             }
-            Err(error) => attempts.push((row, Outcome::Unsendable(error), started.elapsed())),
+            Err(error) => attempts.push((
+                row,
+                Outcome::Unsendable(error.to_string()),
+                started.elapsed(),
+            )),
         }
     }
     let span = tracing::info_span!(
@@ -524,11 +528,11 @@ fn signed_request(
     state: &State,
     secrets: &[Secret],
     row: &Claimed,
-) -> Result<OutgoingRequest, String> {
+) -> Result<OutgoingRequest, RequestError> {
     let message_id: uuid::Uuid = row
         .message_id
         .parse()
-        .map_err(|_| format!("stored message id `{}` is not a UUID", row.message_id))?;
+        .map_err(|_| RequestError::MessageId(row.message_id.clone()))?;
     let envelope = StoredEnvelope {
         message_id: &message_id,
         correlation_id: row.correlation_id.as_deref(),
@@ -542,7 +546,7 @@ fn signed_request(
         headers: stored_json("headers", &row.headers)?,
         created_at: jiff::Timestamp::from_millisecond(row.created_at_ms).ok(),
     };
-    let body = serde_json::to_vec(&envelope).map_err(|e| format!("cannot encode: {e}"))?;
+    let body = serde_json::to_vec(&envelope).map_err(RequestError::Encode)?;
     let signature = SignatureHeaders::sign(&row.message_id, signing::unix_now(), &body, secrets);
     Ok(OutgoingRequest {
         path: crate::receiver::RECEIVE_PATH,
@@ -553,8 +557,23 @@ fn signed_request(
 
 /// A row's JSON column, checked (a row the outbox wrote always is JSON) but
 /// not parsed into a value.
-fn stored_json<'r>(column: &str, text: &'r str) -> Result<&'r RawValue, String> {
-    serde_json::from_str(text).map_err(|e| format!("stored {column} is not JSON: {e}"))
+fn stored_json<'r>(column: &'static str, text: &'r str) -> Result<&'r RawValue, RequestError> {
+    serde_json::from_str(text).map_err(|source| RequestError::NotJson { column, source })
+}
+
+/// Why a claimed row could not be made into a request (it goes into the
+/// row's `last_error`; the row is retried).
+#[derive(Debug, thiserror::Error)]
+enum RequestError {
+    #[error("stored message id `{0}` is not a UUID")]
+    MessageId(String),
+    #[error("stored {column} is not JSON: {source}")]
+    NotJson {
+        column: &'static str,
+        source: serde_json::Error,
+    },
+    #[error("cannot encode: {0}")]
+    Encode(serde_json::Error),
 }
 
 /// Writes the attempts' results (one transaction), then tells each
