@@ -481,29 +481,26 @@ fn chaos(extra: &[String]) -> Result<(), String> {
 }
 
 fn regen() -> Result<(), String> {
-    run(cargo().args([
-        "run",
-        "--quiet",
-        "-p",
-        "rfidl-cli",
-        "--",
-        "generate",
-        "schemas",
-        "--out",
-        "generated-examples/src/generated",
-    ]))?;
-    // The examples' own small contract, next to them.
-    run(cargo().args([
-        "run",
-        "--quiet",
-        "-p",
-        "rfidl-cli",
-        "--",
-        "generate",
-        "generated-examples/examples/contracts",
-        "--out",
-        "generated-examples/examples/generated",
-    ]))?;
+    // The demo's contracts, and the examples' own small one next to them.
+    for (contracts, out) in [
+        ("schemas", "generated-examples/src/generated"),
+        (
+            "generated-examples/examples/contracts",
+            "generated-examples/examples/generated",
+        ),
+    ] {
+        run(cargo().args([
+            "run",
+            "--quiet",
+            "-p",
+            "rfidl-cli",
+            "--",
+            "generate",
+            contracts,
+            "--out",
+            out,
+        ]))?;
+    }
     repin_e2e_remote()
 }
 
