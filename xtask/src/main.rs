@@ -41,6 +41,8 @@ const DOCUMENTED_CRATES: &[&str] = &[
     "rfidl-codegen",
     "rfidl-duration",
     "rfidl-runtime",
+    "rfidl-registry",
+    "rfidl-cli",
 ];
 
 /// Lints added to every clippy run of `cargo xtask ci`, on top of the
