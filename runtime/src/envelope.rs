@@ -76,7 +76,8 @@ pub struct Envelope {
     /// One member per method parameter.
     pub payload: serde_json::Value,
     /// `headers`: free-form string pairs; rfidl senders always set a W3C
-    /// `traceparent` ([`crate::trace`]). Optional on the wire (empty).
+    /// `traceparent` ([`crate::trace`]). Optional on the wire: missing
+    /// reads as empty.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     /// When the message entered the sender's outbox (RFC 3339, UTC); the

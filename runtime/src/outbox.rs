@@ -39,9 +39,10 @@ use crate::store::{Database, Location, Sqlite, Store};
 pub struct OutgoingMessage {
     /// A destination name, mapped to a transport and URL by the dispatcher.
     pub destination: String,
-    /// The method's kind; a `Command` or `PushCall` with a response has its
-    /// answer stored in the row and passed to the dispatcher's
-    /// [`ResponseHandler`](crate::responses::ResponseHandler).
+    /// The method's kind. The answer to any message is stored in its row;
+    /// that of a `Command` or `PushCall` declaring a response is also
+    /// passed to a [`ResponseHandler`](crate::responses::ResponseHandler)
+    /// registered with the dispatcher.
     pub message_type: MessageType,
     /// The receiving interface, `package.Service` (e.g.
     /// `hr.employees.EmpService`).
@@ -71,7 +72,7 @@ pub struct OutgoingMessage {
 
 /// Why a message could not be written.
 ///
-/// In every case no outbox row was written. From
+/// Unless a variant says otherwise, no outbox row was written. From
 /// [`enqueue`](Outbox::enqueue), the caller's transaction is still open:
 /// roll it back (or do not commit) if the business change must not happen
 /// without its message. From [`send`](Outbox::send), nothing was committed;
@@ -457,7 +458,7 @@ fn enqueue_span(message: &mut OutgoingMessage) -> tracing::Span {
 ///
 /// A row starts `Pending`, is `Sending` while a dispatcher holds its lease,
 /// and ends in one of the other four. `Sent` rows are deleted by
-/// [`Retention`](crate::Retention) after `outbox.retention`; `Failed`,
+/// [`Retention`](crate::Retention) after `outbox.sent_retention`; `Failed`,
 /// `DeadLetter` and `Expired` rows are kept until an operator retries
 /// (`POST /_rf/outbox/{id}/retry`, back to `Pending`) or drops them, and
 /// they turn `/_rf/health` critical.
@@ -534,8 +535,9 @@ pub struct OutboxRow {
     /// Counted failures after which the row is `Failed` (or `DeadLetter`
     /// for 401s): `@delivery(max_retries)` or `outbox.max_retries`.
     pub max_retries: u32,
-    /// The last failure's text (status and wire code, or the transport
-    /// error), if any; never a payload value.
+    /// The last failure's text, if any: the status with the receiver's code
+    /// and message (an rfidl receiver names fields, never values; another
+    /// receiver's body is cut to 200 characters), or the transport error.
     pub last_error: Option<String>,
     /// The receiver's answer payload once `Sent` (`null` for a method
     /// without a response).

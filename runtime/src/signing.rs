@@ -57,8 +57,8 @@ impl std::fmt::Debug for Secret {
 }
 
 /// Why a secret string was refused by [`Secret::parse`]. The messages never
-/// quote the secret; fix the configured value (`peers.<id>.secrets`, the
-/// sender's `secret`, or the secret file).
+/// quote the secret; fix the configured value (an entry of `peers.<id>`,
+/// a destination's `secret`, or the secret file it was read from).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SecretError {

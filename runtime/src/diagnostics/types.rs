@@ -265,8 +265,8 @@ pub struct AttentionMessage {
     pub retry_count: u32,
     /// The limit those were counted against.
     pub max_retries: u32,
-    /// Why it stopped: the receiver's status and code with its message, or
-    /// the transport error. Never a payload value.
+    /// Why it stopped: the status with the receiver's code and message (an
+    /// rfidl receiver names fields, never values), or the transport error.
     pub last_error: Option<String>,
     /// When it was enqueued (RFC 3339, UTC).
     pub created_at: String,

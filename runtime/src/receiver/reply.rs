@@ -18,13 +18,13 @@ pub const KEYS_PENDING: &str = "keys_pending";
 ///
 /// Each variant has a fixed HTTP [`status`](Self::status), wire
 /// [`code`](Self::code) and, for the "retry later" ones,
-/// [`retry_after_secs`](Self::retry_after_secs). The variants are listed in
-/// the receiver's order of checks (`docs/wire-protocol.md`); a refusal means
-/// nothing of the delivery was written: no inbox row, no handler effect.
-/// What an rfidl sender's dispatcher does with each is said per variant
-/// ("the sender"; `docs/wire-protocol.md`, "What the sender does with an
-/// answer").
-/// Messages name fields and types, never payload values.
+/// [`retry_after_secs`](Self::retry_after_secs). The variants are listed
+/// roughly in the receiver's order of checks (`docs/wire-protocol.md`).
+/// A refusal means nothing of the delivery was written: no inbox row, no
+/// handler effect. What an rfidl sender's dispatcher does with each is
+/// said per variant ("the sender"; `docs/wire-protocol.md`, "What the
+/// sender does with an answer"). Messages name fields and types, never
+/// payload values.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReceiveError {
@@ -54,7 +54,7 @@ pub enum ReceiveError {
         seconds: u64,
     },
     /// 401 `unknown_source`: no secret is configured for this
-    /// `sourceServiceId` (the payload's `String`), and no issued keys are in
+    /// `sourceServiceId` (the variant's value), and no issued keys are in
     /// use. The sender retries it (counted), then dead-letters it: add the
     /// peer's secret to `peers` in the receiver's configuration.
     #[error("no secret is configured for source service `{0}`")]
@@ -86,7 +86,7 @@ pub enum ReceiveError {
         body: String,
     },
     /// 404 `unknown_interface`: no hosted service serves this interface
-    /// (`package.Service`, the payload). The sender dead-letters it: the
+    /// (`package.Service`, the variant's value). The sender dead-letters it: the
     /// destination points at the wrong service, or the receiver is not
     /// deployed with it.
     #[error("interface `{0}` is not hosted here")]
@@ -215,7 +215,7 @@ pub enum ReceiveError {
     #[error("the receiver is shutting down")]
     ShuttingDown,
     /// 404 `not_found`: a path under `/_rf/` the receiver does not serve
-    /// (the payload). The sender dead-letters it: its base URL is wrong.
+    /// (the variant's value). The sender dead-letters it: its base URL is wrong.
     #[error("no route for {0}")]
     NotFound(String),
     /// 405 `method_not_allowed`: a receiver path with another method than

@@ -88,8 +88,10 @@ pub enum TransportError {
     /// not have been processed.
     #[error("no answer within the timeout")]
     Timeout,
-    /// Any other failure after the request may have left (a reset
-    /// connection, an unreadable answer, a broken batch answer).
+    /// Any other failure: a reset connection, an unreadable answer, a
+    /// broken batch answer, a request or TLS setting that could not be
+    /// built. Unless the text says it was never built, the request may
+    /// have been processed.
     #[error("transport error: {0}")]
     Other(String),
 }
