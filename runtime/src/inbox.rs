@@ -39,11 +39,18 @@ impl std::io::Write for HashWriter<'_> {
 /// A processed message, as the inbox remembers it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InboxEntry {
+    /// The method the message called.
     pub endpoint: String,
+    /// [`payload_digest`] of the processed payload: a delivery of the same
+    /// (source, id) with another digest is refused 422 `message_id_reused`.
     pub payload_sha256: PayloadDigest,
+    /// When it was processed (committed), ms since the Unix epoch.
     pub processed_at_ms: i64,
     /// The answer payload given when the message was processed (JSON text).
     pub response: Option<String>,
+    /// When the record may be deleted by retention, ms since the Unix epoch
+    /// (processed + `inbox.retention`). Until then a copy is answered as a
+    /// duplicate.
     pub expires_at_ms: i64,
 }
 
@@ -60,14 +67,24 @@ impl InboxEntry {
 
 /// The row written when a message has been processed.
 #[derive(Debug, Clone, Copy)]
+///
+/// Written in the handler's transaction, so the record commits if and only
+/// if the handler's effects do: this is what makes processing exactly-once.
 pub struct ProcessedMessage<'a> {
+    /// The sending service: with `message_id`, the inbox's primary key.
     pub source_service_id: &'a str,
+    /// The message id, lower-case hyphenated UUID text.
     pub message_id: &'a str,
+    /// The method the message called.
     pub endpoint: &'a str,
+    /// [`payload_digest`] of the payload that was processed.
     pub payload_sha256: &'a PayloadDigest,
     /// The answer payload (JSON text).
     pub response: &'a str,
+    /// Commit time, ms since the Unix epoch.
     pub processed_at_ms: i64,
+    /// When retention may delete the row, ms since the Unix epoch
+    /// (normally `processed_at_ms` + `inbox.retention`).
     pub expires_at_ms: i64,
 }
 

@@ -20,6 +20,7 @@
 //! The runtime never depends on the code generator; generated code depends on it.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
 
 // Shared with rfidl-registry (one bearer-token parser for both); not API.
 #[doc(hidden)]

@@ -132,7 +132,9 @@ pub fn held_reason(interface: &str, version: u32) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CommandPayload {
+    /// The interface to decommission or re-commission, `package.Service`.
     pub interface: String,
+    /// Its version; the other versions of the interface are not touched.
     pub version: u32,
     /// The instance the registry addressed: the id it assigned at
     /// registration.

