@@ -26,7 +26,7 @@ mod retention;
 #[cfg(test)]
 mod tests;
 
-pub use crate::inbox::{InboxEntry, PayloadDigest, ProcessedMessage, payload_digest};
+pub use crate::inbox::{InboxEntry, InboxError, PayloadDigest, ProcessedMessage, payload_digest};
 pub use connection::{BUSY_TIMEOUT, configure, open};
 pub use inbox::{InboxReader, count as inbox_count, lookup as inbox_lookup, record_processed};
 pub use migrations::MIGRATIONS;
