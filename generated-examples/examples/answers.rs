@@ -13,7 +13,6 @@
 #[path = "generated/mod.rs"]
 mod contracts;
 
-use std::future::IntoFuture as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -22,7 +21,7 @@ use rfidl_runtime::config::DestinationConfig;
 use rfidl_runtime::responses::Answer;
 use rfidl_runtime::rusqlite::{Transaction, params};
 use rfidl_runtime::store::sqlite;
-use rfidl_runtime::{Config, Dispatcher, HandlerError, IncomingCall, Outbox, Receiver};
+use rfidl_runtime::{Config, HandlerError, Host, IncomingCall};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -76,29 +75,26 @@ async fn main() -> Result<(), Error> {
     let (service_db, engine_db) = (dir.join("greeter.db"), dir.join("engine.db"));
 
     // The greeting service hosts the command.
-    let service = Config::for_service("greeter").with_peer("engine", SECRET);
-    sqlite::open(&service_db, service.inbox.durability)?.execute_batch(
+    let config = Config::for_service("greeter").with_peer("engine", SECRET);
+    sqlite::open(&service_db, config.inbox.durability)?.execute_batch(
         "CREATE TABLE IF NOT EXISTS desks (number INTEGER PRIMARY KEY, name TEXT NOT NULL)",
     )?;
-    let receiver = Receiver::builder(service, &service_db)
+    let service = Host::builder(config, &service_db)
         .service(greeter_v1::ServiceReceiver(Desks))
-        .build()?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let service_url = format!("http://{}", listener.local_addr()?);
-    let server = tokio::spawn(rfidl_runtime::serve(listener, receiver.router()).into_future());
+        .listen("127.0.0.1:0")
+        .await?;
 
     // The engine sends it, and acts on the answers.
     let config = Config::for_service("engine")
-        .with_destination("greeter", DestinationConfig::new(service_url, SECRET));
+        .with_destination("greeter", DestinationConfig::new(service.url(), SECRET));
     let mut conn = sqlite::open(&engine_db, config.outbox.durability)?;
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS seating (name TEXT PRIMARY KEY, desk INTEGER, floor INTEGER)",
     )?;
-    let outbox = Outbox::new(config, &engine_db);
-    let dispatcher = Dispatcher::builder(&outbox)
-        .responses(greeter_v1::ServiceAnswerRouter(Seating))
-        .start()?;
-    let client = greeter_v1::ServiceClient::new(outbox, "greeter");
+    let engine =
+        Host::builder(config, &engine_db).responses(greeter_v1::ServiceAnswerRouter(Seating));
+    let client = greeter_v1::ServiceClient::new(engine.outbox().clone(), "greeter");
+    let engine = engine.listen("127.0.0.1:0").await?;
 
     let tx = conn.transaction()?;
     if tx.execute("INSERT OR IGNORE INTO seating (name) VALUES ('Ada')", [])? == 1 {
@@ -121,9 +117,8 @@ async fn main() -> Result<(), Error> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    dispatcher.shutdown().await;
-    receiver.shutdown().await;
-    server.abort();
+    engine.shutdown().await?;
+    service.shutdown().await?;
     if kept.is_none() {
         std::fs::remove_dir_all(&dir)?;
     }

@@ -14,7 +14,6 @@
 #[path = "generated/mod.rs"]
 mod contracts;
 
-use std::future::IntoFuture as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -22,7 +21,7 @@ use contracts::greeter::greeter_v1;
 use rfidl_runtime::config::DestinationConfig;
 use rfidl_runtime::rusqlite::{Transaction, params};
 use rfidl_runtime::store::sqlite;
-use rfidl_runtime::{Config, Dispatcher, HandlerError, IncomingCall, Outbox, Receiver};
+use rfidl_runtime::{Config, HandlerError, Host, IncomingCall};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -57,26 +56,26 @@ async fn main() -> Result<(), Error> {
     std::fs::create_dir_all(&dir)?;
     let (engine_db, service_db) = (dir.join("engine.db"), dir.join("greeter.db"));
 
-    // The engine: a receiver that accepts what `greeter` signs with SECRET.
-    let engine = Config::for_service("engine").with_peer("greeter", SECRET);
-    sqlite::open(&engine_db, engine.inbox.durability)?.execute_batch(
+    // The engine: a host (receiver, dispatcher, retention, diagnostics)
+    // that accepts what `greeter` signs with SECRET.
+    let config = Config::for_service("engine").with_peer("greeter", SECRET);
+    sqlite::open(&engine_db, config.inbox.durability)?.execute_batch(
         "CREATE TABLE IF NOT EXISTS arrivals (message_id TEXT PRIMARY KEY, name TEXT NOT NULL)",
     )?;
-    let receiver = Receiver::builder(engine, &engine_db)
+    let engine = Host::builder(config, &engine_db)
         .service(greeter_v1::EngineReceiver(Arrivals))
-        .build()?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let engine_url = format!("http://{}", listener.local_addr()?);
-    let server = tokio::spawn(rfidl_runtime::serve(listener, receiver.router()).into_future());
+        .listen("127.0.0.1:0")
+        .await?;
 
-    // The greeting service: its outbox, dispatcher and client.
+    // The greeting service: its host, and a client of its outbox (made
+    // before the host starts, which checks that "engine" is routed).
     let config = Config::for_service("greeter")
-        .with_destination("engine", DestinationConfig::new(engine_url, SECRET));
+        .with_destination("engine", DestinationConfig::new(engine.url(), SECRET));
     let mut conn = sqlite::open(&service_db, config.outbox.durability)?;
     conn.execute_batch("CREATE TABLE IF NOT EXISTS people (name TEXT PRIMARY KEY)")?;
-    let outbox = Outbox::new(config, &service_db);
-    let dispatcher = Dispatcher::builder(&outbox).start()?;
-    let client = greeter_v1::EngineClient::new(outbox, "engine");
+    let greeter = Host::builder(config, &service_db);
+    let client = greeter_v1::EngineClient::new(greeter.outbox().clone(), "engine");
+    let greeter = greeter.listen("127.0.0.1:0").await?;
 
     // Newcomers and their messages commit together, or not at all. A name
     // already recorded (a second run) is skipped, and so is its message.
@@ -88,8 +87,8 @@ async fn main() -> Result<(), Error> {
     }
     tx.commit()?;
 
-    // Wait (at most 10 s) until the engine has both, then stop in order:
-    // the dispatcher (nothing left in flight), the receiver, the server.
+    // Wait (at most 10 s) until the engine has both, then stop each host
+    // in order (servers, receiver, dispatcher: nothing left in flight).
     let engine_conn = sqlite::open(&engine_db, rfidl_runtime::Durability::Normal)?;
     let mut arrived = 0;
     for _ in 0..100 {
@@ -101,9 +100,8 @@ async fn main() -> Result<(), Error> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    dispatcher.shutdown().await;
-    receiver.shutdown().await;
-    server.abort();
+    greeter.shutdown().await?;
+    engine.shutdown().await?;
     if kept.is_none() {
         std::fs::remove_dir_all(&dir)?;
     }

@@ -12,14 +12,13 @@
 #[path = "generated/mod.rs"]
 mod contracts;
 
-use std::future::IntoFuture as _;
 use std::time::Duration;
 
 use contracts::greeter::greeter_v1;
 use rfidl_runtime::config::DestinationConfig;
 use rfidl_runtime::postgres::Transaction;
 use rfidl_runtime::store::postgres::{self, PostgresUrl};
-use rfidl_runtime::{Config, Dispatcher, HandlerError, IncomingCall, Outbox, Postgres, Receiver};
+use rfidl_runtime::{Config, HandlerError, Host, IncomingCall, Postgres};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -61,25 +60,23 @@ async fn main() -> Result<(), Error> {
     let engine_db = PostgresUrl::parse(&args.next().ok_or(usage)?)?;
 
     // The engine.
-    let engine = Config::for_service("engine").with_peer("greeter", SECRET);
+    let config = Config::for_service("engine").with_peer("greeter", SECRET);
     blocking(&engine_db, |db| {
         let sql = "CREATE TABLE IF NOT EXISTS arrivals (message_id TEXT PRIMARY KEY, name TEXT)";
         Ok(db.batch_execute(sql)?)
     })
     .await?;
-    let receiver = Receiver::builder(engine, &engine_db)
+    let engine = Host::builder(config, &engine_db)
         .service(greeter_v1::EngineReceiver(Arrivals))
-        .build()?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let engine_url = format!("http://{}", listener.local_addr()?);
-    let server = tokio::spawn(rfidl_runtime::serve(listener, receiver.router()).into_future());
+        .listen("127.0.0.1:0")
+        .await?;
 
     // The greeting service.
     let config = Config::for_service("greeter")
-        .with_destination("engine", DestinationConfig::new(engine_url, SECRET));
-    let outbox = Outbox::new(config, &greeter_db);
-    let dispatcher = Dispatcher::builder(&outbox).start()?;
-    let client = greeter_v1::EngineClient::new(outbox, "engine");
+        .with_destination("engine", DestinationConfig::new(engine.url(), SECRET));
+    let greeter = Host::builder(config, &greeter_db);
+    let client = greeter_v1::EngineClient::new(greeter.outbox().clone(), "engine");
+    let greeter = greeter.listen("127.0.0.1:0").await?;
 
     // Newcomers and their messages commit together (a second run sends nothing).
     blocking(&greeter_db, move |db| {
@@ -109,9 +106,8 @@ async fn main() -> Result<(), Error> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    dispatcher.shutdown().await;
-    receiver.shutdown().await;
-    server.abort();
+    greeter.shutdown().await?;
+    engine.shutdown().await?;
     if arrived != 2 {
         return Err(format!("{arrived} of 2 arrivals within 10 s").into());
     }

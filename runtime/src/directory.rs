@@ -97,6 +97,18 @@ pub struct InterfaceRef {
     pub fingerprint: String,
 }
 
+impl InterfaceRef {
+    /// `interface` `version` at `fingerprint`: a generated module's
+    /// `INTERFACE`, `VERSION` and `FINGERPRINT`.
+    pub fn new(interface: &str, version: u32, fingerprint: &str) -> Self {
+        Self {
+            interface: interface.to_owned(),
+            version,
+            fingerprint: fingerprint.to_owned(),
+        }
+    }
+}
+
 /// What a service tells the directory about itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -13,6 +13,9 @@
 //! * [`retention`]: the scheduled clean-up of sent outbox rows and expired
 //!   inbox rows; [`diagnostics`]: health, statistics, the failed list, manual
 //!   retry and `/_rf/metrics` for operators.
+//! * [`Host`]: all of the above for one service, started from a config, a
+//!   database and the generated handlers, served on one listener and
+//!   stopped in order on SIGTERM/SIGINT (or a token) within a bound.
 //! * [`trace`]: the W3C `traceparent` each message carries in its envelope
 //!   headers, and the `tracing` spans `enqueue`, `dispatch`, `receive` and
 //!   `handler` that carry its trace id.
@@ -36,6 +39,7 @@ pub mod envelope;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub mod grpc;
+pub mod host;
 mod inbox;
 pub mod keys;
 pub mod lifecycle;
@@ -71,6 +75,7 @@ pub use config::{Config, Durability};
 pub use diagnostics::Diagnostics;
 pub use dispatcher::Dispatcher;
 pub use envelope::{Envelope, MessageType};
+pub use host::Host;
 pub use outbox::{Outbox, OutboxError, OutgoingMessage};
 pub use receiver::{HandlerError, IncomingCall, Receiver};
 pub use retention::Retention;

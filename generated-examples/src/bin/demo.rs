@@ -16,9 +16,7 @@ use clap::Parser;
 use rfidl_examples::demo::engine::Engine;
 use rfidl_examples::demo::hr::{HrService, outbox_counts};
 use rfidl_examples::demo::registry::{DemoRegistry, registered};
-use rfidl_examples::demo::{
-    RunningParts, SHUTDOWN_BOUND, Settings, count, shutdown_signal, stop_gracefully,
-};
+use rfidl_examples::demo::{Settings, count, shutdown_signal};
 use rfidl_examples::generated::hr::employees::{emp_service_v1, emp_service_v2};
 
 #[derive(Parser)]
@@ -98,9 +96,10 @@ async fn main() -> anyhow::Result<()> {
     // manifest scan accepts the engine (its consumer) only once a provider
     // is registered.
     let hr = HrService::start(&hr_settings).await?;
-    registered(hr.directory.as_ref(), Duration::from_secs(10)).await?;
-    let mut engine = Engine::start(&engine_settings).await?;
-    registered(engine.directory.as_ref(), Duration::from_secs(10)).await?;
+    registered(&hr.host, Duration::from_secs(10)).await?;
+    // Its HTTP served by the demo itself, which cuts it for the outage.
+    let mut engine = Engine::start_for_outages(&engine_settings).await?;
+    registered(&engine.host, Duration::from_secs(10)).await?;
 
     // SIGTERM or SIGINT ends the run early; both services then stop
     // gracefully (nothing left `Sending`) and the demo exits 0.
@@ -112,28 +111,10 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     registry.server.abort();
+    // Each stops in order within its bound: nothing left `Sending`.
     let stop = async {
-        for parts in [
-            RunningParts {
-                server: hr.server,
-                grpc_server: hr.grpc_server,
-                receiver: hr.receiver,
-                dispatcher: hr.dispatcher,
-                retention: hr.operations.retention,
-                broker: hr.broker,
-            },
-            RunningParts {
-                server: engine.server,
-                grpc_server: engine.grpc_server,
-                receiver: engine.receiver,
-                dispatcher: engine.dispatcher,
-                retention: engine.operations.retention,
-                broker: engine.broker,
-            },
-        ] {
-            stop_gracefully(parts, SHUTDOWN_BOUND).await?;
-        }
-        anyhow::Ok(())
+        hr.host.shutdown().await?;
+        engine.stop().await
     };
     if let Err(error) = stop.await {
         eprintln!("demo: {error}; exiting 1");
@@ -230,8 +211,8 @@ async fn scenario(
     )?;
     let hr_outbox = outbox_counts(&hr.db)?;
     let engine_outbox = outbox_counts(&engine.db)?;
-    let duplicates = engine.receiver.metrics().inbox_duplicates.get()
-        + hr.receiver.metrics().inbox_duplicates.get();
+    let duplicates =
+        engine.host.metrics().inbox_duplicates.get() + hr.host.metrics().inbox_duplicates.get();
     println!();
     println!(
         "summary (counted from the databases after {:.1} s)",

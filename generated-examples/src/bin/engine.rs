@@ -7,7 +7,7 @@
 
 use clap::Parser;
 use rfidl_examples::demo::engine::Engine;
-use rfidl_examples::demo::{RunningParts, ServiceArgs, run_until_signal};
+use rfidl_examples::demo::{ServiceArgs, run_until_signal};
 
 #[derive(Parser)]
 #[command(
@@ -40,13 +40,5 @@ async fn main() -> anyhow::Result<()> {
     if let Some(url) = &engine.grpc_url {
         println!("engine receiving over gRPC on {url}");
     }
-    let parts = RunningParts {
-        server: engine.server,
-        grpc_server: engine.grpc_server,
-        receiver: engine.receiver,
-        dispatcher: engine.dispatcher,
-        retention: engine.operations.retention,
-        broker: engine.broker,
-    };
-    run_until_signal("engine", signal, parts).await
+    run_until_signal("engine", signal, engine.host).await
 }

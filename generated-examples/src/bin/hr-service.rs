@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use rfidl_examples::demo::hr::HrService;
-use rfidl_examples::demo::{RunningParts, ServiceArgs, count, finish, shutdown_signal};
+use rfidl_examples::demo::{ServiceArgs, count, finish, shutdown_signal};
 
 #[derive(Parser)]
 #[command(
@@ -43,14 +43,6 @@ async fn main() -> anyhow::Result<()> {
         println!("hr-service receiving over gRPC on {url}");
     }
     let already = count(&hr.db, "SELECT COUNT(*) FROM employees")? as u32;
-    let parts = |hr: HrService| RunningParts {
-        server: hr.server,
-        grpc_server: hr.grpc_server,
-        receiver: hr.receiver,
-        dispatcher: hr.dispatcher,
-        retention: hr.operations.retention,
-        broker: hr.broker,
-    };
     let started = std::time::Instant::now();
     for (done, number) in (already..args.hire).enumerate() {
         // Each hire commits on its own; a signal between two stops cleanly.
@@ -71,7 +63,7 @@ async fn main() -> anyhow::Result<()> {
         };
         tokio::select! {
             biased;
-            received = &mut signal => return finish("hr-service", received, parts(hr)).await,
+            received = &mut signal => return finish("hr-service", received, hr.host).await,
             () = paced => {}
         }
     }
@@ -90,13 +82,13 @@ async fn main() -> anyhow::Result<()> {
                 break;
             }
             tokio::select! {
-                received = &mut signal => return finish("hr-service", received, parts(hr)).await,
+                received = &mut signal => return finish("hr-service", received, hr.host).await,
                 () = tokio::time::sleep(Duration::from_millis(50)) => {}
             }
         }
-        rfidl_examples::demo::stop_gracefully(parts(hr), rfidl_examples::demo::SHUTDOWN_BOUND).await
+        Ok(hr.host.shutdown().await?)
     } else {
         let received = signal.await;
-        finish("hr-service", received, parts(hr)).await
+        finish("hr-service", received, hr.host).await
     }
 }

@@ -2,19 +2,16 @@
 //! consumes the service's inbound messages from a stream (besides its HTTP
 //! receiver), and a `--peer-url nats://…/<subject>` publishes its outbound
 //! messages there; the answers to its commands come back through the same
-//! broker and run its response handlers once (docs/transports.md).
+//! broker and run its response handlers once (docs/transports.md). The
+//! host runs both consumers ([`HostBuilder::jetstream`]).
 //!
-//! The JetStream consumers keep their records (terminated messages,
-//! answered markers) in the service's SQLite file, so a service on
-//! PostgreSQL uses HTTP or gRPC for now.
+//! The demo keeps JetStream to SQLite services: a service on PostgreSQL
+//! uses HTTP or gRPC.
 
 use std::time::Duration;
 
-use anyhow::Context as _;
-use rfidl_runtime::Config;
-use rfidl_runtime::nats::{AnswersBuilder, AnswersConsumer, AnswersHandle};
-use rfidl_runtime::nats::{ConsumerHandle, JetStreamConsumer};
-use rfidl_runtime::receiver::Receiver;
+use rfidl_runtime::Store;
+use rfidl_runtime::host::HostBuilder;
 
 use super::Settings;
 
@@ -23,72 +20,23 @@ use super::Settings;
 /// killed process comes back after 5 s, not the runtime's default 30 s.
 const ACK_WAIT: Duration = Duration::from_secs(5);
 
-/// What a service runs on the broker; nothing when it uses none.
-#[derive(Debug, Default)]
-pub struct Broker {
-    consumer: Option<ConsumerHandle>,
-    answers: Option<AnswersHandle>,
-}
-
-impl Broker {
-    /// Starts the consumer of `--nats` into `receiver`, and the consumer of
-    /// answers when the peer (`destination` of `config`) is reached through
-    /// JetStream; `answers` adds the service's response handlers to the
-    /// latter, which checks every answer's signature with the
-    /// destination's secret.
-    pub fn start(
-        settings: &Settings,
-        config: &Config,
-        destination: &str,
-        receiver: &Receiver,
-        answers: impl FnOnce(AnswersBuilder) -> AnswersBuilder,
-    ) -> anyhow::Result<Self> {
-        let publishes = settings.peer_url.starts_with("nats://");
-        if settings.nats.is_none() && !publishes {
-            return Ok(Self::default());
-        }
-        let path = settings.db.sqlite_path().context(
-            "JetStream (--nats, --peer-url nats://…) needs a SQLite --db in the demo: its \
-             consumers keep their records in the service's SQLite file",
-        )?;
-        let consumer = match &settings.nats {
-            // Replicas of one service share its durable consumer.
-            Some(url) => Some(
-                JetStreamConsumer::builder(receiver.clone(), url)
-                    .durable(&settings.service_id)
-                    .ack_wait(ACK_WAIT)
-                    .spawn()
-                    .context("--nats")?,
-            ),
-            None => None,
-        };
-        let answers = if publishes {
-            let consumer = AnswersConsumer::for_destination(config, destination, path)
-                .context("--peer-url")?;
-            Some(
-                answers(consumer)
-                    .ack_wait(ACK_WAIT)
-                    .spawn()
-                    .context("--peer-url")?,
-            )
-        } else {
-            None
-        };
-        Ok(Self { consumer, answers })
+/// `--nats` and a `nats://` `--peer-url` on `host`.
+pub fn jetstream<S: Store>(
+    host: HostBuilder<S>,
+    settings: &Settings,
+) -> anyhow::Result<HostBuilder<S>> {
+    let publishes = settings.peer_url.starts_with("nats://");
+    if settings.nats.is_none() && !publishes {
+        return Ok(host);
     }
-
-    /// Stops pulling inbound messages; those in hand finish and are
-    /// acknowledged (before the receiver stops).
-    pub async fn stop_consuming(&mut self) {
-        if let Some(consumer) = self.consumer.take() {
-            consumer.shutdown().await;
-        }
-    }
-
-    /// Stops taking answers (after the dispatcher stopped).
-    pub async fn stop_answers(&mut self) {
-        if let Some(answers) = self.answers.take() {
-            answers.shutdown().await;
-        }
-    }
+    anyhow::ensure!(
+        settings.db.sqlite_path().is_some(),
+        "JetStream (--nats, --peer-url nats://…) needs a SQLite --db in the demo"
+    );
+    let host = host.jetstream_ack_wait(ACK_WAIT);
+    Ok(match &settings.nats {
+        // Replicas of one service share its durable consumer.
+        Some(url) => host.jetstream(url.clone()),
+        None => host,
+    })
 }

@@ -7,14 +7,14 @@
 // sends it on purpose: old clients keep using v1 while new ones move to v2.
 #![allow(deprecated)]
 
-use rfidl_runtime::dispatcher::DispatcherHandle;
-use rfidl_runtime::receiver::{HandlerError, IncomingCall, Receiver};
+use rfidl_runtime::receiver::{HandlerError, IncomingCall};
 use rfidl_runtime::responses::Answer;
 use rfidl_runtime::types::{Duration, Timestamp, Uuid};
-use rfidl_runtime::{Database, Postgres, Sqlite};
+use rfidl_runtime::{Database, Host, Postgres, Sqlite};
+use tokio_util::sync::CancellationToken;
 
+use super::Settings;
 use super::store::{DemoStore, Schema};
-use super::{Operations, Settings};
 use crate::generated::common;
 use crate::generated::hr::employees::{
     Employee, HireAck, LaptopTicket, OrgUnit, emp_service_v1, emp_service_v2,
@@ -226,17 +226,36 @@ pub struct Engine {
     pub url: String,
     /// Where its receiver is also served over gRPC (`--grpc-listen`).
     pub grpc_url: Option<String>,
-    /// The gRPC server's task (`--grpc-listen`).
-    pub grpc_server: Option<tokio::task::JoinHandle<()>>,
-    pub addr: std::net::SocketAddr,
-    pub receiver: Receiver,
-    pub dispatcher: DispatcherHandle,
-    pub server: tokio::task::JoinHandle<()>,
-    pub operations: Operations,
-    /// Its JetStream consumers (`--nats`, `--peer-url nats://…`).
-    pub broker: super::broker::Broker,
-    /// Its registration with the engine registry, if `--registry` was given.
-    pub directory: Option<super::Directory>,
+    /// Its outbox's dispatcher, receiver, diagnostics, retention, JetStream
+    /// consumers and registration (`--registry`).
+    pub host: Host,
+    /// The HTTP server the demo runs itself to take it down and up again
+    /// ([`Engine::start_for_outages`]); `None`: the host serves.
+    outages: Option<OwnServer>,
+}
+
+/// An HTTP server of the engine's routes that an outage aborts.
+struct OwnServer {
+    addr: std::net::SocketAddr,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl OwnServer {
+    fn serve(listener: tokio::net::TcpListener, router: axum::Router) -> anyhow::Result<Self> {
+        let addr = listener.local_addr()?;
+        let stop = CancellationToken::new();
+        let until = stop.clone().cancelled_owned();
+        let task = tokio::spawn(async move {
+            if let Err(error) = rfidl_runtime::serve(listener, router)
+                .with_graceful_shutdown(until)
+                .await
+            {
+                tracing::error!(%error, "server stopped");
+            }
+        });
+        Ok(Self { addr, stop, task })
+    }
 }
 
 impl Engine {
@@ -248,100 +267,89 @@ impl Engine {
     /// store `--db` names.
     pub async fn start_with(settings: &Settings, slow: SlowHandler) -> anyhow::Result<Self> {
         match &settings.db {
-            Database::Postgres(_) => Self::start_on::<Postgres>(settings, slow).await,
-            _ => Self::start_on::<Sqlite>(settings, slow).await,
+            Database::Postgres(_) => Self::start_on::<Postgres>(settings, slow, false).await,
+            _ => Self::start_on::<Sqlite>(settings, slow, false).await,
+        }
+    }
+
+    /// [`Engine::start`], its HTTP served by the demo so that
+    /// [`take_down`](Self::take_down) can cut it (the in-process demo's
+    /// outage).
+    pub async fn start_for_outages(settings: &Settings) -> anyhow::Result<Self> {
+        let slow = SlowHandler::default();
+        match &settings.db {
+            Database::Postgres(_) => Self::start_on::<Postgres>(settings, slow, true).await,
+            _ => Self::start_on::<Sqlite>(settings, slow, true).await,
         }
     }
 
     async fn start_on<S: DemoStore>(
         settings: &Settings,
         slow: SlowHandler,
+        outages: bool,
     ) -> anyhow::Result<Self> {
         let config = settings.runtime_config(HR);
         S::create_schema(&settings.db, &SCHEMA)?;
-        let outbox = S::outbox(config.clone(), &settings.db)?;
+        let host = S::host(config, &settings.db)?;
         let workflows = std::sync::Arc::new(Workflows::<S> {
-            v1: emp_service_v1::ServiceClient::new(outbox.clone(), HR),
-            v2: emp_service_v2::ServiceClient::new(outbox.clone(), HR),
+            v1: emp_service_v1::ServiceClient::new(host.outbox().clone(), HR),
+            v2: emp_service_v2::ServiceClient::new(host.outbox().clone(), HR),
             slow,
             hires: std::sync::atomic::AtomicU32::new(0),
         });
-        // One receiver serves EmpService v1 and v2 side by side.
-        let keys = settings.issued_keys();
-        let mut receiver = S::receiver(config.clone(), &settings.db)?;
-        if let Some(keys) = &keys {
-            receiver = receiver.issued_keys(keys);
-        }
-        let receiver = receiver
+        // One receiver serves EmpService v1 and v2 side by side; HR's
+        // answers to its ProvisionLaptop commands (over HTTP, or back
+        // through the broker) run the same handlers, once per answer.
+        let host = host
             .service(emp_service_v1::EngineReceiver(workflows.clone()))
             .service(emp_service_v2::EngineReceiver(workflows))
-            .metrics(outbox.metrics().clone())
-            .build()?;
-        let operations = Operations::start(
-            &config,
-            &settings.db,
-            &outbox,
-            &receiver,
-            settings.ops_token.as_deref(),
-        )?;
-        let listener = tokio::net::TcpListener::bind(settings.listen).await?;
-        let addr = listener.local_addr()?;
-        let server = super::serve(listener, operations.router.clone());
-        let (grpc_url, grpc_server) = super::serve_grpc_receiver(settings, &receiver).await?;
-        let mut dispatcher = rfidl_runtime::dispatcher::Dispatcher::builder(&outbox);
-        if let Some(keys) = &keys {
-            dispatcher = dispatcher.issued_keys(keys);
-        }
-        let dispatcher = dispatcher
             .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
             .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers))
-            .start()?;
-        // Over JetStream the answers to its ProvisionLaptop commands come
-        // back through the broker: the same handlers, once per answer.
-        let broker = super::broker::Broker::start(settings, &config, HR, &receiver, |answers| {
-            let answers = answers
-                .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
-                .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers));
-            match &keys {
-                Some(keys) => answers.issued_keys(keys),
-                None => answers,
-            }
-        })?;
-        // The engine calls EmpService (its commands go to HR).
-        let directory = super::register(
-            &config,
-            &format!("http://{addr}"),
-            settings.ops_token.as_deref(),
-            Vec::new(),
-            super::emp_service_versions(),
-            // The engine hosts nothing: nothing to publish.
-            None,
-            keys.as_ref(),
-        );
+            // The engine calls EmpService (its commands go to HR) and
+            // hosts nothing: nothing to publish.
+            .directory(Vec::new(), super::emp_service_versions());
+        let host = super::options(host, settings).await?;
+        let (host, outages) = if outages {
+            let listener = tokio::net::TcpListener::bind(settings.listen).await?;
+            let host = host
+                .start_unserved(format!("http://{}", listener.local_addr()?))
+                .await?;
+            let server = OwnServer::serve(listener, host.router())?;
+            (host, Some(server))
+        } else {
+            (host.listen(settings.listen).await?, None)
+        };
         Ok(Self {
             db: settings.db.clone(),
-            url: format!("http://{addr}"),
-            grpc_url,
-            grpc_server,
-            directory,
-            addr,
-            receiver,
-            dispatcher,
-            server,
-            operations,
-            broker,
+            url: host.url().to_owned(),
+            grpc_url: host.grpc_addr().map(|addr| format!("grpc://{addr}")),
+            host,
+            outages,
         })
     }
 
     /// Stops answering HTTP (the process stays up): an outage as HR sees it.
     pub fn take_down(&self) {
-        self.server.abort();
+        if let Some(server) = &self.outages {
+            server.task.abort();
+        }
     }
 
     /// Listens again on the same address.
     pub async fn bring_up(&mut self) -> anyhow::Result<()> {
-        let listener = tokio::net::TcpListener::bind(self.addr).await?;
-        self.server = super::serve(listener, self.operations.router.clone());
+        if let Some(server) = &mut self.outages {
+            let listener = tokio::net::TcpListener::bind(server.addr).await?;
+            *server = OwnServer::serve(listener, self.host.router())?;
+        }
         Ok(())
+    }
+
+    /// Stops the engine gracefully (`Host::shutdown`), its own server first.
+    pub async fn stop(self) -> Result<(), rfidl_runtime::host::HostError> {
+        if let Some(server) = self.outages {
+            server.stop.cancel();
+            let _ = server.task.await;
+        }
+        self.host.shutdown().await
     }
 }

@@ -5,13 +5,12 @@
 // sends it on purpose: old clients keep using v1 while new ones move to v2.
 #![allow(deprecated)]
 
-use rfidl_runtime::dispatcher::DispatcherHandle;
-use rfidl_runtime::receiver::{HandlerError, IncomingCall, Receiver};
+use rfidl_runtime::receiver::{HandlerError, IncomingCall};
 use rfidl_runtime::types::{Date, Uuid};
-use rfidl_runtime::{Database, Postgres, Sqlite};
+use rfidl_runtime::{Database, Host, Postgres, Sqlite};
 
+use super::Settings;
 use super::store::{Connection, DemoStore, Schema};
-use super::{Operations, Settings};
 use crate::generated::common;
 use crate::generated::hr::employees::{
     Employee, EmploymentStatus, LaptopTicket, emp_service_v1, emp_service_v2,
@@ -99,16 +98,9 @@ pub struct HrService {
     pub url: String,
     /// Where its receiver is also served over gRPC (`--grpc-listen`).
     pub grpc_url: Option<String>,
-    /// The gRPC server's task (`--grpc-listen`).
-    pub grpc_server: Option<tokio::task::JoinHandle<()>>,
-    pub receiver: Receiver,
-    pub dispatcher: DispatcherHandle,
-    pub server: tokio::task::JoinHandle<()>,
-    pub operations: Operations,
-    /// Its JetStream consumers (`--nats`, `--peer-url nats://…`).
-    pub broker: super::broker::Broker,
-    /// Its registration with the engine registry, if `--registry` was given.
-    pub directory: Option<super::Directory>,
+    /// Its outbox's dispatcher, receiver, diagnostics, retention, JetStream
+    /// consumers and registration (`--registry`), served on `--listen`.
+    pub host: Host,
     hiring: std::sync::Arc<dyn Hiring>,
     /// The connection hires are made on, opened at the first hire.
     connection: std::sync::Arc<std::sync::Mutex<Option<Connection>>>,
@@ -187,76 +179,34 @@ impl HrService {
     {
         let config = settings.runtime_config(ENGINE);
         S::create_schema(&settings.db, &SCHEMA)?;
+        let host = S::host(config.clone(), &settings.db)?;
+        // Made before the host starts its dispatcher, which checks that the
+        // config routes every destination they send to.
+        let hiring = std::sync::Arc::new(Clients::<S> {
+            v1: emp_service_v1::EngineClient::new(host.outbox().clone(), ENGINE),
+            v2: emp_service_v2::EngineClient::new(host.outbox().clone(), ENGINE),
+        });
         let desk = std::sync::Arc::new(LaptopDesk);
-        let outbox = S::outbox(config.clone(), &settings.db)?;
-        let keys = settings.issued_keys();
-        let mut receiver = S::receiver(config.clone(), &settings.db)?;
-        if let Some(keys) = &keys {
-            receiver = receiver.issued_keys(keys);
-        }
-        let receiver = receiver
+        let host = host
             .service(emp_service_v1::ServiceReceiver(desk.clone()))
             .service(emp_service_v2::ServiceReceiver(desk))
             // The registry's Decommission/Recommission commands (accepted
             // when the config lists a `peers` secret for `rfidl-registry`).
-            .lifecycle(outbox.lifecycle())
-            .metrics(outbox.metrics().clone())
-            .build()?;
-        let operations = Operations::start(
-            &config,
-            &settings.db,
-            &outbox,
-            &receiver,
-            settings.ops_token.as_deref(),
-        )?;
-        let listener = tokio::net::TcpListener::bind(settings.listen).await?;
-        let url = format!("http://{}", listener.local_addr()?);
-        let server = super::serve(listener, operations.router.clone());
-        let (grpc_url, grpc_server) = super::serve_grpc_receiver(settings, &receiver).await?;
-        // Made before the dispatcher starts, which checks that the config
-        // routes every destination they send to.
-        let hiring = std::sync::Arc::new(Clients::<S> {
-            v1: emp_service_v1::EngineClient::new(outbox.clone(), ENGINE),
-            v2: emp_service_v2::EngineClient::new(outbox.clone(), ENGINE),
-        });
-        let mut dispatcher = rfidl_runtime::dispatcher::Dispatcher::builder(&outbox);
-        if let Some(keys) = &keys {
-            dispatcher = dispatcher.issued_keys(keys);
-        }
-        let dispatcher = dispatcher.start()?;
-        // HR acts on no answer: the engine's answers are only recorded.
-        let broker = super::broker::Broker::start(
-            settings,
-            &config,
-            ENGINE,
-            &receiver,
-            |answers| match &keys {
-                Some(keys) => answers.issued_keys(keys),
-                None => answers,
-            },
-        )?;
-        // HR provides EmpService (the engine's commands land here).
-        let directory = super::register_provider(
-            &config,
-            &url,
-            settings.ops_token.as_deref(),
-            super::emp_service_versions(),
-            Vec::new(),
-            super::publish_hosted(settings, &super::emp_service_manifests()),
-            Some(outbox.lifecycle()),
-            keys.as_ref(),
-        );
+            .lifecycle()
+            // HR provides EmpService (the engine's commands land here);
+            // it acts on no answer: the engine's are only recorded.
+            .directory(super::emp_service_versions(), Vec::new());
+        let host = match super::publish_hosted(settings, &super::emp_service_manifests()) {
+            Some(publish) => host.publish_on_registration(publish),
+            None => host,
+        };
+        let host = super::options(host, settings).await?;
+        let host = host.listen(settings.listen).await?;
         Ok(Self {
             db: settings.db.clone(),
-            url,
-            grpc_url,
-            grpc_server,
-            directory,
-            receiver,
-            dispatcher,
-            server,
-            operations,
-            broker,
+            url: host.url().to_owned(),
+            grpc_url: host.grpc_addr().map(|addr| format!("grpc://{addr}")),
+            host,
             hiring,
             connection: Default::default(),
             durability: config.outbox.durability,

@@ -16,22 +16,13 @@ pub mod verdict;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-
-use rfidl_runtime::Config;
 use rfidl_runtime::config::DestinationConfig;
-use rfidl_runtime::diagnostics::Diagnostics;
-use rfidl_runtime::directory::{
-    DirectoryClient, DirectoryState, InterfaceRef, PublishOnRegistration, Registration,
-    RegistryConfig,
-};
+use rfidl_runtime::directory::{InterfaceRef, PublishOnRegistration, RegistryConfig};
+use rfidl_runtime::host::HostBuilder;
 use rfidl_runtime::keys::IssuedKeys;
-use rfidl_runtime::outbox::Outbox;
-use rfidl_runtime::receiver::Receiver;
-use rfidl_runtime::retention::{Retention, RetentionHandle};
+use rfidl_runtime::{Config, Host};
 
 /// How one service is started; both demo binaries take these as flags.
 /// Its `Debug` form leaves the secrets out.
@@ -152,77 +143,9 @@ pub fn init_logging() {
         .init();
 }
 
-/// Registers the service with the registry of `config` (if it has one)
-/// and keeps the registration alive; see `rfidl_runtime::directory`.
-/// With `keys`, the keys the registry issues go there.
-/// With `publish` (the registry's publish token and the manifests of what
-/// it hosts), it publishes them before registering.
-pub fn register(
-    config: &Config,
-    base_url: &str,
-    ops_token: Option<&str>,
-    hosts: Vec<InterfaceRef>,
-    calls: Vec<InterfaceRef>,
-    publish: Option<PublishOnRegistration>,
-    keys: Option<&IssuedKeys>,
-) -> Option<Directory> {
-    register_provider(
-        config, base_url, ops_token, hosts, calls, publish, None, keys,
-    )
-}
-
-/// [`register`], binding `lifecycle` (the receiver's lifecycle commands)
-/// to the instance id the registry assigns, so that a command addressed to
-/// another instance is refused.
-// One call per demo service: a builder would be longer than its one use.
-#[allow(clippy::too_many_arguments)]
-pub fn register_provider(
-    config: &Config,
-    base_url: &str,
-    ops_token: Option<&str>,
-    hosts: Vec<InterfaceRef>,
-    calls: Vec<InterfaceRef>,
-    publish: Option<PublishOnRegistration>,
-    lifecycle: Option<&rfidl_runtime::lifecycle::Lifecycle>,
-    keys: Option<&IssuedKeys>,
-) -> Option<Directory> {
-    let registry = config.registry.clone()?;
-    let mut client = DirectoryClient::new(
-        registry,
-        Registration {
-            service_id: config.service_id.clone(),
-            base_url: base_url.to_owned(),
-            hosts,
-            calls,
-            diagnostics_token: ops_token.map(str::to_owned),
-        },
-    );
-    if let Some(keys) = keys {
-        client = client.issued_keys(keys);
-    }
-    if let Some(lifecycle) = lifecycle {
-        client = client.lifecycle(lifecycle);
-    }
-    if let Some(publish) = publish {
-        client = client.publish_on_registration(publish);
-    }
-    let (task, state) = client.spawn();
-    Some(Directory { task, state })
-}
-
-/// A running registration (see [`register`]).
-pub struct Directory {
-    pub task: tokio::task::JoinHandle<()>,
-    pub state: tokio::sync::watch::Receiver<DirectoryState>,
-}
-
 /// `interface` `version` at `fingerprint`.
 pub fn interface_ref(interface: &str, version: u32, fingerprint: &str) -> InterfaceRef {
-    InterfaceRef {
-        interface: interface.to_owned(),
-        version,
-        fingerprint: fingerprint.to_owned(),
-    }
+    InterfaceRef::new(interface, version, fingerprint)
 }
 
 /// What a service publishes on registration when `settings` holds the
@@ -268,85 +191,25 @@ pub fn count(db: &rfidl_runtime::Database, sql: &str) -> anyhow::Result<i64> {
     store::count(db, sql)
 }
 
-/// What every demo service serves besides its contracts: the receiver's
-/// routes merged with the diagnostics routes (`/_rf/health`, outbox and inbox
-/// statistics, failed list, manual retry, `/_rf/metrics`), and the retention
-/// clean-up task. See docs/operations.md.
-pub struct Operations {
-    pub router: axum::Router,
-    pub retention: RetentionHandle,
-}
-
-impl Operations {
-    /// `receiver` and `outbox` must count into the same metrics (build the
-    /// receiver with `.metrics(outbox.metrics().clone())`).
-    pub fn start<S: rfidl_runtime::Store>(
-        config: &Config,
-        db: &rfidl_runtime::Database,
-        outbox: &Outbox<S>,
-        receiver: &Receiver,
-        ops_token: Option<&str>,
-    ) -> anyhow::Result<Self> {
-        let retention = Retention::spawn(config.clone(), db.clone(), outbox.metrics().clone())?;
-        // `/_rf/readyz` checks the database, the receiver's writer thread
-        // and the dispatcher started on `outbox`.
-        let mut diagnostics = Diagnostics::builder(db.clone())
-            .outbox(outbox)
-            .receiver(receiver);
-        if let Some(token) = ops_token {
-            diagnostics = diagnostics.bearer_token(token);
-        }
-        let router = receiver.router().merge(diagnostics.build()?.router());
-        Ok(Self { router, retention })
-    }
-}
-
-/// Cancelled when the process is asked to stop: every server [`serve`]
-/// started then stops accepting connections and finishes the requests in
-/// flight (graceful shutdown). [`rfidl_runtime::serve`] bounds how long a
-/// client may take to send its headers and body.
-pub fn shutdown_token() -> &'static CancellationToken {
-    static TOKEN: OnceLock<CancellationToken> = OnceLock::new();
-    TOKEN.get_or_init(CancellationToken::new)
-}
-
-/// Serves `router` on `listener` until the task is aborted (an outage, for
-/// the demo) or [`shutdown_token`] is cancelled (a graceful stop).
-pub fn serve(
-    listener: tokio::net::TcpListener,
-    router: axum::Router,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let stop = shutdown_token().cancelled();
-        if let Err(error) = rfidl_runtime::serve(listener, router)
-            .with_graceful_shutdown(stop)
-            .await
-        {
-            tracing::error!(%error, "server stopped");
-        }
-    })
-}
-
-/// Serves `receiver` over gRPC (`rfidl.RFReceiver/Receive`) on
-/// `settings.grpc_listen`, if set, until [`shutdown_token`] is cancelled
-/// (then the calls in flight finish): its `grpc://` URL and the server task.
-pub async fn serve_grpc_receiver(
+/// What both demo services add to their host from the flags: the keys the
+/// registry issues (no secrets given), the diagnostics token, the gRPC
+/// server (`--grpc-listen`), JetStream (`--nats`, a `nats://` peer) and the
+/// bound of a graceful stop.
+pub async fn options<S: rfidl_runtime::Store>(
+    host: HostBuilder<S>,
     settings: &Settings,
-    receiver: &Receiver,
-) -> anyhow::Result<(Option<String>, Option<tokio::task::JoinHandle<()>>)> {
-    let Some(address) = settings.grpc_listen else {
-        return Ok((None, None));
-    };
-    let listener = tokio::net::TcpListener::bind(address).await?;
-    let url = format!("grpc://{}", listener.local_addr()?);
-    let receiver = receiver.clone();
-    let server = tokio::spawn(async move {
-        let stop = shutdown_token().cancelled();
-        if let Err(error) = rfidl_runtime::grpc::serve_grpc(receiver, listener, stop).await {
-            tracing::error!(%error, "gRPC server stopped");
-        }
-    });
-    Ok((Some(url), Some(server)))
+) -> anyhow::Result<HostBuilder<S>> {
+    let mut host = host.shutdown_timeout(SHUTDOWN_BOUND);
+    if let Some(keys) = settings.issued_keys() {
+        host = host.issued_keys(&keys);
+    }
+    if let Some(token) = &settings.ops_token {
+        host = host.ops_token(token.clone());
+    }
+    if let Some(address) = settings.grpc_listen {
+        host = host.grpc(tokio::net::TcpListener::bind(address).await?);
+    }
+    broker::jetstream(host, settings)
 }
 
 /// How long a graceful stop may take before the process gives up and
@@ -359,72 +222,30 @@ pub const SHUTDOWN_BOUND: Duration = Duration::from_secs(10);
 /// still starting (or, for `hr-service`, still hiring) then stops it
 /// gracefully instead of killing it.
 pub fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = &'static str>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    Ok(async move {
-        tokio::select! {
-            _ = terminate.recv() => "SIGTERM",
-            _ = interrupt.recv() => "SIGINT",
-        }
-    })
-}
-
-/// What a running demo service owns, in the order it is stopped.
-pub struct RunningParts {
-    pub server: tokio::task::JoinHandle<()>,
-    /// The gRPC server of `--grpc-listen`, if any.
-    pub grpc_server: Option<tokio::task::JoinHandle<()>>,
-    pub receiver: Receiver,
-    pub dispatcher: rfidl_runtime::dispatcher::DispatcherHandle,
-    pub retention: RetentionHandle,
-    /// Its JetStream consumers, if it uses the broker.
-    pub broker: broker::Broker,
-}
-
-/// Stops a service gracefully: stops accepting HTTP and finishes the
-/// requests in flight (and the JetStream messages in hand), lets the receiver's writer commit what it queued,
-/// stops the dispatcher claiming and lets its in-flight sends finish and
-/// record their results, stops the clean-up. Every step commits before it
-/// returns, so nothing is left `Sending`. Errs when it takes longer than
-/// `bound`.
-pub async fn stop_gracefully(parts: RunningParts, bound: Duration) -> anyhow::Result<()> {
-    let stop = async move {
-        let mut broker = parts.broker;
-        shutdown_token().cancel();
-        let _ = parts.server.await;
-        if let Some(grpc_server) = parts.grpc_server {
-            let _ = grpc_server.await;
-        }
-        broker.stop_consuming().await;
-        parts.receiver.shutdown().await;
-        parts.dispatcher.shutdown().await;
-        broker.stop_answers().await;
-        parts.retention.shutdown().await;
-    };
-    tokio::time::timeout(bound, stop)
-        .await
-        .map_err(|_| anyhow::anyhow!("did not stop within {bound:?}"))
+    Ok(rfidl_runtime::host::shutdown_signal()?)
 }
 
 /// The end of a demo binary's `main`: waits for `signal` (from
-/// [`shutdown_signal`], installed at the start of `main`), then
-/// [`stop_gracefully`]; exits 1 (with a log line) if that takes longer
-/// than [`SHUTDOWN_BOUND`].
+/// [`shutdown_signal`], installed at the start of `main`), then [`finish`].
 pub async fn run_until_signal(
     name: &str,
     signal: impl std::future::Future<Output = &'static str>,
-    parts: RunningParts,
+    host: Host,
 ) -> anyhow::Result<()> {
     let signal = signal.await;
-    finish(name, signal, parts).await
+    finish(name, signal, host).await
 }
 
-/// [`stop_gracefully`] after `signal`, with the log lines an operator expects.
-pub async fn finish(name: &str, signal: &str, parts: RunningParts) -> anyhow::Result<()> {
+/// Stops `host` gracefully after `signal` (`Host::shutdown`: HTTP and gRPC
+/// finish the requests in flight and JetStream the messages in hand, the
+/// receiver commits what it queued, the dispatcher records its sends so
+/// nothing is left `Sending`, then the clean-up and the registration), with
+/// the log lines an operator expects; exits 1 if that takes longer than
+/// [`SHUTDOWN_BOUND`].
+pub async fn finish(name: &str, signal: &str, host: Host) -> anyhow::Result<()> {
     tracing::info!(service = name, signal, "stopping gracefully");
     eprintln!("{name}: {signal} received, stopping");
-    match stop_gracefully(parts, SHUTDOWN_BOUND).await {
+    match host.shutdown().await {
         Ok(()) => {
             eprintln!("{name}: stopped");
             Ok(())

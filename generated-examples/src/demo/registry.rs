@@ -25,7 +25,12 @@ impl DemoRegistry {
         let registry = Registry::open(db)?.issue_keys(authority)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
-        let server = super::serve(listener, registry.router());
+        let router = registry.router();
+        let server = tokio::spawn(async move {
+            if let Err(error) = rfidl_runtime::serve(listener, router).await {
+                tracing::error!(%error, "the registry stopped");
+            }
+        });
         Ok(Self {
             url,
             server,
@@ -74,16 +79,18 @@ impl DemoRegistry {
     }
 }
 
-/// Waits until `directory` has its full registration accepted (at most
+/// Waits until `host` has its full registration accepted (at most
 /// `within`); the error names the last failure.
 pub async fn registered(
-    directory: Option<&super::Directory>,
+    host: &rfidl_runtime::Host,
     within: std::time::Duration,
 ) -> anyhow::Result<String> {
-    let directory = directory.ok_or_else(|| anyhow::anyhow!("no --registry given"))?;
-    let mut state = directory.state.clone();
+    let directory = host
+        .directory()
+        .ok_or_else(|| anyhow::anyhow!("no --registry given"))?;
+    let mut state = directory.clone();
     let waited = tokio::time::timeout(within, state.wait_for(|s| s.complete)).await;
-    let last = directory.state.borrow().clone();
+    let last = directory.borrow().clone();
     match waited {
         Ok(Ok(state)) => Ok(state.instance_id.clone().unwrap_or_default()),
         _ => anyhow::bail!(

@@ -7,13 +7,10 @@
 //! its own statement, then to a generated client): `S::reborrow(&mut tx)`
 //! lends it for one call.
 
-use std::sync::Arc;
-
-use rfidl_runtime::metrics::Metrics;
-use rfidl_runtime::outbox::Outbox;
-use rfidl_runtime::receiver::{HandlerError, Receiver, ReceiverBuilder};
+use rfidl_runtime::host::HostBuilder;
+use rfidl_runtime::receiver::HandlerError;
 use rfidl_runtime::rusqlite::params;
-use rfidl_runtime::{Config, Database, Postgres, Sqlite, Store};
+use rfidl_runtime::{Config, Database, Host, Postgres, Sqlite, Store};
 
 /// The receiver's writer threads on PostgreSQL (each with its connection).
 pub const POSTGRES_WRITERS: usize = 4;
@@ -24,11 +21,9 @@ pub trait DemoStore: Store + Sized {
     /// the service's statements of this dialect).
     fn create_schema(database: &Database, schema: &Schema) -> anyhow::Result<()>;
 
-    /// A receiver on `database`.
-    fn receiver(config: Config, database: &Database) -> anyhow::Result<ReceiverBuilder<Self>>;
-
-    /// An outbox on `database` counting into `metrics`.
-    fn outbox(config: Config, database: &Database) -> anyhow::Result<Outbox<Self>>;
+    /// A service on `database`: its outbox, receiver, dispatcher and
+    /// operations, to configure and start ([`Host`]).
+    fn host(config: Config, database: &Database) -> anyhow::Result<HostBuilder<Self>>;
 
     /// Runs `work` in a transaction of its own on `connection`, and
     /// commits if it succeeded.
@@ -225,22 +220,11 @@ impl DemoStore for Sqlite {
         })
     }
 
-    fn receiver(config: Config, database: &Database) -> anyhow::Result<ReceiverBuilder<Self>> {
+    fn host(config: Config, database: &Database) -> anyhow::Result<HostBuilder<Self>> {
         let path = database
             .sqlite_path()
             .ok_or_else(|| anyhow::anyhow!("{database} is not a SQLite file"))?;
-        Ok(Receiver::builder(config, path))
-    }
-
-    fn outbox(config: Config, database: &Database) -> anyhow::Result<Outbox<Self>> {
-        let path = database
-            .sqlite_path()
-            .ok_or_else(|| anyhow::anyhow!("{database} is not a SQLite file"))?;
-        Ok(Outbox::with_metrics(
-            config,
-            path,
-            Arc::new(Metrics::default()),
-        ))
+        Ok(Host::builder(config, path))
     }
 
     fn in_transaction<W: Work<Self>>(
@@ -339,22 +323,11 @@ impl DemoStore for Postgres {
         })
     }
 
-    fn receiver(config: Config, database: &Database) -> anyhow::Result<ReceiverBuilder<Self>> {
+    fn host(config: Config, database: &Database) -> anyhow::Result<HostBuilder<Self>> {
         let Database::Postgres(url) = database else {
             anyhow::bail!("{database} is not a PostgreSQL database");
         };
-        Ok(Receiver::builder(config, &**url).writers(POSTGRES_WRITERS))
-    }
-
-    fn outbox(config: Config, database: &Database) -> anyhow::Result<Outbox<Self>> {
-        let Database::Postgres(url) = database else {
-            anyhow::bail!("{database} is not a PostgreSQL database");
-        };
-        Ok(Outbox::with_metrics(
-            config,
-            &**url,
-            Arc::new(Metrics::default()),
-        ))
+        Ok(Host::builder(config, &**url).writers(POSTGRES_WRITERS))
     }
 
     fn in_transaction<W: Work<Self>>(

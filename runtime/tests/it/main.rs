@@ -8,6 +8,8 @@ mod dispatcher;
 mod faults;
 // The gRPC transport: the HTTP table over gRPC, byte-for-byte answers.
 mod grpc;
+// rfidl_runtime::Host: the parts started, served and stopped together.
+mod host;
 mod interop;
 mod issued_keys;
 // The NATS JetStream transport against a real nats-server.

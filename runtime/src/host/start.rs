@@ -1,0 +1,304 @@
+//! Starting a host: the parts in order, the servers, the registration. A
+//! part that refuses to start stops those started before it.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use super::builder::HostBuilder;
+use super::stop::Parts;
+use super::{Host, HostError};
+use crate::diagnostics::Diagnostics;
+use crate::directory::{DirectoryClient, Registration};
+use crate::receiver::HandlerError;
+use crate::responses::{Answer, ResponseHandler};
+use crate::retention::Retention;
+use crate::store::{Database, Location, Store};
+
+/// A database already known to belong to the store `S` (it came from an
+/// `impl Location<Store = S>`), for the parts' constructors.
+pub(super) struct At<S>(Database, PhantomData<fn() -> S>);
+
+impl<S> At<S> {
+    pub(super) fn new(database: Database) -> Self {
+        Self(database, PhantomData)
+    }
+}
+
+impl<S: Store> Location for At<S> {
+    type Store = S;
+
+    fn into_database(self) -> Database {
+        self.0
+    }
+}
+
+/// One response handler given to both the dispatcher and the JetStream
+/// answers consumer.
+struct Shared<S: Store>(Arc<dyn ResponseHandler<S>>);
+
+impl<S: Store> ResponseHandler<S> for Shared<S> {
+    fn interface(&self) -> (&'static str, u32) {
+        self.0.interface()
+    }
+
+    fn handle(&self, answer: &Answer<'_>, tx: S::Handle<'_, '_>) -> Result<(), HandlerError> {
+        self.0.handle(answer, tx)
+    }
+}
+
+/// Where the routes are served.
+pub(super) enum Serving {
+    /// By the host, on this listener.
+    Listener(TcpListener),
+    /// By the application, at this base URL.
+    Elsewhere(String),
+}
+
+/// What the parts' start hands back besides the parts.
+struct Started {
+    receiver: crate::receiver::Receiver,
+    url: String,
+    local_addr: Option<std::net::SocketAddr>,
+    grpc_addr: Option<std::net::SocketAddr>,
+    router: axum::Router,
+    directory: Option<tokio::sync::watch::Receiver<crate::directory::DirectoryState>>,
+}
+
+pub(super) async fn start<S: Store>(
+    builder: HostBuilder<S>,
+    serving: Serving,
+) -> Result<Host, HostError> {
+    if let Serving::Listener(listener) = &serving {
+        check_ops_access(listener.local_addr()?, builder.ops_token.as_deref())?;
+    } else if builder.ops_token.as_deref() == Some("") {
+        return Err(HostError::EmptyOpsToken);
+    }
+    let metrics = Arc::clone(builder.outbox.metrics());
+    let shutdown_timeout = builder.shutdown_timeout;
+    let mut parts = Parts::default();
+    match start_parts(builder, serving, &mut parts).await {
+        Ok(started) => Ok(Host {
+            url: started.url,
+            local_addr: started.local_addr,
+            grpc_addr: started.grpc_addr,
+            receiver: started.receiver,
+            router: started.router,
+            metrics,
+            directory: started.directory,
+            parts,
+            shutdown_timeout,
+        }),
+        Err(error) => {
+            tracing::error!(%error, "cannot start; stopping what started");
+            // Bounded like a stop: what started holds no `Sending` row yet
+            // but the dispatcher's first claim.
+            let _ = tokio::time::timeout(shutdown_timeout, parts.stop()).await;
+            Err(error)
+        }
+    }
+}
+
+/// Secure by default: diagnostics without a token only on loopback, and
+/// never an empty token.
+fn check_ops_access(addr: std::net::SocketAddr, token: Option<&str>) -> Result<(), HostError> {
+    match token {
+        Some("") => Err(HostError::EmptyOpsToken),
+        None if !addr.ip().is_loopback() => Err(HostError::OpenDiagnostics { addr }),
+        _ => Ok(()),
+    }
+}
+
+async fn start_parts<S: Store>(
+    builder: HostBuilder<S>,
+    serving: Serving,
+    parts: &mut Parts,
+) -> Result<Started, HostError> {
+    let HostBuilder {
+        config,
+        database,
+        outbox,
+        receiver,
+        dispatcher,
+        responses,
+        issued,
+        lifecycle,
+        ops_token,
+        public_url,
+        hosts,
+        calls,
+        publish,
+        app,
+        #[cfg(feature = "grpc")]
+        grpc,
+        #[cfg(feature = "nats")]
+        jetstream,
+        #[cfg(feature = "nats")]
+        ack_wait,
+        ..
+    } = builder;
+    let metrics = Arc::clone(outbox.metrics());
+
+    // The receiver first: its writers take what the servers will hand them.
+    let mut receiver = receiver.metrics(Arc::clone(&metrics));
+    if let Some(keys) = &issued {
+        receiver = receiver.issued_keys(keys);
+    }
+    let receiver = receiver.build()?;
+    parts.receiver = Some(receiver.clone());
+
+    let mut diagnostics = Diagnostics::builder(database.clone())
+        .outbox(&outbox)
+        .receiver(&receiver);
+    if let Some(token) = &ops_token {
+        diagnostics = diagnostics.bearer_token(token);
+    }
+    let diagnostics = diagnostics.build()?;
+
+    let mut dispatcher = dispatcher;
+    for handler in &responses {
+        dispatcher = dispatcher.responses(Shared(Arc::clone(handler)));
+    }
+    if let Some(keys) = &issued {
+        dispatcher = dispatcher.issued_keys(keys);
+    }
+    parts.dispatcher = Some(dispatcher.start()?);
+    parts.retention = Some(Retention::spawn(
+        config.clone(),
+        database.clone(),
+        Arc::clone(&metrics),
+    )?);
+
+    let mut router = receiver.router().merge(diagnostics.router());
+    if let Some(app) = app {
+        router = router.merge(app);
+    }
+    let (url, local_addr) = match serving {
+        Serving::Listener(listener) => {
+            let addr = listener.local_addr()?;
+            let stop = parts.stop_serving.clone();
+            let served = router.clone();
+            parts.http = Some(tokio::spawn(async move {
+                let serve = crate::serve(listener, served)
+                    .with_graceful_shutdown(async move { stop.cancelled().await });
+                if let Err(error) = serve.await {
+                    tracing::error!(%error, "the HTTP server stopped");
+                }
+            }));
+            let url = public_url.unwrap_or_else(|| format!("http://{addr}"));
+            (url, Some(addr))
+        }
+        Serving::Elsewhere(url) => (url, None),
+    };
+    tracing::info!(service = %config.service_id, %url, store = S::NAME, "serving");
+
+    #[cfg(feature = "grpc")]
+    let grpc_addr = match grpc {
+        Some(listener) => {
+            let addr = listener.local_addr()?;
+            let stop = parts.stop_serving.clone();
+            let served = receiver.clone();
+            parts.grpc = Some(tokio::spawn(async move {
+                let until = async move { stop.cancelled().await };
+                if let Err(error) = crate::grpc::serve_grpc(served, listener, until).await {
+                    tracing::error!(%error, "the gRPC server stopped");
+                }
+            }));
+            Some(addr)
+        }
+        None => None,
+    };
+    #[cfg(not(feature = "grpc"))]
+    let grpc_addr = None;
+
+    #[cfg(feature = "nats")]
+    start_jetstream(
+        &config,
+        &database,
+        &receiver,
+        jetstream,
+        ack_wait,
+        &responses,
+        issued.as_ref(),
+        parts,
+    )?;
+
+    let directory = config.registry.clone().map(|registry| {
+        let mut client = DirectoryClient::new(
+            registry,
+            Registration {
+                service_id: config.service_id.clone(),
+                base_url: url.clone(),
+                hosts,
+                calls,
+                diagnostics_token: ops_token.clone(),
+            },
+        );
+        if let Some(keys) = &issued {
+            client = client.issued_keys(keys);
+        }
+        if lifecycle {
+            client = client.lifecycle(outbox.lifecycle());
+        }
+        if let Some(publish) = publish {
+            client = client.publish_on_registration(publish);
+        }
+        let (task, state) = client.spawn();
+        parts.directory = Some(task);
+        state
+    });
+
+    Ok(Started {
+        receiver,
+        url,
+        local_addr,
+        grpc_addr,
+        router,
+        directory,
+    })
+}
+
+/// The consumer of `jetstream` into the receiver, and one answers consumer
+/// per `nats://` destination, running `responses`.
+#[cfg(feature = "nats")]
+#[allow(clippy::too_many_arguments)] // the start's locals, passed once
+fn start_jetstream<S: Store>(
+    config: &crate::Config,
+    database: &Database,
+    receiver: &crate::receiver::Receiver,
+    jetstream: Option<String>,
+    ack_wait: Option<std::time::Duration>,
+    responses: &[Arc<dyn ResponseHandler<S>>],
+    issued: Option<&crate::keys::IssuedKeys>,
+    parts: &mut Parts,
+) -> Result<(), HostError> {
+    use crate::nats::{AnswersConsumer, JetStreamConsumer};
+
+    if let Some(url) = jetstream {
+        let mut consumer =
+            JetStreamConsumer::builder(receiver.clone(), &url).durable(&config.service_id);
+        if let Some(ack_wait) = ack_wait {
+            consumer = consumer.ack_wait(ack_wait);
+        }
+        parts.consumer = Some(consumer.spawn()?);
+    }
+    for (name, destination) in &config.destinations {
+        if !destination.url.starts_with("nats://") {
+            continue;
+        }
+        let mut answers =
+            AnswersConsumer::for_destination(config, name, At::<S>::new(database.clone()))?;
+        for handler in responses {
+            answers = answers.responses(Shared(Arc::clone(handler)));
+        }
+        if let Some(keys) = issued {
+            answers = answers.issued_keys(keys);
+        }
+        if let Some(ack_wait) = ack_wait {
+            answers = answers.ack_wait(ack_wait);
+        }
+        parts.answers.push(answers.spawn()?);
+    }
+    Ok(())
+}
