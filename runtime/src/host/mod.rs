@@ -1,6 +1,6 @@
 //! [`Host`]: one service's parts, started, served and stopped together.
 //!
-//! Given a [`Config`](crate::Config), a database and what the generated
+//! Given a [`Config`], a database and what the generated
 //! code hands over (hosted services such as `EngineReceiver(handler)`,
 //! response handlers such as `ServiceAnswerRouter(answers)`), a host starts
 //!
@@ -96,12 +96,19 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum HostError {
+    /// The receiver did not start (its database, a peer's secret, two
+    /// services hosting one interface version).
     #[error(transparent)]
     Receiver(#[from] crate::receiver::ReceiverError),
+    /// The dispatcher did not start (its database, a destination without a
+    /// route or with a URL no transport serves).
     #[error(transparent)]
     Dispatcher(#[from] crate::dispatcher::DispatcherError),
+    /// Retention or the diagnostics could not open the database.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// A JetStream consumer's settings are malformed (`.jetstream(url)`, a
+    /// `nats://` destination).
     #[cfg(feature = "nats")]
     #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
     #[error(transparent)]
@@ -116,7 +123,10 @@ pub enum HostError {
          (failed list, metrics) would answer anyone who reaches the port; give a token \
          (HostBuilder::ops_token), or listen on loopback"
     )]
-    OpenDiagnostics { addr: SocketAddr },
+    OpenDiagnostics {
+        /// The address the listener is bound to.
+        addr: SocketAddr,
+    },
     /// [`HostBuilder::ops_token`] was given an empty token.
     #[error("the ops token is empty: give a non-empty one, or none")]
     EmptyOpsToken,
