@@ -21,7 +21,12 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+pub mod amqp;
 pub mod auth;
+#[cfg(any(feature = "nats", feature = "amqp"))]
+mod broker;
 mod chain;
 pub mod circuit;
 pub mod config;
