@@ -261,8 +261,18 @@ async fn the_broker_killed_and_restarted_mid_stream_loses_nothing_and_duplicates
     receiver.shutdown().await;
 }
 
-/// Sends one message to `url`'s address as another AMQP client would.
+/// Sends one message to `url`'s address as another AMQP client would
+/// (within 20 s, or the test fails saying so).
 async fn send_raw(url: &str, address: &str, headers: &[(&str, String)], body: &[u8], id: &str) {
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        send_raw_now(url, address, headers, body, id),
+    )
+    .await
+    .expect("a message sent by hand within 20 s");
+}
+
+async fn send_raw_now(url: &str, address: &str, headers: &[(&str, String)], body: &[u8], id: &str) {
     let container = format!("test-{}", Uuid::now_v7());
     let plain = url
         .strip_prefix("amqp://guest:guest@")
@@ -301,9 +311,12 @@ async fn send_raw(url: &str, address: &str, headers: &[(&str, String)], body: &[
         .build();
     let outcome = sender.send(message).await.expect("send");
     assert!(outcome.is_accepted(), "{outcome:?}");
-    let _ = sender.close().await;
-    let _ = session.end().await;
-    let _ = connection.close().await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        let _ = sender.close().await;
+        let _ = session.end().await;
+        let _ = connection.close().await;
+    })
+    .await;
 }
 
 /// Takes up to `wanted` messages from `address` within `limit`, accepting
@@ -348,9 +361,12 @@ async fn take(node: &RabbitNode, address: &str, wanted: usize, limit: Duration) 
             .unwrap_or_default();
         ids.push(id);
     }
-    let _ = receiver.close().await;
-    let _ = session.end().await;
-    let _ = connection.close().await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        let _ = receiver.close().await;
+        let _ = session.end().await;
+        let _ = connection.close().await;
+    })
+    .await;
     ids
 }
 
@@ -688,6 +704,156 @@ async fn a_consumer_killed_inside_its_handlers_transaction_leaves_the_message_to
         pair.ledger.calls.load(std::sync::atomic::Ordering::SeqCst),
         1
     );
+    consumer.shutdown().await;
+    receiver.shutdown().await;
+}
+
+/// Writes each answer's balance into the sender's `answers` table.
+#[derive(Default)]
+struct Balances {
+    calls: std::sync::atomic::AtomicU32,
+}
+
+struct BalancesHandler(Arc<Balances>);
+
+impl rfidl_runtime::responses::ResponseHandler for BalancesHandler {
+    fn interface(&self) -> (&'static str, u32) {
+        (support::INTERFACE, 1)
+    }
+
+    fn handle(
+        &self,
+        answer: &rfidl_runtime::responses::Answer<'_>,
+        tx: &rusqlite::Transaction<'_>,
+    ) -> Result<(), rfidl_runtime::receiver::HandlerError> {
+        self.0
+            .calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tx.execute(
+            "INSERT INTO answers (message_id, balance) VALUES (?1, ?2)",
+            rusqlite::params![answer.message_id, answer.payload["balance"].as_i64()],
+        )?;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn command_answers_come_back_through_the_broker_and_their_handler_runs_once() {
+    let Some(node) = RabbitNode::start() else {
+        return;
+    };
+    let pair = Pair::new(&node);
+    rfidl_runtime::store::sqlite::open(&pair.sender_db, rfidl_runtime::Durability::Normal)
+        .expect("open")
+        .execute_batch("CREATE TABLE answers (message_id TEXT PRIMARY KEY, balance INTEGER)")
+        .expect("answers table");
+    let receiver = pair.receiver(pair.receiver_config());
+    let consumer = pair.consumer(receiver.clone());
+    let balances = Arc::new(Balances::default());
+    let answers = rfidl_runtime::amqp::AmqpAnswersConsumer::builder(
+        support::SOURCE,
+        &pair.url,
+        &pair.sender_db,
+    )
+    .responses(BalancesHandler(balances.clone()))
+    .secret(pair.secret.clone())
+    .backoff(Duration::from_millis(20), Duration::from_millis(100))
+    .timeout(Duration::from_secs(2))
+    .spawn()
+    .expect("answers consumer");
+    let dispatcher = pair.dispatcher();
+    let messages = 50;
+    let ids = pair.credits(messages as usize);
+    wait_until("every answer handled", Duration::from_secs(20), || {
+        pair.sender_count("SELECT COUNT(*) FROM answers") == messages
+    })
+    .await;
+    assert_exactly_once(&pair, messages);
+    assert_eq!(
+        pair.sender_count(
+            "SELECT COUNT(*) FROM outbox_messages WHERE answered_at IS NOT NULL \
+             AND json_extract(response, '$.balance') IS NOT NULL"
+        ),
+        messages,
+        "each row keeps its answer and the marker"
+    );
+    assert_eq!(
+        pair.sender_count("SELECT MAX(balance) FROM answers"),
+        (0..messages).sum::<i64>()
+    );
+
+    // A copy of an answer is only accepted; forgeries (unsigned, or signed
+    // with another key) for a row whose answer is not applied (its marker
+    // cleared here) are rejected, and the genuine answer after them is
+    // applied.
+    rusqlite::Connection::open(&pair.sender_db)
+        .expect("open")
+        .execute_batch(&format!(
+            "UPDATE outbox_messages SET answered_at = NULL WHERE message_id = '{id}'; \
+             DELETE FROM answers WHERE message_id = '{id}';",
+            id = ids[1]
+        ))
+        .expect("clear the marker");
+    let answers_address = format!("/queue/{QUEUE}.answers.{}", support::SOURCE);
+    let wrong_key = Secret::generate();
+    for (id, signed_with, balance) in [
+        (ids[0], Some(&pair.secret), -1),
+        (ids[1], None, -2),
+        (ids[1], Some(&wrong_key), -3),
+        (ids[1], Some(&pair.secret), 4242),
+    ] {
+        let copy = serde_json::to_vec(&json!({"messageId": id.to_string(), "status": 200,
+            "body": {"acknowledged": true, "duplicate": true, "payload": {"balance": balance}}}))
+        .expect("json");
+        let headers = match signed_with {
+            Some(secret) => rfidl_runtime::signing::SignatureHeaders::sign(
+                &format!("answer-{id}"),
+                rfidl_runtime::signing::unix_now(),
+                &copy,
+                std::slice::from_ref(secret),
+            )
+            .to_pairs()
+            .to_vec(),
+            None => Vec::new(),
+        };
+        send_raw(
+            &pair.url,
+            &answers_address,
+            &headers,
+            &copy,
+            &format!("answer-{id}"),
+        )
+        .await;
+    }
+    wait_until(
+        "the genuine answer applied",
+        Duration::from_secs(10),
+        || {
+            pair.sender_count(&format!(
+                "SELECT COUNT(*) FROM answers WHERE message_id = '{}' AND balance = 4242",
+                ids[1]
+            )) == 1
+        },
+    )
+    .await;
+    assert_eq!(
+        drained(&node, &format!("{QUEUE}.answers.{}", support::SOURCE)).await,
+        Some((0, 0)),
+        "every answer settled"
+    );
+    assert_eq!(
+        balances.calls.load(std::sync::atomic::Ordering::SeqCst),
+        messages as u32 + 1,
+        "the response handler ran once per message (and once more for the cleared marker)"
+    );
+    assert_eq!(pair.sender_count("SELECT COUNT(*) FROM answers"), messages);
+    assert_eq!(
+        pair.sender_count("SELECT COUNT(*) FROM answers WHERE balance < 0"),
+        0,
+        "neither the copy's nor the forgeries' payload was acted on"
+    );
+    dispatcher.shutdown().await;
+    answers.shutdown().await;
     consumer.shutdown().await;
     receiver.shutdown().await;
 }
