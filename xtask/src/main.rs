@@ -362,7 +362,8 @@ fn test(extra: &[String]) -> Result<(), String> {
 
 /// Stops the `epmd` that the tests' first RabbitMQ node started (it
 /// outlives every node, as with any Erlang program): the one whose
-/// environment names a test node's data directory (`rfidl-rabbitmq-*`),
+/// environment names a test node's data directory (`rfidl-rabbitmq-*`, or
+/// a chaos scenario's `rabbitmq` folder),
 /// by its pid. An `epmd` of anything else is left alone.
 fn stop_test_epmd() {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -374,7 +375,8 @@ fn stop_test_epmd() {
         let of_a_test_node = std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
             env.split(|b| *b == 0).any(|var| {
                 let var = String::from_utf8_lossy(var);
-                var.starts_with("RABBITMQ_MNESIA_BASE=") && var.contains("/rfidl-rabbitmq-")
+                var.starts_with("RABBITMQ_MNESIA_BASE=")
+                    && (var.contains("/rfidl-rabbitmq-") || var.ends_with("/rabbitmq/mnesia"))
             })
         });
         if is_epmd && of_a_test_node {
@@ -508,14 +510,23 @@ fn chaos(extra: &[String]) -> Result<(), String> {
     // The `jetstream` and `jetstream-cluster` scenarios start (and kill)
     // their own nats-server processes.
     let nats = nats_server(&python_venv()?)?;
+    // The `amqp` scenario starts (and kills) a RabbitMQ node of its own.
+    let rabbitmq = debian_binary(
+        "RFIDL_RABBITMQ_SERVER",
+        "/usr/sbin/rabbitmq-server",
+        "rabbitmq-server",
+    )?;
     // The `replicas` scenario runs engines on a PostgreSQL database.
     let (postgres_url, _cluster) = test_postgres()?;
-    run(Command::new(bins.join("chaos"))
+    let ran = run(Command::new(bins.join("chaos"))
         .arg("--bin-dir")
         .arg(&bins)
         .args(rest)
         .env("RFIDL_NATS_SERVER", &nats)
-        .env("RFIDL_POSTGRES_URL", &postgres_url))
+        .env("RFIDL_RABBITMQ_SERVER", &rabbitmq)
+        .env("RFIDL_POSTGRES_URL", &postgres_url));
+    stop_test_epmd();
+    ran
 }
 
 fn regen() -> Result<(), String> {

@@ -77,6 +77,7 @@ async fn main() -> anyhow::Result<()> {
         nats: None,
         ops_token: None,
         registry_publish_token: None,
+        amqp: None,
     };
     let hr_settings = Settings {
         service_id: "hr-service".into(),
@@ -93,6 +94,7 @@ async fn main() -> anyhow::Result<()> {
         nats: None,
         ops_token: None,
         registry_publish_token: None,
+        amqp: None,
     };
     // HR (the provider of EmpService) registers first: the registry's
     // manifest scan accepts the engine (its consumer) only once a provider

@@ -51,6 +51,40 @@ impl AmqpAnswersConsumer {
             settings: Settings::default(),
         }
     }
+
+    /// The answers consumer of the configured destination `destination`
+    /// (its AMQP URL or connection string and its secret, and
+    /// `config.service_id`), for the outbox in `database`.
+    ///
+    /// # Errors
+    ///
+    /// [`AmqpError::Config`] when `config.destinations` has no such
+    /// destination or its secret is invalid.
+    pub fn for_destination<S: Store>(
+        config: &crate::Config,
+        destination: &str,
+        database: impl Location<Store = S>,
+    ) -> Result<AmqpAnswersBuilder<S>, AmqpError> {
+        let found = config
+            .destinations
+            .get(destination)
+            .ok_or_else(|| AmqpError::Config {
+                field: "destination",
+                message: format!("no destination `{destination}` is configured"),
+            })?;
+        let mut builder = Self::builder(&config.service_id, &found.url, database);
+        // No secret in the config: the registry issues this service's
+        // signing keys, and the caller adds them (`issued_keys`).
+        if !found.secret.is_empty() {
+            let secret =
+                crate::signing::Secret::parse(&found.secret).map_err(|e| AmqpError::Config {
+                    field: "secret",
+                    message: format!("destination `{destination}`: {e}"),
+                })?;
+            builder = builder.secret(secret);
+        }
+        Ok(builder)
+    }
 }
 
 /// Configures an [`AmqpAnswersConsumer`].
