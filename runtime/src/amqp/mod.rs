@@ -27,7 +27,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 pub use answers::{AmqpAnswersBuilder, AmqpAnswersConsumer, AmqpAnswersHandle};
-pub use consumer::{AmqpConsumer, AmqpConsumerBuilder, AmqpConsumerHandle};
+pub use consumer::{AmqpConsumer, AmqpConsumerBuilder, AmqpConsumerHandle, DEFAULT_CONCURRENCY};
 pub use url::{AmqpUrl, DEFAULT_PORT, DEFAULT_TLS_PORT};
 
 /// `message-id` of an answer: this prefix and the message id.
