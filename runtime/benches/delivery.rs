@@ -29,7 +29,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use rfidl_runtime::config::{Config, DestinationConfig, Durability};
 use rfidl_runtime::dispatcher::Dispatcher;
-use rfidl_runtime::inbox;
 use rfidl_runtime::outbox::Outbox;
 use rfidl_runtime::receiver::Receiver;
 use rfidl_runtime::signing::Secret;
@@ -242,7 +241,7 @@ fn dedupe_latency(path: &Path) -> (f64, f64, f64) {
         let id = uuid::Uuid::now_v7().to_string();
         record_processed(
             &tx,
-            &inbox::ProcessedMessage {
+            &rfidl_runtime::store::sqlite::ProcessedMessage {
                 source_service_id: "bench",
                 message_id: &id,
                 endpoint: "Credit",

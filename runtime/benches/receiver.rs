@@ -8,12 +8,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rfidl_runtime::inbox::ProcessedMessage;
 use rfidl_runtime::receiver::{
-    Answer, HandlerError, HostedInterface, HostedService, IncomingCall, Receiver,
+    HandlerError, HostedInterface, HostedService, IncomingCall, Receiver, Reply,
 };
 use rfidl_runtime::signing::{Secret, SignatureHeaders, unix_now};
 use rfidl_runtime::store::sqlite as db;
+use rfidl_runtime::store::sqlite::ProcessedMessage;
 use rfidl_runtime::store::sqlite::{InboxReader, record_processed};
 use rfidl_runtime::{Config, Durability};
 
@@ -344,7 +344,7 @@ async fn receiver_throughput(dir: &std::path::Path) {
                     map.insert(name, value.parse().expect("header"));
                 }
                 let answer = receiver.receive(&map, body.clone().into()).await;
-                assert!(matches!(answer, Answer::Acknowledged { .. }), "{answer:?}");
+                assert!(matches!(answer, Reply::Acknowledged { .. }), "{answer:?}");
             }
         });
     }

@@ -79,6 +79,7 @@ struct Circuit {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DestinationState {
+    /// The destination name, as in `destinations.<name>`.
     pub destination: String,
     /// `closed` (sending) or `open` (unreachable; probing).
     pub circuit: &'static str,

@@ -31,14 +31,23 @@ pub mod env;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Durability {
+    /// `synchronous=NORMAL`: atomic, but the last commits before a power
+    /// loss may be undone. The default, and the outbox's (`outbox.durability`).
     #[default]
     Normal,
+    /// `synchronous=FULL`: durable when the commit returns. The inbox's
+    /// default (`inbox.durability`).
     Full,
 }
 
 /// Outbox (sender side) settings.
+///
+/// Start from [`Default`] (or YAML) and change fields; the struct is
+/// `#[non_exhaustive]`, so new settings can be added without breaking
+/// callers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct OutboxConfig {
     /// Safety-net poll interval; enqueues through the runtime wake the dispatcher at once.
     #[serde(with = "serde_human")]
@@ -54,6 +63,8 @@ pub struct OutboxConfig {
     /// Backoff base: the delay before retry `n` is `min(base * 2^n, max) + jitter`.
     #[serde(with = "serde_human")]
     pub backoff_base: Duration,
+    /// Backoff cap: no computed delay exceeds it before the jitter is added
+    /// (default 5 min). A receiver's longer `Retry-After` still wins.
     #[serde(with = "serde_human")]
     pub backoff_max: Duration,
     /// Upper bound of the uniformly random jitter added to each backoff.
@@ -114,8 +125,13 @@ impl Default for OutboxConfig {
 }
 
 /// Inbox and receiver settings.
+///
+/// Start from [`Default`] (or YAML) and change fields; the struct is
+/// `#[non_exhaustive]`, so new settings can be added without breaking
+/// callers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct InboxConfig {
     /// Processed-message records are kept this long. A message created
     /// longer ago than `retention - signature_tolerance` (the dedup horizon)
@@ -216,7 +232,11 @@ impl DestinationConfig {
 pub struct Config {
     /// This service's id: `sourceServiceId` of everything it sends.
     pub service_id: String,
+    /// The sending side: dispatcher pacing, retries, TTL, leases,
+    /// retention of `Sent` rows, commit durability.
     pub outbox: OutboxConfig,
+    /// The receiving side: dedup retention, body limit, signature
+    /// tolerance, commit durability.
     pub inbox: InboxConfig,
     /// Retention clean-up (sent outbox rows, expired inbox rows, TTL expiry) interval.
     #[serde(with = "serde_human")]
@@ -248,14 +268,16 @@ impl Default for Config {
 ///
 /// Messages never quote a value from the file or the environment (it may
 /// be a secret): they name the file, the setting or variable, the line and
-/// what was expected (see [`crate::redact`]).
+/// what was expected.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// The config file or a secret file could not be read.
     #[error("cannot read {path}: {source}")]
     Io {
+        /// The file that could not be read.
         path: String,
+        /// Why (not found, permission denied, …).
         source: std::io::Error,
     },
     /// The YAML text is not a valid configuration.
@@ -267,11 +289,17 @@ pub enum ConfigError {
         message: String,
         /// 1-based position of the error, when the parser knows it.
         line: Option<usize>,
+        /// 1-based column of the error, when the parser knows it.
         column: Option<usize>,
     },
     /// An `RFIDL_…` environment variable is unknown or its value is not valid.
     #[error("invalid environment variable {variable}: {message}")]
-    Env { variable: String, message: String },
+    Env {
+        /// The variable's name, e.g. `RFIDL_OUTBOX_TTL`.
+        variable: String,
+        /// What is wrong, without the value (it may be a secret).
+        message: String,
+    },
 }
 
 fn location_suffix(line: Option<usize>, column: Option<usize>) -> String {
@@ -316,6 +344,39 @@ impl ConfigError {
 }
 
 impl Config {
+    /// The defaults, for the service `service_id` (the `sourceServiceId` of
+    /// what it sends): `Config::for_service("hr").with_peer("engine", secret)`.
+    pub fn for_service(service_id: impl Into<String>) -> Self {
+        Self {
+            service_id: service_id.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Accepts messages from `peer` signed with `secret` (a `whsec_…`
+    /// Standard Webhooks secret; call again to accept several during a
+    /// rotation).
+    #[must_use]
+    pub fn with_peer(mut self, peer: impl Into<String>, secret: impl Into<String>) -> Self {
+        self.peers
+            .entry(peer.into())
+            .or_default()
+            .push(secret.into());
+        self
+    }
+
+    /// Sends what clients address to `name` as `destination` says (its URL
+    /// and signing secret).
+    #[must_use]
+    pub fn with_destination(
+        mut self,
+        name: impl Into<String>,
+        destination: DestinationConfig,
+    ) -> Self {
+        self.destinations.insert(name.into(), destination);
+        self
+    }
+
     /// Parses YAML text; missing settings keep their defaults, unknown ones are errors.
     pub fn from_yaml_str(text: &str) -> Result<Self, ConfigError> {
         parse_yaml(text).map_err(|error| ConfigError::yaml("<text>", &error))

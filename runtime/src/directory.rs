@@ -89,7 +89,9 @@ impl RegistryConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InterfaceRef {
+    /// The interface, `package.Service` (a generated module's `INTERFACE`).
     pub interface: String,
+    /// Its service version (the generated `VERSION`).
     pub version: u32,
     /// `sha256:…` of the manifest revision (the generated `FINGERPRINT`).
     pub fingerprint: String,
@@ -104,7 +106,13 @@ pub struct Registration {
     pub service_id: String,
     /// Where its receiver and `/_rf/…` routes answer, e.g. `http://10.0.0.7:7001`.
     pub base_url: String,
+    /// The interface versions its receiver serves. The registry lists the
+    /// instance as their provider, and decommissions them per instance.
     pub hosts: Vec<InterfaceRef>,
+    /// The interface versions its clients send to. The registry refuses
+    /// the full registration (409 `unsatisfied_dependencies`) while one has
+    /// no compatible registered provider; the client then registers `hosts`
+    /// alone and retries on every heartbeat.
     pub calls: Vec<InterfaceRef>,
     /// The bearer token of its diagnostics routes, for the health aggregator.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -127,8 +135,12 @@ pub enum DirectoryError {
     /// Any other answer: status, code and message.
     #[error("the registry answered {status} {code}: {message}")]
     Refused {
+        /// The HTTP status; 0 when the request was refused before it was
+        /// sent (a manifest to publish that does not parse).
         status: u16,
+        /// The registry's wire code (e.g. `instance_owned` with 403).
         code: String,
+        /// The registry's message.
         message: String,
     },
     /// It could not be reached.

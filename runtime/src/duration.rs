@@ -12,10 +12,15 @@ pub mod serde_human {
 
     use serde::{Deserialize, Deserializer, Serializer};
 
+    /// Writes the duration in the human form (`"1h30m"`, `"500ms"`), as
+    /// [`format_duration`](super::format_duration) does.
     pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(&super::format_duration(*value))
     }
 
+    /// Reads a string in the human form; a bare number or an unknown unit
+    /// is an error naming the accepted form (see
+    /// [`parse_duration`](super::parse_duration)).
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
         let text = String::deserialize(deserializer)?;
         super::parse_duration(&text).map_err(serde::de::Error::custom)

@@ -10,9 +10,19 @@ use uuid::Uuid;
 /// The kind of a message, as carried in `messageType`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum MessageType {
+    /// A `signal` method: service to engine, "something happened". It
+    /// declares no response.
     Signal,
+    /// A `command` method: engine to service, "do this"; a declared
+    /// response is stored in the sender's outbox row and handed to its
+    /// [`ResponseHandler`](crate::responses::ResponseHandler).
     Command,
+    /// A `pushcall` method: service to engine, a call the engine records
+    /// and matches to what it waits for; optionally answered like a command.
     PushCall,
+    /// Reserved by the wire protocol for an answer sent as a message of its
+    /// own; no contract method has this kind and generated code never sends
+    /// it.
     Response,
 }
 
@@ -43,19 +53,31 @@ impl MessageType {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Envelope {
+    /// `messageId`: a UUID v7 set when the message entered the outbox, the
+    /// same on every retry. With `sourceServiceId`, the receiver's inbox
+    /// key; it must equal the signed `webhook-id` header.
     pub message_id: Uuid,
+    /// `correlationId`: the method's `@correlate` key, if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub correlation_id: Option<String>,
+    /// `sourceServiceId`: the sending service. Chooses the secrets the
+    /// signature is checked against; authenticated once that succeeds.
     pub source_service_id: String,
+    /// `messageType`: the kind of method.
     pub message_type: MessageType,
     /// `package.Service`, e.g. `hr.employees.EmpService`.
     pub interface: String,
+    /// `version`: the contract's service version; routed with `interface`.
     pub version: u32,
     /// `sha256:<hex>` of the sender's manifest for this interface version.
     pub fingerprint: String,
+    /// `endpoint`: the method name.
     pub endpoint: String,
     /// One member per method parameter.
     pub payload: serde_json::Value,
+    /// `headers`: free-form string pairs; rfidl senders always set a W3C
+    /// `traceparent` ([`crate::trace`]). Optional on the wire: missing
+    /// reads as empty.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     /// When the message entered the sender's outbox (RFC 3339, UTC); the
@@ -69,8 +91,8 @@ pub struct Envelope {
 /// An [`Envelope`] written from a stored outbox row: the same JSON (same
 /// members, same order), with `payload` and `headers` copied as the JSON
 /// text the row holds instead of parsed into values and printed again. The
-/// dispatcher builds every request body this way (about 10 µs less per
-/// message on the benchmark machine); `stored_envelope_is_the_envelope`
+/// dispatcher builds every request body this way (BENCHMARKS.md has what it
+/// saves); `stored_envelope_is_the_envelope`
 /// pins it to [`Envelope`]'s serialisation.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -93,8 +115,14 @@ pub(crate) struct StoredEnvelope<'a> {
 /// A 200 answer: processed now, or processed before (`duplicate`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Acknowledgement {
+    /// Always `true` from an rfidl receiver. A 2xx without it is not an
+    /// acknowledgement: the sender retries (counted).
     pub acknowledged: bool,
+    /// `true` when the message had been processed before (the inbox held
+    /// it with the same payload) and the handler did not run again.
     pub duplicate: bool,
+    /// The handler's answer payload (the method's response, or `null`);
+    /// for a duplicate, the one stored when it was first processed.
     #[serde(default)]
     pub payload: serde_json::Value,
 }
@@ -102,7 +130,11 @@ pub struct Acknowledgement {
 /// Every error answer's body: `{"error": code, "message": text}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
+    /// The stable wire code, e.g. `payload_mismatch`; what senders decide
+    /// on (`docs/wire-protocol.md` lists them).
     pub error: String,
+    /// Text for people: names fields and types, never payload values. Not
+    /// stable; do not match on it.
     pub message: String,
 }
 
@@ -110,6 +142,8 @@ pub struct ErrorBody {
 /// (signatures cover exact bytes) with its own Standard Webhooks headers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchItem {
+    /// The item's own `webhook-id`, `webhook-timestamp` and
+    /// `webhook-signature` (the batch request's headers are not used).
     pub headers: BTreeMap<String, String>,
     /// The envelope's JSON text, exactly as signed.
     pub body: String,

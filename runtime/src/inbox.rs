@@ -39,11 +39,18 @@ impl std::io::Write for HashWriter<'_> {
 /// A processed message, as the inbox remembers it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InboxEntry {
+    /// The method the message called.
     pub endpoint: String,
+    /// [`payload_digest`] of the processed payload: a delivery of the same
+    /// (source, id) with another digest is refused 422 `message_id_reused`.
     pub payload_sha256: PayloadDigest,
+    /// When it was processed (committed), ms since the Unix epoch.
     pub processed_at_ms: i64,
     /// The answer payload given when the message was processed (JSON text).
     pub response: Option<String>,
+    /// When the record may be deleted by retention, ms since the Unix epoch
+    /// (processed + `inbox.retention`). Until then a copy is answered as a
+    /// duplicate.
     pub expires_at_ms: i64,
 }
 
@@ -60,36 +67,62 @@ impl InboxEntry {
 
 /// The row written when a message has been processed.
 #[derive(Debug, Clone, Copy)]
+///
+/// Written in the handler's transaction, so the record commits if and only
+/// if the handler's effects do: this is what makes processing exactly-once.
 pub struct ProcessedMessage<'a> {
+    /// The sending service: with `message_id`, the inbox's primary key.
     pub source_service_id: &'a str,
+    /// The message id, lower-case hyphenated UUID text.
     pub message_id: &'a str,
+    /// The method the message called.
     pub endpoint: &'a str,
+    /// [`payload_digest`] of the payload that was processed.
     pub payload_sha256: &'a PayloadDigest,
     /// The answer payload (JSON text).
     pub response: &'a str,
+    /// Commit time, ms since the Unix epoch.
     pub processed_at_ms: i64,
+    /// When retention may delete the row, ms since the Unix epoch
+    /// (normally `processed_at_ms` + `inbox.retention`).
     pub expires_at_ms: i64,
 }
 
-/// An inbox query that failed.
+/// An inbox query that failed. The receiver answers the message 503
+/// `unavailable` (the sender retries, uncounted); nothing was written.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum InboxError {
+    /// A SQLite inbox query failed (the file is locked past the busy
+    /// timeout, unreadable, or gone).
     #[error("inbox database {path}: {source}")]
     Sqlite {
+        /// The database file.
         path: String,
+        /// What SQLite said.
         source: rusqlite::Error,
     },
-    /// A PostgreSQL inbox query failed.
+    /// A PostgreSQL inbox query failed (the server is unreachable, or the
+    /// session broke).
     #[cfg(feature = "postgres")]
     #[error("inbox database {target}: {cause}")]
-    Postgres { target: String, cause: String },
+    Postgres {
+        /// Host, port and database (never the password).
+        target: String,
+        /// What the server or the client said.
+        cause: String,
+    },
+    /// A stored row's payload digest is not 32 bytes: the row was written by
+    /// something other than rfidl, or damaged. The message is not processed.
     #[error(
         "inbox row for {source_service_id}/{message_id} has a payload digest of {len} bytes, not 32"
     )]
     CorruptDigest {
+        /// The sender of the message the row records.
         source_service_id: String,
+        /// The message's id.
         message_id: String,
+        /// The digest's length found.
         len: usize,
     },
 }
@@ -97,10 +130,15 @@ pub enum InboxError {
 /// An inbox row as read, before its digest length is checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RawEntry {
+    /// The method the message called.
     pub endpoint: String,
+    /// The stored payload digest (32 bytes in a sound row).
     pub payload_sha256: Vec<u8>,
+    /// When the message was processed, ms since the Unix epoch.
     pub processed_at_ms: i64,
+    /// The answer payload given then (JSON text).
     pub response: Option<String>,
+    /// When retention may delete the row, ms since the Unix epoch.
     pub expires_at_ms: i64,
 }
 

@@ -6,7 +6,7 @@
 //!   PostgreSQL (feature `postgres`, for replicas): see [`store`].
 //! * [`dispatcher`]: a tokio task claims due outbox rows with a fenced lease,
 //!   signs and sends them, and applies backoff, TTL and dead-lettering.
-//! * [`receiver`] + [`inbox`]: an axum router verifies signatures, de-duplicates
+//! * [`receiver`]: an axum router verifies signatures, de-duplicates
 //!   on the inbox and runs the handler and the inbox insert in one transaction,
 //!   which makes processing exactly-once.
 //! * [`signing`]: Standard Webhooks HMAC-SHA256.
@@ -20,15 +20,18 @@
 //! The runtime never depends on the code generator; generated code depends on it.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
 
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 pub mod amqp;
+// Shared with rfidl-registry (one bearer-token parser for both); not API.
+#[doc(hidden)]
 pub mod auth;
 #[cfg(any(feature = "nats", feature = "amqp"))]
 mod broker;
 mod chain;
-pub mod circuit;
+mod circuit;
 pub mod config;
 pub mod diagnostics;
 pub mod directory;
@@ -38,17 +41,17 @@ pub mod envelope;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub mod grpc;
-pub mod inbox;
+mod inbox;
 pub mod keys;
 pub mod lifecycle;
-pub mod liveness;
+mod liveness;
 pub mod metrics;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
 pub mod outbox;
 pub mod receiver;
-pub mod redact;
+mod redact;
 pub mod responses;
 pub mod retention;
 mod sched;
@@ -68,9 +71,16 @@ pub use rusqlite;
 pub use serde;
 pub use serde_json;
 
+// What a hello-world needs, at the root; the rest in the modules.
 pub use config::{Config, Durability};
+pub use diagnostics::Diagnostics;
+pub use dispatcher::Dispatcher;
 pub use envelope::{Envelope, MessageType};
+pub use outbox::{Outbox, OutboxError, OutgoingMessage};
+pub use receiver::{HandlerError, IncomingCall, Receiver};
+pub use retention::Retention;
 pub use serve::serve;
+pub use signing::Secret;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use store::Postgres;

@@ -66,7 +66,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use crate::receiver::{HandlerError, HostedInterface, HostedService, IncomingCall};
-use crate::store::Sqlite;
+use crate::store::Store;
 
 /// The control interface every receiver with a lifecycle hosts.
 pub const INTERFACE: &str = "rfidl.control.Lifecycle";
@@ -132,7 +132,9 @@ pub fn held_reason(interface: &str, version: u32) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CommandPayload {
+    /// The interface to decommission or re-commission, `package.Service`.
     pub interface: String,
+    /// Its version; the other versions of the interface are not touched.
     pub version: u32,
     /// The instance the registry addressed: the id it assigned at
     /// registration.
@@ -311,45 +313,6 @@ impl Lifecycle {
             wake.notify_one();
         }
     }
-
-    /// Reads the decommissioned versions from a SQLite service database.
-    pub fn load_sqlite(&self, conn: &rusqlite::Connection) -> rusqlite::Result<()> {
-        self.replace(read_sqlite(conn)?);
-        Ok(())
-    }
-}
-
-/// The rows of `rf_decommissioned` on SQLite.
-pub(crate) fn read_sqlite(
-    conn: &rusqlite::Connection,
-) -> rusqlite::Result<Vec<(String, u32, i64)>> {
-    let mut statement =
-        conn.prepare_cached("SELECT interface, version, decommissioned_at FROM rf_decommissioned")?;
-    statement
-        .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?
-        .collect()
-}
-
-/// The rows of `rf_decommissioned` on PostgreSQL.
-#[cfg(feature = "postgres")]
-pub(crate) fn read_postgres(
-    client: &mut impl postgres::GenericClient,
-) -> Result<Vec<(String, u32, i64)>, postgres::Error> {
-    Ok(client
-        .query(
-            "SELECT interface, version, decommissioned_at FROM rf_decommissioned",
-            &[],
-        )?
-        .into_iter()
-        .map(|row| {
-            let version: i64 = row.get(1);
-            (
-                row.get(0),
-                u32::try_from(version).unwrap_or(u32::MAX),
-                row.get(2),
-            )
-        })
-        .collect())
 }
 
 /// The control service: hosts [`INTERFACE`] v2 on a receiver built with
@@ -358,22 +321,6 @@ pub struct LifecycleService {
     lifecycle: Lifecycle,
     registry: String,
 }
-
-/// Records the command as the last applied for its version, unless the one
-/// recorded is newer (or as new, but the other command): then nothing is
-/// written. One statement, so that on PostgreSQL two replicas applying
-/// commands of one version at once are ordered by the row lock.
-const RECORD_APPLIED_SQLITE: &str = "INSERT INTO rf_lifecycle_applied \
-     (interface, version, generation, command, applied_at) VALUES (?1, ?2, ?3, ?4, ?5) \
-     ON CONFLICT (interface, version) DO UPDATE SET generation = excluded.generation, \
-     command = excluded.command, applied_at = excluded.applied_at \
-     WHERE rf_lifecycle_applied.generation < excluded.generation \
-     OR (rf_lifecycle_applied.generation = excluded.generation \
-         AND rf_lifecycle_applied.command = excluded.command)";
-
-/// The last command applied for a version: (generation, endpoint).
-const APPLIED_SQLITE: &str =
-    "SELECT generation, command FROM rf_lifecycle_applied WHERE interface = ?1 AND version = ?2";
 
 impl LifecycleService {
     /// Accepts commands from the source id `registry` only.
@@ -503,7 +450,7 @@ impl LifecycleService {
     }
 }
 
-impl HostedService<Sqlite> for LifecycleService {
+impl<S: Store> HostedService<S> for LifecycleService {
     fn interfaces(&self) -> &[HostedInterface] {
         std::slice::from_ref(&HOSTED)
     }
@@ -511,162 +458,51 @@ impl HostedService<Sqlite> for LifecycleService {
     fn handle(
         &self,
         call: &IncomingCall<'_>,
-        tx: &rusqlite::Transaction<'_>,
+        mut tx: S::Handle<'_, '_>,
     ) -> Result<serde_json::Value, HandlerError> {
         let (command, target, generation) = self.command(call)?;
         let now = crate::store::now_ms();
         let (interface, version) = (target.interface.as_str(), target.version);
-        let recorded = tx.execute(
-            RECORD_APPLIED_SQLITE,
-            rusqlite::params![interface, version, generation, command.endpoint(), now],
-        )?;
-        if recorded == 0 {
-            let applied = rusqlite::OptionalExtension::optional(tx.query_row(
-                APPLIED_SQLITE,
-                rusqlite::params![interface, version],
-                |row| Ok((row.get(0)?, row.get(1)?)),
-            ))?;
-            return Err(Self::stale(command, &target, applied));
+        let applied = Applied {
+            interface,
+            version,
+            generation,
+            command: command.endpoint(),
+            at: now,
+        };
+        if let Some(newer) = S::record_applied(&mut tx, &applied)? {
+            return Err(Self::stale(command, &target, Some(newer)));
         }
         if command == Command::Decommission {
-            tx.execute(
-                "INSERT INTO rf_decommissioned (interface, version, decommissioned_at) \
-                 VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
-                rusqlite::params![interface, version, now],
-            )?;
-            let at: i64 = tx.query_row(
-                "SELECT decommissioned_at FROM rf_decommissioned WHERE interface = ?1 AND version = ?2",
-                rusqlite::params![interface, version],
-                |row| row.get(0),
-            )?;
-            let held = tx.execute(
-                "UPDATE outbox_messages SET next_retry_at = ?3, last_error = ?4 \
-                 WHERE status IN ('Pending', 'Sending') AND status = 'Pending' \
-                 AND interface = ?1 AND version = ?2 AND next_retry_at < ?3",
-                rusqlite::params![
-                    interface,
-                    version,
-                    HELD_DUE_MS,
-                    held_reason(interface, version)
-                ],
-            )?;
-            Ok(self.done(command, &target, at, held as u64))
-        } else {
-            let since: Option<i64> = rusqlite::OptionalExtension::optional(tx.query_row(
-                "DELETE FROM rf_decommissioned WHERE interface = ?1 AND version = ?2 \
-                 RETURNING decommissioned_at",
-                rusqlite::params![interface, version],
-                |row| row.get(0),
-            ))?;
-            let shift = since.map_or(0, |since| (now - since).max(0));
-            let released = tx.execute(
-                "UPDATE outbox_messages SET next_retry_at = ?3, expires_at = expires_at + ?4, \
-                 last_error = ?5 \
-                 WHERE status IN ('Pending', 'Sending') AND status = 'Pending' \
-                 AND interface = ?1 AND version = ?2 AND next_retry_at >= ?6",
-                rusqlite::params![
-                    interface,
-                    version,
-                    now,
-                    shift,
-                    format!("released: {interface} v{version} was re-commissioned"),
-                    HELD_DUE_MS
-                ],
-            )?;
-            Ok(self.done(command, &target, now, released as u64))
-        }
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl HostedService<crate::store::Postgres> for LifecycleService {
-    fn interfaces(&self) -> &[HostedInterface] {
-        std::slice::from_ref(&HOSTED)
-    }
-
-    fn handle(
-        &self,
-        call: &IncomingCall<'_>,
-        tx: &mut postgres::Transaction<'_>,
-    ) -> Result<serde_json::Value, HandlerError> {
-        let (command, target, generation) = self.command(call)?;
-        let now = crate::store::now_ms();
-        let interface = target.interface.as_str();
-        let version = i64::from(target.version);
-        let recorded = tx.execute(
-            "INSERT INTO rf_lifecycle_applied \
-             (interface, version, generation, command, applied_at) VALUES ($1, $2, $3, $4, $5) \
-             ON CONFLICT (interface, version) DO UPDATE SET generation = excluded.generation, \
-             command = excluded.command, applied_at = excluded.applied_at \
-             WHERE rf_lifecycle_applied.generation < excluded.generation \
-             OR (rf_lifecycle_applied.generation = excluded.generation \
-                 AND rf_lifecycle_applied.command = excluded.command)",
-            &[&interface, &version, &generation, &command.endpoint(), &now],
-        )?;
-        if recorded == 0 {
-            let applied = tx
-                .query_opt(
-                    "SELECT generation, command FROM rf_lifecycle_applied \
-                     WHERE interface = $1 AND version = $2",
-                    &[&interface, &version],
-                )?
-                .map(|row| (row.get(0), row.get(1)));
-            return Err(Self::stale(command, &target, applied));
-        }
-        if command == Command::Decommission {
-            tx.execute(
-                "INSERT INTO rf_decommissioned (interface, version, decommissioned_at) \
-                 VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-                &[&interface, &version, &now],
-            )?;
-            let at: i64 = tx
-                .query_one(
-                    "SELECT decommissioned_at FROM rf_decommissioned \
-                     WHERE interface = $1 AND version = $2",
-                    &[&interface, &version],
-                )?
-                .get(0);
-            let held = tx.execute(
-                "UPDATE outbox_messages SET next_retry_at = $3, last_error = $4 \
-                 WHERE status = 'Pending' AND interface = $1 AND version = $2 \
-                 AND next_retry_at < $3",
-                &[
-                    &interface,
-                    &version,
-                    &HELD_DUE_MS,
-                    &held_reason(interface, target.version),
-                ],
+            let (at, held) = S::hold_version(
+                &mut tx,
+                interface,
+                version,
+                now,
+                &held_reason(interface, version),
             )?;
             Ok(self.done(command, &target, at, held))
         } else {
-            let since: Option<i64> = tx
-                .query_opt(
-                    "DELETE FROM rf_decommissioned WHERE interface = $1 AND version = $2 \
-                     RETURNING decommissioned_at",
-                    &[&interface, &version],
-                )?
-                .map(|row| row.get(0));
-            let shift = since.map_or(0, |since| (now - since).max(0));
-            let released = tx.execute(
-                "UPDATE outbox_messages SET next_retry_at = $3, expires_at = expires_at + $4, \
-                 last_error = $5 \
-                 WHERE status = 'Pending' AND interface = $1 AND version = $2 \
-                 AND next_retry_at >= $6",
-                &[
-                    &interface,
-                    &version,
-                    &now,
-                    &shift,
-                    &format!(
-                        "released: {interface} v{} was re-commissioned",
-                        target.version
-                    ),
-                    &HELD_DUE_MS,
-                ],
+            let released = S::release_version(
+                &mut tx,
+                interface,
+                version,
+                now,
+                &format!("released: {interface} v{version} was re-commissioned"),
             )?;
             Ok(self.done(command, &target, now, released))
         }
     }
+}
+
+/// A lifecycle command as `rf_lifecycle_applied` records it.
+pub(crate) struct Applied<'a> {
+    pub interface: &'a str,
+    pub version: u32,
+    pub generation: i64,
+    /// The command's endpoint (`Decommission`, `Recommission`).
+    pub command: &'a str,
+    pub at: i64,
 }
 
 #[cfg(test)]
@@ -682,7 +518,7 @@ mod tests {
 
     #[test]
     fn the_held_due_time_is_the_one_the_expiry_statements_skip() {
-        // runtime/src/retention.rs and runtime/src/pg/mod.rs spell it out.
+        // The stores' expiry statements (store/*/retention.rs) spell it out.
         assert_eq!(HELD_DUE_MS, 4_611_686_018_427_387_904);
     }
 

@@ -132,14 +132,17 @@ pub struct Metrics {
 /// from the database at render time.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct DestinationGauges {
+    /// The destination name (the `destination` label).
     pub destination: String,
     /// `Pending` + `Sending` rows: waiting for delivery.
     pub pending: u64,
     /// Age of the oldest of them, in milliseconds; `None` when there is none.
     pub oldest_pending_age_ms: Option<i64>,
-    /// Rows that need a human.
+    /// `Failed` rows (retries exhausted): need a human.
     pub failed: u64,
+    /// `DeadLetter` rows (refused for good): need a human.
     pub dead_letter: u64,
+    /// `Expired` rows (TTL passed undelivered): need a human.
     pub expired: u64,
 }
 

@@ -28,15 +28,35 @@ use crate::store::sqlite as db;
 use crate::store::{Database, Location, Sqlite, Store};
 
 /// A message to send, as generated clients build it.
+///
+/// The envelope fields (`messageType` … `endpoint`, `correlationId`) are
+/// stored in the outbox row as given and sent unchanged on every retry; the
+/// receiver routes on (`interface`, `version`, `endpoint`).
+///
+/// Not `#[non_exhaustive]`: generated clients and the registry build it with
+/// a struct literal.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutgoingMessage {
     /// A destination name, mapped to a transport and URL by the dispatcher.
     pub destination: String,
+    /// The method's kind. The answer to any message is stored in its row;
+    /// that of a `Command` or `PushCall` declaring a response is also
+    /// passed to a [`ResponseHandler`](crate::responses::ResponseHandler)
+    /// registered with the dispatcher.
     pub message_type: MessageType,
+    /// The receiving interface, `package.Service` (e.g.
+    /// `hr.employees.EmpService`).
     pub interface: String,
+    /// The contract's service version the message is written against.
     pub version: u32,
+    /// `sha256:<hex>` of the sender's manifest of that interface version;
+    /// a receiver with another one logs and counts it, but decoding decides.
     pub fingerprint: String,
+    /// The method name within the interface version.
     pub endpoint: String,
+    /// The `@correlate` key's value, if the method declares one; carried in
+    /// the envelope and given back with the answer
+    /// ([`responses::Answer`](crate::responses::Answer)). Not unique.
     pub correlation_id: Option<String>,
     /// One member per method parameter.
     pub payload: serde_json::Value,
@@ -51,18 +71,41 @@ pub struct OutgoingMessage {
 }
 
 /// Why a message could not be written.
+///
+/// Unless a variant says otherwise, no outbox row was written. From
+/// [`enqueue`](Outbox::enqueue), the caller's transaction is still open:
+/// roll it back (or do not commit) if the business change must not happen
+/// without its message. From [`send`](Outbox::send), nothing was committed;
+/// calling `send` again writes a new message with a new id.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OutboxError {
+    /// A SQLite statement failed: the `INSERT` in the caller's transaction
+    /// (busy, disk full, I/O error, a schema the outbox does not know), or
+    /// a check on its connection. Usually worth retrying the whole
+    /// transaction when the error is transient (`SQLITE_BUSY`).
     #[error("outbox database: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// A PostgreSQL statement failed in the caller's transaction (a lost
+    /// connection, a serialization failure, a constraint). The transaction
+    /// is then aborted on the server: roll it back and retry it.
     #[cfg(feature = "postgres")]
     #[error("outbox database: {}", crate::store::postgres::error_text(.0))]
     Postgres(#[from] postgres::Error),
+    /// The payload or headers could not be serialized as JSON (a map with
+    /// non-string keys, a `Serialize` impl that failed). Not transient: fix
+    /// the value.
     #[error("cannot encode the payload: {0}")]
     Encode(#[from] serde_json::Error),
+    /// Opening the outbox's own database for [`send`](Outbox::send)
+    /// failed: see [`StoreError`](crate::store::StoreError) (a file too new
+    /// or damaged, an unreachable server).
     #[error(transparent)]
     Db(#[from] crate::store::StoreError),
+    /// The `send` writer thread could not be started or has ended (the
+    /// process is shutting down, or the thread panicked). The message may
+    /// or may not have been committed if this happened while waiting for
+    /// the answer; later calls fail the same way.
     #[error("the outbox writer stopped")]
     Stopped,
     /// A shared commit failed; no message of that group was written.
@@ -78,7 +121,10 @@ pub enum OutboxError {
          PRAGMA synchronous={found} (not durable at commit): open it with `Durability::Full` \
          (`rfidl_runtime::store::sqlite::open(path, Durability::Full)`) or set `outbox.durability: normal`"
     )]
-    NotDurable { found: &'static str },
+    NotDurable {
+        /// The connection's level, `NORMAL` or `OFF`.
+        found: &'static str,
+    },
 }
 
 /// A handle to write messages to the outbox of one database. Cheap to clone.
@@ -177,17 +223,26 @@ impl<S: Store> Outbox<S> {
         }
     }
 
+    /// The configuration this outbox was made with; a dispatcher started
+    /// on it uses its `outbox` and `destinations` sections.
     pub fn config(&self) -> &Config {
         &self.inner.config
     }
 
+    /// The counters this outbox and its dispatcher add to; share them with
+    /// the receiver and the diagnostics so `/_rf/metrics` shows one set.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.inner.metrics
     }
 
-    /// The circuit breakers of this outbox's destinations (updated by its
-    /// dispatcher, shown by the diagnostics).
-    pub fn circuits(&self) -> &Arc<crate::circuit::Circuits> {
+    /// The circuit breaker of each destination (updated by the dispatcher,
+    /// shown by the diagnostics): closed, open or probing.
+    pub fn circuit_states(&self) -> Vec<crate::diagnostics::DestinationState> {
+        self.inner.circuits.states()
+    }
+
+    /// The circuit breakers of this outbox's destinations.
+    pub(crate) fn circuits(&self) -> &Arc<crate::circuit::Circuits> {
         &self.inner.circuits
     }
 
@@ -400,17 +455,41 @@ fn enqueue_span(message: &mut OutgoingMessage) -> tracing::Span {
 }
 
 /// The statuses of the `outbox_messages.status` column.
+///
+/// A row starts `Pending`, is `Sending` while a dispatcher holds its lease,
+/// and ends in one of the other four. `Sent` rows are deleted by
+/// [`Retention`](crate::Retention) after `outbox.sent_retention`; `Failed`,
+/// `DeadLetter` and `Expired` rows are kept until an operator retries
+/// (`POST /_rf/outbox/{id}/retry`, back to `Pending`) or drops them, and
+/// they turn `/_rf/health` critical.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub enum Status {
+    /// Waiting to be sent: new, or waiting for its next attempt
+    /// (`next_retry_at`) after a retryable failure, or held because the
+    /// destination's version is decommissioned.
     Pending,
+    /// Claimed by a dispatcher under a lease; a row whose lease expired (a
+    /// crashed dispatcher) is claimed again. Never deleted or changed by
+    /// anyone but the lease holder.
     Sending,
+    /// Acknowledged by the receiver (2xx with `acknowledged`, or 409); the
+    /// answer is stored in `response`.
     Sent,
+    /// Retries exhausted on a counted failure (500, another 4xx/5xx), or a
+    /// 422 `beyond_dedup_horizon`: the message may still succeed, a human
+    /// decides.
     Failed,
+    /// Refused for good by the receiver (400, 404, 413, 422, or 401 after
+    /// `max_retries`): sending it again unchanged will not succeed.
     DeadLetter,
+    /// Its TTL passed before it could be delivered (never sent, or only
+    /// destination-level failures); marked by the dispatcher or retention.
     Expired,
 }
 
 impl Status {
+    /// The spelling stored in the column and used on the wire
+    /// (`?status=DeadLetter`, JSON), e.g. `"DeadLetter"`.
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Pending => "Pending",
@@ -422,6 +501,8 @@ impl Status {
         }
     }
 
+    /// Inverse of [`Status::as_str`]; `None` for any other text (the match
+    /// is case-sensitive).
     pub fn parse(text: &str) -> Option<Self> {
         [
             Status::Pending,
@@ -439,12 +520,26 @@ impl Status {
 /// One row, for diagnostics and tests.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct OutboxRow {
+    /// The message id (UUID v7, lower-case hyphenated), the same on every
+    /// retry and the receiver's inbox key with the source.
     pub message_id: String,
+    /// The destination name, as in `destinations.<name>`.
     pub destination: String,
+    /// The method name the message calls.
     pub endpoint: String,
+    /// Where the row is in its life.
     pub status: Status,
+    /// Counted failed attempts so far; destination-level failures (outages,
+    /// 503, clock problems) are not counted.
     pub retry_count: u32,
+    /// Counted failures after which the row is `Failed` (or `DeadLetter`
+    /// for 401s): `@delivery(max_retries)` or `outbox.max_retries`.
     pub max_retries: u32,
+    /// The last failure's text, if any: the status with the receiver's code
+    /// and message (an rfidl receiver names fields, never values; another
+    /// receiver's body is cut to 200 characters), or the transport error.
     pub last_error: Option<String>,
+    /// The receiver's answer payload once `Sent` (`null` for a method
+    /// without a response).
     pub response: Option<serde_json::Value>,
 }

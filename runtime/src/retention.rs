@@ -1,6 +1,7 @@
 //! Retention: removes rows that have served their purpose, on a schedule.
 //!
-//! One clean-up pass ([`cleanup`]) does three things, each in short
+//! One clean-up pass ([`store::sqlite::cleanup`](crate::store::sqlite::cleanup)
+//! and its PostgreSQL twin) does three things, each in short
 //! transactions of at most [`CLEANUP_BATCH`] rows so the dispatcher and the
 //! receiver's writer never wait long behind it:
 //!
@@ -99,8 +100,9 @@ impl RetentionHandle {
 pub struct Retention;
 
 impl Retention {
-    /// Opens `db_path` (creating and migrating it if needed) and starts a task
-    /// that runs [`cleanup`] now and then every `config.cleanup_interval`.
+    /// Opens `database` (creating and migrating it if needed) and starts a
+    /// task that runs a clean-up pass now and then every
+    /// `config.cleanup_interval`.
     /// What each pass removes is counted in `metrics`
     /// (`rf_outbox_sent_deleted_total`, `rf_outbox_expired_total`,
     /// `rf_inbox_deleted_total`); a pass that fails is logged and retried at

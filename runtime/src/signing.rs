@@ -56,13 +56,22 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// Why a secret string was refused.
+/// Why a secret string was refused by [`Secret::parse`]. The messages never
+/// quote the secret; fix the configured value (an entry of `peers.<id>`,
+/// a destination's `secret`, or the secret file it was read from).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SecretError {
+    /// The text (after trimming whitespace) does not start with `whsec_`.
     #[error("a signing secret must start with `whsec_`")]
     MissingPrefix,
+    /// What follows `whsec_` is not standard base64 (padding optional); the
+    /// payload is the decoder's reason (a position or length, not the
+    /// secret).
     #[error("a signing secret must be `whsec_` followed by standard base64: {0}")]
     Base64(String),
+    /// The key decodes to fewer than 16 bytes (the payload: how many it
+    /// holds). Generate at least 16 random bytes; 24 or 32 is usual.
     #[error("a signing secret must hold at least 16 key bytes (it holds {0})")]
     TooShort(usize),
 }
@@ -119,8 +128,15 @@ impl Secret {
 /// The three headers of a signed request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignatureHeaders {
+    /// [`HEADER_ID`]: the message id, which must equal the envelope's
+    /// `messageId` (else 400 `id_mismatch`).
     pub id: String,
+    /// [`HEADER_TIMESTAMP`]: Unix seconds at signing time; a receiver
+    /// refuses it beyond `inbox.signature_tolerance` (5 min by default)
+    /// from its own clock.
     pub timestamp: i64,
+    /// [`HEADER_SIGNATURE`]: one `v1,<base64>` entry per secret, separated
+    /// by spaces (at most [`MAX_SIGNATURES`] are accepted).
     pub signature: String,
 }
 
@@ -149,23 +165,52 @@ impl SignatureHeaders {
     }
 }
 
-/// Why a request's signature was refused. Each maps to a 401 error code.
+/// Why a request's signature was refused. Each maps to a 401 error code
+/// ([`code`](Self::code)); nothing was written for the request.
+///
+/// An rfidl sender retries every one of them with backoff: counted, then
+/// `DeadLetter` after `max_retries` (a secret may be rotating), except
+/// [`TimestampOutOfRange`](Self::TimestampOutOfRange), which it retries
+/// uncounted as a clock problem.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum VerifyError {
+    /// `missing_header`: the named header (one of [`HEADER_ID`],
+    /// [`HEADER_TIMESTAMP`], [`HEADER_SIGNATURE`]) is absent or empty, the
+    /// timestamp is not an integer, or the signature header has no
+    /// `version,signature` entry at all.
     #[error("missing or malformed `{0}` header")]
     MissingHeader(&'static str),
+    /// `bad_signature`: no `v1` entry matches any of the source's secrets
+    /// (entries of other versions are ignored). Usually the two sides hold
+    /// different secrets, or the body was changed after signing (a proxy
+    /// re-encoding JSON).
     #[error("no `v1` signature matches any secret configured for this source")]
     BadSignature,
+    /// `too_many_signatures`: more than [`MAX_SIGNATURES`] `v1` entries;
+    /// refused before any HMAC is computed.
     #[error(
         "`webhook-signature` carries {found} `v1` entries; at most {MAX_SIGNATURES} are accepted"
     )]
-    TooManySignatures { found: usize },
+    TooManySignatures {
+        /// The number of `v1` entries in the header.
+        found: usize,
+    },
+    /// `timestamp_out_of_range`: the signing time is further from the
+    /// receiver's clock than the tolerance (exactly the tolerance is still
+    /// inside). A clock problem on one side, or a request replayed late;
+    /// fix the clocks (NTP), the message itself is fine.
     #[error(
         "webhook-timestamp {timestamp} is {skew_secs} s away from now, outside the {tolerance_secs} s tolerance"
     )]
     TimestampOutOfRange {
+        /// The header's value, Unix seconds.
         timestamp: i64,
+        /// The receiver's now less `timestamp`, in seconds: positive when
+        /// the signature is older than the receiver's clock, negative when
+        /// it is from the future.
         skew_secs: i64,
+        /// The tolerance (`inbox.signature_tolerance`), in seconds.
         tolerance_secs: u64,
     },
 }

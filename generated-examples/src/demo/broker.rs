@@ -44,7 +44,9 @@ pub struct Broker {
 /// The answers consumer being configured, JetStream's or AMQP's: the
 /// service adds its response handlers and keys the same way to either.
 pub enum Answers {
+    /// `--peer-url nats://…`.
     Nats(AnswersBuilder),
+    /// `--peer-url amqp://…`, `amqps://…` or a connection string.
     Amqp(AmqpAnswersBuilder),
 }
 

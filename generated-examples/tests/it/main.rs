@@ -3,6 +3,7 @@
 mod chaos;
 mod demo;
 mod drift;
+mod examples;
 mod ops_access;
 mod processes;
 mod registration;

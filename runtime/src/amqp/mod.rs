@@ -41,7 +41,10 @@ pub enum AmqpError {
     /// a credential.
     #[error("{field}: {message}")]
     Config {
+        /// The setting, e.g. `amqp url`, `destination`, `secret`.
         field: &'static str,
+        /// What is wrong with it (the part of a URL or connection string
+        /// named, never a credential).
         message: String,
     },
     /// The database (terminated messages, answers) cannot be opened.

@@ -26,11 +26,10 @@
 //! and reads only through the partial indexes of [`crate::store::sqlite`], so a large
 //! table of `Sent` rows does not slow the health check down.
 //!
-//! **Both stores.** [`Diagnostics::builder`] serves a SQLite file,
-//! `Diagnostics::postgres` (cargo feature `postgres`) a PostgreSQL database,
-//! and [`Diagnostics::builder_for`] either. The statements sit behind a
-//! store trait (`DiagnosticsStore`, in `sqlite` for SQLite and in
-//! `pg/diagnostics.rs` for PostgreSQL) that returns raw rows; what the routes
+//! **Both stores.** [`Diagnostics::builder`] serves a SQLite file or a
+//! PostgreSQL database (cargo feature `postgres`). The statements sit behind
+//! a store trait (`DiagnosticsStore`, in `store/sqlite/diagnostics.rs` and
+//! `store/postgres/diagnostics.rs`) that returns raw rows; what the routes
 //! make of them (the counts, the gauges, the filters, the retry errors) is
 //! written once, above it.
 //!
@@ -56,7 +55,7 @@ mod types;
 
 pub use crate::store::sqlite::diagnostics::database_checks;
 pub use health::{health, with_decommissioned, with_destinations};
-pub(crate) use queries::{DECOMMISSIONED_SQL, DiagnosticsStore};
+pub(crate) use queries::DiagnosticsStore;
 pub use queries::{
     attention_messages, destination_gauges, outbox_stats, retry_matching, retry_message,
     unsent_stats,
@@ -69,3 +68,6 @@ pub use types::{
     HealthStatus, HealthThresholds, InboxStats, MAX_LIST_LIMIT, OutboxStats, StatusCounts,
 };
 pub(crate) use types::{AttentionRow, UnsentGroup};
+
+pub use crate::circuit::DestinationState;
+pub use crate::liveness::Liveness;

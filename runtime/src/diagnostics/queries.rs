@@ -5,7 +5,7 @@
 //! the manual retries and their errors).
 //!
 //! It never holds SQL of its own beyond the one statement both stores share
-//! ([`DECOMMISSIONED_SQL`]), and never touches HTTP.
+//! (`store::DECOMMISSIONED_SQL`), and never touches HTTP.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -82,14 +82,6 @@ pub(crate) trait DiagnosticsStore {
     /// `"ok"` or why not, answered within the readiness timeout.
     fn database_checks(&self) -> BTreeMap<String, String>;
 }
-
-/// The decommissioned versions and their held rows (the same SQL on both
-/// stores; `4611686018427387904` is [`crate::lifecycle::HELD_DUE_MS`]).
-pub(crate) const DECOMMISSIONED_SQL: &str = "SELECT d.interface, d.version, d.decommissioned_at, \
-     (SELECT COUNT(*) FROM outbox_messages o WHERE o.status IN ('Pending', 'Sending') \
-      AND o.status = 'Pending' AND o.next_retry_at >= 4611686018427387904 \
-      AND o.interface = d.interface AND o.version = d.version) \
-     FROM rf_decommissioned d ORDER BY d.interface, d.version";
 
 /// The outbox counts, read through the partial indexes only, with the
 /// number of kept `Sent` rows (which costs a scan of their index).

@@ -24,6 +24,9 @@ pub struct Readiness {
     pub status: &'static str,
     /// The names of the checks that failed.
     pub failed: Vec<String>,
+    /// Every check by name (`database`, `dispatcher` when an outbox is
+    /// watched, and each registered background worker): `"ok"`, or why not
+    /// (`"stopped"`, `"not started"`, the database error).
     pub checks: BTreeMap<String, String>,
 }
 

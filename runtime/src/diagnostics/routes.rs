@@ -105,6 +105,8 @@ impl DiagnosticsBuilder {
         self
     }
 
+    /// When `GET /_rf/health` turns `warning` (backlog size, oldest
+    /// waiting message); [`HealthThresholds::default`] otherwise.
     pub fn thresholds(mut self, thresholds: HealthThresholds) -> Self {
         self.thresholds = thresholds;
         self

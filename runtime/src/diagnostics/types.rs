@@ -28,7 +28,13 @@ pub const MAX_LIST_LIMIT: u32 = 1000;
 /// When `GET /_rf/health` turns from `healthy` to `warning`. Any `Failed`,
 /// `DeadLetter` or `Expired` row makes it `critical`: a message is not
 /// getting through, and only a human can decide what to do with it.
+///
+/// Start from [`Default`] and change the fields (the struct is
+/// `#[non_exhaustive]`: `let mut t = HealthThresholds::default();
+/// t.backlog = 5_000;`), then pass it to
+/// [`DiagnosticsBuilder::thresholds`](super::DiagnosticsBuilder::thresholds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HealthThresholds {
     /// Pending + sending rows at or above this are a backlog (default 500).
     pub backlog: u64,
@@ -69,16 +75,29 @@ pub enum DiagnosticsError {
     #[error(
         "message `{message_id}` is {status:?}; only Failed, DeadLetter and Expired messages can be retried"
     )]
-    NotRetryable { message_id: String, status: Status },
+    NotRetryable {
+        /// The message asked for.
+        message_id: String,
+        /// Its status now: `Pending`, `Sending` (it is still being
+        /// delivered) or `Sent` (it was delivered; nothing to retry).
+        status: Status,
+    },
     /// 503 `unavailable`: the database could not be read (locked, corrupt, gone).
     #[error("storage unavailable: {0}")]
     Unavailable(String),
     /// 405 `method_not_allowed`: e.g. `DELETE /_rf/health`.
     #[error("method {method} is not allowed on {path}")]
-    MethodNotAllowed { method: String, path: String },
+    MethodNotAllowed {
+        /// The request's method.
+        method: String,
+        /// The request's path.
+        path: String,
+    },
 }
 
 impl DiagnosticsError {
+    /// The HTTP status of the answer (401, 403, 400, 404, 409, 503, 405);
+    /// the body is an [`ErrorBody`] with [`code`](Self::code).
     pub fn status(&self) -> StatusCode {
         match self {
             DiagnosticsError::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -135,15 +154,24 @@ pub type StatusCounts = BTreeMap<Status, u64>;
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OutboxStats {
+    /// `Pending` rows: waiting for their first or next attempt, or held
+    /// for a decommissioned version.
     pub pending: u64,
+    /// `Sending` rows: claimed by a dispatcher, in flight (or left by one
+    /// that crashed, until their lease runs out).
     pub sending: u64,
     /// Kept `Sent` rows (up to `outbox.sent_retention`). Counting them reads
     /// the whole `outbox_sent` index, so only `GET /_rf/outbox/stats` does;
     /// the health check leaves it out.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sent: Option<u64>,
+    /// `Failed` rows: retries exhausted, or beyond the receiver's dedup
+    /// horizon; need an operator.
     pub failed: u64,
+    /// `DeadLetter` rows: refused for good by the receiver; need an
+    /// operator.
     pub dead_letter: u64,
+    /// `Expired` rows: their TTL passed before delivery; need an operator.
     pub expired: u64,
     /// Age of the oldest `Pending` or `Sending` row, if any.
     pub oldest_pending_age_ms: Option<i64>,
@@ -164,18 +192,29 @@ impl OutboxStats {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum HealthStatus {
+    /// Nothing needs attention.
     Healthy,
+    /// Messages are slow but not lost: a backlog or an old waiting message
+    /// ([`HealthThresholds`]), a destination unreachable (circuit open), a
+    /// clock problem, or rows held for a decommissioned version.
     Warning,
+    /// At least one `Failed`, `DeadLetter` or `Expired` row: a message is not
+    /// getting through and only a human can decide what to do with it.
     Critical,
 }
 
 /// `GET /_rf/health`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
+///
+/// Answered with 200 whatever the status (a peer's refusal must not make a
+/// probe restart this service); only an unreadable database answers 503.
 pub struct Health {
+    /// The worst finding: `critical` over `warning` over `healthy`.
     pub status: HealthStatus,
     /// Why the status is not `healthy`, one sentence each.
     pub reasons: Vec<String>,
+    /// The counts the status was decided on (without `sent`).
     pub outbox: OutboxStats,
     /// What the dispatcher knows of each destination: circuit open or
     /// closed, batch limit, clock problems (empty without an outbox).
@@ -191,7 +230,9 @@ pub struct Health {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DecommissionedVersion {
+    /// The interface, `package.Service`.
     pub interface: String,
+    /// The decommissioned version of it.
     pub version: u32,
     /// When the registry's command decommissioned it (RFC 3339).
     pub decommissioned_at: String,
@@ -203,19 +244,35 @@ pub struct DecommissionedVersion {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AttentionMessage {
+    /// The message id (UUID v7), what `POST /_rf/outbox/{messageId}/retry`
+    /// takes.
     pub message_id: String,
+    /// The `@correlate` key it was sent with, if any.
     pub correlation_id: Option<String>,
+    /// `Signal`, `Command`, `PushCall` or `Response`.
     pub message_type: String,
+    /// The destination name it is routed by.
     pub destination: String,
+    /// The receiving interface, `package.Service`.
     pub interface: String,
+    /// The interface version.
     pub version: u32,
+    /// The method name.
     pub endpoint: String,
+    /// `Failed`, `DeadLetter` or `Expired`.
     pub status: Status,
+    /// Counted failed attempts.
     pub retry_count: u32,
+    /// The limit those were counted against.
     pub max_retries: u32,
+    /// Why it stopped: the status with the receiver's code and message (an
+    /// rfidl receiver names fields, never values), or the transport error.
     pub last_error: Option<String>,
+    /// When it was enqueued (RFC 3339, UTC).
     pub created_at: String,
+    /// When it was last sent (RFC 3339, UTC); `None` if it never was.
     pub last_attempt_at: Option<String>,
+    /// When its TTL ends or ended (RFC 3339, UTC); a retry renews it.
     pub expires_at: String,
 }
 
@@ -225,11 +282,18 @@ pub struct AttentionMessage {
 pub struct InboxStats {
     /// Rows in the inbox now.
     pub size: u64,
+    /// Deliveries whose handler ran and committed.
     pub processed: u64,
+    /// Deliveries answered from the inbox (a copy of a processed message),
+    /// without running the handler.
     pub duplicates: u64,
     /// `duplicates / (processed + duplicates)`; 0 before the first delivery.
     pub duplicate_rate: f64,
+    /// Deliveries refused with 401 (unknown source, bad or missing
+    /// signature, clock skew).
     pub signature_failures: u64,
+    /// Deliveries refused with another 4xx (malformed, not hosted, payload
+    /// mismatch, poison, …).
     pub rejected: u64,
 }
 
@@ -293,6 +357,7 @@ impl From<AttentionRow> for AttentionMessage {
 pub struct AttentionFilter {
     /// One of `Failed`, `DeadLetter`, `Expired`; all three when absent.
     pub status: Option<String>,
+    /// Only rows of this destination name; all destinations when absent.
     pub destination: Option<String>,
     /// At most this many rows (default 100, at most [`MAX_LIST_LIMIT`]).
     pub limit: Option<u32>,

@@ -22,10 +22,22 @@ use crate::transport::Transport;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DispatcherError {
+    /// The outbox's database could not be opened for dispatching (see
+    /// [`StoreError`](crate::store::StoreError)); nothing was claimed.
     #[error(transparent)]
     Db(#[from] crate::store::StoreError),
+    /// A configured destination (`destinations.<name>`) cannot be used: its
+    /// `secret` is missing (and no issued keys are in use) or not a valid
+    /// `whsec_` secret, or no transport serves its URL's scheme (or the URL
+    /// does not parse, or a `ca_file` cannot be read). Fix the
+    /// configuration; the dispatcher did not start.
     #[error("destination `{name}`: {message}")]
-    Destination { name: String, message: String },
+    Destination {
+        /// The destination's name, the key under `destinations`.
+        name: String,
+        /// What is wrong with it, without quoting the secret.
+        message: String,
+    },
     /// A generated client sends to a destination that nothing routes.
     #[error(
         "a client sends to destination `{name}`, which has no route: add `destinations.{name}` \
@@ -33,14 +45,28 @@ pub enum DispatcherError {
          RFIDL_DESTINATIONS_{env}_SECRET",
         env = crate::config::env::name_key(name)
     )]
-    UnknownDestination { name: String },
+    UnknownDestination {
+        /// The destination a client declared
+        /// ([`Outbox::declare_destination`](crate::Outbox::declare_destination)).
+        name: String,
+    },
+    /// The operating system refused to create the dispatcher's tokio
+    /// runtime or its thread (out of threads or memory). Nothing started.
     #[error("cannot start the dispatcher's runtime or thread: {0}")]
     Thread(#[source] std::io::Error),
 }
 
 /// Where one destination is reached and with which secret requests are signed.
 #[derive(Clone)]
+///
+/// Built by [`DispatcherBuilder::route`] or returned by a
+/// [`route_by`](DispatcherBuilder::route_by) resolver; the registry builds
+/// it with a struct literal, so it is not `#[non_exhaustive]`.
 pub struct Route {
+    /// Sends the signed requests of this destination (HTTP, a Unix socket,
+    /// gRPC, NATS, several base URLs: [`crate::transport`]). Shared by
+    /// every request to the destination; it must be safe to call
+    /// concurrently.
     pub transport: Arc<dyn Transport>,
     /// Empty: the signing secrets the registry issued to this service
     /// ([`DispatcherBuilder::issued_keys`]).

@@ -9,7 +9,8 @@
 //!   by a crash is claimed again once its lease expires, or at once on
 //!   SQLite when the restarted dispatcher can prove that its claimer is gone
 //!   (`sqlite::ExclusiveDispatch`).
-//! * **Answers** are classified as the wire protocol says (see [`classify`]).
+//! * **Answers** are classified as the wire protocol says (`docs/wire-protocol.md`,
+//!   "What the sender does with an answer").
 //! * **Backoff** is `min(base * 2^n, max) + uniform jitter`, or the
 //!   receiver's `Retry-After` when longer.
 //! * **A runtime of its own.** The dispatcher runs on a tokio runtime of
@@ -34,7 +35,8 @@ mod verdict;
 
 use builder::Resolver;
 pub use builder::{Dispatcher, DispatcherBuilder, DispatcherError, Route};
-pub use verdict::{BROKER_ACCEPTED_STATUS, Verdict, backoff, classify};
+pub use verdict::{BROKER_ACCEPTED_STATUS, backoff};
+pub(crate) use verdict::{Verdict, classify};
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -51,9 +53,7 @@ use crate::envelope::{MessageType, StoredEnvelope};
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::signing::{self, Secret, SignatureHeaders};
-use crate::transport::{
-    OutgoingRequest, RECEIVE_PATH, Transport, TransportError, TransportResponse,
-};
+use crate::transport::{OutgoingRequest, Transport, TransportError, TransportResponse};
 use records::ClaimCommit;
 
 /// Owns the running dispatcher; `shutdown` stops it cleanly. It runs on a
@@ -70,7 +70,7 @@ pub struct DispatcherHandle {
 }
 
 impl DispatcherHandle {
-    /// Whether the task runs (for readiness probes; see [`crate::liveness`]).
+    /// Whether the task runs (for readiness probes).
     pub fn liveness(&self) -> Liveness {
         self.liveness.clone()
     }
@@ -138,10 +138,9 @@ const RECHECK_DELAYS_MS: [u64; 7] = [1, 2, 4, 8, 16, 32, 64];
 /// messages per request; a claim takes at least this many (still cut into
 /// requests of at most the batch size, at most `max_in_flight` of them), so
 /// that small batches do not cost a claim transaction, and under
-/// `outbox.durability: normal` an fsync, per request: with `batch_size: 1`
-/// one claim per message held exactly-once delivery to about 1,600
-/// messages a second on the benchmark machine (BENCHMARKS.md, "One message
-/// per request").
+/// `outbox.durability: normal` an fsync, per request (one claim per
+/// message was the bottleneck of `batch_size: 1`: BENCHMARKS.md, "One
+/// message per request").
 const MIN_CLAIM_ROWS: u32 = 64;
 
 /// How many rows a claim may take for `batch_size`.
@@ -448,7 +447,11 @@ async fn send_group(state: &State, group: Group) -> GroupResult {
                 requests.push(request);
                 ready.push(row);
             }
-            Err(error) => attempts.push((row, Outcome::Unsendable(error), started.elapsed())),
+            Err(error) => attempts.push((
+                row,
+                Outcome::Unsendable(error.to_string()),
+                started.elapsed(),
+            )),
         }
     }
     let span = tracing::info_span!(
@@ -527,11 +530,11 @@ fn signed_request(
     state: &State,
     secrets: &[Secret],
     row: &Claimed,
-) -> Result<OutgoingRequest, String> {
+) -> Result<OutgoingRequest, RequestError> {
     let message_id: uuid::Uuid = row
         .message_id
         .parse()
-        .map_err(|_| format!("stored message id `{}` is not a UUID", row.message_id))?;
+        .map_err(|_| RequestError::MessageId(row.message_id.clone()))?;
     let envelope = StoredEnvelope {
         message_id: &message_id,
         correlation_id: row.correlation_id.as_deref(),
@@ -545,10 +548,10 @@ fn signed_request(
         headers: stored_json("headers", &row.headers)?,
         created_at: jiff::Timestamp::from_millisecond(row.created_at_ms).ok(),
     };
-    let body = serde_json::to_vec(&envelope).map_err(|e| format!("cannot encode: {e}"))?;
+    let body = serde_json::to_vec(&envelope).map_err(RequestError::Encode)?;
     let signature = SignatureHeaders::sign(&row.message_id, signing::unix_now(), &body, secrets);
     Ok(OutgoingRequest {
-        path: RECEIVE_PATH,
+        path: crate::receiver::RECEIVE_PATH,
         headers: signature.to_pairs().to_vec(),
         body,
     })
@@ -556,8 +559,23 @@ fn signed_request(
 
 /// A row's JSON column, checked (a row the outbox wrote always is JSON) but
 /// not parsed into a value.
-fn stored_json<'r>(column: &str, text: &'r str) -> Result<&'r RawValue, String> {
-    serde_json::from_str(text).map_err(|e| format!("stored {column} is not JSON: {e}"))
+fn stored_json<'r>(column: &'static str, text: &'r str) -> Result<&'r RawValue, RequestError> {
+    serde_json::from_str(text).map_err(|source| RequestError::NotJson { column, source })
+}
+
+/// Why a claimed row could not be made into a request (it goes into the
+/// row's `last_error`; the row is retried).
+#[derive(Debug, thiserror::Error)]
+enum RequestError {
+    #[error("stored message id `{0}` is not a UUID")]
+    MessageId(String),
+    #[error("stored {column} is not JSON: {source}")]
+    NotJson {
+        column: &'static str,
+        source: serde_json::Error,
+    },
+    #[error("cannot encode: {0}")]
+    Encode(serde_json::Error),
 }
 
 /// Writes the attempts' results (one transaction), then tells each

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::circuit::Admission;
 use crate::config::Config;
+use crate::store::StoreError;
 
 use super::{Attempt, Claimed, Group, Verdict, backoff};
 
@@ -24,10 +25,10 @@ pub(crate) trait DispatchDb: Send + Sync + 'static {
     }
 
     /// Destinations with waiting rows (`Pending` or `Sending`).
-    fn discover(&self) -> Result<Vec<String>, String>;
+    fn discover(&self) -> Result<Vec<String>, StoreError>;
 
     /// The decommissioned interface versions (`crate::lifecycle`).
-    fn decommissioned(&self) -> Result<Vec<(String, u32, i64)>, String>;
+    fn decommissioned(&self) -> Result<Vec<(String, u32, i64)>, StoreError>;
 
     /// Claims due rows as `plan` admits them, and gives `claimed` the groups
     /// to send and how many rows expired instead (or why the claim failed):
@@ -51,7 +52,7 @@ pub(crate) trait DispatchDb: Send + Sync + 'static {
         &self,
         attempts: &[(Attempt, Verdict)],
         config: &Config,
-    ) -> Result<RecordCounts, String>;
+    ) -> Result<RecordCounts, StoreError>;
 }
 
 /// When a claim whose rows may leave before it commits does commit.
@@ -65,7 +66,7 @@ pub(crate) enum ClaimCommit {
 }
 
 /// Where a claim's result goes.
-pub(crate) type ClaimSender = tokio::sync::oneshot::Sender<Result<(Vec<Group>, u64), String>>;
+pub(crate) type ClaimSender = tokio::sync::oneshot::Sender<Result<(Vec<Group>, u64), StoreError>>;
 
 /// What one recording transaction changed, added to the metrics after it commits.
 #[derive(Debug, Default, Clone, Copy)]
@@ -92,23 +93,30 @@ pub(crate) trait OutboxTx {
         now: i64,
         lease_until: i64,
         limit: usize,
-    ) -> Result<Vec<(Claimed, i64)>, String>;
-    fn expire(&mut self, row: &Claimed) -> Result<(), String>;
+    ) -> Result<Vec<(Claimed, i64)>, StoreError>;
+    /// Marks a claimed row `Expired` (its TTL passed).
+    fn expire(&mut self, row: &Claimed) -> Result<(), StoreError>;
     /// Gives a claimed row back (due at `now`).
-    fn release(&mut self, row: &Claimed, now: i64) -> Result<(), String>;
-    fn finish(&mut self, row: &Claimed, status: &str, error: &str) -> Result<bool, String>;
-    fn again(
+    fn release(&mut self, row: &Claimed, now: i64) -> Result<(), StoreError>;
+    /// Ends a claimed row in `status` (`Failed`, `DeadLetter`, `Expired`)
+    /// with `error`; whether the lease still held it.
+    fn mark_final(&mut self, row: &Claimed, status: &str, error: &str) -> Result<bool, StoreError>;
+    /// Gives a claimed row back `Pending`, due at `next_at`, after its
+    /// `retry_count`-th failed attempt; whether the lease still held it.
+    fn schedule_retry(
         &mut self,
         row: &Claimed,
         retry_count: u32,
         next_at: i64,
         error: &str,
-    ) -> Result<bool, String>;
-    fn mark_sent(&mut self, row: &Claimed, now: i64, response: &str) -> Result<bool, String>;
+    ) -> Result<bool, StoreError>;
+    /// Marks a claimed row `Sent` with the receiver's `response`; whether
+    /// the lease still held it.
+    fn mark_sent(&mut self, row: &Claimed, now: i64, response: &str) -> Result<bool, StoreError>;
     /// [`mark_sent`](Self::mark_sent) for several rows (no response
     /// handler involved); how many changed. One statement where the store
     /// can (PostgreSQL: a round trip per statement), else one per row.
-    fn mark_sent_many(&mut self, rows: &[(&Claimed, String)], now: i64) -> Result<u64, String> {
+    fn mark_sent_many(&mut self, rows: &[(&Claimed, String)], now: i64) -> Result<u64, StoreError> {
         let mut changed = 0;
         for (row, response) in rows {
             if self.mark_sent(row, now, response)? {
@@ -124,12 +132,17 @@ pub(crate) trait OutboxTx {
     /// PostgreSQL the check locks the table row (`FOR SHARE`): a
     /// re-commission's delete waits for this transaction, and its release
     /// then sees the held row.
-    fn hold(&mut self, row: &Claimed, now: i64, error: &str) -> Result<bool, String>;
+    fn hold_if_decommissioned(
+        &mut self,
+        row: &Claimed,
+        now: i64,
+        error: &str,
+    ) -> Result<bool, StoreError>;
     /// Whether a response handler is registered for the row's interface version.
     fn has_answer_handler(&self, row: &Claimed) -> bool;
-    fn savepoint(&mut self) -> Result<(), String>;
-    fn release_savepoint(&mut self) -> Result<(), String>;
-    fn rollback_to_savepoint(&mut self) -> Result<(), String>;
+    fn savepoint(&mut self) -> Result<(), StoreError>;
+    fn release_savepoint(&mut self) -> Result<(), StoreError>;
+    fn rollback_to_savepoint(&mut self) -> Result<(), StoreError>;
     /// Runs the row's response handler in this transaction; `Some(error)`
     /// when it failed.
     fn act_on_answer(&mut self, row: &Claimed, response: &serde_json::Value) -> Option<String>;
@@ -144,7 +157,7 @@ pub(crate) fn claim_in(
     lease_ms: i64,
     row_budget: usize,
     capacity: usize,
-) -> Result<(Vec<Group>, u64), String> {
+) -> Result<(Vec<Group>, u64), StoreError> {
     let now = crate::store::now_ms();
     let lease = uuid::Uuid::now_v7().to_string();
     let mut groups = Vec::new();
@@ -198,7 +211,7 @@ pub(crate) fn record_in(
     tx: &mut impl OutboxTx,
     attempts: &[(Attempt, Verdict)],
     config: &Config,
-) -> Result<RecordCounts, String> {
+) -> Result<RecordCounts, StoreError> {
     let now = crate::store::now_ms();
     let mut counts = RecordCounts::default();
     let backoff_of = |retry: u32| {
@@ -253,10 +266,15 @@ pub(crate) fn record_in(
                     tracing::warn!(message_id = %row.message_id, %error, "response handler failed; the message is sent again");
                     let attempt = row.retry_count + 1;
                     if attempt > row.max_retries {
-                        if tx.finish(row, "Failed", &error)? {
+                        if tx.mark_final(row, "Failed", &error)? {
                             counts.failed += 1;
                         }
-                    } else if tx.again(row, attempt, at(backoff_of(row.retry_count)), &error)? {
+                    } else if tx.schedule_retry(
+                        row,
+                        attempt,
+                        at(backoff_of(row.retry_count)),
+                        &error,
+                    )? {
                         counts.retries += 1;
                     }
                     continue;
@@ -268,13 +286,13 @@ pub(crate) fn record_in(
             }
             Verdict::DeadLetter { error } => {
                 tracing::warn!(message_id = %row.message_id, %error, "message dead-lettered");
-                if tx.finish(row, "DeadLetter", error)? {
+                if tx.mark_final(row, "DeadLetter", error)? {
                     counts.dead_lettered += 1;
                 }
             }
             Verdict::Failed { error } => {
                 tracing::error!(message_id = %row.message_id, %error, "message failed; an operator decides");
-                if tx.finish(row, "Failed", error)? {
+                if tx.mark_final(row, "Failed", error)? {
                     counts.failed += 1;
                 }
             }
@@ -291,7 +309,7 @@ pub(crate) fn record_in(
                         "Failed"
                     };
                     tracing::error!(message_id = %row.message_id, %error, "giving up after {} retries", row.max_retries);
-                    if tx.finish(row, status, error)? {
+                    if tx.mark_final(row, status, error)? {
                         if *dead_letter_when_exhausted {
                             counts.dead_lettered += 1;
                         } else {
@@ -309,7 +327,7 @@ pub(crate) fn record_in(
                     %error,
                     "send failed; retrying"
                 );
-                if tx.again(row, attempt, at(delay), error)? {
+                if tx.schedule_retry(row, attempt, at(delay), error)? {
                     counts.retries += 1;
                 }
             }
@@ -317,7 +335,7 @@ pub(crate) fn record_in(
             // due, never expired (`crate::lifecycle`).
             Verdict::Held { error } => {
                 tracing::info!(message_id = %row.message_id, %error, "message held");
-                tx.hold(row, now, error)?;
+                tx.hold_if_decommissioned(row, now, error)?;
             }
             // Not counted: the row waits (its circuit gates an unreachable
             // destination) and is due again after one base backoff.
@@ -334,7 +352,7 @@ pub(crate) fn record_in(
                     %error,
                     "not delivered; retrying (not counted)"
                 );
-                if tx.again(row, row.retry_count, at(delay), error)? {
+                if tx.schedule_retry(row, row.retry_count, at(delay), error)? {
                     counts.retries += 1;
                 }
             }

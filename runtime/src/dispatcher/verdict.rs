@@ -11,7 +11,7 @@ use crate::transport::{TransportError, TransportResponse};
 
 /// What to write back for one attempt.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Sent {
         response: serde_json::Value,
     },
@@ -62,7 +62,7 @@ pub enum Verdict {
 }
 
 /// The wire protocol's table: what an answer means for the outbox row.
-pub fn classify(result: &Result<TransportResponse, TransportError>) -> Verdict {
+pub(crate) fn classify(result: &Result<TransportResponse, TransportError>) -> Verdict {
     let response = match result {
         Ok(response) => response,
         Err(error) => {

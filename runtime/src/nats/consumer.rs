@@ -36,7 +36,7 @@ use super::{
 };
 use crate::broker::TerminatedRow;
 use crate::dispatcher::{Verdict, backoff, classify};
-use crate::receiver::{Answer, Receiver};
+use crate::receiver::{Receiver, Reply};
 use crate::transport::TransportResponse;
 
 /// Default durable consumer name.
@@ -446,12 +446,12 @@ fn backoff_of(shared: &Shared, delivered: u32) -> Duration {
 }
 
 /// The dispatcher's table applied to the receiver's answer.
-fn decide(shared: &Shared, answer: &Answer, delivered: u32) -> Action {
+fn decide(shared: &Shared, answer: &Reply, delivered: u32) -> Action {
     let retry_after = match answer {
-        Answer::Refused(refusal) => refusal
+        Reply::Refused(refusal) => refusal
             .retry_after_secs()
             .map(|secs| Duration::from_secs(u64::from(secs))),
-        Answer::Acknowledged { .. } => None,
+        Reply::Acknowledged { .. } => None,
     };
     let result = answer.clone().into_batch_result();
     let response = TransportResponse {

@@ -25,7 +25,10 @@ use async_nats::jetstream;
 use tokio_util::sync::CancellationToken;
 
 pub use answers::{AnswersBuilder, AnswersConsumer, AnswersHandle};
-pub use consumer::{ConsumerBuilder, ConsumerHandle, JetStreamConsumer};
+pub use consumer::{
+    ConsumerBuilder, ConsumerHandle, DEFAULT_ACK_WAIT, DEFAULT_CONCURRENCY, DEFAULT_DURABLE,
+    JetStreamConsumer,
+};
 pub use url::{DEFAULT_PORT, MAX_REPLICAS, NatsUrl};
 
 /// The header that carries the subject a message's answer is published to
@@ -47,7 +50,9 @@ pub enum NatsError {
     /// a credential.
     #[error("{field}: {message}")]
     Config {
+        /// The setting, e.g. `nats url`, `durable`, `destination`, `secret`.
         field: &'static str,
+        /// What is wrong with it.
         message: String,
     },
     /// The database (terminated messages, answers) cannot be opened.

@@ -9,27 +9,55 @@ use std::sync::{Arc, Mutex};
 use super::*;
 
 /// Why a receiver could not be built.
+///
+/// Returned by [`ReceiverBuilder::build`] before anything serves a request;
+/// the configuration checks (secrets, hosted interfaces) run before the
+/// database is opened.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReceiverError {
+    /// The inbox database could not be opened or migrated (see
+    /// [`StoreError`](crate::store::StoreError): a newer or damaged file is
+    /// refused unchanged, an unreachable PostgreSQL server names the host).
     #[error(transparent)]
     Database(#[from] crate::store::StoreError),
+    /// The inbox's read connection could not be opened on the (migrated)
+    /// database: permissions, or the file vanished.
     #[error(transparent)]
     Inbox(#[from] crate::inbox::InboxError),
+    /// A secret in `peers` does not parse; the secret itself is never
+    /// shown. Fix the configured value.
     #[error("secret #{index} of peer `{peer}` is invalid: {source}")]
     InvalidSecret {
+        /// The source service id it belongs to (the key under `peers`).
         peer: String,
+        /// Its 0-based position in that peer's list.
         index: usize,
+        /// Why it was refused.
         source: crate::signing::SecretError,
     },
+    /// Two hosted services both serve the same interface version: routing
+    /// would be ambiguous. Host each (interface, version) once.
     #[error("interface `{interface}` v{version} is hosted twice")]
-    DuplicateInterface { interface: String, version: u32 },
+    DuplicateInterface {
+        /// The interface, `package.Service`.
+        interface: String,
+        /// The version hosted twice.
+        version: u32,
+    },
+    /// A hosted interface's `manifest_json` is not JSON: hand-written
+    /// [`HostedInterface`] data is wrong (generated code never is).
     #[error("the manifest of `{interface}` v{version} is not valid JSON: {source}")]
     InvalidManifest {
+        /// The interface, `package.Service`.
         interface: String,
+        /// Its version.
         version: u32,
+        /// The JSON parser's error.
         source: serde_json::Error,
     },
+    /// The operating system refused to start a writer thread (out of
+    /// threads or memory).
     #[error("cannot start the receiver's writer thread: {0}")]
     WriterThread(std::io::Error),
 }

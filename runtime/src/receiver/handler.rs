@@ -26,6 +26,9 @@ use crate::store::{Sqlite, Store};
 pub struct HostedInterface {
     /// `package.Service`, e.g. `hr.employees.EmpService`.
     pub interface: &'static str,
+    /// The contract's service version (`service EmpService v2` is 2); the
+    /// receiver routes on (interface, version) and hosts several versions
+    /// side by side.
     pub version: u32,
     /// `sha256:<hex>` of the canonical manifest.
     pub fingerprint: &'static str,
@@ -48,13 +51,22 @@ pub struct IncomingCall<'a> {
     pub source: &'a str,
     /// `messageId`, lower-case hyphenated UUID (the inbox key; store it as TEXT).
     pub message_id: &'a str,
+    /// `correlationId`: the method's correlation key (its `@correlate`
+    /// path's value), if the contract declares one and it was present. Not
+    /// unique: many messages may share it.
     pub correlation_id: Option<&'a str>,
+    /// `messageType`: what the method is declared as (a `Signal` has no
+    /// response; a `Command`'s response goes back to the sender).
     pub message_type: MessageType,
+    /// `interface`, `package.Service`; a hosted one (the receiver routed it).
     pub interface: &'a str,
+    /// `version`: the hosted service version the call was routed to.
     pub version: u32,
     /// The sender's fingerprint (it may differ from the hosted one during a
     /// rolling deploy of a compatible revision).
     pub fingerprint: &'a str,
+    /// `endpoint`: the method name, one of the hosted interface's
+    /// [`endpoints`](HostedInterface::endpoints).
     pub endpoint: &'a str,
     /// The envelope's `payload`: one member per method parameter.
     pub payload: &'a serde_json::Value,
@@ -126,7 +138,13 @@ pub enum HandlerError {
     /// dead-letters it. Use a code that is not one of the wire protocol's
     /// (`docs/wire-protocol.md`), and document it.
     #[error("message refused for good ({code}): {message}")]
-    Refused { code: &'static str, message: String },
+    Refused {
+        /// The wire code of the 422 answer, e.g. `wrong_target`.
+        code: &'static str,
+        /// The text sent as the error body's `message`; keep payload values
+        /// out of it.
+        message: String,
+    },
     /// A failure worth retrying (a resource is down, a lock timed out): 500
     /// `handler_failed`, the sender retries with backoff.
     #[error("handler failed: {0}")]
@@ -154,6 +172,14 @@ impl From<postgres::Error> for HandlerError {
             "database: {}",
             crate::store::postgres::error_text(&error)
         ))
+    }
+}
+
+/// The runtime's own statements in a handler's transaction (the lifecycle
+/// service's) fail as a handler's own would: worth retrying.
+impl From<crate::store::StoreError> for HandlerError {
+    fn from(error: crate::store::StoreError) -> Self {
+        HandlerError::Retryable(format!("database: {error}"))
     }
 }
 

@@ -27,11 +27,11 @@
 //! the message, so the sender's retry gets the duplicate answer, or, if it
 //! rolled back, processes it then.
 
-pub(crate) mod answer;
 mod builder;
 mod duplicates;
 pub mod handler;
 mod pipeline;
+pub(crate) mod reply;
 pub(crate) mod writer;
 
 pub(crate) use builder::Started;
@@ -55,10 +55,10 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
-pub use answer::{Answer, KEYS_PENDING, ReceiveError};
 pub use handler::{
     HandlerError, HostedInterface, HostedService, IncomingCall, decode_payload, encode_response,
 };
+pub use reply::{KEYS_PENDING, ReceiveError, Reply};
 
 use crate::config::Config;
 use crate::envelope::BatchResult;
@@ -92,7 +92,7 @@ pub const DEFAULT_BATCH_BODY_LIMIT: usize = 32 * 1024 * 1024;
 const QUEUE_CAPACITY: usize = 4096;
 /// What [`Shared::admit_batch`] found: an answer for each refused item, the
 /// admitted deliveries, and their positions in the batch.
-type BatchAdmission = (Vec<Option<Answer>>, Vec<Delivery>, Vec<usize>);
+type BatchAdmission = (Vec<Option<Reply>>, Vec<Delivery>, Vec<usize>);
 
 /// Requests whose body is larger than this are admitted (JSON parse and
 /// HMAC) on the blocking pool, so that a few large bodies cannot hold the
@@ -102,7 +102,7 @@ type BatchAdmission = (Vec<Option<Answer>>, Vec<Delivery>, Vec<usize>);
 const ADMIT_INLINE_LIMIT: usize = 64 * 1024;
 /// How long a request body may take to arrive whole, from the end of its
 /// headers; a slower one is answered 408 `body_timeout` and its connection
-/// closed. [`crate::serve`] applies the same bound to every route.
+/// closed. [`serve()`](crate::serve()) applies the same bound to every route.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 struct Shared {
@@ -224,13 +224,13 @@ impl Receiver {
         headers: &HeaderMap,
         body: Bytes,
         stored_at: i64,
-    ) -> Answer {
+    ) -> Reply {
         if body.len() > self.shared.body_limit {
             let refusal = ReceiveError::PayloadTooLarge {
                 limit: self.shared.body_limit,
             };
             self.shared.count_refusal(&refusal);
-            return Answer::Refused(refusal);
+            return Reply::Refused(refusal);
         }
         self.shared.receive_one_at(headers, body, stored_at).await
     }
@@ -269,13 +269,13 @@ impl Receiver {
 
     /// Processes one envelope as `POST /_rf/receive` would, without HTTP (for
     /// in-process transports and tests).
-    pub async fn receive(&self, headers: &HeaderMap, body: Bytes) -> Answer {
+    pub async fn receive(&self, headers: &HeaderMap, body: Bytes) -> Reply {
         if body.len() > self.shared.body_limit {
             let refusal = ReceiveError::PayloadTooLarge {
                 limit: self.shared.body_limit,
             };
             self.shared.count_refusal(&refusal);
-            return Answer::Refused(refusal);
+            return Reply::Refused(refusal);
         }
         self.shared.receive_one(headers, body).await
     }
@@ -290,10 +290,10 @@ impl Receiver {
     /// body limit) that was refused before it was read whole (counted like
     /// any refusal).
     #[cfg(feature = "grpc")]
-    pub(crate) fn payload_too_large(&self, limit: usize) -> Answer {
+    pub(crate) fn payload_too_large(&self, limit: usize) -> Reply {
         let refusal = ReceiveError::PayloadTooLarge { limit };
         self.shared.count_refusal(&refusal);
-        Answer::Refused(refusal)
+        Reply::Refused(refusal)
     }
 
     /// Stops taking messages, lets the writer finish what is queued, and waits
@@ -375,7 +375,7 @@ async fn receive_batch(
     match shared.receive_batch(bytes).await {
         Ok(answers) => {
             let results: Vec<BatchResult> =
-                answers.into_iter().map(Answer::into_batch_result).collect();
+                answers.into_iter().map(Reply::into_batch_result).collect();
             axum::Json(results).into_response()
         }
         Err(refusal) => {

@@ -16,14 +16,14 @@ use uuid::Uuid;
 
 use super::writer::{Command, Delivery, Job};
 use super::{
-    ADMIT_INLINE_LIMIT, Answer, BatchAdmission, ReceiveError, Shared, Verification, handler,
+    ADMIT_INLINE_LIMIT, BatchAdmission, ReceiveError, Reply, Shared, Verification, handler,
 };
 use crate::envelope::{BatchItem, Envelope};
 use crate::inbox::payload_digest;
 use crate::signing::{self, HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP};
 
 impl Shared {
-    pub(super) async fn receive_one(self: &Arc<Self>, headers: &HeaderMap, body: Bytes) -> Answer {
+    pub(super) async fn receive_one(self: &Arc<Self>, headers: &HeaderMap, body: Bytes) -> Reply {
         self.receive_one_at(headers, body, signing::unix_now())
             .await
     }
@@ -35,7 +35,7 @@ impl Shared {
         headers: &HeaderMap,
         body: Bytes,
         now: i64,
-    ) -> Answer {
+    ) -> Reply {
         let admitted = if body.len() <= ADMIT_INLINE_LIMIT {
             self.admit(headers, &body, now)
         } else {
@@ -54,11 +54,11 @@ impl Shared {
                 let mut answers = self.process(vec![admitted]).await;
                 answers
                     .pop()
-                    .unwrap_or(Answer::Refused(ReceiveError::Unavailable(
+                    .unwrap_or(Reply::Refused(ReceiveError::Unavailable(
                         "the writer gave no answer".to_owned(),
                     )))
             }
-            Err(refusal) => Answer::Refused(refusal),
+            Err(refusal) => Reply::Refused(refusal),
         };
         self.count(&answer);
         answer
@@ -69,7 +69,7 @@ impl Shared {
     pub(super) async fn receive_batch(
         self: &Arc<Self>,
         bytes: Bytes,
-    ) -> Result<Vec<Answer>, ReceiveError> {
+    ) -> Result<Vec<Reply>, ReceiveError> {
         let (mut answers, admitted, positions) = if bytes.len() <= ADMIT_INLINE_LIMIT {
             self.admit_batch(&bytes)?
         } else {
@@ -86,10 +86,10 @@ impl Shared {
                 answers[position] = Some(answer);
             }
         }
-        let answers: Vec<Answer> = answers
+        let answers: Vec<Reply> = answers
             .into_iter()
             .map(|answer| {
-                answer.unwrap_or(Answer::Refused(ReceiveError::Unavailable(
+                answer.unwrap_or(Reply::Refused(ReceiveError::Unavailable(
                     "the writer gave no answer".to_owned(),
                 )))
             })
@@ -109,12 +109,12 @@ impl Shared {
                 crate::redact::json_error(&e)
             ))
         })?;
-        let mut answers: Vec<Option<Answer>> = Vec::with_capacity(items.len());
+        let mut answers: Vec<Option<Reply>> = Vec::with_capacity(items.len());
         let mut admitted = Vec::new();
         let mut positions = Vec::new();
         for item in &items {
             if item.body.len() > self.body_limit {
-                answers.push(Some(Answer::Refused(ReceiveError::PayloadTooLarge {
+                answers.push(Some(Reply::Refused(ReceiveError::PayloadTooLarge {
                     limit: self.body_limit,
                 })));
                 continue;
@@ -125,7 +125,7 @@ impl Shared {
                     answers.push(None);
                     admitted.push(message);
                 }
-                Err(refusal) => answers.push(Some(Answer::Refused(refusal))),
+                Err(refusal) => answers.push(Some(Reply::Refused(refusal))),
             }
         }
         Ok((answers, admitted, positions))
@@ -277,7 +277,7 @@ impl Shared {
 
     /// Step 7 (the committed-inbox look-up, off the executor), then the
     /// writer for whatever is new (steps 8 and 9 run there).
-    pub(super) async fn process(&self, admitted: Vec<Delivery>) -> Vec<Answer> {
+    pub(super) async fn process(&self, admitted: Vec<Delivery>) -> Vec<Reply> {
         let keys: Vec<(String, String)> = admitted
             .iter()
             .map(|a| (a.envelope.source_service_id.clone(), a.message_id.clone()))
@@ -286,8 +286,8 @@ impl Shared {
         // writer, unread: the writer's transaction looks it up anyway and
         // answers a duplicate from there, so a look-up here would only put a
         // read (and, on SQLite, a page cache the writer's last commit made
-        // stale) on every message's path: about 30 µs of commit -> effect on
-        // the benchmark machine. Batches, and a message whose age makes the
+        // stale) on every message's path (measured in BENCHMARKS.md,
+        // "Commit -> effect"). Batches, and a message whose age makes the
         // look-up decide between a duplicate and `beyond_dedup_horizon`,
         // are looked up here on the blocking pool, which keeps duplicates
         // off the writer.
@@ -310,31 +310,31 @@ impl Shared {
             Err(e) => {
                 error!(error = %e, "inbox look-up task failed");
                 let refusal = ReceiveError::Unavailable("inbox look-up failed".to_owned());
-                return vec![Answer::Refused(refusal); admitted.len()];
+                return vec![Reply::Refused(refusal); admitted.len()];
             }
         };
 
-        let mut answers: Vec<Option<Answer>> = Vec::with_capacity(admitted.len());
+        let mut answers: Vec<Option<Reply>> = Vec::with_capacity(admitted.len());
         let mut fresh = Vec::new();
         let mut positions = Vec::new();
         for (delivery, entry) in admitted.into_iter().zip(found) {
             match entry {
                 Ok(Some(entry)) if entry.payload_sha256 == delivery.payload_sha256 => {
                     self.metrics.inbox_duplicates.inc();
-                    answers.push(Some(Answer::Acknowledged {
+                    answers.push(Some(Reply::Acknowledged {
                         duplicate: true,
                         payload: entry.response_value(),
                     }));
                 }
                 Ok(Some(_)) => {
-                    answers.push(Some(Answer::Refused(ReceiveError::MessageIdReused {
+                    answers.push(Some(Reply::Refused(ReceiveError::MessageIdReused {
                         source_service_id: delivery.envelope.source_service_id.clone(),
                         message_id: delivery.message_id.clone(),
                     })));
                 }
                 Ok(None) => {
                     if let Some(refusal) = self.beyond_horizon(&delivery) {
-                        answers.push(Some(Answer::Refused(refusal)));
+                        answers.push(Some(Reply::Refused(refusal)));
                         continue;
                     }
                     positions.push(answers.len());
@@ -343,7 +343,7 @@ impl Shared {
                 }
                 Err(e) => {
                     error!(error = %e, "inbox look-up failed");
-                    answers.push(Some(Answer::Refused(ReceiveError::Unavailable(format!(
+                    answers.push(Some(Reply::Refused(ReceiveError::Unavailable(format!(
                         "inbox look-up failed: {e}"
                     )))));
                 }
@@ -357,7 +357,7 @@ impl Shared {
                 written
             } else {
                 vec![
-                    Answer::Refused(ReceiveError::Unavailable(
+                    Reply::Refused(ReceiveError::Unavailable(
                         "the writer gave no answer".to_owned()
                     ));
                     count
@@ -371,12 +371,12 @@ impl Shared {
             .into_iter()
             .zip(keys)
             .map(|(answer, (source, id))| {
-                let answer = answer.unwrap_or(Answer::Refused(ReceiveError::Unavailable(
+                let answer = answer.unwrap_or(Reply::Refused(ReceiveError::Unavailable(
                     "no answer".to_owned(),
                 )));
                 if matches!(
                     answer,
-                    Answer::Acknowledged {
+                    Reply::Acknowledged {
                         duplicate: true,
                         ..
                     }
@@ -405,22 +405,22 @@ impl Shared {
     }
 
     /// Hands deliveries to the writer and waits (bounded) for their answers.
-    pub(super) async fn write(&self, deliveries: Vec<Delivery>) -> Vec<Answer> {
+    pub(super) async fn write(&self, deliveries: Vec<Delivery>) -> Vec<Reply> {
         let count = deliveries.len();
         let (reply, answered) = oneshot::channel();
         let job = Job { deliveries, reply };
         let wait = async {
             if self.commands.send(Command::Deliver(job)).await.is_err() {
-                return vec![Answer::Refused(ReceiveError::ShuttingDown); count];
+                return vec![Reply::Refused(ReceiveError::ShuttingDown); count];
             }
             answered
                 .await
-                .unwrap_or_else(|_| vec![Answer::Refused(ReceiveError::ShuttingDown); count])
+                .unwrap_or_else(|_| vec![Reply::Refused(ReceiveError::ShuttingDown); count])
         };
         match tokio::time::timeout(self.in_progress_wait, wait).await {
             Ok(answers) => answers,
             // The writer may still commit it: the sender's retry then gets a duplicate.
-            Err(_) => vec![Answer::Refused(ReceiveError::InProgress); count],
+            Err(_) => vec![Reply::Refused(ReceiveError::InProgress); count],
         }
     }
 
@@ -443,8 +443,8 @@ impl Shared {
         }
     }
 
-    pub(super) fn count(&self, answer: &Answer) {
-        if let Answer::Refused(refusal) = answer {
+    pub(super) fn count(&self, answer: &Reply) {
+        if let Reply::Refused(refusal) = answer {
             self.count_refusal(refusal);
         }
     }

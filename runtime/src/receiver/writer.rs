@@ -29,8 +29,8 @@ use tracing::{error, warn};
 use crate::envelope::Envelope;
 use crate::inbox::{PayloadDigest, RawEntry};
 use crate::metrics::Metrics;
-use crate::receiver::answer::{Answer, ReceiveError};
 use crate::receiver::handler::{HandlerError, HostedService, IncomingCall};
+use crate::receiver::reply::{ReceiveError, Reply};
 use crate::store::{Sqlite, Store, StoreError};
 
 /// A verified, routed message waiting for the writer.
@@ -55,7 +55,7 @@ pub(crate) struct Delivery {
 #[derive(Debug)]
 pub(crate) struct Job {
     pub deliveries: Vec<Delivery>,
-    pub reply: oneshot::Sender<Vec<Answer>>,
+    pub reply: oneshot::Sender<Vec<Reply>>,
 }
 
 #[derive(Debug)]
@@ -277,7 +277,7 @@ impl<W: InboxStep> Writer<W> {
         let count: usize = group.iter().map(|job| job.deliveries.len()).sum();
         let refuse_all = |group: Vec<Job>, reason: &str| {
             for job in group {
-                let refusal = Answer::Refused(ReceiveError::Unavailable(reason.to_owned()));
+                let refusal = Reply::Refused(ReceiveError::Unavailable(reason.to_owned()));
                 let _ = job.reply.send(vec![refusal; job.deliveries.len()]);
             }
         };
@@ -293,7 +293,7 @@ impl<W: InboxStep> Writer<W> {
         };
         let now = crate::store::now_ms();
         let expires_at = now.saturating_add(retention_ms);
-        let mut answered: Vec<(oneshot::Sender<Vec<Answer>>, Vec<Answer>)> =
+        let mut answered: Vec<(oneshot::Sender<Vec<Reply>>, Vec<Reply>)> =
             Vec::with_capacity(group.len());
         let mut lost: Option<String> = None;
         let mut refused_alone = false;
@@ -302,7 +302,7 @@ impl<W: InboxStep> Writer<W> {
             let mut answers = Vec::with_capacity(job.deliveries.len());
             for delivery in &job.deliveries {
                 if let Some(reason) = &lost {
-                    answers.push(Answer::Refused(ReceiveError::Unavailable(reason.clone())));
+                    answers.push(Reply::Refused(ReceiveError::Unavailable(reason.clone())));
                     continue;
                 }
                 let savepoint = match (count, index) {
@@ -360,7 +360,7 @@ impl<W: InboxStep> Writer<W> {
                 // Acknowledgements and id-reuse verdicts of this group may rest
                 // on rows that never committed: the sender must retry.
                 for answer in answers.iter_mut() {
-                    *answer = Answer::Refused(ReceiveError::Unavailable(reason.clone()));
+                    *answer = Reply::Refused(ReceiveError::Unavailable(reason.clone()));
                 }
                 continue;
             }
@@ -385,12 +385,12 @@ fn process<W: InboxStep>(
     now: i64,
     expires_at: i64,
     savepoint: Savepoint,
-) -> (Answer, State) {
+) -> (Reply, State) {
     let envelope = &delivery.envelope;
     let source = envelope.source_service_id.as_str();
     let unavailable = |what: &str, e: &StoreError| {
         error!(error = %e, "{what}");
-        Answer::Refused(ReceiveError::Unavailable(format!("{what}: {e}")))
+        Reply::Refused(ReceiveError::Unavailable(format!("{what}: {e}")))
     };
     let opening = match savepoint {
         Savepoint::None => None,
@@ -410,25 +410,25 @@ fn process<W: InboxStep>(
             // Processed already: by a transaction that committed, or
             // earlier in this one.
             let answer = if entry.payload_sha256[..] == delivery.payload_sha256[..] {
-                Answer::Acknowledged {
+                Reply::Acknowledged {
                     duplicate: true,
                     payload: entry_response(entry.response.as_deref()),
                 }
             } else {
-                Answer::Refused(ReceiveError::MessageIdReused {
+                Reply::Refused(ReceiveError::MessageIdReused {
                     source_service_id: source.to_owned(),
                     message_id: delivery.message_id.clone(),
                 })
             };
             return (answer, State::Intact);
         }
-        Ok(Claim::InProgress) => return (Answer::Refused(ReceiveError::InProgress), State::Intact),
+        Ok(Claim::InProgress) => return (Reply::Refused(ReceiveError::InProgress), State::Intact),
         Err(e) => return (unavailable("inbox look-up failed", &e), State::Intact),
         Ok(Claim::Fresh) => match handlers.run(delivery, W::handle(tx)) {
             Ok(response) => match W::record(tx, delivery, &response.to_string(), now, expires_at) {
                 Ok(()) => {
                     return (
-                        Answer::Acknowledged {
+                        Reply::Acknowledged {
                             duplicate: false,
                             payload: response,
                         },
@@ -444,30 +444,30 @@ fn process<W: InboxStep>(
         },
     };
     if savepoint == Savepoint::None {
-        return (Answer::Refused(refusal), State::RollBack);
+        return (Reply::Refused(refusal), State::RollBack);
     }
     // The savepoint stays open: the next message (or the commit) releases it.
     match W::batch(tx, "ROLLBACK TO SAVEPOINT rf_message") {
-        Ok(()) => (Answer::Refused(refusal), State::Intact),
+        Ok(()) => (Reply::Refused(refusal), State::Intact),
         Err(e) => {
             error!(error = %e, "cannot roll back a failed message's savepoint");
-            (Answer::Refused(refusal), State::Compromised)
+            (Reply::Refused(refusal), State::Compromised)
         }
     }
 }
 
 /// How many of `answers` were processed now and how many were duplicates.
-pub(crate) fn acknowledged(answers: &[Answer]) -> (u64, u64) {
+pub(crate) fn acknowledged(answers: &[Reply]) -> (u64, u64) {
     answers
         .iter()
         .fold((0, 0), |(fresh, again), answer| match answer {
-            Answer::Acknowledged {
+            Reply::Acknowledged {
                 duplicate: false, ..
             } => (fresh + 1, again),
-            Answer::Acknowledged {
+            Reply::Acknowledged {
                 duplicate: true, ..
             } => (fresh, again + 1),
-            Answer::Refused(_) => (fresh, again),
+            Reply::Refused(_) => (fresh, again),
         })
 }
 

@@ -83,6 +83,38 @@ pub(crate) mod sealed {
         where
             Self: super::Store;
 
+        /// Records a lifecycle command as its version's last applied; the
+        /// newer one recorded (nothing written) when there is one.
+        fn record_applied(
+            tx: &mut <Self as super::Store>::Handle<'_, '_>,
+            applied: &crate::lifecycle::Applied<'_>,
+        ) -> Result<Option<(i64, String)>, StoreError>
+        where
+            Self: super::Store;
+
+        /// Decommissions a version and holds its pending rows:
+        /// (decommissioned at, rows held).
+        fn hold_version(
+            tx: &mut <Self as super::Store>::Handle<'_, '_>,
+            interface: &str,
+            version: u32,
+            now: i64,
+            reason: &str,
+        ) -> Result<(i64, u64), StoreError>
+        where
+            Self: super::Store;
+
+        /// Re-commissions a version and releases its held rows: how many.
+        fn release_version(
+            tx: &mut <Self as super::Store>::Handle<'_, '_>,
+            interface: &str,
+            version: u32,
+            now: i64,
+            reason: &str,
+        ) -> Result<u64, StoreError>
+        where
+            Self: super::Store;
+
         /// Opens the sender's database for the JetStream answers consumer.
         #[cfg(any(feature = "nats", feature = "amqp"))]
         fn open_answers(
@@ -224,7 +256,12 @@ pub enum DatabaseError {
     PostgresNotBuilt(String),
     /// A `postgres://` URL that does not parse.
     #[error("invalid PostgreSQL URL `{url}`: {reason}")]
-    InvalidUrl { url: String, reason: String },
+    InvalidUrl {
+        /// The URL as given, its password replaced.
+        url: String,
+        /// The PostgreSQL client's reason.
+        reason: String,
+    },
 }
 
 impl Database {
@@ -280,6 +317,14 @@ impl From<&postgres::PostgresUrl> for Database {
         Database::Postgres(Box::new(url.clone()))
     }
 }
+
+/// The decommissioned versions and their held rows (the same SQL on both
+/// stores; `4611686018427387904` is [`crate::lifecycle::HELD_DUE_MS`]).
+pub(crate) const DECOMMISSIONED_SQL: &str = "SELECT d.interface, d.version, d.decommissioned_at, \
+     (SELECT COUNT(*) FROM outbox_messages o WHERE o.status IN ('Pending', 'Sending') \
+      AND o.status = 'Pending' AND o.next_retry_at >= 4611686018427387904 \
+      AND o.interface = d.interface AND o.version = d.version) \
+     FROM rf_decommissioned d ORDER BY d.interface, d.version";
 
 /// Milliseconds since the Unix epoch, the unit of every stored time.
 pub fn now_ms() -> i64 {

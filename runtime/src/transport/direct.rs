@@ -274,7 +274,7 @@ mod tests {
 
     fn request() -> OutgoingRequest {
         OutgoingRequest {
-            path: super::super::RECEIVE_PATH,
+            path: crate::receiver::RECEIVE_PATH,
             headers: vec![("webhook-id", "m".to_owned())],
             body: b"{}".to_vec(),
         }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::direct::{self, Direct};
 use super::{
-    BatchFuture, OutgoingRequest, RECEIVE_BATCH_PATH, SendFuture, Transport, TransportError,
-    TransportResponse, batch_body, retry_after, split_batch_answer,
+    BatchFuture, OutgoingRequest, SendFuture, Transport, TransportError, TransportResponse,
+    batch_body, retry_after, split_batch_answer,
 };
 
 /// Sends to `{base_url}{path}`.
@@ -172,7 +172,7 @@ impl HttpTransport {
             return None;
         }
         let batch = OutgoingRequest {
-            path: RECEIVE_BATCH_PATH,
+            path: crate::receiver::RECEIVE_BATCH_PATH,
             headers: Vec::new(),
             body: batch_body(requests),
         };

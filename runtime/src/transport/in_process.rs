@@ -10,6 +10,16 @@ use super::{
     OutgoingRequest, SendFuture, Transport, TransportError, TransportResponse, retry_after,
 };
 
+/// Delivers into an axum [`Router`] in this process (a receiver's
+/// [`router`](crate::receiver::Receiver::router)): no socket, no
+/// serialization beyond the envelope, and the receiver's whole pipeline
+/// (signature, inbox, handler transaction) runs as over HTTP. For tests
+/// and for two services in one process; route it in code with
+/// [`DispatcherBuilder::route`](crate::dispatcher::DispatcherBuilder::route)
+/// (an `inproc://` URL in the configuration is refused).
+///
+/// It has no timeout of its own: a request takes as long as the receiver
+/// does (at most `inbox.in_progress_wait` before a 503 `in_progress`).
 #[derive(Clone)]
 pub struct InProcessTransport {
     router: Router,

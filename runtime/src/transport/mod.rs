@@ -45,34 +45,60 @@ pub use spread::{DEFAULT_DOWN_BASE, DEFAULT_DOWN_MAX, EndpointState, SpreadTrans
 #[cfg(unix)]
 pub use unix::UnixSocketTransport;
 
-/// The receiver path for single messages.
-pub const RECEIVE_PATH: &str = "/_rf/receive";
-
 /// A request ready to send: headers (signature included) and exact body bytes.
 #[derive(Debug, Clone)]
 pub struct OutgoingRequest {
+    /// The receiver path, relative to the destination's base URL: the
+    /// dispatcher always sends [`RECEIVE_PATH`](crate::receiver::RECEIVE_PATH);
+    /// a transport that batches picks the batch path itself.
     pub path: &'static str,
+    /// The Standard Webhooks headers (`webhook-id`, `webhook-timestamp`,
+    /// `webhook-signature`); the transport adds its own (content type,
+    /// host).
     pub headers: Vec<(&'static str, String)>,
+    /// The envelope's JSON text, exactly as signed: send it unchanged, or
+    /// the signature no longer matches (401 `bad_signature`).
     pub body: Vec<u8>,
 }
 
 /// What the receiver answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TransportResponse {
+    /// The HTTP status (or the status a non-HTTP transport maps its answer
+    /// to, e.g. 202 for a broker's acknowledgement).
     pub status: u16,
+    /// The answer body as received: an acknowledgement, an
+    /// [`ErrorBody`](crate::envelope::ErrorBody), or anything a foreign
+    /// receiver sent.
     pub body: Vec<u8>,
     /// `Retry-After` in seconds, when given.
     pub retry_after: Option<Duration>,
 }
 
 /// The request did not get an answer.
+///
+/// The dispatcher treats every variant as a destination-level failure:
+/// the row is retried until its TTL without counting against
+/// `max_retries`, and repeated failures open the destination's circuit.
+/// The receiver may still have processed the message (the answer may be
+/// what was lost); sending it again is safe, since the receiver's inbox
+/// answers a copy as a duplicate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TransportError {
+    /// No connection could be made (refused, DNS, TLS handshake, socket
+    /// file missing): the request was not sent. The text is the cause.
     #[error("cannot connect: {0}")]
     Connect(String),
+    /// No whole answer within the transport's timeout
+    /// (`outbox.request_timeout`, 10 s by default): the request may or may
+    /// not have been processed.
     #[error("no answer within the timeout")]
     Timeout,
+    /// Any other failure: a reset connection, an unreadable answer, a
+    /// broken batch answer, a request or TLS setting that could not be
+    /// built. Unless the text says it was never built, the request may
+    /// have been processed.
     #[error("transport error: {0}")]
     Other(String),
 }
@@ -85,11 +111,15 @@ pub type SendFuture<'a> =
 pub type BatchFuture<'a> =
     Pin<Box<dyn Future<Output = Vec<Result<TransportResponse, TransportError>>> + Send + 'a>>;
 
-/// The receiver path for batches (`wire-protocol.md`, "Batches").
-pub const RECEIVE_BATCH_PATH: &str = "/_rf/receive/batch";
-
 /// Moves requests to a receiver.
 pub trait Transport: Send + Sync + 'static {
+    /// Sends one request and returns what the receiver answered, whatever
+    /// its status: `Ok` for any answer (the dispatcher classifies it), `Err`
+    /// only when there was none. Never resend a request that got an
+    /// answer: retries are the dispatcher's decision (backoff, leases,
+    /// counting); only an unanswered request may go to another base URL
+    /// ([`SpreadTransport`]). Called concurrently from the dispatcher's
+    /// runtime.
     fn send(&self, request: OutgoingRequest) -> SendFuture<'_>;
 
     /// Sends several requests to the same receiver. The default sends them

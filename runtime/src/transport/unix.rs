@@ -12,6 +12,9 @@ use hyper_util::rt::TokioIo;
 
 use super::{OutgoingRequest, SendFuture, Transport, TransportError, read_answer};
 
+/// HTTP/1.1 over a Unix domain socket: a `unix:///path/to.sock`
+/// destination, for a receiver on the same machine served on a socket
+/// file. One connection per request.
 #[derive(Debug, Clone)]
 pub struct UnixSocketTransport {
     path: PathBuf,
@@ -19,6 +22,10 @@ pub struct UnixSocketTransport {
 }
 
 impl UnixSocketTransport {
+    /// Sends to the socket file at `path`; a request without a whole
+    /// answer within `timeout` (connect included) fails with
+    /// [`TransportError::Timeout`]. A missing socket file or a refused
+    /// connection is [`TransportError::Connect`].
     pub fn new(path: impl Into<PathBuf>, timeout: Duration) -> Self {
         Self {
             path: path.into(),

@@ -563,7 +563,7 @@ async fn a_client_signed_by_the_reference_library_is_accepted() {
 
 #[tokio::test]
 async fn receive_without_http_follows_the_same_checks() {
-    use rfidl_runtime::receiver::{Answer, ReceiveError};
+    use rfidl_runtime::receiver::{ReceiveError, Reply};
     let fixture = Fixture::start().await;
     let message = Message::hired("direct");
     let body = message.body();
@@ -576,14 +576,14 @@ async fn receive_without_http_follows_the_same_checks() {
         .receive(&headers, body.clone().into())
         .await;
     assert!(
-        matches!(&answer, Answer::Acknowledged { duplicate: false, payload } if payload["welcomed"] == "direct"),
+        matches!(&answer, Reply::Acknowledged { duplicate: false, payload } if payload["welcomed"] == "direct"),
         "{answer:?}"
     );
     let again = fixture.receiver.receive(&headers, body.into()).await;
     assert!(
         matches!(
             again,
-            Answer::Acknowledged {
+            Reply::Acknowledged {
                 duplicate: true,
                 ..
             }
@@ -594,7 +594,7 @@ async fn receive_without_http_follows_the_same_checks() {
     let refused = fixture.receiver.receive(&headers, huge.into()).await;
     assert_eq!(
         refused,
-        Answer::Refused(ReceiveError::PayloadTooLarge { limit: 1024 * 1024 })
+        Reply::Refused(ReceiveError::PayloadTooLarge { limit: 1024 * 1024 })
     );
 }
 

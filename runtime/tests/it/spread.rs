@@ -18,9 +18,7 @@ use rfidl_runtime::dispatcher::{Dispatcher, DispatcherError};
 use rfidl_runtime::outbox::{Outbox, OutgoingMessage};
 use rfidl_runtime::receiver::Receiver;
 use rfidl_runtime::signing::Secret;
-use rfidl_runtime::transport::{
-    HttpTransport, OutgoingRequest, RECEIVE_PATH, SpreadTransport, Transport,
-};
+use rfidl_runtime::transport::{HttpTransport, OutgoingRequest, SpreadTransport, Transport};
 use serde_json::json;
 use tokio::sync::oneshot;
 
@@ -239,8 +237,7 @@ async fn every_url_down(store: &TestStore) {
     let ids = store.enqueue_many(&outbox, (0..20).map(credit).collect());
     let circuit_open = || {
         outbox
-            .circuits()
-            .states()
+            .circuit_states()
             .iter()
             .any(|s| s.destination == "ledger" && s.circuit == "open")
     };
@@ -332,7 +329,7 @@ async fn several_urls_must_all_be_http_and_distinct() {
 
 fn unsigned(body: &str) -> OutgoingRequest {
     OutgoingRequest {
-        path: RECEIVE_PATH,
+        path: rfidl_runtime::receiver::RECEIVE_PATH,
         headers: Vec::new(),
         body: body.as_bytes().to_vec(),
     }

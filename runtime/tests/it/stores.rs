@@ -659,10 +659,10 @@ impl AnyOutbox {
         }
     }
 
-    pub fn circuits(&self) -> &Arc<rfidl_runtime::circuit::Circuits> {
+    pub fn circuit_states(&self) -> Vec<rfidl_runtime::diagnostics::DestinationState> {
         match self {
-            AnyOutbox::Sqlite(outbox) => outbox.circuits(),
-            AnyOutbox::Postgres(outbox) => outbox.circuits(),
+            AnyOutbox::Sqlite(outbox) => outbox.circuit_states(),
+            AnyOutbox::Postgres(outbox) => outbox.circuit_states(),
         }
     }
 

@@ -201,7 +201,7 @@ impl DiagnosticsStore for PostgresDiagnostics {
     fn decommissioned(&self) -> Result<Vec<(String, i64, i64, i64)>, DiagnosticsError> {
         self.with_client(|client| {
             Ok(client
-                .query(crate::diagnostics::DECOMMISSIONED_SQL, &[])?
+                .query(crate::store::DECOMMISSIONED_SQL, &[])?
                 .iter()
                 .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3)))
                 .collect())

@@ -14,8 +14,9 @@ use crate::dispatcher::records::{self, DispatchDb, OutboxTx, RecordCounts};
 use crate::dispatcher::{Attempt, Claimed, Verdict};
 use crate::responses::ResponseHandler;
 use crate::store::Postgres;
+use crate::store::StoreError;
 
-use super::{Connection, error_text};
+use super::{Connection, statement};
 
 pub(crate) struct PostgresDispatch {
     conn: Mutex<Connection>,
@@ -36,14 +37,11 @@ impl PostgresDispatch {
     /// Runs `work` in one transaction on the dispatcher's connection.
     fn in_transaction<T>(
         &self,
-        work: impl FnOnce(&mut PostgresOps<'_, '_>) -> Result<T, String>,
-    ) -> Result<T, String> {
-        let mut conn = self
-            .conn
-            .lock()
-            .map_err(|_| "the dispatcher's connection is poisoned".to_owned())?;
+        work: impl FnOnce(&mut PostgresOps<'_, '_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.conn.lock().map_err(|_| StoreError::Poisoned)?;
         let client = conn.client()?;
-        let mut tx = client.transaction().map_err(|e| error_text(&e))?;
+        let mut tx = client.transaction().map_err(|e| statement(&e))?;
         let value = {
             let mut ops = PostgresOps {
                 tx: &mut tx,
@@ -51,13 +49,13 @@ impl PostgresDispatch {
             };
             work(&mut ops)?
         };
-        tx.commit().map_err(|e| error_text(&e))?;
+        tx.commit().map_err(|e| statement(&e))?;
         Ok(value)
     }
 }
 
 impl DispatchDb for PostgresDispatch {
-    fn discover(&self) -> Result<Vec<String>, String> {
+    fn discover(&self) -> Result<Vec<String>, StoreError> {
         self.in_transaction(|ops| {
             // A loose index scan: one index probe per distinct destination.
             let rows = ops
@@ -74,14 +72,14 @@ impl DispatchDb for PostgresDispatch {
                      SELECT destination FROM d WHERE destination IS NOT NULL",
                     &[],
                 )
-                .map_err(|e| error_text(&e))?;
+                .map_err(|e| statement(&e))?;
             Ok(rows.iter().map(|row| row.get(0)).collect())
         })
     }
 
-    fn decommissioned(&self) -> Result<Vec<(String, u32, i64)>, String> {
+    fn decommissioned(&self) -> Result<Vec<(String, u32, i64)>, StoreError> {
         self.in_transaction(|ops| {
-            crate::lifecycle::read_postgres(&mut *ops.tx).map_err(|e| error_text(&e))
+            crate::store::postgres::lifecycle::read(&mut *ops.tx).map_err(|e| statement(&e))
         })
     }
 
@@ -104,7 +102,7 @@ impl DispatchDb for PostgresDispatch {
         &self,
         attempts: &[(Attempt, Verdict)],
         config: &Config,
-    ) -> Result<RecordCounts, String> {
+    ) -> Result<RecordCounts, StoreError> {
         self.in_transaction(|ops| records::record_in(ops, attempts, config))
     }
 }
@@ -127,11 +125,11 @@ impl PostgresOps<'_, '_> {
         &mut self,
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
-    ) -> Result<bool, String> {
+    ) -> Result<bool, StoreError> {
         self.tx
             .execute_typed(sql, params)
             .map(|n| n == 1)
-            .map_err(|e| error_text(&e))
+            .map_err(|e| statement(&e))
     }
 }
 
@@ -143,7 +141,7 @@ impl OutboxTx for PostgresOps<'_, '_> {
         now: i64,
         lease_until: i64,
         limit: usize,
-    ) -> Result<Vec<(Claimed, i64)>, String> {
+    ) -> Result<Vec<(Claimed, i64)>, StoreError> {
         let rows = self
             .tx
             .query_typed(
@@ -161,7 +159,7 @@ impl OutboxTx for PostgresOps<'_, '_> {
                     (&destination, Type::TEXT),
                 ],
             )
-            .map_err(|e| error_text(&e))?;
+            .map_err(|e| statement(&e))?;
         let mut claimed: Vec<(Claimed, i64)> = rows
             .iter()
             .map(|r| {
@@ -191,7 +189,7 @@ impl OutboxTx for PostgresOps<'_, '_> {
         Ok(claimed)
     }
 
-    fn expire(&mut self, row: &Claimed) -> Result<(), String> {
+    fn expire(&mut self, row: &Claimed) -> Result<(), StoreError> {
         self.update(
             "UPDATE outbox_messages SET status = 'Expired', lease_token = NULL, \
              last_error = 'time to live exceeded' WHERE message_id = $1 AND lease_token = $2",
@@ -200,7 +198,7 @@ impl OutboxTx for PostgresOps<'_, '_> {
         .map(drop)
     }
 
-    fn release(&mut self, row: &Claimed, now: i64) -> Result<(), String> {
+    fn release(&mut self, row: &Claimed, now: i64) -> Result<(), StoreError> {
         self.update(
             "UPDATE outbox_messages SET status = 'Pending', lease_token = NULL, next_retry_at = $3 \
              WHERE message_id = $1 AND lease_token = $2",
@@ -213,7 +211,7 @@ impl OutboxTx for PostgresOps<'_, '_> {
         .map(drop)
     }
 
-    fn finish(&mut self, row: &Claimed, status: &str, error: &str) -> Result<bool, String> {
+    fn mark_final(&mut self, row: &Claimed, status: &str, error: &str) -> Result<bool, StoreError> {
         self.update(
             "UPDATE outbox_messages SET status = $3, last_error = $4, lease_token = NULL \
              WHERE message_id = $1 AND lease_token = $2 AND status = 'Sending'",
@@ -226,13 +224,13 @@ impl OutboxTx for PostgresOps<'_, '_> {
         )
     }
 
-    fn again(
+    fn schedule_retry(
         &mut self,
         row: &Claimed,
         retry_count: u32,
         next_at: i64,
         error: &str,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, StoreError> {
         self.update(
             "UPDATE outbox_messages SET status = 'Pending', retry_count = $3, next_retry_at = $4, \
              last_error = $5, lease_token = NULL \
@@ -247,7 +245,12 @@ impl OutboxTx for PostgresOps<'_, '_> {
         )
     }
 
-    fn hold(&mut self, row: &Claimed, now: i64, error: &str) -> Result<bool, String> {
+    fn hold_if_decommissioned(
+        &mut self,
+        row: &Claimed,
+        now: i64,
+        error: &str,
+    ) -> Result<bool, StoreError> {
         let still = !self
             .tx
             .query_typed(
@@ -257,7 +260,7 @@ impl OutboxTx for PostgresOps<'_, '_> {
                     (&i64::from(row.version), Type::INT8),
                 ],
             )
-            .map_err(|e| error_text(&e))?
+            .map_err(|e| statement(&e))?
             .is_empty();
         let due = if still {
             crate::lifecycle::HELD_DUE_MS
@@ -277,7 +280,7 @@ impl OutboxTx for PostgresOps<'_, '_> {
         )
     }
 
-    fn mark_sent_many(&mut self, rows: &[(&Claimed, String)], now: i64) -> Result<u64, String> {
+    fn mark_sent_many(&mut self, rows: &[(&Claimed, String)], now: i64) -> Result<u64, StoreError> {
         let ids: Vec<&str> = rows
             .iter()
             .map(|(row, _)| row.message_id.as_str())
@@ -298,10 +301,10 @@ impl OutboxTx for PostgresOps<'_, '_> {
                     (&responses, Type::TEXT_ARRAY),
                 ],
             )
-            .map_err(|e| error_text(&e))
+            .map_err(|e| statement(&e))
     }
 
-    fn mark_sent(&mut self, row: &Claimed, now: i64, response: &str) -> Result<bool, String> {
+    fn mark_sent(&mut self, row: &Claimed, now: i64, response: &str) -> Result<bool, StoreError> {
         self.update(
             "UPDATE outbox_messages SET status = 'Sent', sent_at = $3, response = $4, lease_token = NULL, \
              last_error = NULL WHERE message_id = $1 AND lease_token = $2 AND status = 'Sending'",
@@ -318,22 +321,22 @@ impl OutboxTx for PostgresOps<'_, '_> {
         self.handler(row).is_some()
     }
 
-    fn savepoint(&mut self) -> Result<(), String> {
+    fn savepoint(&mut self) -> Result<(), StoreError> {
         self.tx
             .batch_execute("SAVEPOINT rfidl_answer")
-            .map_err(|e| error_text(&e))
+            .map_err(|e| statement(&e))
     }
 
-    fn release_savepoint(&mut self) -> Result<(), String> {
+    fn release_savepoint(&mut self) -> Result<(), StoreError> {
         self.tx
             .batch_execute("RELEASE SAVEPOINT rfidl_answer")
-            .map_err(|e| error_text(&e))
+            .map_err(|e| statement(&e))
     }
 
-    fn rollback_to_savepoint(&mut self) -> Result<(), String> {
+    fn rollback_to_savepoint(&mut self) -> Result<(), StoreError> {
         self.tx
             .batch_execute("ROLLBACK TO SAVEPOINT rfidl_answer; RELEASE SAVEPOINT rfidl_answer")
-            .map_err(|e| error_text(&e))
+            .map_err(|e| statement(&e))
     }
 
     fn act_on_answer(&mut self, row: &Claimed, response: &serde_json::Value) -> Option<String> {

@@ -27,7 +27,7 @@ use crate::receiver::writer::{Claim, Delivery, InboxStep, Writer};
 use crate::receiver::{ReceiverError, Started, WriterParts};
 use crate::store::{Postgres, StoreError};
 
-use super::{Connection, PostgresUrl, error_text};
+use super::{Connection, PostgresUrl, statement};
 
 const LOOKUP_SQL: &str = "SELECT endpoint, payload_sha256, processed_at, response, expires_at \
      FROM inbox_messages WHERE source_service_id = $1 AND message_id = $2";
@@ -70,14 +70,14 @@ impl InboxLookup for PostgresInbox {
                     LOOKUP_SQL,
                     &[(&source_service_id, Type::TEXT), (&message_id, Type::TEXT)],
                 )
-                .map_err(|e| error_text(&e))
+                .map_err(|e| statement(&e))
         });
         if let Ok(mut idle) = self.idle.lock()
             && idle.len() < READ_POOL_SIZE
         {
             idle.push(conn);
         }
-        match found.map_err(|e| self.wrap(e))? {
+        match found.map_err(|e| self.wrap(e.to_string()))? {
             Some(row) => raw_entry(&row)
                 .into_entry(source_service_id, message_id)
                 .map(Some),
@@ -104,12 +104,11 @@ pub(crate) fn start_receiver(
 ) -> Result<Started, ReceiverError> {
     let mut client = super::open(url)?;
     if let Some(lifecycle) = &parts.lifecycle {
-        let rows = super::off_runtime(|| crate::lifecycle::read_postgres(&mut client)).map_err(
-            |error| crate::store::StoreError::Postgres {
+        let rows = super::off_runtime(|| crate::store::postgres::lifecycle::read(&mut client))
+            .map_err(|error| crate::store::StoreError::Postgres {
                 target: url.target(),
                 cause: super::error_text(&error),
-            },
-        )?;
+            })?;
         lifecycle.replace(rows);
     }
     let reader = PostgresInbox {
@@ -157,10 +156,6 @@ pub(crate) struct PostgresStep {
     conn: Connection,
 }
 
-fn statement(error: &postgres::Error) -> StoreError {
-    StoreError::PostgresStatement(error_text(error))
-}
-
 impl InboxStep for PostgresStep {
     type Store = Postgres;
     type Tx<'c> = postgres::Transaction<'c>;
@@ -170,7 +165,7 @@ impl InboxStep for PostgresStep {
     }
 
     fn begin(&mut self) -> Result<Self::Tx<'_>, StoreError> {
-        let client = self.conn.client().map_err(StoreError::PostgresStatement)?;
+        let client = self.conn.client()?;
         client.transaction().map_err(|e| statement(&e))
     }
 

@@ -23,6 +23,7 @@ mod answers;
 pub(crate) mod diagnostics;
 mod dispatch;
 mod inbox;
+pub(crate) mod lifecycle;
 pub(crate) mod retention;
 
 pub(crate) use dispatch::PostgresDispatch;
@@ -142,6 +143,11 @@ impl PostgresUrl {
 
 /// An error's message with its causes (`postgres::Error`'s own `Display`
 /// says only "error connecting to server" or "db error").
+/// A failed statement on a connection a part holds.
+pub(crate) fn statement(error: &postgres::Error) -> StoreError {
+    StoreError::PostgresStatement(error_text(error))
+}
+
 pub(crate) fn error_text(error: &postgres::Error) -> String {
     if let Some(db) = error.as_db_error() {
         let mut text = format!("{} ({})", db.message(), db.code().code());
@@ -343,20 +349,16 @@ impl Connection {
     }
 
     /// The client, reconnected first if the last one broke.
-    pub(crate) fn client(&mut self) -> Result<&mut Client, String> {
+    pub(crate) fn client(&mut self) -> Result<&mut Client, StoreError> {
         if self.client.as_ref().is_none_or(Client::is_closed) {
             self.client = None;
-            let client = self.url.connect().map_err(|e| e.to_string())?;
+            let client = self.url.connect()?;
             self.client = Some(client);
         }
-        self.client
-            .as_mut()
-            .ok_or_else(|| "no connection".to_owned())
-    }
-
-    /// The database's host, port and name, for errors.
-    pub(crate) fn target(&self) -> String {
-        self.url.target()
+        self.client.as_mut().ok_or_else(|| StoreError::Postgres {
+            target: self.url.target(),
+            cause: "no connection".to_owned(),
+        })
     }
 }
 
@@ -421,7 +423,7 @@ pub(crate) fn write_group(
     };
     let client = match conn.client() {
         Ok(client) => client,
-        Err(error) => return fail(error),
+        Err(error) => return fail(error.to_string()),
     };
     let mut tx = match client.transaction() {
         Ok(tx) => tx,
@@ -461,6 +463,36 @@ impl crate::store::sealed::Backend for crate::store::Postgres {
             Connection::new(url.clone(), client),
             responses,
         )))
+    }
+
+    fn record_applied(
+        tx: &mut &mut postgres::Transaction<'_>,
+        applied: &crate::lifecycle::Applied<'_>,
+    ) -> Result<Option<(i64, String)>, StoreError> {
+        lifecycle::record_applied(tx, applied)
+            .map_err(|e| StoreError::PostgresStatement(error_text(&e)))
+    }
+
+    fn hold_version(
+        tx: &mut &mut postgres::Transaction<'_>,
+        interface: &str,
+        version: u32,
+        now: i64,
+        reason: &str,
+    ) -> Result<(i64, u64), StoreError> {
+        lifecycle::hold_version(tx, interface, version, now, reason)
+            .map_err(|e| StoreError::PostgresStatement(error_text(&e)))
+    }
+
+    fn release_version(
+        tx: &mut &mut postgres::Transaction<'_>,
+        interface: &str,
+        version: u32,
+        now: i64,
+        reason: &str,
+    ) -> Result<u64, StoreError> {
+        lifecycle::release_version(tx, interface, version, now, reason)
+            .map_err(|e| StoreError::PostgresStatement(error_text(&e)))
     }
 
     const DEFAULT_WRITERS: usize = 4;
@@ -503,13 +535,7 @@ pub(crate) fn record_terminated(
     conn: &mut Connection,
     row: &crate::broker::TerminatedRow<'_>,
 ) -> Result<(), StoreError> {
-    let target = conn.target();
-    let fail = |cause: String| StoreError::Postgres { target, cause };
-    let client = match conn.client() {
-        Ok(client) => client,
-        Err(cause) => return Err(fail(cause)),
-    };
-    client
+    conn.client()?
         .execute(
             "INSERT INTO rf_terminated \
              (stream_sequence, stream, message_id, subject, error, at) \
@@ -524,5 +550,5 @@ pub(crate) fn record_terminated(
             ],
         )
         .map(|_| ())
-        .map_err(|e| fail(error_text(&e)))
+        .map_err(|e| statement(&e))
 }

@@ -3,7 +3,7 @@
 
 use postgres::types::Type;
 
-use super::{Connection, error_text};
+use super::{Connection, statement};
 use crate::config::Config;
 use crate::retention::CleanupReport;
 use crate::store::StoreError;
@@ -17,18 +17,13 @@ pub(crate) fn cleanup(
     now_ms: i64,
 ) -> Result<CleanupReport, StoreError> {
     let batch = i64::from(crate::retention::CLEANUP_BATCH);
-    let target = conn.target();
-    let fail = |cause: String| StoreError::Postgres {
-        target: target.clone(),
-        cause,
-    };
-    let client = conn.client().map_err(fail)?;
+    let client = conn.client()?;
     let mut repeat = |sql: &str, at: i64| -> Result<usize, StoreError> {
         let mut total = 0;
         loop {
             let done = client
                 .execute_typed(sql, &[(&at, Type::INT8), (&batch, Type::INT8)])
-                .map_err(|e| fail(error_text(&e)))? as usize;
+                .map_err(|e| statement(&e))? as usize;
             total += done;
             if done < batch as usize {
                 return Ok(total);

@@ -12,9 +12,7 @@ use std::collections::BTreeMap;
 
 use rusqlite::{Connection, OptionalExtension as _, params};
 
-use crate::diagnostics::{
-    AttentionRow, DECOMMISSIONED_SQL, DiagnosticsError, DiagnosticsStore, UnsentGroup,
-};
+use crate::diagnostics::{AttentionRow, DiagnosticsError, DiagnosticsStore, UnsentGroup};
 use crate::outbox::Status;
 use crate::store::sqlite as db;
 
@@ -87,7 +85,7 @@ pub(crate) fn sent_count(conn: &Connection) -> rusqlite::Result<u64> {
 
 impl DiagnosticsStore for Connection {
     fn decommissioned(&self) -> Result<Vec<(String, i64, i64, i64)>, DiagnosticsError> {
-        let mut statement = self.prepare_cached(DECOMMISSIONED_SQL)?;
+        let mut statement = self.prepare_cached(crate::store::DECOMMISSIONED_SQL)?;
         let rows = statement
             .query_map([], |row| {
                 Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))

@@ -11,6 +11,7 @@ use crate::circuit::Admission;
 use crate::config::{Config, Durability};
 use crate::responses::ResponseHandler;
 use crate::store::Sqlite;
+use crate::store::StoreError;
 use crate::store::sqlite as db;
 
 use crate::dispatcher::records::{
@@ -103,11 +104,8 @@ impl SqliteDispatch {
 
     /// The connection, with no claim left open on it: one that
     /// [`ClaimCommit::Later`] left open commits first.
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Connection>, String> {
-        let conn = self
-            .conn
-            .lock()
-            .map_err(|_| "the dispatcher's connection is poisoned".to_owned())?;
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Connection>, StoreError> {
+        let conn = self.conn.lock().map_err(|_| StoreError::Poisoned)?;
         if !conn.is_autocommit() {
             self.commit_open_claim(&conn);
         }
@@ -125,7 +123,7 @@ impl SqliteDispatch {
                 if !conn.is_autocommit() {
                     let _ = conn.execute_batch("ROLLBACK");
                 }
-                warn_unclaimed_sent(&error.to_string());
+                warn_unclaimed_sent(&StoreError::SqliteStatement(error));
             }
         }
     }
@@ -140,7 +138,7 @@ impl SqliteDispatch {
         capacity: usize,
         early: &mut Option<ClaimSender>,
         commit: ClaimCommit,
-    ) -> Result<(Vec<Group>, u64), String> {
+    ) -> Result<(Vec<Group>, u64), StoreError> {
         let mut conn = self.lock()?;
         // Nothing may leave before the transaction that enqueued it is on
         // disk. Under `outbox.durability: normal` an enqueuing commit is not
@@ -160,7 +158,7 @@ impl SqliteDispatch {
             conn.pragma_update(None, "synchronous", "FULL")
                 .map_err(text)?;
         }
-        let claimed = (|| -> Result<(Vec<Group>, u64), String> {
+        let claimed = (|| -> Result<(Vec<Group>, u64), StoreError> {
             let tx = conn
                 .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                 .map_err(text)?;
@@ -172,8 +170,8 @@ impl SqliteDispatch {
             // Under `full` the rows may leave before the claim commits: what
             // they carry is on disk already (see above), and no other
             // dispatcher can claim them while this transaction holds the
-            // write lock. Sending then overlaps the commit (about 20 µs of
-            // commit -> effect on the benchmark machine). A claim on the
+            // write lock. Sending then overlaps the commit (see BENCHMARKS.md,
+            // "Commit -> effect"). A claim on the
             // dispatcher's loop worker (`ClaimCommit::Later`) is left open
             // instead, and commits once the loop has written its requests:
             // its write lock lasts that much longer. Should the commit
@@ -225,10 +223,9 @@ impl SqliteDispatch {
 /// dispatcher from inside it), so every message waited a millisecond or
 /// more for a lock released a few microseconds later. This one yields the
 /// processor between tries (a try is one `fcntl`) for the first 1.5 ms,
-/// longer than nearly every commit's fsync takes here (300-600 µs; with a
-/// 300 µs window a claim found the lock free 36 µs after the commit at the
-/// median and 129 µs at p90, now 25 and 40 µs), then sleeps 50 µs at a
-/// time (about 100 µs with the kernel's timer slack) until 3 ms, then 1 ms,
+/// longer than nearly every commit's fsync takes (the measured waits are in
+/// BENCHMARKS.md, "Commit -> effect"), then sleeps 50 µs at a time until
+/// 3 ms, then 1 ms,
 /// and gives up after [`db::BUSY_TIMEOUT`] as before. Yielding gives the
 /// processor to any thread that wants it, so the wait only spends a
 /// processor nobody else needs, and only while a transaction that wrote to
@@ -260,12 +257,12 @@ fn wait_for_writer(attempt: i32) -> bool {
 }
 
 /// A claim whose rows went out failed to commit.
-fn warn_unclaimed_sent(error: &str) {
+fn warn_unclaimed_sent(error: &StoreError) {
     tracing::warn!(%error, "an outbox claim failed to commit after its rows went out; they are sent again after their lease and answered as duplicates");
 }
 
-fn text(error: rusqlite::Error) -> String {
-    error.to_string()
+fn text(error: rusqlite::Error) -> StoreError {
+    StoreError::SqliteStatement(error)
 }
 
 impl DispatchDb for SqliteDispatch {
@@ -273,7 +270,7 @@ impl DispatchDb for SqliteDispatch {
         true
     }
 
-    fn discover(&self) -> Result<Vec<String>, String> {
+    fn discover(&self) -> Result<Vec<String>, StoreError> {
         let conn = self.lock()?;
         let mut statement = conn
             .prepare_cached(
@@ -294,8 +291,8 @@ impl DispatchDb for SqliteDispatch {
         Ok(destinations)
     }
 
-    fn decommissioned(&self) -> Result<Vec<(String, u32, i64)>, String> {
-        crate::lifecycle::read_sqlite(&*self.lock()?).map_err(text)
+    fn decommissioned(&self) -> Result<Vec<(String, u32, i64)>, StoreError> {
+        crate::store::sqlite::lifecycle::read(&*self.lock()?).map_err(text)
     }
 
     fn claim(
@@ -325,7 +322,7 @@ impl DispatchDb for SqliteDispatch {
         &self,
         attempts: &[(Attempt, Verdict)],
         config: &Config,
-    ) -> Result<RecordCounts, String> {
+    ) -> Result<RecordCounts, StoreError> {
         let mut conn = self.lock()?;
         let tx = conn.transaction().map_err(text)?;
         let mut ops = SqliteOps {
@@ -356,9 +353,7 @@ impl SqliteOps<'_, '_> {
 ///
 /// `LIMIT +?3`, not `LIMIT ?3`: SQLite's planner reads a bare bound `LIMIT`
 /// and marks the statement to be re-prepared whenever it is bound again, so
-/// every claim parsed and planned this statement anew (13 µs with warm
-/// caches, about 50 µs after an idle spell, on the benchmark machine); the
-/// unary plus leaves the value the same and the prepared plan in place
+/// every claim parsed and planned this statement anew; the unary plus leaves the value the same and the prepared plan in place
 /// (test `claiming_reuses_its_prepared_statements`).
 const CLAIM_SELECT: &str = "SELECT message_id, correlation_id, message_type, interface, version, \
      fingerprint, endpoint, payload, headers, retry_count, max_retries, created_at, expires_at, seq \
@@ -380,10 +375,10 @@ impl OutboxTx for SqliteOps<'_, '_> {
         now: i64,
         lease_until: i64,
         limit: usize,
-    ) -> Result<Vec<(Claimed, i64)>, String> {
+    ) -> Result<Vec<(Claimed, i64)>, StoreError> {
         // Read the due rows, then claim each by its key: one
-        // `UPDATE … WHERE message_id IN (SELECT …) RETURNING …` cost about
-        // 170 µs for a single row, most of it in the temporary b-trees
+        // `UPDATE … WHERE message_id IN (SELECT …) RETURNING …` spent most
+        // of a single-row claim in the temporary b-trees
         // SQLite builds for the sub-select and for RETURNING (see
         // `claiming_builds_no_temporary_btree`); these two build none.
         let mut select = self.tx.prepare_cached(CLAIM_SELECT).map_err(text)?;
@@ -421,7 +416,7 @@ impl OutboxTx for SqliteOps<'_, '_> {
         Ok(rows)
     }
 
-    fn expire(&mut self, row: &Claimed) -> Result<(), String> {
+    fn expire(&mut self, row: &Claimed) -> Result<(), StoreError> {
         self.tx
             .execute(
                 "UPDATE outbox_messages SET status = 'Expired', lease_token = NULL, \
@@ -432,7 +427,7 @@ impl OutboxTx for SqliteOps<'_, '_> {
             .map_err(text)
     }
 
-    fn release(&mut self, row: &Claimed, now: i64) -> Result<(), String> {
+    fn release(&mut self, row: &Claimed, now: i64) -> Result<(), StoreError> {
         self.tx
             .execute(
                 "UPDATE outbox_messages SET status = 'Pending', lease_token = NULL, next_retry_at = ?3 \
@@ -443,7 +438,7 @@ impl OutboxTx for SqliteOps<'_, '_> {
             .map_err(text)
     }
 
-    fn finish(&mut self, row: &Claimed, status: &str, error: &str) -> Result<bool, String> {
+    fn mark_final(&mut self, row: &Claimed, status: &str, error: &str) -> Result<bool, StoreError> {
         self.tx
             .prepare_cached(
                 "UPDATE outbox_messages SET status = ?3, last_error = ?4, lease_token = NULL \
@@ -454,13 +449,13 @@ impl OutboxTx for SqliteOps<'_, '_> {
             .map_err(text)
     }
 
-    fn again(
+    fn schedule_retry(
         &mut self,
         row: &Claimed,
         retry_count: u32,
         next_at: i64,
         error: &str,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, StoreError> {
         self.tx
             .prepare_cached(
                 "UPDATE outbox_messages SET status = 'Pending', retry_count = ?3, next_retry_at = ?4, \
@@ -474,7 +469,7 @@ impl OutboxTx for SqliteOps<'_, '_> {
             .map_err(text)
     }
 
-    fn mark_sent(&mut self, row: &Claimed, now: i64, response: &str) -> Result<bool, String> {
+    fn mark_sent(&mut self, row: &Claimed, now: i64, response: &str) -> Result<bool, StoreError> {
         self.tx
             .prepare_cached(
                 "UPDATE outbox_messages SET status = 'Sent', sent_at = ?3, response = ?4, lease_token = NULL, \
@@ -485,7 +480,12 @@ impl OutboxTx for SqliteOps<'_, '_> {
             .map_err(text)
     }
 
-    fn hold(&mut self, row: &Claimed, now: i64, error: &str) -> Result<bool, String> {
+    fn hold_if_decommissioned(
+        &mut self,
+        row: &Claimed,
+        now: i64,
+        error: &str,
+    ) -> Result<bool, StoreError> {
         self.tx
             .prepare_cached(
                 "UPDATE outbox_messages SET status = 'Pending', lease_token = NULL, \
@@ -514,17 +514,17 @@ impl OutboxTx for SqliteOps<'_, '_> {
         self.handler(row).is_some()
     }
 
-    fn savepoint(&mut self) -> Result<(), String> {
+    fn savepoint(&mut self) -> Result<(), StoreError> {
         self.tx
             .execute_batch("SAVEPOINT rfidl_answer")
             .map_err(text)
     }
 
-    fn release_savepoint(&mut self) -> Result<(), String> {
+    fn release_savepoint(&mut self) -> Result<(), StoreError> {
         self.tx.execute_batch("RELEASE rfidl_answer").map_err(text)
     }
 
-    fn rollback_to_savepoint(&mut self) -> Result<(), String> {
+    fn rollback_to_savepoint(&mut self) -> Result<(), StoreError> {
         self.tx
             .execute_batch("ROLLBACK TO rfidl_answer; RELEASE rfidl_answer")
             .map_err(text)

@@ -18,6 +18,7 @@ mod connection;
 pub(crate) mod diagnostics;
 pub(crate) mod dispatch;
 pub(crate) mod inbox;
+pub(crate) mod lifecycle;
 mod migrations;
 pub(crate) mod outbox;
 mod preflight;
@@ -25,6 +26,7 @@ mod retention;
 #[cfg(test)]
 mod tests;
 
+pub use crate::inbox::{InboxEntry, InboxError, PayloadDigest, ProcessedMessage, payload_digest};
 pub use connection::{BUSY_TIMEOUT, configure, open};
 pub use inbox::{InboxReader, count as inbox_count, lookup as inbox_lookup, record_processed};
 pub use migrations::MIGRATIONS;
@@ -54,6 +56,35 @@ impl super::sealed::Backend for super::Sqlite {
         responses: Vec<std::sync::Arc<dyn crate::responses::ResponseHandler<Self>>>,
     ) -> Result<std::sync::Arc<dyn crate::dispatcher::records::DispatchDb>, super::StoreError> {
         dispatch::open(path_of(database)?, config, responses)
+    }
+
+    fn record_applied(
+        tx: &mut &rusqlite::Transaction<'_>,
+        applied: &crate::lifecycle::Applied<'_>,
+    ) -> Result<Option<(i64, String)>, super::StoreError> {
+        lifecycle::record_applied(tx, applied).map_err(super::StoreError::SqliteStatement)
+    }
+
+    fn hold_version(
+        tx: &mut &rusqlite::Transaction<'_>,
+        interface: &str,
+        version: u32,
+        now: i64,
+        reason: &str,
+    ) -> Result<(i64, u64), super::StoreError> {
+        lifecycle::hold_version(tx, interface, version, now, reason)
+            .map_err(super::StoreError::SqliteStatement)
+    }
+
+    fn release_version(
+        tx: &mut &rusqlite::Transaction<'_>,
+        interface: &str,
+        version: u32,
+        now: i64,
+        reason: &str,
+    ) -> Result<u64, super::StoreError> {
+        lifecycle::release_version(tx, interface, version, now, reason)
+            .map_err(super::StoreError::SqliteStatement)
     }
 
     const DEFAULT_WRITERS: usize = 1;
@@ -86,12 +117,11 @@ fn start_inbox(
     use std::sync::Arc;
     let conn = open(path, parts.durability)?;
     if let Some(lifecycle) = &parts.lifecycle {
-        lifecycle
-            .load_sqlite(&conn)
-            .map_err(|source| super::StoreError::Sqlite {
-                path: path.display().to_string(),
-                source,
-            })?;
+        let rows = lifecycle::read(&conn).map_err(|source| super::StoreError::Sqlite {
+            path: path.display().to_string(),
+            source,
+        })?;
+        lifecycle.replace(rows);
     }
     let reader = inbox::InboxReader::open(path)?;
     let writer = crate::receiver::writer::Writer {
