@@ -261,26 +261,31 @@ async fn run<S: Store>(shared: Arc<Shared<S>>, cancel: CancellationToken) {
             let (info, message) = delivery.into_parts();
             let counted = message.header.as_ref().map_or(0, |h| h.delivery_count);
             let settle = handle(&shared, message, counted + 1).await;
-            let settled = match settle {
-                Settle::Accept => link.accept(info).await,
-                Settle::Retry(delay) => {
-                    tokio::select! {
-                        _ = cancel.cancelled() => {}
-                        _ = tokio::time::sleep(delay) => {}
-                    }
-                    link.modify(
-                        info,
-                        Modified {
-                            delivery_failed: Some(true),
-                            undeliverable_here: None,
-                            message_annotations: None,
-                        },
-                    )
-                    .await
+            if let Settle::Retry(delay) = &settle {
+                tokio::select! {
+                    _ = cancel.cancelled() => {}
+                    _ = tokio::time::sleep(*delay) => {}
                 }
-                Settle::Reject => link.reject(info, None).await,
-            };
-            if settled.is_err() {
+            }
+            let settled = tokio::time::timeout(shared.settings.timeout, async {
+                match settle {
+                    Settle::Accept => link.accept(info).await,
+                    Settle::Retry(_) => {
+                        link.modify(
+                            info,
+                            Modified {
+                                delivery_failed: Some(true),
+                                undeliverable_here: None,
+                                message_annotations: None,
+                            },
+                        )
+                        .await
+                    }
+                    Settle::Reject => link.reject(info, None).await,
+                }
+            })
+            .await;
+            if !matches!(settled, Ok(Ok(()))) {
                 open = false;
                 break;
             }

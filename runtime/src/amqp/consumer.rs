@@ -296,11 +296,15 @@ async fn consume(
     let (settled_tx, mut settled_rx) = mpsc::unbounded_channel::<(DeliveryInfo, Settle)>();
     let mut in_flight = JoinSet::new();
     let mut open = true;
+    // Cut short the backoff of deliveries in hand when the link goes (the
+    // broker delivers them again) or the consumer stops.
+    let link_cancel = cancel.child_token();
+    let timeout = shared.settings.timeout;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
             Some((info, settle)) = settled_rx.recv() => {
-                if let Err(error) = settle_one(&link, info, settle).await {
+                if let Err(error) = settle_one(&link, info, settle, timeout).await {
                     tracing::warn!(%error, "cannot settle; the broker delivers the message again");
                     open = false;
                     break;
@@ -312,7 +316,7 @@ async fn consume(
                     let shared = shared.clone();
                     let replies = replies.clone();
                     let settled = settled_tx.clone();
-                    let cancel = cancel.clone();
+                    let cancel = link_cancel.clone();
                     in_flight.spawn(async move {
                         let (info, message) = delivery.into_parts();
                         let settle = handle(&shared, &replies, message, &cancel).await;
@@ -327,26 +331,42 @@ async fn consume(
             }
         }
     }
+    if !open {
+        link_cancel.cancel();
+    }
     // The deliveries in hand finish (their inbox transactions commit) and
     // are settled while the link is open; a lost link leaves them to the
     // broker.
     while let Some(joined) = in_flight.join_next().await {
         let _ = joined;
         while let Ok((info, settle)) = settled_rx.try_recv() {
-            if open && settle_one(&link, info, settle).await.is_err() {
+            if open && settle_one(&link, info, settle, timeout).await.is_err() {
                 open = false;
             }
         }
     }
     while let Ok((info, settle)) = settled_rx.try_recv() {
-        if open && settle_one(&link, info, settle).await.is_err() {
+        if open && settle_one(&link, info, settle, timeout).await.is_err() {
             open = false;
         }
     }
     open.then_some(link)
 }
 
+/// Settles one delivery, within `timeout` (a stalled session counts as a
+/// lost link).
 async fn settle_one(
+    link: &fe2o3_amqp::Receiver,
+    info: DeliveryInfo,
+    settle: Settle,
+    timeout: Duration,
+) -> Result<(), String> {
+    tokio::time::timeout(timeout, settle_now(link, info, settle))
+        .await
+        .map_err(|_| "no settlement within the timeout".to_owned())?
+}
+
+async fn settle_now(
     link: &fe2o3_amqp::Receiver,
     info: DeliveryInfo,
     settle: Settle,
