@@ -92,13 +92,23 @@ impl std::fmt::Debug for Settings {
             .field("grpc_listen", &self.grpc_listen)
             .field("db", &self.db)
             .field("peer_id", &self.peer_id)
-            .field("peer_url", &self.peer_url)
+            .field("peer_url", &shown_url(&self.peer_url))
             .field("peer_urls", &self.peer_urls)
             .field("nats", &self.nats.is_some())
             .field("amqp", &self.amqp.is_some())
             .field("base_config", &self.base_config)
             .finish_non_exhaustive()
     }
+}
+
+/// An AMQP peer URL or connection string without its password or key.
+fn shown_url(url: &str) -> String {
+    if rfidl_runtime::amqp::AmqpUrl::is_amqp(url) {
+        return rfidl_runtime::amqp::AmqpUrl::parse(url)
+            .map(|url| url.shown())
+            .unwrap_or_else(|_| "(a malformed AMQP URL)".to_owned());
+    }
+    url.to_owned()
 }
 
 impl Settings {
