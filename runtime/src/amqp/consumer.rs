@@ -652,8 +652,8 @@ async fn send_answer(
         .build();
     let timeout = shared.settings.timeout;
     tokio::time::timeout(timeout, async {
-        let mut replies = replies.lock().await;
-        let replies = &mut *replies;
+        let mut guard = replies.lock().await;
+        let replies = &mut *guard;
         if !replies.senders.contains_key(reply) {
             let sender = fe2o3_amqp::Sender::builder()
                 .name(format!("rfidl-answers-{}", uuid::Uuid::now_v7()))
@@ -667,13 +667,19 @@ async fn send_answer(
             .senders
             .get_mut(reply)
             .ok_or_else(|| "no sender".to_owned())?;
-        let outcome = match sender.send(message).await {
-            Ok(outcome) => outcome,
+        // The transfer goes out under the lock; its disposition is awaited
+        // without it, so answers of concurrent deliveries are pipelined.
+        let pending = match sender.send_batchable(message).await {
+            Ok(pending) => pending,
             Err(error) => {
                 replies.senders.remove(reply);
                 return Err(format!("send: {error}"));
             }
         };
+        drop(guard);
+        let outcome = pending
+            .await
+            .map_err(|error| format!("no disposition: {error}"))?;
         match outcome {
             fe2o3_amqp::types::messaging::Outcome::Accepted(_) => Ok(()),
             other => Err(format!("the broker did not accept the answer: {other:?}")),
