@@ -62,6 +62,7 @@ impl RabbitNode {
     /// Starts the node (again) and waits until it has booted (60 s).
     pub(crate) fn restart(&mut self) -> anyhow::Result<()> {
         self.kill();
+        ensure_epmd(&self.dir);
         // The server drops to the `rabbitmq` user when started as root.
         let _ = Command::new("chown")
             .args(["-R", "rabbitmq:rabbitmq"])
@@ -146,6 +147,29 @@ impl RabbitNode {
 impl Drop for RabbitNode {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Starts `epmd` on loopback unless one answers on its port (4369): one
+/// started by the node itself races the node's own registration. It
+/// outlives the node; `cargo xtask chaos` stops it by the marker in its
+/// environment (this node's data directory).
+fn ensure_epmd(dir: &Path) {
+    let listening = || std::net::TcpStream::connect(("127.0.0.1", 4369)).is_ok();
+    if listening() {
+        return;
+    }
+    let _ = Command::new("epmd")
+        .arg("-daemon")
+        .env("ERL_EPMD_ADDRESS", "127.0.0.1")
+        .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !listening() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -175,6 +175,7 @@ impl RabbitNode {
     fn launch(&mut self) {
         let _one_at_a_time = STARTING.lock().unwrap_or_else(|p| p.into_inner());
         let dir = self.dir.path().to_owned();
+        ensure_epmd(&dir);
         chown_to_rabbitmq(&dir);
         let log_path = dir.join("server.out");
         let log = std::fs::OpenOptions::new()
@@ -219,7 +220,32 @@ impl Drop for RabbitNode {
     }
 }
 
-/// The processes whose environment holds `entry` (`NAME=value`).
+/// Starts `epmd` on loopback unless one answers on its port (4369): the
+/// nodes register there, and one started by a node itself races the
+/// node's own registration. It outlives the nodes; `cargo xtask test`
+/// stops it by the marker in its environment (a test node's data
+/// directory, `RABBITMQ_MNESIA_BASE`).
+fn ensure_epmd(dir: &Path) {
+    const EPMD_PORT: u16 = 4369;
+    if listening(EPMD_PORT) {
+        return;
+    }
+    let _ = Command::new("epmd")
+        .arg("-daemon")
+        .env("ERL_EPMD_ADDRESS", "127.0.0.1")
+        .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !listening(EPMD_PORT) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The processes whose environment holds `entry` (`NAME=value`), but not
+/// `epmd`, which every Erlang node on the machine shares.
 fn node_processes(entry: &str) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -227,9 +253,10 @@ fn node_processes(entry: &str) -> Vec<u32> {
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .map(|env| env.split(|b| *b == 0).any(|var| var == entry.as_bytes()))
-                .unwrap_or(false)
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim() != "epmd")
+                && std::fs::read(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == entry.as_bytes()))
         })
         .collect()
 }
