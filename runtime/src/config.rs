@@ -411,11 +411,17 @@ impl DestinationConfig {
 }
 
 impl std::fmt::Debug for DestinationConfig {
-    /// Everything but the secret.
+    /// Everything but the secret, and the URLs without passwords or keys.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // A URL may hold a password, a connection string its key.
+        let urls: Vec<String> = self
+            .urls
+            .iter()
+            .map(|url| crate::redact::destination_url(url))
+            .collect();
         f.debug_struct("DestinationConfig")
-            .field("url", &self.url)
-            .field("urls", &self.urls)
+            .field("url", &crate::redact::destination_url(&self.url))
+            .field("urls", &urls)
             .field("secret", &"<redacted>")
             .field("ca_file", &self.ca_file)
             .field("replicas", &self.replicas)

@@ -25,9 +25,14 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
+#[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+pub mod amqp;
 // Shared with rfidl-registry (one bearer-token parser for both); not API.
 #[doc(hidden)]
 pub mod auth;
+#[cfg(any(feature = "nats", feature = "amqp"))]
+mod broker;
 mod chain;
 mod circuit;
 pub mod config;

@@ -59,6 +59,32 @@ pub fn url_password(url: &str) -> String {
     )
 }
 
+/// A destination's URL without its secrets: [`url_password`], and in an
+/// Azure Service Bus connection string
+/// (`Endpoint=sb://…;SharedAccessKeyName=…;SharedAccessKey=…`) the
+/// `SharedAccessKey` and `SharedAccessSignature` values as `***`.
+pub fn destination_url(url: &str) -> String {
+    if !url
+        .trim_start()
+        .get(..9)
+        .is_some_and(|head| head.eq_ignore_ascii_case("endpoint="))
+    {
+        return url_password(url);
+    }
+    url.split(';')
+        .map(|part| match part.split_once('=') {
+            Some((name, _))
+                if name.trim().eq_ignore_ascii_case("SharedAccessKey")
+                    || name.trim().eq_ignore_ascii_case("SharedAccessSignature") =>
+            {
+                format!("{name}=***")
+            }
+            _ => part.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
 /// A leading `outbox.ttl: ` or `peers.hr[0]: ` (serde_yaml's path prefix).
 fn split_path(message: &str) -> (&str, &str) {
     if let Some(at) = message.find(": ") {
@@ -152,6 +178,22 @@ fn quoted_tail(rest: &str, what: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn destination_urls_hide_connection_string_keys_and_passwords() {
+        assert_eq!(
+            destination_url(
+                "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;\
+                 SharedAccessKey=c2VjcmV0PQ==;EntityPath=orders"
+            ),
+            "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;\
+             SharedAccessKey=***;EntityPath=orders"
+        );
+        assert_eq!(
+            destination_url("amqps://send:k3y@ns.servicebus.windows.net/orders"),
+            "amqps://send:***@ns.servicebus.windows.net/orders"
+        );
+    }
 
     #[test]
     fn url_passwords_are_hidden_and_the_rest_kept() {

@@ -3,9 +3,10 @@
 //! * `cargo xtask test`  — installs the Python interop dependency into `.venv`
 //!   (the Standard Webhooks reference library), the Debian packages
 //!   `chromium` (the registry dashboard test) and `prometheus` (the scrape
-//!   test, and its `promtool`) and `postgresql` when missing, starts a
-//!   throw-away PostgreSQL cluster (stopped and removed at the end), then
-//!   runs every test.
+//!   test, and its `promtool`), `postgresql` and `rabbitmq-server` (the
+//!   AMQP 1.0 transport's tests start nodes of their own from it) when
+//!   missing, starts a throw-away PostgreSQL cluster (stopped and removed at
+//!   the end), then runs every test.
 //! * `cargo xtask postgres [command…]` — the same cluster for a developer:
 //!   prints its URL and runs `command` with `RFIDL_POSTGRES_URL` set, or
 //!   waits for Ctrl-C.
@@ -328,8 +329,15 @@ fn test(extra: &[String]) -> Result<(), String> {
     // removed when `_cluster` drops, whatever the tests did.
     // The JetStream transport's tests start their own servers from it.
     let nats = nats_server(&python)?;
+    // The AMQP 1.0 transport's tests: each starts a RabbitMQ node of its
+    // own (name, data directory, loopback ports) from Debian's package.
+    let rabbitmq = debian_binary(
+        "RFIDL_RABBITMQ_SERVER",
+        "/usr/sbin/rabbitmq-server",
+        "rabbitmq-server",
+    )?;
     let (postgres_url, _cluster) = test_postgres()?;
-    run(cargo()
+    let tested = run(cargo()
         // Not --all-targets: that would run the harness-less benchmarks too.
         // --all-features: the registry client of rfidl-codegen is a feature.
         .args(["test", "--workspace", "--all-features"])
@@ -351,13 +359,43 @@ fn test(extra: &[String]) -> Result<(), String> {
         .env("RFIDL_REQUIRE_POSTGRES", "1")
         // The NATS JetStream transport's tests: a real nats-server, required.
         .env("RFIDL_NATS_SERVER", &nats)
-        .env("RFIDL_REQUIRE_NATS", "1"))
+        .env("RFIDL_REQUIRE_NATS", "1")
+        // The AMQP transport's tests: a real RabbitMQ, required.
+        .env("RFIDL_RABBITMQ_SERVER", &rabbitmq)
+        .env("RFIDL_REQUIRE_RABBITMQ", "1"));
+    stop_test_epmd();
+    tested
+}
+
+/// Stops the `epmd` that the tests' first RabbitMQ node started (it
+/// outlives every node, as with any Erlang program): the one whose
+/// environment names a test node's data directory (`rfidl-rabbitmq-*`, or
+/// a chaos scenario's `rabbitmq` folder),
+/// by its pid. An `epmd` of anything else is left alone.
+fn stop_test_epmd() {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for pid in entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
+        let is_epmd = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|comm| comm.trim() == "epmd");
+        let of_a_test_node = std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+            env.split(|b| *b == 0).any(|var| {
+                let var = String::from_utf8_lossy(var);
+                var.starts_with("RABBITMQ_MNESIA_BASE=")
+                    && (var.contains("/rfidl-rabbitmq-") || var.ends_with("/rabbitmq/mnesia"))
+            })
+        });
+        if is_epmd && of_a_test_node {
+            let _ = Command::new("kill").arg(pid.to_string()).status();
+        }
+    }
 }
 
 fn ci() -> Result<(), String> {
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     // Clippy, warnings denied, on every build configuration users compile.
-    let configurations: [(&str, &[&str]); 5] = [
+    let configurations: [(&str, &[&str]); 6] = [
         (
             "everything",
             &["--workspace", "--all-targets", "--all-features"],
@@ -389,6 +427,18 @@ fn ci() -> Result<(), String> {
                 "--no-default-features",
                 "--features",
                 "grpc",
+            ],
+        ),
+        // The AMQP transport without NATS (they share broker.rs).
+        (
+            "rfidl-runtime with AMQP only",
+            &[
+                "-p",
+                "rfidl-runtime",
+                "--lib",
+                "--no-default-features",
+                "--features",
+                "amqp",
             ],
         ),
     ];
@@ -477,14 +527,23 @@ fn chaos(extra: &[String]) -> Result<(), String> {
     // The `jetstream` and `jetstream-cluster` scenarios start (and kill)
     // their own nats-server processes.
     let nats = nats_server(&python_venv()?)?;
+    // The `amqp` scenario starts (and kills) a RabbitMQ node of its own.
+    let rabbitmq = debian_binary(
+        "RFIDL_RABBITMQ_SERVER",
+        "/usr/sbin/rabbitmq-server",
+        "rabbitmq-server",
+    )?;
     // The `replicas` scenario runs engines on a PostgreSQL database.
     let (postgres_url, _cluster) = test_postgres()?;
-    run(Command::new(bins.join("chaos"))
+    let ran = run(Command::new(bins.join("chaos"))
         .arg("--bin-dir")
         .arg(&bins)
         .args(rest)
         .env("RFIDL_NATS_SERVER", &nats)
-        .env("RFIDL_POSTGRES_URL", &postgres_url))
+        .env("RFIDL_RABBITMQ_SERVER", &rabbitmq)
+        .env("RFIDL_POSTGRES_URL", &postgres_url));
+    stop_test_epmd();
+    ran
 }
 
 fn regen() -> Result<(), String> {

@@ -75,6 +75,7 @@ async fn main() -> anyhow::Result<()> {
         nats: None,
         ops_token: None,
         registry_publish_token: None,
+        amqp: None,
     };
     let hr_settings = Settings {
         service_id: "hr-service".into(),
@@ -91,6 +92,7 @@ async fn main() -> anyhow::Result<()> {
         nats: None,
         ops_token: None,
         registry_publish_token: None,
+        amqp: None,
     };
     // HR (the provider of EmpService) registers first: the registry's
     // manifest scan accepts the engine (its consumer) only once a provider

@@ -58,6 +58,9 @@ pub struct Settings {
     /// Consume this service's inbound messages from NATS JetStream at this
     /// `nats://host:port/<subject>` URL (`--nats`), besides HTTP.
     pub nats: Option<String>,
+    /// Consume this service's inbound messages from an AMQP 1.0 broker at
+    /// this URL or Service Bus connection string (`--amqp`), besides HTTP.
+    pub amqp: Option<String>,
     /// The bearer token of the `/_rf/…` diagnostics routes (`--ops-token`);
     /// without it the retries refuse (403) and the service must listen on
     /// loopback only. Given to the registry for its health checks.
@@ -80,12 +83,23 @@ impl std::fmt::Debug for Settings {
             .field("grpc_listen", &self.grpc_listen)
             .field("db", &self.db)
             .field("peer_id", &self.peer_id)
-            .field("peer_url", &self.peer_url)
+            .field("peer_url", &shown_url(&self.peer_url))
             .field("peer_urls", &self.peer_urls)
             .field("nats", &self.nats.is_some())
+            .field("amqp", &self.amqp.is_some())
             .field("base_config", &self.base_config)
             .finish_non_exhaustive()
     }
+}
+
+/// An AMQP peer URL or connection string without its password or key.
+fn shown_url(url: &str) -> String {
+    if rfidl_runtime::amqp::AmqpUrl::is_amqp(url) {
+        return rfidl_runtime::amqp::AmqpUrl::parse(url)
+            .map(|url| url.shown())
+            .unwrap_or_else(|_| "(a malformed AMQP URL)".to_owned());
+    }
+    url.to_owned()
 }
 
 impl Settings {
@@ -209,7 +223,7 @@ pub async fn options<S: rfidl_runtime::Store>(
     if let Some(address) = settings.grpc_listen {
         host = host.grpc(tokio::net::TcpListener::bind(address).await?);
     }
-    broker::jetstream(host, settings)
+    broker::brokers(host, settings)
 }
 
 /// How long a graceful stop may take before the process gives up and
@@ -289,7 +303,9 @@ pub struct ServiceArgs {
     /// Base URL of the peer's receiver, e.g. http://127.0.0.1:7001; its
     /// scheme chooses the transport: http(s)://, unix:///path.sock,
     /// grpc://host:port (the peer's --grpc-listen), or
-    /// nats://host:port/<subject> (the peer's --nats stream; JetStream); see
+    /// nats://host:port/<subject> (the peer's --nats stream; JetStream),
+    /// amqp[s]://[user:password@]host[:port]/<address> or a Service Bus
+    /// connection string (the peer's --amqp address; AMQP 1.0); see
     /// docs/transports.md. Give an http(s) URL more than once for several
     /// instances of the peer that share its database: messages are spread
     /// over them, and one that does not answer is skipped
@@ -307,6 +323,12 @@ pub struct ServiceArgs {
     /// `--db`.
     #[arg(long, value_name = "URL")]
     pub nats: Option<String>,
+    /// Also consume this service's inbound messages from an AMQP 1.0
+    /// broker: `amqp[s]://[user:password@]host[:port]/<address>` (RabbitMQ
+    /// 3.x: `amqp://host//queue/<name>`) or an Azure Service Bus connection
+    /// string (`Endpoint=sb://…;EntityPath=<queue>`). Needs a SQLite `--db`.
+    #[arg(long, value_name = "URL")]
+    pub amqp: Option<String>,
     /// Secret this service signs with (`whsec_…`). Prefer `--secret-file`
     /// or the environment: a flag's value is visible to every local user
     /// in the process list.
@@ -384,6 +406,7 @@ impl ServiceArgs {
             base_config: Some(config),
             registry: self.registry.clone(),
             nats: self.nats.clone(),
+            amqp: self.amqp.clone(),
             ops_token: self.ops_token.clone(),
             registry_publish_token: self.registry_publish_token.clone(),
         })

@@ -42,6 +42,8 @@ pub struct HostBuilder<S: Store = Sqlite> {
     pub(super) grpc: Option<TcpListener>,
     #[cfg(feature = "nats")]
     pub(super) jetstream: Option<String>,
+    #[cfg(feature = "amqp")]
+    pub(super) amqp: Option<String>,
     #[cfg(feature = "nats")]
     pub(super) ack_wait: Option<Duration>,
 }
@@ -89,6 +91,8 @@ impl<S: Store> HostBuilder<S> {
             grpc: None,
             #[cfg(feature = "nats")]
             jetstream: None,
+            #[cfg(feature = "amqp")]
+            amqp: None,
             #[cfg(feature = "nats")]
             ack_wait: None,
         }
@@ -244,6 +248,18 @@ impl<S: Store> HostBuilder<S> {
     #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
     pub fn grpc(mut self, listener: TcpListener) -> Self {
         self.grpc = Some(listener);
+        self
+    }
+
+    /// Also consumes this service's inbound messages from the AMQP 1.0
+    /// address of `url` (an `amqp[s]://` URL or a Service Bus connection
+    /// string; [`AmqpConsumer`](crate::amqp::AmqpConsumer)). Answers to
+    /// messages sent to an AMQP destination are taken whether or not this
+    /// is set.
+    #[cfg(feature = "amqp")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+    pub fn amqp(mut self, url: impl Into<String>) -> Self {
+        self.amqp = Some(url.into());
         self
     }
 

@@ -113,6 +113,12 @@ pub enum HostError {
     #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
     #[error(transparent)]
     Nats(#[from] crate::nats::NatsError),
+    /// An AMQP consumer's settings are malformed (`.amqp(url)`, an AMQP
+    /// destination).
+    #[cfg(feature = "amqp")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+    #[error(transparent)]
+    Amqp(#[from] crate::amqp::AmqpError),
     /// The listener's address, or installing the signal handlers.
     #[error(transparent)]
     Io(#[from] std::io::Error),

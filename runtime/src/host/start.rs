@@ -136,6 +136,8 @@ async fn start_parts<S: Store>(
         jetstream,
         #[cfg(feature = "nats")]
         ack_wait,
+        #[cfg(feature = "amqp")]
+        amqp,
         ..
     } = builder;
     let metrics = Arc::clone(outbox.metrics());
@@ -224,6 +226,17 @@ async fn start_parts<S: Store>(
         parts,
     )?;
 
+    #[cfg(feature = "amqp")]
+    start_amqp(
+        &config,
+        &database,
+        &receiver,
+        amqp,
+        &responses,
+        issued.as_ref(),
+        parts,
+    )?;
+
     let directory = config.registry.clone().map(|registry| {
         let mut client = DirectoryClient::new(
             registry,
@@ -299,6 +312,40 @@ fn start_jetstream<S: Store>(
             answers = answers.ack_wait(ack_wait);
         }
         parts.answers.push(answers.spawn()?);
+    }
+    Ok(())
+}
+
+/// The consumer of `amqp` into the receiver, and one answers consumer per
+/// AMQP destination, running `responses`.
+#[cfg(feature = "amqp")]
+fn start_amqp<S: Store>(
+    config: &crate::Config,
+    database: &Database,
+    receiver: &crate::receiver::Receiver,
+    amqp: Option<String>,
+    responses: &[Arc<dyn ResponseHandler<S>>],
+    issued: Option<&crate::keys::IssuedKeys>,
+    parts: &mut Parts,
+) -> Result<(), HostError> {
+    use crate::amqp::{AmqpAnswersConsumer, AmqpConsumer, AmqpUrl};
+
+    if let Some(url) = amqp {
+        parts.amqp_consumer = Some(AmqpConsumer::builder(receiver.clone(), &url).spawn()?);
+    }
+    for (name, destination) in &config.destinations {
+        if !AmqpUrl::is_amqp(&destination.url) {
+            continue;
+        }
+        let mut answers =
+            AmqpAnswersConsumer::for_destination(config, name, At::<S>::new(database.clone()))?;
+        for handler in responses {
+            answers = answers.responses(Shared(Arc::clone(handler)));
+        }
+        if let Some(keys) = issued {
+            answers = answers.issued_keys(keys);
+        }
+        parts.amqp_answers.push(answers.spawn()?);
     }
     Ok(())
 }

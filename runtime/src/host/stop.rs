@@ -17,10 +17,14 @@ pub(super) struct Parts {
     pub(super) grpc: Option<JoinHandle<()>>,
     #[cfg(feature = "nats")]
     pub(super) consumer: Option<crate::nats::ConsumerHandle>,
+    #[cfg(feature = "amqp")]
+    pub(super) amqp_consumer: Option<crate::amqp::AmqpConsumerHandle>,
     pub(super) receiver: Option<Receiver>,
     pub(super) dispatcher: Option<DispatcherHandle>,
     #[cfg(feature = "nats")]
     pub(super) answers: Vec<crate::nats::AnswersHandle>,
+    #[cfg(feature = "amqp")]
+    pub(super) amqp_answers: Vec<crate::amqp::AmqpAnswersHandle>,
     pub(super) retention: Option<RetentionHandle>,
     pub(super) directory: Option<JoinHandle<()>>,
 }
@@ -40,6 +44,10 @@ impl Parts {
         if let Some(consumer) = self.consumer.take() {
             consumer.shutdown().await;
         }
+        #[cfg(feature = "amqp")]
+        if let Some(consumer) = self.amqp_consumer.take() {
+            consumer.shutdown().await;
+        }
         tracing::debug!("servers stopped");
         // 2. The writers commit what they queued; later requests get 503.
         if let Some(receiver) = self.receiver.take() {
@@ -54,6 +62,10 @@ impl Parts {
         }
         #[cfg(feature = "nats")]
         for answers in std::mem::take(&mut self.answers) {
+            answers.shutdown().await;
+        }
+        #[cfg(feature = "amqp")]
+        for answers in std::mem::take(&mut self.amqp_answers) {
             answers.shutdown().await;
         }
         // 4. The clean-up, after its pass in progress.

@@ -24,6 +24,7 @@ use super::{
     NatsError, NatsUrl, PullSettings, Task, answers_subject, ensure_consumer, ensure_stream,
     reconnect_delay, validate_durable,
 };
+pub(crate) use crate::broker::{AnswerStore, Published, Recorded};
 use crate::responses::ResponseHandler;
 use crate::store::{Location, Sqlite, Store};
 
@@ -313,27 +314,6 @@ async fn run<S: Store>(shared: Arc<Shared<S>>, cancel: CancellationToken) {
     }
 }
 
-/// `{messageId, status, body}` as the receiving consumer publishes it.
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct Published {
-    pub(crate) message_id: String,
-    status: u16,
-    #[serde(default)]
-    body: serde_json::Value,
-}
-
-/// What recording an answer came to.
-pub(crate) enum Recorded {
-    /// Committed now, or found recorded before: acknowledge.
-    Done,
-    /// The row is not `Sent` yet: the dispatcher has not recorded the
-    /// publish. Try again shortly.
-    NotYet,
-    /// The response handler failed; rolled back.
-    Failed(String),
-}
-
 async fn handle<S: Store>(shared: &Arc<Shared<S>>, message: jetstream::Message) {
     let delivered = message
         .info()
@@ -432,90 +412,4 @@ async fn handle<S: Store>(shared: &Arc<Shared<S>>, message: jetstream::Message) 
             let _ = message.ack_with(AckKind::Nak(Some(backoff))).await;
         }
     }
-}
-
-/// The sender's database, as the answers consumer uses it (on the
-/// blocking pool).
-pub(crate) trait AnswerStore<S: Store>: Send + Sync + 'static {
-    /// In one transaction: the row's marker and response, and its
-    /// handler's writes.
-    fn record(&self, handlers: &[Arc<dyn ResponseHandler<S>>], published: &Published) -> Recorded;
-    /// Keeps why an answer was given up in the row's `last_error`.
-    fn note_failure(&self, message_id: &str, error: &str);
-}
-
-/// The outbox row an answer belongs to.
-pub(crate) struct Row {
-    pub(crate) status: String,
-    pub(crate) answered: bool,
-    pub(crate) interface: String,
-    pub(crate) version: u32,
-    pub(crate) endpoint: String,
-    pub(crate) correlation_id: Option<String>,
-    pub(crate) headers: String,
-}
-
-/// The payload of an answer (`null` when it has none).
-fn payload_of(published: &Published) -> serde_json::Value {
-    if published.status >= 300 {
-        tracing::warn!(message_id = %published.message_id, status = published.status, "answer is not an acknowledgement");
-    }
-    published
-        .body
-        .get("payload")
-        .cloned()
-        .unwrap_or(serde_json::Value::Null)
-}
-
-/// Runs the row's handler, if one is registered, in the caller's
-/// transaction, in the message's trace.
-pub(crate) fn run_handler<S: Store>(
-    handlers: &[Arc<dyn ResponseHandler<S>>],
-    row: &Row,
-    message_id: &str,
-    payload: &serde_json::Value,
-    tx: S::Handle<'_, '_>,
-) -> Result<(), String> {
-    let Some(handler) = handlers
-        .iter()
-        .find(|h| h.interface() == (row.interface.as_str(), row.version))
-    else {
-        return Ok(());
-    };
-    let answer = crate::responses::Answer {
-        message_id,
-        interface: &row.interface,
-        version: row.version,
-        endpoint: &row.endpoint,
-        correlation_id: row.correlation_id.as_deref(),
-        payload,
-    };
-    let headers = serde_json::from_str(&row.headers).unwrap_or_default();
-    let outcome = match crate::trace::TraceParent::from_headers(&headers) {
-        Some(traceparent) => {
-            crate::trace::with_traceparent(traceparent, || handler.handle(&answer, tx))
-        }
-        None => handler.handle(&answer, tx),
-    };
-    outcome.map_err(|error| format!("response handler: {error}"))
-}
-
-/// What a row says about an answer before it is applied: the row and the
-/// answer's payload to apply, or what to do instead.
-pub(crate) fn precheck(
-    row: Option<Row>,
-    published: &Published,
-) -> Result<(Row, serde_json::Value), Recorded> {
-    let message_id = &published.message_id;
-    let Some(row) = row else {
-        tracing::warn!(%message_id, "answer to a message this outbox does not hold (deleted by retention?); acknowledged");
-        return Err(Recorded::Done);
-    };
-    if row.answered {
-        return Err(Recorded::Done);
-    }
-    if row.status != "Sent" {
-        return Err(Recorded::NotYet);
-    }
-    Ok((row, payload_of(published)))
 }

@@ -34,6 +34,7 @@ use super::{
     ANSWER_ID_PREFIX, NatsError, NatsUrl, PullSettings, REPLY_TO_HEADER, Task, ensure_consumer,
     ensure_stream, http_headers, reconnect_delay, validate_durable,
 };
+use crate::broker::TerminatedRow;
 use crate::dispatcher::{Verdict, backoff, classify};
 use crate::receiver::{Receiver, Reply};
 use crate::transport::TransportResponse;
@@ -201,16 +202,6 @@ struct Shared {
     settings: PullSettings,
     /// Where terminated messages are recorded.
     terminated: Terminated,
-}
-
-/// A message the consumer gave up on, as `rf_terminated` records it.
-pub(crate) struct TerminatedRow<'a> {
-    pub stream_sequence: i64,
-    pub stream: &'a str,
-    pub message_id: Option<&'a str>,
-    pub subject: &'a str,
-    pub error: &'a str,
-    pub at: i64,
 }
 
 /// The database of the `rf_terminated` table.

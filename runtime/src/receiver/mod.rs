@@ -218,7 +218,7 @@ impl Receiver {
     /// the stream longer than the tolerance (the dispatcher signed it once,
     /// when it published). A replay published later gets a later time and
     /// is refused as before.
-    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "nats", feature = "amqp")), allow(dead_code))]
     pub(crate) async fn receive_stored_at(
         &self,
         headers: &HeaderMap,
@@ -237,7 +237,7 @@ impl Receiver {
 
     /// The secrets accepted from `source` (`peers`): what answers going
     /// back to it through a broker are signed with.
-    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "nats", feature = "amqp")), allow(dead_code))]
     pub(crate) fn peer_secrets(&self, source: &str) -> Option<Vec<Secret>> {
         self.shared.secrets.get(source).cloned().or_else(|| {
             self.shared

@@ -116,10 +116,10 @@ pub(crate) mod sealed {
             Self: super::Store;
 
         /// Opens the sender's database for the JetStream answers consumer.
-        #[cfg(feature = "nats")]
+        #[cfg(any(feature = "nats", feature = "amqp"))]
         fn open_answers(
             database: &super::Database,
-        ) -> Result<Arc<dyn crate::nats::answers::AnswerStore<Self>>, StoreError>
+        ) -> Result<Arc<dyn crate::broker::AnswerStore<Self>>, StoreError>
         where
             Self: super::Store;
     }

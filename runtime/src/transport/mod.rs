@@ -8,8 +8,12 @@
 //! domain sockets (HTTP/1.1 over a socket file, Linux and macOS), and a
 //! spread over several HTTP base URLs of one destination, with failover
 //! ([`SpreadTransport`]). With the cargo feature `grpc`, a gRPC call per
-//! request (`GrpcTransport`, `grpc://` destinations).
+//! request (`GrpcTransport`, `grpc://` destinations). With `nats`,
+//! JetStream (`nats://`); with `amqp`, AMQP 1.0 (`AmqpTransport`:
+//! `amqp://`, `amqps://` and Azure Service Bus connection strings).
 
+#[cfg(feature = "amqp")]
+mod amqp;
 mod direct;
 #[cfg(feature = "grpc")]
 mod grpc;
@@ -26,6 +30,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+pub use amqp::AmqpTransport;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub use grpc::GrpcTransport;
@@ -204,7 +211,8 @@ pub(crate) fn retry_after(headers: &hyper::HeaderMap) -> Option<Duration> {
 /// The transport of a configured destination: a [`UnixSocketTransport`] for
 /// a `unix://` URL, a `GrpcTransport` for a `grpc://` one (cargo feature
 /// `grpc`), a `JetStreamTransport` for a `nats://` one (cargo feature
-/// `nats`), an [`HttpTransport`] for one `http(s)://` URL (trusting its
+/// `nats`), an `AmqpTransport` for an `amqp://` or `amqps://` URL or a
+/// Service Bus connection string (cargo feature `amqp`), an [`HttpTransport`] for one `http(s)://` URL (trusting its
 /// `ca_file`, if named), a [`SpreadTransport`] over several. Errors name
 /// what is wrong, never a URL (it may hold credentials).
 pub(crate) fn for_destination(
@@ -213,6 +221,9 @@ pub(crate) fn for_destination(
 ) -> Result<Arc<dyn Transport>, String> {
     if destination.url.starts_with("nats://") {
         return nats_transport(destination, timeout);
+    }
+    if is_amqp(&destination.url) {
+        return amqp_transport(destination, timeout);
     }
     if destination.urls.is_empty() {
         if let Some(path) = destination.url.strip_prefix("unix://") {
@@ -233,7 +244,7 @@ pub(crate) fn for_destination(
             let scheme = destination.url.split("://").next().unwrap_or_default();
             return Err(format!(
                 "`url` has the scheme `{scheme}`, which no transport serves: use http://, \
-                 https://, unix://, grpc:// or nats://"
+                 https://, unix://, grpc://, nats://, amqp:// or amqps://"
             ));
         }
         return Ok(Arc::new(http_transport(
@@ -327,6 +338,50 @@ fn nats_transport(
     _: Duration,
 ) -> Result<Arc<dyn Transport>, String> {
     Err("`url`: nats:// destinations need rfidl-runtime's cargo feature `nats`".to_owned())
+}
+
+/// An AMQP location: `amqp://`, `amqps://`, or a connection string
+/// (`Endpoint=sb://…`), told apart without the `amqp` feature too, so the
+/// error says which feature is missing.
+fn is_amqp(url: &str) -> bool {
+    let url = url.trim_start();
+    url.starts_with("amqp://")
+        || url.starts_with("amqps://")
+        || url
+            .get(..9)
+            .is_some_and(|head| head.eq_ignore_ascii_case("endpoint="))
+}
+
+/// An AMQP destination: one URL (or connection string), no `urls`, no
+/// `ca_file`.
+#[cfg(feature = "amqp")]
+fn amqp_transport(
+    destination: &crate::config::DestinationConfig,
+    timeout: Duration,
+) -> Result<Arc<dyn Transport>, String> {
+    if !destination.urls.is_empty() {
+        return Err("`urls`: an AMQP destination takes one `url` (the broker spreads)".to_owned());
+    }
+    if destination.ca_file.is_some() {
+        return Err(
+            "`ca_file`: an amqps:// destination trusts the public CA roots only".to_owned(),
+        );
+    }
+    let url = crate::amqp::AmqpUrl::parse(&destination.url)
+        .map_err(|message| format!("`url`: {message}"))?;
+    Ok(Arc::new(AmqpTransport::with_url(url, timeout)))
+}
+
+#[cfg(not(feature = "amqp"))]
+fn amqp_transport(
+    _: &crate::config::DestinationConfig,
+    _: Duration,
+) -> Result<Arc<dyn Transport>, String> {
+    Err(
+        "`url`: amqp:// destinations and Service Bus connection strings need \
+         rfidl-runtime's cargo feature `amqp`"
+            .to_owned(),
+    )
 }
 
 #[cfg(feature = "grpc")]

@@ -1,6 +1,9 @@
 //! Integration tests for rfidl-runtime (one binary: see house style). Real
 //! SQLite files in temp dirs, real HTTP on 127.0.0.1.
 
+// The AMQP 1.0 transport against a RabbitMQ node of the test's own.
+#[cfg(feature = "amqp")]
+mod amqp;
 mod config_env;
 mod decommission;
 mod directory;

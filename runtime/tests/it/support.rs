@@ -1,6 +1,8 @@
 //! Shared fixtures: a real receiver on 127.0.0.1 with a ledger service whose
 //! handler writes business rows in the delivery's transaction.
 
+#[cfg(feature = "amqp")]
+pub mod amqp;
 pub mod nats;
 pub mod postgres;
 

@@ -1,13 +1,14 @@
 //! The scenarios, one file per family of faults: process kills (`kills`),
 //! the network between the services (`network`), the disk (`disk`), the
 //! clock (`clock`), replicas on PostgreSQL (`replicas`), the JetStream
-//! transport (`jetstream`) and a 3-node JetStream cluster
-//! (`jetstream_cluster`). Each builds its cluster, injects its faults,
+//! transport (`jetstream`), a 3-node JetStream cluster
+//! (`jetstream_cluster`) and the AMQP 1.0 transport on RabbitMQ (`amqp`). Each builds its cluster, injects its faults,
 //! waits for the drain and returns a [`Report`].
 //!
 //! A scenario never judges its own run: the verdict comes from both
 //! databases ([`crate::demo::verdict`]), and `Report::ok` reads it.
 
+mod amqp;
 mod clock;
 mod disk;
 mod jetstream;
@@ -37,6 +38,7 @@ pub const SCENARIOS: &[&str] = &[
     "replicas",
     "jetstream",
     "jetstream-cluster",
+    "amqp",
 ];
 
 /// Runs scenario `name`.
@@ -55,6 +57,7 @@ pub(crate) async fn run(name: &str, context: &Context, rng: &mut StdRng) -> anyh
         "replicas" => replicas::replicas(context, rng).await,
         "jetstream" => jetstream::jetstream(context, rng).await,
         "jetstream-cluster" => jetstream_cluster::jetstream_cluster(context, rng).await,
+        "amqp" => amqp::amqp(context, rng).await,
         other => bail!("no scenario `{other}`"),
     }
 }

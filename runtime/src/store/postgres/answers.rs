@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::nats::answers::{AnswerStore, Published, Recorded, Row, precheck, run_handler};
+use crate::broker::{AnswerStore, Published, Recorded, Row, precheck, run_handler};
 use crate::responses::ResponseHandler;
 
 /// The outbox row an answer belongs to, by id.

@@ -18,7 +18,7 @@
 //! migrate once; `rfidl_schema.version` records how many ran, and a database
 //! at a version this build does not know is refused, never altered.
 
-#[cfg(feature = "nats")]
+#[cfg(any(feature = "nats", feature = "amqp"))]
 mod answers;
 pub(crate) mod diagnostics;
 mod dispatch;
@@ -505,10 +505,10 @@ impl crate::store::sealed::Backend for crate::store::Postgres {
         start_receiver(url_of(database)?, writers, parts)
     }
 
-    #[cfg(feature = "nats")]
+    #[cfg(any(feature = "nats", feature = "amqp"))]
     fn open_answers(
         database: &crate::store::Database,
-    ) -> Result<std::sync::Arc<dyn crate::nats::answers::AnswerStore<Self>>, StoreError> {
+    ) -> Result<std::sync::Arc<dyn crate::broker::AnswerStore<Self>>, StoreError> {
         let url = url_of(database)?;
         let client = open(url)?;
         Ok(std::sync::Arc::new(answers::PostgresAnswers(
@@ -530,10 +530,10 @@ pub(crate) fn url_of(database: &crate::store::Database) -> Result<&PostgresUrl, 
 
 /// Records a message the JetStream consumer gave up on (idempotent per
 /// stream sequence).
-#[cfg(feature = "nats")]
+#[cfg(any(feature = "nats", feature = "amqp"))]
 pub(crate) fn record_terminated(
     conn: &mut Connection,
-    row: &crate::nats::consumer::TerminatedRow<'_>,
+    row: &crate::broker::TerminatedRow<'_>,
 ) -> Result<(), StoreError> {
     conn.client()?
         .execute(

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::OptionalExtension as _;
 
-use crate::nats::answers::{AnswerStore, Published, Recorded, Row, precheck, run_handler};
+use crate::broker::{AnswerStore, Published, Recorded, Row, precheck, run_handler};
 use crate::responses::ResponseHandler;
 use crate::store::Sqlite;
 

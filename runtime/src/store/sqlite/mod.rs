@@ -12,7 +12,7 @@
 //! schema as data), `preflight` (the checks before a write), `dispatch`
 //! (claims, results, leases), `diagnostics` (the operators' queries).
 
-#[cfg(feature = "nats")]
+#[cfg(any(feature = "nats", feature = "amqp"))]
 mod answers;
 mod connection;
 pub(crate) mod diagnostics;
@@ -97,11 +97,10 @@ impl super::sealed::Backend for super::Sqlite {
         start_inbox(path_of(database)?, parts)
     }
 
-    #[cfg(feature = "nats")]
+    #[cfg(any(feature = "nats", feature = "amqp"))]
     fn open_answers(
         database: &super::Database,
-    ) -> Result<std::sync::Arc<dyn crate::nats::answers::AnswerStore<Self>>, super::StoreError>
-    {
+    ) -> Result<std::sync::Arc<dyn crate::broker::AnswerStore<Self>>, super::StoreError> {
         let conn = open(path_of(database)?, crate::config::Durability::Full)?;
         Ok(std::sync::Arc::new(answers::SqliteAnswers(
             std::sync::Mutex::new(conn),
@@ -161,10 +160,10 @@ pub(crate) fn path_of(database: &super::Database) -> Result<&std::path::Path, su
 
 /// Records a message the JetStream consumer gave up on (idempotent per
 /// stream sequence).
-#[cfg(feature = "nats")]
+#[cfg(any(feature = "nats", feature = "amqp"))]
 pub(crate) fn record_terminated(
     conn: &rusqlite::Connection,
-    row: &crate::nats::consumer::TerminatedRow<'_>,
+    row: &crate::broker::TerminatedRow<'_>,
 ) -> rusqlite::Result<()> {
     conn.execute(
         "INSERT OR IGNORE INTO rf_terminated \
