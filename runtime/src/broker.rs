@@ -70,7 +70,7 @@ pub(crate) fn run_handler<S: Store>(
     message_id: &str,
     payload: &serde_json::Value,
     tx: S::Handle<'_, '_>,
-) -> Result<(), String> {
+) -> Result<(), crate::receiver::HandlerError> {
     let Some(handler) = handlers
         .iter()
         .find(|h| h.interface() == (row.interface.as_str(), row.version))
@@ -86,13 +86,12 @@ pub(crate) fn run_handler<S: Store>(
         payload,
     };
     let headers = serde_json::from_str(&row.headers).unwrap_or_default();
-    let outcome = match crate::trace::TraceParent::from_headers(&headers) {
+    match crate::trace::TraceParent::from_headers(&headers) {
         Some(traceparent) => {
             crate::trace::with_traceparent(traceparent, || handler.handle(&answer, tx))
         }
         None => handler.handle(&answer, tx),
-    };
-    outcome.map_err(|error| format!("response handler: {error}"))
+    }
 }
 
 /// What a row says about an answer before it is applied: the row and the
@@ -123,4 +122,23 @@ pub(crate) struct TerminatedRow<'a> {
     pub subject: &'a str,
     pub error: &'a str,
     pub at: i64,
+}
+
+/// A broker operation that failed (a stream or queue, a publish, an
+/// acknowledgement, a record of the consumer's): what happened, never a
+/// credential.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct BrokerError(pub(crate) String);
+
+impl From<String> for BrokerError {
+    fn from(reason: String) -> Self {
+        Self(reason)
+    }
+}
+
+impl From<&str> for BrokerError {
+    fn from(reason: &str) -> Self {
+        Self(reason.to_owned())
+    }
 }

@@ -13,6 +13,8 @@
 //! dispatcher recorded the send (the row is not `Sent` yet) is settled
 //! `modified` a moment later and comes back.
 
+use crate::broker::BrokerError;
+use crate::transport::UrlError;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -90,7 +92,7 @@ impl AmqpAnswersConsumer {
 /// Configures an [`AmqpAnswersConsumer`].
 #[must_use = "call .spawn() to start the consumer"]
 pub struct AmqpAnswersBuilder<S: Store = Sqlite> {
-    url: Result<AmqpUrl, String>,
+    url: Result<AmqpUrl, UrlError>,
     database: crate::store::Database,
     secrets: Vec<crate::signing::Secret>,
     issued: Option<crate::keys::IssuedKeys>,
@@ -157,7 +159,7 @@ impl<S: Store> AmqpAnswersBuilder<S> {
     pub fn spawn(self) -> Result<AmqpAnswersHandle, AmqpError> {
         let url = self.url.map_err(|message| AmqpError::Config {
             field: "amqp url",
-            message,
+            message: message.to_string(),
         })?;
         let store = S::open_answers(&self.database)?;
         let shared = Arc::new(Shared {
@@ -226,12 +228,12 @@ async fn run<S: Store>(shared: Arc<Shared<S>>, cancel: CancellationToken) {
                 .attach(&mut session)
                 .await
                 .map_err(|e| format!("cannot attach to `{}`: {e}", shared.url.address()))?;
-            Ok::<_, String>((connection, session, link))
+            Ok::<_, BrokerError>((connection, session, link))
         };
         let attempt = tokio::time::timeout(shared.settings.timeout * 2, attempt);
         let (mut connection, mut session, mut link) = tokio::select! {
             _ = cancel.cancelled() => break,
-            attempt = attempt => match attempt.unwrap_or_else(|_| Err("no answer within the timeout".to_owned())) {
+            attempt = attempt => match attempt.unwrap_or_else(|_| Err("no answer within the timeout".to_owned().into())) {
                 Ok(ready) => ready,
                 Err(error) => {
                     failures += 1;

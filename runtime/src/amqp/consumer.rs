@@ -24,6 +24,8 @@
 //! the broker delivers it again when the link goes, and the inbox answers
 //! it as a duplicate if its transaction had committed.
 
+use crate::broker::BrokerError;
+use crate::transport::UrlError;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -69,7 +71,7 @@ impl AmqpConsumer {
 #[must_use = "call .spawn() to start the consumer"]
 pub struct AmqpConsumerBuilder {
     receiver: Receiver,
-    url: Result<AmqpUrl, String>,
+    url: Result<AmqpUrl, UrlError>,
     concurrency: usize,
     settings: Settings,
 }
@@ -124,7 +126,7 @@ impl AmqpConsumerBuilder {
     pub fn spawn(self) -> Result<AmqpConsumerHandle, AmqpError> {
         let url = self.url.map_err(|message| AmqpError::Config {
             field: "amqp url",
-            message,
+            message: message.to_string(),
         })?;
         let terminated = match self.receiver.database() {
             crate::Database::Sqlite(path) => Terminated::Sqlite(Arc::new(Mutex::new(
@@ -232,12 +234,12 @@ async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
             let reply_session = fe2o3_amqp::Session::begin(&mut connection)
                 .await
                 .map_err(|e| format!("session: {e}"))?;
-            Ok::<_, String>((connection, session, link, reply_session))
+            Ok::<_, BrokerError>((connection, session, link, reply_session))
         };
         let attempt = tokio::time::timeout(shared.settings.timeout * 2, attempt);
         let (mut connection, mut session, link, reply_session) = tokio::select! {
             _ = cancel.cancelled() => break,
-            attempt = attempt => match attempt.unwrap_or_else(|_| Err("no answer within the timeout".to_owned())) {
+            attempt = attempt => match attempt.unwrap_or_else(|_| Err("no answer within the timeout".to_owned().into())) {
                 Ok(ready) => ready,
                 Err(error) => {
                     failures += 1;
@@ -360,7 +362,7 @@ async fn settle_one(
     info: DeliveryInfo,
     settle: Settle,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), BrokerError> {
     tokio::time::timeout(timeout, settle_now(link, info, settle))
         .await
         .map_err(|_| "no settlement within the timeout".to_owned())?
@@ -370,7 +372,7 @@ async fn settle_now(
     link: &fe2o3_amqp::Receiver,
     info: DeliveryInfo,
     settle: Settle,
-) -> Result<(), String> {
+) -> Result<(), BrokerError> {
     match settle {
         Settle::Accept => link.accept(info).await,
         Settle::Retry => {
@@ -393,7 +395,7 @@ async fn settle_now(
             link.reject(info, error).await
         }
     }
-    .map_err(|e| e.to_string())
+    .map_err(|e| BrokerError(e.to_string()))
 }
 
 /// What to do with one delivery.
@@ -604,7 +606,7 @@ async fn send_answer(
     message_id: &str,
     mut answer: serde_json::Value,
     envelope: &[u8],
-) -> Result<(), String> {
+) -> Result<(), BrokerError> {
     let prefix = format!("{}.answers.", shared.url.address());
     let token = reply.strip_prefix(&prefix).unwrap_or_default();
     if token.is_empty()
@@ -673,7 +675,7 @@ async fn send_answer(
             Ok(pending) => pending,
             Err(error) => {
                 replies.senders.remove(reply);
-                return Err(format!("send: {error}"));
+                return Err(format!("send: {error}").into());
             }
         };
         drop(guard);
@@ -682,7 +684,7 @@ async fn send_answer(
             .map_err(|error| format!("no disposition: {error}"))?;
         match outcome {
             fe2o3_amqp::types::messaging::Outcome::Accepted(_) => Ok(()),
-            other => Err(format!("the broker did not accept the answer: {other:?}")),
+            other => Err(format!("the broker did not accept the answer: {other:?}").into()),
         }
     })
     .await
@@ -695,7 +697,7 @@ async fn record_terminated(
     shared: &Shared,
     message_id: Option<&str>,
     error: &str,
-) -> Result<(), String> {
+) -> Result<(), BrokerError> {
     let now = crate::store::now_ms();
     let terminated = shared.terminated.clone();
     let sequence = match message_id {
@@ -718,19 +720,20 @@ async fn record_terminated(
         };
         match terminated {
             Terminated::Sqlite(conn) => {
-                let conn = conn.lock().map_err(|_| "poisoned".to_owned())?;
-                crate::store::sqlite::record_terminated(&conn, &row).map_err(|e| e.to_string())
+                let conn = conn.lock().map_err(|_| BrokerError::from("poisoned"))?;
+                crate::store::sqlite::record_terminated(&conn, &row)
+                    .map_err(|e| BrokerError(e.to_string()))
             }
             #[cfg(feature = "postgres")]
             Terminated::Postgres(conn) => {
-                let mut conn = conn.lock().map_err(|_| "poisoned".to_owned())?;
+                let mut conn = conn.lock().map_err(|_| BrokerError::from("poisoned"))?;
                 crate::store::postgres::record_terminated(&mut conn, &row)
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| BrokerError(e.to_string()))
             }
         }
     })
     .await
-    .map_err(|e| e.to_string())?
+    .map_err(|e| BrokerError(e.to_string()))?
 }
 
 /// FNV-1a of `bytes`, as a non-negative i64.

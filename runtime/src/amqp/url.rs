@@ -5,6 +5,7 @@
 //! parsed once, with the credentials kept out of every `Debug`, `Display`
 //! and error text.
 
+use crate::transport::UrlError;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,7 +81,7 @@ impl AmqpUrl {
     ///
     /// A message naming the field that is wrong, never containing the URL or
     /// a credential.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, UrlError> {
         let text = text.trim();
         if text
             .get(..9)
@@ -95,7 +96,8 @@ impl AmqpUrl {
         } else {
             return Err(
                 "is neither an amqp:// or amqps:// URL nor a Service Bus connection string"
-                    .to_owned(),
+                    .to_owned()
+                    .into(),
             );
         };
         let (authority, path) = rest.split_once('/').ok_or_else(|| {
@@ -131,14 +133,16 @@ impl AmqpUrl {
     /// `Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=…;SharedAccessKey=…;EntityPath=…`:
     /// `amqps://ns.servicebus.windows.net:5671/<EntityPath>` with SASL
     /// PLAIN (the key name as user, the key as password).
-    fn parse_connection_string(text: &str) -> Result<Self, String> {
+    fn parse_connection_string(text: &str) -> Result<Self, UrlError> {
         let mut endpoint = None;
         let mut key_name = None;
         let mut key = None;
         let mut entity = None;
         for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
             let Some((name, value)) = part.split_once('=') else {
-                return Err("a connection string part is not `Name=value`".to_owned());
+                return Err("a connection string part is not `Name=value`"
+                    .to_owned()
+                    .into());
             };
             match name.trim().to_ascii_lowercase().as_str() {
                 "endpoint" => endpoint = Some(value.trim()),
@@ -150,7 +154,8 @@ impl AmqpUrl {
                                 authentication, which this transport does not do; use a \
                                 connection string with `SharedAccessKeyName` and \
                                 `SharedAccessKey`"
-                        .to_owned());
+                        .to_owned()
+                        .into());
                 }
                 // TransportType=Amqp and the like: nothing to change.
                 _ => {}
@@ -285,7 +290,7 @@ fn tls_connector() -> Result<tokio_rustls::TlsConnector, TransportError> {
 }
 
 /// `host[:port]`: a host name, IPv4 address or `[IPv6]`, and a port.
-fn parse_host(hostport: &str, default_port: u16) -> Result<(String, u16), String> {
+fn parse_host(hostport: &str, default_port: u16) -> Result<(String, u16), UrlError> {
     let (host, port) = if let Some(rest) = hostport.strip_prefix('[') {
         let (host, after) = rest
             .split_once(']')
@@ -302,7 +307,7 @@ fn parse_host(hostport: &str, default_port: u16) -> Result<(String, u16), String
             .chars()
             .any(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':')))
     {
-        return Err("the host is empty or not a host name".to_owned());
+        return Err("the host is empty or not a host name".to_owned().into());
     }
     let port = match port {
         None => default_port,
@@ -316,18 +321,24 @@ fn parse_host(hostport: &str, default_port: u16) -> Result<(String, u16), String
 }
 
 /// An address is 1 to 1,000 printable characters without spaces.
-fn validate_address(address: &str) -> Result<(), String> {
+fn validate_address(address: &str) -> Result<(), UrlError> {
     if address.is_empty() {
-        return Err("the address is empty: write amqp://host:port/<queue or address>".to_owned());
+        return Err(
+            "the address is empty: write amqp://host:port/<queue or address>"
+                .to_owned()
+                .into(),
+        );
     }
     if address.len() > 1_000 || address.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err("the address has spaces or control characters".to_owned());
+        return Err("the address has spaces or control characters"
+            .to_owned()
+            .into());
     }
     Ok(())
 }
 
 /// Percent-decodes `text` (a URL's user, password or address).
-fn decode(text: &str, what: &str) -> Result<String, String> {
+fn decode(text: &str, what: &str) -> Result<String, UrlError> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -345,7 +356,8 @@ fn decode(text: &str, what: &str) -> Result<String, String> {
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| format!("the {what} is not UTF-8 once decoded"))
+    String::from_utf8(out)
+        .map_err(|_| UrlError::from(format!("the {what} is not UTF-8 once decoded")))
 }
 
 #[cfg(test)]
@@ -374,7 +386,7 @@ mod tests {
             ("http://host/q", "amqp://"),
             ("amqp://user:p%zz@host/q", "password"),
         ] {
-            let error = AmqpUrl::parse(bad).unwrap_err();
+            let error = AmqpUrl::parse(bad).unwrap_err().to_string();
             assert!(error.contains(field), "{bad}: {error}");
         }
     }
@@ -416,7 +428,7 @@ mod tests {
                 "SharedAccessSignature",
             ),
         ] {
-            let error = AmqpUrl::parse(bad).unwrap_err();
+            let error = AmqpUrl::parse(bad).unwrap_err().to_string();
             assert!(error.contains(field), "{bad}: {error}");
             assert!(!error.contains("k;"), "{error}");
         }

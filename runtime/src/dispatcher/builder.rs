@@ -181,7 +181,7 @@ impl<S: Store> DispatcherBuilder<S> {
                 crate::transport::for_destination(destination, config.outbox.request_timeout)
                     .map_err(|message| DispatcherError::Destination {
                         name: name.clone(),
-                        message,
+                        message: message.to_string(),
                     })?;
             self.routes
                 .insert(name.clone(), Route { transport, secrets });

@@ -13,6 +13,8 @@
 //! the dispatcher recorded the publish (the row is not `Sent` yet) is
 //! negatively acknowledged for a moment.
 
+use crate::broker::BrokerError;
+use crate::transport::UrlError;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,7 +101,7 @@ impl AnswersConsumer {
 #[must_use = "call .spawn() to start the consumer"]
 pub struct AnswersBuilder<S: Store = Sqlite> {
     service_id: String,
-    url: Result<NatsUrl, String>,
+    url: Result<NatsUrl, UrlError>,
     database: crate::store::Database,
     durable: Option<String>,
     secrets: Vec<crate::signing::Secret>,
@@ -184,7 +186,7 @@ impl<S: Store> AnswersBuilder<S> {
     pub fn spawn(self) -> Result<AnswersHandle, NatsError> {
         let url = self.url.map_err(|message| NatsError::Config {
             field: "nats url",
-            message,
+            message: message.to_string(),
         })?;
         let durable = self.durable.unwrap_or_else(|| {
             let subject = answers_subject("x", &self.service_id);
@@ -192,7 +194,7 @@ impl<S: Store> AnswersBuilder<S> {
         });
         validate_durable(&durable).map_err(|message| NatsError::Config {
             field: "durable",
-            message,
+            message: message.to_string(),
         })?;
         let store = S::open_answers(&self.database)?;
         let shared = Arc::new(Shared {
@@ -249,7 +251,7 @@ async fn run<S: Store>(shared: Arc<Shared<S>>, cancel: CancellationToken) {
                         .url
                         .connect(shared.settings.timeout)
                         .await
-                        .map_err(|e| e.to_string())?;
+                        .map_err(|e| BrokerError(e.to_string()))?;
                     client = Some(nats.clone());
                     nats
                 }
@@ -271,7 +273,7 @@ async fn run<S: Store>(shared: Arc<Shared<S>>, cancel: CancellationToken) {
                 .expires(Duration::from_secs(5))
                 .messages()
                 .await
-                .map_err(|e| format!("pull: {e}"))
+                .map_err(|e| BrokerError(format!("pull: {e}")))
         };
         let mut messages = tokio::select! {
             _ = cancel.cancelled() => break,

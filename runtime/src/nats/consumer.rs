@@ -22,6 +22,8 @@
 //! its transaction had committed. Several consumers (replicas, each with
 //! its receiver on the shared database) may pull from one durable consumer.
 
+use crate::broker::BrokerError;
+use crate::transport::UrlError;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -73,7 +75,7 @@ impl JetStreamConsumer {
 #[must_use = "call .spawn() to start the consumer"]
 pub struct ConsumerBuilder {
     receiver: Receiver,
-    url: Result<NatsUrl, String>,
+    url: Result<NatsUrl, UrlError>,
     db: crate::Database,
     durable: String,
     concurrency: usize,
@@ -147,11 +149,11 @@ impl ConsumerBuilder {
     pub fn spawn(self) -> Result<ConsumerHandle, NatsError> {
         let url = self.url.map_err(|message| NatsError::Config {
             field: "nats url",
-            message,
+            message: message.to_string(),
         })?;
         validate_durable(&self.durable).map_err(|message| NatsError::Config {
             field: "durable",
-            message,
+            message: message.to_string(),
         })?;
         let terminated = match &self.db {
             crate::Database::Sqlite(path) => Terminated::Sqlite(Arc::new(Mutex::new(
@@ -224,7 +226,7 @@ async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
                         .url
                         .connect(shared.settings.timeout)
                         .await
-                        .map_err(|e| e.to_string())?;
+                        .map_err(|e| BrokerError(e.to_string()))?;
                     client = Some(nats.clone());
                     nats
                 }
@@ -247,8 +249,8 @@ async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
                 .expires(Duration::from_secs(5))
                 .messages()
                 .await
-                .map_err(|e| format!("pull: {e}"))?;
-            Ok::<_, String>((context, messages))
+                .map_err(|e| BrokerError(format!("pull: {e}")))?;
+            Ok::<_, BrokerError>((context, messages))
         };
         let (context, messages) = tokio::select! {
             _ = cancel.cancelled() => break,
@@ -493,7 +495,7 @@ async fn publish_answer(
     message_id: &str,
     mut answer: serde_json::Value,
     envelope: &[u8],
-) -> Result<(), String> {
+) -> Result<(), BrokerError> {
     let prefix = format!("{}.answers.", shared.url.subject());
     if !reply.starts_with(&prefix) || super::url::validate_subject(reply).is_err() {
         // Not ours to write to: the answer is dropped, the message acked.
@@ -548,7 +550,7 @@ async fn record_terminated(
     message_id: Option<&str>,
     subject: &str,
     error: &str,
-) -> Result<(), String> {
+) -> Result<(), BrokerError> {
     let now = crate::store::now_ms();
     let terminated = shared.terminated.clone();
     let (stream, message_id, subject, error) = (
@@ -568,17 +570,18 @@ async fn record_terminated(
         };
         match terminated {
             Terminated::Sqlite(conn) => {
-                let conn = conn.lock().map_err(|_| "poisoned".to_owned())?;
-                crate::store::sqlite::record_terminated(&conn, &row).map_err(|e| e.to_string())
+                let conn = conn.lock().map_err(|_| BrokerError::from("poisoned"))?;
+                crate::store::sqlite::record_terminated(&conn, &row)
+                    .map_err(|e| BrokerError(e.to_string()))
             }
             #[cfg(feature = "postgres")]
             Terminated::Postgres(conn) => {
-                let mut conn = conn.lock().map_err(|_| "poisoned".to_owned())?;
+                let mut conn = conn.lock().map_err(|_| BrokerError::from("poisoned"))?;
                 crate::store::postgres::record_terminated(&mut conn, &row)
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| BrokerError(e.to_string()))
             }
         }
     })
     .await
-    .map_err(|e| e.to_string())?
+    .map_err(|e| BrokerError(e.to_string()))?
 }

@@ -19,6 +19,7 @@ pub(crate) mod answers;
 pub(crate) mod consumer;
 mod url;
 
+use crate::broker::BrokerError;
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -83,7 +84,7 @@ pub fn answers_subject(subject: &str, sender: &str) -> String {
 pub(crate) async fn ensure_stream(
     context: &jetstream::Context,
     url: &NatsUrl,
-) -> Result<jetstream::stream::Stream, String> {
+) -> Result<jetstream::stream::Stream, BrokerError> {
     let name = url.stream_name();
     let subject = url.subject().to_owned();
     let config = jetstream::stream::Config {
@@ -112,13 +113,14 @@ pub(crate) async fn ensure_stream(
         return Err(format!(
             "stream `{name}` exists but does not take subject `{subject}` (it takes {:?})",
             info.config.subjects
-        ));
+        )
+        .into());
     }
     Ok(stream)
 }
 
 /// Checks a durable consumer name (no `.`, `*`, `>`, spaces).
-pub(crate) fn validate_durable(name: &str) -> Result<(), String> {
+pub(crate) fn validate_durable(name: &str) -> Result<(), BrokerError> {
     if name.is_empty()
         || name.len() > 200
         || name
@@ -127,8 +129,7 @@ pub(crate) fn validate_durable(name: &str) -> Result<(), String> {
     {
         return Err(
             "a durable consumer name is 1 to 200 characters without `.`, `*`, `>`, slashes or spaces"
-                .to_owned(),
-        );
+                .to_owned().into());
     }
     Ok(())
 }
@@ -142,7 +143,7 @@ pub(crate) async fn ensure_consumer(
     filter: &str,
     ack_wait: Duration,
     max_ack_pending: i64,
-) -> Result<jetstream::consumer::PullConsumer, String> {
+) -> Result<jetstream::consumer::PullConsumer, BrokerError> {
     let config = jetstream::consumer::pull::Config {
         durable_name: Some(durable.to_owned()),
         ack_policy: jetstream::consumer::AckPolicy::Explicit,
@@ -155,7 +156,7 @@ pub(crate) async fn ensure_consumer(
     stream
         .get_or_create_consumer(durable, config)
         .await
-        .map_err(|e| format!("consumer `{durable}`: {e}"))
+        .map_err(|e| BrokerError(format!("consumer `{durable}`: {e}")))
 }
 
 /// A NATS message's headers as HTTP headers (names that are not valid

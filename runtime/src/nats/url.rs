@@ -6,6 +6,7 @@
 //! it goes; `replicas` is the replica count of the stream rfidl creates
 //! (1 to 5, default 1; 3 on a 3-node cluster survives losing any node).
 
+use crate::transport::UrlError;
 use std::time::Duration;
 
 /// Default NATS port when a URL names none.
@@ -61,9 +62,9 @@ impl NatsUrl {
     ///
     /// A message naming what is wrong, never containing the URL (it may
     /// hold credentials).
-    pub fn parse(url: &str) -> Result<Self, String> {
+    pub fn parse(url: &str) -> Result<Self, UrlError> {
         let Some(rest) = url.strip_prefix("nats://") else {
-            return Err("is not a nats:// URL".to_owned());
+            return Err("is not a nats:// URL".to_owned().into());
         };
         let (authority, path) = rest.split_once('/').ok_or_else(|| {
             "nats:// URL has no subject: write nats://host:port/<subject>".to_owned()
@@ -199,7 +200,7 @@ impl NatsUrl {
 }
 
 /// One `host[:port]` of the server list.
-fn parse_server(hostport: &str) -> Result<(String, u16), String> {
+fn parse_server(hostport: &str) -> Result<(String, u16), UrlError> {
     let (host, port) = match hostport.rsplit_once(':') {
         // `[::1]:4222` and `host:4222`; a bare `[::1]` has no port.
         Some((host, port)) if !port.contains(']') => {
@@ -218,14 +219,16 @@ fn parse_server(hostport: &str) -> Result<(String, u16), String> {
             .any(|c| c.is_whitespace() || matches!(c, '/' | '?' | '#' | '@'))
     {
         return Err(
-            "nats:// URL has no valid host (or an empty one in its server list)".to_owned(),
+            "nats:// URL has no valid host (or an empty one in its server list)"
+                .to_owned()
+                .into(),
         );
     }
     Ok((host.to_owned(), port))
 }
 
 /// The query of a nats:// URL: `replicas=N` and nothing else.
-fn parse_replicas(query: &str) -> Result<usize, String> {
+fn parse_replicas(query: &str) -> Result<usize, UrlError> {
     let mut replicas = None;
     for pair in query.split('&') {
         match pair.split_once('=') {
@@ -241,7 +244,9 @@ fn parse_replicas(query: &str) -> Result<usize, String> {
                 );
             }
             _ => {
-                return Err("nats:// URL takes one query parameter, `replicas=N`, once".to_owned());
+                return Err("nats:// URL takes one query parameter, `replicas=N`, once"
+                    .to_owned()
+                    .into());
             }
         }
     }
@@ -250,12 +255,18 @@ fn parse_replicas(query: &str) -> Result<usize, String> {
 
 /// Checks a publish subject: dot-separated non-empty tokens of
 /// `[A-Za-z0-9_-]`.
-pub(crate) fn validate_subject(subject: &str) -> Result<(), String> {
+pub(crate) fn validate_subject(subject: &str) -> Result<(), UrlError> {
     if subject.is_empty() {
-        return Err("nats:// URL has no subject: write nats://host:port/<subject>".to_owned());
+        return Err(
+            "nats:// URL has no subject: write nats://host:port/<subject>"
+                .to_owned()
+                .into(),
+        );
     }
     if subject.len() > 200 {
-        return Err("nats:// URL subject is longer than 200 bytes".to_owned());
+        return Err("nats:// URL subject is longer than 200 bytes"
+            .to_owned()
+            .into());
     }
     for token in subject.split('.') {
         if token.is_empty()
@@ -266,7 +277,8 @@ pub(crate) fn validate_subject(subject: &str) -> Result<(), String> {
             return Err(
                 "nats:// URL subject must be dot-separated tokens of letters, digits, `-` and `_` \
                  (no wildcards, spaces or empty tokens)"
-                    .to_owned(),
+                    .to_owned()
+                    .into(),
             );
         }
     }
@@ -274,7 +286,7 @@ pub(crate) fn validate_subject(subject: &str) -> Result<(), String> {
 }
 
 /// Percent-decodes a URL part; `what` names it in the error.
-fn decode(text: &str, what: &str) -> Result<String, String> {
+fn decode(text: &str, what: &str) -> Result<String, UrlError> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -292,7 +304,7 @@ fn decode(text: &str, what: &str) -> Result<String, String> {
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| format!("nats:// URL {what} is not UTF-8"))
+    String::from_utf8(out).map_err(|_| UrlError::from(format!("nats:// URL {what} is not UTF-8")))
 }
 
 #[cfg(test)]
@@ -361,7 +373,7 @@ mod tests {
             ("nats://u:hunter2@h1/a?replicas=3&replicas=3", "once"),
             ("nats://u:hunter2@h1/a?stream=x", "`replicas=N`"),
         ] {
-            let error = NatsUrl::parse(url).expect_err(url);
+            let error = NatsUrl::parse(url).expect_err(url).to_string();
             assert!(error.contains(wanted), "{url}: {error}");
             assert!(!error.contains("hunter2"), "{url}: {error}");
         }

@@ -15,6 +15,7 @@
 //! or no broker is a [`TransportError`]: retried, and the connection is
 //! opened again. See `docs/transports.md`.
 
+use crate::transport::UrlError;
 use std::time::Duration;
 
 use fe2o3_amqp::connection::ConnectionHandle;
@@ -94,7 +95,7 @@ impl AmqpTransport {
     /// # Errors
     ///
     /// A malformed URL, the wrong field named, never a credential.
-    pub fn new(url: &str, timeout: Duration) -> Result<Self, String> {
+    pub fn new(url: &str, timeout: Duration) -> Result<Self, UrlError> {
         Ok(Self::with_url(AmqpUrl::parse(url)?, timeout))
     }
 

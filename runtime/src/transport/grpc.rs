@@ -5,6 +5,7 @@
 //! [`TransportResponse`], so the dispatcher classifies it with the same
 //! table as HTTP; a call that got no reply is a [`TransportError`].
 
+use crate::transport::UrlError;
 use std::time::Duration;
 
 use tonic::transport::{Channel, Endpoint};
@@ -37,7 +38,7 @@ impl GrpcTransport {
     /// `timeout` bounds each call; the connection is made on the first call
     /// (within `timeout`, at most 5 s). The error names what is wrong, never
     /// the URL (it may hold credentials).
-    pub fn new(url: &str, timeout: Duration) -> Result<Self, String> {
+    pub fn new(url: &str, timeout: Duration) -> Result<Self, UrlError> {
         let authority = parse_url(url)?;
         let endpoint = Endpoint::from_shared(format!("http://{authority}"))
             .map_err(|_| "is not a valid grpc://host:port URL".to_owned())?
@@ -59,9 +60,9 @@ impl GrpcTransport {
 
 /// The `host:port` of a `grpc://` URL, or what is wrong with it (without
 /// repeating the URL).
-fn parse_url(url: &str) -> Result<String, String> {
+fn parse_url(url: &str) -> Result<String, UrlError> {
     let Some(rest) = url.strip_prefix("grpc://") else {
-        return Err("is not a grpc:// URL".to_owned());
+        return Err("is not a grpc:// URL".to_owned().into());
     };
     let (authority, path) = match rest.find(['/', '?', '#']) {
         Some(at) => rest.split_at(at),
@@ -71,7 +72,8 @@ fn parse_url(url: &str) -> Result<String, String> {
         return Err(
             "holds credentials (user:password@): grpc:// destinations take none; the message \
              signature authenticates the sender"
-                .to_owned(),
+                .to_owned()
+                .into(),
         );
     }
     if !matches!(
@@ -81,22 +83,25 @@ fn parse_url(url: &str) -> Result<String, String> {
         return Err(
             "has a path other than /RFReceiver/Receive (expected grpc://host:port or \
              grpc://host:port/RFReceiver/Receive)"
-                .to_owned(),
+                .to_owned()
+                .into(),
         );
     }
     let parsed: axum::http::uri::Authority = authority
         .parse()
         .map_err(|_| "has an invalid host:port (expected grpc://host:port)".to_owned())?;
     if parsed.host().is_empty() {
-        return Err("has no host (expected grpc://host:port)".to_owned());
+        return Err("has no host (expected grpc://host:port)".to_owned().into());
     }
     // `Authority` has no port for `host:abc`; a colon after the host (past
     // an IPv6 literal's `]`) says one was meant.
     let port_given = authority[authority.rfind(']').unwrap_or(0)..].contains(':');
     match (port_given, parsed.port_u16()) {
-        (false, _) => Err("has no port (expected grpc://host:port)".to_owned()),
-        (true, None) => Err("has an invalid port (expected grpc://host:port)".to_owned()),
-        (true, Some(0)) => Err("has port 0 (expected grpc://host:port)".to_owned()),
+        (false, _) => Err("has no port (expected grpc://host:port)".to_owned().into()),
+        (true, None) => Err("has an invalid port (expected grpc://host:port)"
+            .to_owned()
+            .into()),
+        (true, Some(0)) => Err("has port 0 (expected grpc://host:port)".to_owned().into()),
         (true, Some(_)) => Ok(parsed.as_str().to_owned()),
     }
 }
@@ -295,7 +300,7 @@ mod tests {
             ("grpc://hr:7443?x=1", "has a path other than"),
             ("grpc://admin:hunter2@hr:7443", "holds credentials"),
         ] {
-            let error = parse_url(url).unwrap_err();
+            let error = parse_url(url).unwrap_err().to_string();
             assert!(error.contains(wanted), "{url}: {error}");
             assert!(!error.contains("hunter2"), "{error}");
         }

@@ -111,6 +111,35 @@ pub type SendFuture<'a> =
 pub type BatchFuture<'a> =
     Pin<Box<dyn Future<Output = Vec<Result<TransportResponse, TransportError>>> + Send + 'a>>;
 
+/// A destination or broker URL (or connection string) that cannot be used:
+/// what is wrong with it, never a credential it holds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct UrlError {
+    reason: String,
+}
+
+impl UrlError {
+    /// What is wrong.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+impl From<String> for UrlError {
+    fn from(reason: String) -> Self {
+        Self { reason }
+    }
+}
+
+impl From<&str> for UrlError {
+    fn from(reason: &str) -> Self {
+        Self {
+            reason: reason.to_owned(),
+        }
+    }
+}
+
 /// Moves requests to a receiver.
 pub trait Transport: Send + Sync + 'static {
     /// Sends one request and returns what the receiver answered, whatever
@@ -218,7 +247,7 @@ pub(crate) fn retry_after(headers: &hyper::HeaderMap) -> Option<Duration> {
 pub(crate) fn for_destination(
     destination: &crate::config::DestinationConfig,
     timeout: Duration,
-) -> Result<Arc<dyn Transport>, String> {
+) -> Result<Arc<dyn Transport>, UrlError> {
     if destination.url.starts_with("nats://") {
         return nats_transport(destination, timeout);
     }
@@ -237,7 +266,8 @@ pub(crate) fn for_destination(
                 "`url` is inproc://: an in-process receiver is routed in code, \
                  `DispatcherBuilder::route(name, InProcessTransport::new(receiver.router()), \
                  secret)`, not by URL"
-                    .to_owned(),
+                    .to_owned()
+                    .into(),
             );
         }
         if !(destination.url.starts_with("http://") || destination.url.starts_with("https://")) {
@@ -245,7 +275,8 @@ pub(crate) fn for_destination(
             return Err(format!(
                 "`url` has the scheme `{scheme}`, which no transport serves: use http://, \
                  https://, unix://, grpc://, nats://, amqp:// or amqps://"
-            ));
+            )
+            .into());
         }
         return Ok(Arc::new(http_transport(
             destination,
@@ -264,7 +295,8 @@ pub(crate) fn for_destination(
             return Err(format!(
                 "{shown} is not an http:// or https:// URL: a destination with several \
                  base URLs spreads over HTTP(S) only (unix:// and other schemes take one `url`)"
-            ));
+            )
+            .into());
         }
         let normal = url.trim_end_matches('/');
         if destination
@@ -272,7 +304,7 @@ pub(crate) fn for_destination(
             .take(position)
             .any(|earlier| earlier.trim_end_matches('/') == normal)
         {
-            return Err(format!("{shown} repeats an earlier base URL"));
+            return Err(format!("{shown} repeats an earlier base URL").into());
         }
         endpoints.push(http_transport(destination, url, timeout)?);
     }
@@ -285,9 +317,9 @@ fn http_transport(
     destination: &crate::config::DestinationConfig,
     url: &str,
     timeout: Duration,
-) -> Result<HttpTransport, String> {
+) -> Result<HttpTransport, UrlError> {
     let Some(ca_file) = &destination.ca_file else {
-        return HttpTransport::new(url, timeout).map_err(|e| e.to_string());
+        return HttpTransport::new(url, timeout).map_err(|e| UrlError::from(e.to_string()));
     };
     let pem = std::fs::read(ca_file)
         .map_err(|e| format!("cannot read CA file {}: {e}", ca_file.display()))?;
@@ -299,13 +331,18 @@ fn with_root_certificates(
     url: &str,
     timeout: Duration,
     pem: &[u8],
-) -> Result<HttpTransport, String> {
-    HttpTransport::with_root_certificates(url, timeout, pem).map_err(|e| e.to_string())
+) -> Result<HttpTransport, UrlError> {
+    HttpTransport::with_root_certificates(url, timeout, pem)
+        .map_err(|e| UrlError::from(e.to_string()))
 }
 
 #[cfg(not(feature = "tls"))]
-fn with_root_certificates(_: &str, _: Duration, _: &[u8]) -> Result<HttpTransport, String> {
-    Err("`ca_file` needs HTTPS: build rfidl-runtime with its `tls` feature".to_owned())
+fn with_root_certificates(_: &str, _: Duration, _: &[u8]) -> Result<HttpTransport, UrlError> {
+    Err(
+        "`ca_file` needs HTTPS: build rfidl-runtime with its `tls` feature"
+            .to_owned()
+            .into(),
+    )
 }
 
 /// A `nats://` destination: one URL, no `urls`, no `ca_file`.
@@ -313,20 +350,19 @@ fn with_root_certificates(_: &str, _: Duration, _: &[u8]) -> Result<HttpTranspor
 fn nats_transport(
     destination: &crate::config::DestinationConfig,
     timeout: Duration,
-) -> Result<Arc<dyn Transport>, String> {
+) -> Result<Arc<dyn Transport>, UrlError> {
     if !destination.urls.is_empty() {
         return Err(
-            "`urls`: a nats:// destination takes one `url` (the broker spreads)".to_owned(),
+            "`urls`: a nats:// destination takes one `url` (the broker spreads)"
+                .to_owned()
+                .into(),
         );
     }
     let url = crate::nats::NatsUrl::parse(&destination.url)
         .map_err(|message| format!("`url`: {message}"))?;
     let replicas = destination.replicas.unwrap_or(1);
     if !(1..=crate::nats::MAX_REPLICAS).contains(&replicas) {
-        return Err(format!(
-            "`replicas` must be 1 to {}",
-            crate::nats::MAX_REPLICAS
-        ));
+        return Err(format!("`replicas` must be 1 to {}", crate::nats::MAX_REPLICAS).into());
     }
     let url = url.with_default_replicas(replicas);
     Ok(Arc::new(JetStreamTransport::with_url(url, timeout)))
@@ -336,8 +372,12 @@ fn nats_transport(
 fn nats_transport(
     _: &crate::config::DestinationConfig,
     _: Duration,
-) -> Result<Arc<dyn Transport>, String> {
-    Err("`url`: nats:// destinations need rfidl-runtime's cargo feature `nats`".to_owned())
+) -> Result<Arc<dyn Transport>, UrlError> {
+    Err(
+        "`url`: nats:// destinations need rfidl-runtime's cargo feature `nats`"
+            .to_owned()
+            .into(),
+    )
 }
 
 /// An AMQP location: `amqp://`, `amqps://`, or a connection string
@@ -358,13 +398,19 @@ fn is_amqp(url: &str) -> bool {
 fn amqp_transport(
     destination: &crate::config::DestinationConfig,
     timeout: Duration,
-) -> Result<Arc<dyn Transport>, String> {
+) -> Result<Arc<dyn Transport>, UrlError> {
     if !destination.urls.is_empty() {
-        return Err("`urls`: an AMQP destination takes one `url` (the broker spreads)".to_owned());
+        return Err(
+            "`urls`: an AMQP destination takes one `url` (the broker spreads)"
+                .to_owned()
+                .into(),
+        );
     }
     if destination.ca_file.is_some() {
         return Err(
-            "`ca_file`: an amqps:// destination trusts the public CA roots only".to_owned(),
+            "`ca_file`: an amqps:// destination trusts the public CA roots only"
+                .to_owned()
+                .into(),
         );
     }
     let url = crate::amqp::AmqpUrl::parse(&destination.url)
@@ -376,34 +422,39 @@ fn amqp_transport(
 fn amqp_transport(
     _: &crate::config::DestinationConfig,
     _: Duration,
-) -> Result<Arc<dyn Transport>, String> {
+) -> Result<Arc<dyn Transport>, UrlError> {
     Err(
         "`url`: amqp:// destinations and Service Bus connection strings need \
          rfidl-runtime's cargo feature `amqp`"
-            .to_owned(),
+            .to_owned()
+            .into(),
     )
 }
 
 #[cfg(feature = "grpc")]
-fn grpc_transport(url: &str, timeout: Duration) -> Result<Arc<dyn Transport>, String> {
+fn grpc_transport(url: &str, timeout: Duration) -> Result<Arc<dyn Transport>, UrlError> {
     GrpcTransport::new(url, timeout)
         .map(|transport| Arc::new(transport) as Arc<dyn Transport>)
-        .map_err(|what| format!("`url` {what}"))
+        .map_err(|what| UrlError::from(format!("`url` {what}")))
 }
 
 #[cfg(not(feature = "grpc"))]
-fn grpc_transport(_: &str, _: Duration) -> Result<Arc<dyn Transport>, String> {
-    Err("`url` is a grpc:// URL: build rfidl-runtime with its `grpc` feature".to_owned())
+fn grpc_transport(_: &str, _: Duration) -> Result<Arc<dyn Transport>, UrlError> {
+    Err(
+        "`url` is a grpc:// URL: build rfidl-runtime with its `grpc` feature"
+            .to_owned()
+            .into(),
+    )
 }
 
 #[cfg(unix)]
-fn unix_transport(path: &str, timeout: Duration) -> Result<Arc<dyn Transport>, String> {
+fn unix_transport(path: &str, timeout: Duration) -> Result<Arc<dyn Transport>, UrlError> {
     Ok(Arc::new(UnixSocketTransport::new(path, timeout)))
 }
 
 #[cfg(not(unix))]
-fn unix_transport(_: &str, _: Duration) -> Result<Arc<dyn Transport>, String> {
-    Err("unix:// destinations exist only on unix".to_owned())
+fn unix_transport(_: &str, _: Duration) -> Result<Arc<dyn Transport>, UrlError> {
+    Err("unix:// destinations exist only on unix".to_owned().into())
 }
 
 /// A shared transport: route a clone and keep a handle, e.g. to read

@@ -11,6 +11,7 @@
 //! or no broker, is a [`TransportError`]: retried, not counted, and the
 //! destination's circuit opens as for HTTP. See `docs/transports.md`.
 
+use crate::transport::UrlError;
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -64,7 +65,7 @@ impl JetStreamTransport {
     /// # Errors
     ///
     /// A malformed URL, named without its credentials.
-    pub fn new(url: &str, timeout: Duration) -> Result<Self, String> {
+    pub fn new(url: &str, timeout: Duration) -> Result<Self, UrlError> {
         Ok(Self::with_url(NatsUrl::parse(url)?, timeout))
     }
 
@@ -92,7 +93,7 @@ impl JetStreamTransport {
         })
         .await
         .map_err(|_| TransportError::Timeout)?
-        .map_err(TransportError::Other)?;
+        .map_err(|e| TransportError::Other(e.to_string()))?;
         *slot = Some(context.clone());
         Ok(context)
     }

@@ -59,7 +59,7 @@ impl AnswerStore<crate::store::Postgres> for PostgresAnswers {
             if let Err(error) =
                 run_handler(handlers, &row, &published.message_id, &payload, &mut tx)
             {
-                return Ok(Recorded::Failed(error));
+                return Ok(Recorded::Failed(format!("response handler: {error}")));
             }
             tx.commit()?;
             Ok(Recorded::Done)

@@ -55,10 +55,7 @@ pub(crate) fn open(
     };
     // Connected now, so a server that takes the routes' connection but not
     // a second one is a start-up error too.
-    probe.connect().map_err(|cause| StoreError::Postgres {
-        target: url.target(),
-        cause,
-    })?;
+    probe.connect()?;
     Ok((routes, probe))
 }
 
@@ -81,7 +78,7 @@ impl PostgresDiagnostics {
 
     /// Opens the connection if it is not open (or broke): within the
     /// timeout, and with it as `statement_timeout`, on the probe's.
-    fn connect(&self) -> Result<(), String> {
+    fn connect(&self) -> Result<(), StoreError> {
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         if conn.client.as_ref().is_some_and(|c| !c.is_closed()) {
             return Ok(());
@@ -92,17 +89,19 @@ impl PostgresDiagnostics {
             config.connect_timeout(timeout);
         }
         let timeout = self.timeout;
-        let client = super::off_runtime(move || -> Result<Client, String> {
-            let mut client = config
-                .connect(NoTls)
-                .map_err(|e| format!("cannot connect: {}", error_text(&e)))?;
+        let target = self.url.target();
+        let client = super::off_runtime(move || -> Result<Client, StoreError> {
+            let mut client = config.connect(NoTls).map_err(|e| StoreError::Postgres {
+                target,
+                cause: format!("cannot connect: {}", error_text(&e)),
+            })?;
             if let Some(timeout) = timeout {
                 client
                     .batch_execute(&format!(
                         "SET statement_timeout = {}",
                         timeout.as_millis().max(1)
                     ))
-                    .map_err(|e| error_text(&e))?;
+                    .map_err(|e| super::statement(&e))?;
             }
             Ok(client)
         })?;
@@ -140,7 +139,7 @@ impl PostgresDiagnostics {
         &self,
         work: &mut impl FnMut(&mut Client) -> Result<T, postgres::Error>,
     ) -> Result<T, Broken> {
-        self.connect().map_err(Broken::Other)?;
+        self.connect().map_err(|e| Broken::Other(e.to_string()))?;
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         let client = conn
             .client

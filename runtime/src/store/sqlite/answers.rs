@@ -63,7 +63,7 @@ impl AnswerStore<Sqlite> for SqliteAnswers {
             )?;
             if let Err(error) = run_handler(handlers, &row, &published.message_id, &payload, &tx) {
                 // Dropping `tx` rolls the marker back too.
-                return Ok(Recorded::Failed(error));
+                return Ok(Recorded::Failed(format!("response handler: {error}")));
             }
             tx.commit()?;
             Ok(Recorded::Done)
