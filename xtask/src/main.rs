@@ -465,6 +465,7 @@ fn ci() -> Result<(), String> {
     // crate). The demo, end-to-end tests and xtask are not published; the
     // e2e crate's build.rs reads ../schemas, so it cannot build alone.
     eprintln!("xtask: cargo package");
+    forget_packaged_sources();
     run(cargo().args([
         "package",
         "--workspace",
@@ -489,6 +490,39 @@ fn ci() -> Result<(), String> {
     test(&[])?;
     // Every fault scenario with a small load (docs/guarantees.md).
     chaos(&["--messages".to_owned(), "200".to_owned()])
+}
+
+/// Removes the sources cargo extracted from earlier `cargo package` runs of
+/// this workspace's crates. Verification builds a crate against its
+/// workspace dependencies packaged in the same run, through a local
+/// registry whose extracted copies live in `$CARGO_HOME/registry/src/-<hash>/`;
+/// a copy extracted by an earlier run of the same version is reused as it
+/// is, so the verification would build against stale sources. (A fresh
+/// machine has none.)
+fn forget_packaged_sources() {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")));
+    let Some(sources) = home.map(|home| home.join("registry").join("src")) else {
+        return;
+    };
+    let Ok(registries) = std::fs::read_dir(&sources) else {
+        return;
+    };
+    for registry in registries.flatten() {
+        // Local registries are named `-<hash>`; crates.io's are not.
+        if !registry.file_name().to_string_lossy().starts_with('-') {
+            continue;
+        }
+        let Ok(crates) = std::fs::read_dir(registry.path()) else {
+            continue;
+        };
+        for krate in crates.flatten() {
+            if krate.file_name().to_string_lossy().starts_with("rfidl-") {
+                let _ = std::fs::remove_dir_all(krate.path());
+            }
+        }
+    }
 }
 
 /// `RUSTDOCFLAGS` for the docs step: the caller's, then `-D warnings`.
