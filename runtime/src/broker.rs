@@ -142,3 +142,31 @@ impl From<&str> for BrokerError {
         Self(reason.to_owned())
     }
 }
+
+/// The configured destination `destination` and its signing secret (`None`:
+/// none in the config, the registry issues the keys), for the answers
+/// consumers of both brokers. The error names the setting and what is
+/// wrong, never the secret.
+pub(crate) fn configured_destination<'c>(
+    config: &'c crate::Config,
+    destination: &str,
+) -> Result<
+    (
+        &'c crate::config::DestinationConfig,
+        Option<crate::signing::Secret>,
+    ),
+    (&'static str, String),
+> {
+    let found = config.destinations.get(destination).ok_or_else(|| {
+        (
+            "destination",
+            format!("no destination `{destination}` is configured"),
+        )
+    })?;
+    if found.secret.is_empty() {
+        return Ok((found, None));
+    }
+    let secret = crate::signing::Secret::parse(&found.secret)
+        .map_err(|e| ("secret", format!("destination `{destination}`: {e}")))?;
+    Ok((found, Some(secret)))
+}

@@ -72,22 +72,12 @@ impl AnswersConsumer {
         destination: &str,
         database: impl Location<Store = S>,
     ) -> Result<AnswersBuilder<S>, NatsError> {
-        let found = config
-            .destinations
-            .get(destination)
-            .ok_or_else(|| NatsError::Config {
-                field: "destination",
-                message: format!("no destination `{destination}` is configured"),
-            })?;
+        let (found, secret) = crate::broker::configured_destination(config, destination)
+            .map_err(|(field, message)| NatsError::Config { field, message })?;
         let mut builder = Self::builder(&config.service_id, &found.url, database);
         // No secret in the config: the registry issues this service's
         // signing keys, and the caller adds them (`issued_keys`).
-        if !found.secret.is_empty() {
-            let secret =
-                crate::signing::Secret::parse(&found.secret).map_err(|e| NatsError::Config {
-                    field: "secret",
-                    message: format!("destination `{destination}`: {e}"),
-                })?;
+        if let Some(secret) = secret {
             builder = builder.secret(secret);
         }
         builder.url = builder
