@@ -89,7 +89,11 @@ pub use signing::Secret;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use store::Postgres;
-pub use store::{Database, Sqlite, Store};
+pub use store::{AnyStore, AsyncStore, Database, Sqlite, Store};
+
+/// A boxed future that can move between threads: what the async handler
+/// traits return (generated code boxes each `async fn` into one).
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 /// Includes the code that `rfidl_codegen::Builder` generated for one contract
 /// package into the current module, e.g. inside `pub mod employees { … }`:

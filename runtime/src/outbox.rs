@@ -25,7 +25,7 @@ use crate::envelope::MessageType;
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::store::sqlite as db;
-use crate::store::{Database, Location, Sqlite, Store};
+use crate::store::{AnyStore, AsyncStore, Database, Location, Sqlite, Store};
 
 /// A message to send, as generated clients build it.
 ///
@@ -133,12 +133,12 @@ pub enum OutboxError {
 /// (a path: [`Sqlite`], the default; a `PostgresUrl`: `Postgres`), so
 /// [`enqueue`](Outbox::enqueue) takes that store's transaction, and the
 /// dispatcher, clients and handlers built on it agree on the store.
-pub struct Outbox<S: Store = Sqlite> {
+pub struct Outbox<S: AnyStore = Sqlite> {
     inner: Arc<Inner>,
     store: PhantomData<fn() -> S>,
 }
 
-impl<S: Store> Clone for Outbox<S> {
+impl<S: AnyStore> Clone for Outbox<S> {
     fn clone(&self) -> Self {
         Self {
             inner: Arc::clone(&self.inner),
@@ -172,7 +172,7 @@ struct DestinationCheck {
     routable: Option<std::collections::BTreeSet<String>>,
 }
 
-impl<S: Store> std::fmt::Debug for Outbox<S> {
+impl<S: AnyStore> std::fmt::Debug for Outbox<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Outbox")
             .field("database", &self.inner.database)
@@ -189,6 +189,51 @@ pub(crate) type SendJob = (
 );
 
 impl<S: Store> Outbox<S> {
+    /// Writes `message` in `tx`, the caller's open transaction on this
+    /// outbox's database; it is sent if and only if `tx` commits.
+    ///
+    /// The message gets a `traceparent` header unless it has one (see
+    /// [`crate::trace`]); the write runs in an `enqueue` span.
+    pub fn enqueue(
+        &self,
+        tx: S::Handle<'_, '_>,
+        mut message: OutgoingMessage,
+    ) -> Result<Uuid, OutboxError> {
+        let span = enqueue_span(&mut message);
+        let _entered = span.enter();
+        let id = S::enqueue(&self.inner.config, tx, &message)?;
+        span.record("message_id", tracing::field::display(id));
+        self.inner.metrics.outbox_enqueued.inc();
+        self.inner.wake.notify_one();
+        Ok(id)
+    }
+}
+
+impl<S: AsyncStore> Outbox<S> {
+    /// Writes `message` on `conn`, the connection of the caller's open
+    /// sqlx transaction on this outbox's database (`&mut *tx`); it is sent
+    /// if and only if that transaction commits. Generated async clients
+    /// call this.
+    ///
+    /// The message gets a `traceparent` header unless it has one (see
+    /// [`crate::trace`]); the write runs in an `enqueue` span.
+    pub async fn enqueue_async(
+        &self,
+        conn: &mut S::Connection,
+        mut message: OutgoingMessage,
+    ) -> Result<Uuid, OutboxError> {
+        let span = enqueue_span(&mut message);
+        let id = S::enqueue(&self.inner.config, conn, &message)
+            .instrument(span.clone())
+            .await?;
+        span.record("message_id", tracing::field::display(id));
+        self.inner.metrics.outbox_enqueued.inc();
+        self.inner.wake.notify_one();
+        Ok(id)
+    }
+}
+
+impl<S: AnyStore> Outbox<S> {
     /// An outbox on `database`, the database the caller writes to (and the
     /// dispatcher reads): a SQLite file path, or a
     /// [`PostgresUrl`](crate::store::postgres::PostgresUrl). Nothing is
@@ -332,25 +377,6 @@ impl<S: Store> Outbox<S> {
     /// The dispatcher waits on this.
     pub(crate) fn wake_handle(&self) -> Arc<Notify> {
         self.inner.wake.clone()
-    }
-
-    /// Writes `message` in `tx`, the caller's open transaction on this
-    /// outbox's database; it is sent if and only if `tx` commits.
-    ///
-    /// The message gets a `traceparent` header unless it has one (see
-    /// [`crate::trace`]); the write runs in an `enqueue` span.
-    pub fn enqueue(
-        &self,
-        tx: S::Handle<'_, '_>,
-        mut message: OutgoingMessage,
-    ) -> Result<Uuid, OutboxError> {
-        let span = enqueue_span(&mut message);
-        let _entered = span.enter();
-        let id = S::enqueue(&self.inner.config, tx, &message)?;
-        span.record("message_id", tracing::field::display(id));
-        self.inner.metrics.outbox_enqueued.inc();
-        self.inner.wake.notify_one();
-        Ok(id)
     }
 
     /// The decommissioned interface versions this outbox's dispatcher holds

@@ -18,7 +18,10 @@
 //! around a typed `ServiceAnswers` / `EngineAnswers` trait).
 
 use crate::receiver::HandlerError;
-use crate::store::{Sqlite, Store};
+use std::sync::Arc;
+
+use crate::receiver::handler::{Awaited, Blocking, Registered};
+use crate::store::{AnyStore, AsyncStore, Sqlite, Store};
 
 /// One answer as the sender received it.
 #[derive(Debug, Clone, Copy)]
@@ -53,4 +56,47 @@ pub trait ResponseHandler<S: Store = Sqlite>: Send + Sync + 'static {
     /// A [`HandlerError`]: the transaction rolls back to before the row was
     /// marked, and the message is sent (and answered) again later.
     fn handle(&self, answer: &Answer<'_>, tx: S::Handle<'_, '_>) -> Result<(), HandlerError>;
+}
+
+/// [`ResponseHandler`] for a sqlx store: acts on the answers of one
+/// interface version inside the transaction that marks each message `Sent`,
+/// awaited. `conn` is that transaction's connection (`&mut sqlx::PgConnection`
+/// for `sqlx::Postgres`, `&mut sqlx::SqliteConnection` for `sqlx::Sqlite`).
+pub trait AsyncResponseHandler<S: AsyncStore>: Send + Sync + 'static {
+    /// The interface (`package.Service`) and version whose answers this takes.
+    fn interface(&self) -> (&'static str, u32);
+
+    /// Runs inside the transaction that marks the message `Sent`: write
+    /// effects through `conn`.
+    ///
+    /// # Errors
+    ///
+    /// A [`HandlerError`]: the transaction rolls back to before the row was
+    /// marked, and the message is sent (and answered) again later.
+    fn handle<'a>(
+        &'a self,
+        answer: &'a Answer<'a>,
+        conn: &'a mut S::Connection,
+    ) -> crate::BoxFuture<'a, Result<(), HandlerError>>;
+}
+
+/// What [`DispatcherBuilder::responses`](crate::dispatcher::DispatcherBuilder::responses)
+/// takes: a [`ResponseHandler`] on a store with blocking transactions, an
+/// [`AsyncResponseHandler`] on a sqlx store. `M` tells the two apart and is
+/// inferred; implemented for every such handler.
+pub trait IntoResponder<S: AnyStore, M> {
+    /// The handler as the dispatcher keeps it.
+    fn into_responder(self) -> Registered<S::Responder>;
+}
+
+impl<S: Store, T: ResponseHandler<S>> IntoResponder<S, Blocking> for T {
+    fn into_responder(self) -> Registered<S::Responder> {
+        Registered(Arc::new(self))
+    }
+}
+
+impl<S: AsyncStore, T: AsyncResponseHandler<S>> IntoResponder<S, Awaited> for T {
+    fn into_responder(self) -> Registered<S::Responder> {
+        Registered(Arc::new(self))
+    }
 }

@@ -13,9 +13,9 @@ use tokio_util::sync::CancellationToken;
 use super::{DispatcherHandle, State, run};
 use crate::liveness::Liveness;
 use crate::outbox::Outbox;
-use crate::responses::ResponseHandler;
+use crate::responses::IntoResponder;
 use crate::signing::Secret;
-use crate::store::{Sqlite, Store};
+use crate::store::{AnyStore, Sqlite};
 use crate::transport::Transport;
 
 /// Why a dispatcher could not start.
@@ -75,11 +75,11 @@ pub struct Route {
 
 /// Configures and starts a dispatcher on the store `S`.
 #[must_use]
-pub struct DispatcherBuilder<S: Store = Sqlite> {
+pub struct DispatcherBuilder<S: AnyStore = Sqlite> {
     outbox: Outbox<S>,
     routes: BTreeMap<String, Route>,
     errors: Vec<DispatcherError>,
-    responses: Vec<Arc<dyn ResponseHandler<S>>>,
+    responses: Vec<Arc<S::Responder>>,
     resolver: Option<Resolver>,
     issued: Option<crate::keys::IssuedKeys>,
 }
@@ -88,7 +88,7 @@ pub struct DispatcherBuilder<S: Store = Sqlite> {
 /// ([`DispatcherBuilder::route_by`]).
 pub(super) type Resolver = Arc<dyn Fn(&str) -> Option<Route> + Send + Sync>;
 
-impl<S: Store> DispatcherBuilder<S> {
+impl<S: AnyStore> DispatcherBuilder<S> {
     /// Routes every destination that has no route of its own through
     /// `resolve`, called once per request to such a destination (cache in
     /// it when building a route costs). For senders whose destinations come
@@ -105,8 +105,8 @@ impl<S: Store> DispatcherBuilder<S> {
     /// Acts on the answers to messages of `handler`'s interface version,
     /// inside the transaction that marks each one `Sent` (see
     /// [`crate::responses`]).
-    pub fn responses(mut self, handler: impl ResponseHandler<S>) -> Self {
-        self.responses.push(Arc::new(handler));
+    pub fn responses<M>(mut self, handler: impl IntoResponder<S, M>) -> Self {
+        self.responses.push(handler.into_responder().0);
         self
     }
 
@@ -288,7 +288,7 @@ impl Dispatcher {
     /// each may update. On SQLite, the first one to start on a file holds it
     /// (`<file>.dispatcher-lock`) and reclaims rows a dispatcher that is gone
     /// left `Sending`.
-    pub fn builder<S: Store>(outbox: &Outbox<S>) -> DispatcherBuilder<S> {
+    pub fn builder<S: AnyStore>(outbox: &Outbox<S>) -> DispatcherBuilder<S> {
         DispatcherBuilder {
             outbox: outbox.clone(),
             routes: BTreeMap::new(),

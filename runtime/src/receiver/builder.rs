@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use super::*;
+use crate::store::Store;
 
 /// Why a receiver could not be built.
 ///
@@ -79,13 +80,13 @@ pub(super) enum Verification {
 
 /// Builds a [`Receiver`]. Created by [`Receiver::builder`].
 #[must_use = "call .build() to get a Receiver"]
-pub struct ReceiverBuilder<S: Store = Sqlite> {
+pub struct ReceiverBuilder<S: AnyStore = Sqlite> {
     pub(super) config: Config,
     pub(super) database: crate::store::Database,
     /// Writer threads, each with its own connection (PostgreSQL); `None`:
     /// the store's default.
     pub(super) writers: Option<usize>,
-    pub(super) services: Vec<Arc<dyn HostedService<S>>>,
+    pub(super) services: Vec<Registered<S::Service>>,
     pub(super) metrics: Option<Arc<Metrics>>,
     pub(super) group_commit_limit: usize,
     pub(super) batch_body_limit: usize,
@@ -94,7 +95,7 @@ pub struct ReceiverBuilder<S: Store = Sqlite> {
     pub(super) issued: Option<crate::keys::IssuedKeys>,
 }
 
-impl<S: Store> std::fmt::Debug for ReceiverBuilder<S> {
+impl<S: AnyStore> std::fmt::Debug for ReceiverBuilder<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReceiverBuilder")
             .field("database", &self.database)
@@ -105,9 +106,9 @@ impl<S: Store> std::fmt::Debug for ReceiverBuilder<S> {
 }
 
 /// What a store's writers are started with.
-pub(crate) struct WriterParts<S: Store> {
+pub(crate) struct WriterParts<S: crate::store::sealed::Common> {
     pub commands: mpsc::Receiver<Command>,
-    pub handlers: Handlers<S>,
+    pub handlers: Handlers<S::Service>,
     pub retention: Duration,
     pub group_limit: usize,
     pub durability: crate::config::Durability,
@@ -121,14 +122,19 @@ pub(crate) struct WriterParts<S: Store> {
 pub(crate) type Started = (Arc<dyn InboxLookup>, Vec<JoinHandle<()>>);
 
 impl<S: Store> ReceiverBuilder<S> {
-    /// Hosts a service (generated `…Receiver(handler)` or hand-written).
-    pub fn service(self, service: impl HostedService<S>) -> Self {
-        self.shared_service(Arc::new(service))
-    }
-
     /// Hosts a service that is shared with other parts of the program.
     pub fn shared_service(mut self, service: Arc<dyn HostedService<S>>) -> Self {
-        self.services.push(service);
+        self.services.push(Registered(service));
+        self
+    }
+}
+
+impl<S: AnyStore> ReceiverBuilder<S> {
+    /// Hosts a service: a generated `…Receiver(handler)` or a hand-written
+    /// [`HostedService`] (a store with blocking transactions), or its
+    /// [`AsyncHostedService`](super::AsyncHostedService) form (a sqlx store).
+    pub fn service<M>(mut self, service: impl IntoService<S, M>) -> Self {
+        self.services.push(service.into_service());
         self
     }
 
@@ -171,7 +177,7 @@ impl<S: Store> ReceiverBuilder<S> {
     /// a command addressed to another instance is refused.
     pub fn lifecycle(self, lifecycle: &crate::lifecycle::Lifecycle) -> Self
     where
-        crate::lifecycle::LifecycleService: HostedService<S>,
+        crate::lifecycle::LifecycleService: IntoService<S, Blocking>,
     {
         self.lifecycle_from(lifecycle, crate::lifecycle::DEFAULT_REGISTRY_SOURCE)
     }
@@ -180,7 +186,7 @@ impl<S: Store> ReceiverBuilder<S> {
     /// id `registry` instead.
     pub fn lifecycle_from(mut self, lifecycle: &crate::lifecycle::Lifecycle, registry: &str) -> Self
     where
-        crate::lifecycle::LifecycleService: HostedService<S>,
+        crate::lifecycle::LifecycleService: IntoService<S, Blocking>,
     {
         self.lifecycle = Some(lifecycle.clone());
         self.service(crate::lifecycle::LifecycleService::new(
@@ -226,7 +232,7 @@ impl<S: Store> ReceiverBuilder<S> {
         let mut routes: HashMap<&'static str, BTreeMap<u32, Route>> = HashMap::new();
         let mut metadata = Vec::new();
         for (index, service) in self.services.iter().enumerate() {
-            for hosted in service.interfaces() {
+            for hosted in S::interfaces(&service.0) {
                 let versions = routes.entry(hosted.interface).or_default();
                 if versions.contains_key(&hosted.version) {
                     return Err(ReceiverError::DuplicateInterface {
@@ -266,7 +272,7 @@ impl<S: Store> ReceiverBuilder<S> {
         }
 
         let metrics = self.metrics.unwrap_or_default();
-        let services: Arc<[Arc<dyn HostedService<S>>]> = self.services.into();
+        let services: Arc<[Registered<S::Service>]> = self.services.into();
         let (commands, receiver) = mpsc::channel(QUEUE_CAPACITY);
         let (liveness, alive) = crate::liveness::Liveness::start();
         let writers = self.writers.unwrap_or(S::DEFAULT_WRITERS).max(1);

@@ -13,7 +13,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::envelope::MessageType;
-use crate::store::{Sqlite, Store};
+use std::sync::Arc;
+
+use crate::store::{AnyStore, AsyncStore, Sqlite, Store};
 
 /// One interface version a service hosts, as generated (`HOSTED` constant of a
 /// generated interface module).
@@ -305,6 +307,84 @@ pub trait HostedService<S: Store = Sqlite>: Send + Sync + 'static {
         call: &IncomingCall<'_>,
         tx: S::Handle<'_, '_>,
     ) -> Result<serde_json::Value, HandlerError>;
+}
+
+/// Implemented by generated `…Receiver` types on a sqlx store: a set of
+/// interface versions and how to process one message, awaited.
+///
+/// The same contract as [`HostedService`], async: the receiver runs it
+/// inside the transaction (a savepoint of a group commit) that also
+/// inserts the inbox row, and `conn` is that transaction's connection.
+/// Write every effect through `conn` and it commits exactly once with the
+/// row. Do not `COMMIT` or `ROLLBACK` through it. Handlers of different
+/// transactions run concurrently (one per receiver writer,
+/// [`ReceiverBuilder::writers`](super::ReceiverBuilder::writers)); a
+/// handler that awaits something slow holds its writer and its
+/// transaction meanwhile.
+///
+/// `S` is the receiver's [`AsyncStore`]: `conn` is a `&mut sqlx::PgConnection`
+/// for `sqlx::Postgres` and a `&mut sqlx::SqliteConnection` for
+/// `sqlx::Sqlite`.
+pub trait AsyncHostedService<S: AsyncStore>: Send + Sync + 'static {
+    /// The interface versions this service hosts.
+    fn interfaces(&self) -> &[HostedInterface];
+
+    /// Processes one message on `conn`; resolves to the answer payload.
+    fn handle<'a>(
+        &'a self,
+        call: &'a IncomingCall<'a>,
+        conn: &'a mut S::Connection,
+    ) -> crate::BoxFuture<'a, Result<serde_json::Value, HandlerError>>;
+}
+
+/// A handler as a builder keeps it: a service for a receiver, a response
+/// handler for a dispatcher. Made by [`IntoService`] and
+/// [`IntoResponder`](crate::responses::IntoResponder).
+pub struct Registered<T: ?Sized>(pub(crate) Arc<T>);
+
+impl<T: ?Sized> Clone for Registered<T> {
+    fn clone(&self) -> Self {
+        Self(Arc::clone(&self.0))
+    }
+}
+
+impl<T: ?Sized> std::fmt::Debug for Registered<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Registered")
+    }
+}
+
+/// The kind of a handler that blocks ([`HostedService`],
+/// [`ResponseHandler`](crate::responses::ResponseHandler)): the `M` of
+/// [`IntoService`], inferred.
+#[derive(Debug)]
+pub enum Blocking {}
+
+/// The kind of an async handler ([`AsyncHostedService`],
+/// [`AsyncResponseHandler`](crate::responses::AsyncResponseHandler)): the
+/// `M` of [`IntoService`], inferred.
+#[derive(Debug)]
+pub enum Awaited {}
+
+/// What [`ReceiverBuilder::service`](super::ReceiverBuilder::service)
+/// takes: a [`HostedService`] on a store with blocking transactions, an
+/// [`AsyncHostedService`] on a sqlx store. `M` tells the two apart and is
+/// inferred; implemented for every such service.
+pub trait IntoService<S: AnyStore, M> {
+    /// The service as the receiver keeps it.
+    fn into_service(self) -> Registered<S::Service>;
+}
+
+impl<S: Store, T: HostedService<S>> IntoService<S, Blocking> for T {
+    fn into_service(self) -> Registered<S::Service> {
+        Registered(Arc::new(self))
+    }
+}
+
+impl<S: AsyncStore, T: AsyncHostedService<S>> IntoService<S, Awaited> for T {
+    fn into_service(self) -> Registered<S::Service> {
+        Registered(Arc::new(self))
+    }
 }
 
 #[cfg(test)]

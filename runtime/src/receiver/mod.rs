@@ -56,7 +56,8 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
 pub use handler::{
-    HandlerError, HostedInterface, HostedService, IncomingCall, decode_payload, encode_response,
+    AsyncHostedService, Awaited, Blocking, HandlerError, HostedInterface, HostedService,
+    IncomingCall, IntoService, Registered, decode_payload, encode_response,
 };
 pub use reply::{KEYS_PENDING, ReceiveError, Reply};
 
@@ -65,7 +66,7 @@ use crate::envelope::BatchResult;
 use crate::inbox::InboxLookup;
 use crate::metrics::Metrics;
 use crate::signing::Secret;
-use crate::store::{Sqlite, Store};
+use crate::store::{AnyStore, Sqlite};
 use writer::{Command, Delivery, Handlers};
 
 /// Path of the single-message endpoint.
@@ -158,7 +159,7 @@ impl Receiver {
     /// Several receivers (replicas) may share one PostgreSQL database: a
     /// message delivered to two of them at once is processed by one; the
     /// other answers it as a duplicate.
-    pub fn builder<S: Store>(
+    pub fn builder<S: AnyStore>(
         config: Config,
         database: impl crate::store::Location<Store = S>,
     ) -> ReceiverBuilder<S> {

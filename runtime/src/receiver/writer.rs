@@ -29,9 +29,10 @@ use tracing::{error, warn};
 use crate::envelope::Envelope;
 use crate::inbox::{PayloadDigest, RawEntry};
 use crate::metrics::Metrics;
+use crate::receiver::handler::Registered;
 use crate::receiver::handler::{HandlerError, HostedService, IncomingCall};
 use crate::receiver::reply::{ReceiveError, Reply};
-use crate::store::{Sqlite, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// A verified, routed message waiting for the writer.
 #[derive(Debug)]
@@ -68,12 +69,12 @@ pub(crate) enum Command {
 }
 
 /// What runs one message: the hosted services and the metrics they count into.
-pub(crate) struct Handlers<S: Store = Sqlite> {
-    pub services: Arc<[Arc<dyn HostedService<S>>]>,
+pub(crate) struct Handlers<T: ?Sized> {
+    pub services: Arc<[Registered<T>]>,
     pub metrics: Arc<Metrics>,
 }
 
-impl<S: Store> Handlers<S> {
+impl<S: Store> Handlers<dyn HostedService<S>> {
     /// Runs the delivery's handler in `tx`: its answer payload, or what the
     /// sender is told. A panic is caught and answered 500 `handler_failed`.
     pub(crate) fn run(
@@ -114,7 +115,7 @@ impl<S: Store> Handlers<S> {
             payload: &envelope.payload,
             headers: &envelope.headers,
         };
-        let service = &self.services[delivery.service];
+        let service = &self.services[delivery.service].0;
         // Messages the handler enqueues continue the incoming trace.
         let handled = crate::trace::with_traceparent(delivery.trace, || {
             catch_unwind(AssertUnwindSafe(|| service.handle(&call, tx)))
@@ -220,7 +221,7 @@ enum State {
 pub(crate) struct Writer<W: InboxStep> {
     pub step: W,
     pub commands: Arc<Mutex<mpsc::Receiver<Command>>>,
-    pub handlers: Arc<Handlers<W::Store>>,
+    pub handlers: Arc<Handlers<dyn HostedService<W::Store>>>,
     pub retention: Duration,
 }
 
@@ -380,7 +381,7 @@ impl<W: InboxStep> Writer<W> {
 /// One message: claim it, run the handler, record the answer.
 fn process<W: InboxStep>(
     tx: &mut W::Tx<'_>,
-    handlers: &Handlers<W::Store>,
+    handlers: &Handlers<dyn HostedService<W::Store>>,
     delivery: &Delivery,
     now: i64,
     expires_at: i64,

@@ -32,8 +32,8 @@ pub use error::StoreError;
 
 use std::path::{Path, PathBuf};
 
-// `Backend` is public only as `Store`'s supertrait; nothing outside the
-// crate can name it, so its crate-private argument types never leak.
+// `Common` and `Backend` are public only as supertraits; nothing outside the
+// crate can name them, so their crate-private argument types never leak.
 #[allow(private_interfaces)]
 pub(crate) mod sealed {
     use std::sync::Arc;
@@ -45,12 +45,44 @@ pub(crate) mod sealed {
     use crate::dispatcher::records::DispatchDb;
     use crate::outbox::{OutboxError, OutgoingMessage};
     use crate::receiver::{ReceiverError, Started, WriterParts};
-    use crate::responses::ResponseHandler;
 
-    /// What the parts above the store (outbox, dispatcher, receiver,
-    /// answers) ask of a store: written once per store, in its folder.
-    /// Private to the crate, so [`Store`](super::Store) is sealed.
-    pub trait Backend: Send + Sync + Sized + 'static {
+    /// What every store gives the parts above it (outbox, dispatcher,
+    /// receiver), whether its transactions block ([`Store`](super::Store))
+    /// or are async ([`AsyncStore`](super::AsyncStore)): written once per
+    /// store, in its folder. Private to the crate, so the stores are sealed.
+    pub trait Common: Send + Sync + Sized + 'static {
+        /// A hosted service as the receiver runs it:
+        /// `dyn HostedService<Self>` or `dyn AsyncHostedService<Self>`.
+        type Service: ?Sized + Send + Sync + 'static;
+        /// A response handler as the dispatcher runs it:
+        /// `dyn ResponseHandler<Self>` or `dyn AsyncResponseHandler<Self>`.
+        type Responder: ?Sized + Send + Sync + 'static;
+
+        /// The interface versions `service` hosts.
+        fn interfaces(service: &Self::Service) -> &[crate::receiver::HostedInterface];
+
+        /// Opens the dispatcher's claims and results on `database`.
+        fn open_dispatch(
+            database: &super::Database,
+            config: &Config,
+            responses: Vec<Arc<Self::Responder>>,
+        ) -> Result<Arc<dyn DispatchDb>, StoreError>;
+
+        /// Writers a receiver runs when it is not told.
+        const DEFAULT_WRITERS: usize;
+
+        /// Opens (and migrates) the inbox on `database`, starts `writers`
+        /// writers.
+        fn start_inbox(
+            database: &super::Database,
+            writers: usize,
+            parts: WriterParts<Self>,
+        ) -> Result<Started, ReceiverError>;
+    }
+
+    /// What a store with blocking transactions adds: the statements that
+    /// run in the caller's transaction.
+    pub trait Backend: Common {
         /// Writes `message` to the outbox in `tx` (the caller's transaction);
         /// the part above adds the span, the metrics and the wake-up.
         fn enqueue(
@@ -58,28 +90,6 @@ pub(crate) mod sealed {
             tx: <Self as super::Store>::Handle<'_, '_>,
             message: &OutgoingMessage,
         ) -> Result<Uuid, OutboxError>
-        where
-            Self: super::Store;
-
-        /// Opens the dispatcher's claims and results on `database`.
-        fn open_dispatch(
-            database: &super::Database,
-            config: &Config,
-            responses: Vec<Arc<dyn ResponseHandler<Self>>>,
-        ) -> Result<Arc<dyn DispatchDb>, StoreError>
-        where
-            Self: super::Store;
-
-        /// Writer threads a receiver runs when it is not told.
-        const DEFAULT_WRITERS: usize;
-
-        /// Opens (and migrates) the inbox on `database`, starts `writers`
-        /// writer threads.
-        fn start_inbox(
-            database: &super::Database,
-            writers: usize,
-            parts: WriterParts<Self>,
-        ) -> Result<Started, ReceiverError>
         where
             Self: super::Store;
 
@@ -123,23 +133,70 @@ pub(crate) mod sealed {
         where
             Self: super::Store;
     }
+
+    /// What an async store adds: the statements that run in the caller's
+    /// transaction, awaited.
+    pub trait AsyncBackend: Common {
+        /// Writes `message` to the outbox on `conn` (the caller's
+        /// transaction); the part above adds the span, the metrics and the
+        /// wake-up.
+        fn enqueue<'a>(
+            config: &'a Config,
+            conn: &'a mut <Self as super::AsyncStore>::Connection,
+            message: &'a OutgoingMessage,
+        ) -> crate::BoxFuture<'a, Result<Uuid, OutboxError>>
+        where
+            Self: super::AsyncStore;
+    }
 }
 
-/// A database rfidl can keep its outbox and inbox in. Sealed: [`Sqlite`] and
-/// [`Postgres`].
-pub trait Store: sealed::Backend {
+/// Any store rfidl can keep its outbox and inbox in: one whose
+/// transactions block ([`Store`]: [`Sqlite`], [`Postgres`]) or one driven by
+/// an async sqlx pool ([`AsyncStore`]: `sqlx::Postgres`, `sqlx::Sqlite`).
+/// The outbox, the dispatcher and the receiver are typed by it. Sealed.
+pub trait AnyStore: sealed::Common {
+    /// The store's name, as shown in diagnostics (`sqlite`, `postgres`,
+    /// `sqlx-postgres`, `sqlx-sqlite`).
+    const NAME: &'static str;
+}
+
+/// A store whose transactions block: handlers and clients are synchronous
+/// functions. Sealed: [`Sqlite`] and [`Postgres`].
+pub trait Store:
+    AnyStore
+    + sealed::Backend
+    + sealed::Common<
+        Service = dyn crate::receiver::HostedService<Self>,
+        Responder = dyn crate::responses::ResponseHandler<Self>,
+    >
+{
     /// The open transaction that handlers write through and clients enqueue
     /// in: `&'a rusqlite::Transaction<'c>` or `&'a mut postgres::Transaction<'c>`.
     type Handle<'a, 'c: 'a>;
-
-    /// The store's name, as shown in diagnostics (`sqlite`, `postgres`).
-    const NAME: &'static str;
 
     /// A shorter-lived copy of `handle`, so code generic over the store can
     /// pass its transaction on more than once (to a client, then to its own
     /// statements): `S::reborrow(&mut tx)`. (With a concrete store the
     /// compiler reborrows by itself.)
     fn reborrow<'s, 'a: 's, 'c: 'a>(handle: &'s mut Self::Handle<'a, 'c>) -> Self::Handle<'s, 'c>;
+}
+
+/// A store on an async sqlx pool: clients enqueue on the caller's own
+/// `sqlx::Transaction` (the connection behind it, `&mut *tx`), and handlers
+/// are `async fn`s that write through the receiver's transaction. Sealed:
+/// `sqlx::Postgres` (cargo feature `sqlx-postgres`) and `sqlx::Sqlite`
+/// (`sqlx-sqlite`).
+pub trait AsyncStore:
+    AnyStore
+    + sealed::AsyncBackend
+    + sealed::Common<
+        Service = dyn crate::receiver::AsyncHostedService<Self>,
+        Responder = dyn crate::responses::AsyncResponseHandler<Self>,
+    >
+{
+    /// The connection a transaction runs on: `sqlx::PgConnection` or
+    /// `sqlx::SqliteConnection`. A `sqlx::Transaction` dereferences to it.
+    type Connection: Send + 'static;
 }
 
 /// Where the database of a known store is: what the constructors of the
@@ -150,7 +207,7 @@ pub trait Store: sealed::Backend {
 /// by the caller.
 pub trait Location {
     /// The store this database belongs to.
-    type Store: Store;
+    type Store: AnyStore;
 
     /// The database, for the parts that are not typed by a store.
     fn into_database(self) -> Database;
@@ -186,9 +243,12 @@ impl Location for &postgres::PostgresUrl {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sqlite {}
 
+impl AnyStore for Sqlite {
+    const NAME: &'static str = "sqlite";
+}
+
 impl Store for Sqlite {
     type Handle<'a, 'c: 'a> = &'a rusqlite::Transaction<'c>;
-    const NAME: &'static str = "sqlite";
 
     fn reborrow<'s, 'a: 's, 'c: 'a>(handle: &'s mut Self::Handle<'a, 'c>) -> Self::Handle<'s, 'c> {
         handle
@@ -202,9 +262,13 @@ impl Store for Sqlite {
 pub enum Postgres {}
 
 #[cfg(feature = "postgres")]
+impl AnyStore for Postgres {
+    const NAME: &'static str = "postgres";
+}
+
+#[cfg(feature = "postgres")]
 impl Store for Postgres {
     type Handle<'a, 'c: 'a> = &'a mut ::postgres::Transaction<'c>;
-    const NAME: &'static str = "postgres";
 
     fn reborrow<'s, 'a: 's, 'c: 'a>(handle: &'s mut Self::Handle<'a, 'c>) -> Self::Handle<'s, 'c> {
         handle

@@ -443,19 +443,18 @@ pub(crate) fn write_group(
 }
 
 #[allow(private_interfaces)] // see `store::sealed`
-impl crate::store::sealed::Backend for crate::store::Postgres {
-    fn enqueue(
-        config: &Config,
-        tx: &mut postgres::Transaction<'_>,
-        message: &OutgoingMessage,
-    ) -> Result<Uuid, OutboxError> {
-        insert_outbox(tx, config, message)
+impl crate::store::sealed::Common for crate::store::Postgres {
+    type Service = dyn crate::receiver::HostedService<Self>;
+    type Responder = dyn crate::responses::ResponseHandler<Self>;
+
+    fn interfaces(service: &Self::Service) -> &[crate::receiver::HostedInterface] {
+        service.interfaces()
     }
 
     fn open_dispatch(
         database: &crate::store::Database,
         _: &Config,
-        responses: Vec<std::sync::Arc<dyn crate::responses::ResponseHandler<Self>>>,
+        responses: Vec<std::sync::Arc<Self::Responder>>,
     ) -> Result<std::sync::Arc<dyn crate::dispatcher::records::DispatchDb>, StoreError> {
         let url = url_of(database)?;
         let client = open(url)?;
@@ -463,6 +462,27 @@ impl crate::store::sealed::Backend for crate::store::Postgres {
             Connection::new(url.clone(), client),
             responses,
         )))
+    }
+
+    const DEFAULT_WRITERS: usize = 4;
+
+    fn start_inbox(
+        database: &crate::store::Database,
+        writers: usize,
+        parts: crate::receiver::WriterParts<Self>,
+    ) -> Result<crate::receiver::Started, crate::receiver::ReceiverError> {
+        start_receiver(url_of(database)?, writers, parts)
+    }
+}
+
+#[allow(private_interfaces)] // see `store::sealed`
+impl crate::store::sealed::Backend for crate::store::Postgres {
+    fn enqueue(
+        config: &Config,
+        tx: &mut postgres::Transaction<'_>,
+        message: &OutgoingMessage,
+    ) -> Result<Uuid, OutboxError> {
+        insert_outbox(tx, config, message)
     }
 
     fn record_applied(
@@ -493,16 +513,6 @@ impl crate::store::sealed::Backend for crate::store::Postgres {
     ) -> Result<u64, StoreError> {
         lifecycle::release_version(tx, interface, version, now, reason)
             .map_err(|e| StoreError::PostgresStatement(error_text(&e)))
-    }
-
-    const DEFAULT_WRITERS: usize = 4;
-
-    fn start_inbox(
-        database: &crate::store::Database,
-        writers: usize,
-        parts: crate::receiver::WriterParts<Self>,
-    ) -> Result<crate::receiver::Started, crate::receiver::ReceiverError> {
-        start_receiver(url_of(database)?, writers, parts)
     }
 
     #[cfg(any(feature = "nats", feature = "amqp"))]

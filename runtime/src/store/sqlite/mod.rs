@@ -38,6 +38,34 @@ pub use retention::cleanup;
 pub(crate) use super::now_ms;
 
 #[allow(private_interfaces)] // see `store::sealed`
+impl super::sealed::Common for super::Sqlite {
+    type Service = dyn crate::receiver::HostedService<Self>;
+    type Responder = dyn crate::responses::ResponseHandler<Self>;
+
+    fn interfaces(service: &Self::Service) -> &[crate::receiver::HostedInterface] {
+        service.interfaces()
+    }
+
+    fn open_dispatch(
+        database: &super::Database,
+        config: &crate::config::Config,
+        responses: Vec<std::sync::Arc<Self::Responder>>,
+    ) -> Result<std::sync::Arc<dyn crate::dispatcher::records::DispatchDb>, super::StoreError> {
+        dispatch::open(path_of(database)?, config, responses)
+    }
+
+    const DEFAULT_WRITERS: usize = 1;
+
+    fn start_inbox(
+        database: &super::Database,
+        _writers: usize,
+        parts: crate::receiver::WriterParts<Self>,
+    ) -> Result<crate::receiver::Started, crate::receiver::ReceiverError> {
+        start_inbox(path_of(database)?, parts)
+    }
+}
+
+#[allow(private_interfaces)] // see `store::sealed`
 impl super::sealed::Backend for super::Sqlite {
     fn enqueue(
         config: &crate::config::Config,
@@ -48,14 +76,6 @@ impl super::sealed::Backend for super::Sqlite {
             outbox::require_durable_commit(tx)?;
         }
         outbox::insert(tx, config, message)
-    }
-
-    fn open_dispatch(
-        database: &super::Database,
-        config: &crate::config::Config,
-        responses: Vec<std::sync::Arc<dyn crate::responses::ResponseHandler<Self>>>,
-    ) -> Result<std::sync::Arc<dyn crate::dispatcher::records::DispatchDb>, super::StoreError> {
-        dispatch::open(path_of(database)?, config, responses)
     }
 
     fn record_applied(
@@ -85,16 +105,6 @@ impl super::sealed::Backend for super::Sqlite {
     ) -> Result<u64, super::StoreError> {
         lifecycle::release_version(tx, interface, version, now, reason)
             .map_err(super::StoreError::SqliteStatement)
-    }
-
-    const DEFAULT_WRITERS: usize = 1;
-
-    fn start_inbox(
-        database: &super::Database,
-        _writers: usize,
-        parts: crate::receiver::WriterParts<Self>,
-    ) -> Result<crate::receiver::Started, crate::receiver::ReceiverError> {
-        start_inbox(path_of(database)?, parts)
     }
 
     #[cfg(any(feature = "nats", feature = "amqp"))]
