@@ -104,7 +104,7 @@ pub enum InboxError {
     },
     /// A PostgreSQL inbox query failed (the server is unreachable, or the
     /// session broke).
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "sqlx-postgres"))]
     #[error("inbox database {target}: {cause}")]
     Postgres {
         /// Host, port and database (never the password).

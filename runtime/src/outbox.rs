@@ -92,6 +92,12 @@ pub enum OutboxError {
     #[cfg(feature = "postgres")]
     #[error("outbox database: {}", crate::store::postgres::error_text(.0))]
     Postgres(#[from] postgres::Error),
+    /// A sqlx statement failed in the caller's transaction (a lost
+    /// connection, a serialization failure, a constraint): roll the
+    /// transaction back and retry it.
+    #[cfg(feature = "sqlx-postgres")]
+    #[error("outbox database: {}", crate::store::sqlx_postgres::error_text(.0))]
+    Sqlx(#[from] sqlx::Error),
     /// The payload or headers could not be serialized as JSON (a map with
     /// non-string keys, a `Serialize` impl that failed). Not transient: fix
     /// the value.
@@ -223,7 +229,7 @@ impl<S: AsyncStore> Outbox<S> {
         mut message: OutgoingMessage,
     ) -> Result<Uuid, OutboxError> {
         let span = enqueue_span(&mut message);
-        let id = S::enqueue(&self.inner.config, conn, &message)
+        let id = S::enqueue(&self.inner.database, &self.inner.config, conn, &message)
             .instrument(span.clone())
             .await?;
         span.record("message_id", tracing::field::display(id));
@@ -438,6 +444,19 @@ impl<S: AnyStore> Outbox<S> {
                 let mut conn = crate::store::postgres::Connection::new((**url).clone(), client);
                 Box::new(move |group| {
                     crate::store::postgres::write_group(&mut conn, &config, group)
+                })
+            }
+            #[cfg(feature = "sqlx-postgres")]
+            Database::SqlxPostgres(_) => {
+                let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+                    OutboxError::Write(
+                        "`send` on a sqlx pool must be called on the pool's tokio runtime"
+                            .to_owned(),
+                    )
+                })?;
+                let database = self.inner.database.clone();
+                Box::new(move |group| {
+                    crate::store::sqlx_postgres::write_group(&runtime, &database, &config, group)
                 })
             }
         };

@@ -139,6 +139,10 @@ impl Retention {
                     crate::store::postgres::retention::cleanup(&mut conn, &pass_config, now)
                 })
             }
+            #[cfg(feature = "sqlx-postgres")]
+            Database::SqlxPostgres(store) => Box::new(
+                crate::store::sqlx_postgres::retention::pass(store, config.clone())?,
+            ),
         };
         Ok(Self::start(config, pass, metrics))
     }

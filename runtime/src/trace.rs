@@ -337,6 +337,17 @@ pub fn with_traceparent<R>(traceparent: TraceParent, f: impl FnOnce() -> R) -> R
     f()
 }
 
+/// `future`, with `traceparent` as the [current] context of the thread
+/// polling it during each poll: what [`with_traceparent`] is for a closure,
+/// for an async handler (messages it enqueues continue the trace).
+pub(crate) fn scope_traceparent<F: std::future::Future>(
+    traceparent: TraceParent,
+    future: F,
+) -> impl std::future::Future<Output = F::Output> {
+    let mut future = Box::pin(future);
+    std::future::poll_fn(move |cx| with_traceparent(traceparent, || future.as_mut().poll(cx)))
+}
+
 /// Gives `headers` a `traceparent` unless it has one (valid or not: what the
 /// application wrote is kept): a child of the current context, else a new
 /// trace. Returns the context the message carries, if valid.

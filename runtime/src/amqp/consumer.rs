@@ -139,6 +139,14 @@ impl AmqpConsumerBuilder {
                     crate::store::postgres::Connection::new((**url).clone(), client),
                 )))
             }
+            #[cfg(feature = "sqlx-postgres")]
+            crate::Database::SqlxPostgres(_) => {
+                return Err(crate::store::StoreError::Unsupported {
+                    part: "the AMQP consumer",
+                    store: "sqlx-postgres",
+                }
+                .into());
+            }
         };
         let shared = Arc::new(Shared {
             receiver: self.receiver,

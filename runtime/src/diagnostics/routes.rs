@@ -136,6 +136,13 @@ impl DiagnosticsBuilder {
                     crate::store::postgres::diagnostics::open(url, self.readiness_timeout)?;
                 (Box::new(conn) as StoreBox, Box::new(ready_conn) as StoreBox)
             }
+            #[cfg(feature = "sqlx-postgres")]
+            Database::SqlxPostgres(_) => {
+                return Err(StoreError::Unsupported {
+                    part: "diagnostics",
+                    store: "sqlx-postgres",
+                });
+            }
         };
         Ok(Diagnostics {
             shared: Arc::new(Shared {

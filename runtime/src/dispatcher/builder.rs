@@ -204,6 +204,11 @@ impl<S: AnyStore> DispatcherBuilder<S> {
         }
         let db = S::open_dispatch(self.outbox.database(), &config, self.responses)?;
         let cancel = CancellationToken::new();
+        S::wake_on_commit(
+            self.outbox.database(),
+            self.outbox.wake_handle(),
+            cancel.clone(),
+        );
         let state = Arc::new(State {
             config,
             db,

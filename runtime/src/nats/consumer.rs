@@ -166,6 +166,14 @@ impl ConsumerBuilder {
                     crate::store::postgres::Connection::new((**url).clone(), client),
                 )))
             }
+            #[cfg(feature = "sqlx-postgres")]
+            crate::Database::SqlxPostgres(_) => {
+                return Err(crate::store::StoreError::Unsupported {
+                    part: "the JetStream consumer",
+                    store: "sqlx-postgres",
+                }
+                .into());
+            }
         };
         let shared = Arc::new(Shared {
             receiver: self.receiver,

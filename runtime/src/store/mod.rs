@@ -23,10 +23,15 @@
 //! `postgres://` URL.
 
 mod error;
+#[cfg(any(feature = "postgres", feature = "sqlx-postgres"))]
+mod pg_schema;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
 pub mod sqlite;
+#[cfg(feature = "sqlx-postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx-postgres")))]
+pub mod sqlx_postgres;
 
 pub use error::StoreError;
 
@@ -67,6 +72,17 @@ pub(crate) mod sealed {
             config: &Config,
             responses: Vec<Arc<Self::Responder>>,
         ) -> Result<Arc<dyn DispatchDb>, StoreError>;
+
+        /// Wakes `wake` when another process commits an enqueue, until
+        /// `stop`, where the store can tell (PostgreSQL's `LISTEN`); else
+        /// the dispatcher's poll finds such rows.
+        fn wake_on_commit(
+            database: &super::Database,
+            wake: Arc<tokio::sync::Notify>,
+            stop: tokio_util::sync::CancellationToken,
+        ) {
+            let _ = (database, wake, stop);
+        }
 
         /// Writers a receiver runs when it is not told.
         const DEFAULT_WRITERS: usize;
@@ -141,6 +157,7 @@ pub(crate) mod sealed {
         /// transaction); the part above adds the span, the metrics and the
         /// wake-up.
         fn enqueue<'a>(
+            database: &'a super::Database,
             config: &'a Config,
             conn: &'a mut <Self as super::AsyncStore>::Connection,
             message: &'a OutgoingMessage,
@@ -285,6 +302,10 @@ pub enum Database {
     /// `postgres://user:password@host:port/database[?options]`.
     #[cfg(feature = "postgres")]
     Postgres(Box<postgres::PostgresUrl>),
+    /// A PostgreSQL database on a sqlx pool, opened by
+    /// [`PgStore::open`](sqlx_postgres::PgStore::open).
+    #[cfg(feature = "sqlx-postgres")]
+    SqlxPostgres(sqlx_postgres::PgStore),
 }
 
 impl std::fmt::Debug for Database {
@@ -293,6 +314,8 @@ impl std::fmt::Debug for Database {
             Database::Sqlite(path) => f.debug_tuple("Sqlite").field(path).finish(),
             #[cfg(feature = "postgres")]
             Database::Postgres(url) => f.debug_tuple("Postgres").field(url).finish(),
+            #[cfg(feature = "sqlx-postgres")]
+            Database::SqlxPostgres(store) => f.debug_tuple("SqlxPostgres").field(store).finish(),
         }
     }
 }
@@ -304,6 +327,8 @@ impl std::fmt::Display for Database {
             Database::Sqlite(path) => write!(f, "{}", path.display()),
             #[cfg(feature = "postgres")]
             Database::Postgres(url) => write!(f, "{url}"),
+            #[cfg(feature = "sqlx-postgres")]
+            Database::SqlxPostgres(store) => write!(f, "{store}"),
         }
     }
 }
@@ -349,6 +374,8 @@ impl Database {
             Database::Sqlite(path) => Some(path),
             #[cfg(feature = "postgres")]
             Database::Postgres(_) => None,
+            #[cfg(feature = "sqlx-postgres")]
+            Database::SqlxPostgres(_) => None,
         }
     }
 
@@ -358,6 +385,8 @@ impl Database {
             Database::Sqlite(_) => Sqlite::NAME,
             #[cfg(feature = "postgres")]
             Database::Postgres(_) => Postgres::NAME,
+            #[cfg(feature = "sqlx-postgres")]
+            Database::SqlxPostgres(_) => <::sqlx::Postgres as AnyStore>::NAME,
         }
     }
 }

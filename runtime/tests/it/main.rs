@@ -28,6 +28,7 @@ mod prometheus;
 mod receiver;
 mod responses;
 mod spread;
+mod sqlx_postgres;
 mod support;
 // The same bodies on SQLite and PostgreSQL (`stores::on_every_store!`; also
 // used by exactly_once, faults, responses and spread); PostgreSQL's own

@@ -1,0 +1,493 @@
+//! The async PostgreSQL store on sqlx, on the tests' real server: messages
+//! enqueued in the caller's own `sqlx::Transaction` are sent if and only if
+//! it commits; async handlers run in the receiver's transaction, exactly
+//! once; a commit by another process wakes the dispatcher through
+//! `LISTEN`/`NOTIFY`; a custom schema; start-up errors that name the host
+//! and the cause, never the password.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use rfidl_runtime::config::DestinationConfig;
+use rfidl_runtime::outbox::{Outbox, OutgoingMessage};
+use rfidl_runtime::receiver::{
+    AsyncHostedService, HandlerError, HostedInterface, IncomingCall, Receiver,
+};
+use rfidl_runtime::signing::Secret;
+use rfidl_runtime::store::StoreError;
+use rfidl_runtime::store::sqlx_postgres::PgStore;
+use rfidl_runtime::{BoxFuture, Config, Dispatcher, MessageType};
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
+
+use crate::support::postgres::{TestDatabase, database};
+use crate::support::serve;
+
+const INTERFACE: &str = "test.Ledger";
+const FINGERPRINT: &str = "sha256:ledger-v1";
+
+const HOSTED: &[HostedInterface] = &[HostedInterface {
+    interface: INTERFACE,
+    version: 1,
+    fingerprint: FINGERPRINT,
+    endpoints: &["Credit", "Refuse"],
+    manifest_json: r#"{"interface":"test.Ledger","version":1}"#,
+}];
+
+/// Credits a ledger row through the receiver's connection; `Refuse` writes
+/// a row, then refuses (so the row must roll back).
+#[derive(Default)]
+struct Ledger {
+    runs: AtomicU32,
+}
+
+struct LedgerService(Arc<Ledger>);
+
+impl AsyncHostedService<sqlx::Postgres> for LedgerService {
+    fn interfaces(&self) -> &[HostedInterface] {
+        HOSTED
+    }
+
+    fn handle<'a>(
+        &'a self,
+        call: &'a IncomingCall<'a>,
+        conn: &'a mut PgConnection,
+    ) -> BoxFuture<'a, Result<serde_json::Value, HandlerError>> {
+        Box::pin(async move {
+            self.0.runs.fetch_add(1, Ordering::SeqCst);
+            let amount = call.payload["amount"].as_i64().unwrap_or(0);
+            sqlx::query("INSERT INTO ledger (message_id, amount) VALUES ($1, $2)")
+                .bind(call.message_id)
+                .bind(amount)
+                .execute(&mut *conn)
+                .await
+                .map_err(HandlerError::retryable)?;
+            // Yields to the runtime mid-handler, as real handlers do.
+            tokio::task::yield_now().await;
+            match call.endpoint {
+                "Refuse" => Err(HandlerError::poison("refused after writing")),
+                _ => Ok(serde_json::json!({ "credited": amount })),
+            }
+        })
+    }
+}
+
+fn credit(amount: i64) -> OutgoingMessage {
+    OutgoingMessage {
+        destination: "ledger".to_owned(),
+        message_type: MessageType::Command,
+        interface: INTERFACE.to_owned(),
+        version: 1,
+        fingerprint: FINGERPRINT.to_owned(),
+        endpoint: "Credit".to_owned(),
+        correlation_id: None,
+        payload: serde_json::json!({ "amount": amount }),
+        headers: Default::default(),
+        max_retries: None,
+        ttl: None,
+    }
+}
+
+async fn pool(db: &TestDatabase) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(12)
+        .connect(db.url())
+        .await
+        .expect("pool")
+}
+
+async fn count(pool: &PgPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(pool)
+        .await
+        .expect("count")
+}
+
+/// Two services, each on a database of its own: `billing` sends, `ledger`
+/// receives; a dispatcher with a long poll, so only wake-ups deliver fast.
+struct Pair {
+    sender: PgStore,
+    receiver_pool: PgPool,
+    outbox: Outbox<sqlx::Postgres>,
+    ledger: Arc<Ledger>,
+    receiver: Receiver,
+    dispatcher: rfidl_runtime::dispatcher::DispatcherHandle,
+    _server: tokio::task::JoinHandle<()>,
+    _dbs: (TestDatabase, TestDatabase),
+}
+
+impl Pair {
+    async fn start() -> Option<Self> {
+        let sender_db = database()?;
+        let receiver_db = database()?;
+        let sender = PgStore::open(pool(&sender_db).await)
+            .await
+            .expect("sender store");
+        let receiver_pool = pool(&receiver_db).await;
+        let receiving = PgStore::open(receiver_pool.clone())
+            .await
+            .expect("receiver store");
+        sqlx::query("CREATE TABLE ledger (message_id TEXT NOT NULL, amount BIGINT NOT NULL)")
+            .execute(&receiver_pool)
+            .await
+            .expect("ledger table");
+        let secret = Secret::generate();
+        let ledger = Arc::new(Ledger::default());
+        let receiver = Receiver::builder(
+            Config::for_service("ledger").with_peer("billing", secret.to_whsec()),
+            &receiving,
+        )
+        .service(LedgerService(Arc::clone(&ledger)))
+        .build()
+        .expect("receiver");
+        let (url, server) = serve(receiver.router()).await;
+        let mut config = Config::for_service("billing")
+            .with_destination("ledger", DestinationConfig::new(url, secret.to_whsec()));
+        config.outbox.poll_interval = Duration::from_secs(30);
+        let outbox = Outbox::new(config, &sender);
+        let dispatcher = Dispatcher::builder(&outbox).start().expect("dispatcher");
+        Some(Self {
+            sender,
+            receiver_pool,
+            outbox,
+            ledger,
+            receiver,
+            dispatcher,
+            _server: server,
+            _dbs: (sender_db, receiver_db),
+        })
+    }
+
+    async fn wait_for_ledger_rows(&self, rows: i64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let found = count(&self.receiver_pool, "SELECT COUNT(*) FROM ledger").await;
+            if found >= rows {
+                assert_eq!(found, rows, "more ledger rows than messages");
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{found} of {rows} ledger rows after 20 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn stop(self) {
+        self.dispatcher.shutdown().await;
+        self.receiver.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_is_sent_if_and_only_if_the_callers_sqlx_transaction_commits() {
+    let Some(pair) = Pair::start().await else {
+        return;
+    };
+    let pool = pair.sender.pool().clone();
+    sqlx::query("CREATE TABLE orders (id BIGINT PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .expect("orders");
+
+    // Rolled back: neither the business row nor the message.
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query("INSERT INTO orders (id) VALUES (1)")
+        .execute(&mut *tx)
+        .await
+        .expect("order");
+    pair.outbox
+        .enqueue_async(&mut tx, credit(1))
+        .await
+        .expect("enqueue");
+    tx.rollback().await.expect("rollback");
+
+    // Committed: both, and the message is delivered once.
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query("INSERT INTO orders (id) VALUES (2)")
+        .execute(&mut *tx)
+        .await
+        .expect("order");
+    pair.outbox
+        .enqueue_async(&mut tx, credit(2))
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+
+    pair.wait_for_ledger_rows(1).await;
+    assert_eq!(count(&pool, "SELECT COUNT(*) FROM orders").await, 1);
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM outbox_messages").await,
+        1,
+        "the rolled-back message left no row"
+    );
+    let amount: i64 = sqlx::query_scalar("SELECT amount FROM ledger")
+        .fetch_one(&pair.receiver_pool)
+        .await
+        .expect("amount");
+    assert_eq!(amount, 2);
+    // The row ends `Sent` with the handler's answer.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let sent: Option<String> =
+            sqlx::query_scalar("SELECT response FROM outbox_messages WHERE status = 'Sent'")
+                .fetch_optional(&pool)
+                .await
+                .expect("sent");
+        if let Some(response) = sent {
+            assert_eq!(response, r#"{"credited":2}"#);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the row never became Sent");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    pair.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_messages_from_concurrent_transactions_are_each_handled_exactly_once() {
+    let Some(pair) = Pair::start().await else {
+        return;
+    };
+    let pool = pair.sender.pool().clone();
+    let mut tasks = Vec::new();
+    for task in 0..8_i64 {
+        let (pool, outbox) = (pool.clone(), pair.outbox.clone());
+        tasks.push(tokio::spawn(async move {
+            for n in 0..25_i64 {
+                let mut tx = pool.begin().await.expect("begin");
+                outbox
+                    .enqueue_async(&mut tx, credit(task * 100 + n))
+                    .await
+                    .expect("enqueue");
+                tx.commit().await.expect("commit");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    pair.wait_for_ledger_rows(200).await;
+    let distinct = count(
+        &pair.receiver_pool,
+        "SELECT COUNT(DISTINCT message_id) FROM ledger",
+    )
+    .await;
+    assert_eq!(distinct, 200, "one effect per message");
+    assert_eq!(
+        count(
+            &pair.receiver_pool,
+            "SELECT COUNT(*) FROM inbox_messages WHERE response IS NOT NULL"
+        )
+        .await,
+        200
+    );
+    pair.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusing_async_handler_leaves_no_effect_and_a_duplicate_does_not_run_it_again() {
+    let Some(pair) = Pair::start().await else {
+        return;
+    };
+    let pool = pair.sender.pool().clone();
+    let mut refused = credit(7);
+    refused.endpoint = "Refuse".to_owned();
+    let mut tx = pool.begin().await.expect("begin");
+    let id = pair
+        .outbox
+        .enqueue_async(&mut tx, refused)
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    // Poison: the row ends DeadLetter, and the handler's row rolled back.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status: String =
+            sqlx::query_scalar("SELECT status FROM outbox_messages WHERE message_id = $1")
+                .bind(id.to_string())
+                .fetch_one(&pool)
+                .await
+                .expect("status");
+        if status == "DeadLetter" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {status}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        count(&pair.receiver_pool, "SELECT COUNT(*) FROM ledger").await,
+        0
+    );
+    assert_eq!(
+        count(&pair.receiver_pool, "SELECT COUNT(*) FROM inbox_messages").await,
+        0
+    );
+
+    // A message delivered, then sent again by hand (its row set back to
+    // Pending): the receiver answers the copy from its inbox.
+    let mut tx = pool.begin().await.expect("begin");
+    let id = pair
+        .outbox
+        .enqueue_async(&mut tx, credit(9))
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    pair.wait_for_ledger_rows(1).await;
+    let runs = pair.ledger.runs.load(Ordering::SeqCst);
+    sqlx::query(
+        "UPDATE outbox_messages SET status = 'Pending', next_retry_at = 0, response = NULL \
+         WHERE message_id = $1 AND status = 'Sent'",
+    )
+    .bind(id.to_string())
+    .execute(&pool)
+    .await
+    .expect("resend");
+    pair.outbox
+        .send(credit(10))
+        .await
+        .expect("send wakes the dispatcher");
+    pair.wait_for_ledger_rows(2).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let response: Option<String> = sqlx::query_scalar(
+            "SELECT response FROM outbox_messages WHERE message_id = $1 AND status = 'Sent'",
+        )
+        .bind(id.to_string())
+        .fetch_optional(&pool)
+        .await
+        .expect("response");
+        if response.as_deref() == Some(r#"{"credited":9}"#) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the copy was never answered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        pair.ledger.runs.load(Ordering::SeqCst),
+        runs + 1,
+        "the duplicate did not run the handler (only `send`'s message did)"
+    );
+    pair.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_by_another_process_wakes_the_dispatcher_without_a_poll() {
+    let Some(pair) = Pair::start().await else {
+        return;
+    };
+    // Another replica: its own pool and outbox, so no in-process wake-up
+    // reaches the dispatcher; only the server's NOTIFY can (poll: 30 s).
+    let other_pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with((*pair.sender.pool().connect_options()).clone())
+        .await
+        .expect("other pool");
+    let other_store = PgStore::open(other_pool.clone())
+        .await
+        .expect("other store");
+    let other = Outbox::new(pair.outbox.config().clone(), &other_store);
+    // The listener is up once a first message went through.
+    let mut tx = other_pool.begin().await.expect("begin");
+    other
+        .enqueue_async(&mut tx, credit(1))
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    pair.wait_for_ledger_rows(1).await;
+    let mut tx = other_pool.begin().await.expect("begin");
+    other
+        .enqueue_async(&mut tx, credit(2))
+        .await
+        .expect("enqueue");
+    let committed = Instant::now();
+    tx.commit().await.expect("commit");
+    pair.wait_for_ledger_rows(2).await;
+    let took = committed.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "delivered {took:?} after the commit: no wake-up (the poll is 30 s)"
+    );
+    pair.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_live_in_the_configured_schema_whatever_the_search_path() {
+    let Some(db) = database() else {
+        return;
+    };
+    let pool = pool(&db).await;
+    // A schema that does not exist stops the start, naming it.
+    let missing = PgStore::open_in_schema(pool.clone(), "rfidl")
+        .await
+        .expect_err("no schema");
+    let text = missing.to_string();
+    assert!(text.contains("schema `rfidl` does not exist"), "{text}");
+    sqlx::query("CREATE SCHEMA rfidl")
+        .execute(&pool)
+        .await
+        .expect("schema");
+    let store = PgStore::open_in_schema(pool.clone(), "rfidl")
+        .await
+        .expect("store");
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM pg_tables WHERE schemaname = 'rfidl' \
+         AND tablename IN ('outbox_messages', 'inbox_messages', 'rfidl_schema')",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("tables");
+    assert_eq!(tables, 3);
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT COUNT(*) FROM pg_tables WHERE schemaname = 'public' \
+             AND tablename = 'outbox_messages'"
+        )
+        .await,
+        0
+    );
+    // The caller's search path does not matter to the enqueue.
+    let outbox = Outbox::new(Config::for_service("billing"), &store);
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query("SET LOCAL search_path TO pg_catalog")
+        .execute(&mut *tx)
+        .await
+        .expect("search path");
+    outbox
+        .enqueue_async(&mut tx, credit(1))
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM rfidl.outbox_messages").await,
+        1
+    );
+    // Opening again finds the schema migrated.
+    PgStore::open_in_schema(pool, "rfidl")
+        .await
+        .expect("open again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_is_not_there_stops_the_start_naming_the_host_and_never_the_password() {
+    // A free loopback port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("free port")
+        .port();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy(&format!(
+            "postgres://rfidl:not-the-Password-42@127.0.0.1:{port}/orders"
+        ))
+        .expect("lazy pool");
+    let error = PgStore::open(pool).await.expect_err("refused");
+    let text = error.to_string();
+    assert!(matches!(error, StoreError::Postgres { .. }), "{error:?}");
+    assert!(!text.contains("not-the-Password-42"), "{text}");
+    assert!(text.contains(&format!("127.0.0.1:{port}/orders")), "{text}");
+    assert!(text.contains("cannot connect"), "{text}");
+}
