@@ -157,6 +157,14 @@ pub struct InboxConfig {
     /// their senders, told 2xx, do not send them again. See
     /// `docs/guarantees-durability.md`.
     pub durability: Durability,
+    /// Writers of a PostgreSQL receiver (blocking store: threads with a
+    /// connection each; sqlx store: tasks taking a connection of the pool
+    /// while they commit): how many transactions, and so how many handlers,
+    /// run at once, and the connections the receiver holds. `0`: the
+    /// store's default (4). SQLite has one writer, which group-commits.
+    /// [`ReceiverBuilder::writers`](crate::receiver::ReceiverBuilder::writers)
+    /// wins over this.
+    pub writers: usize,
 }
 
 impl Default for InboxConfig {
@@ -167,6 +175,7 @@ impl Default for InboxConfig {
             signature_tolerance: Duration::from_secs(5 * 60),
             in_progress_wait: Duration::from_secs(5),
             durability: Durability::Full,
+            writers: 0,
         }
     }
 }

@@ -275,7 +275,12 @@ impl<S: AnyStore> ReceiverBuilder<S> {
         let services: Arc<[Registered<S::Service>]> = self.services.into();
         let (commands, receiver) = mpsc::channel(QUEUE_CAPACITY);
         let (liveness, alive) = crate::liveness::Liveness::start();
-        let writers = self.writers.unwrap_or(S::DEFAULT_WRITERS).max(1);
+        let configured = Some(self.config.inbox.writers).filter(|&writers| writers > 0);
+        let writers = self
+            .writers
+            .or(configured)
+            .unwrap_or(S::DEFAULT_WRITERS)
+            .max(1);
         let (reader, threads) = S::start_inbox(
             &self.database,
             writers,
