@@ -58,7 +58,7 @@ pub struct DiagnosticsBuilder {
 impl DiagnosticsBuilder {
     /// Takes the outbox's metrics and TTL, and wakes its dispatcher when a
     /// message is retried by hand.
-    pub fn outbox<S: crate::store::Store>(mut self, outbox: &Outbox<S>) -> Self {
+    pub fn outbox<S: crate::store::AnyStore>(mut self, outbox: &Outbox<S>) -> Self {
         self.metrics = Arc::clone(outbox.metrics());
         self.wake = Some(outbox.wake_handle());
         self.circuits = Some(Arc::clone(outbox.circuits()));
@@ -137,11 +137,10 @@ impl DiagnosticsBuilder {
                 (Box::new(conn) as StoreBox, Box::new(ready_conn) as StoreBox)
             }
             #[cfg(feature = "sqlx-postgres")]
-            Database::SqlxPostgres(_) => {
-                return Err(StoreError::Unsupported {
-                    part: "diagnostics",
-                    store: "sqlx-postgres",
-                });
+            Database::SqlxPostgres(store) => {
+                let (conn, ready_conn) =
+                    crate::store::sqlx_postgres::diagnostics::open(store, self.readiness_timeout)?;
+                (Box::new(conn) as StoreBox, Box::new(ready_conn) as StoreBox)
             }
         };
         Ok(Diagnostics {

@@ -491,3 +491,85 @@ async fn a_server_that_is_not_there_stops_the_start_naming_the_host_and_never_th
     assert!(text.contains(&format!("127.0.0.1:{port}/orders")), "{text}");
     assert!(text.contains("cannot connect"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_diagnostics_routes_list_and_retry_a_dead_letter_on_the_sqlx_store() {
+    let Some(pair) = Pair::start().await else {
+        return;
+    };
+    let pool = pair.sender.pool().clone();
+    let mut refused = credit(3);
+    refused.endpoint = "Refuse".to_owned();
+    let mut tx = pool.begin().await.expect("begin");
+    let id = pair
+        .outbox
+        .enqueue_async(&mut tx, refused)
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    let diagnostics = rfidl_runtime::Diagnostics::builder(&pair.sender)
+        .outbox(&pair.outbox)
+        .bearer_token("ops-token")
+        .build()
+        .expect("diagnostics");
+    let (base, server) = serve(diagnostics.router()).await;
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let listed = loop {
+        let failed: serde_json::Value = client
+            .get(format!("{base}/_rf/outbox/failed"))
+            .bearer_auth("ops-token")
+            .send()
+            .await
+            .expect("failed")
+            .json()
+            .await
+            .expect("json");
+        if failed.to_string().contains(&id.to_string()) {
+            break failed;
+        }
+        assert!(Instant::now() < deadline, "never listed: {failed}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(listed.to_string().contains("DeadLetter"), "{listed}");
+    let health = client
+        .get(format!("{base}/_rf/health"))
+        .bearer_auth("ops-token")
+        .send()
+        .await
+        .expect("health");
+    let health: serde_json::Value = health.json().await.expect("json");
+    assert!(
+        health.to_string().contains("DeadLetter") || health.to_string().contains("critical"),
+        "{health}"
+    );
+    let retried = client
+        .post(format!("{base}/_rf/outbox/{id}/retry"))
+        .bearer_auth("ops-token")
+        .send()
+        .await
+        .expect("retry");
+    assert_eq!(
+        retried.status(),
+        200,
+        "{}",
+        retried.text().await.unwrap_or_default()
+    );
+    let retries: i64 =
+        sqlx::query_scalar("SELECT retry_count FROM outbox_messages WHERE message_id = $1")
+            .bind(id.to_string())
+            .fetch_one(&pool)
+            .await
+            .expect("row");
+    assert_eq!(retries, 0, "set back by the retry");
+    let ready = client
+        .get(format!("{base}/_rf/readyz"))
+        .bearer_auth("ops-token")
+        .send()
+        .await
+        .expect("readyz");
+    let ready: serde_json::Value = ready.json().await.expect("json");
+    assert_eq!(ready["checks"]["migrations"], "ok", "{ready}");
+    server.abort();
+    pair.stop().await;
+}

@@ -27,6 +27,7 @@
 //! `sslmode=verify-full&sslrootcert=ca.pem` also checks the server's
 //! certificate and name (rustls; the CA file or the webpki roots).
 
+pub(crate) mod diagnostics;
 mod dispatch;
 mod inbox;
 pub(crate) mod retention;
