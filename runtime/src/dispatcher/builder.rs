@@ -110,6 +110,13 @@ impl<S: AnyStore> DispatcherBuilder<S> {
         self
     }
 
+    /// [`responses`](Self::responses) for a handler shared with another
+    /// part (the host's answers consumers).
+    pub(crate) fn shared_responder(mut self, handler: Arc<S::Responder>) -> Self {
+        self.responses.push(handler);
+        self
+    }
+
     /// Signs messages to every destination whose config gives no `secret`
     /// with the signing secrets the registry issued to this service
     /// ([`crate::keys`]), as they are when each request is signed. Until

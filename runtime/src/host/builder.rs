@@ -13,22 +13,22 @@ use crate::dispatcher::{Dispatcher, DispatcherBuilder};
 use crate::keys::IssuedKeys;
 use crate::metrics::Metrics;
 use crate::outbox::Outbox;
-use crate::receiver::{HostedService, Receiver, ReceiverBuilder};
-use crate::responses::ResponseHandler;
+use crate::receiver::{Blocking, IntoService, Receiver, ReceiverBuilder};
+use crate::responses::IntoResponder;
 use crate::signing::Secret;
-use crate::store::{Database, Sqlite, Store};
+use crate::store::{AnyStore, Database, Sqlite};
 use crate::transport::Transport;
 
 /// Configures a [`Host`]; made by [`Host::builder`]. Every method but the
 /// starting ones only records what to run.
 #[must_use = "a host does nothing until it is started: .serve(listener), .start(listener), .listen(addr)"]
-pub struct HostBuilder<S: Store = Sqlite> {
+pub struct HostBuilder<S: AnyStore = Sqlite> {
     pub(super) config: Config,
     pub(super) database: Database,
     pub(super) outbox: Outbox<S>,
     pub(super) receiver: ReceiverBuilder<S>,
     pub(super) dispatcher: DispatcherBuilder<S>,
-    pub(super) responses: Vec<Arc<dyn ResponseHandler<S>>>,
+    pub(super) responses: Vec<Arc<S::Responder>>,
     pub(super) issued: Option<IssuedKeys>,
     pub(super) lifecycle: bool,
     pub(super) ops_token: Option<String>,
@@ -48,7 +48,7 @@ pub struct HostBuilder<S: Store = Sqlite> {
     pub(super) ack_wait: Option<Duration>,
 }
 
-impl<S: Store> std::fmt::Debug for HostBuilder<S> {
+impl<S: AnyStore> std::fmt::Debug for HostBuilder<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HostBuilder")
             .field("service_id", &self.config.service_id)
@@ -61,7 +61,7 @@ impl<S: Store> std::fmt::Debug for HostBuilder<S> {
     }
 }
 
-impl<S: Store> HostBuilder<S> {
+impl<S: AnyStore> HostBuilder<S> {
     pub(super) fn new(config: Config, database: Database) -> Self {
         let outbox = Outbox::with_metrics(
             config.clone(),
@@ -112,9 +112,9 @@ impl<S: Store> HostBuilder<S> {
     }
 
     /// Hosts a service on the receiver: a generated `…Receiver(handler)`
-    /// or a hand-written [`HostedService`]
-    /// ([`ReceiverBuilder::service`]).
-    pub fn service(mut self, service: impl HostedService<S>) -> Self {
+    /// or a hand-written [`HostedService`](crate::receiver::HostedService)
+    /// (or, on a sqlx store, its async form; [`ReceiverBuilder::service`]).
+    pub fn service<M>(mut self, service: impl IntoService<S, M>) -> Self {
         self.receiver = self.receiver.service(service);
         self
     }
@@ -123,8 +123,8 @@ impl<S: Store> HostBuilder<S> {
     /// the transaction that marks each one `Sent`: a generated
     /// `…AnswerRouter(answers)` ([`DispatcherBuilder::responses`]). The same
     /// handler takes the answers that come back through JetStream.
-    pub fn responses(mut self, handler: impl ResponseHandler<S>) -> Self {
-        self.responses.push(Arc::new(handler));
+    pub fn responses<M>(mut self, handler: impl IntoResponder<S, M>) -> Self {
+        self.responses.push(handler.into_responder().0);
         self
     }
 
@@ -182,7 +182,7 @@ impl<S: Store> HostBuilder<S> {
     /// for `rfidl-registry` (or the keys are issued).
     pub fn lifecycle(mut self) -> Self
     where
-        crate::lifecycle::LifecycleService: HostedService<S>,
+        crate::lifecycle::LifecycleService: IntoService<S, Blocking>,
     {
         self.receiver = self.receiver.lifecycle(self.outbox.lifecycle());
         self.lifecycle = true;

@@ -69,8 +69,8 @@
 //! ```
 
 mod builder;
-mod start;
-mod stop;
+pub(crate) mod start;
+pub(crate) mod stop;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -86,7 +86,7 @@ use crate::config::Config;
 use crate::directory::DirectoryState;
 use crate::metrics::Metrics;
 use crate::receiver::Receiver;
-use crate::store::{Location, Store};
+use crate::store::{AnyStore, Location};
 
 /// How long a graceful stop may take unless told
 /// ([`HostBuilder::shutdown_timeout`]).
@@ -176,7 +176,10 @@ impl Host {
     /// Starts configuring a service on `database` (a SQLite file path, or
     /// a [`PostgresUrl`](crate::store::postgres::PostgresUrl)), which decides
     /// the store of every part, as [`Outbox::new`](crate::outbox::Outbox::new)'s does.
-    pub fn builder<S: Store>(config: Config, database: impl Location<Store = S>) -> HostBuilder<S> {
+    pub fn builder<S: AnyStore>(
+        config: Config,
+        database: impl Location<Store = S>,
+    ) -> HostBuilder<S> {
         HostBuilder::new(config, database.into_database())
     }
 

@@ -14,7 +14,7 @@ use crate::directory::{DirectoryClient, Registration};
 use crate::receiver::HandlerError;
 use crate::responses::{Answer, ResponseHandler};
 use crate::retention::Retention;
-use crate::store::{Database, Location, Store};
+use crate::store::{AnyStore, Database, Location, Store};
 
 /// A database already known to belong to the store `S` (it came from an
 /// `impl Location<Store = S>`), for the parts' constructors.
@@ -26,7 +26,7 @@ impl<S> At<S> {
     }
 }
 
-impl<S: Store> Location for At<S> {
+impl<S: AnyStore> Location for At<S> {
     type Store = S;
 
     fn into_database(self) -> Database {
@@ -36,7 +36,7 @@ impl<S: Store> Location for At<S> {
 
 /// One response handler given to both the dispatcher and the JetStream
 /// answers consumer.
-struct Shared<S: Store>(Arc<dyn ResponseHandler<S>>);
+pub(crate) struct Shared<S: Store>(pub(crate) Arc<dyn ResponseHandler<S>>);
 
 impl<S: Store> ResponseHandler<S> for Shared<S> {
     fn interface(&self) -> (&'static str, u32) {
@@ -66,7 +66,7 @@ struct Started {
     directory: Option<tokio::sync::watch::Receiver<crate::directory::DirectoryState>>,
 }
 
-pub(super) async fn start<S: Store>(
+pub(super) async fn start<S: AnyStore>(
     builder: HostBuilder<S>,
     serving: Serving,
 ) -> Result<Host, HostError> {
@@ -110,7 +110,7 @@ fn check_ops_access(addr: std::net::SocketAddr, token: Option<&str>) -> Result<(
     }
 }
 
-async fn start_parts<S: Store>(
+async fn start_parts<S: AnyStore>(
     builder: HostBuilder<S>,
     serving: Serving,
     parts: &mut Parts,
@@ -160,7 +160,7 @@ async fn start_parts<S: Store>(
 
     let mut dispatcher = dispatcher;
     for handler in &responses {
-        dispatcher = dispatcher.responses(Shared(Arc::clone(handler)));
+        dispatcher = dispatcher.shared_responder(Arc::clone(handler));
     }
     if let Some(keys) = &issued {
         dispatcher = dispatcher.issued_keys(keys);
@@ -214,26 +214,21 @@ async fn start_parts<S: Store>(
     #[cfg(not(feature = "grpc"))]
     let grpc_addr = None;
 
-    #[cfg(feature = "nats")]
-    start_jetstream(
-        &config,
-        &database,
-        &receiver,
-        jetstream,
-        ack_wait,
+    #[cfg(any(feature = "nats", feature = "amqp"))]
+    S::start_brokers(
+        Brokers {
+            config: &config,
+            database: &database,
+            receiver: &receiver,
+            #[cfg(feature = "nats")]
+            jetstream,
+            #[cfg(feature = "nats")]
+            ack_wait,
+            #[cfg(feature = "amqp")]
+            amqp,
+            issued: issued.as_ref(),
+        },
         &responses,
-        issued.as_ref(),
-        parts,
-    )?;
-
-    #[cfg(feature = "amqp")]
-    start_amqp(
-        &config,
-        &database,
-        &receiver,
-        amqp,
-        &responses,
-        issued.as_ref(),
         parts,
     )?;
 
@@ -272,20 +267,75 @@ async fn start_parts<S: Store>(
     })
 }
 
+/// What a host's broker consumers start with.
+#[cfg(any(feature = "nats", feature = "amqp"))]
+pub(crate) struct Brokers<'a> {
+    pub config: &'a crate::Config,
+    pub database: &'a Database,
+    pub receiver: &'a crate::receiver::Receiver,
+    #[cfg(feature = "nats")]
+    pub jetstream: Option<String>,
+    #[cfg(feature = "nats")]
+    pub ack_wait: Option<std::time::Duration>,
+    #[cfg(feature = "amqp")]
+    pub amqp: Option<String>,
+    pub issued: Option<&'a crate::keys::IssuedKeys>,
+}
+
+#[cfg(any(feature = "nats", feature = "amqp"))]
+impl Brokers<'_> {
+    /// Whether the host would consume from a broker (inbound, or the
+    /// answers of a broker destination).
+    pub(crate) fn any(&self) -> bool {
+        #[cfg(feature = "nats")]
+        let inbound_nats = self.jetstream.is_some();
+        #[cfg(not(feature = "nats"))]
+        let inbound_nats = false;
+        #[cfg(feature = "amqp")]
+        let inbound_amqp = self.amqp.is_some();
+        #[cfg(not(feature = "amqp"))]
+        let inbound_amqp = false;
+        inbound_nats
+            || inbound_amqp
+            || self.config.destinations.values().any(|destination| {
+                destination.url.starts_with("nats://")
+                    || crate::transport::is_amqp_url(&destination.url)
+            })
+    }
+}
+
+/// The broker consumers of a host on a store with blocking transactions:
+/// JetStream's and AMQP's, inbound and answers.
+#[cfg(any(feature = "nats", feature = "amqp"))]
+pub(crate) fn start_brokers<S: Store>(
+    brokers: Brokers<'_>,
+    responses: &[Arc<dyn ResponseHandler<S>>],
+    parts: &mut Parts,
+) -> Result<(), HostError> {
+    #[cfg(feature = "nats")]
+    start_jetstream(&brokers, responses, parts)?;
+    #[cfg(feature = "amqp")]
+    start_amqp(&brokers, responses, parts)?;
+    Ok(())
+}
+
 /// The consumer of `jetstream` into the receiver, and one answers consumer
 /// per `nats://` destination, running `responses`.
 #[cfg(feature = "nats")]
-#[allow(clippy::too_many_arguments)] // the start's locals, passed once
 fn start_jetstream<S: Store>(
-    config: &crate::Config,
-    database: &Database,
-    receiver: &crate::receiver::Receiver,
-    jetstream: Option<String>,
-    ack_wait: Option<std::time::Duration>,
+    brokers: &Brokers<'_>,
     responses: &[Arc<dyn ResponseHandler<S>>],
-    issued: Option<&crate::keys::IssuedKeys>,
     parts: &mut Parts,
 ) -> Result<(), HostError> {
+    let Brokers {
+        config,
+        database,
+        receiver,
+        ack_wait,
+        issued,
+        ..
+    } = *brokers;
+    let jetstream = brokers.jetstream.clone();
     use crate::nats::{AnswersConsumer, JetStreamConsumer};
 
     if let Some(url) = jetstream {
@@ -320,14 +370,18 @@ fn start_jetstream<S: Store>(
 /// AMQP destination, running `responses`.
 #[cfg(feature = "amqp")]
 fn start_amqp<S: Store>(
-    config: &crate::Config,
-    database: &Database,
-    receiver: &crate::receiver::Receiver,
-    amqp: Option<String>,
+    brokers: &Brokers<'_>,
     responses: &[Arc<dyn ResponseHandler<S>>],
-    issued: Option<&crate::keys::IssuedKeys>,
     parts: &mut Parts,
 ) -> Result<(), HostError> {
+    let Brokers {
+        config,
+        database,
+        receiver,
+        issued,
+        ..
+    } = *brokers;
+    let amqp = brokers.amqp.clone();
     use crate::amqp::{AmqpAnswersConsumer, AmqpConsumer, AmqpUrl};
 
     if let Some(url) = amqp {

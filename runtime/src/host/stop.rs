@@ -10,7 +10,7 @@ use crate::retention::RetentionHandle;
 
 /// What a running host owns, each taken out as it is stopped.
 #[derive(Default)]
-pub(super) struct Parts {
+pub(crate) struct Parts {
     /// Cancelled to stop the HTTP and gRPC servers accepting.
     pub(super) stop_serving: CancellationToken,
     pub(super) http: Option<JoinHandle<()>>,

@@ -84,6 +84,15 @@ pub(crate) mod sealed {
             let _ = (database, wake, stop);
         }
 
+        /// Starts a host's broker consumers (inbound, and the answers of
+        /// broker destinations) with `responses`.
+        #[cfg(any(feature = "nats", feature = "amqp"))]
+        fn start_brokers(
+            brokers: crate::host::start::Brokers<'_>,
+            responses: &[Arc<Self::Responder>],
+            parts: &mut crate::host::stop::Parts,
+        ) -> Result<(), crate::host::HostError>;
+
         /// Writers a receiver runs when it is not told.
         const DEFAULT_WRITERS: usize;
 

@@ -251,7 +251,7 @@ pub(crate) fn for_destination(
     if destination.url.starts_with("nats://") {
         return nats_transport(destination, timeout);
     }
-    if is_amqp(&destination.url) {
+    if is_amqp_url(&destination.url) {
         return amqp_transport(destination, timeout);
     }
     if destination.urls.is_empty() {
@@ -383,7 +383,7 @@ fn nats_transport(
 /// An AMQP location: `amqp://`, `amqps://`, or a connection string
 /// (`Endpoint=sb://…`), told apart without the `amqp` feature too, so the
 /// error says which feature is missing.
-fn is_amqp(url: &str) -> bool {
+pub(crate) fn is_amqp_url(url: &str) -> bool {
     let url = url.trim_start();
     url.starts_with("amqp://")
         || url.starts_with("amqps://")

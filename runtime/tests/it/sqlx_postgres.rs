@@ -573,3 +573,76 @@ async fn the_diagnostics_routes_list_and_retry_a_dead_letter_on_the_sqlx_store()
     server.abort();
     pair.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_on_sqlx_stores_deliver_exactly_once_and_serve_their_diagnostics() {
+    let (Some(sender_db), Some(receiver_db)) = (database(), database()) else {
+        return;
+    };
+    let sending = PgStore::open(pool(&sender_db).await)
+        .await
+        .expect("sender store");
+    let receiver_pool = pool(&receiver_db).await;
+    let receiving = PgStore::open(receiver_pool.clone())
+        .await
+        .expect("receiver store");
+    sqlx::query("CREATE TABLE ledger (message_id TEXT NOT NULL, amount BIGINT NOT NULL)")
+        .execute(&receiver_pool)
+        .await
+        .expect("ledger table");
+    let secret = Secret::generate();
+    let ledger = Arc::new(Ledger::default());
+    let receiver = rfidl_runtime::Host::builder(
+        Config::for_service("ledger").with_peer("billing", secret.to_whsec()),
+        &receiving,
+    )
+    .service(LedgerService(Arc::clone(&ledger)))
+    .listen("127.0.0.1:0")
+    .await
+    .expect("receiving host");
+    let sender = rfidl_runtime::Host::builder(
+        Config::for_service("billing").with_destination(
+            "ledger",
+            DestinationConfig::new(receiver.url(), secret.to_whsec()),
+        ),
+        &sending,
+    );
+    let outbox = sender.outbox().clone();
+    outbox.declare_destination("ledger");
+    let sender = sender.listen("127.0.0.1:0").await.expect("sending host");
+    for amount in 0..20 {
+        let mut tx = sending.pool().begin().await.expect("begin");
+        outbox
+            .enqueue_async(&mut tx, credit(amount))
+            .await
+            .expect("enqueue");
+        tx.commit().await.expect("commit");
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count(&receiver_pool, "SELECT COUNT(*) FROM ledger").await < 20 {
+        assert!(Instant::now() < deadline, "not delivered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let health: serde_json::Value = reqwest::get(format!("{}/_rf/outbox/stats", sender.url()))
+        .await
+        .expect("stats")
+        .json()
+        .await
+        .expect("json");
+    assert!(health.is_object(), "{health}");
+    sender.shutdown().await.expect("stop the sender");
+    receiver.shutdown().await.expect("stop the receiver");
+    assert_eq!(
+        count(
+            &receiver_pool,
+            "SELECT COUNT(DISTINCT message_id) FROM ledger"
+        )
+        .await,
+        20
+    );
+    assert_eq!(
+        ledger.runs.load(Ordering::SeqCst),
+        20,
+        "each handler ran once"
+    );
+}

@@ -378,6 +378,15 @@ impl crate::store::sealed::Common for crate::store::Postgres {
         )))
     }
 
+    #[cfg(any(feature = "nats", feature = "amqp"))]
+    fn start_brokers(
+        brokers: crate::host::start::Brokers<'_>,
+        responses: &[std::sync::Arc<Self::Responder>],
+        parts: &mut crate::host::stop::Parts,
+    ) -> Result<(), crate::host::HostError> {
+        crate::host::start::start_brokers(brokers, responses, parts)
+    }
+
     const DEFAULT_WRITERS: usize = 4;
 
     fn start_inbox(

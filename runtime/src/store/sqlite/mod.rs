@@ -54,6 +54,15 @@ impl super::sealed::Common for super::Sqlite {
         dispatch::open(path_of(database)?, config, responses)
     }
 
+    #[cfg(any(feature = "nats", feature = "amqp"))]
+    fn start_brokers(
+        brokers: crate::host::start::Brokers<'_>,
+        responses: &[std::sync::Arc<Self::Responder>],
+        parts: &mut crate::host::stop::Parts,
+    ) -> Result<(), crate::host::HostError> {
+        crate::host::start::start_brokers(brokers, responses, parts)
+    }
+
     const DEFAULT_WRITERS: usize = 1;
 
     fn start_inbox(

@@ -425,6 +425,22 @@ impl crate::store::sealed::Common for sqlx::Postgres {
         }
     }
 
+    #[cfg(any(feature = "nats", feature = "amqp"))]
+    fn start_brokers(
+        brokers: crate::host::start::Brokers<'_>,
+        _: &[Arc<Self::Responder>],
+        _: &mut crate::host::stop::Parts,
+    ) -> Result<(), crate::host::HostError> {
+        if brokers.any() {
+            return Err(StoreError::Unsupported {
+                part: "a host's JetStream and AMQP consumers",
+                store: "sqlx-postgres",
+            }
+            .into());
+        }
+        Ok(())
+    }
+
     const DEFAULT_WRITERS: usize = 4;
 
     fn start_inbox(
