@@ -8,7 +8,8 @@
 //!   missing, starts a throw-away PostgreSQL cluster (stopped and removed at
 //!   the end), then runs every test.
 //! * `cargo xtask postgres [command…]` — the same cluster for a developer:
-//!   prints its URL and runs `command` with `RFIDL_POSTGRES_URL` set, or
+//!   prints its URL and runs `command` with `RFIDL_POSTGRES_URL` (and the
+//!   CA of its TLS certificate, `RFIDL_POSTGRES_CA`) set, or
 //!   waits for Ctrl-C.
 //! * `cargo xtask ci`    — formatting check, clippy with `-D warnings` (and
 //!   the MSRV check), rustdoc with `-D warnings` on the crates in
