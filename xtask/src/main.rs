@@ -8,7 +8,8 @@
 //!   missing, starts a throw-away PostgreSQL cluster (stopped and removed at
 //!   the end), then runs every test.
 //! * `cargo xtask postgres [command…]` — the same cluster for a developer:
-//!   prints its URL and runs `command` with `RFIDL_POSTGRES_URL` set, or
+//!   prints its URL and runs `command` with `RFIDL_POSTGRES_URL` (and the
+//!   CA of its TLS certificate, `RFIDL_POSTGRES_CA`) set, or
 //!   waits for Ctrl-C.
 //! * `cargo xtask ci`    — formatting check, clippy with `-D warnings` (and
 //!   the MSRV check), rustdoc with `-D warnings` on the crates in
@@ -298,10 +299,12 @@ fn postgres_task(command: &[String]) -> Result<(), String> {
     let cluster = postgres::Cluster::start()?;
     let url = cluster.url();
     println!("RFIDL_POSTGRES_URL={url}");
+    println!("RFIDL_POSTGRES_CA={}", cluster.ca_file().display());
     if let Some((program, args)) = command.split_first() {
         return run(Command::new(program)
             .args(args)
             .env("RFIDL_POSTGRES_URL", &url)
+            .env("RFIDL_POSTGRES_CA", cluster.ca_file())
             .env("RFIDL_REQUIRE_POSTGRES", "1"));
     }
     eprintln!("xtask: Ctrl-C stops the server and removes its data");
@@ -336,7 +339,7 @@ fn test(extra: &[String]) -> Result<(), String> {
         "/usr/sbin/rabbitmq-server",
         "rabbitmq-server",
     )?;
-    let (postgres_url, _cluster) = test_postgres()?;
+    let (postgres_url, cluster) = test_postgres()?;
     let tested = run(cargo()
         // Not --all-targets: that would run the harness-less benchmarks too.
         // --all-features: the registry client of rfidl-codegen is a feature.
@@ -357,6 +360,8 @@ fn test(extra: &[String]) -> Result<(), String> {
         // The PostgreSQL store's tests: a real server, required.
         .env("RFIDL_POSTGRES_URL", &postgres_url)
         .env("RFIDL_REQUIRE_POSTGRES", "1")
+        // Its TLS tests' CA (a server of the caller's own: theirs, if set).
+        .envs(cluster.as_ref().map(|c| ("RFIDL_POSTGRES_CA", c.ca_file())))
         // The NATS JetStream transport's tests: a real nats-server, required.
         .env("RFIDL_NATS_SERVER", &nats)
         .env("RFIDL_REQUIRE_NATS", "1")

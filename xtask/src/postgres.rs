@@ -10,7 +10,16 @@
 //! command runs through `runuser -u nobody --`.
 //!
 //! The cluster trusts every loopback connection (`--auth=trust`): it holds
-//! only test data and lives as long as one `cargo xtask` command.
+//! only test data and lives as long as one `cargo xtask` command. Two roles
+//! are the exceptions, for the tests of the clients' failures (the tests
+//! create them): `rfidl_password` must give its password (`scram-sha-256`)
+//! and `rfidl_tls_only` is refused without TLS.
+//!
+//! The server speaks TLS too (`ssl = on`), with a certificate for
+//! `localhost` and `127.0.0.1` signed by a CA made for this cluster alone
+//! (rcgen, so no `openssl` binary is needed); the CA's certificate is
+//! [`Cluster::ca_file`], its key is never written. A client that does not
+//! ask for TLS gets a plain connection, as before.
 
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -22,6 +31,19 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const SUPERUSER: &str = "rfidl";
 /// Who owns the cluster when xtask runs as root.
 const UNPRIVILEGED_USER: &str = "nobody";
+/// The role that must give its password, and the one refused without TLS:
+/// their `pg_hba.conf` lines come before initdb's `trust` ones.
+const HBA_EXCEPTIONS: &str = "\
+# cargo xtask: the tests of password and TLS failures
+host      all rfidl_password 127.0.0.1/32 scram-sha-256
+hostnossl all rfidl_tls_only 127.0.0.1/32 reject
+hostssl   all rfidl_tls_only 127.0.0.1/32 trust
+";
+/// The CA's certificate, the server's certificate and its key, in the
+/// cluster's folder.
+const CA_FILE: &str = "ca.pem";
+const CERT_FILE: &str = "server.crt";
+const KEY_FILE: &str = "server.key";
 /// How often a start is tried again when another process took the free port
 /// between our probe and the server's bind.
 const START_ATTEMPTS: u32 = 3;
@@ -101,6 +123,12 @@ impl Cluster {
         format!("postgres://{SUPERUSER}@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// The PEM file of the CA that signed the server's certificate (for
+    /// `sslmode=verify-full&sslrootcert=…`), readable by xtask's user.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.join(CA_FILE)
+    }
+
     fn data(&self) -> PathBuf {
         self.dir.join("data")
     }
@@ -141,21 +169,71 @@ impl Cluster {
             .arg("--no-sync");
         checked(&mut initdb, None)
             .map_err(|e| format!("cannot create the test PostgreSQL cluster: {e}"))?;
+        self.write_certificates()?;
         // Settings for every start; the port is chosen per start (-p).
         let settings = format!(
             "\n# cargo xtask: a throw-away cluster for the tests\n\
              listen_addresses = '127.0.0.1'\n\
-             unix_socket_directories = '{}'\n\
+             unix_socket_directories = '{dir}'\n\
              fsync = on\n\
-             max_connections = 200\n",
-            self.dir.display()
+             max_connections = 200\n\
+             ssl = on\n\
+             ssl_cert_file = '{dir}/{CERT_FILE}'\n\
+             ssl_key_file = '{dir}/{KEY_FILE}'\n",
+            dir = self.dir.display()
         );
         let conf = self.data().join("postgresql.conf");
         std::fs::OpenOptions::new()
             .append(true)
             .open(&conf)
             .and_then(|mut file| file.write_all(settings.as_bytes()))
-            .map_err(|e| format!("cannot write {}: {e}", conf.display()))
+            .map_err(|e| format!("cannot write {}: {e}", conf.display()))?;
+        // The first matching line decides: the exceptions go first.
+        let hba = self.data().join("pg_hba.conf");
+        std::fs::read_to_string(&hba)
+            .and_then(|trusted| std::fs::write(&hba, format!("{HBA_EXCEPTIONS}\n{trusted}")))
+            .map_err(|e| format!("cannot write {}: {e}", hba.display()))
+    }
+
+    /// A CA of the cluster's own and the server's certificate for
+    /// `localhost` and `127.0.0.1`, signed by it, in the cluster's folder.
+    /// PostgreSQL refuses a key that others can read or that is not its
+    /// user's: 0600, owned by the server's user.
+    fn write_certificates(&self) -> Result<(), String> {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+            KeyUsagePurpose,
+        };
+        let failed =
+            |e: rcgen::Error| format!("cannot make the test PostgreSQL's certificates: {e}");
+        let ca_key = KeyPair::generate().map_err(failed)?;
+        let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(failed)?;
+        ca.distinguished_name
+            .push(DnType::CommonName, "rfidl test PostgreSQL CA");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca = ca.self_signed(&ca_key).map_err(failed)?;
+        let key = KeyPair::generate().map_err(failed)?;
+        let mut server =
+            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+                .map_err(failed)?;
+        server
+            .distinguished_name
+            .push(DnType::CommonName, "localhost");
+        server.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let server = server.signed_by(&key, &ca, &ca_key).map_err(failed)?;
+        let owner = self.run_as.map(user_ids).transpose()?;
+        for (name, text, mode) in [
+            (CA_FILE, ca.pem(), 0o644),
+            (CERT_FILE, server.pem(), 0o644),
+            (KEY_FILE, key.serialize_pem(), 0o600),
+        ] {
+            let path = self.dir.join(name);
+            write_private(&path, text.as_bytes(), mode, owner)
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        }
+        Ok(())
     }
 
     fn run_server(&mut self) -> Result<(), String> {
@@ -341,6 +419,27 @@ fn free_port() -> Result<u16, String> {
         .and_then(|listener| listener.local_addr())
         .map(|address| address.port())
         .map_err(|e| format!("cannot find a free loopback port: {e}"))
+}
+
+/// Creates `path` with `mode` from the start (the key is never readable by
+/// others, not even for a moment), then hands it to `owner` when given.
+fn write_private(
+    path: &Path,
+    bytes: &[u8],
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)?;
+    file.write_all(bytes)?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
+    }
+    Ok(())
 }
 
 /// The numeric uid and gid of `user` (`id -u`, `id -g`).

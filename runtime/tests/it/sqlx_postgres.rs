@@ -646,3 +646,267 @@ async fn two_hosts_on_sqlx_stores_deliver_exactly_once_and_serve_their_diagnosti
         "each handler ran once"
     );
 }
+
+// TLS and passwords, on the throw-away cluster of `cargo xtask` (docs/
+// testing.md): it speaks TLS with a certificate for `localhost` and
+// `127.0.0.1` signed by the CA of `RFIDL_POSTGRES_CA`, asks `rfidl_password`
+// for its password and refuses `rfidl_tls_only` without TLS.
+
+/// The CA of the tests' server, from `RFIDL_POSTGRES_CA`, and a fresh
+/// database; `None` (the test returns, having said why) when either
+/// variable is missing, unless `RFIDL_REQUIRE_POSTGRES=1`.
+fn tls_database() -> Option<(TestDatabase, String)> {
+    let ca = match std::env::var("RFIDL_POSTGRES_CA") {
+        Ok(path) if !path.is_empty() => path,
+        _ if std::env::var("RFIDL_REQUIRE_POSTGRES").as_deref() == Ok("1") => panic!(
+            "RFIDL_REQUIRE_POSTGRES=1 but RFIDL_POSTGRES_CA is not set: run the tests under \
+             `cargo xtask test` or `cargo xtask postgres` (their cluster speaks TLS), or set it \
+             to your server's CA (docs/testing.md)"
+        ),
+        _ => {
+            eprintln!(
+                "SKIPPED: no PostgreSQL with TLS (run `cargo xtask postgres <command>`, or set \
+                 RFIDL_POSTGRES_URL and RFIDL_POSTGRES_CA; docs/testing.md)"
+            );
+            return None;
+        }
+    };
+    Some((database()?, ca))
+}
+
+/// `url` with its user (`name` or `name:password`) and host replaced when
+/// given, and its query replaced by `query`.
+fn url_with(url: &str, user: Option<&str>, host: Option<&str>, query: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a postgres:// URL");
+    let location = rest.split_once('?').map_or(rest, |(location, _)| location);
+    let (authority, database) = location.split_once('/').expect("a database in the URL");
+    let (userinfo, address) = match authority.rsplit_once('@') {
+        Some((userinfo, address)) => (Some(userinfo), address),
+        None => (None, authority),
+    };
+    let (old_host, port) = match address.rsplit_once(':') {
+        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => {
+            (host, format!(":{port}"))
+        }
+        _ => (address, String::new()),
+    };
+    let user = user
+        .or(userinfo)
+        .map(|user| format!("{user}@"))
+        .unwrap_or_default();
+    let host = host.unwrap_or(old_host);
+    format!("{scheme}://{user}{host}{port}/{database}?{query}")
+}
+
+/// `host:port/database` of `url`, as the store's errors name it.
+fn target(url: &str) -> String {
+    let location = url.split_once("://").expect("URL").1;
+    let location = location.split_once('?').map_or(location, |(l, _)| l);
+    location
+        .rsplit_once('@')
+        .map_or(location, |(_, l)| l)
+        .to_owned()
+}
+
+/// A pool of one connection that connects on first use, as a service
+/// builds it: the failure shows at [`PgStore::open`].
+fn lazy_pool(url: &str) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_lazy(url)
+        .expect("lazy pool")
+}
+
+/// Runs administrative statements on the test database as the URL's
+/// superuser.
+async fn administer(db: &TestDatabase, sql: String) {
+    let pool = lazy_pool(db.url());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&pool)
+        .await
+        .expect("administration");
+    pool.close().await;
+}
+
+/// Makes sure the cluster-wide `role` exists (another test run may have
+/// made it, or be making it now) with `password`, and may create the
+/// store's tables in the test database.
+async fn login_role(db: &TestDatabase, role: &str, password: Option<&str>) {
+    let password = password.map_or("NULL".to_owned(), |p| format!("'{p}'"));
+    administer(
+        db,
+        format!(
+            "DO $$ BEGIN CREATE ROLE {role} LOGIN; \
+             EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
+             ALTER ROLE {role} LOGIN PASSWORD {password};
+             GRANT CONNECT ON DATABASE \"{db}\" TO {role};
+             GRANT CREATE, USAGE ON SCHEMA public TO {role};",
+            db = db.name()
+        ),
+    )
+    .await;
+}
+
+async fn session_is_encrypted(pool: &PgPool) -> bool {
+    sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        .fetch_one(pool)
+        .await
+        .expect("pg_stat_ssl")
+}
+
+/// Opens the store on `pool` and commits one enqueued message through it.
+async fn open_and_enqueue(pool: PgPool) {
+    let store = PgStore::open(pool.clone()).await.expect("store");
+    let outbox = Outbox::new(Config::for_service("billing"), &store);
+    let mut tx = pool.begin().await.expect("begin");
+    outbox
+        .enqueue_async(&mut tx, credit(1))
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM outbox_messages").await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sslmode_require_encrypts_the_session_and_the_store_runs_over_it() {
+    let Some((db, _ca)) = tls_database() else {
+        return;
+    };
+    // The check tells the two apart.
+    let plain = lazy_pool(&url_with(db.url(), None, None, "sslmode=disable"));
+    assert!(!session_is_encrypted(&plain).await, "sslmode=disable");
+    plain.close().await;
+
+    let pool = lazy_pool(&url_with(db.url(), None, None, "sslmode=require"));
+    assert!(session_is_encrypted(&pool).await, "sslmode=require");
+    open_and_enqueue(pool).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_full_accepts_the_servers_ca_for_its_names_and_refuses_another_ca() {
+    let Some((db, ca)) = tls_database() else {
+        return;
+    };
+    // The server's certificate names `localhost` and `127.0.0.1`.
+    for host in ["localhost", "127.0.0.1"] {
+        let query = format!("sslmode=verify-full&sslrootcert={ca}");
+        let pool = lazy_pool(&url_with(db.url(), None, Some(host), &query));
+        assert!(session_is_encrypted(&pool).await, "{host}");
+        pool.close().await;
+    }
+    let pool = lazy_pool(&url_with(
+        db.url(),
+        None,
+        Some("localhost"),
+        &format!("sslmode=verify-full&sslrootcert={ca}"),
+    ));
+    open_and_enqueue(pool).await;
+
+    // A CA that did not sign the server's certificate.
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "another CA");
+    let other = params.self_signed(&key).expect("another CA");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let other_ca = dir.path().join("other-ca.pem");
+    std::fs::write(&other_ca, other.pem()).expect("write the other CA");
+    let url = url_with(
+        db.url(),
+        None,
+        Some("localhost"),
+        &format!("sslmode=verify-full&sslrootcert={}", other_ca.display()),
+    );
+    let error = PgStore::open(lazy_pool(&url))
+        .await
+        .expect_err("a certificate of an unknown CA");
+    let text = error.to_string();
+    assert!(matches!(error, StoreError::Postgres { .. }), "{error:?}");
+    assert!(text.contains(&target(&url)), "{text}");
+    assert!(
+        text.starts_with("PostgreSQL database at localhost:"),
+        "{text}"
+    );
+    assert!(text.contains("cannot connect"), "{text}");
+    assert!(text.contains("certificate"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_demands_tls_of_a_role_stops_a_plain_start_naming_the_host() {
+    let Some((db, _ca)) = tls_database() else {
+        return;
+    };
+    login_role(&db, "rfidl_tls_only", None).await;
+    let url = url_with(db.url(), Some("rfidl_tls_only"), None, "sslmode=disable");
+    let error = PgStore::open(lazy_pool(&url))
+        .await
+        .expect_err("refused without TLS");
+    let text = error.to_string();
+    assert!(matches!(error, StoreError::Postgres { .. }), "{error:?}");
+    assert!(text.contains(&target(&url)), "{text}");
+    assert!(text.contains("cannot connect"), "{text}");
+    assert!(text.contains("no encryption"), "{text}");
+
+    // Over TLS the same role is let in.
+    let url = url_with(db.url(), Some("rfidl_tls_only"), None, "sslmode=require");
+    open_and_enqueue(lazy_pool(&url)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_stops_the_start_naming_the_target_and_never_the_password() {
+    let Some((db, _ca)) = tls_database() else {
+        return;
+    };
+    let password = format!("right-{:016x}", rand::random::<u64>());
+    let wrong = format!("wrong-{:016x}", rand::random::<u64>());
+    login_role(&db, "rfidl_password", Some(&password)).await;
+    for sslmode in ["disable", "require"] {
+        let url = url_with(
+            db.url(),
+            Some(&format!("rfidl_password:{wrong}")),
+            None,
+            &format!("sslmode={sslmode}"),
+        );
+        let error = PgStore::open(lazy_pool(&url))
+            .await
+            .expect_err("a wrong password");
+        let text = error.to_string();
+        assert!(matches!(error, StoreError::Postgres { .. }), "{error:?}");
+        assert!(text.contains(&target(&url)), "{sslmode}: {text}");
+        assert!(
+            text.contains("password authentication failed"),
+            "{sslmode}: {text}"
+        );
+        assert!(!text.contains(&wrong), "{sslmode}: {text}");
+        assert!(!text.contains(&password), "{sslmode}: {text}");
+        assert!(!format!("{error:?}").contains(&wrong), "{error:?}");
+    }
+    let url = url_with(
+        db.url(),
+        Some(&format!("rfidl_password:{password}")),
+        None,
+        "sslmode=disable",
+    );
+    open_and_enqueue(lazy_pool(&url)).await;
+}
+
+#[test]
+fn url_with_replaces_the_user_host_and_query() {
+    let url = "postgres://rfidl@127.0.0.1:5432/rfidl_test_1?x=1";
+    assert_eq!(
+        url_with(url, Some("a:b"), Some("localhost"), "sslmode=require"),
+        "postgres://a:b@localhost:5432/rfidl_test_1?sslmode=require"
+    );
+    assert_eq!(
+        url_with("postgres://h/db", None, None, "q=1"),
+        "postgres://h/db?q=1"
+    );
+    assert_eq!(target(url), "127.0.0.1:5432/rfidl_test_1");
+    assert_eq!(target("postgres://a:b@localhost:1/d?q"), "localhost:1/d");
+}
