@@ -334,7 +334,7 @@ impl LifecycleService {
     /// Checks the source, decodes the payload and checks that it is
     /// addressed to this instance: which command, for what, at which
     /// generation (as stored).
-    fn command(
+    pub(crate) fn command(
         &self,
         call: &IncomingCall<'_>,
     ) -> Result<(Command, CommandPayload, i64), HandlerError> {
@@ -392,7 +392,7 @@ impl LifecycleService {
 
     /// The refusal of a command that is not newer than `applied`, the last
     /// one applied for its version.
-    fn stale(
+    pub(crate) fn stale(
         command: Command,
         target: &CommandPayload,
         applied: Option<(i64, String)>,
@@ -417,7 +417,7 @@ impl LifecycleService {
     /// Updates the set and answers; `at` is when the version was
     /// decommissioned (for a decommission), `rows` how many rows were held
     /// or released.
-    fn done(
+    pub(crate) fn done(
         &self,
         command: Command,
         target: &CommandPayload,

@@ -13,7 +13,7 @@ use crate::dispatcher::{Dispatcher, DispatcherBuilder};
 use crate::keys::IssuedKeys;
 use crate::metrics::Metrics;
 use crate::outbox::Outbox;
-use crate::receiver::{Blocking, IntoService, Receiver, ReceiverBuilder};
+use crate::receiver::{IntoService, Receiver, ReceiverBuilder};
 use crate::responses::IntoResponder;
 use crate::signing::Secret;
 use crate::store::{AnyStore, Database, Sqlite};
@@ -180,10 +180,7 @@ impl<S: AnyStore> HostBuilder<S> {
     /// held; [`ReceiverBuilder::lifecycle`]), bound to the instance id the
     /// registration gets. Accepted when the config lists a `peers` secret
     /// for `rfidl-registry` (or the keys are issued).
-    pub fn lifecycle(mut self) -> Self
-    where
-        crate::lifecycle::LifecycleService: IntoService<S, Blocking>,
-    {
+    pub fn lifecycle(mut self) -> Self {
         self.receiver = self.receiver.lifecycle(self.outbox.lifecycle());
         self.lifecycle = true;
         self

@@ -175,24 +175,22 @@ impl<S: AnyStore> ReceiverBuilder<S> {
     /// bind it to this instance's id when it registers
     /// ([`DirectoryClient::lifecycle`](crate::directory::DirectoryClient::lifecycle)):
     /// a command addressed to another instance is refused.
-    pub fn lifecycle(self, lifecycle: &crate::lifecycle::Lifecycle) -> Self
-    where
-        crate::lifecycle::LifecycleService: IntoService<S, Blocking>,
-    {
+    pub fn lifecycle(self, lifecycle: &crate::lifecycle::Lifecycle) -> Self {
         self.lifecycle_from(lifecycle, crate::lifecycle::DEFAULT_REGISTRY_SOURCE)
     }
 
     /// [`lifecycle`](Self::lifecycle) with commands accepted from the source
     /// id `registry` instead.
-    pub fn lifecycle_from(mut self, lifecycle: &crate::lifecycle::Lifecycle, registry: &str) -> Self
-    where
-        crate::lifecycle::LifecycleService: IntoService<S, Blocking>,
-    {
+    pub fn lifecycle_from(
+        mut self,
+        lifecycle: &crate::lifecycle::Lifecycle,
+        registry: &str,
+    ) -> Self {
         self.lifecycle = Some(lifecycle.clone());
-        self.service(crate::lifecycle::LifecycleService::new(
-            lifecycle.clone(),
-            registry,
-        ))
+        let service = crate::lifecycle::LifecycleService::new(lifecycle.clone(), registry);
+        self.services
+            .push(S::lifecycle_service(service, &self.database));
+        self
     }
 
     /// Accepts, from a source that `peers` does not list, the secrets the

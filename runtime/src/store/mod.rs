@@ -93,6 +93,13 @@ pub(crate) mod sealed {
             parts: &mut crate::host::stop::Parts,
         ) -> Result<(), crate::host::HostError>;
 
+        /// The control service (`crate::lifecycle`) as this store's
+        /// receiver runs it, writing to `database`.
+        fn lifecycle_service(
+            service: crate::lifecycle::LifecycleService,
+            database: &super::Database,
+        ) -> crate::receiver::Registered<Self::Service>;
+
         /// Writers a receiver runs when it is not told.
         const DEFAULT_WRITERS: usize;
 

@@ -387,6 +387,13 @@ impl crate::store::sealed::Common for crate::store::Postgres {
         crate::host::start::start_brokers(brokers, responses, parts)
     }
 
+    fn lifecycle_service(
+        service: crate::lifecycle::LifecycleService,
+        _: &crate::store::Database,
+    ) -> crate::receiver::Registered<Self::Service> {
+        crate::receiver::Registered(std::sync::Arc::new(service))
+    }
+
     const DEFAULT_WRITERS: usize = 4;
 
     fn start_inbox(

@@ -63,6 +63,13 @@ impl super::sealed::Common for super::Sqlite {
         crate::host::start::start_brokers(brokers, responses, parts)
     }
 
+    fn lifecycle_service(
+        service: crate::lifecycle::LifecycleService,
+        _: &crate::store::Database,
+    ) -> crate::receiver::Registered<Self::Service> {
+        crate::receiver::Registered(std::sync::Arc::new(service))
+    }
+
     const DEFAULT_WRITERS: usize = 1;
 
     fn start_inbox(

@@ -46,6 +46,9 @@ pub(crate) fn start(
             cause: "a receiver on a sqlx pool must be built on the pool's tokio runtime".to_owned(),
         })
     })?;
+    if let Some(lifecycle) = &parts.lifecycle {
+        lifecycle.replace(super::lifecycle::read(&store)?);
+    }
     let WriterParts {
         commands,
         handlers,

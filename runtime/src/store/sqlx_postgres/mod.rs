@@ -30,6 +30,7 @@
 pub(crate) mod diagnostics;
 mod dispatch;
 mod inbox;
+mod lifecycle;
 pub(crate) mod retention;
 
 use std::sync::Arc;
@@ -441,6 +442,16 @@ impl crate::store::sealed::Common for sqlx::Postgres {
         Ok(())
     }
 
+    fn lifecycle_service(
+        service: crate::lifecycle::LifecycleService,
+        database: &Database,
+    ) -> crate::receiver::Registered<Self::Service> {
+        crate::receiver::Registered(Arc::new(lifecycle::AsyncLifecycle {
+            service,
+            database: database.clone(),
+        }))
+    }
+
     const DEFAULT_WRITERS: usize = 4;
 
     fn start_inbox(
@@ -486,6 +497,43 @@ impl crate::store::sealed::AsyncBackend for sqlx::Postgres {
             Ok(id)
         })
     }
+}
+
+/// Runs `work` on a connection of its own (not the pool's), on a thread
+/// with a runtime of its own: for the synchronous start of a part, which
+/// may be called on an executor's thread, where the pool's runtime cannot
+/// be blocked on. Never a hot path.
+pub(crate) fn off_runtime<T: Send>(
+    store: &PgStore,
+    work: impl for<'c> FnOnce(&'c mut PgConnection) -> crate::BoxFuture<'c, Result<T, sqlx::Error>>
+    + Send,
+) -> Result<T, StoreError> {
+    use sqlx::ConnectOptions as _;
+    let options = store.pool().connect_options();
+    let fail = |cause: String| StoreError::Postgres {
+        target: store.target().to_owned(),
+        cause,
+    };
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| fail(format!("cannot start a runtime: {e}")))?;
+                runtime.block_on(async {
+                    let mut conn = options
+                        .connect()
+                        .await
+                        .map_err(|e| fail(format!("cannot connect: {}", error_text(&e))))?;
+                    let done = work(&mut conn).await.map_err(|e| fail(error_text(&e)));
+                    let _ = sqlx::Connection::close(conn).await;
+                    done
+                })
+            })
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
 }
 
 /// The outbox `send` writer's group commit, on its own thread: every

@@ -1,0 +1,164 @@
+//! The lifecycle's statements on sqlx PostgreSQL (those of
+//! `store/postgres/lifecycle.rs`, in the store's schema), and the control
+//! service as the async receiver runs it.
+
+use sqlx::Row as _;
+use sqlx::postgres::{PgConnection, Postgres};
+
+use super::PgStore;
+use crate::lifecycle::{Applied, HELD_DUE_MS, LifecycleService};
+use crate::receiver::{AsyncHostedService, HandlerError, HostedInterface, IncomingCall};
+use crate::store::{Database, StoreError};
+
+const RECORD_APPLIED: &str = "INSERT INTO {t}rf_lifecycle_applied \
+     (interface, version, generation, command, applied_at) VALUES ($1, $2, $3, $4, $5) \
+     ON CONFLICT (interface, version) DO UPDATE SET generation = excluded.generation, \
+     command = excluded.command, applied_at = excluded.applied_at \
+     WHERE {t}rf_lifecycle_applied.generation < excluded.generation \
+     OR ({t}rf_lifecycle_applied.generation = excluded.generation \
+         AND {t}rf_lifecycle_applied.command = excluded.command)";
+const APPLIED: &str = "SELECT generation, command FROM {t}rf_lifecycle_applied \
+     WHERE interface = $1 AND version = $2";
+const DECOMMISSION: &str = "INSERT INTO {t}rf_decommissioned (interface, version, \
+     decommissioned_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
+const DECOMMISSIONED_AT: &str = "SELECT decommissioned_at FROM {t}rf_decommissioned \
+     WHERE interface = $1 AND version = $2";
+const HOLD: &str = "UPDATE {t}outbox_messages SET next_retry_at = $3, last_error = $4 \
+     WHERE status = 'Pending' AND interface = $1 AND version = $2 AND next_retry_at < $3";
+const RECOMMISSION: &str = "DELETE FROM {t}rf_decommissioned WHERE interface = $1 \
+     AND version = $2 RETURNING decommissioned_at";
+const RELEASE: &str = "UPDATE {t}outbox_messages SET next_retry_at = $3, \
+     expires_at = expires_at + $4, last_error = $5 \
+     WHERE status = 'Pending' AND interface = $1 AND version = $2 AND next_retry_at >= $6";
+const READ: &str = "SELECT interface, version, decommissioned_at FROM {t}rf_decommissioned";
+
+fn sql(store: &PgStore, template: &str) -> sqlx::AssertSqlSafe<String> {
+    sqlx::AssertSqlSafe(template.replace("{t}", &format!("\"{}\".", store.schema())))
+}
+
+/// The decommissioned versions, read at a receiver's start on a
+/// connection of its own (the start is synchronous and may run on an
+/// executor's thread: see [`super::off_runtime`]).
+pub(crate) fn read(store: &PgStore) -> Result<Vec<(String, u32, i64)>, StoreError> {
+    let query = sql(store, READ);
+    let rows = super::off_runtime(store, |conn| {
+        Box::pin(async move { sqlx::query(query).fetch_all(conn).await })
+    })?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let version: i64 = row.get(1);
+            (
+                row.get(0),
+                u32::try_from(version).unwrap_or(u32::MAX),
+                row.get(2),
+            )
+        })
+        .collect())
+}
+
+/// The control service with the store it writes to.
+pub(crate) struct AsyncLifecycle {
+    pub service: LifecycleService,
+    pub database: Database,
+}
+
+impl AsyncHostedService<Postgres> for AsyncLifecycle {
+    fn interfaces(&self) -> &[HostedInterface] {
+        std::slice::from_ref(&crate::lifecycle::HOSTED)
+    }
+
+    fn handle<'a>(
+        &'a self,
+        call: &'a IncomingCall<'a>,
+        conn: &'a mut PgConnection,
+    ) -> crate::BoxFuture<'a, Result<serde_json::Value, HandlerError>> {
+        Box::pin(async move {
+            let store = super::store_of(&self.database)?;
+            let (command, target, generation) = self.service.command(call)?;
+            let now = crate::store::now_ms();
+            let applied = Applied {
+                interface: target.interface.as_str(),
+                version: target.version,
+                generation,
+                command: command.endpoint(),
+                at: now,
+            };
+            let failed = |e: sqlx::Error| HandlerError::from(store.statement(&e));
+            let version = i64::from(applied.version);
+            let recorded = sqlx::query(sql(store, RECORD_APPLIED))
+                .bind(applied.interface)
+                .bind(version)
+                .bind(applied.generation)
+                .bind(applied.command)
+                .bind(applied.at)
+                .execute(&mut *conn)
+                .await
+                .map_err(failed)?;
+            if recorded.rows_affected() == 0 {
+                let row = sqlx::query(sql(store, APPLIED))
+                    .bind(applied.interface)
+                    .bind(version)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(failed)?;
+                return Err(LifecycleService::stale(
+                    command,
+                    &target,
+                    Some((row.get(0), row.get(1))),
+                ));
+            }
+            let interface = applied.interface;
+            if command == crate::lifecycle::Command::Decommission {
+                sqlx::query(sql(store, DECOMMISSION))
+                    .bind(interface)
+                    .bind(version)
+                    .bind(now)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(failed)?;
+                let at: i64 = sqlx::query(sql(store, DECOMMISSIONED_AT))
+                    .bind(interface)
+                    .bind(version)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(failed)?
+                    .get(0);
+                let held = sqlx::query(sql(store, HOLD))
+                    .bind(interface)
+                    .bind(version)
+                    .bind(HELD_DUE_MS)
+                    .bind(crate::lifecycle::held_reason(interface, target.version))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(failed)?
+                    .rows_affected();
+                Ok(self.service.done(command, &target, at, held))
+            } else {
+                let since: Option<i64> = sqlx::query(sql(store, RECOMMISSION))
+                    .bind(interface)
+                    .bind(version)
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(failed)?
+                    .map(|row| row.get(0));
+                let shift = since.map_or(0, |since| (now - since).max(0));
+                let released = sqlx::query(sql(store, RELEASE))
+                    .bind(interface)
+                    .bind(version)
+                    .bind(now)
+                    .bind(shift)
+                    .bind(format!(
+                        "released: {interface} v{} was re-commissioned",
+                        target.version
+                    ))
+                    .bind(HELD_DUE_MS)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(failed)?
+                    .rows_affected();
+                Ok(self.service.done(command, &target, now, released))
+            }
+        })
+    }
+}
