@@ -172,8 +172,14 @@ impl Default for InboxConfig {
 }
 
 /// Where a destination is reached.
+///
+/// Build it with [`DestinationConfig::new`] (or read it from YAML) and the
+/// `with_…` methods, or change its public fields; the struct is
+/// `#[non_exhaustive]`, so new settings can be added without breaking
+/// callers.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct DestinationConfig {
     /// `http://host:port` or `https://host:port` (base URL; `/_rf/receive`
     /// is appended; HTTPS needs the default cargo feature `tls`), `unix:///path.sock`,
@@ -210,9 +216,12 @@ pub struct DestinationConfig {
 }
 
 impl DestinationConfig {
-    /// A destination at one base URL, signed with `secret` (`whsec_…`); add
-    /// more instances with [`urls`](Self::urls) and an internal CA with
-    /// [`ca_file`](Self::ca_file) (the fields are public too).
+    /// A destination at one base URL, signed with `secret` (`whsec_…`; an
+    /// empty one: the secret the registry issues); add more instances with
+    /// [`with_urls`](Self::with_urls), an internal CA with
+    /// [`with_ca_file`](Self::with_ca_file) and a JetStream stream's
+    /// replicas with [`with_replicas`](Self::with_replicas) (the fields are
+    /// public too).
     pub fn new(url: impl Into<String>, secret: impl Into<String>) -> Self {
         Self {
             url: url.into(),
@@ -222,13 +231,48 @@ impl DestinationConfig {
             replicas: None,
         }
     }
+
+    /// Adds base URLs of more instances of the same destination
+    /// ([`urls`](Self::urls)).
+    #[must_use]
+    pub fn with_urls<I>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        self.urls.extend(urls.into_iter().map(Into::into));
+        self
+    }
+
+    /// Trusts the CA certificates of this PEM file for `https://` URLs,
+    /// besides the public web roots ([`ca_file`](Self::ca_file)).
+    #[must_use]
+    pub fn with_ca_file(mut self, ca_file: impl Into<std::path::PathBuf>) -> Self {
+        self.ca_file = Some(ca_file.into());
+        self
+    }
+
+    /// The replica count of the JetStream stream rfidl creates for a
+    /// `nats://` URL ([`replicas`](Self::replicas)).
+    #[must_use]
+    pub fn with_replicas(mut self, replicas: usize) -> Self {
+        self.replicas = Some(replicas);
+        self
+    }
 }
 
 /// The whole runtime configuration.
 ///
+/// Start from [`Config::for_service`], [`Default`] or YAML, then add peers
+/// and destinations with [`with_peer`](Self::with_peer) and
+/// [`with_destination`](Self::with_destination) or change the public
+/// fields; the struct is `#[non_exhaustive]`, so new settings can be added
+/// without breaking callers.
+///
 /// Its `Debug` form leaves the secrets out, so a config can be logged.
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Config {
     /// This service's id: `sourceServiceId` of everything it sends.
     pub service_id: String,
