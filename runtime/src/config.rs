@@ -640,5 +640,37 @@ mod tests {
         assert_eq!(Config::from_yaml_str(&yaml).expect("round trip"), config);
     }
 
+    #[test]
+    fn the_builders_set_what_yaml_sets() {
+        let built = Config::for_service("engine")
+            .with_peer("hr", "whsec_AAAA")
+            .with_peer("hr", "whsec_BBBB")
+            .with_destination(
+                "hr",
+                DestinationConfig::new("https://hr-1:7001", "whsec_CCCC")
+                    .with_urls(["https://hr-2:7001"])
+                    .with_ca_file("/etc/rfidl/ca.pem")
+                    .with_replicas(3),
+            );
+        let read = Config::from_yaml_str(
+            "service_id: engine\n\
+             peers: {hr: [whsec_AAAA, whsec_BBBB]}\n\
+             destinations:\n  \
+               hr:\n    \
+                 url: https://hr-1:7001\n    \
+                 urls: [https://hr-2:7001]\n    \
+                 secret: whsec_CCCC\n    \
+                 ca_file: /etc/rfidl/ca.pem\n    \
+                 replicas: 3\n",
+        )
+        .expect("yaml");
+        assert_eq!(built, read);
+        let registry = crate::directory::RegistryConfig::new("http://registry:7300")
+            .with_token("t0k")
+            .with_heartbeat(Duration::from_secs(10));
+        assert_eq!(registry.token.as_deref(), Some("t0k"));
+        assert_eq!(registry.heartbeat, Duration::from_secs(10));
+    }
+
     const PINNED_YAML: &str = include_str!("../tests/config.pinned.yaml");
 }
