@@ -91,10 +91,7 @@ impl CommandSender {
     /// [`start`](Self::start) with another poll interval (how soon a command
     /// to an instance that has no waiting command yet is picked up; tests).
     pub fn start_with(db: &Path, secret: Secret, poll: Duration) -> Result<Self, CommandError> {
-        let mut config = Config {
-            service_id: lifecycle::DEFAULT_REGISTRY_SOURCE.to_owned(),
-            ..Config::default()
-        };
+        let mut config = Config::for_service(lifecycle::DEFAULT_REGISTRY_SOURCE);
         config.outbox.poll_interval = poll;
         // Create and migrate the file before the dispatcher opens it.
         drop(rfidl_runtime::store::sqlite::open(

@@ -50,10 +50,7 @@ fn main() {
     println!("rfidl-runtime backlog benchmark: {backlog} pending messages");
 
     // The backlog: every message pending before the dispatcher starts.
-    let mut sender = Config {
-        service_id: "bench".into(),
-        ..Config::default()
-    };
+    let mut sender = Config::for_service("bench");
     sender.outbox.max_in_flight = 64;
     sender.outbox.batch_size = 256;
     let filled = Instant::now();
@@ -91,10 +88,7 @@ fn main() {
         rss_mib()
     );
 
-    let mut receiver_config = Config {
-        service_id: "ledger".into(),
-        ..Config::default()
-    };
+    let mut receiver_config = Config::for_service("ledger");
     receiver_config
         .peers
         .insert("bench".into(), vec![secret.to_whsec()]);

@@ -423,10 +423,7 @@ mod postgres {
         connect(&receiver_url)
             .batch_execute("CREATE TABLE ledger (message_id TEXT NOT NULL, amount BIGINT NOT NULL)")
             .expect("table");
-        let mut config = Config {
-            service_id: "ledger".into(),
-            ..Config::default()
-        };
+        let mut config = Config::for_service("ledger");
         config.peers.insert("bench".into(), vec![secret.to_whsec()]);
         let effects = Arc::new(Mutex::new(Vec::new()));
         let receiver = Receiver::builder(config, &receiver_url)
@@ -446,21 +443,12 @@ mod postgres {
             url
         });
         let sender_url = database(server, &format!("{name}_sender"));
-        let mut sender = Config {
-            service_id: "bench".into(),
-            ..Config::default()
-        };
+        let mut sender = Config::for_service("bench");
         sender.outbox.max_in_flight = 64;
         sender.outbox.batch_size = 256;
         sender.destinations.insert(
             "ledger".into(),
-            DestinationConfig {
-                url,
-                urls: Vec::new(),
-                secret: secret.to_whsec(),
-                ca_file: None,
-                replicas: None,
-            },
+            DestinationConfig::new(url, secret.to_whsec()),
         );
         PgPair {
             outbox: outbox(&sender_url, sender),

@@ -181,8 +181,14 @@ impl Default for InboxConfig {
 }
 
 /// Where a destination is reached.
+///
+/// Build it with [`DestinationConfig::new`] (or read it from YAML) and the
+/// `with_…` methods, or change its public fields; the struct is
+/// `#[non_exhaustive]`, so new settings can be added without breaking
+/// callers.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct DestinationConfig {
     /// `http://host:port` or `https://host:port` (base URL; `/_rf/receive`
     /// is appended; HTTPS needs the default cargo feature `tls`), `unix:///path.sock`,
@@ -219,9 +225,12 @@ pub struct DestinationConfig {
 }
 
 impl DestinationConfig {
-    /// A destination at one base URL, signed with `secret` (`whsec_…`); add
-    /// more instances with [`urls`](Self::urls) and an internal CA with
-    /// [`ca_file`](Self::ca_file) (the fields are public too).
+    /// A destination at one base URL, signed with `secret` (`whsec_…`; an
+    /// empty one: the secret the registry issues); add more instances with
+    /// [`with_urls`](Self::with_urls), an internal CA with
+    /// [`with_ca_file`](Self::with_ca_file) and a JetStream stream's
+    /// replicas with [`with_replicas`](Self::with_replicas) (the fields are
+    /// public too).
     pub fn new(url: impl Into<String>, secret: impl Into<String>) -> Self {
         Self {
             url: url.into(),
@@ -231,13 +240,48 @@ impl DestinationConfig {
             replicas: None,
         }
     }
+
+    /// Adds base URLs of more instances of the same destination
+    /// ([`urls`](Self::urls)).
+    #[must_use]
+    pub fn with_urls<I>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        self.urls.extend(urls.into_iter().map(Into::into));
+        self
+    }
+
+    /// Trusts the CA certificates of this PEM file for `https://` URLs,
+    /// besides the public web roots ([`ca_file`](Self::ca_file)).
+    #[must_use]
+    pub fn with_ca_file(mut self, ca_file: impl Into<std::path::PathBuf>) -> Self {
+        self.ca_file = Some(ca_file.into());
+        self
+    }
+
+    /// The replica count of the JetStream stream rfidl creates for a
+    /// `nats://` URL ([`replicas`](Self::replicas)).
+    #[must_use]
+    pub fn with_replicas(mut self, replicas: usize) -> Self {
+        self.replicas = Some(replicas);
+        self
+    }
 }
 
 /// The whole runtime configuration.
 ///
+/// Start from [`Config::for_service`], [`Default`] or YAML, then add peers
+/// and destinations with [`with_peer`](Self::with_peer) and
+/// [`with_destination`](Self::with_destination) or change the public
+/// fields; the struct is `#[non_exhaustive]`, so new settings can be added
+/// without breaking callers.
+///
 /// Its `Debug` form leaves the secrets out, so a config can be logged.
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Config {
     /// This service's id: `sourceServiceId` of everything it sends.
     pub service_id: String,
@@ -603,6 +647,38 @@ mod tests {
         let yaml = config.to_yaml();
         assert_eq!(yaml, PINNED_YAML);
         assert_eq!(Config::from_yaml_str(&yaml).expect("round trip"), config);
+    }
+
+    #[test]
+    fn the_builders_set_what_yaml_sets() {
+        let built = Config::for_service("engine")
+            .with_peer("hr", "whsec_AAAA")
+            .with_peer("hr", "whsec_BBBB")
+            .with_destination(
+                "hr",
+                DestinationConfig::new("https://hr-1:7001", "whsec_CCCC")
+                    .with_urls(["https://hr-2:7001"])
+                    .with_ca_file("/etc/rfidl/ca.pem")
+                    .with_replicas(3),
+            );
+        let read = Config::from_yaml_str(
+            "service_id: engine\n\
+             peers: {hr: [whsec_AAAA, whsec_BBBB]}\n\
+             destinations:\n  \
+               hr:\n    \
+                 url: https://hr-1:7001\n    \
+                 urls: [https://hr-2:7001]\n    \
+                 secret: whsec_CCCC\n    \
+                 ca_file: /etc/rfidl/ca.pem\n    \
+                 replicas: 3\n",
+        )
+        .expect("yaml");
+        assert_eq!(built, read);
+        let registry = crate::directory::RegistryConfig::new("http://registry:7300")
+            .with_token("t0k")
+            .with_heartbeat(Duration::from_secs(10));
+        assert_eq!(registry.token.as_deref(), Some("t0k"));
+        assert_eq!(registry.heartbeat, Duration::from_secs(10));
     }
 
     const PINNED_YAML: &str = include_str!("../tests/config.pinned.yaml");

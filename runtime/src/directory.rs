@@ -55,8 +55,14 @@ use crate::keys::{IssuedKeys, KeySnapshot, WireKeys};
 const MIN_REFRESH: Duration = Duration::from_secs(1);
 
 /// `registry:` in the runtime configuration.
+///
+/// Build it with [`RegistryConfig::new`] (or read it from YAML) and the
+/// `with_…` methods, or change its public fields; the struct is
+/// `#[non_exhaustive]`, so new settings can be added without breaking
+/// callers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct RegistryConfig {
     /// The registry's base URL, e.g. `http://127.0.0.1:7300`.
     pub url: String,
@@ -82,6 +88,22 @@ impl RegistryConfig {
             token: None,
             heartbeat: default_heartbeat(),
         }
+    }
+
+    /// Presents `token`, the registration credential
+    /// ([`token`](Self::token)).
+    #[must_use]
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Renews the registration every `heartbeat`
+    /// ([`heartbeat`](Self::heartbeat)).
+    #[must_use]
+    pub fn with_heartbeat(mut self, heartbeat: Duration) -> Self {
+        self.heartbeat = heartbeat;
+        self
     }
 }
 

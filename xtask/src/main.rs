@@ -467,8 +467,9 @@ fn ci() -> Result<(), String> {
     run(doc.env("RUSTDOCFLAGS", rustdoc_flags()))?;
     // What `cargo publish` would upload, each package built from its .crate
     // alone (templates, READMEs and licences inside; no path outside the
-    // crate). The demo, end-to-end tests and xtask are not published; the
-    // e2e crate's build.rs reads ../schemas, so it cannot build alone.
+    // crate). The demo, the chaos harness, end-to-end tests and xtask are
+    // not published; the e2e crate's build.rs reads ../schemas, so it
+    // cannot build alone.
     eprintln!("xtask: cargo package");
     forget_packaged_sources();
     run(cargo().args([
@@ -476,6 +477,8 @@ fn ci() -> Result<(), String> {
         "--workspace",
         "--exclude",
         "rfidl-examples",
+        "--exclude",
+        "rfidl-chaos",
         "--exclude",
         "rfidl-e2e",
         "--exclude",
@@ -538,15 +541,18 @@ fn rustdoc_flags() -> String {
     }
 }
 
-/// Builds the demo binaries and the registry, then runs the chaos harness
-/// with the remaining arguments (`--release` builds them optimised, for
-/// large `--messages`).
+/// Builds the harness (rfidl-chaos), the demo binaries (rfidl-examples) and
+/// the registry into one target folder, where the `chaos` binary finds the
+/// services next to itself, then runs it with the remaining arguments
+/// (`--release` builds them optimised, for large `--messages`).
 fn chaos(extra: &[String]) -> Result<(), String> {
     let release = extra.iter().any(|a| a == "--release");
     let rest: Vec<&String> = extra.iter().filter(|a| *a != "--release").collect();
     let mut build = cargo();
     build.args([
         "build",
+        "-p",
+        "rfidl-chaos",
         "-p",
         "rfidl-examples",
         "--bins",

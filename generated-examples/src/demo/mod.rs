@@ -111,13 +111,8 @@ impl Settings {
         config.service_id = self.service_id.clone();
         config.destinations.insert(
             destination.to_owned(),
-            DestinationConfig {
-                url: self.peer_url.clone(),
-                urls: self.peer_urls.clone(),
-                secret: self.signing_secret.clone(),
-                ca_file: None,
-                replicas: None,
-            },
+            DestinationConfig::new(self.peer_url.clone(), self.signing_secret.clone())
+                .with_urls(self.peer_urls.clone()),
         );
         if !self.peer_secret.is_empty() {
             config

@@ -1,6 +1,5 @@
 //! Tests of the checked-in generated code and the demo services.
 
-mod chaos;
 mod demo;
 mod drift;
 mod examples;

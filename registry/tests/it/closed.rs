@@ -227,11 +227,7 @@ fn the_runtime_restores_a_registration_changed_behind_its_back() {
         201
     );
     let client = DirectoryClient::new(
-        RegistryConfig {
-            url: server.url.clone(),
-            token: None,
-            heartbeat: Duration::from_millis(100),
-        },
+        RegistryConfig::new(server.url.clone()).with_heartbeat(Duration::from_millis(100)),
         Registration {
             service_id: "hr".into(),
             base_url: "http://127.0.0.1:7001".into(),

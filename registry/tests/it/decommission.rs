@@ -60,15 +60,8 @@ pub(crate) fn provider(
     fingerprint: &'static str,
 ) -> Provider {
     let db = dir.join(format!("{name}.db"));
-    let config = Config {
-        service_id: name.into(),
-        peers: [(
-            lifecycle::DEFAULT_REGISTRY_SOURCE.to_owned(),
-            vec![secret.to_whsec()],
-        )]
-        .into(),
-        ..Config::default()
-    };
+    let config =
+        Config::for_service(name).with_peer(lifecycle::DEFAULT_REGISTRY_SOURCE, secret.to_whsec());
     let outbox = Outbox::new(config.clone(), &db);
     {
         let mut conn = rfidl_runtime::store::sqlite::open(&db, rfidl_runtime::Durability::Normal)

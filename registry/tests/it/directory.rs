@@ -418,11 +418,9 @@ fn the_runtime_client_registers_waits_for_its_provider_and_re_registers() {
         version: 1,
         fingerprint: v1.fingerprint.clone(),
     };
-    let config = RegistryConfig {
-        url: server.url.clone(),
-        token: Some("t0k".into()),
-        heartbeat: std::time::Duration::from_millis(100),
-    };
+    let config = RegistryConfig::new(server.url.clone())
+        .with_token("t0k")
+        .with_heartbeat(std::time::Duration::from_millis(100));
     let client = |service: &str, port: u16, hosts: Vec<InterfaceRef>, calls: Vec<InterfaceRef>| {
         DirectoryClient::new(
             config.clone(),
@@ -607,11 +605,9 @@ fn the_runtime_client_publishes_what_it_hosts_with_the_same_checks_as_rfidl_publ
     tampered.fingerprint = v1.fingerprint.clone();
     let client = |token: &str, manifests: Vec<String>| {
         DirectoryClient::new(
-            RegistryConfig {
-                url: server.url.clone(),
-                token: Some("reg".into()),
-                heartbeat: std::time::Duration::from_millis(1500),
-            },
+            RegistryConfig::new(server.url.clone())
+                .with_token("reg")
+                .with_heartbeat(std::time::Duration::from_millis(1500)),
             Registration {
                 service_id: "hr".into(),
                 base_url: "http://127.0.0.1:7001".into(),

@@ -105,10 +105,7 @@ fn hr(
     heartbeat: Duration,
 ) -> Hr {
     let db = dir.join("hr.db");
-    let config = Config {
-        service_id: "hr".into(),
-        ..Config::default()
-    };
+    let config = Config::for_service("hr");
     let keys = IssuedKeys::new();
     let handled = Arc::new(AtomicU32::new(0));
     let hosted = HostedInterface {
@@ -135,11 +132,9 @@ fn hr(
         (url, server)
     });
     let client = DirectoryClient::new(
-        RegistryConfig {
-            url: registry.to_owned(),
-            token: Some(HR_TOKEN.into()),
-            heartbeat,
-        },
+        RegistryConfig::new(registry)
+            .with_token(HR_TOKEN)
+            .with_heartbeat(heartbeat),
         Registration {
             service_id: "hr".into(),
             base_url: url.clone(),
@@ -181,11 +176,8 @@ fn engine(
     heartbeat: Duration,
 ) -> Engine {
     let db = dir.join("engine.db");
-    let mut config = Config {
-        service_id: "engine".into(),
-        destinations: [("hr".to_owned(), DestinationConfig::new(hr_url, ""))].into(),
-        ..Config::default()
-    };
+    let mut config =
+        Config::for_service("engine").with_destination("hr", DestinationConfig::new(hr_url, ""));
     config.outbox.poll_interval = Duration::from_millis(20);
     config.outbox.backoff_base = Duration::from_millis(50);
     config.outbox.backoff_max = Duration::from_millis(200);
@@ -200,11 +192,9 @@ fn engine(
             .expect("dispatcher")
     };
     let client = DirectoryClient::new(
-        RegistryConfig {
-            url: registry.to_owned(),
-            token: Some(ENGINE_TOKEN.into()),
-            heartbeat,
-        },
+        RegistryConfig::new(registry)
+            .with_token(ENGINE_TOKEN)
+            .with_heartbeat(heartbeat),
         Registration {
             service_id: "engine".into(),
             base_url: "http://127.0.0.1:9".into(),

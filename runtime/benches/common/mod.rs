@@ -229,10 +229,7 @@ pub async fn pair(
         PAIRS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
     let receiver_db = dir.join(format!("{name}-receiver.db"));
-    let mut config = Config {
-        service_id: "ledger".into(),
-        ..Config::default()
-    };
+    let mut config = Config::for_service("ledger");
     config.inbox.durability = durability;
     config.peers.insert("bench".into(), vec![secret.to_whsec()]);
     db::open(&receiver_db, durability)
@@ -283,21 +280,12 @@ pub async fn pair(
         _ => None,
     };
     let sender_db = dir.join(format!("{name}-sender.db"));
-    let mut sender = Config {
-        service_id: "bench".into(),
-        ..Config::default()
-    };
+    let mut sender = Config::for_service("bench");
     sender.outbox.max_in_flight = 64;
     sender.outbox.batch_size = batch_size;
     sender.destinations.insert(
         "ledger".into(),
-        DestinationConfig {
-            url: url.clone(),
-            urls: Vec::new(),
-            secret: secret.to_whsec(),
-            ca_file: None,
-            replicas: None,
-        },
+        DestinationConfig::new(url.clone(), secret.to_whsec()),
     );
     let outbox = Outbox::new(sender, &sender_db);
     Pair {

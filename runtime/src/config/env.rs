@@ -187,16 +187,10 @@ impl Config {
                     continue;
                 };
                 let name = known_name(self.destinations.keys(), key);
-                let destination =
-                    self.destinations
-                        .entry(name)
-                        .or_insert_with(|| DestinationConfig {
-                            url: String::new(),
-                            urls: Vec::new(),
-                            secret: String::new(),
-                            ca_file: None,
-                            replicas: None,
-                        });
+                let destination = self
+                    .destinations
+                    .entry(name)
+                    .or_insert_with(|| DestinationConfig::new("", ""));
                 match field {
                     Field::Url => {
                         let mut urls = value

@@ -42,11 +42,8 @@ async fn an_unreachable_registry_is_an_error_state_not_a_stop() {
         .local_addr()
         .expect("addr")
         .port();
-    let config = RegistryConfig {
-        url: format!("http://127.0.0.1:{port}"),
-        token: None,
-        heartbeat: Duration::from_millis(50),
-    };
+    let config = RegistryConfig::new(format!("http://127.0.0.1:{port}"))
+        .with_heartbeat(Duration::from_millis(50));
     let client = DirectoryClient::new(
         config,
         Registration {

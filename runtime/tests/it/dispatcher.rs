@@ -20,10 +20,7 @@ use crate::support::{self, count};
 
 /// Fast settings: 10 ms backoff, no jitter, 2 retries, 200 ms request timeout.
 pub(crate) fn sender_config(poll: Duration) -> Config {
-    let mut config = Config {
-        service_id: support::SOURCE.into(),
-        ..Config::default()
-    };
+    let mut config = Config::for_service(support::SOURCE);
     config.outbox.poll_interval = poll;
     config.outbox.backoff_base = Duration::from_millis(10);
     config.outbox.backoff_max = Duration::from_millis(40);

@@ -83,10 +83,7 @@ impl<'s> StoreFixture<'s> {
     async fn start_with_config(store: &'s TestStore, configure: impl FnOnce(&mut Config)) -> Self {
         store.execute_dialects(EMPLOYEES_SQLITE, EMPLOYEES_POSTGRES);
         let secret = Secret::generate();
-        let mut config = Config {
-            service_id: "payroll".to_owned(),
-            ..Config::default()
-        };
+        let mut config = Config::for_service("payroll");
         config
             .peers
             .insert(SOURCE.to_owned(), vec![secret.to_whsec()]);
@@ -327,10 +324,8 @@ async fn inbox_expiry(store: &TestStore) {
 /// One pass of the retention task on `store`; the inbox rows it deleted.
 async fn retention_pass(store: &TestStore) -> u64 {
     let metrics = Arc::new(Metrics::default());
-    let config = Config {
-        cleanup_interval: Duration::from_secs(3600),
-        ..Config::default()
-    };
+    let mut config = Config::default();
+    config.cleanup_interval = Duration::from_secs(3600);
     // The task runs its first pass before it looks at the cancellation, and
     // `shutdown` waits for the pass in progress: exactly one pass.
     store.retention(config, metrics.clone()).shutdown().await;

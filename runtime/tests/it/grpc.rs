@@ -336,13 +336,10 @@ async fn receiver_down_then_up(store: &TestStore) {
     config.outbox.probe_interval_max = Duration::from_millis(200);
     config.destinations.insert(
         "ledger".to_owned(),
-        DestinationConfig {
-            url: format!("grpc://{address}/RFReceiver/Receive"),
-            urls: Vec::new(),
-            secret: secret.to_whsec(),
-            ca_file: None,
-            replicas: None,
-        },
+        DestinationConfig::new(
+            format!("grpc://{address}/RFReceiver/Receive"),
+            secret.to_whsec(),
+        ),
     );
     let outbox = store.outbox(config);
     let handle = store.dispatcher(&outbox).start().expect("dispatcher");
@@ -433,13 +430,7 @@ async fn a_malformed_grpc_url_is_a_configuration_error_at_start_that_shows_no_cr
         let mut config = sender_config(Duration::from_millis(50));
         config.destinations.insert(
             "hr".to_owned(),
-            DestinationConfig {
-                url: url.to_owned(),
-                urls: Vec::new(),
-                secret: Secret::generate().to_whsec(),
-                ca_file: None,
-                replicas: None,
-            },
+            DestinationConfig::new(url, Secret::generate().to_whsec()),
         );
         let db = dir.path().join("sender.db");
         let outbox = rfidl_runtime::outbox::Outbox::new(config, &db);

@@ -239,11 +239,7 @@ impl HostedService for Slow {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_that_cannot_finish_ends_at_its_bound() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = Config {
-        service_id: "slow".into(),
-        peers: [("billing".to_owned(), vec![secret().to_whsec()])].into(),
-        ..Config::default()
-    };
+    let config = Config::for_service("slow").with_peer("billing", secret().to_whsec());
     let bound = Duration::from_millis(500);
     let host = Host::builder(config, dir.path().join("slow.db"))
         .service(Slow(Duration::from_secs(3)))

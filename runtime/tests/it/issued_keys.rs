@@ -89,15 +89,8 @@ async fn a_configured_secret_wins_over_an_issued_one() {
 async fn a_destination_without_a_secret_needs_issued_keys() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("sender.db");
-    let config = Config {
-        service_id: "engine".into(),
-        destinations: [(
-            "hr".to_owned(),
-            DestinationConfig::new("http://127.0.0.1:9", ""),
-        )]
-        .into(),
-        ..Config::default()
-    };
+    let config = Config::for_service("engine")
+        .with_destination("hr", DestinationConfig::new("http://127.0.0.1:9", ""));
     let outbox = Outbox::new(config, &db);
     let error = Dispatcher::builder(&outbox)
         .start()

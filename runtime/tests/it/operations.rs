@@ -172,10 +172,8 @@ async fn cleanup_deletes_what_served_its_purpose_and_keeps_what_needs_a_human() 
 async fn the_retention_task_cleans_on_its_interval_and_counts_what_it_removed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("service.db");
-    let config = Config {
-        cleanup_interval: Duration::from_millis(50),
-        ..Config::default()
-    };
+    let mut config = Config::default();
+    config.cleanup_interval = Duration::from_millis(50);
     let metrics = std::sync::Arc::new(Metrics::default());
     let task = Retention::spawn(config, &db, metrics.clone()).expect("spawn");
     // Written after the first pass ran: a later pass must find them.

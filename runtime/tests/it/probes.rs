@@ -74,13 +74,10 @@ async fn metrics_follow_prometheus_conventions_per_destination() {
     let mut config = sender_config(Duration::from_millis(20));
     config.destinations.insert(
         "later".into(),
-        rfidl_runtime::config::DestinationConfig {
-            url: "http://127.0.0.1:9".into(),
-            urls: Vec::new(),
-            secret: Secret::generate().to_whsec(),
-            ca_file: None,
-            replicas: None,
-        },
+        rfidl_runtime::config::DestinationConfig::new(
+            "http://127.0.0.1:9",
+            Secret::generate().to_whsec(),
+        ),
     );
     let outbox = Outbox::new(config, &db);
     let later = enqueue(&outbox, &db, message("later", "Credit", json!({})));

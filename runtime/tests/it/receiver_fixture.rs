@@ -239,10 +239,7 @@ impl Fixture {
         drop(conn);
         let secret = Secret::generate();
         let old_secret = Secret::generate();
-        let mut config = Config {
-            service_id: "payroll".to_owned(),
-            ..Config::default()
-        };
+        let mut config = Config::for_service("payroll");
         config.peers.insert(
             SOURCE.to_owned(),
             vec![old_secret.to_whsec(), secret.to_whsec()],

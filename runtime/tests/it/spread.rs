@@ -224,13 +224,8 @@ async fn every_url_down(store: &TestStore) {
     config.outbox.probe_interval_max = Duration::from_millis(200);
     config.destinations.insert(
         "ledger".into(),
-        DestinationConfig {
-            url: format!("http://127.0.0.1:{first}"),
-            urls: vec![format!("http://127.0.0.1:{second}/")],
-            secret: secret.to_whsec(),
-            ca_file: None,
-            replicas: None,
-        },
+        DestinationConfig::new(format!("http://127.0.0.1:{first}"), secret.to_whsec())
+            .with_urls(vec![format!("http://127.0.0.1:{second}/")]),
     );
     let outbox = store.outbox(config);
     let dispatcher = store.dispatcher(&outbox).start().expect("dispatcher");
@@ -307,13 +302,7 @@ async fn several_urls_must_all_be_http_and_distinct() {
         let mut config = sender_config(Duration::from_millis(50));
         config.destinations.insert(
             "ledger".into(),
-            DestinationConfig {
-                url: url.into(),
-                urls: urls.into_iter().map(str::to_owned).collect(),
-                secret: Secret::generate().to_whsec(),
-                ca_file: None,
-                replicas: None,
-            },
+            DestinationConfig::new(url, Secret::generate().to_whsec()).with_urls(urls),
         );
         let outbox = Outbox::new(config, &db);
         let Err(error) = Dispatcher::builder(&outbox).start() else {

@@ -9,7 +9,6 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rfidl_runtime::Config;
 use rfidl_runtime::diagnostics::Diagnostics;
 use rfidl_runtime::metrics::Metrics;
 use rfidl_runtime::outbox::Status;
@@ -385,10 +384,8 @@ async fn retention_story(store: &TestStore) {
 
     let metrics = Arc::new(Metrics::default());
     // One pass (at start); the next would be an hour later.
-    let config = Config {
-        cleanup_interval: Duration::from_secs(3600),
-        ..sender_config(Duration::from_secs(60))
-    };
+    let mut config = sender_config(Duration::from_secs(60));
+    config.cleanup_interval = Duration::from_secs(3600);
     let task = store.retention(config, metrics.clone());
     // The counters move together once the pass is done.
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -133,16 +133,11 @@ pub struct TestReceiver {
 }
 
 pub fn receiver_config(secrets: &[&Secret]) -> Config {
-    let peers = [(
-        SOURCE.to_owned(),
-        secrets.iter().map(|s| s.to_whsec()).collect(),
-    )]
-    .into();
-    Config {
-        service_id: "ledger-service".into(),
-        peers,
-        ..Config::default()
-    }
+    secrets
+        .iter()
+        .fold(Config::for_service("ledger-service"), |config, secret| {
+            config.with_peer(SOURCE, secret.to_whsec())
+        })
 }
 
 pub fn create_ledger_table(db: &Path) {

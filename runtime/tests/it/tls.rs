@@ -53,17 +53,11 @@ async fn serve_tls(router: axum::Router) -> (String, String) {
 fn https_config(url: &str, secret: &Secret, ca_file: Option<&Path>) -> Config {
     let mut config = sender_config(Duration::from_millis(50));
     config.outbox.max_retries = 1_000;
-    config.destinations.insert(
-        "ledger".into(),
-        DestinationConfig {
-            url: url.to_owned(),
-            urls: Vec::new(),
-            secret: secret.to_whsec(),
-            ca_file: ca_file.map(Path::to_path_buf),
-            replicas: None,
-        },
-    );
-    config
+    let mut destination = DestinationConfig::new(url, secret.to_whsec());
+    if let Some(ca_file) = ca_file {
+        destination = destination.with_ca_file(ca_file);
+    }
+    config.with_destination("ledger", destination)
 }
 
 /// A receiver behind TLS, and a sender whose `ledger` destination is it

@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use rfidl_runtime::Config;
 use rfidl_runtime::dispatcher::Dispatcher;
 use rfidl_runtime::outbox::{Outbox, OutgoingMessage, Status};
 use rfidl_runtime::receiver::{
@@ -332,10 +331,8 @@ async fn start_relay(
     tokio::task::JoinHandle<()>,
 ) {
     let secret = Secret::generate();
-    let config = Config {
-        service_id: "relay".into(),
-        ..receiver_config(&[&secret])
-    };
+    let mut config = receiver_config(&[&secret]);
+    config.service_id = "relay".into();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let relay = Relay {
         outbox: store.outbox(config.clone()),

@@ -90,11 +90,7 @@ async fn a_command_through_generated_code_is_processed_once_and_answered() {
 
     // The shop: receiver with the generated ServiceReceiver.
     let shop_db = dir.path().join("shop.db");
-    let shop_config = Config {
-        service_id: "shop".into(),
-        peers: [("engine".to_owned(), vec![secret.to_whsec()])].into(),
-        ..Config::default()
-    };
+    let shop_config = Config::for_service("shop").with_peer("engine", secret.to_whsec());
     rfidl_runtime::store::sqlite::open(&shop_db, rfidl_runtime::Durability::Full)
         .expect("open")
         .execute_batch(
@@ -115,19 +111,10 @@ async fn a_command_through_generated_code_is_processed_once_and_answered() {
 
     // The engine: business row + generated client call in one transaction.
     let engine_db = dir.path().join("engine.db");
-    let mut engine_config = Config {
-        service_id: "engine".into(),
-        ..Config::default()
-    };
+    let mut engine_config = Config::for_service("engine");
     engine_config.destinations.insert(
         "shop".into(),
-        DestinationConfig {
-            url,
-            urls: Vec::new(),
-            secret: secret.to_whsec(),
-            ca_file: None,
-            replicas: None,
-        },
+        DestinationConfig::new(url, secret.to_whsec()),
     );
     let outbox = Outbox::new(engine_config, &engine_db);
     let client = ServiceClient::new(outbox.clone(), "shop");

@@ -111,10 +111,7 @@ async fn v1_and_v2_side_by_side_with_strict_decoding_and_tolerant_fingerprints()
         .expect("open")
         .execute_batch("CREATE TABLE hires (employee_id TEXT, version INTEGER)")
         .expect("table");
-    let config = rfidl_runtime::Config {
-        peers: [("hr".to_owned(), vec![secret.to_whsec()])].into(),
-        ..rfidl_runtime::Config::default()
-    };
+    let config = rfidl_runtime::Config::default().with_peer("hr", secret.to_whsec());
     let receiver = Receiver::builder(config, &db)
         .service(emp_service_v1::EngineReceiver(Engine))
         .service(emp_service_v2::EngineReceiver(Engine))

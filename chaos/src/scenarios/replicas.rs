@@ -100,7 +100,7 @@ pub(crate) async fn replicas(context: &Context, rng: &mut StdRng) -> anyhow::Res
         engines[victim] = Some(start(&cluster, victim)?);
     }
     let open = "SELECT COUNT(*) FROM outbox_messages WHERE status IN ('Pending', 'Sending')";
-    let engine_count = |sql: &str| crate::demo::count(&engine_database, sql).unwrap_or(-1);
+    let engine_count = |sql: &str| rfidl_examples::demo::count(&engine_database, sql).unwrap_or(-1);
     let started = Instant::now();
     let drained_in = loop {
         cluster.check_alive()?;
@@ -125,7 +125,7 @@ pub(crate) async fn replicas(context: &Context, rng: &mut StdRng) -> anyhow::Res
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    let verdict = crate::demo::verdict::verdict_of(
+    let verdict = rfidl_examples::demo::verdict::verdict_of(
         &rfidl_runtime::Database::Sqlite(cluster.hr_db.clone()),
         &engine_database,
         &context.dir,

@@ -16,7 +16,7 @@ use rfidl_runtime::rusqlite::Connection;
 use rfidl_runtime::signing::Secret;
 
 use super::Context;
-use crate::demo::verdict::{Verdict, verdict};
+use rfidl_examples::demo::verdict::{Verdict, verdict};
 
 /// Runtime settings of both services: quick retries, a lease above the
 /// request timeout, probes of an unreachable peer at least every second.

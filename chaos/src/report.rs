@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::demo::verdict::Verdict;
+use rfidl_examples::demo::verdict::Verdict;
 
 /// What one scenario came to.
 #[derive(Debug, Default)]

@@ -1,7 +1,8 @@
-//! `chaos`: "nothing lost, nothing done twice", measured under faults.
+//! `rfidl-chaos`: "nothing lost, nothing done twice", measured under faults.
 //!
-//! Starts the demo services (`hr-service`, `engine`) as separate OS
-//! processes on loopback, each with its own SQLite file, drives N hires,
+//! Starts the demo services (`hr-service` and `engine`, binaries of
+//! `rfidl-examples`; `rfidl-registry`) as separate OS processes on
+//! loopback, each with its own SQLite file, drives N hires,
 //! injects one kind of fault per scenario, waits for the drain, and computes
 //! the verdict from both databases: every hire has exactly one workflow and
 //! one laptop ticket, every effect has the message that caused it, nothing
@@ -16,8 +17,10 @@
 //!
 //!
 //! Run it through `cargo xtask chaos [--messages N] [--scenario NAME]`,
-//! which builds the binaries first (the `chaos` binary only parses the
-//! flags and calls [`run`]). See docs/guarantees.md.
+//! which first builds the binaries of this crate, `rfidl-examples` and
+//! `rfidl-registry` into one target folder: the `chaos` binary looks for
+//! the services next to itself (`--bin-dir` names another folder), only
+//! parses the flags and calls [`run`]. See docs/guarantees.md.
 //!
 //! | module | owns |
 //! | --- | --- |
@@ -28,7 +31,7 @@
 //!
 //! It never touches a service's database while the service writes to it,
 //! beyond read-only counts, and never decides a verdict of its own: that is
-//! [`crate::demo::verdict`], computed from both databases after the drain.
+//! [`rfidl_examples::demo::verdict`], computed from both databases after the drain.
 
 mod cluster;
 mod proxy;

@@ -1,8 +1,8 @@
-//! The chaos harness as a library (`rfidl_examples::chaos`): the checks it
+//! The chaos harness as a library (`rfidl_chaos`): the checks it
 //! makes before it starts anything, called without spawning the binary.
 
 use clap::Parser as _;
-use rfidl_examples::chaos::{Args, SCENARIOS, run};
+use rfidl_chaos::{Args, SCENARIOS, run};
 
 fn args(flags: &[&str]) -> Args {
     Args::try_parse_from(std::iter::once("chaos").chain(flags.iter().copied())).expect("flags")

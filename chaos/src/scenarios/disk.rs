@@ -15,7 +15,7 @@ use rfidl_runtime::signing::Secret;
 use super::super::Context;
 use super::super::cluster::{Cluster, free_port, wait_listening};
 use super::super::report::Report;
-use crate::demo::verdict::Verdict;
+use rfidl_examples::demo::verdict::Verdict;
 
 /// The engine's database lives on a tmpfs that a filler file leaves almost
 /// full: its commits fail with "database or disk is full" until the

@@ -6,7 +6,7 @@
 //! waits for the drain and returns a [`Report`].
 //!
 //! A scenario never judges its own run: the verdict comes from both
-//! databases ([`crate::demo::verdict`]), and `Report::ok` reads it.
+//! databases ([`rfidl_examples::demo::verdict`]), and `Report::ok` reads it.
 
 mod amqp;
 mod clock;
