@@ -910,3 +910,134 @@ fn url_with_replaces_the_user_host_and_query() {
     assert_eq!(target(url), "127.0.0.1:5432/rfidl_test_1");
     assert_eq!(target("postgres://a:b@localhost:1/d?q"), "localhost:1/d");
 }
+
+/// A lifecycle command from the registry for `test.Ledger` v1.
+async fn lifecycle_command(
+    url: &str,
+    secret: &Secret,
+    endpoint: &str,
+    generation: u64,
+) -> (u16, serde_json::Value) {
+    let id = uuid::Uuid::now_v7().to_string();
+    let body = serde_json::to_vec(&serde_json::json!({
+        "messageId": id,
+        "sourceServiceId": rfidl_runtime::lifecycle::DEFAULT_REGISTRY_SOURCE,
+        "messageType": "Command",
+        "interface": rfidl_runtime::lifecycle::INTERFACE,
+        "version": rfidl_runtime::lifecycle::VERSION,
+        "fingerprint": rfidl_runtime::lifecycle::FINGERPRINT,
+        "endpoint": endpoint,
+        "payload": {
+            "interface": INTERFACE,
+            "version": 1,
+            "instanceId": "0123456789abcdef",
+            "baseUrl": "http://billing.invalid",
+            "generation": generation,
+        },
+    }))
+    .expect("json");
+    crate::support::post_signed(
+        &reqwest::Client::new(),
+        url,
+        &body,
+        &id,
+        secret,
+        rfidl_runtime::signing::unix_now(),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decommission_holds_a_versions_rows_on_the_sqlx_store_and_recommission_delivers_them_once()
+{
+    let Some(pair) = Pair::start().await else {
+        return;
+    };
+    // The sender hosts the control interface on a receiver of its own store.
+    let registry = Secret::generate();
+    let set = pair.outbox.lifecycle().clone();
+    set.bind_instance("0123456789abcdef");
+    let control = Receiver::builder(
+        Config::for_service("billing").with_peer(
+            rfidl_runtime::lifecycle::DEFAULT_REGISTRY_SOURCE,
+            registry.to_whsec(),
+        ),
+        &pair.sender,
+    )
+    .lifecycle(&set)
+    .build()
+    .expect("control receiver");
+    let (control_url, control_server) = serve(control.router()).await;
+
+    let (status, answer) = lifecycle_command(
+        &control_url,
+        &registry,
+        rfidl_runtime::lifecycle::DECOMMISSION,
+        1,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let pool = pair.sender.pool().clone();
+    let held_before: i64 = count(&pool, "SELECT COUNT(*) FROM rf_decommissioned").await;
+    assert_eq!(held_before, 1);
+    // Messages of the decommissioned version wait, held, and are not sent.
+    for amount in 0..3 {
+        let mut tx = pool.begin().await.expect("begin");
+        pair.outbox
+            .enqueue_async(&mut tx, credit(amount))
+            .await
+            .expect("enqueue");
+        tx.commit().await.expect("commit");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let held = count(
+            &pool,
+            "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Pending' \
+             AND next_retry_at = 4611686018427387904",
+        )
+        .await;
+        if held == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{held} of 3 rows held");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        count(&pair.receiver_pool, "SELECT COUNT(*) FROM ledger").await,
+        0
+    );
+    // A stale command is refused; the current one re-commissions.
+    let (status, answer) = lifecycle_command(
+        &control_url,
+        &registry,
+        rfidl_runtime::lifecycle::RECOMMISSION,
+        1,
+    )
+    .await;
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (422, Some("stale_command")),
+        "{answer}"
+    );
+    let (status, answer) = lifecycle_command(
+        &control_url,
+        &registry,
+        rfidl_runtime::lifecycle::RECOMMISSION,
+        2,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    pair.outbox
+        .send(credit(100))
+        .await
+        .expect("wakes the dispatcher");
+    pair.wait_for_ledger_rows(4).await;
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM rf_decommissioned").await,
+        0
+    );
+    control_server.abort();
+    control.shutdown().await;
+    pair.stop().await;
+}
