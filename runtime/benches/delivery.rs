@@ -68,6 +68,14 @@ fn main() {
         report_loopback_floor(&runtime);
         return;
     }
+    // `postgres`: the PostgreSQL figures alone, blocking and sqlx stores.
+    if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("postgres") {
+        match std::env::var("RFIDL_POSTGRES_URL") {
+            Ok(server) if !server.is_empty() => postgres::figures(&runtime, &server),
+            _ => println!("(PostgreSQL figures skipped: RFIDL_POSTGRES_URL is not set)"),
+        }
+        return;
+    }
     if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("c1") {
         let rate = runtime.block_on(delivery_rate(dir.path(), Durability::Full, 1, Wire::Http));
         report(
@@ -323,10 +331,11 @@ mod postgres {
             format!("{p50:.2} ms"),
         );
         report("    p99", format!("{p99:.2} ms"));
+        super::sqlx_pg::figures(runtime, server, raw);
     }
 
     /// A fresh database `rfidl_bench_<name>` on `server`, migrated.
-    fn database(server: &str, name: &str) -> PostgresUrl {
+    pub(super) fn database(server: &str, name: &str) -> PostgresUrl {
         let name = format!("rfidl_bench_{name}");
         let mut admin = Client::connect(server, NoTls).expect("connect to RFIDL_POSTGRES_URL");
         admin
@@ -565,6 +574,212 @@ mod postgres {
             std::thread::sleep(Duration::from_millis(5));
         }
         runtime.block_on(dispatcher.shutdown());
+        samples.sort_by(f64::total_cmp);
+        (percentile(&samples, 0.5), percentile(&samples, 0.99))
+    }
+}
+
+/// The same PostgreSQL figures on the async sqlx store (`sqlx::Postgres`):
+/// the caller's own sqlx transaction, async handlers, the caller's pool.
+mod sqlx_pg {
+    use super::*;
+    use rfidl_runtime::store::sqlx_postgres::PgStore;
+    use sqlx::postgres::{PgPool, PgPoolOptions};
+
+    /// Receiver writers (each a transaction, and a connection, at a time).
+    const WRITERS: usize = 8;
+
+    pub fn figures(runtime: &tokio::runtime::Runtime, server: &str, raw_blocking: f64) {
+        let (raw, enqueue) = runtime.block_on(enqueue_beside_raw(server));
+        report(
+            "(ref) sqlx PostgreSQL: raw sqlx INSERT, 1 row/txn",
+            format!("{raw:.0} rows/s"),
+        );
+        report(
+            "(a) sqlx PostgreSQL: enqueue_async in the caller's sqlx txn",
+            format!("{enqueue:.0} msg/s = {:.0} % of raw", 100.0 * enqueue / raw),
+        );
+        let rate = runtime.block_on(delivery_rate(server));
+        report(
+            "(c) sqlx PostgreSQL: exactly-once deliveries, HTTP loopback",
+            format!(
+                "{rate:.0} msg/s = {:.1}x raw blocking INSERT+COMMIT ({raw_blocking:.0})",
+                rate / raw_blocking
+            ),
+        );
+        let (p50, p99) = runtime.block_on(commit_to_effect(server));
+        report(
+            "(e) sqlx PostgreSQL: sender commit -> handler effect, idle: p50",
+            format!("{p50:.2} ms"),
+        );
+        report("    p99", format!("{p99:.2} ms"));
+    }
+
+    async fn pool(server: &str, name: &str, connections: u32) -> PgPool {
+        let url = super::postgres::database(server, name);
+        PgPoolOptions::new()
+            .max_connections(connections)
+            .connect(url.as_str())
+            .await
+            .expect("pool")
+    }
+
+    /// Alternating rounds of a raw sqlx INSERT of a same-sized row and of
+    /// `enqueue_async`, each in a transaction of its own (one caller).
+    async fn enqueue_beside_raw(server: &str) -> (f64, f64) {
+        let pool = pool(server, "sqlx_enqueue", 4).await;
+        let store = PgStore::open(pool.clone()).await.expect("store");
+        sqlx::query("CREATE TABLE t (id TEXT PRIMARY KEY, body TEXT NOT NULL, at BIGINT NOT NULL)")
+            .execute(&pool)
+            .await
+            .expect("table");
+        let outbox = Outbox::new(Config::default(), &store);
+        let body = "x".repeat(300);
+        let (mut raw, mut enqueue) = (Duration::ZERO, Duration::ZERO);
+        let rounds = 4;
+        let per_round = ROWS / rounds;
+        for round in 0..rounds {
+            let started = Instant::now();
+            for _ in 0..per_round {
+                let mut tx = pool.begin().await.expect("tx");
+                sqlx::query("INSERT INTO t (id, body, at) VALUES ($1, $2, $3)")
+                    .bind(uuid::Uuid::now_v7().to_string())
+                    .bind(&body)
+                    .bind(rfidl_runtime::store::now_ms())
+                    .execute(&mut *tx)
+                    .await
+                    .expect("insert");
+                tx.commit().await.expect("commit");
+            }
+            raw += started.elapsed();
+            let started = Instant::now();
+            for n in 0..per_round {
+                let mut tx = pool.begin().await.expect("tx");
+                outbox
+                    .enqueue_async(&mut tx, message("peer", round * per_round + n))
+                    .await
+                    .expect("enqueue");
+                tx.commit().await.expect("commit");
+            }
+            enqueue += started.elapsed();
+        }
+        (
+            rate(rounds * per_round, raw),
+            rate(rounds * per_round, enqueue),
+        )
+    }
+
+    struct SqlxPair {
+        outbox: Outbox<sqlx::Postgres>,
+        sender: PgPool,
+        receiver: PgPool,
+        effects: Arc<Mutex<Vec<Instant>>>,
+        _receiver: Receiver,
+        _stores: (PgStore, PgStore),
+    }
+
+    async fn pair(server: &str, name: &str) -> SqlxPair {
+        let secret = Secret::generate();
+        let receiver_pool = pool(server, &format!("{name}_sqlx_receiver"), WRITERS as u32 + 2).await;
+        let receiving = PgStore::open(receiver_pool.clone()).await.expect("store");
+        sqlx::query("CREATE TABLE ledger (message_id TEXT NOT NULL, amount BIGINT NOT NULL)")
+            .execute(&receiver_pool)
+            .await
+            .expect("table");
+        let effects = Arc::new(Mutex::new(Vec::new()));
+        let receiver = Receiver::builder(
+            Config::for_service("ledger").with_peer("bench", secret.to_whsec()),
+            &receiving,
+        )
+        .writers(WRITERS)
+        .service(Ledger {
+            effects: Some(effects.clone()),
+        })
+        .build()
+        .expect("receiver");
+        let router = receiver.router();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
+        let sender_pool = pool(server, &format!("{name}_sqlx_sender"), 4).await;
+        let sending = PgStore::open(sender_pool.clone()).await.expect("store");
+        let mut config = Config::for_service("bench")
+            .with_destination("ledger", DestinationConfig::new(url, secret.to_whsec()));
+        config.outbox.max_in_flight = 64;
+        config.outbox.batch_size = 256;
+        SqlxPair {
+            outbox: Outbox::new(config, &sending),
+            sender: sender_pool,
+            receiver: receiver_pool,
+            effects,
+            _receiver: receiver,
+            _stores: (sending, receiving),
+        }
+    }
+
+    async fn count(pool: &PgPool, sql: &'static str) -> i64 {
+        sqlx::query_scalar(sql).fetch_one(pool).await.expect("count")
+    }
+
+    async fn delivery_rate(server: &str) -> f64 {
+        let pair = pair(server, "c").await;
+        let mut tx = pair.sender.begin().await.expect("tx");
+        for n in 0..DELIVERIES {
+            pair.outbox
+                .enqueue_async(&mut tx, message("ledger", n))
+                .await
+                .expect("enqueue");
+        }
+        tx.commit().await.expect("commit");
+        let started = Instant::now();
+        let dispatcher = Dispatcher::builder(&pair.outbox)
+            .start()
+            .expect("dispatcher");
+        loop {
+            let sent = count(
+                &pair.sender,
+                "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'",
+            )
+            .await;
+            if sent as usize == DELIVERIES {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let elapsed = started.elapsed();
+        dispatcher.shutdown().await;
+        let effects = count(&pair.receiver, "SELECT COUNT(*) FROM ledger").await;
+        assert_eq!(effects as usize, DELIVERIES, "exactly once");
+        rate(DELIVERIES, elapsed)
+    }
+
+    async fn commit_to_effect(server: &str) -> (f64, f64) {
+        let pair = pair(server, "e").await;
+        let dispatcher = Dispatcher::builder(&pair.outbox)
+            .start()
+            .expect("dispatcher");
+        let mut samples = Vec::new();
+        for n in 0..300 {
+            let before = pair.effects.lock().expect("lock").len();
+            let mut tx = pair.sender.begin().await.expect("tx");
+            pair.outbox
+                .enqueue_async(&mut tx, message("ledger", n))
+                .await
+                .expect("enqueue");
+            tx.commit().await.expect("commit");
+            let committed = Instant::now();
+            let effect = loop {
+                if let Some(at) = pair.effects.lock().expect("lock").get(before).copied() {
+                    break at;
+                }
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            };
+            samples.push(effect.duration_since(committed).as_secs_f64() * 1e3);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        dispatcher.shutdown().await;
         samples.sort_by(f64::total_cmp);
         (percentile(&samples, 0.5), percentile(&samples, 0.99))
     }

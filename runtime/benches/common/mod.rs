@@ -160,6 +160,29 @@ impl HostedService<rfidl_runtime::Postgres> for Ledger {
     }
 }
 
+impl rfidl_runtime::receiver::AsyncHostedService<sqlx::Postgres> for Ledger {
+    fn interfaces(&self) -> &[HostedInterface] {
+        HOSTED
+    }
+
+    fn handle<'a>(
+        &'a self,
+        call: &'a IncomingCall<'a>,
+        conn: &'a mut sqlx::PgConnection,
+    ) -> rfidl_runtime::BoxFuture<'a, Result<serde_json::Value, HandlerError>> {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO ledger (message_id, amount) VALUES ($1, $2)")
+                .bind(call.message_id)
+                .bind(call.payload["amount"].as_i64().unwrap_or(0))
+                .execute(conn)
+                .await
+                .map_err(HandlerError::retryable)?;
+            self.note_effect();
+            Ok(serde_json::Value::Null)
+        })
+    }
+}
+
 impl HostedService for Ledger {
     fn interfaces(&self) -> &[HostedInterface] {
         HOSTED
