@@ -23,10 +23,21 @@
 
 use std::borrow::Cow;
 
-use super::templates::{FieldView, MethodLayout, MethodView};
+use super::templates::{AioLayout, FieldView, MethodLayout, MethodView};
 
 /// prettyplease's line width (`prettyplease::MARGIN`, 0.2).
 pub const MARGIN: usize = 89;
+
+/// The fewest columns prettyplease gives a line however deep its indent
+/// (`prettyplease::MIN_SPACE`, 0.2): from column 29 on, a line may pass
+/// [`MARGIN`].
+const MIN_SPACE: usize = 60;
+
+/// `width` bytes fit on a line that starts at column `indent` (with
+/// prettyplease's margin, and its minimum space for deep lines).
+fn fits(indent: usize, width: usize) -> bool {
+    width <= MARGIN.saturating_sub(indent).max(MIN_SPACE)
+}
 
 /// prettyplease breaks a struct literal whose fields are wider than this,
 /// wherever it is (`expr_struct`'s `end_with_max_width(34)`).
@@ -121,6 +132,56 @@ pub(crate) fn method_layout(
     }
 }
 
+/// The width decisions of one method's async code in the `aio` submodule
+/// (see [`AioLayout`]): its match arms are two levels deeper than the
+/// blocking receiver's (`Box::pin(async move { match … })`), its `Arc` impl
+/// one, and each call is awaited.
+pub(crate) fn aio_method_layout(
+    fn_name: &str,
+    has_response: bool,
+    params: &[FieldView],
+) -> AioLayout {
+    let names = || params.iter().map(|p| p.rust_name.as_str());
+    let then_params = 2 * params.len().min(1);
+    // `.f(call, conn, request.a)` in the receiver's match arm, at column 28;
+    // broken, each call of the chain is on its own line at 32.
+    let call = ".".len()
+        + fn_name.len()
+        + "(call, conn".len()
+        + then_params
+        + joined_len(names(), "request.")
+        + ")".len();
+    let receiver_call_inline = if has_response {
+        fits(28, "let response = self.0".len() + call + ".await?;".len())
+    } else {
+        fits(28, "self.0".len() + call + ".await?;".len())
+    };
+    // `(**self).f(call, conn, a)` in the `Arc` impl, at column 16.
+    let forward = ".".len()
+        + fn_name.len()
+        + "(call, conn".len()
+        + then_params
+        + joined_len(names(), "")
+        + ")".len();
+    // `.f(answer, conn, response)` in the answer router's match arm.
+    let answer = ".".len() + fn_name.len() + "(answer, conn, response)".len();
+    AioLayout {
+        receiver_call_inline,
+        receiver_args_inline: fits(32, call),
+        forward_inline: fits(16, "(**self)".len() + forward),
+        forward_args_inline: fits(20, forward),
+        answer_call_inline: fits(28, "self.0".len() + answer + ".await".len()),
+        answer_args_inline: fits(32, answer),
+    }
+}
+
+/// The `aio` answer router's impl header keeps `for <router><H> {` on the
+/// line of its trait (`> ::rfidl_runtime::responses::AsyncResponseHandler<S>`).
+pub(crate) fn aio_answer_router_for_inline(router: &str) -> bool {
+    let header = "> ::rfidl_runtime::responses::AsyncResponseHandler<S> for ".len();
+    fits(8, header + router.len() + "<H> {".len())
+}
+
 /// A Rust type written from column `column` on a line whose item starts at
 /// `indent`, followed by `trailing` bytes (`,`): as is when it fits, else
 /// broken as prettyplease breaks generic arguments, one per line at
@@ -128,7 +189,7 @@ pub(crate) fn method_layout(
 /// arguments cannot break; its line stays long (and [`check_item`] refuses
 /// it).
 pub(crate) fn type_at(ty: &str, indent: usize, column: usize, trailing: usize) -> Cow<'_, str> {
-    if column + ty.len() + trailing <= MARGIN {
+    if fits(indent, column - indent + ty.len() + trailing) {
         return Cow::Borrowed(ty);
     }
     let mut out = String::with_capacity(ty.len() + 64);
@@ -138,7 +199,8 @@ pub(crate) fn type_at(ty: &str, indent: usize, column: usize, trailing: usize) -
 
 fn break_type(out: &mut String, ty: &str, indent: usize, column: usize, trailing: usize) {
     let generic = ty.find('<').filter(|_| ty.ends_with('>'));
-    let Some(open) = generic.filter(|_| column + ty.len() + trailing > MARGIN) else {
+    let Some(open) = generic.filter(|_| !fits(indent, column - indent + ty.len() + trailing))
+    else {
         out.push_str(ty);
         return;
     };
@@ -197,11 +259,13 @@ fn long_line_is_known(line: &str) -> bool {
 }
 
 /// The first line of `rendered` that makes [`check_item`] refuse it: longer
-/// than the margin, and not one of the lines prettyplease leaves long too.
+/// than prettyplease's margin (or, indented past column 29, than its minimum
+/// space), and not one of the lines prettyplease leaves long too.
 pub fn unvouched_line(rendered: &str) -> Option<&str> {
-    rendered
-        .lines()
-        .find(|line| line.len() > MARGIN && !long_line_is_known(line))
+    rendered.lines().find(|line| {
+        let text = line.trim_start();
+        !fits(line.len() - text.len(), text.len()) && !long_line_is_known(line)
+    })
 }
 
 /// Finishes one item rendered by a fast template: trailing spaces dropped

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::options::{Options, TypeRuleKind};
 use super::templates::{
-    EnumView, FieldView, GroupView, MethodView, PackageTemplate, RecordView, ServiceView, TreeStep,
-    VariantView,
+    AioMethodView, EnumView, FieldView, GroupView, MethodView, PackageTemplate, RecordView,
+    ServiceView, TreeStep, VariantView,
 };
 use crate::manifest::{Field, Manifest, MethodKind, PackageContract, Scalar, TypeDef, TypeRef};
 use crate::names::{
@@ -371,6 +371,10 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
                 .cloned()
                 .collect(),
             endpoints_inline: super::layout::endpoints_inline(20, &to_engine),
+            aio_endpoints_inline: super::layout::endpoints_inline(24, &to_engine),
+            aio_answer_router_for_inline: super::layout::aio_answer_router_for_inline(
+                ENGINE_ANSWER_ROUTER,
+            ),
             methods: to_engine,
         });
     }
@@ -393,6 +397,10 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
                 .cloned()
                 .collect(),
             endpoints_inline: super::layout::endpoints_inline(20, &to_service),
+            aio_endpoints_inline: super::layout::endpoints_inline(24, &to_service),
+            aio_answer_router_for_inline: super::layout::aio_answer_router_for_inline(
+                SERVICE_ANSWER_ROUTER,
+            ),
             methods: to_service,
         });
     }
@@ -437,6 +445,7 @@ fn method_view(
         .as_ref()
         .map_or_else(|| "()".to_owned(), |t| scope.rust_type(t, false));
     let correlation = correlation_expr(manifest, method);
+    let aio = aio_method_view(method, &fn_name, scope);
     let mut layout = super::layout::method_layout(
         &method.name,
         &fn_name,
@@ -473,6 +482,33 @@ fn method_view(
         client_too_many_args: 2 + method.params.len() > CLIPPY_MAX_ARGUMENTS,
         handler_too_many_args: 3 + method.params.len() > CLIPPY_MAX_ARGUMENTS,
         layout,
+        aio,
+    }
+}
+
+/// `method` as the `aio` submodule of its service-version module writes it
+/// (`scope` is the service-version module's).
+fn aio_method_view(
+    method: &crate::manifest::Method,
+    fn_name: &str,
+    scope: Scope<'_>,
+) -> AioMethodView {
+    let scope = Scope {
+        nested: scope.nested + 1,
+        ..scope
+    };
+    let params: Vec<FieldView> = method
+        .params
+        .iter()
+        .map(|p| field_view(p, scope, false))
+        .collect();
+    AioMethodView {
+        response_type: method
+            .response
+            .as_ref()
+            .map_or_else(|| "()".to_owned(), |t| scope.rust_type(t, false)),
+        layout: super::layout::aio_method_layout(fn_name, method.response.is_some(), &params),
+        params,
     }
 }
 
