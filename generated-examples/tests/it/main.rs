@@ -4,6 +4,7 @@ mod chaos;
 mod demo;
 mod drift;
 mod examples;
+mod generated_aio;
 mod ops_access;
 mod processes;
 mod registration;
