@@ -9,7 +9,8 @@
 //! (a struct literal, a call, a return type, an array of endpoint names) are
 //! decided here, with prettyplease's margin: a group stays on one line when
 //! the line, as printed up to its next possible break, is at most [`MARGIN`]
-//! bytes long.
+//! bytes long (or, for a line indented past column 29, at most 60 bytes past
+//! its indent: prettyplease's minimum space).
 //!
 //! What this module does not model is caught by [`check_item`]: an item with
 //! a line longer than the margin that is not one of the known long lines
