@@ -74,6 +74,16 @@ pub(crate) fn endpoints_inline(indent: usize, methods: &[MethodView]) -> bool {
     indent + len <= MARGIN
 }
 
+/// `let request = R { a, b };` at `indent` (a client's function body) fits
+/// on one line. prettyplease breaks a struct literal wider than 34
+/// (`R { a, b ` up to the closing brace) even when the line would fit.
+fn request_inline(indent: usize, request: &str, params: &[FieldView]) -> bool {
+    let names = params.iter().map(|p| p.rust_name.as_str());
+    let literal = request.len() + " { ".len() + joined_len(names, "") + " ".len();
+    literal <= STRUCT_LITERAL_MAX_WIDTH
+        && fits(indent, "let request = ".len() + literal + "};".len())
+}
+
 /// The width decisions of one method (see [`MethodLayout`]).
 pub(crate) fn method_layout(
     method_name: &str,
@@ -84,12 +94,7 @@ pub(crate) fn method_layout(
     params: &[FieldView],
 ) -> MethodLayout {
     let names = || params.iter().map(|p| p.rust_name.as_str());
-    // `let request = R { a, b };` in the client's function body. prettyplease
-    // breaks a struct literal wider than 34 (`R { a, b ` up to the closing
-    // brace) even when the line would fit.
-    let literal = request.len() + " { ".len() + joined_len(names(), "") + " ".len();
-    let request_inline = literal <= STRUCT_LITERAL_MAX_WIDTH
-        && 12 + "let request = ".len() + literal + "};".len() <= MARGIN;
+    let request_inline = request_inline(12, request, params);
     // `) -> ::std::result::Result<T, ::rfidl_runtime::receiver::HandlerError>;` (` {`).
     let result = [
         ") -> ::std::result::Result<",
@@ -134,11 +139,12 @@ pub(crate) fn method_layout(
 }
 
 /// The width decisions of one method's async code in the `aio` submodule
-/// (see [`AioLayout`]): its match arms are two levels deeper than the
-/// blocking receiver's (`Box::pin(async move { match … })`), its `Arc` impl
-/// one, and each call is awaited.
+/// (see [`AioLayout`]): its client and `Arc` impl are one level deeper than
+/// the blocking ones, its match arms two (`Box::pin(async move { match … })`),
+/// each call is awaited, and the parent's items are named `super::…`.
 pub(crate) fn aio_method_layout(
     fn_name: &str,
+    request: &str,
     has_response: bool,
     params: &[FieldView],
 ) -> AioLayout {
@@ -167,6 +173,7 @@ pub(crate) fn aio_method_layout(
     // `.f(answer, conn, response)` in the answer router's match arm.
     let answer = ".".len() + fn_name.len() + "(answer, conn, response)".len();
     AioLayout {
+        request_inline: request_inline(16, &format!("super::{request}"), params),
         receiver_call_inline,
         receiver_args_inline: fits(32, call),
         forward_inline: fits(16, "(**self)".len() + forward),
@@ -245,8 +252,9 @@ pub(crate) fn correlation_inline(expr: &str) -> bool {
 }
 
 /// Lines longer than the margin that prettyplease cannot break either, so
-/// the fast layout may have them: doc comments, string constants, and the
-/// payload decoding call whose argument is already on its own line.
+/// the fast layout may have them: doc comments, string constants, the
+/// payload decoding call whose argument is already on its own line, and a
+/// client's request literal whose fields are.
 fn long_line_is_known(line: &str) -> bool {
     let line = line.trim_start();
     line.starts_with("///")
@@ -257,6 +265,7 @@ fn long_line_is_known(line: &str) -> bool {
             == "pub const HOSTED: ::rfidl_runtime::receiver::HostedInterface = ::rfidl_runtime::receiver::HostedInterface {"
         || (line.starts_with("let ")
             && line.ends_with(" = ::rfidl_runtime::receiver::decode_payload("))
+        || (line.starts_with("let request = ") && line.ends_with("Request {"))
 }
 
 /// The first line of `rendered` that makes [`check_item`] refuse it: longer

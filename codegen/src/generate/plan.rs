@@ -371,6 +371,10 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
                 .cloned()
                 .collect(),
             endpoints_inline: super::layout::endpoints_inline(20, &to_engine),
+            receiver_too_many_lines: handle_may_be_long(to_engine.iter().map(|m| m.params.len())),
+            answer_router_too_many_lines: handle_may_be_long(
+                to_engine.iter().filter(|m| m.has_response).map(|_| 1),
+            ),
             aio_endpoints_inline: super::layout::endpoints_inline(24, &to_engine),
             aio_answer_router_for_inline: super::layout::aio_answer_router_for_inline(
                 ENGINE_ANSWER_ROUTER,
@@ -397,6 +401,10 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
                 .cloned()
                 .collect(),
             endpoints_inline: super::layout::endpoints_inline(20, &to_service),
+            receiver_too_many_lines: handle_may_be_long(to_service.iter().map(|m| m.params.len())),
+            answer_router_too_many_lines: handle_may_be_long(
+                to_service.iter().filter(|m| m.has_response).map(|_| 1),
+            ),
             aio_endpoints_inline: super::layout::endpoints_inline(24, &to_service),
             aio_answer_router_for_inline: super::layout::aio_answer_router_for_inline(
                 SERVICE_ANSWER_ROUTER,
@@ -423,6 +431,21 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
 /// argument per contract parameter, so only those beyond it get an `allow`.
 const CLIPPY_MAX_ARGUMENTS: usize = 7;
 
+/// clippy's default `too-many-lines-threshold` (a pedantic lint): a function
+/// whose body has more lines is linted.
+const CLIPPY_MAX_LINES: usize = 100;
+
+/// A `handle` function with one match arm per method (a receiver's or an
+/// answer router's, blocking or async), whose calls take `arguments` each
+/// besides `call`/`answer` and `tx`/`conn`, may pass clippy's
+/// `too_many_lines`. An upper bound, so that only long ones get an `allow`:
+/// an arm takes at most 13 lines and one per argument (its call broken one
+/// argument per line), the rest of the body at most 13.
+fn handle_may_be_long(arguments: impl Iterator<Item = usize>) -> bool {
+    let arms: usize = arguments.map(|count| 13 + count).sum();
+    13 + arms > CLIPPY_MAX_LINES
+}
+
 fn method_view(
     manifest: &Manifest,
     method: &crate::manifest::Method,
@@ -445,7 +468,7 @@ fn method_view(
         .as_ref()
         .map_or_else(|| "()".to_owned(), |t| scope.rust_type(t, false));
     let correlation = correlation_expr(manifest, method);
-    let aio = aio_method_view(method, &fn_name, scope);
+    let aio = aio_method_view(method, &fn_name, &request, scope);
     let mut layout = super::layout::method_layout(
         &method.name,
         &fn_name,
@@ -491,6 +514,7 @@ fn method_view(
 fn aio_method_view(
     method: &crate::manifest::Method,
     fn_name: &str,
+    request: &str,
     scope: Scope<'_>,
 ) -> AioMethodView {
     let scope = Scope {
@@ -507,7 +531,12 @@ fn aio_method_view(
             .response
             .as_ref()
             .map_or_else(|| "()".to_owned(), |t| scope.rust_type(t, false)),
-        layout: super::layout::aio_method_layout(fn_name, method.response.is_some(), &params),
+        layout: super::layout::aio_method_layout(
+            fn_name,
+            request,
+            method.response.is_some(),
+            &params,
+        ),
         params,
     }
 }

@@ -140,6 +140,11 @@ pub struct GroupView {
     /// The methods that declare a response: the client's side gets an
     /// answer-handler method for each.
     pub answered: Vec<MethodView>,
+    /// The receivers' `handle` (one match arm per method) may pass clippy's
+    /// `too_many_lines`: it gets an `allow`.
+    pub receiver_too_many_lines: bool,
+    /// The same for the answer routers' `handle`.
+    pub answer_router_too_many_lines: bool,
     /// `endpoints: &[…]` of the `aio` receiver's hosted list fits on one line.
     pub aio_endpoints_inline: bool,
     /// The `aio` answer router's `> …AsyncResponseHandler<S> for Router<H> {`
@@ -191,9 +196,8 @@ pub struct MethodView {
 
 /// A method as the `aio` submodule of a service-version module writes it:
 /// its types named from one module deeper, and the width decisions of the
-/// async code. The constructs laid out at the same column as in the
-/// blocking code (the client's request literal and message fields) take
-/// [`MethodView::layout`]'s decisions.
+/// async code. The client's message fields, at the same column as in the
+/// blocking client, take [`MethodView::layout`]'s decisions.
 #[derive(Debug, Clone)]
 pub struct AioMethodView {
     /// The parameters, their types named from the `aio` module.
@@ -223,6 +227,8 @@ impl AioMethodView {
 /// `layout::aio_method_layout`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AioLayout {
+    /// The client's `let request = super::R { a, b };` fits on one line.
+    pub request_inline: bool,
     /// The receiver's `self.0.f(call, conn, …).await?;` fits on one line.
     pub receiver_call_inline: bool,
     /// Broken into one call per line, the `.f(call, conn, …)` line fits.

@@ -287,6 +287,7 @@ fn the_fast_layout_is_prettypleases_across_every_width_threshold() {
         "                    endpoints: &[\n                        \"",
         "        ) -> ::std::result::Result<\n            super::Raa",
         // The `aio` module's.
+        "                let request = super::MaaaaaaaaaaaaaaaaaaaaaaaRequest {\n                    a,\n",
         "                            let response = self\n                                .0\n                                .p_",
         "                                .push(\n                                    call,\n                                    conn,\n",
         "                            self.0\n                                .maa",

@@ -516,9 +516,8 @@ pub mod greeter_v1 {
     /// and only if that transaction commits. A handler runs inside the
     /// receiver's transaction that records the message in the inbox: its
     /// writes through `conn` commit exactly once, together with that record.
+    #[allow(dead_code)]
     pub mod aio {
-        use super::*;
-
         /// Sends this interface's messages to the engine through the
         /// outbox of a sqlx store: the async [`super::EngineClient`]. Each
         /// call writes one outbox row on `conn`, the connection of the caller's
@@ -588,13 +587,13 @@ pub mod greeter_v1 {
                 ::rfidl_runtime::types::Uuid,
                 ::rfidl_runtime::outbox::OutboxError,
             > {
-                let request = JoinedRequest { name };
+                let request = super::JoinedRequest { name };
                 let message = ::rfidl_runtime::outbox::OutgoingMessage {
                     destination: self.destination.clone(),
                     message_type: ::rfidl_runtime::MessageType::Signal,
-                    interface: INTERFACE.to_owned(),
-                    version: VERSION,
-                    fingerprint: FINGERPRINT.to_owned(),
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
                     endpoint: "Joined".to_owned(),
                     correlation_id: None,
                     payload: ::rfidl_runtime::serde_json::to_value(&request)?,
@@ -690,7 +689,7 @@ pub mod greeter_v1 {
                 const ENGINE_HOSTED: &[::rfidl_runtime::receiver::HostedInterface] = &[
                     ::rfidl_runtime::receiver::HostedInterface {
                         endpoints: &["Joined"],
-                        ..HOSTED
+                        ..super::HOSTED
                     },
                 ];
                 ENGINE_HOSTED
@@ -710,7 +709,7 @@ pub mod greeter_v1 {
                 ::std::boxed::Box::pin(async move {
                     match call.endpoint {
                         "Joined" => {
-                            let request: JoinedRequest = ::rfidl_runtime::receiver::decode_payload(
+                            let request: super::JoinedRequest = ::rfidl_runtime::receiver::decode_payload(
                                 call.payload,
                             )?;
                             self.0.joined(call, conn, request.name).await?;
@@ -798,13 +797,13 @@ pub mod greeter_v1 {
                 ::rfidl_runtime::types::Uuid,
                 ::rfidl_runtime::outbox::OutboxError,
             > {
-                let request = AssignDeskRequest { name };
+                let request = super::AssignDeskRequest { name };
                 let message = ::rfidl_runtime::outbox::OutgoingMessage {
                     destination: self.destination.clone(),
                     message_type: ::rfidl_runtime::MessageType::Command,
-                    interface: INTERFACE.to_owned(),
-                    version: VERSION,
-                    fingerprint: FINGERPRINT.to_owned(),
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
                     endpoint: "AssignDesk".to_owned(),
                     correlation_id: Some(request.name.to_string()),
                     payload: ::rfidl_runtime::serde_json::to_value(&request)?,
@@ -867,7 +866,7 @@ pub mod greeter_v1 {
         > ::rfidl_runtime::responses::AsyncResponseHandler<S>
         for ServiceAnswerRouter<H> {
             fn interface(&self) -> (&'static str, u32) {
-                (INTERFACE, VERSION)
+                (super::INTERFACE, super::VERSION)
             }
 
             fn handle<'a>(
@@ -977,7 +976,7 @@ pub mod greeter_v1 {
                 const SERVICE_HOSTED: &[::rfidl_runtime::receiver::HostedInterface] = &[
                     ::rfidl_runtime::receiver::HostedInterface {
                         endpoints: &["AssignDesk"],
-                        ..HOSTED
+                        ..super::HOSTED
                     },
                 ];
                 SERVICE_HOSTED
@@ -997,7 +996,7 @@ pub mod greeter_v1 {
                 ::std::boxed::Box::pin(async move {
                     match call.endpoint {
                         "AssignDesk" => {
-                            let request: AssignDeskRequest = ::rfidl_runtime::receiver::decode_payload(
+                            let request: super::AssignDeskRequest = ::rfidl_runtime::receiver::decode_payload(
                                 call.payload,
                             )?;
                             let response = self

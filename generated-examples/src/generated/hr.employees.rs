@@ -737,9 +737,8 @@ pub mod emp_service_v1 {
     /// and only if that transaction commits. A handler runs inside the
     /// receiver's transaction that records the message in the inbox: its
     /// writes through `conn` commit exactly once, together with that record.
+    #[allow(dead_code)]
     pub mod aio {
-        use super::*;
-
         /// Sends this interface's messages to the engine through the
         /// outbox of a sqlx store: the async [`super::EngineClient`]. Each
         /// call writes one outbox row on `conn`, the connection of the caller's
@@ -810,13 +809,15 @@ pub mod emp_service_v1 {
                 ::rfidl_runtime::types::Uuid,
                 ::rfidl_runtime::outbox::OutboxError,
             > {
-                let request = EmployeeHiredRequest { employee };
+                let request = super::EmployeeHiredRequest {
+                    employee,
+                };
                 let message = ::rfidl_runtime::outbox::OutgoingMessage {
                     destination: self.destination.clone(),
                     message_type: ::rfidl_runtime::MessageType::PushCall,
-                    interface: INTERFACE.to_owned(),
-                    version: VERSION,
-                    fingerprint: FINGERPRINT.to_owned(),
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
                     endpoint: "EmployeeHired".to_owned(),
                     correlation_id: Some(request.employee.id.to_string()),
                     payload: ::rfidl_runtime::serde_json::to_value(&request)?,
@@ -845,16 +846,16 @@ pub mod emp_service_v1 {
                 ::rfidl_runtime::types::Uuid,
                 ::rfidl_runtime::outbox::OutboxError,
             > {
-                let request = OnboardingCompletedRequest {
+                let request = super::OnboardingCompletedRequest {
                     employee_id,
                     completed_at,
                 };
                 let message = ::rfidl_runtime::outbox::OutgoingMessage {
                     destination: self.destination.clone(),
                     message_type: ::rfidl_runtime::MessageType::Signal,
-                    interface: INTERFACE.to_owned(),
-                    version: VERSION,
-                    fingerprint: FINGERPRINT.to_owned(),
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
                     endpoint: "OnboardingCompleted".to_owned(),
                     correlation_id: None,
                     payload: ::rfidl_runtime::serde_json::to_value(&request)?,
@@ -916,7 +917,7 @@ pub mod emp_service_v1 {
             H: EngineAnswers<S>,
         > ::rfidl_runtime::responses::AsyncResponseHandler<S> for EngineAnswerRouter<H> {
             fn interface(&self) -> (&'static str, u32) {
-                (INTERFACE, VERSION)
+                (super::INTERFACE, super::VERSION)
             }
 
             fn handle<'a>(
@@ -1061,7 +1062,7 @@ pub mod emp_service_v1 {
                 const ENGINE_HOSTED: &[::rfidl_runtime::receiver::HostedInterface] = &[
                     ::rfidl_runtime::receiver::HostedInterface {
                         endpoints: &["EmployeeHired", "OnboardingCompleted"],
-                        ..HOSTED
+                        ..super::HOSTED
                     },
                 ];
                 ENGINE_HOSTED
@@ -1081,7 +1082,7 @@ pub mod emp_service_v1 {
                 ::std::boxed::Box::pin(async move {
                     match call.endpoint {
                         "EmployeeHired" => {
-                            let request: EmployeeHiredRequest = ::rfidl_runtime::receiver::decode_payload(
+                            let request: super::EmployeeHiredRequest = ::rfidl_runtime::receiver::decode_payload(
                                 call.payload,
                             )?;
                             let response = self
@@ -1091,7 +1092,7 @@ pub mod emp_service_v1 {
                             ::rfidl_runtime::receiver::encode_response(&response)
                         }
                         "OnboardingCompleted" => {
-                            let request: OnboardingCompletedRequest = ::rfidl_runtime::receiver::decode_payload(
+                            let request: super::OnboardingCompletedRequest = ::rfidl_runtime::receiver::decode_payload(
                                 call.payload,
                             )?;
                             self.0
@@ -1186,16 +1187,16 @@ pub mod emp_service_v1 {
                 ::rfidl_runtime::types::Uuid,
                 ::rfidl_runtime::outbox::OutboxError,
             > {
-                let request = ProvisionLaptopRequest {
+                let request = super::ProvisionLaptopRequest {
                     employee_id,
                     model,
                 };
                 let message = ::rfidl_runtime::outbox::OutgoingMessage {
                     destination: self.destination.clone(),
                     message_type: ::rfidl_runtime::MessageType::Command,
-                    interface: INTERFACE.to_owned(),
-                    version: VERSION,
-                    fingerprint: FINGERPRINT.to_owned(),
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
                     endpoint: "ProvisionLaptop".to_owned(),
                     correlation_id: Some(request.employee_id.to_string()),
                     payload: ::rfidl_runtime::serde_json::to_value(&request)?,
@@ -1258,7 +1259,7 @@ pub mod emp_service_v1 {
         > ::rfidl_runtime::responses::AsyncResponseHandler<S>
         for ServiceAnswerRouter<H> {
             fn interface(&self) -> (&'static str, u32) {
-                (INTERFACE, VERSION)
+                (super::INTERFACE, super::VERSION)
             }
 
             fn handle<'a>(
@@ -1369,7 +1370,7 @@ pub mod emp_service_v1 {
                 const SERVICE_HOSTED: &[::rfidl_runtime::receiver::HostedInterface] = &[
                     ::rfidl_runtime::receiver::HostedInterface {
                         endpoints: &["ProvisionLaptop"],
-                        ..HOSTED
+                        ..super::HOSTED
                     },
                 ];
                 SERVICE_HOSTED
@@ -1389,7 +1390,7 @@ pub mod emp_service_v1 {
                 ::std::boxed::Box::pin(async move {
                     match call.endpoint {
                         "ProvisionLaptop" => {
-                            let request: ProvisionLaptopRequest = ::rfidl_runtime::receiver::decode_payload(
+                            let request: super::ProvisionLaptopRequest = ::rfidl_runtime::receiver::decode_payload(
                                 call.payload,
                             )?;
                             let response = self
@@ -2314,9 +2315,8 @@ pub mod emp_service_v2 {
     /// and only if that transaction commits. A handler runs inside the
     /// receiver's transaction that records the message in the inbox: its
     /// writes through `conn` commit exactly once, together with that record.
+    #[allow(dead_code)]
     pub mod aio {
-        use super::*;
-
         /// Sends this interface's messages to the engine through the
         /// outbox of a sqlx store: the async [`super::EngineClient`]. Each
         /// call writes one outbox row on `conn`, the connection of the caller's
@@ -2388,7 +2388,7 @@ pub mod emp_service_v2 {
                 ::rfidl_runtime::types::Uuid,
                 ::rfidl_runtime::outbox::OutboxError,
             > {
-                let request = EmployeeHiredRequest {
+                let request = super::EmployeeHiredRequest {
                     employee,
                     channel,
                     referral_code,
@@ -2396,9 +2396,9 @@ pub mod emp_service_v2 {
                 let message = ::rfidl_runtime::outbox::OutgoingMessage {
                     destination: self.destination.clone(),
                     message_type: ::rfidl_runtime::MessageType::PushCall,
-                    interface: INTERFACE.to_owned(),
-                    version: VERSION,
-                    fingerprint: FINGERPRINT.to_owned(),
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
                     endpoint: "EmployeeHired".to_owned(),
                     correlation_id: Some(request.employee.id.to_string()),
                     payload: ::rfidl_runtime::serde_json::to_value(&request)?,
@@ -2427,16 +2427,16 @@ pub mod emp_service_v2 {
                 ::rfidl_runtime::types::Uuid,
                 ::rfidl_runtime::outbox::OutboxError,
             > {
-                let request = OnboardingCompletedRequest {
+                let request = super::OnboardingCompletedRequest {
                     employee_id,
                     completed_at,
                 };
                 let message = ::rfidl_runtime::outbox::OutgoingMessage {
                     destination: self.destination.clone(),
                     message_type: ::rfidl_runtime::MessageType::Signal,
-                    interface: INTERFACE.to_owned(),
-                    version: VERSION,
-                    fingerprint: FINGERPRINT.to_owned(),
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
                     endpoint: "OnboardingCompleted".to_owned(),
                     correlation_id: None,
                     payload: ::rfidl_runtime::serde_json::to_value(&request)?,
@@ -2468,7 +2468,7 @@ pub mod emp_service_v2 {
                 ::rfidl_runtime::types::Uuid,
                 ::rfidl_runtime::outbox::OutboxError,
             > {
-                let request = LeaveStartedRequest {
+                let request = super::LeaveStartedRequest {
                     employee_id,
                     expected_length,
                     reason,
@@ -2476,9 +2476,9 @@ pub mod emp_service_v2 {
                 let message = ::rfidl_runtime::outbox::OutgoingMessage {
                     destination: self.destination.clone(),
                     message_type: ::rfidl_runtime::MessageType::Signal,
-                    interface: INTERFACE.to_owned(),
-                    version: VERSION,
-                    fingerprint: FINGERPRINT.to_owned(),
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
                     endpoint: "LeaveStarted".to_owned(),
                     correlation_id: Some(request.employee_id.to_string()),
                     payload: ::rfidl_runtime::serde_json::to_value(&request)?,
@@ -2509,16 +2509,16 @@ pub mod emp_service_v2 {
                 ::rfidl_runtime::types::Uuid,
                 ::rfidl_runtime::outbox::OutboxError,
             > {
-                let request = OrgChartChangedRequest {
+                let request = super::OrgChartChangedRequest {
                     root,
                     version,
                 };
                 let message = ::rfidl_runtime::outbox::OutgoingMessage {
                     destination: self.destination.clone(),
                     message_type: ::rfidl_runtime::MessageType::PushCall,
-                    interface: INTERFACE.to_owned(),
-                    version: VERSION,
-                    fingerprint: FINGERPRINT.to_owned(),
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
                     endpoint: "OrgChartChanged".to_owned(),
                     correlation_id: None,
                     payload: ::rfidl_runtime::serde_json::to_value(&request)?,
@@ -2580,7 +2580,7 @@ pub mod emp_service_v2 {
             H: EngineAnswers<S>,
         > ::rfidl_runtime::responses::AsyncResponseHandler<S> for EngineAnswerRouter<H> {
             fn interface(&self) -> (&'static str, u32) {
-                (INTERFACE, VERSION)
+                (super::INTERFACE, super::VERSION)
             }
 
             fn handle<'a>(
@@ -2809,7 +2809,7 @@ pub mod emp_service_v2 {
                             "LeaveStarted",
                             "OrgChartChanged",
                         ],
-                        ..HOSTED
+                        ..super::HOSTED
                     },
                 ];
                 ENGINE_HOSTED
@@ -2829,7 +2829,7 @@ pub mod emp_service_v2 {
                 ::std::boxed::Box::pin(async move {
                     match call.endpoint {
                         "EmployeeHired" => {
-                            let request: EmployeeHiredRequest = ::rfidl_runtime::receiver::decode_payload(
+                            let request: super::EmployeeHiredRequest = ::rfidl_runtime::receiver::decode_payload(
                                 call.payload,
                             )?;
                             let response = self
@@ -2845,7 +2845,7 @@ pub mod emp_service_v2 {
                             ::rfidl_runtime::receiver::encode_response(&response)
                         }
                         "OnboardingCompleted" => {
-                            let request: OnboardingCompletedRequest = ::rfidl_runtime::receiver::decode_payload(
+                            let request: super::OnboardingCompletedRequest = ::rfidl_runtime::receiver::decode_payload(
                                 call.payload,
                             )?;
                             self.0
@@ -2859,7 +2859,7 @@ pub mod emp_service_v2 {
                             Ok(::rfidl_runtime::serde_json::Value::Null)
                         }
                         "LeaveStarted" => {
-                            let request: LeaveStartedRequest = ::rfidl_runtime::receiver::decode_payload(
+                            let request: super::LeaveStartedRequest = ::rfidl_runtime::receiver::decode_payload(
                                 call.payload,
                             )?;
                             self.0
@@ -2874,7 +2874,7 @@ pub mod emp_service_v2 {
                             Ok(::rfidl_runtime::serde_json::Value::Null)
                         }
                         "OrgChartChanged" => {
-                            let request: OrgChartChangedRequest = ::rfidl_runtime::receiver::decode_payload(
+                            let request: super::OrgChartChangedRequest = ::rfidl_runtime::receiver::decode_payload(
                                 call.payload,
                             )?;
                             self.0
@@ -2970,7 +2970,7 @@ pub mod emp_service_v2 {
                 ::rfidl_runtime::types::Uuid,
                 ::rfidl_runtime::outbox::OutboxError,
             > {
-                let request = ProvisionLaptopRequest {
+                let request = super::ProvisionLaptopRequest {
                     employee_id,
                     model,
                     ship_to,
@@ -2978,9 +2978,9 @@ pub mod emp_service_v2 {
                 let message = ::rfidl_runtime::outbox::OutgoingMessage {
                     destination: self.destination.clone(),
                     message_type: ::rfidl_runtime::MessageType::Command,
-                    interface: INTERFACE.to_owned(),
-                    version: VERSION,
-                    fingerprint: FINGERPRINT.to_owned(),
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
                     endpoint: "ProvisionLaptop".to_owned(),
                     correlation_id: Some(request.employee_id.to_string()),
                     payload: ::rfidl_runtime::serde_json::to_value(&request)?,
@@ -3043,7 +3043,7 @@ pub mod emp_service_v2 {
         > ::rfidl_runtime::responses::AsyncResponseHandler<S>
         for ServiceAnswerRouter<H> {
             fn interface(&self) -> (&'static str, u32) {
-                (INTERFACE, VERSION)
+                (super::INTERFACE, super::VERSION)
             }
 
             fn handle<'a>(
@@ -3156,7 +3156,7 @@ pub mod emp_service_v2 {
                 const SERVICE_HOSTED: &[::rfidl_runtime::receiver::HostedInterface] = &[
                     ::rfidl_runtime::receiver::HostedInterface {
                         endpoints: &["ProvisionLaptop"],
-                        ..HOSTED
+                        ..super::HOSTED
                     },
                 ];
                 SERVICE_HOSTED
@@ -3176,7 +3176,7 @@ pub mod emp_service_v2 {
                 ::std::boxed::Box::pin(async move {
                     match call.endpoint {
                         "ProvisionLaptop" => {
-                            let request: ProvisionLaptopRequest = ::rfidl_runtime::receiver::decode_payload(
+                            let request: super::ProvisionLaptopRequest = ::rfidl_runtime::receiver::decode_payload(
                                 call.payload,
                             )?;
                             let response = self

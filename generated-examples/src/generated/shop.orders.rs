@@ -880,9 +880,8 @@ pub mod order_service_v1 {
     /// and only if that transaction commits. A handler runs inside the
     /// receiver's transaction that records the message in the inbox: its
     /// writes through `conn` commit exactly once, together with that record.
+    #[allow(dead_code)]
     pub mod aio {
-        use super::*;
-
         /// Sends this interface's messages to the engine through the
         /// outbox of a sqlx store: the async [`super::EngineClient`]. Each
         /// call writes one outbox row on `conn`, the connection of the caller's
@@ -952,13 +951,13 @@ pub mod order_service_v1 {
                 ::rfidl_runtime::types::Uuid,
                 ::rfidl_runtime::outbox::OutboxError,
             > {
-                let request = OrderPlacedRequest { order };
+                let request = super::OrderPlacedRequest { order };
                 let message = ::rfidl_runtime::outbox::OutgoingMessage {
                     destination: self.destination.clone(),
                     message_type: ::rfidl_runtime::MessageType::PushCall,
-                    interface: INTERFACE.to_owned(),
-                    version: VERSION,
-                    fingerprint: FINGERPRINT.to_owned(),
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
                     endpoint: "OrderPlaced".to_owned(),
                     correlation_id: Some(request.order.id.to_string()),
                     payload: ::rfidl_runtime::serde_json::to_value(&request)?,
@@ -989,16 +988,16 @@ pub mod order_service_v1 {
                 ::rfidl_runtime::types::Uuid,
                 ::rfidl_runtime::outbox::OutboxError,
             > {
-                let request = OrderCancelledRequest {
+                let request = super::OrderCancelledRequest {
                     order_id,
                     reason,
                 };
                 let message = ::rfidl_runtime::outbox::OutgoingMessage {
                     destination: self.destination.clone(),
                     message_type: ::rfidl_runtime::MessageType::Signal,
-                    interface: INTERFACE.to_owned(),
-                    version: VERSION,
-                    fingerprint: FINGERPRINT.to_owned(),
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
                     endpoint: "OrderCancelled".to_owned(),
                     correlation_id: Some(request.order_id.to_string()),
                     payload: ::rfidl_runtime::serde_json::to_value(&request)?,
@@ -1131,7 +1130,7 @@ pub mod order_service_v1 {
                 const ENGINE_HOSTED: &[::rfidl_runtime::receiver::HostedInterface] = &[
                     ::rfidl_runtime::receiver::HostedInterface {
                         endpoints: &["OrderPlaced", "OrderCancelled"],
-                        ..HOSTED
+                        ..super::HOSTED
                     },
                 ];
                 ENGINE_HOSTED
@@ -1151,14 +1150,14 @@ pub mod order_service_v1 {
                 ::std::boxed::Box::pin(async move {
                     match call.endpoint {
                         "OrderPlaced" => {
-                            let request: OrderPlacedRequest = ::rfidl_runtime::receiver::decode_payload(
+                            let request: super::OrderPlacedRequest = ::rfidl_runtime::receiver::decode_payload(
                                 call.payload,
                             )?;
                             self.0.order_placed(call, conn, request.order).await?;
                             Ok(::rfidl_runtime::serde_json::Value::Null)
                         }
                         "OrderCancelled" => {
-                            let request: OrderCancelledRequest = ::rfidl_runtime::receiver::decode_payload(
+                            let request: super::OrderCancelledRequest = ::rfidl_runtime::receiver::decode_payload(
                                 call.payload,
                             )?;
                             self.0
@@ -1253,16 +1252,16 @@ pub mod order_service_v1 {
                 ::rfidl_runtime::types::Uuid,
                 ::rfidl_runtime::outbox::OutboxError,
             > {
-                let request = ReserveStockRequest {
+                let request = super::ReserveStockRequest {
                     order_id,
                     lines,
                 };
                 let message = ::rfidl_runtime::outbox::OutgoingMessage {
                     destination: self.destination.clone(),
                     message_type: ::rfidl_runtime::MessageType::Command,
-                    interface: INTERFACE.to_owned(),
-                    version: VERSION,
-                    fingerprint: FINGERPRINT.to_owned(),
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
                     endpoint: "ReserveStock".to_owned(),
                     correlation_id: Some(request.order_id.to_string()),
                     payload: ::rfidl_runtime::serde_json::to_value(&request)?,
@@ -1293,16 +1292,16 @@ pub mod order_service_v1 {
                 ::rfidl_runtime::types::Uuid,
                 ::rfidl_runtime::outbox::OutboxError,
             > {
-                let request = CapturePaymentRequest {
+                let request = super::CapturePaymentRequest {
                     order_id,
                     amount,
                 };
                 let message = ::rfidl_runtime::outbox::OutgoingMessage {
                     destination: self.destination.clone(),
                     message_type: ::rfidl_runtime::MessageType::Command,
-                    interface: INTERFACE.to_owned(),
-                    version: VERSION,
-                    fingerprint: FINGERPRINT.to_owned(),
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
                     endpoint: "CapturePayment".to_owned(),
                     correlation_id: Some(request.order_id.to_string()),
                     payload: ::rfidl_runtime::serde_json::to_value(&request)?,
@@ -1332,13 +1331,13 @@ pub mod order_service_v1 {
                 ::rfidl_runtime::types::Uuid,
                 ::rfidl_runtime::outbox::OutboxError,
             > {
-                let request = CheckStockRequest { sku };
+                let request = super::CheckStockRequest { sku };
                 let message = ::rfidl_runtime::outbox::OutgoingMessage {
                     destination: self.destination.clone(),
                     message_type: ::rfidl_runtime::MessageType::Command,
-                    interface: INTERFACE.to_owned(),
-                    version: VERSION,
-                    fingerprint: FINGERPRINT.to_owned(),
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
                     endpoint: "CheckStock".to_owned(),
                     correlation_id: None,
                     payload: ::rfidl_runtime::serde_json::to_value(&request)?,
@@ -1441,7 +1440,7 @@ pub mod order_service_v1 {
         > ::rfidl_runtime::responses::AsyncResponseHandler<S>
         for ServiceAnswerRouter<H> {
             fn interface(&self) -> (&'static str, u32) {
-                (INTERFACE, VERSION)
+                (super::INTERFACE, super::VERSION)
             }
 
             fn handle<'a>(
@@ -1636,7 +1635,7 @@ pub mod order_service_v1 {
                 const SERVICE_HOSTED: &[::rfidl_runtime::receiver::HostedInterface] = &[
                     ::rfidl_runtime::receiver::HostedInterface {
                         endpoints: &["ReserveStock", "CapturePayment", "CheckStock"],
-                        ..HOSTED
+                        ..super::HOSTED
                     },
                 ];
                 SERVICE_HOSTED
@@ -1656,7 +1655,7 @@ pub mod order_service_v1 {
                 ::std::boxed::Box::pin(async move {
                     match call.endpoint {
                         "ReserveStock" => {
-                            let request: ReserveStockRequest = ::rfidl_runtime::receiver::decode_payload(
+                            let request: super::ReserveStockRequest = ::rfidl_runtime::receiver::decode_payload(
                                 call.payload,
                             )?;
                             let response = self
@@ -1666,7 +1665,7 @@ pub mod order_service_v1 {
                             ::rfidl_runtime::receiver::encode_response(&response)
                         }
                         "CapturePayment" => {
-                            let request: CapturePaymentRequest = ::rfidl_runtime::receiver::decode_payload(
+                            let request: super::CapturePaymentRequest = ::rfidl_runtime::receiver::decode_payload(
                                 call.payload,
                             )?;
                             let response = self
@@ -1681,7 +1680,7 @@ pub mod order_service_v1 {
                             ::rfidl_runtime::receiver::encode_response(&response)
                         }
                         "CheckStock" => {
-                            let request: CheckStockRequest = ::rfidl_runtime::receiver::decode_payload(
+                            let request: super::CheckStockRequest = ::rfidl_runtime::receiver::decode_payload(
                                 call.payload,
                             )?;
                             let response = self
