@@ -83,8 +83,9 @@ pub const PACKAGE_MODULE_IMPORTS: &[&str] = &["Deserialize", "Serialize"];
 pub const PRELUDE_TRAITS_USED: &[&str] = &["Into", "Send", "Sized", "Sync"];
 
 /// The arguments every generated client function (`tx`) and handler method
-/// (`call`, `tx`) takes before the method's parameters.
-pub const CALL_ARGUMENTS: &[&str] = &["call", "tx"];
+/// (`call`, `tx`) takes before the method's parameters; in the async API
+/// (the `aio` modules) `conn` stands for `tx`.
+pub const CALL_ARGUMENTS: &[&str] = &["call", "tx", "conn"];
 
 /// Functions of the generated clients besides one per method: the
 /// constructors (`new` for the default store, `with_store` for any).

@@ -9,7 +9,8 @@
 //! (a struct literal, a call, a return type, an array of endpoint names) are
 //! decided here, with prettyplease's margin: a group stays on one line when
 //! the line, as printed up to its next possible break, is at most [`MARGIN`]
-//! bytes long.
+//! bytes long (or, for a line indented past column 29, at most 60 bytes past
+//! its indent: prettyplease's minimum space).
 //!
 //! What this module does not model is caught by [`check_item`]: an item with
 //! a line longer than the margin that is not one of the known long lines
@@ -23,10 +24,21 @@
 
 use std::borrow::Cow;
 
-use super::templates::{FieldView, MethodLayout, MethodView};
+use super::templates::{AioLayout, FieldView, MethodLayout, MethodView};
 
 /// prettyplease's line width (`prettyplease::MARGIN`, 0.2).
 pub const MARGIN: usize = 89;
+
+/// The fewest columns prettyplease gives a line however deep its indent
+/// (`prettyplease::MIN_SPACE`, 0.2): from column 29 on, a line may pass
+/// [`MARGIN`].
+const MIN_SPACE: usize = 60;
+
+/// `width` bytes fit on a line that starts at column `indent` (with
+/// prettyplease's margin, and its minimum space for deep lines).
+fn fits(indent: usize, width: usize) -> bool {
+    width <= MARGIN.saturating_sub(indent).max(MIN_SPACE)
+}
 
 /// prettyplease breaks a struct literal whose fields are wider than this,
 /// wherever it is (`expr_struct`'s `end_with_max_width(34)`).
@@ -62,6 +74,16 @@ pub(crate) fn endpoints_inline(indent: usize, methods: &[MethodView]) -> bool {
     indent + len <= MARGIN
 }
 
+/// `let request = R { a, b };` at `indent` (a client's function body) fits
+/// on one line. prettyplease breaks a struct literal wider than 34
+/// (`R { a, b ` up to the closing brace) even when the line would fit.
+fn request_inline(indent: usize, request: &str, params: &[FieldView]) -> bool {
+    let names = params.iter().map(|p| p.rust_name.as_str());
+    let literal = request.len() + " { ".len() + joined_len(names, "") + " ".len();
+    literal <= STRUCT_LITERAL_MAX_WIDTH
+        && fits(indent, "let request = ".len() + literal + "};".len())
+}
+
 /// The width decisions of one method (see [`MethodLayout`]).
 pub(crate) fn method_layout(
     method_name: &str,
@@ -72,12 +94,7 @@ pub(crate) fn method_layout(
     params: &[FieldView],
 ) -> MethodLayout {
     let names = || params.iter().map(|p| p.rust_name.as_str());
-    // `let request = R { a, b };` in the client's function body. prettyplease
-    // breaks a struct literal wider than 34 (`R { a, b ` up to the closing
-    // brace) even when the line would fit.
-    let literal = request.len() + " { ".len() + joined_len(names(), "") + " ".len();
-    let request_inline = literal <= STRUCT_LITERAL_MAX_WIDTH
-        && 12 + "let request = ".len() + literal + "};".len() <= MARGIN;
+    let request_inline = request_inline(12, request, params);
     // `) -> ::std::result::Result<T, ::rfidl_runtime::receiver::HandlerError>;` (` {`).
     let result = [
         ") -> ::std::result::Result<",
@@ -121,6 +138,58 @@ pub(crate) fn method_layout(
     }
 }
 
+/// The width decisions of one method's async code in the `aio` submodule
+/// (see [`AioLayout`]): its client and `Arc` impl are one level deeper than
+/// the blocking ones, its match arms two (`Box::pin(async move { match … })`),
+/// each call is awaited, and the parent's items are named `super::…`.
+pub(crate) fn aio_method_layout(
+    fn_name: &str,
+    request: &str,
+    has_response: bool,
+    params: &[FieldView],
+) -> AioLayout {
+    let names = || params.iter().map(|p| p.rust_name.as_str());
+    let then_params = 2 * params.len().min(1);
+    // `.f(call, conn, request.a)` in the receiver's match arm, at column 28;
+    // broken, each call of the chain is on its own line at 32.
+    let call = ".".len()
+        + fn_name.len()
+        + "(call, conn".len()
+        + then_params
+        + joined_len(names(), "request.")
+        + ")".len();
+    let receiver_call_inline = if has_response {
+        fits(28, "let response = self.0".len() + call + ".await?;".len())
+    } else {
+        fits(28, "self.0".len() + call + ".await?;".len())
+    };
+    // `(**self).f(call, conn, a)` in the `Arc` impl, at column 16.
+    let forward = ".".len()
+        + fn_name.len()
+        + "(call, conn".len()
+        + then_params
+        + joined_len(names(), "")
+        + ")".len();
+    // `.f(answer, conn, response)` in the answer router's match arm.
+    let answer = ".".len() + fn_name.len() + "(answer, conn, response)".len();
+    AioLayout {
+        request_inline: request_inline(16, &format!("super::{request}"), params),
+        receiver_call_inline,
+        receiver_args_inline: fits(32, call),
+        forward_inline: fits(16, "(**self)".len() + forward),
+        forward_args_inline: fits(20, forward),
+        answer_call_inline: fits(28, "self.0".len() + answer + ".await".len()),
+        answer_args_inline: fits(32, answer),
+    }
+}
+
+/// The `aio` answer router's impl header keeps `for <router><H> {` on the
+/// line of its trait (`> ::rfidl_runtime::responses::AsyncResponseHandler<S>`).
+pub(crate) fn aio_answer_router_for_inline(router: &str) -> bool {
+    let header = "> ::rfidl_runtime::responses::AsyncResponseHandler<S> for ".len();
+    fits(8, header + router.len() + "<H> {".len())
+}
+
 /// A Rust type written from column `column` on a line whose item starts at
 /// `indent`, followed by `trailing` bytes (`,`): as is when it fits, else
 /// broken as prettyplease breaks generic arguments, one per line at
@@ -128,7 +197,7 @@ pub(crate) fn method_layout(
 /// arguments cannot break; its line stays long (and [`check_item`] refuses
 /// it).
 pub(crate) fn type_at(ty: &str, indent: usize, column: usize, trailing: usize) -> Cow<'_, str> {
-    if column + ty.len() + trailing <= MARGIN {
+    if fits(indent, column - indent + ty.len() + trailing) {
         return Cow::Borrowed(ty);
     }
     let mut out = String::with_capacity(ty.len() + 64);
@@ -138,7 +207,8 @@ pub(crate) fn type_at(ty: &str, indent: usize, column: usize, trailing: usize) -
 
 fn break_type(out: &mut String, ty: &str, indent: usize, column: usize, trailing: usize) {
     let generic = ty.find('<').filter(|_| ty.ends_with('>'));
-    let Some(open) = generic.filter(|_| column + ty.len() + trailing > MARGIN) else {
+    let Some(open) = generic.filter(|_| !fits(indent, column - indent + ty.len() + trailing))
+    else {
         out.push_str(ty);
         return;
     };
@@ -182,8 +252,9 @@ pub(crate) fn correlation_inline(expr: &str) -> bool {
 }
 
 /// Lines longer than the margin that prettyplease cannot break either, so
-/// the fast layout may have them: doc comments, string constants, and the
-/// payload decoding call whose argument is already on its own line.
+/// the fast layout may have them: doc comments, string constants, the
+/// payload decoding call whose argument is already on its own line, and a
+/// client's request literal whose fields are.
 fn long_line_is_known(line: &str) -> bool {
     let line = line.trim_start();
     line.starts_with("///")
@@ -194,14 +265,17 @@ fn long_line_is_known(line: &str) -> bool {
             == "pub const HOSTED: ::rfidl_runtime::receiver::HostedInterface = ::rfidl_runtime::receiver::HostedInterface {"
         || (line.starts_with("let ")
             && line.ends_with(" = ::rfidl_runtime::receiver::decode_payload("))
+        || (line.starts_with("let request = ") && line.ends_with("Request {"))
 }
 
 /// The first line of `rendered` that makes [`check_item`] refuse it: longer
-/// than the margin, and not one of the lines prettyplease leaves long too.
+/// than prettyplease's margin (or, indented past column 29, than its minimum
+/// space), and not one of the lines prettyplease leaves long too.
 pub fn unvouched_line(rendered: &str) -> Option<&str> {
-    rendered
-        .lines()
-        .find(|line| line.len() > MARGIN && !long_line_is_known(line))
+    rendered.lines().find(|line| {
+        let text = line.trim_start();
+        !fits(line.len() - text.len(), text.len()) && !long_line_is_known(line)
+    })
 }
 
 /// Finishes one item rendered by a fast template: trailing spaces dropped

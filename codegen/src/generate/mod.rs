@@ -448,7 +448,9 @@ fn space_items_into(out: &mut String, text: &str) {
             continue;
         };
         let (this, following) = (line.trim(), next.trim());
-        let closes_item = this == "}" || this == "};" || this.ends_with(';');
+        // A comment line ending in `;` (a doc sentence) closes nothing.
+        let closes_item =
+            !this.starts_with("//") && (this == "}" || this == "};" || this.ends_with(';'));
         if !closes_item {
             continue;
         }

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::options::{Options, TypeRuleKind};
 use super::templates::{
-    EnumView, FieldView, GroupView, MethodView, PackageTemplate, RecordView, ServiceView, TreeStep,
-    VariantView,
+    AioMethodView, EnumView, FieldView, GroupView, MethodView, PackageTemplate, RecordView,
+    ServiceView, TreeStep, VariantView,
 };
 use crate::manifest::{Field, Manifest, MethodKind, PackageContract, Scalar, TypeDef, TypeRef};
 use crate::names::{
@@ -371,6 +371,14 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
                 .cloned()
                 .collect(),
             endpoints_inline: super::layout::endpoints_inline(20, &to_engine),
+            receiver_too_many_lines: handle_may_be_long(to_engine.iter().map(|m| m.params.len())),
+            answer_router_too_many_lines: handle_may_be_long(
+                to_engine.iter().filter(|m| m.has_response).map(|_| 1),
+            ),
+            aio_endpoints_inline: super::layout::endpoints_inline(24, &to_engine),
+            aio_answer_router_for_inline: super::layout::aio_answer_router_for_inline(
+                ENGINE_ANSWER_ROUTER,
+            ),
             methods: to_engine,
         });
     }
@@ -393,6 +401,14 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
                 .cloned()
                 .collect(),
             endpoints_inline: super::layout::endpoints_inline(20, &to_service),
+            receiver_too_many_lines: handle_may_be_long(to_service.iter().map(|m| m.params.len())),
+            answer_router_too_many_lines: handle_may_be_long(
+                to_service.iter().filter(|m| m.has_response).map(|_| 1),
+            ),
+            aio_endpoints_inline: super::layout::endpoints_inline(24, &to_service),
+            aio_answer_router_for_inline: super::layout::aio_answer_router_for_inline(
+                SERVICE_ANSWER_ROUTER,
+            ),
             methods: to_service,
         });
     }
@@ -414,6 +430,21 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
 /// arguments (`self` included) is linted. Generated functions take one
 /// argument per contract parameter, so only those beyond it get an `allow`.
 const CLIPPY_MAX_ARGUMENTS: usize = 7;
+
+/// clippy's default `too-many-lines-threshold` (a pedantic lint): a function
+/// whose body has more lines is linted.
+const CLIPPY_MAX_LINES: usize = 100;
+
+/// A `handle` function with one match arm per method (a receiver's or an
+/// answer router's, blocking or async), whose calls take `arguments` each
+/// besides `call`/`answer` and `tx`/`conn`, may pass clippy's
+/// `too_many_lines`. An upper bound, so that only long ones get an `allow`:
+/// an arm takes at most 13 lines and one per argument (its call broken one
+/// argument per line), the rest of the body at most 13.
+fn handle_may_be_long(arguments: impl Iterator<Item = usize>) -> bool {
+    let arms: usize = arguments.map(|count| 13 + count).sum();
+    13 + arms > CLIPPY_MAX_LINES
+}
 
 fn method_view(
     manifest: &Manifest,
@@ -437,6 +468,7 @@ fn method_view(
         .as_ref()
         .map_or_else(|| "()".to_owned(), |t| scope.rust_type(t, false));
     let correlation = correlation_expr(manifest, method);
+    let aio = aio_method_view(method, &fn_name, &request, scope);
     let mut layout = super::layout::method_layout(
         &method.name,
         &fn_name,
@@ -473,6 +505,39 @@ fn method_view(
         client_too_many_args: 2 + method.params.len() > CLIPPY_MAX_ARGUMENTS,
         handler_too_many_args: 3 + method.params.len() > CLIPPY_MAX_ARGUMENTS,
         layout,
+        aio,
+    }
+}
+
+/// `method` as the `aio` submodule of its service-version module writes it
+/// (`scope` is the service-version module's).
+fn aio_method_view(
+    method: &crate::manifest::Method,
+    fn_name: &str,
+    request: &str,
+    scope: Scope<'_>,
+) -> AioMethodView {
+    let scope = Scope {
+        nested: scope.nested + 1,
+        ..scope
+    };
+    let params: Vec<FieldView> = method
+        .params
+        .iter()
+        .map(|p| field_view(p, scope, false))
+        .collect();
+    AioMethodView {
+        response_type: method
+            .response
+            .as_ref()
+            .map_or_else(|| "()".to_owned(), |t| scope.rust_type(t, false)),
+        layout: super::layout::aio_method_layout(
+            fn_name,
+            request,
+            method.response.is_some(),
+            &params,
+        ),
+        params,
     }
 }
 

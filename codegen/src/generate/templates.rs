@@ -74,6 +74,13 @@ impl FieldView {
         let column = indent + "pub ".len() + self.rust_name.len() + ": ".len();
         super::layout::type_at(&self.rust_type, indent, column, ",".len())
     }
+
+    /// `name: Type,` as a function parameter at `indent`, broken like
+    /// [`FieldView::field_type`].
+    pub fn param_type(&self, indent: usize) -> std::borrow::Cow<'_, str> {
+        let column = indent + self.rust_name.len() + ": ".len();
+        super::layout::type_at(&self.rust_type, indent, column, ",".len())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -133,6 +140,16 @@ pub struct GroupView {
     /// The methods that declare a response: the client's side gets an
     /// answer-handler method for each.
     pub answered: Vec<MethodView>,
+    /// The receivers' `handle` (one match arm per method) may pass clippy's
+    /// `too_many_lines`: it gets an `allow`.
+    pub receiver_too_many_lines: bool,
+    /// The same for the answer routers' `handle`.
+    pub answer_router_too_many_lines: bool,
+    /// `endpoints: &[…]` of the `aio` receiver's hosted list fits on one line.
+    pub aio_endpoints_inline: bool,
+    /// The `aio` answer router's `> …AsyncResponseHandler<S> for Router<H> {`
+    /// fits on one line (else `for …` goes on the next).
+    pub aio_answer_router_for_inline: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -173,6 +190,57 @@ pub struct MethodView {
     pub handler_too_many_args: bool,
     /// Which of its width-dependent constructs fit on one line.
     pub layout: MethodLayout,
+    /// The method as the `aio` submodule (the async API) writes it.
+    pub aio: AioMethodView,
+}
+
+/// A method as the `aio` submodule of a service-version module writes it:
+/// its types named from one module deeper, and the width decisions of the
+/// async code. The client's message fields, at the same column as in the
+/// blocking client, take [`MethodView::layout`]'s decisions.
+#[derive(Debug, Clone)]
+pub struct AioMethodView {
+    /// The parameters, their types named from the `aio` module.
+    pub params: Vec<FieldView>,
+    /// The handler's success type, named from the `aio` module: the
+    /// response type or `()`.
+    pub response_type: String,
+    pub layout: AioLayout,
+}
+
+impl AioMethodView {
+    /// The success type on its own line of the handler's
+    /// `Output = Result<…, HandlerError>` (which never fits on one line),
+    /// broken as prettyplease breaks a long type.
+    pub fn output_type(&self) -> std::borrow::Cow<'_, str> {
+        super::layout::type_at(&self.response_type, 20, 20, ",".len())
+    }
+
+    /// The answer trait's `response: Type,` parameter type.
+    pub fn answer_type(&self) -> std::borrow::Cow<'_, str> {
+        let column = 16 + "response: ".len();
+        super::layout::type_at(&self.response_type, 16, column, ",".len())
+    }
+}
+
+/// The width decisions of one method's async code (made by
+/// `layout::aio_method_layout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AioLayout {
+    /// The client's `let request = super::R { a, b };` fits on one line.
+    pub request_inline: bool,
+    /// The receiver's `self.0.f(call, conn, …).await?;` fits on one line.
+    pub receiver_call_inline: bool,
+    /// Broken into one call per line, the `.f(call, conn, …)` line fits.
+    pub receiver_args_inline: bool,
+    /// The `Arc` impl's `(**self).f(call, conn, …)` fits on one line.
+    pub forward_inline: bool,
+    /// Broken after `(**self)`, the `.f(call, conn, …)` line fits.
+    pub forward_args_inline: bool,
+    /// The answer router's `self.0.f(answer, conn, response).await` fits.
+    pub answer_call_inline: bool,
+    /// Broken into one call per line, the `.f(answer, conn, response)` line fits.
+    pub answer_args_inline: bool,
 }
 
 /// The layout decisions of one method's code that depend on the width of its

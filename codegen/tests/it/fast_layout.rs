@@ -191,6 +191,16 @@ fn sweep_contract() -> String {
             );
         }
     }
+    // Long generic types in parameters and responses: one module deeper and
+    // four columns further in, the `aio` functions break them where the
+    // blocking ones keep them on one line.
+    for len in [4, 6] {
+        let ty = format!("map<string, list<{}>>?", name("R", len));
+        let _ = write!(
+            text,
+            "service O{len} v1 {{\n    signal Put(m: {ty});\n\n    pushcall Get(a: u32) -> {ty};\n}}\n\n"
+        );
+    }
     // Endpoint lists of every length (inline or one name per line).
     for count in 1..=9 {
         let _ = writeln!(text, "service E{count} v1 {{");
@@ -276,6 +286,21 @@ fn the_fast_layout_is_prettypleases_across_every_width_threshold() {
         "(\n                            answer,\n",
         "                    endpoints: &[\n                        \"",
         "        ) -> ::std::result::Result<\n            super::Raa",
+        // The `aio` module's.
+        "                let request = super::MaaaaaaaaaaaaaaaaaaaaaaaRequest {\n                    a,\n",
+        "                            let response = self\n                                .0\n                                .p_",
+        "                                .push(\n                                    call,\n                                    conn,\n",
+        "                            self.0\n                                .maa",
+        "                            self.0\n                                .sig(\n                                    call,\n",
+        "                (**self)\n                    .sig(call, conn, ",
+        "                (**self)\n                    .sig(\n                        call,\n",
+        "                        endpoints: &[\n                            \"",
+        "(answer, conn, response)\n                                .await\n",
+        "(\n                                    answer,\n                                    conn,\n",
+        "                m: Option<\n                    ::std::collections::BTreeMap<",
+        "                response: Option<\n",
+        "                Output = ::std::result::Result<\n                    Option<\n",
+        "        > ::rfidl_runtime::responses::AsyncResponseHandler<S>\n        for ServiceAnswerRouter<H> {",
     ] {
         assert!(
             fast_text.contains(broken),

@@ -87,10 +87,10 @@ impl Checker<'_> {
                         ),
                     )
                     .with_label("taken by generated code")
-                    .with_help(format!(
-                        "rename the parameter; generated functions take `{}` before the parameters",
-                        names::CALL_ARGUMENTS.join("` and `")
-                    )),
+                    .with_help(
+                        "rename the parameter; generated functions take `call` and `tx` \
+                         (`conn` in the async API) before the parameters",
+                    ),
                 );
             }
             namespace.add(

@@ -502,4 +502,519 @@ pub mod greeter_v1 {
             }
         }
     }
+
+    /// The async API of this interface version, for sqlx stores (named after
+    /// `redis::aio`): the clients, answer traits, handler traits and
+    /// receivers of the blocking API above, by the same names, with `async`
+    /// methods. Their request and response types are the ones above.
+    ///
+    /// `S` is an [`AsyncStore`](::rfidl_runtime::AsyncStore), `sqlx::Postgres`
+    /// or `sqlx::Sqlite`, and where the blocking API takes a transaction `tx`,
+    /// this one takes `conn`, the connection a sqlx transaction runs on. A
+    /// client enqueues on the caller's own transaction (`&mut *tx`, with
+    /// `tx: sqlx::Transaction<'_, sqlx::Postgres>`): the message is sent if
+    /// and only if that transaction commits. A handler runs inside the
+    /// receiver's transaction that records the message in the inbox: its
+    /// writes through `conn` commit exactly once, together with that record.
+    #[allow(dead_code)]
+    pub mod aio {
+        /// Sends this interface's messages to the engine through the
+        /// outbox of a sqlx store: the async [`super::EngineClient`]. Each
+        /// call writes one outbox row on `conn`, the connection of the caller's
+        /// own sqlx transaction (`client.joined(&mut *tx, …).await?` with
+        /// `tx: sqlx::Transaction<'_, sqlx::Postgres>`), so the message is sent
+        /// if and only if that transaction commits.
+        ///
+        /// `S` is the store the outbox is in, and so the type of `conn`:
+        /// `sqlx::Postgres` (`&mut sqlx::PgConnection`) or `sqlx::Sqlite`
+        /// (`&mut sqlx::SqliteConnection`).
+        pub struct EngineClient<S: ::rfidl_runtime::AsyncStore> {
+            outbox: ::rfidl_runtime::outbox::Outbox<S>,
+            destination: ::std::string::String,
+        }
+
+        impl<S: ::rfidl_runtime::AsyncStore> ::std::fmt::Debug for EngineClient<S> {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_struct("EngineClient")
+                    .field("outbox", &self.outbox)
+                    .field("destination", &self.destination)
+                    .field("store", &S::NAME)
+                    .finish()
+            }
+        }
+
+        impl<S: ::rfidl_runtime::AsyncStore> ::std::clone::Clone for EngineClient<S> {
+            fn clone(&self) -> Self {
+                Self {
+                    outbox: self.outbox.clone(),
+                    destination: self.destination.clone(),
+                }
+            }
+        }
+
+        impl<S: ::rfidl_runtime::AsyncStore> EngineClient<S> {
+            /// A client that sends to `destination` (a name mapped to a transport
+            /// and URL in the runtime configuration) and enqueues in transactions
+            /// of `outbox`'s database.
+            ///
+            /// The destination is declared on the outbox: a dispatcher refuses to
+            /// start while the configuration has no route for it.
+            pub fn new(
+                outbox: ::rfidl_runtime::outbox::Outbox<S>,
+                destination: impl Into<::std::string::String>,
+            ) -> Self {
+                let destination = destination.into();
+                outbox.declare_destination(&destination);
+                Self { outbox, destination }
+            }
+
+            /// Someone joined (service to engine, no answer).
+            ///
+            /// Enqueues a `Joined` signal on `conn`, the
+            /// connection of the caller's open sqlx transaction (`&mut *tx`),
+            /// and returns its message id. It is sent if and only if that
+            /// transaction commits.
+            ///
+            /// # Errors
+            ///
+            /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+            /// row cannot be written (roll the transaction back: nothing is sent).
+            pub async fn joined(
+                &self,
+                conn: &mut S::Connection,
+                name: String,
+            ) -> ::std::result::Result<
+                ::rfidl_runtime::types::Uuid,
+                ::rfidl_runtime::outbox::OutboxError,
+            > {
+                let request = super::JoinedRequest { name };
+                let message = ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::Signal,
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
+                    endpoint: "Joined".to_owned(),
+                    correlation_id: None,
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: None,
+                    ttl: None,
+                };
+                self.outbox.enqueue_async(conn, message).await
+            }
+        }
+
+        /// Implemented by the engine to handle this interface's
+        /// signals and pushcalls on a sqlx store: the async
+        /// [`super::EngineHandler`].
+        ///
+        /// Each method runs inside the receiver's transaction that also records
+        /// the message in the inbox, and `conn` is that transaction's
+        /// connection: write your effects through `conn` and they commit
+        /// exactly once, together with that record (never commit or roll back
+        /// through it). To call another service, enqueue through its `aio`
+        /// client on the same `conn`. Return
+        /// [`HandlerError::retryable`](::rfidl_runtime::receiver::HandlerError)
+        /// for a failure worth retrying and `HandlerError::poison` for a message
+        /// that can never succeed.
+        ///
+        /// `S` is the receiver's store, and so the type of `conn`:
+        /// `sqlx::Postgres` (`&mut sqlx::PgConnection`) or `sqlx::Sqlite`
+        /// (`&mut sqlx::SqliteConnection`). Implement each method as an
+        /// `async fn` (the future it returns must be `Send`), for one store
+        /// (`impl aio::EngineHandler<sqlx::Postgres> for MyHandler`, with
+        /// `async fn joined(&self, call: &IncomingCall<'_>, conn: &mut sqlx::PgConnection, …)`)
+        /// or for any (`impl<S: AsyncStore> aio::EngineHandler<S> for MyHandler`,
+        /// with `conn: &mut S::Connection`).
+        pub trait EngineHandler<S: ::rfidl_runtime::AsyncStore>: Send + Sync + 'static {
+            /// Someone joined (service to engine, no answer).
+            ///
+            /// Handles one `Joined` signal.
+            ///
+            /// # Errors
+            ///
+            /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+            /// transaction is rolled back and the sender retries or gives up as
+            /// the error says.
+            fn joined(
+                &self,
+                call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+                conn: &mut S::Connection,
+                name: String,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    (),
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send;
+        }
+
+        /// A shared handler handles too, so one value can serve several receivers.
+        impl<
+            S: ::rfidl_runtime::AsyncStore,
+            T: EngineHandler<S> + ?Sized,
+        > EngineHandler<S> for ::std::sync::Arc<T> {
+            fn joined(
+                &self,
+                call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+                conn: &mut S::Connection,
+                name: String,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    (),
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send {
+                (**self).joined(call, conn, name)
+            }
+        }
+
+        /// Hosts a [`EngineHandler`] in an `rfidl_runtime` receiver on a
+        /// sqlx store (an
+        /// [`AsyncHostedService`](::rfidl_runtime::receiver::AsyncHostedService)):
+        /// decodes each payload into its request type (422 `payload_mismatch`
+        /// when it does not fit), routes by endpoint name with a static `match`
+        /// and awaits the handler. It hosts an `aio::EngineHandler<S>` in a
+        /// receiver of the same store `S`:
+        /// `.service(aio::EngineReceiver(handler))`.
+        #[derive(Debug)]
+        pub struct EngineReceiver<H>(pub H);
+
+        impl<
+            S: ::rfidl_runtime::AsyncStore,
+            H: EngineHandler<S>,
+        > ::rfidl_runtime::receiver::AsyncHostedService<S> for EngineReceiver<H> {
+            fn interfaces(&self) -> &[::rfidl_runtime::receiver::HostedInterface] {
+                const ENGINE_HOSTED: &[::rfidl_runtime::receiver::HostedInterface] = &[
+                    ::rfidl_runtime::receiver::HostedInterface {
+                        endpoints: &["Joined"],
+                        ..super::HOSTED
+                    },
+                ];
+                ENGINE_HOSTED
+            }
+
+            fn handle<'a>(
+                &'a self,
+                call: &'a ::rfidl_runtime::receiver::IncomingCall<'a>,
+                conn: &'a mut S::Connection,
+            ) -> ::rfidl_runtime::BoxFuture<
+                'a,
+                ::std::result::Result<
+                    ::rfidl_runtime::serde_json::Value,
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > {
+                ::std::boxed::Box::pin(async move {
+                    match call.endpoint {
+                        "Joined" => {
+                            let request: super::JoinedRequest = ::rfidl_runtime::receiver::decode_payload(
+                                call.payload,
+                            )?;
+                            self.0.joined(call, conn, request.name).await?;
+                            Ok(::rfidl_runtime::serde_json::Value::Null)
+                        }
+                        other => {
+                            Err(
+                                ::rfidl_runtime::receiver::HandlerError::unknown_endpoint(
+                                    other,
+                                ),
+                            )
+                        }
+                    }
+                })
+            }
+        }
+
+        /// Sends this interface's messages to the service through the
+        /// outbox of a sqlx store: the async [`super::ServiceClient`]. Each
+        /// call writes one outbox row on `conn`, the connection of the caller's
+        /// own sqlx transaction (`client.assign_desk(&mut *tx, …).await?` with
+        /// `tx: sqlx::Transaction<'_, sqlx::Postgres>`), so the message is sent
+        /// if and only if that transaction commits.
+        ///
+        /// `S` is the store the outbox is in, and so the type of `conn`:
+        /// `sqlx::Postgres` (`&mut sqlx::PgConnection`) or `sqlx::Sqlite`
+        /// (`&mut sqlx::SqliteConnection`).
+        pub struct ServiceClient<S: ::rfidl_runtime::AsyncStore> {
+            outbox: ::rfidl_runtime::outbox::Outbox<S>,
+            destination: ::std::string::String,
+        }
+
+        impl<S: ::rfidl_runtime::AsyncStore> ::std::fmt::Debug for ServiceClient<S> {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_struct("ServiceClient")
+                    .field("outbox", &self.outbox)
+                    .field("destination", &self.destination)
+                    .field("store", &S::NAME)
+                    .finish()
+            }
+        }
+
+        impl<S: ::rfidl_runtime::AsyncStore> ::std::clone::Clone for ServiceClient<S> {
+            fn clone(&self) -> Self {
+                Self {
+                    outbox: self.outbox.clone(),
+                    destination: self.destination.clone(),
+                }
+            }
+        }
+
+        impl<S: ::rfidl_runtime::AsyncStore> ServiceClient<S> {
+            /// A client that sends to `destination` (a name mapped to a transport
+            /// and URL in the runtime configuration) and enqueues in transactions
+            /// of `outbox`'s database.
+            ///
+            /// The destination is declared on the outbox: a dispatcher refuses to
+            /// start while the configuration has no route for it.
+            pub fn new(
+                outbox: ::rfidl_runtime::outbox::Outbox<S>,
+                destination: impl Into<::std::string::String>,
+            ) -> Self {
+                let destination = destination.into();
+                outbox.declare_destination(&destination);
+                Self { outbox, destination }
+            }
+
+            /// The engine asks the service for a desk for someone (engine to
+            /// service), and gets the desk back.
+            ///
+            /// Enqueues a `AssignDesk` command on `conn`, the
+            /// connection of the caller's open sqlx transaction (`&mut *tx`),
+            /// and returns its message id. It is sent if and only if that
+            /// transaction commits.
+            ///
+            /// # Errors
+            ///
+            /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+            /// row cannot be written (roll the transaction back: nothing is sent).
+            pub async fn assign_desk(
+                &self,
+                conn: &mut S::Connection,
+                name: String,
+            ) -> ::std::result::Result<
+                ::rfidl_runtime::types::Uuid,
+                ::rfidl_runtime::outbox::OutboxError,
+            > {
+                let request = super::AssignDeskRequest { name };
+                let message = ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::Command,
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
+                    endpoint: "AssignDesk".to_owned(),
+                    correlation_id: Some(request.name.to_string()),
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: None,
+                    ttl: None,
+                };
+                self.outbox.enqueue_async(conn, message).await
+            }
+        }
+
+        /// Acts on the service's answers to this interface's
+        /// commands on a sqlx store, one method per method that
+        /// declares a response: the async [`super::ServiceAnswers`].
+        ///
+        /// Each method runs inside the dispatcher's transaction that marks the
+        /// message `Sent` and stores its response, and `conn` is that
+        /// transaction's connection: write your effects through `conn` and they
+        /// commit exactly once, together with that record. Register with
+        /// `Dispatcher::builder(…).responses(aio::ServiceAnswerRouter(handler))`.
+        ///
+        /// `S` is the dispatcher's store, and so the type of `conn`:
+        /// `sqlx::Postgres` (`impl aio::ServiceAnswers<sqlx::Postgres> for …`,
+        /// `conn: &mut sqlx::PgConnection`) or `sqlx::Sqlite`
+        /// (`conn: &mut sqlx::SqliteConnection`). Implement each method as an
+        /// `async fn`; the future it returns must be `Send`.
+        pub trait ServiceAnswers<S: ::rfidl_runtime::AsyncStore>: Send + Sync + 'static {
+            /// The answer to a `AssignDesk` command: `answer` names
+            /// the message (`message_id`, `correlation_id`).
+            ///
+            /// # Errors
+            ///
+            /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+            /// transaction is rolled back, the message is sent again and its
+            /// answer handled again later.
+            fn assign_desk(
+                &self,
+                answer: &::rfidl_runtime::responses::Answer<'_>,
+                conn: &mut S::Connection,
+                response: super::super::Desk,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    (),
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send;
+        }
+
+        /// Hands the answers of this interface version to a
+        /// [`ServiceAnswers`] on a sqlx store (an
+        /// [`AsyncResponseHandler`](::rfidl_runtime::responses::AsyncResponseHandler)),
+        /// decoded into their response types (a response that does not fit is a
+        /// `payload_mismatch` error).
+        #[derive(Debug)]
+        pub struct ServiceAnswerRouter<H>(pub H);
+
+        impl<
+            S: ::rfidl_runtime::AsyncStore,
+            H: ServiceAnswers<S>,
+        > ::rfidl_runtime::responses::AsyncResponseHandler<S>
+        for ServiceAnswerRouter<H> {
+            fn interface(&self) -> (&'static str, u32) {
+                (super::INTERFACE, super::VERSION)
+            }
+
+            fn handle<'a>(
+                &'a self,
+                answer: &'a ::rfidl_runtime::responses::Answer<'a>,
+                conn: &'a mut S::Connection,
+            ) -> ::rfidl_runtime::BoxFuture<
+                'a,
+                ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>,
+            > {
+                ::std::boxed::Box::pin(async move {
+                    match answer.endpoint {
+                        "AssignDesk" => {
+                            let response = ::rfidl_runtime::receiver::decode_payload(
+                                answer.payload,
+                            )?;
+                            self.0.assign_desk(answer, conn, response).await
+                        }
+                        _ => Ok(()),
+                    }
+                })
+            }
+        }
+
+        /// Implemented by the service to handle this interface's
+        /// commands on a sqlx store: the async
+        /// [`super::ServiceHandler`].
+        ///
+        /// Each method runs inside the receiver's transaction that also records
+        /// the message in the inbox, and `conn` is that transaction's
+        /// connection: write your effects through `conn` and they commit
+        /// exactly once, together with that record (never commit or roll back
+        /// through it). To call another service, enqueue through its `aio`
+        /// client on the same `conn`. Return
+        /// [`HandlerError::retryable`](::rfidl_runtime::receiver::HandlerError)
+        /// for a failure worth retrying and `HandlerError::poison` for a message
+        /// that can never succeed.
+        ///
+        /// `S` is the receiver's store, and so the type of `conn`:
+        /// `sqlx::Postgres` (`&mut sqlx::PgConnection`) or `sqlx::Sqlite`
+        /// (`&mut sqlx::SqliteConnection`). Implement each method as an
+        /// `async fn` (the future it returns must be `Send`), for one store
+        /// (`impl aio::ServiceHandler<sqlx::Postgres> for MyHandler`, with
+        /// `async fn assign_desk(&self, call: &IncomingCall<'_>, conn: &mut sqlx::PgConnection, …)`)
+        /// or for any (`impl<S: AsyncStore> aio::ServiceHandler<S> for MyHandler`,
+        /// with `conn: &mut S::Connection`).
+        pub trait ServiceHandler<S: ::rfidl_runtime::AsyncStore>: Send + Sync + 'static {
+            /// The engine asks the service for a desk for someone (engine to
+            /// service), and gets the desk back.
+            ///
+            /// Handles one `AssignDesk` command.
+            ///
+            /// # Errors
+            ///
+            /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+            /// transaction is rolled back and the sender retries or gives up as
+            /// the error says.
+            fn assign_desk(
+                &self,
+                call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+                conn: &mut S::Connection,
+                name: String,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    super::super::Desk,
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send;
+        }
+
+        /// A shared handler handles too, so one value can serve several receivers.
+        impl<
+            S: ::rfidl_runtime::AsyncStore,
+            T: ServiceHandler<S> + ?Sized,
+        > ServiceHandler<S> for ::std::sync::Arc<T> {
+            fn assign_desk(
+                &self,
+                call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+                conn: &mut S::Connection,
+                name: String,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    super::super::Desk,
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send {
+                (**self).assign_desk(call, conn, name)
+            }
+        }
+
+        /// Hosts a [`ServiceHandler`] in an `rfidl_runtime` receiver on a
+        /// sqlx store (an
+        /// [`AsyncHostedService`](::rfidl_runtime::receiver::AsyncHostedService)):
+        /// decodes each payload into its request type (422 `payload_mismatch`
+        /// when it does not fit), routes by endpoint name with a static `match`
+        /// and awaits the handler. It hosts an `aio::ServiceHandler<S>` in a
+        /// receiver of the same store `S`:
+        /// `.service(aio::ServiceReceiver(handler))`.
+        #[derive(Debug)]
+        pub struct ServiceReceiver<H>(pub H);
+
+        impl<
+            S: ::rfidl_runtime::AsyncStore,
+            H: ServiceHandler<S>,
+        > ::rfidl_runtime::receiver::AsyncHostedService<S> for ServiceReceiver<H> {
+            fn interfaces(&self) -> &[::rfidl_runtime::receiver::HostedInterface] {
+                const SERVICE_HOSTED: &[::rfidl_runtime::receiver::HostedInterface] = &[
+                    ::rfidl_runtime::receiver::HostedInterface {
+                        endpoints: &["AssignDesk"],
+                        ..super::HOSTED
+                    },
+                ];
+                SERVICE_HOSTED
+            }
+
+            fn handle<'a>(
+                &'a self,
+                call: &'a ::rfidl_runtime::receiver::IncomingCall<'a>,
+                conn: &'a mut S::Connection,
+            ) -> ::rfidl_runtime::BoxFuture<
+                'a,
+                ::std::result::Result<
+                    ::rfidl_runtime::serde_json::Value,
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > {
+                ::std::boxed::Box::pin(async move {
+                    match call.endpoint {
+                        "AssignDesk" => {
+                            let request: super::AssignDeskRequest = ::rfidl_runtime::receiver::decode_payload(
+                                call.payload,
+                            )?;
+                            let response = self
+                                .0
+                                .assign_desk(call, conn, request.name)
+                                .await?;
+                            ::rfidl_runtime::receiver::encode_response(&response)
+                        }
+                        other => {
+                            Err(
+                                ::rfidl_runtime::receiver::HandlerError::unknown_endpoint(
+                                    other,
+                                ),
+                            )
+                        }
+                    }
+                })
+            }
+        }
+    }
 }

@@ -866,4 +866,839 @@ pub mod order_service_v1 {
             }
         }
     }
+
+    /// The async API of this interface version, for sqlx stores (named after
+    /// `redis::aio`): the clients, answer traits, handler traits and
+    /// receivers of the blocking API above, by the same names, with `async`
+    /// methods. Their request and response types are the ones above.
+    ///
+    /// `S` is an [`AsyncStore`](::rfidl_runtime::AsyncStore), `sqlx::Postgres`
+    /// or `sqlx::Sqlite`, and where the blocking API takes a transaction `tx`,
+    /// this one takes `conn`, the connection a sqlx transaction runs on. A
+    /// client enqueues on the caller's own transaction (`&mut *tx`, with
+    /// `tx: sqlx::Transaction<'_, sqlx::Postgres>`): the message is sent if
+    /// and only if that transaction commits. A handler runs inside the
+    /// receiver's transaction that records the message in the inbox: its
+    /// writes through `conn` commit exactly once, together with that record.
+    #[allow(dead_code)]
+    pub mod aio {
+        /// Sends this interface's messages to the engine through the
+        /// outbox of a sqlx store: the async [`super::EngineClient`]. Each
+        /// call writes one outbox row on `conn`, the connection of the caller's
+        /// own sqlx transaction (`client.order_placed(&mut *tx, …).await?` with
+        /// `tx: sqlx::Transaction<'_, sqlx::Postgres>`), so the message is sent
+        /// if and only if that transaction commits.
+        ///
+        /// `S` is the store the outbox is in, and so the type of `conn`:
+        /// `sqlx::Postgres` (`&mut sqlx::PgConnection`) or `sqlx::Sqlite`
+        /// (`&mut sqlx::SqliteConnection`).
+        pub struct EngineClient<S: ::rfidl_runtime::AsyncStore> {
+            outbox: ::rfidl_runtime::outbox::Outbox<S>,
+            destination: ::std::string::String,
+        }
+
+        impl<S: ::rfidl_runtime::AsyncStore> ::std::fmt::Debug for EngineClient<S> {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_struct("EngineClient")
+                    .field("outbox", &self.outbox)
+                    .field("destination", &self.destination)
+                    .field("store", &S::NAME)
+                    .finish()
+            }
+        }
+
+        impl<S: ::rfidl_runtime::AsyncStore> ::std::clone::Clone for EngineClient<S> {
+            fn clone(&self) -> Self {
+                Self {
+                    outbox: self.outbox.clone(),
+                    destination: self.destination.clone(),
+                }
+            }
+        }
+
+        impl<S: ::rfidl_runtime::AsyncStore> EngineClient<S> {
+            /// A client that sends to `destination` (a name mapped to a transport
+            /// and URL in the runtime configuration) and enqueues in transactions
+            /// of `outbox`'s database.
+            ///
+            /// The destination is declared on the outbox: a dispatcher refuses to
+            /// start while the configuration has no route for it.
+            pub fn new(
+                outbox: ::rfidl_runtime::outbox::Outbox<S>,
+                destination: impl Into<::std::string::String>,
+            ) -> Self {
+                let destination = destination.into();
+                outbox.declare_destination(&destination);
+                Self { outbox, destination }
+            }
+
+            /// A customer placed an order: starts the fulfilment workflow.
+            ///
+            /// Enqueues a `OrderPlaced` pushcall on `conn`, the
+            /// connection of the caller's open sqlx transaction (`&mut *tx`),
+            /// and returns its message id. It is sent if and only if that
+            /// transaction commits.
+            ///
+            /// # Errors
+            ///
+            /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+            /// row cannot be written (roll the transaction back: nothing is sent).
+            pub async fn order_placed(
+                &self,
+                conn: &mut S::Connection,
+                order: super::super::Order,
+            ) -> ::std::result::Result<
+                ::rfidl_runtime::types::Uuid,
+                ::rfidl_runtime::outbox::OutboxError,
+            > {
+                let request = super::OrderPlacedRequest { order };
+                let message = ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::PushCall,
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
+                    endpoint: "OrderPlaced".to_owned(),
+                    correlation_id: Some(request.order.id.to_string()),
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: None,
+                    ttl: None,
+                };
+                self.outbox.enqueue_async(conn, message).await
+            }
+
+            /// The customer cancelled before shipping.
+            ///
+            /// Enqueues a `OrderCancelled` signal on `conn`, the
+            /// connection of the caller's open sqlx transaction (`&mut *tx`),
+            /// and returns its message id. It is sent if and only if that
+            /// transaction commits.
+            ///
+            /// # Errors
+            ///
+            /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+            /// row cannot be written (roll the transaction back: nothing is sent).
+            pub async fn order_cancelled(
+                &self,
+                conn: &mut S::Connection,
+                order_id: ::rfidl_runtime::types::Uuid,
+                reason: String,
+            ) -> ::std::result::Result<
+                ::rfidl_runtime::types::Uuid,
+                ::rfidl_runtime::outbox::OutboxError,
+            > {
+                let request = super::OrderCancelledRequest {
+                    order_id,
+                    reason,
+                };
+                let message = ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::Signal,
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
+                    endpoint: "OrderCancelled".to_owned(),
+                    correlation_id: Some(request.order_id.to_string()),
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: None,
+                    ttl: None,
+                };
+                self.outbox.enqueue_async(conn, message).await
+            }
+        }
+
+        /// Implemented by the engine to handle this interface's
+        /// signals and pushcalls on a sqlx store: the async
+        /// [`super::EngineHandler`].
+        ///
+        /// Each method runs inside the receiver's transaction that also records
+        /// the message in the inbox, and `conn` is that transaction's
+        /// connection: write your effects through `conn` and they commit
+        /// exactly once, together with that record (never commit or roll back
+        /// through it). To call another service, enqueue through its `aio`
+        /// client on the same `conn`. Return
+        /// [`HandlerError::retryable`](::rfidl_runtime::receiver::HandlerError)
+        /// for a failure worth retrying and `HandlerError::poison` for a message
+        /// that can never succeed.
+        ///
+        /// `S` is the receiver's store, and so the type of `conn`:
+        /// `sqlx::Postgres` (`&mut sqlx::PgConnection`) or `sqlx::Sqlite`
+        /// (`&mut sqlx::SqliteConnection`). Implement each method as an
+        /// `async fn` (the future it returns must be `Send`), for one store
+        /// (`impl aio::EngineHandler<sqlx::Postgres> for MyHandler`, with
+        /// `async fn order_placed(&self, call: &IncomingCall<'_>, conn: &mut sqlx::PgConnection, …)`)
+        /// or for any (`impl<S: AsyncStore> aio::EngineHandler<S> for MyHandler`,
+        /// with `conn: &mut S::Connection`).
+        pub trait EngineHandler<S: ::rfidl_runtime::AsyncStore>: Send + Sync + 'static {
+            /// A customer placed an order: starts the fulfilment workflow.
+            ///
+            /// Handles one `OrderPlaced` pushcall.
+            ///
+            /// # Errors
+            ///
+            /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+            /// transaction is rolled back and the sender retries or gives up as
+            /// the error says.
+            fn order_placed(
+                &self,
+                call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+                conn: &mut S::Connection,
+                order: super::super::Order,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    (),
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send;
+
+            /// The customer cancelled before shipping.
+            ///
+            /// Handles one `OrderCancelled` signal.
+            ///
+            /// # Errors
+            ///
+            /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+            /// transaction is rolled back and the sender retries or gives up as
+            /// the error says.
+            fn order_cancelled(
+                &self,
+                call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+                conn: &mut S::Connection,
+                order_id: ::rfidl_runtime::types::Uuid,
+                reason: String,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    (),
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send;
+        }
+
+        /// A shared handler handles too, so one value can serve several receivers.
+        impl<
+            S: ::rfidl_runtime::AsyncStore,
+            T: EngineHandler<S> + ?Sized,
+        > EngineHandler<S> for ::std::sync::Arc<T> {
+            fn order_placed(
+                &self,
+                call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+                conn: &mut S::Connection,
+                order: super::super::Order,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    (),
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send {
+                (**self).order_placed(call, conn, order)
+            }
+
+            fn order_cancelled(
+                &self,
+                call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+                conn: &mut S::Connection,
+                order_id: ::rfidl_runtime::types::Uuid,
+                reason: String,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    (),
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send {
+                (**self).order_cancelled(call, conn, order_id, reason)
+            }
+        }
+
+        /// Hosts a [`EngineHandler`] in an `rfidl_runtime` receiver on a
+        /// sqlx store (an
+        /// [`AsyncHostedService`](::rfidl_runtime::receiver::AsyncHostedService)):
+        /// decodes each payload into its request type (422 `payload_mismatch`
+        /// when it does not fit), routes by endpoint name with a static `match`
+        /// and awaits the handler. It hosts an `aio::EngineHandler<S>` in a
+        /// receiver of the same store `S`:
+        /// `.service(aio::EngineReceiver(handler))`.
+        #[derive(Debug)]
+        pub struct EngineReceiver<H>(pub H);
+
+        impl<
+            S: ::rfidl_runtime::AsyncStore,
+            H: EngineHandler<S>,
+        > ::rfidl_runtime::receiver::AsyncHostedService<S> for EngineReceiver<H> {
+            fn interfaces(&self) -> &[::rfidl_runtime::receiver::HostedInterface] {
+                const ENGINE_HOSTED: &[::rfidl_runtime::receiver::HostedInterface] = &[
+                    ::rfidl_runtime::receiver::HostedInterface {
+                        endpoints: &["OrderPlaced", "OrderCancelled"],
+                        ..super::HOSTED
+                    },
+                ];
+                ENGINE_HOSTED
+            }
+
+            fn handle<'a>(
+                &'a self,
+                call: &'a ::rfidl_runtime::receiver::IncomingCall<'a>,
+                conn: &'a mut S::Connection,
+            ) -> ::rfidl_runtime::BoxFuture<
+                'a,
+                ::std::result::Result<
+                    ::rfidl_runtime::serde_json::Value,
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > {
+                ::std::boxed::Box::pin(async move {
+                    match call.endpoint {
+                        "OrderPlaced" => {
+                            let request: super::OrderPlacedRequest = ::rfidl_runtime::receiver::decode_payload(
+                                call.payload,
+                            )?;
+                            self.0.order_placed(call, conn, request.order).await?;
+                            Ok(::rfidl_runtime::serde_json::Value::Null)
+                        }
+                        "OrderCancelled" => {
+                            let request: super::OrderCancelledRequest = ::rfidl_runtime::receiver::decode_payload(
+                                call.payload,
+                            )?;
+                            self.0
+                                .order_cancelled(
+                                    call,
+                                    conn,
+                                    request.order_id,
+                                    request.reason,
+                                )
+                                .await?;
+                            Ok(::rfidl_runtime::serde_json::Value::Null)
+                        }
+                        other => {
+                            Err(
+                                ::rfidl_runtime::receiver::HandlerError::unknown_endpoint(
+                                    other,
+                                ),
+                            )
+                        }
+                    }
+                })
+            }
+        }
+
+        /// Sends this interface's messages to the service through the
+        /// outbox of a sqlx store: the async [`super::ServiceClient`]. Each
+        /// call writes one outbox row on `conn`, the connection of the caller's
+        /// own sqlx transaction (`client.reserve_stock(&mut *tx, …).await?` with
+        /// `tx: sqlx::Transaction<'_, sqlx::Postgres>`), so the message is sent
+        /// if and only if that transaction commits.
+        ///
+        /// `S` is the store the outbox is in, and so the type of `conn`:
+        /// `sqlx::Postgres` (`&mut sqlx::PgConnection`) or `sqlx::Sqlite`
+        /// (`&mut sqlx::SqliteConnection`).
+        pub struct ServiceClient<S: ::rfidl_runtime::AsyncStore> {
+            outbox: ::rfidl_runtime::outbox::Outbox<S>,
+            destination: ::std::string::String,
+        }
+
+        impl<S: ::rfidl_runtime::AsyncStore> ::std::fmt::Debug for ServiceClient<S> {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_struct("ServiceClient")
+                    .field("outbox", &self.outbox)
+                    .field("destination", &self.destination)
+                    .field("store", &S::NAME)
+                    .finish()
+            }
+        }
+
+        impl<S: ::rfidl_runtime::AsyncStore> ::std::clone::Clone for ServiceClient<S> {
+            fn clone(&self) -> Self {
+                Self {
+                    outbox: self.outbox.clone(),
+                    destination: self.destination.clone(),
+                }
+            }
+        }
+
+        impl<S: ::rfidl_runtime::AsyncStore> ServiceClient<S> {
+            /// A client that sends to `destination` (a name mapped to a transport
+            /// and URL in the runtime configuration) and enqueues in transactions
+            /// of `outbox`'s database.
+            ///
+            /// The destination is declared on the outbox: a dispatcher refuses to
+            /// start while the configuration has no route for it.
+            pub fn new(
+                outbox: ::rfidl_runtime::outbox::Outbox<S>,
+                destination: impl Into<::std::string::String>,
+            ) -> Self {
+                let destination = destination.into();
+                outbox.declare_destination(&destination);
+                Self { outbox, destination }
+            }
+
+            /// Reserve stock for an order; answers what could be reserved.
+            ///
+            /// Enqueues a `ReserveStock` command on `conn`, the
+            /// connection of the caller's open sqlx transaction (`&mut *tx`),
+            /// and returns its message id. It is sent if and only if that
+            /// transaction commits.
+            ///
+            /// # Errors
+            ///
+            /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+            /// row cannot be written (roll the transaction back: nothing is sent).
+            pub async fn reserve_stock(
+                &self,
+                conn: &mut S::Connection,
+                order_id: ::rfidl_runtime::types::Uuid,
+                lines: Vec<super::super::OrderLine>,
+            ) -> ::std::result::Result<
+                ::rfidl_runtime::types::Uuid,
+                ::rfidl_runtime::outbox::OutboxError,
+            > {
+                let request = super::ReserveStockRequest {
+                    order_id,
+                    lines,
+                };
+                let message = ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::Command,
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
+                    endpoint: "ReserveStock".to_owned(),
+                    correlation_id: Some(request.order_id.to_string()),
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: Some(3),
+                    ttl: Some(::std::time::Duration::new(900, 0)),
+                };
+                self.outbox.enqueue_async(conn, message).await
+            }
+
+            /// Capture the payment for an order.
+            ///
+            /// Enqueues a `CapturePayment` command on `conn`, the
+            /// connection of the caller's open sqlx transaction (`&mut *tx`),
+            /// and returns its message id. It is sent if and only if that
+            /// transaction commits.
+            ///
+            /// # Errors
+            ///
+            /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+            /// row cannot be written (roll the transaction back: nothing is sent).
+            pub async fn capture_payment(
+                &self,
+                conn: &mut S::Connection,
+                order_id: ::rfidl_runtime::types::Uuid,
+                amount: super::super::super::super::common::Money,
+            ) -> ::std::result::Result<
+                ::rfidl_runtime::types::Uuid,
+                ::rfidl_runtime::outbox::OutboxError,
+            > {
+                let request = super::CapturePaymentRequest {
+                    order_id,
+                    amount,
+                };
+                let message = ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::Command,
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
+                    endpoint: "CapturePayment".to_owned(),
+                    correlation_id: Some(request.order_id.to_string()),
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: Some(8),
+                    ttl: None,
+                };
+                self.outbox.enqueue_async(conn, message).await
+            }
+
+            /// Ask for the stock level of one SKU.
+            ///
+            /// Enqueues a `CheckStock` command on `conn`, the
+            /// connection of the caller's open sqlx transaction (`&mut *tx`),
+            /// and returns its message id. It is sent if and only if that
+            /// transaction commits.
+            ///
+            /// # Errors
+            ///
+            /// An [`OutboxError`](::rfidl_runtime::outbox::OutboxError) when the
+            /// row cannot be written (roll the transaction back: nothing is sent).
+            pub async fn check_stock(
+                &self,
+                conn: &mut S::Connection,
+                sku: String,
+            ) -> ::std::result::Result<
+                ::rfidl_runtime::types::Uuid,
+                ::rfidl_runtime::outbox::OutboxError,
+            > {
+                let request = super::CheckStockRequest { sku };
+                let message = ::rfidl_runtime::outbox::OutgoingMessage {
+                    destination: self.destination.clone(),
+                    message_type: ::rfidl_runtime::MessageType::Command,
+                    interface: super::INTERFACE.to_owned(),
+                    version: super::VERSION,
+                    fingerprint: super::FINGERPRINT.to_owned(),
+                    endpoint: "CheckStock".to_owned(),
+                    correlation_id: None,
+                    payload: ::rfidl_runtime::serde_json::to_value(&request)?,
+                    headers: ::std::collections::BTreeMap::new(),
+                    max_retries: None,
+                    ttl: None,
+                };
+                self.outbox.enqueue_async(conn, message).await
+            }
+        }
+
+        /// Acts on the service's answers to this interface's
+        /// commands on a sqlx store, one method per method that
+        /// declares a response: the async [`super::ServiceAnswers`].
+        ///
+        /// Each method runs inside the dispatcher's transaction that marks the
+        /// message `Sent` and stores its response, and `conn` is that
+        /// transaction's connection: write your effects through `conn` and they
+        /// commit exactly once, together with that record. Register with
+        /// `Dispatcher::builder(…).responses(aio::ServiceAnswerRouter(handler))`.
+        ///
+        /// `S` is the dispatcher's store, and so the type of `conn`:
+        /// `sqlx::Postgres` (`impl aio::ServiceAnswers<sqlx::Postgres> for …`,
+        /// `conn: &mut sqlx::PgConnection`) or `sqlx::Sqlite`
+        /// (`conn: &mut sqlx::SqliteConnection`). Implement each method as an
+        /// `async fn`; the future it returns must be `Send`.
+        pub trait ServiceAnswers<S: ::rfidl_runtime::AsyncStore>: Send + Sync + 'static {
+            /// The answer to a `ReserveStock` command: `answer` names
+            /// the message (`message_id`, `correlation_id`).
+            ///
+            /// # Errors
+            ///
+            /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+            /// transaction is rolled back, the message is sent again and its
+            /// answer handled again later.
+            fn reserve_stock(
+                &self,
+                answer: &::rfidl_runtime::responses::Answer<'_>,
+                conn: &mut S::Connection,
+                response: super::super::Reservation,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    (),
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send;
+
+            /// The answer to a `CapturePayment` command: `answer` names
+            /// the message (`message_id`, `correlation_id`).
+            ///
+            /// # Errors
+            ///
+            /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+            /// transaction is rolled back, the message is sent again and its
+            /// answer handled again later.
+            fn capture_payment(
+                &self,
+                answer: &::rfidl_runtime::responses::Answer<'_>,
+                conn: &mut S::Connection,
+                response: super::super::PaymentReceipt,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    (),
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send;
+
+            /// The answer to a `CheckStock` command: `answer` names
+            /// the message (`message_id`, `correlation_id`).
+            ///
+            /// # Errors
+            ///
+            /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+            /// transaction is rolled back, the message is sent again and its
+            /// answer handled again later.
+            fn check_stock(
+                &self,
+                answer: &::rfidl_runtime::responses::Answer<'_>,
+                conn: &mut S::Connection,
+                response: super::super::StockLevel,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    (),
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send;
+        }
+
+        /// Hands the answers of this interface version to a
+        /// [`ServiceAnswers`] on a sqlx store (an
+        /// [`AsyncResponseHandler`](::rfidl_runtime::responses::AsyncResponseHandler)),
+        /// decoded into their response types (a response that does not fit is a
+        /// `payload_mismatch` error).
+        #[derive(Debug)]
+        pub struct ServiceAnswerRouter<H>(pub H);
+
+        impl<
+            S: ::rfidl_runtime::AsyncStore,
+            H: ServiceAnswers<S>,
+        > ::rfidl_runtime::responses::AsyncResponseHandler<S>
+        for ServiceAnswerRouter<H> {
+            fn interface(&self) -> (&'static str, u32) {
+                (super::INTERFACE, super::VERSION)
+            }
+
+            fn handle<'a>(
+                &'a self,
+                answer: &'a ::rfidl_runtime::responses::Answer<'a>,
+                conn: &'a mut S::Connection,
+            ) -> ::rfidl_runtime::BoxFuture<
+                'a,
+                ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>,
+            > {
+                ::std::boxed::Box::pin(async move {
+                    match answer.endpoint {
+                        "ReserveStock" => {
+                            let response = ::rfidl_runtime::receiver::decode_payload(
+                                answer.payload,
+                            )?;
+                            self.0.reserve_stock(answer, conn, response).await
+                        }
+                        "CapturePayment" => {
+                            let response = ::rfidl_runtime::receiver::decode_payload(
+                                answer.payload,
+                            )?;
+                            self.0.capture_payment(answer, conn, response).await
+                        }
+                        "CheckStock" => {
+                            let response = ::rfidl_runtime::receiver::decode_payload(
+                                answer.payload,
+                            )?;
+                            self.0.check_stock(answer, conn, response).await
+                        }
+                        _ => Ok(()),
+                    }
+                })
+            }
+        }
+
+        /// Implemented by the service to handle this interface's
+        /// commands on a sqlx store: the async
+        /// [`super::ServiceHandler`].
+        ///
+        /// Each method runs inside the receiver's transaction that also records
+        /// the message in the inbox, and `conn` is that transaction's
+        /// connection: write your effects through `conn` and they commit
+        /// exactly once, together with that record (never commit or roll back
+        /// through it). To call another service, enqueue through its `aio`
+        /// client on the same `conn`. Return
+        /// [`HandlerError::retryable`](::rfidl_runtime::receiver::HandlerError)
+        /// for a failure worth retrying and `HandlerError::poison` for a message
+        /// that can never succeed.
+        ///
+        /// `S` is the receiver's store, and so the type of `conn`:
+        /// `sqlx::Postgres` (`&mut sqlx::PgConnection`) or `sqlx::Sqlite`
+        /// (`&mut sqlx::SqliteConnection`). Implement each method as an
+        /// `async fn` (the future it returns must be `Send`), for one store
+        /// (`impl aio::ServiceHandler<sqlx::Postgres> for MyHandler`, with
+        /// `async fn reserve_stock(&self, call: &IncomingCall<'_>, conn: &mut sqlx::PgConnection, …)`)
+        /// or for any (`impl<S: AsyncStore> aio::ServiceHandler<S> for MyHandler`,
+        /// with `conn: &mut S::Connection`).
+        pub trait ServiceHandler<S: ::rfidl_runtime::AsyncStore>: Send + Sync + 'static {
+            /// Reserve stock for an order; answers what could be reserved.
+            ///
+            /// Handles one `ReserveStock` command.
+            ///
+            /// # Errors
+            ///
+            /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+            /// transaction is rolled back and the sender retries or gives up as
+            /// the error says.
+            fn reserve_stock(
+                &self,
+                call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+                conn: &mut S::Connection,
+                order_id: ::rfidl_runtime::types::Uuid,
+                lines: Vec<super::super::OrderLine>,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    super::super::Reservation,
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send;
+
+            /// Capture the payment for an order.
+            ///
+            /// Handles one `CapturePayment` command.
+            ///
+            /// # Errors
+            ///
+            /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+            /// transaction is rolled back and the sender retries or gives up as
+            /// the error says.
+            fn capture_payment(
+                &self,
+                call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+                conn: &mut S::Connection,
+                order_id: ::rfidl_runtime::types::Uuid,
+                amount: super::super::super::super::common::Money,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    super::super::PaymentReceipt,
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send;
+
+            /// Ask for the stock level of one SKU.
+            ///
+            /// Handles one `CheckStock` command.
+            ///
+            /// # Errors
+            ///
+            /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): the
+            /// transaction is rolled back and the sender retries or gives up as
+            /// the error says.
+            fn check_stock(
+                &self,
+                call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+                conn: &mut S::Connection,
+                sku: String,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    super::super::StockLevel,
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send;
+        }
+
+        /// A shared handler handles too, so one value can serve several receivers.
+        impl<
+            S: ::rfidl_runtime::AsyncStore,
+            T: ServiceHandler<S> + ?Sized,
+        > ServiceHandler<S> for ::std::sync::Arc<T> {
+            fn reserve_stock(
+                &self,
+                call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+                conn: &mut S::Connection,
+                order_id: ::rfidl_runtime::types::Uuid,
+                lines: Vec<super::super::OrderLine>,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    super::super::Reservation,
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send {
+                (**self).reserve_stock(call, conn, order_id, lines)
+            }
+
+            fn capture_payment(
+                &self,
+                call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+                conn: &mut S::Connection,
+                order_id: ::rfidl_runtime::types::Uuid,
+                amount: super::super::super::super::common::Money,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    super::super::PaymentReceipt,
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send {
+                (**self).capture_payment(call, conn, order_id, amount)
+            }
+
+            fn check_stock(
+                &self,
+                call: &::rfidl_runtime::receiver::IncomingCall<'_>,
+                conn: &mut S::Connection,
+                sku: String,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    super::super::StockLevel,
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send {
+                (**self).check_stock(call, conn, sku)
+            }
+        }
+
+        /// Hosts a [`ServiceHandler`] in an `rfidl_runtime` receiver on a
+        /// sqlx store (an
+        /// [`AsyncHostedService`](::rfidl_runtime::receiver::AsyncHostedService)):
+        /// decodes each payload into its request type (422 `payload_mismatch`
+        /// when it does not fit), routes by endpoint name with a static `match`
+        /// and awaits the handler. It hosts an `aio::ServiceHandler<S>` in a
+        /// receiver of the same store `S`:
+        /// `.service(aio::ServiceReceiver(handler))`.
+        #[derive(Debug)]
+        pub struct ServiceReceiver<H>(pub H);
+
+        impl<
+            S: ::rfidl_runtime::AsyncStore,
+            H: ServiceHandler<S>,
+        > ::rfidl_runtime::receiver::AsyncHostedService<S> for ServiceReceiver<H> {
+            fn interfaces(&self) -> &[::rfidl_runtime::receiver::HostedInterface] {
+                const SERVICE_HOSTED: &[::rfidl_runtime::receiver::HostedInterface] = &[
+                    ::rfidl_runtime::receiver::HostedInterface {
+                        endpoints: &["ReserveStock", "CapturePayment", "CheckStock"],
+                        ..super::HOSTED
+                    },
+                ];
+                SERVICE_HOSTED
+            }
+
+            fn handle<'a>(
+                &'a self,
+                call: &'a ::rfidl_runtime::receiver::IncomingCall<'a>,
+                conn: &'a mut S::Connection,
+            ) -> ::rfidl_runtime::BoxFuture<
+                'a,
+                ::std::result::Result<
+                    ::rfidl_runtime::serde_json::Value,
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > {
+                ::std::boxed::Box::pin(async move {
+                    match call.endpoint {
+                        "ReserveStock" => {
+                            let request: super::ReserveStockRequest = ::rfidl_runtime::receiver::decode_payload(
+                                call.payload,
+                            )?;
+                            let response = self
+                                .0
+                                .reserve_stock(call, conn, request.order_id, request.lines)
+                                .await?;
+                            ::rfidl_runtime::receiver::encode_response(&response)
+                        }
+                        "CapturePayment" => {
+                            let request: super::CapturePaymentRequest = ::rfidl_runtime::receiver::decode_payload(
+                                call.payload,
+                            )?;
+                            let response = self
+                                .0
+                                .capture_payment(
+                                    call,
+                                    conn,
+                                    request.order_id,
+                                    request.amount,
+                                )
+                                .await?;
+                            ::rfidl_runtime::receiver::encode_response(&response)
+                        }
+                        "CheckStock" => {
+                            let request: super::CheckStockRequest = ::rfidl_runtime::receiver::decode_payload(
+                                call.payload,
+                            )?;
+                            let response = self
+                                .0
+                                .check_stock(call, conn, request.sku)
+                                .await?;
+                            ::rfidl_runtime::receiver::encode_response(&response)
+                        }
+                        other => {
+                            Err(
+                                ::rfidl_runtime::receiver::HandlerError::unknown_endpoint(
+                                    other,
+                                ),
+                            )
+                        }
+                    }
+                })
+            }
+        }
+    }
 }

@@ -3,6 +3,7 @@
 mod demo;
 mod drift;
 mod examples;
+mod generated_aio;
 mod ops_access;
 mod processes;
 mod registration;
