@@ -680,7 +680,8 @@ mod sqlx_pg {
 
     async fn pair(server: &str, name: &str) -> SqlxPair {
         let secret = Secret::generate();
-        let receiver_pool = pool(server, &format!("{name}_sqlx_receiver"), WRITERS as u32 + 2).await;
+        let receiver_pool =
+            pool(server, &format!("{name}_sqlx_receiver"), WRITERS as u32 + 2).await;
         let receiving = PgStore::open(receiver_pool.clone()).await.expect("store");
         sqlx::query("CREATE TABLE ledger (message_id TEXT NOT NULL, amount BIGINT NOT NULL)")
             .execute(&receiver_pool)
@@ -720,7 +721,10 @@ mod sqlx_pg {
     }
 
     async fn count(pool: &PgPool, sql: &'static str) -> i64 {
-        sqlx::query_scalar(sql).fetch_one(pool).await.expect("count")
+        sqlx::query_scalar(sql)
+            .fetch_one(pool)
+            .await
+            .expect("count")
     }
 
     async fn delivery_rate(server: &str) -> f64 {

@@ -282,7 +282,7 @@ pub(crate) struct Brokers<'a> {
     pub issued: Option<&'a crate::keys::IssuedKeys>,
 }
 
-#[cfg(any(feature = "nats", feature = "amqp"))]
+#[cfg(all(any(feature = "nats", feature = "amqp"), feature = "sqlx-postgres"))]
 impl Brokers<'_> {
     /// Whether the host would consume from a broker (inbound, or the
     /// answers of a broker destination).
