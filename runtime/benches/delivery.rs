@@ -616,7 +616,10 @@ mod sqlx_pg {
     }
 
     async fn pool(server: &str, name: &str, connections: u32) -> PgPool {
-        let url = super::postgres::database(server, name);
+        let (server, name) = (server.to_owned(), name.to_owned());
+        let url = tokio::task::spawn_blocking(move || super::postgres::database(&server, &name))
+            .await
+            .expect("database");
         PgPoolOptions::new()
             .max_connections(connections)
             .connect(url.as_str())

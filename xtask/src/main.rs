@@ -400,7 +400,7 @@ fn stop_test_epmd() {
 fn ci() -> Result<(), String> {
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     // Clippy, warnings denied, on every build configuration users compile.
-    let configurations: [(&str, &[&str]); 6] = [
+    let configurations: [(&str, &[&str]); 7] = [
         (
             "everything",
             &["--workspace", "--all-targets", "--all-features"],
@@ -432,6 +432,18 @@ fn ci() -> Result<(), String> {
                 "--no-default-features",
                 "--features",
                 "grpc",
+            ],
+        ),
+        // The async PostgreSQL store alone (no blocking client, no broker).
+        (
+            "rfidl-runtime with sqlx-postgres only",
+            &[
+                "-p",
+                "rfidl-runtime",
+                "--lib",
+                "--no-default-features",
+                "--features",
+                "sqlx-postgres",
             ],
         ),
         // The AMQP transport without NATS (they share broker.rs).

@@ -11,10 +11,14 @@ use super::stop::Parts;
 use super::{Host, HostError};
 use crate::diagnostics::Diagnostics;
 use crate::directory::{DirectoryClient, Registration};
+#[cfg(any(feature = "nats", feature = "amqp"))]
 use crate::receiver::HandlerError;
+#[cfg(any(feature = "nats", feature = "amqp"))]
 use crate::responses::{Answer, ResponseHandler};
 use crate::retention::Retention;
-use crate::store::{AnyStore, Database, Location, Store};
+#[cfg(any(feature = "nats", feature = "amqp"))]
+use crate::store::Store;
+use crate::store::{AnyStore, Database, Location};
 
 /// A database already known to belong to the store `S` (it came from an
 /// `impl Location<Store = S>`), for the parts' constructors.
@@ -36,8 +40,10 @@ impl<S: AnyStore> Location for At<S> {
 
 /// One response handler given to both the dispatcher and the JetStream
 /// answers consumer.
+#[cfg(any(feature = "nats", feature = "amqp"))]
 pub(crate) struct Shared<S: Store>(pub(crate) Arc<dyn ResponseHandler<S>>);
 
+#[cfg(any(feature = "nats", feature = "amqp"))]
 impl<S: Store> ResponseHandler<S> for Shared<S> {
     fn interface(&self) -> (&'static str, u32) {
         self.0.interface()
