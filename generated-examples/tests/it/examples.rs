@@ -1,6 +1,6 @@
 //! The programs in `examples/` run, as a user would run them: each is built
 //! by `cargo test` (as every example is) and run here as a process; the
-//! PostgreSQL one on two fresh databases of the throw-away cluster.
+//! PostgreSQL ones on fresh databases of the throw-away cluster.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -87,4 +87,35 @@ fn the_postgres_example_runs_on_two_databases() {
             .expect("count thread")
     });
     assert_eq!(arrivals, 2, "two runs, each arrival recorded once");
+}
+
+#[test]
+fn the_axum_sqlx_example_seats_each_newcomer_once_across_runs() {
+    let Some(db) = postgres::database() else {
+        return;
+    };
+    for _ in 0..2 {
+        let out = run("axum_sqlx", &[db.url()]);
+        assert_eq!(out, "Ada: desk 1\nGrace: desk 2\n", "{out}");
+    }
+    let (desks, requests, sent): (i64, i64, i64) = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let mut client = db.connect();
+                let mut count =
+                    |sql: &str| -> i64 { client.query_one(sql, &[]).expect("count").get(0) };
+                (
+                    count("SELECT count(*) FROM greeter.desks"),
+                    count("SELECT count(*) FROM engine.requests"),
+                    count("SELECT count(*) FROM engine.outbox_messages WHERE status = 'Sent'"),
+                )
+            })
+            .join()
+            .expect("count thread")
+    });
+    assert_eq!(
+        (desks, requests, sent),
+        (2, 2, 2),
+        "two runs, one message and one desk per newcomer"
+    );
 }
