@@ -52,8 +52,10 @@ pub(crate) trait AsyncInboxStep: Send + Sync + 'static {
     fn rollback(tx: Self::Tx) -> BoxFuture<'static, Result<(), sqlx::Error>>;
 
     /// Runs `sql` (savepoint statements, the same on both stores).
-    fn batch<'a>(conn: &'a mut Conn<Self>, sql: &'static str)
-    -> BoxFuture<'a, Result<(), sqlx::Error>>;
+    fn batch<'a>(
+        conn: &'a mut Conn<Self>,
+        sql: &'static str,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
 
     /// Claims the delivery for this transaction: inserts its inbox row
     /// (without an answer) unless one exists; [`Claim::Fresh`] when it was

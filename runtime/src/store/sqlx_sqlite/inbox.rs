@@ -60,12 +60,11 @@ pub(crate) fn start(
     let path = store.path();
     if let Some(lifecycle) = &parts.lifecycle {
         let conn = crate::store::sqlite::open(path, Durability::Normal)?;
-        let rows = crate::store::sqlite::lifecycle::read(&conn).map_err(|source| {
-            StoreError::Sqlite {
+        let rows =
+            crate::store::sqlite::lifecycle::read(&conn).map_err(|source| StoreError::Sqlite {
                 path: path.display().to_string(),
                 source,
-            }
-        })?;
+            })?;
         lifecycle.replace(rows);
     }
     let reader = crate::store::sqlite::InboxReader::open(path)?;
