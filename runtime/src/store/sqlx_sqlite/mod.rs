@@ -107,17 +107,9 @@ impl SqliteStore {
             path: named.display().to_string(),
             cause,
         };
-        let in_memory = |text: &str| {
-            text.is_empty()
-                || text == ":memory:"
-                || text.starts_with("file:sqlx-in-memory-")
-                || text.contains("mode=memory")
-        };
-        if named.to_str().is_some_and(in_memory) {
-            return Err(fail(IN_MEMORY.to_owned()));
-        }
         // The file SQLite opened, as it names it (absolute): empty for an
-        // in-memory database, however the pool's options asked for one.
+        // in-memory database, however the pool's options asked for one
+        // (`sqlite::memory:`, `mode=memory`, `.in_memory(true)`).
         let file: String = {
             let mut conn = pool.acquire().await.map_err(|e| {
                 fail(format!(
