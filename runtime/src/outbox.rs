@@ -95,8 +95,8 @@ pub enum OutboxError {
     /// A sqlx statement failed in the caller's transaction (a lost
     /// connection, a serialization failure, a constraint): roll the
     /// transaction back and retry it.
-    #[cfg(feature = "sqlx-postgres")]
-    #[error("outbox database: {}", crate::store::sqlx_postgres::error_text(.0))]
+    #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
+    #[error("outbox database: {}", crate::store::sqlx_error_text(.0))]
     Sqlx(#[from] sqlx::Error),
     /// The payload or headers could not be serialized as JSON (a map with
     /// non-string keys, a `Serialize` impl that failed). Not transient: fix
@@ -433,11 +433,17 @@ impl<S: AnyStore> Outbox<S> {
         }
         let config = self.inner.config.clone();
         let (sender, mut receiver) = tokio::sync::mpsc::channel::<SendJob>(1024);
+        let sqlite = |path: &std::path::Path, config: Config| -> Result<GroupWriter, OutboxError> {
+            let mut conn = db::open(path, config.outbox.durability)?;
+            Ok(Box::new(move |group| {
+                db::outbox::write_group(&mut conn, &config, group)
+            }))
+        };
         let mut write: GroupWriter = match &self.inner.database {
-            Database::Sqlite(path) => {
-                let mut conn = db::open(path, self.inner.config.outbox.durability)?;
-                Box::new(move |group| db::outbox::write_group(&mut conn, &config, group))
-            }
+            Database::Sqlite(path) => sqlite(path, config)?,
+            // A file on a sqlx pool: written on a connection of its own.
+            #[cfg(feature = "sqlx-sqlite")]
+            Database::SqlxSqlite(store) => sqlite(store.path(), config)?,
             #[cfg(feature = "postgres")]
             Database::Postgres(url) => {
                 let client = crate::store::postgres::open(url)?;

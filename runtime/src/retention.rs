@@ -119,17 +119,21 @@ impl Retention {
         ) {
             tracing::warn!("{warning}");
         }
-        let pass: Pass = match database.into() {
-            Database::Sqlite(path) => {
-                let conn = db::open(&path, config.outbox.durability)?;
-                let pass_config = config.clone();
-                Box::new(move |now| {
-                    db::cleanup(&conn, &pass_config, now).map_err(|source| StoreError::Sqlite {
-                        path: path.display().to_string(),
-                        source,
-                    })
+        let sqlite = |path: std::path::PathBuf| -> Result<Pass, StoreError> {
+            let conn = db::open(&path, config.outbox.durability)?;
+            let pass_config = config.clone();
+            Ok(Box::new(move |now| {
+                db::cleanup(&conn, &pass_config, now).map_err(|source| StoreError::Sqlite {
+                    path: path.display().to_string(),
+                    source,
                 })
-            }
+            }))
+        };
+        let pass: Pass = match database.into() {
+            Database::Sqlite(path) => sqlite(path)?,
+            // A file on a sqlx pool: cleaned on a connection of its own.
+            #[cfg(feature = "sqlx-sqlite")]
+            Database::SqlxSqlite(store) => sqlite(store.path().to_path_buf())?,
             #[cfg(feature = "postgres")]
             Database::Postgres(url) => {
                 let client = crate::store::postgres::open(&url)?;

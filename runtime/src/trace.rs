@@ -340,7 +340,7 @@ pub fn with_traceparent<R>(traceparent: TraceParent, f: impl FnOnce() -> R) -> R
 /// `future`, with `traceparent` as the [current] context of the thread
 /// polling it during each poll: what [`with_traceparent`] is for a closure,
 /// for an async handler (messages it enqueues continue the trace).
-#[cfg(feature = "sqlx-postgres")]
+#[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
 pub(crate) fn scope_traceparent<F: std::future::Future>(
     traceparent: TraceParent,
     future: F,

@@ -400,7 +400,7 @@ fn stop_test_epmd() {
 fn ci() -> Result<(), String> {
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     // Clippy, warnings denied, on every build configuration users compile.
-    let configurations: [(&str, &[&str]); 7] = [
+    let configurations: [(&str, &[&str]); 8] = [
         (
             "everything",
             &["--workspace", "--all-targets", "--all-features"],
@@ -444,6 +444,18 @@ fn ci() -> Result<(), String> {
                 "--no-default-features",
                 "--features",
                 "sqlx-postgres",
+            ],
+        ),
+        // The async SQLite store alone (sqlx's SQLite beside rusqlite's).
+        (
+            "rfidl-runtime with sqlx-sqlite only",
+            &[
+                "-p",
+                "rfidl-runtime",
+                "--lib",
+                "--no-default-features",
+                "--features",
+                "sqlx-sqlite",
             ],
         ),
         // The AMQP transport without NATS (they share broker.rs).

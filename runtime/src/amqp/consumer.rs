@@ -147,6 +147,14 @@ impl AmqpConsumerBuilder {
                 }
                 .into());
             }
+            #[cfg(feature = "sqlx-sqlite")]
+            crate::Database::SqlxSqlite(_) => {
+                return Err(crate::store::StoreError::Unsupported {
+                    part: "the AMQP consumer",
+                    store: "sqlx-sqlite",
+                }
+                .into());
+            }
         };
         let shared = Arc::new(Shared {
             receiver: self.receiver,

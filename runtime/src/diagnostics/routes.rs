@@ -116,20 +116,24 @@ impl DiagnosticsBuilder {
     /// PostgreSQL, an unreachable server or a wrong URL is
     /// `StoreError::Postgres`, naming the host and the cause.
     pub fn build(self) -> Result<Diagnostics, StoreError> {
+        let sqlite = |path: &std::path::Path| -> Result<(StoreBox, StoreBox), StoreError> {
+            let conn = db::open(path, crate::config::Durability::Normal)?;
+            // A connection of its own, so a probe never queues behind a
+            // slow diagnostics query, with a short busy timeout.
+            let ready_conn = db::open(path, crate::config::Durability::Normal)?;
+            ready_conn
+                .busy_timeout(self.readiness_timeout)
+                .map_err(|source| StoreError::Sqlite {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+            Ok((Box::new(conn) as StoreBox, Box::new(ready_conn) as StoreBox))
+        };
         let (conn, ready_conn) = match &self.database {
-            Database::Sqlite(path) => {
-                let conn = db::open(path, crate::config::Durability::Normal)?;
-                // A connection of its own, so a probe never queues behind a
-                // slow diagnostics query, with a short busy timeout.
-                let ready_conn = db::open(path, crate::config::Durability::Normal)?;
-                ready_conn
-                    .busy_timeout(self.readiness_timeout)
-                    .map_err(|source| StoreError::Sqlite {
-                        path: path.display().to_string(),
-                        source,
-                    })?;
-                (Box::new(conn) as StoreBox, Box::new(ready_conn) as StoreBox)
-            }
+            Database::Sqlite(path) => sqlite(path)?,
+            // A file on a sqlx pool: read on connections of its own.
+            #[cfg(feature = "sqlx-sqlite")]
+            Database::SqlxSqlite(store) => sqlite(store.path())?,
             #[cfg(feature = "postgres")]
             Database::Postgres(url) => {
                 let (conn, ready_conn) =

@@ -288,7 +288,10 @@ pub(crate) struct Brokers<'a> {
     pub issued: Option<&'a crate::keys::IssuedKeys>,
 }
 
-#[cfg(all(any(feature = "nats", feature = "amqp"), feature = "sqlx-postgres"))]
+#[cfg(all(
+    any(feature = "nats", feature = "amqp"),
+    any(feature = "sqlx-postgres", feature = "sqlx-sqlite")
+))]
 impl Brokers<'_> {
     /// Whether the host would consume from a broker (inbound, or the
     /// answers of a broker destination).

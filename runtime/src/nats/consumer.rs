@@ -174,6 +174,14 @@ impl ConsumerBuilder {
                 }
                 .into());
             }
+            #[cfg(feature = "sqlx-sqlite")]
+            crate::Database::SqlxSqlite(_) => {
+                return Err(crate::store::StoreError::Unsupported {
+                    part: "the JetStream consumer",
+                    store: "sqlx-sqlite",
+                }
+                .into());
+            }
         };
         let shared = Arc::new(Shared {
             receiver: self.receiver,

@@ -27,6 +27,8 @@
 //! the message, so the sender's retry gets the duplicate answer, or, if it
 //! rolled back, processes it then.
 
+#[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
+pub(crate) mod async_writer;
 mod builder;
 mod duplicates;
 pub mod handler;

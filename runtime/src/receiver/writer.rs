@@ -190,7 +190,14 @@ pub(crate) enum Claim {
     /// Processed already (committed, or earlier in this transaction).
     Done(RawEntry),
     /// Another transaction holds it and its row is not visible yet.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg_attr(
+        not(any(
+            feature = "postgres",
+            feature = "sqlx-postgres",
+            feature = "sqlx-sqlite"
+        )),
+        allow(dead_code)
+    )]
     InProgress,
 }
 

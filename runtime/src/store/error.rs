@@ -71,6 +71,24 @@ pub enum StoreError {
     #[cfg(any(feature = "postgres", feature = "sqlx-postgres"))]
     #[error("{0}")]
     PostgresStatement(String),
+    /// A SQLite file on a sqlx pool that cannot be used: the pool cannot
+    /// connect to it, it is an in-memory database (which the dispatcher,
+    /// the receiver and the diagnostics, on connections of their own,
+    /// could never see), or a connection of the pool commits with less
+    /// durability than the configuration asks for.
+    #[cfg(feature = "sqlx-sqlite")]
+    #[error("database {path}: {cause}")]
+    SqlxSqlite {
+        /// The file, as the pool names it.
+        path: String,
+        /// What went wrong.
+        cause: String,
+    },
+    /// A sqlx statement failed on a SQLite connection the part already
+    /// holds (shown without the file's name).
+    #[cfg(feature = "sqlx-sqlite")]
+    #[error("{0}")]
+    SqlxSqliteStatement(String),
     /// A connection's lock was poisoned: a thread panicked while using it.
     #[error("the database connection is unusable: a thread panicked while using it")]
     Poisoned,

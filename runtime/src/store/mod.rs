@@ -32,6 +32,9 @@ pub mod sqlite;
 #[cfg(feature = "sqlx-postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx-postgres")))]
 pub mod sqlx_postgres;
+#[cfg(feature = "sqlx-sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx-sqlite")))]
+pub mod sqlx_sqlite;
 
 pub use error::StoreError;
 
@@ -322,6 +325,10 @@ pub enum Database {
     /// [`PgStore::open`](sqlx_postgres::PgStore::open).
     #[cfg(feature = "sqlx-postgres")]
     SqlxPostgres(sqlx_postgres::PgStore),
+    /// A SQLite file on a sqlx pool, opened by
+    /// [`SqliteStore::open`](sqlx_sqlite::SqliteStore::open).
+    #[cfg(feature = "sqlx-sqlite")]
+    SqlxSqlite(sqlx_sqlite::SqliteStore),
 }
 
 impl std::fmt::Debug for Database {
@@ -332,6 +339,8 @@ impl std::fmt::Debug for Database {
             Database::Postgres(url) => f.debug_tuple("Postgres").field(url).finish(),
             #[cfg(feature = "sqlx-postgres")]
             Database::SqlxPostgres(store) => f.debug_tuple("SqlxPostgres").field(store).finish(),
+            #[cfg(feature = "sqlx-sqlite")]
+            Database::SqlxSqlite(store) => f.debug_tuple("SqlxSqlite").field(store).finish(),
         }
     }
 }
@@ -345,6 +354,8 @@ impl std::fmt::Display for Database {
             Database::Postgres(url) => write!(f, "{url}"),
             #[cfg(feature = "sqlx-postgres")]
             Database::SqlxPostgres(store) => write!(f, "{store}"),
+            #[cfg(feature = "sqlx-sqlite")]
+            Database::SqlxSqlite(store) => write!(f, "{store}"),
         }
     }
 }
@@ -384,7 +395,8 @@ impl Database {
         Ok(Database::Sqlite(PathBuf::from(text)))
     }
 
-    /// The SQLite file, if this is one.
+    /// The SQLite file, if this is one of the blocking SQLite store (a
+    /// file on a sqlx pool: [`SqliteStore::path`](sqlx_sqlite::SqliteStore::path)).
     pub fn sqlite_path(&self) -> Option<&Path> {
         match self {
             Database::Sqlite(path) => Some(path),
@@ -392,10 +404,13 @@ impl Database {
             Database::Postgres(_) => None,
             #[cfg(feature = "sqlx-postgres")]
             Database::SqlxPostgres(_) => None,
+            #[cfg(feature = "sqlx-sqlite")]
+            Database::SqlxSqlite(_) => None,
         }
     }
 
-    /// The store's name (`sqlite`, `postgres`).
+    /// The store's name (`sqlite`, `postgres`, `sqlx-postgres`,
+    /// `sqlx-sqlite`).
     pub fn store_name(&self) -> &'static str {
         match self {
             Database::Sqlite(_) => Sqlite::NAME,
@@ -403,6 +418,8 @@ impl Database {
             Database::Postgres(_) => Postgres::NAME,
             #[cfg(feature = "sqlx-postgres")]
             Database::SqlxPostgres(_) => <::sqlx::Postgres as AnyStore>::NAME,
+            #[cfg(feature = "sqlx-sqlite")]
+            Database::SqlxSqlite(_) => <::sqlx::Sqlite as AnyStore>::NAME,
         }
     }
 }
@@ -434,6 +451,19 @@ pub(crate) const DECOMMISSIONED_SQL: &str = "SELECT d.interface, d.version, d.de
       AND o.status = 'Pending' AND o.next_retry_at >= 4611686018427387904 \
       AND o.interface = d.interface AND o.version = d.version) \
      FROM rf_decommissioned d ORDER BY d.interface, d.version";
+
+/// A sqlx error's message with its causes and, from the database, its
+/// code: what both sqlx stores show.
+#[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
+pub(crate) fn sqlx_error_text(error: &::sqlx::Error) -> String {
+    if let Some(db) = error.as_database_error() {
+        return match db.code() {
+            Some(code) => format!("{} ({code})", db.message()),
+            None => db.message().to_owned(),
+        };
+    }
+    crate::chain::with_causes(error)
+}
 
 /// Milliseconds since the Unix epoch, the unit of every stored time.
 pub fn now_ms() -> i64 {

@@ -29,6 +29,8 @@ mod receiver;
 mod responses;
 mod spread;
 mod sqlx_postgres;
+// The async SQLite store on sqlx: the blocking store's file and schema.
+mod sqlx_sqlite;
 mod support;
 // The same bodies on SQLite and PostgreSQL (`stores::on_every_store!`; also
 // used by exactly_once, faults, responses and spread); PostgreSQL's own

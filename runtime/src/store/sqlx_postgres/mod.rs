@@ -341,15 +341,7 @@ fn is_identifier(name: &str) -> bool {
 }
 
 /// An error's message with its causes and, from the server, its SQLSTATE.
-pub(crate) fn error_text(error: &sqlx::Error) -> String {
-    if let Some(db) = error.as_database_error() {
-        return match db.code() {
-            Some(code) => format!("{} ({code})", db.message()),
-            None => db.message().to_owned(),
-        };
-    }
-    crate::chain::with_causes(error)
-}
+pub(crate) use crate::store::sqlx_error_text as error_text;
 
 /// The store of `database`, when it is one.
 pub(crate) fn store_of(database: &Database) -> Result<&PgStore, StoreError> {
