@@ -42,6 +42,13 @@ const MESSAGES: usize = DELIVERIES;
 const BATCH: u32 = 256;
 
 fn main() {
+    // `RUST_LOG=…`: the runtime's logs on stderr (diagnosis only).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

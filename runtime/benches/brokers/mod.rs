@@ -39,14 +39,23 @@ use super::{MESSAGES, Phases, payloads};
 use crate::common::{DELIVERIES, Wire, delivery_run, rate, report, sized_message};
 
 #[allow(dead_code)]
-#[path = "../../tests/it/support/amqp.rs"]
-mod rabbit;
-#[allow(dead_code)]
 #[path = "../../tests/it/support/nats.rs"]
 mod nats_support;
+#[allow(dead_code)]
+#[path = "../../tests/it/support/amqp.rs"]
+mod rabbit;
 
 /// Raw and rfidl runs per broker, alternating.
 pub const ROUNDS: usize = 3;
+
+/// [`ROUNDS`], or `RFIDL_BENCH_ROUNDS`.
+fn round_count() -> usize {
+    std::env::var("RFIDL_BENCH_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(ROUNDS)
+        .max(1)
+}
 /// Publishes (raw) whose acknowledgement may be outstanding at once.
 const PUBLISH_WINDOW: usize = 256;
 /// The raw AMQP receiver's link credit.
@@ -54,11 +63,14 @@ const CREDIT: u32 = 256;
 /// The raw JetStream consumer's double acks awaiting confirmation at once.
 const ACK_WINDOW: usize = 256;
 
-/// One broker's rounds: (raw, rfidl) rates in msg/s.
+/// One broker's rounds: (raw, rfidl) rates in msg/s, and the CPU each
+/// round took per message (this process, the broker's processes), in µs.
 pub struct Rounds {
     pub broker: &'static str,
     pub raw: Vec<f64>,
     pub rfidl: Vec<f64>,
+    pub raw_cpu: Vec<(f64, f64)>,
+    pub rfidl_cpu: Vec<(f64, f64)>,
 }
 
 impl Rounds {
@@ -80,18 +92,25 @@ fn median(rates: &[f64]) -> f64 {
 /// be started here is skipped, loudly.
 pub fn run(runtime: &tokio::runtime::Runtime, dir: &Path) -> Vec<Rounds> {
     let mut all = Vec::new();
-    match rabbit::RabbitNode::start() {
+    let only = std::env::var("RFIDL_BENCH_BROKER").unwrap_or_default();
+    match (only.is_empty() || only == "amqp")
+        .then(rabbit::RabbitNode::start)
+        .flatten()
+    {
         Some(node) => {
-            let base: &'static str =
-                format!("amqp://guest:guest@127.0.0.1:{}", node.port()).leak();
+            let base: &'static str = format!("amqp://guest:guest@127.0.0.1:{}", node.port()).leak();
             let mut rounds = Rounds {
                 broker: "AMQP 1.0 (RabbitMQ)",
                 raw: Vec::new(),
                 rfidl: Vec::new(),
+                raw_cpu: Vec::new(),
+                rfidl_cpu: Vec::new(),
             };
-            for round in 0..ROUNDS {
+            for round in 0..round_count() {
                 let queue = format!("raw-{round}");
+                let cpu = Cpu::now();
                 let raw = runtime.block_on(amqp_raw(node.port(), &queue));
+                rounds.raw_cpu.push(cpu.per_message());
                 assert_eq!(
                     node.queue_depth(&queue),
                     Some((0, 0)),
@@ -99,7 +118,9 @@ pub fn run(runtime: &tokio::runtime::Runtime, dir: &Path) -> Vec<Rounds> {
                 );
                 eprintln!("raw AMQP round {round}: {:?}", raw.total);
                 rounds.raw.push(rate(MESSAGES, raw.total));
+                let cpu = Cpu::now();
                 let rfidl = rfidl_rate(runtime, dir, Wire::Amqp(base));
+                rounds.rfidl_cpu.push(cpu.per_message());
                 eprintln!("rfidl AMQP round {round}: {rfidl:.0} msg/s");
                 rounds.rfidl.push(rfidl);
             }
@@ -109,7 +130,10 @@ pub fn run(runtime: &tokio::runtime::Runtime, dir: &Path) -> Vec<Rounds> {
         }
         None => println!("(AMQP skipped: no rabbitmq-server)"),
     }
-    match nats_support::NatsCluster::start() {
+    match (only.is_empty() || only == "jetstream")
+        .then(nats_support::NatsCluster::start)
+        .flatten()
+    {
         Some(cluster) => {
             let ports = cluster.ports();
             let servers: &'static str = ports
@@ -126,20 +150,22 @@ pub fn run(runtime: &tokio::runtime::Runtime, dir: &Path) -> Vec<Rounds> {
                 broker: "JetStream R3 (3-node cluster)",
                 raw: Vec::new(),
                 rfidl: Vec::new(),
+                raw_cpu: Vec::new(),
+                rfidl_cpu: Vec::new(),
             };
-            for round in 0..ROUNDS {
-                let raw = runtime.block_on(jetstream_raw(
-                    seeds.clone(),
-                    3,
-                    &format!("RAW{round}"),
-                ));
+            for round in 0..round_count() {
+                let cpu = Cpu::now();
+                let raw = runtime.block_on(jetstream_raw(seeds.clone(), 3, &format!("RAW{round}")));
+                rounds.raw_cpu.push(cpu.per_message());
                 eprintln!("raw JetStream R3 round {round}: {:?}", raw.total);
                 rounds.raw.push(rate(MESSAGES, raw.total));
+                let cpu = Cpu::now();
                 let rfidl = rfidl_rate(
                     runtime,
                     dir,
                     Wire::JetStreamR3(format!("nats://{servers}").leak()),
                 );
+                rounds.rfidl_cpu.push(cpu.per_message());
                 eprintln!("rfidl JetStream R3 round {round}: {rfidl:.0} msg/s");
                 rounds.rfidl.push(rfidl);
             }
@@ -175,6 +201,20 @@ fn print_rounds(rounds: &Rounds) {
         &format!("{}: rfidl (c) exactly-once, rounds", rounds.broker),
         format!("{} msg/s", list(&rounds.rfidl)),
     );
+    let cpu = |cpu: &[(f64, f64)]| {
+        cpu.iter()
+            .map(|(own, broker)| format!("{own:.0}+{broker:.0}"))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    report(
+        &format!("{}: raw CPU µs/msg (client+broker)", rounds.broker),
+        cpu(&rounds.raw_cpu),
+    );
+    report(
+        &format!("{}: rfidl CPU µs/msg (rfidl+broker)", rounds.broker),
+        cpu(&rounds.rfidl_cpu),
+    );
     report(
         &format!("{}: medians raw / rfidl", rounds.broker),
         format!(
@@ -190,6 +230,69 @@ fn print_rounds(rounds: &Rounds) {
             100.0 * rounds.rfidl_median() / rounds.raw_median()
         ),
     );
+}
+
+/// CPU time used so far by this process and by every process started
+/// under it (the brokers), in clock ticks, from `/proc`.
+struct Cpu {
+    own: u64,
+    children: u64,
+}
+
+impl Cpu {
+    fn now() -> Cpu {
+        let me = std::process::id();
+        let stats: Vec<(u32, u32, u64)> = std::fs::read_dir("/proc")
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                    .filter_map(|pid| {
+                        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                        // After the command's closing parenthesis: state,
+                        // ppid, …, utime (14th field), stime (15th).
+                        let fields: Vec<&str> =
+                            stat.rsplit_once(')')?.1.split_whitespace().collect();
+                        let ppid = fields.get(1)?.parse().ok()?;
+                        let ticks = fields.get(11)?.parse::<u64>().ok()?
+                            + fields.get(12)?.parse::<u64>().ok()?;
+                        Some((pid, ppid, ticks))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut descendants = vec![me];
+        let mut grew = true;
+        while grew {
+            grew = false;
+            for (pid, ppid, _) in &stats {
+                if descendants.contains(ppid) && !descendants.contains(pid) {
+                    descendants.push(*pid);
+                    grew = true;
+                }
+            }
+        }
+        let ticks = |pid: u32| {
+            stats
+                .iter()
+                .find(|(p, _, _)| *p == pid)
+                .map_or(0, |(_, _, t)| *t)
+        };
+        Cpu {
+            own: ticks(me),
+            children: descendants[1..].iter().map(|pid| ticks(*pid)).sum(),
+        }
+    }
+
+    /// µs of CPU per message since `self`: (this process, its children).
+    fn per_message(&self) -> (f64, f64) {
+        // USER_HZ: 100 on Linux.
+        let now = Cpu::now();
+        let per = |ticks: u64| ticks as f64 * 10_000.0 / MESSAGES as f64;
+        (
+            per(now.own.saturating_sub(self.own)),
+            per(now.children.saturating_sub(self.children)),
+        )
+    }
 }
 
 /// AMQP 1.0 directly: every message (durable, its own `message-id`) sent
@@ -244,10 +347,9 @@ pub async fn amqp_raw(port: u16, queue: &str) -> Phases {
         done
     });
 
-    let mut out_connection =
-        fe2o3_amqp::Connection::open(format!("raw-out-{queue}"), url.as_str())
-            .await
-            .expect("connect");
+    let mut out_connection = fe2o3_amqp::Connection::open(format!("raw-out-{queue}"), url.as_str())
+        .await
+        .expect("connect");
     let mut out_session = fe2o3_amqp::Session::begin(&mut out_connection)
         .await
         .expect("session");
@@ -282,7 +384,11 @@ pub async fn amqp_raw(port: u16, queue: &str) -> Phases {
                 durable: true,
                 ..Header::default()
             })
-            .properties(Properties::builder().message_id(format!("order-{n}")).build())
+            .properties(
+                Properties::builder()
+                    .message_id(format!("order-{n}"))
+                    .build(),
+            )
             .data(Binary::from(body))
             .build();
         pending.push_back(sender.send_batchable(message).await.expect("send"));

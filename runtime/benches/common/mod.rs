@@ -295,6 +295,9 @@ pub async fn pair(
     let consumer = match wire {
         Wire::JetStream(_) | Wire::JetStreamR3(_) => {
             let consumer = rfidl_runtime::nats::JetStreamConsumer::builder(receiver, &url)
+                .concurrency(consumer_concurrency(
+                    rfidl_runtime::nats::DEFAULT_CONCURRENCY,
+                ))
                 .spawn()
                 .expect("consumer");
             jetstream_ready(&url).await;
@@ -302,6 +305,9 @@ pub async fn pair(
         }
         Wire::Amqp(_) => {
             let consumer = rfidl_runtime::amqp::AmqpConsumer::builder(receiver, &url)
+                .concurrency(consumer_concurrency(
+                    rfidl_runtime::amqp::DEFAULT_CONCURRENCY,
+                ))
                 .spawn()
                 .expect("consumer");
             // Its link attaches (and declares the queue) within
@@ -337,6 +343,15 @@ pub async fn pair(
         url,
         consumer,
     }
+}
+
+/// The broker consumers' concurrency: their default, or
+/// `RFIDL_BENCH_CONCURRENCY`.
+fn consumer_concurrency(default: usize) -> usize {
+    std::env::var("RFIDL_BENCH_CONCURRENCY")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
 }
 
 /// A subject or queue name made of `name`: ASCII letters and digits, `_`
@@ -407,7 +422,7 @@ pub async fn delivery_run(
     wire: Wire,
     make: fn(&str, usize) -> OutgoingMessage,
 ) -> DeliveryRun {
-    let pair = pair(
+    let mut pair = pair(
         dir,
         &format!("c-{durability:?}-{batch_size}-{}", wire.name()),
         durability,
@@ -429,15 +444,34 @@ pub async fn delivery_run(
     let dispatcher = Dispatcher::builder(&pair.outbox)
         .start()
         .expect("dispatcher");
+    // `RFIDL_BENCH_TRACE=1`: progress every half second (diagnosis).
+    let trace = std::env::var_os("RFIDL_BENCH_TRACE").is_some();
+    let mut last_trace = Instant::now();
     loop {
-        let sent = count(
-            &pair.sender_db,
-            "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'",
-        );
-        // Over a broker `Sent` means published: wait for the effects too.
-        if sent as usize == DELIVERIES
-            && (pair.consumer.is_none()
-                || count(&pair.receiver_db, "SELECT COUNT(*) FROM ledger") as usize == DELIVERIES)
+        // The handler notes each effect (in its transaction): counting
+        // those is free, so the database is read only near the end, and
+        // the polling takes no CPU from the run it measures.
+        let effects = pair.effects.lock().expect("lock").len();
+        if trace && last_trace.elapsed() >= Duration::from_millis(500) {
+            last_trace = Instant::now();
+            eprintln!(
+                "  {:>6.2} s: {} Sent, {effects} effects",
+                started.elapsed().as_secs_f64(),
+                count(
+                    &pair.sender_db,
+                    "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'"
+                )
+            );
+        }
+        // Every row `Sent` (over a broker that means published) and every
+        // effect committed.
+        if effects >= DELIVERIES
+            && count(
+                &pair.sender_db,
+                "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'",
+            ) as usize
+                == DELIVERIES
+            && count(&pair.receiver_db, "SELECT COUNT(*) FROM ledger") as usize == DELIVERIES
         {
             break;
         }
@@ -445,6 +479,11 @@ pub async fn delivery_run(
     }
     let deliver = started.elapsed();
     dispatcher.shutdown().await;
+    match pair.consumer.take() {
+        Some(BrokerConsumer::JetStream(consumer)) => consumer.shutdown().await,
+        Some(BrokerConsumer::Amqp(consumer)) => consumer.shutdown().await,
+        None => {}
+    }
     let effects = count(&pair.receiver_db, "SELECT COUNT(*) FROM ledger");
     assert_eq!(effects as usize, DELIVERIES, "exactly once at {}", pair.url);
     DeliveryRun { enqueue, deliver }
