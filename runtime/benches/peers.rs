@@ -14,20 +14,23 @@
 //! * apalis with its SQLite backend (only when built with
 //!   `--cfg rfidl_bench_peers`, which `cargo xtask bench peers` sets): a
 //!   pushed backlog, drained by one worker;
-//! * rfidl's (c) and (e) over HTTP, gRPC and JetStream (issue 11), last.
+//! * rfidl's (c) and (e) over HTTP, gRPC and JetStream (issue 11);
+//! * rfidl's (c) over AMQP 1.0 (RabbitMQ) and over an R3 JetStream stream
+//!   (a 3-node cluster) beside each broker used directly (issue 31, the
+//!   `brokers` module), last.
 //!
 //! `RFIDL_NATS_SERVER` names the `nats-server` binary (`cargo xtask` sets
-//! it); without it the JetStream rows are skipped, loudly.
+//! it); without it the JetStream rows are skipped, loudly. RabbitMQ comes
+//! from `RFIDL_RABBITMQ_SERVER` (else Debian's `/usr/sbin/rabbitmq-server`);
+//! without it the AMQP rows are skipped, loudly.
 
+mod brokers;
 mod common;
 
-use std::collections::{HashSet, VecDeque};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use async_nats::jetstream;
 use common::*;
-use futures_util::StreamExt;
 use rfidl_runtime::config::Durability;
 
 /// Bytes of every message's payload (rfidl's JSON payload, and the body of
@@ -35,14 +38,17 @@ use rfidl_runtime::config::Durability;
 const BYTES: usize = 300;
 /// Messages per figure: the same count as (c).
 const MESSAGES: usize = DELIVERIES;
-/// Publishes whose ack the publisher may wait for at once.
-const PUBLISH_WINDOW: usize = 256;
-/// Double acks the consumer may wait for at once.
-const ACK_WINDOW: usize = 256;
 /// (c)'s batch size, as in the delivery benchmark.
 const BATCH: u32 = 256;
 
 fn main() {
+    // `RUST_LOG=…`: the runtime's logs on stderr (diagnosis only).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -53,6 +59,14 @@ fn main() {
         "rfidl-runtime peers benchmark ({cores} cores, {MESSAGES} messages of {BYTES} bytes each)"
     );
     println!("load average at start: {}", load_average());
+
+    // `RFIDL_BENCH_ONLY=brokers`: the broker pass alone (AMQP 1.0 and R3
+    // JetStream, rfidl beside raw), e.g. under `perf record`.
+    if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("brokers") {
+        brokers::run(&runtime, dir.path());
+        println!("load average at end: {}", load_average());
+        return;
+    }
 
     let raw_full = raw_insert_rate(&dir.path().join("raw-full.db"), Durability::Full);
     let rfidl = runtime.block_on(delivery_run(
@@ -179,6 +193,12 @@ fn main() {
     // JetStream rows above.
     println!();
     transports(&runtime, dir.path());
+    println!("load average after the transports: {}", load_average());
+
+    // Issue 31: rfidl over AMQP 1.0 and R3 JetStream beside the same
+    // broker used directly, on the same broker.
+    println!();
+    brokers::run(&runtime, dir.path());
     println!("load average at the very end: {}", load_average());
 }
 
@@ -209,118 +229,13 @@ fn payloads() -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// JetStream: every message published with its `Nats-Msg-Id` to a file
-/// stream, consumed by a durable pull consumer that double-acks it. `first`
-/// ends at the last publish ack, `total` at the last confirmed double ack
-/// (the consumer runs from before the first publish).
+/// JetStream on one server: [`brokers::jetstream_raw`] on a `nats-server`
+/// started here with the fsync policy `fsync`, a stream of one replica.
 async fn jetstream_run(binary: &Path, dir: &Path, fsync: Fsync) -> Phases {
     let server = NatsServer::start(binary, dir, fsync);
-    let client = async_nats::connect(&server.url).await.expect("connect");
-    let js = jetstream::new(client);
-    let stream = js
-        .create_stream(jetstream::stream::Config {
-            name: "PEERS".into(),
-            subjects: vec!["peers.ledger".into()],
-            storage: jetstream::stream::StorageType::File,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        })
-        .await
-        .expect("stream");
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::Config {
-            durable_name: Some("ledger".into()),
-            ack_policy: jetstream::consumer::AckPolicy::Explicit,
-            ..Default::default()
-        })
-        .await
-        .expect("consumer");
-    let payloads = payloads();
-
-    let consuming = tokio::spawn(async move {
-        let mut messages = consumer
-            .stream()
-            .max_messages_per_batch(500)
-            .messages()
-            .await
-            .expect("messages");
-        let mut seen = HashSet::with_capacity(MESSAGES);
-        let mut acks = tokio::task::JoinSet::<Result<(), String>>::new();
-        while seen.len() < MESSAGES {
-            while acks.len() >= ACK_WINDOW {
-                acks.join_next()
-                    .await
-                    .expect("an ack")
-                    .expect("ack task")
-                    .expect("double ack");
-            }
-            let message = messages
-                .next()
-                .await
-                .expect("the stream ended")
-                .expect("message");
-            let id = message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get("Nats-Msg-Id"))
-                .map(|v| v.as_str().to_owned())
-                .expect("Nats-Msg-Id");
-            assert!(seen.insert(id), "a message came twice");
-            acks.spawn(async move { message.double_ack().await.map_err(|e| e.to_string()) });
-        }
-        while let Some(done) = acks.join_next().await {
-            done.expect("ack task").expect("double ack");
-        }
-        Instant::now()
-    });
-
-    let started = Instant::now();
-    let mut pending: VecDeque<jetstream::context::PublishAckFuture> =
-        VecDeque::with_capacity(PUBLISH_WINDOW);
-    for (n, body) in payloads.into_iter().enumerate() {
-        if pending.len() >= PUBLISH_WINDOW {
-            let ack: jetstream::publish::PublishAck = pending
-                .pop_front()
-                .expect("pending")
-                .await
-                .expect("publish ack");
-            assert!(!ack.duplicate);
-        }
-        let publish = jetstream::message::PublishMessage::build()
-            .payload(body.into())
-            .message_id(format!("order-{n}"));
-        pending.push_back(
-            js.send_publish("peers.ledger", publish)
-                .await
-                .expect("publish"),
-        );
-    }
-    for ack in pending {
-        assert!(!ack.await.expect("publish ack").duplicate);
-    }
-    let published = started.elapsed();
-    let last_ack = consuming.await.expect("consumer");
-    let total = last_ack.duration_since(started);
-
-    // De-duplication is on: publishing message 0 again is recognised.
-    let again = jetstream::message::PublishMessage::build()
-        .payload(b"again".to_vec().into())
-        .message_id("order-0");
-    let ack = js
-        .send_publish("peers.ledger", again)
-        .await
-        .expect("publish")
-        .await
-        .expect("publish ack");
-    assert!(ack.duplicate, "the stream did not de-duplicate");
-    let mut stream = stream;
-    let info = stream.info().await.expect("stream info");
-    assert_eq!(info.state.messages as usize, MESSAGES);
+    let phases = brokers::jetstream_raw(vec![server.url.clone()], 1, "PEERS").await;
     drop(server);
-    Phases {
-        first: published,
-        total,
-    }
+    phases
 }
 
 /// apalis with its SQLite backend: the backlog pushed with `push_bulk`,

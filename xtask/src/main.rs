@@ -16,7 +16,8 @@
 //!   [`DOCUMENTED_CRATES`], `cargo package`, `test`, then `chaos`.
 //! * `cargo xtask bench` — every benchmark, release build; figures go to BENCHMARKS.md.
 //! * `cargo xtask bench peers` — rfidl's exactly-once rate beside NATS
-//!   JetStream and apalis (SQLite), measured in the same run.
+//!   JetStream (one server, and an R3 stream on a 3-node cluster), AMQP 1.0
+//!   on RabbitMQ and apalis (SQLite), measured in the same run.
 //! * `cargo xtask chaos` — the fault-injection harness over the demo services
 //!   as separate processes (`--messages N`, `--scenario NAME`, `--release`).
 //!
@@ -67,7 +68,7 @@ fn main() -> ExitCode {
         "postgres" => postgres_task(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <task>\n\n  test [cargo test args]  set up .venv (Python interop deps) and run all tests\n  ci                      fmt --check, clippy -D warnings, cargo doc -D warnings,\n                          cargo package, then test and chaos\n  bench [name]            run the benchmarks (release)\n  bench peers             rfidl beside NATS JetStream and apalis, one run\n  chaos [--release] [--messages N] [--scenario NAME]\n                          fault-injection harness (demo services as processes)\n  postgres [command...]   start a throw-away PostgreSQL, print its URL, run the\n                          command with RFIDL_POSTGRES_URL set (or wait for Ctrl-C)\n  regen                   regenerate generated-examples/src/generated from schemas/"
+                "usage: cargo xtask <task>\n\n  test [cargo test args]  set up .venv (Python interop deps) and run all tests\n  ci                      fmt --check, clippy -D warnings, cargo doc -D warnings,\n                          cargo package, then test and chaos\n  bench [name]            run the benchmarks (release)\n  bench peers             rfidl beside NATS JetStream, RabbitMQ (AMQP 1.0)\n                          and apalis, one run\n  chaos [--release] [--messages N] [--scenario NAME]\n                          fault-injection harness (demo services as processes)\n  postgres [command...]   start a throw-away PostgreSQL, print its URL, run the\n                          command with RFIDL_POSTGRES_URL set (or wait for Ctrl-C)\n  regen                   regenerate generated-examples/src/generated from schemas/"
             );
             return if task == "help" {
                 ExitCode::SUCCESS
@@ -678,14 +679,20 @@ fn bench(extra: &[String]) -> Result<(), String> {
     let nats = nats_server(&python_venv()?)?;
     // The delivery figures on the PostgreSQL store, beside SQLite's.
     let (postgres_url, _cluster) = test_postgres()?;
-    run(command
+    let ran = run(command
         .env("RFIDL_POSTGRES_URL", &postgres_url)
-        .env("RFIDL_NATS_SERVER", &nats))
+        .env("RFIDL_NATS_SERVER", &nats));
+    // The peers benchmark's RabbitMQ node (when Debian's package is there)
+    // leaves its `epmd`.
+    stop_test_epmd();
+    ran
 }
 
 /// `cargo xtask bench peers`: rfidl's exactly-once rate beside NATS
-/// JetStream (the benchmark starts its own nats-server from
-/// `RFIDL_NATS_SERVER`) and apalis with SQLite. apalis is a dev-dependency
+/// JetStream (the benchmark starts its own nats-server, and a 3-node
+/// cluster, from `RFIDL_NATS_SERVER`), beside AMQP 1.0 on RabbitMQ (a
+/// throw-away node from `RFIDL_RABBITMQ_SERVER`, Debian's package; its
+/// `epmd` is stopped after the run) and apalis with SQLite. apalis is a dev-dependency
 /// only under `--cfg rfidl_bench_peers`, so that CI (whose clippy runs with
 /// `--all-features`) never compiles sqlx; the flag gets artifacts of its own
 /// in `target/`, so the first run builds the runtime's dependencies again.
@@ -696,8 +703,16 @@ fn bench_peers() -> Result<(), String> {
         Ok(flags) if !flags.trim().is_empty() => format!("{flags} --cfg rfidl_bench_peers"),
         _ => "--cfg rfidl_bench_peers".to_owned(),
     };
-    run(cargo()
+    let rabbitmq = debian_binary(
+        "RFIDL_RABBITMQ_SERVER",
+        "/usr/sbin/rabbitmq-server",
+        "rabbitmq-server",
+    )?;
+    let ran = run(cargo()
         .args(["bench", "-p", "rfidl-runtime", "--bench", "peers"])
         .env("RUSTFLAGS", rustflags)
-        .env("RFIDL_NATS_SERVER", &nats))
+        .env("RFIDL_NATS_SERVER", &nats)
+        .env("RFIDL_RABBITMQ_SERVER", &rabbitmq));
+    stop_test_epmd();
+    ran
 }

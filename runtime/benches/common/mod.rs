@@ -213,6 +213,13 @@ pub enum Wire {
     /// Through NATS JetStream: the sender publishes to a stream of the
     /// server at this `nats://host:port` URL, the receiver consumes it.
     JetStream(&'static str),
+    /// Through an R3 JetStream stream (three replicas) of the cluster at
+    /// this `nats://host:port,host:port,host:port` URL.
+    JetStreamR3(&'static str),
+    /// Through AMQP 1.0: the sender sends to a queue of the broker at this
+    /// `amqp://user:password@host:port` URL (RabbitMQ 3.x: `/queue/NAME`
+    /// addresses), an `AmqpConsumer` takes from it.
+    Amqp(&'static str),
 }
 
 impl Wire {
@@ -222,8 +229,22 @@ impl Wire {
             Wire::Http => "HTTP",
             Wire::Grpc => "gRPC",
             Wire::JetStream(_) => "JetStream",
+            Wire::JetStreamR3(_) => "JetStream R3",
+            Wire::Amqp(_) => "AMQP 1.0",
         }
     }
+
+    /// Whether a broker sits between sender and receiver (`Sent` means
+    /// published, not processed).
+    pub fn brokered(self) -> bool {
+        !matches!(self, Wire::Http | Wire::Grpc)
+    }
+}
+
+/// The receiving side of a brokered [`Wire`].
+pub enum BrokerConsumer {
+    JetStream(rfidl_runtime::nats::ConsumerHandle),
+    Amqp(rfidl_runtime::amqp::AmqpConsumerHandle),
 }
 
 /// A sender's outbox and a receiver serving on loopback, with their files.
@@ -233,8 +254,8 @@ pub struct Pair {
     pub receiver_db: std::path::PathBuf,
     pub effects: Arc<Mutex<Vec<Instant>>>,
     pub url: String,
-    /// The receiving side of [`Wire::JetStream`].
-    pub consumer: Option<rfidl_runtime::nats::ConsumerHandle>,
+    /// The receiving side of a brokered wire.
+    pub consumer: Option<BrokerConsumer>,
 }
 
 pub async fn pair(
@@ -286,21 +307,35 @@ pub async fn pair(
             });
             format!("grpc://{address}")
         }
-        Wire::JetStream(server) => {
-            // A stream of its own per pair.
-            format!(
-                "{server}/{}",
-                name.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
-            )
-        }
+        // A stream or queue of its own per pair.
+        Wire::JetStream(server) => format!("{server}/{}", token(&name)),
+        Wire::JetStreamR3(servers) => format!("{servers}/{}?replicas=3", token(&name)),
+        Wire::Amqp(broker) => format!("{broker}//queue/{}", token(&name)),
     };
     let consumer = match wire {
-        Wire::JetStream(_) => Some(
-            rfidl_runtime::nats::JetStreamConsumer::builder(receiver, &url)
+        Wire::JetStream(_) | Wire::JetStreamR3(_) => {
+            let consumer = rfidl_runtime::nats::JetStreamConsumer::builder(receiver, &url)
+                .concurrency(consumer_concurrency(
+                    rfidl_runtime::nats::DEFAULT_CONCURRENCY,
+                ))
                 .spawn()
-                .expect("consumer"),
-        ),
-        _ => None,
+                .expect("consumer");
+            jetstream_ready(&url).await;
+            Some(BrokerConsumer::JetStream(consumer))
+        }
+        Wire::Amqp(_) => {
+            let consumer = rfidl_runtime::amqp::AmqpConsumer::builder(receiver, &url)
+                .concurrency(consumer_concurrency(
+                    rfidl_runtime::amqp::DEFAULT_CONCURRENCY,
+                ))
+                .spawn()
+                .expect("consumer");
+            // Its link attaches (and declares the queue) within
+            // milliseconds; no client API tells when, so wait a little.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Some(BrokerConsumer::Amqp(consumer))
+        }
+        Wire::Http | Wire::Grpc => None,
     };
     let sender_db = dir.join(format!("{name}-sender.db"));
     let mut sender = Config::for_service("bench");
@@ -318,6 +353,54 @@ pub async fn pair(
         effects,
         url,
         consumer,
+    }
+}
+
+/// The broker consumers' concurrency: their default, or
+/// `RFIDL_BENCH_CONCURRENCY`.
+fn consumer_concurrency(default: usize) -> usize {
+    std::env::var("RFIDL_BENCH_CONCURRENCY")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A subject or queue name made of `name`: ASCII letters and digits, `_`
+/// for anything else.
+fn token(name: &str) -> String {
+    name.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+}
+
+/// Waits until the consumer of `url` (an rfidl `nats://` URL) has created
+/// its stream and durable consumer, so that the measured run does not
+/// include them (nor a cluster's leader election).
+async fn jetstream_ready(url: &str) {
+    let (servers, rest) = url
+        .strip_prefix("nats://")
+        .and_then(|u| u.split_once('/'))
+        .expect("a nats:// URL");
+    let subject = rest.split('?').next().unwrap_or(rest);
+    let stream = format!("RF_{}", subject.replace('.', "_"));
+    let servers: Vec<String> = servers.split(',').map(|s| format!("nats://{s}")).collect();
+    let client = async_nats::connect(servers).await.expect("connect");
+    let js = async_nats::jetstream::new(client);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(stream) = js.get_stream(&stream).await
+            && stream
+                .get_consumer::<async_nats::jetstream::consumer::pull::Config>(
+                    rfidl_runtime::nats::DEFAULT_DURABLE,
+                )
+                .await
+                .is_ok()
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no stream {stream} with its consumer after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -350,7 +433,7 @@ pub async fn delivery_run(
     wire: Wire,
     make: fn(&str, usize) -> OutgoingMessage,
 ) -> DeliveryRun {
-    let pair = pair(
+    let mut pair = pair(
         dir,
         &format!("c-{durability:?}-{batch_size}-{}", wire.name()),
         durability,
@@ -372,15 +455,34 @@ pub async fn delivery_run(
     let dispatcher = Dispatcher::builder(&pair.outbox)
         .start()
         .expect("dispatcher");
+    // `RFIDL_BENCH_TRACE=1`: progress every half second (diagnosis).
+    let trace = std::env::var_os("RFIDL_BENCH_TRACE").is_some();
+    let mut last_trace = Instant::now();
     loop {
-        let sent = count(
-            &pair.sender_db,
-            "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'",
-        );
-        // Over a broker `Sent` means published: wait for the effects too.
-        if sent as usize == DELIVERIES
-            && (pair.consumer.is_none()
-                || count(&pair.receiver_db, "SELECT COUNT(*) FROM ledger") as usize == DELIVERIES)
+        // The handler notes each effect (in its transaction): counting
+        // those is free, so the database is read only near the end, and
+        // the polling takes no CPU from the run it measures.
+        let effects = pair.effects.lock().expect("lock").len();
+        if trace && last_trace.elapsed() >= Duration::from_millis(500) {
+            last_trace = Instant::now();
+            eprintln!(
+                "  {:>6.2} s: {} Sent, {effects} effects",
+                started.elapsed().as_secs_f64(),
+                count(
+                    &pair.sender_db,
+                    "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'"
+                )
+            );
+        }
+        // Every row `Sent` (over a broker that means published) and every
+        // effect committed.
+        if effects >= DELIVERIES
+            && count(
+                &pair.sender_db,
+                "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'",
+            ) as usize
+                == DELIVERIES
+            && count(&pair.receiver_db, "SELECT COUNT(*) FROM ledger") as usize == DELIVERIES
         {
             break;
         }
@@ -388,6 +490,11 @@ pub async fn delivery_run(
     }
     let deliver = started.elapsed();
     dispatcher.shutdown().await;
+    match pair.consumer.take() {
+        Some(BrokerConsumer::JetStream(consumer)) => consumer.shutdown().await,
+        Some(BrokerConsumer::Amqp(consumer)) => consumer.shutdown().await,
+        None => {}
+    }
     let effects = count(&pair.receiver_db, "SELECT COUNT(*) FROM ledger");
     assert_eq!(effects as usize, DELIVERIES, "exactly once at {}", pair.url);
     DeliveryRun { enqueue, deliver }

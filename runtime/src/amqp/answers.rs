@@ -190,6 +190,10 @@ struct Shared<S: Store> {
     store: Arc<dyn AnswerStore<S>>,
 }
 
+/// Answers the broker may send before the consumer asks for more (it asks
+/// once all were sent: they are taken one at a time).
+const ANSWERS_CREDIT: u32 = 100;
+
 /// How an answer is settled.
 enum Settle {
     Accept,
@@ -213,7 +217,10 @@ async fn run<S: Store>(shared: Arc<Shared<S>>, cancel: CancellationToken) {
             let link = fe2o3_amqp::Receiver::builder()
                 .name(format!("{container}-in"))
                 .source(super::durable_source(shared.url.address()))
-                .credit_mode(fe2o3_amqp::link::CreditMode::Auto(100))
+                // Granted below, once the broker used what it had (as the
+                // message consumer does: RabbitMQ 3.x overruns credit
+                // granted while it is still sending).
+                .credit_mode(fe2o3_amqp::link::CreditMode::Manual)
                 .auto_accept(false)
                 .attach(&mut session)
                 .await
@@ -238,6 +245,13 @@ async fn run<S: Store>(shared: Arc<Shared<S>>, cancel: CancellationToken) {
         failures = 0;
         let mut open = true;
         loop {
+            if link.credit() == 0
+                && let Err(error) = link.set_credit(ANSWERS_CREDIT).await
+            {
+                tracing::warn!(%error, "cannot grant AMQP answers credit; connecting again");
+                open = false;
+                break;
+            }
             let delivery = tokio::select! {
                 _ = cancel.cancelled() => break,
                 delivery = link.recv::<Body<Value>>() => delivery,

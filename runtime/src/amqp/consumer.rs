@@ -26,7 +26,7 @@
 
 use crate::broker::BrokerError;
 use crate::transport::UrlError;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -46,8 +46,11 @@ use crate::dispatcher::{Verdict, classify};
 use crate::receiver::{Receiver, Reply};
 use crate::transport::TransportResponse;
 
-/// Default number of deliveries processed at once (the link's credit).
-pub const DEFAULT_CONCURRENCY: usize = 64;
+/// Default number of deliveries processed at once (the link's credit is at
+/// most twice this). 256: the receiver's group commits then take up to 256
+/// messages per transaction, as a batch over HTTP does (BENCHMARKS.md,
+/// "Transports side by side").
+pub const DEFAULT_CONCURRENCY: usize = 256;
 
 /// The entry point: `AmqpConsumer::builder(receiver, "amqp://…//queue/orders")
 /// .spawn()`.
@@ -86,8 +89,9 @@ impl std::fmt::Debug for AmqpConsumerBuilder {
 }
 
 impl AmqpConsumerBuilder {
-    /// Deliveries processed at once ([`DEFAULT_CONCURRENCY`]): the link
-    /// credit the broker is given.
+    /// Deliveries processed at once ([`DEFAULT_CONCURRENCY`]); as many
+    /// more may wait in hand (the link credit the broker is given is at
+    /// most twice this).
     pub fn concurrency(mut self, messages: usize) -> Self {
         self.concurrency = messages.clamp(1, 10_000);
         self
@@ -240,9 +244,8 @@ async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
             let link = fe2o3_amqp::Receiver::builder()
                 .name(format!("{container}-in"))
                 .source(super::durable_source(shared.url.address()))
-                .credit_mode(fe2o3_amqp::link::CreditMode::Auto(
-                    shared.concurrency as u32,
-                ))
+                // Granted by `consume`, once the broker used what it had.
+                .credit_mode(fe2o3_amqp::link::CreditMode::Manual)
                 .auto_accept(false)
                 .attach(&mut session)
                 .await
@@ -305,6 +308,17 @@ async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
 /// Takes deliveries until the link ends (the broker went away) or the
 /// consumer is stopped; finishes and settles those in hand. Gives the link
 /// back when it is still open.
+///
+/// Credit: the link is always read, deliveries beyond the concurrency wait
+/// here, and new credit is granted only once the broker has used all it
+/// had (the link's credit is 0 here, so nothing is in flight to us): the
+/// flow then means the same to every broker. RabbitMQ 3.x's AMQP 1.0
+/// plugin, given fresh credit while it is still sending, sends more than
+/// the flow allows, and the link fails with `transfer-limit-exceeded`.
+/// At most twice the concurrency is in hand.
+///
+/// Settlements are sent in groups: those ready at once go out together,
+/// consecutive `accepted` ones as one disposition.
 async fn consume(
     shared: &Arc<Shared>,
     mut link: fe2o3_amqp::Receiver,
@@ -313,34 +327,56 @@ async fn consume(
 ) -> Option<fe2o3_amqp::Receiver> {
     let (settled_tx, mut settled_rx) = mpsc::unbounded_channel::<(DeliveryInfo, Settle)>();
     let mut in_flight = JoinSet::new();
+    let mut waiting = VecDeque::new();
     let mut open = true;
     // Cut short the backoff of deliveries in hand when the link goes (the
     // broker delivers them again) or the consumer stops.
     let link_cancel = cancel.child_token();
     let timeout = shared.settings.timeout;
+    let window = shared.concurrency * 2;
+    let start = |delivery: fe2o3_amqp::link::delivery::Delivery<Body<Value>>,
+                 in_flight: &mut JoinSet<()>| {
+        let shared = shared.clone();
+        let replies = replies.clone();
+        let settled = settled_tx.clone();
+        let cancel = link_cancel.clone();
+        in_flight.spawn(async move {
+            let (info, message) = delivery.into_parts();
+            let settle = handle(&shared, &replies, message, &cancel).await;
+            let _ = settled.send((info, settle));
+        });
+    };
     loop {
+        while in_flight.len() < shared.concurrency
+            && let Some(delivery) = waiting.pop_front()
+        {
+            start(delivery, &mut in_flight);
+        }
+        let held = in_flight.len() + waiting.len();
+        if link.credit() == 0 && held <= shared.concurrency {
+            let grant = u32::try_from(window - held).unwrap_or(u32::MAX);
+            if let Err(error) = link.set_credit(grant).await {
+                tracing::warn!(%error, "cannot grant link credit; connecting again");
+                open = false;
+                break;
+            }
+        }
         tokio::select! {
             _ = cancel.cancelled() => break,
-            Some((info, settle)) = settled_rx.recv() => {
-                if let Err(error) = settle_one(&link, info, settle, timeout).await {
+            Some(first) = settled_rx.recv() => {
+                let mut ready = vec![first];
+                while let Ok(more) = settled_rx.try_recv() {
+                    ready.push(more);
+                }
+                if let Err(error) = settle_all(&link, ready, timeout).await {
                     tracing::warn!(%error, "cannot settle; the broker delivers the message again");
                     open = false;
                     break;
                 }
             }
             Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
-            delivery = link.recv::<Body<Value>>(), if in_flight.len() < shared.concurrency => match delivery {
-                Ok(delivery) => {
-                    let shared = shared.clone();
-                    let replies = replies.clone();
-                    let settled = settled_tx.clone();
-                    let cancel = link_cancel.clone();
-                    in_flight.spawn(async move {
-                        let (info, message) = delivery.into_parts();
-                        let settle = handle(&shared, &replies, message, &cancel).await;
-                        let _ = settled.send((info, settle));
-                    });
-                }
+            delivery = link.recv::<Body<Value>>() => match delivery {
+                Ok(delivery) => waiting.push_back(delivery),
                 Err(error) => {
                     tracing::warn!(%error, "AMQP receive ended; connecting again");
                     open = false;
@@ -352,36 +388,63 @@ async fn consume(
     if !open {
         link_cancel.cancel();
     }
+    // Deliveries not started yet stay unsettled: the broker delivers them
+    // again (after the link closes).
+    waiting.clear();
     // The deliveries in hand finish (their inbox transactions commit) and
     // are settled while the link is open; a lost link leaves them to the
     // broker.
     while let Some(joined) = in_flight.join_next().await {
         let _ = joined;
-        while let Ok((info, settle)) = settled_rx.try_recv() {
-            if open && settle_one(&link, info, settle, timeout).await.is_err() {
-                open = false;
-            }
+        let mut ready = Vec::new();
+        while let Ok(more) = settled_rx.try_recv() {
+            ready.push(more);
         }
-    }
-    while let Ok((info, settle)) = settled_rx.try_recv() {
-        if open && settle_one(&link, info, settle, timeout).await.is_err() {
+        if open && settle_all(&link, ready, timeout).await.is_err() {
             open = false;
         }
+    }
+    let mut ready = Vec::new();
+    while let Ok(more) = settled_rx.try_recv() {
+        ready.push(more);
+    }
+    if open && settle_all(&link, ready, timeout).await.is_err() {
+        open = false;
     }
     open.then_some(link)
 }
 
-/// Settles one delivery, within `timeout` (a stalled session counts as a
-/// lost link).
-async fn settle_one(
+/// Settles `ready`: the accepted ones with one call (consecutive delivery
+/// ids share a disposition), the others one by one; all within `timeout`.
+async fn settle_all(
     link: &fe2o3_amqp::Receiver,
-    info: DeliveryInfo,
-    settle: Settle,
+    ready: Vec<(DeliveryInfo, Settle)>,
     timeout: Duration,
 ) -> Result<(), BrokerError> {
-    tokio::time::timeout(timeout, settle_now(link, info, settle))
-        .await
-        .map_err(|_| "no settlement within the timeout".to_owned())?
+    if ready.is_empty() {
+        return Ok(());
+    }
+    let mut accepted = Vec::with_capacity(ready.len());
+    let mut others = Vec::new();
+    for (info, settle) in ready {
+        match settle {
+            Settle::Accept => accepted.push(info),
+            settle => others.push((info, settle)),
+        }
+    }
+    tokio::time::timeout(timeout, async {
+        if !accepted.is_empty() {
+            link.accept_all(accepted)
+                .await
+                .map_err(|e| BrokerError(e.to_string()))?;
+        }
+        for (info, settle) in others {
+            settle_now(link, info, settle).await?;
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|_| "no settlement within the timeout".to_owned())?
 }
 
 async fn settle_now(

@@ -47,8 +47,10 @@ pub const DEFAULT_DURABLE: &str = "rfidl-receiver";
 /// redelivering.
 pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 /// Default number of messages processed at once (and the consumer's
-/// `max_ack_pending` is four times this).
-pub const DEFAULT_CONCURRENCY: usize = 64;
+/// `max_ack_pending` is four times this). 256: the receiver's group
+/// commits then take up to 256 messages per transaction, as a batch over
+/// HTTP does (BENCHMARKS.md, "Transports side by side").
+pub const DEFAULT_CONCURRENCY: usize = 256;
 
 /// The entry point: `JetStreamConsumer::builder(receiver, "nats://…/orders")
 /// .durable("orders").spawn()`.
@@ -306,16 +308,25 @@ async fn pull(
     mut messages: jetstream::consumer::pull::Stream,
     cancel: &CancellationToken,
 ) {
+    // A message holds a slot while the receiver processes it; its
+    // acknowledgement (a round trip, replicated on an R3 stream) runs
+    // after the slot is given back, so the slots keep the receiver's group
+    // commits full. The server's `max_ack_pending` bounds the messages in
+    // hand, acknowledgements included.
+    let slots = Arc::new(tokio::sync::Semaphore::new(shared.concurrency));
+    let mut slot = None;
     let mut in_flight = JoinSet::new();
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
             Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
-            item = messages.next(), if in_flight.len() < shared.concurrency => match item {
+            acquired = slots.clone().acquire_owned(), if slot.is_none() => slot = acquired.ok(),
+            item = messages.next(), if slot.is_some() => match item {
                 Some(Ok(message)) => {
                     let shared = shared.clone();
                     let context = context.clone();
-                    in_flight.spawn(async move { handle(&shared, &context, message).await });
+                    let slot = slot.take();
+                    in_flight.spawn(async move { handle(&shared, &context, message, slot).await });
                 }
                 Some(Err(error)) => {
                     use jetstream::consumer::pull::MessagesErrorKind as Kind;
@@ -350,8 +361,15 @@ enum Action {
     Term(String),
 }
 
-/// Processes one delivery and acknowledges it as its answer says.
-async fn handle(shared: &Shared, context: &jetstream::Context, message: jetstream::Message) {
+/// Processes one delivery and acknowledges it as its answer says; gives
+/// its `slot` back once the receiver answered (before the
+/// acknowledgement).
+async fn handle(
+    shared: &Shared,
+    context: &jetstream::Context,
+    message: jetstream::Message,
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+) {
     let (stream, sequence, delivered, stored_at) = match message.info() {
         Ok(info) => (
             info.stream.to_owned(),
@@ -391,6 +409,7 @@ async fn handle(shared: &Shared, context: &jetstream::Context, message: jetstrea
             }
         }
     };
+    drop(slot);
     let action = decide(shared, &answer, delivered);
     match action {
         Action::Ack { answer } => {

@@ -10,7 +10,8 @@
 //! [`classify`](crate::dispatcher::classify) maps to
 //! [`Verdict::Published`](crate::dispatcher::Verdict::Published) (the row
 //! is `Sent`). A batch is sent as unsettled transfers back to back and
-//! its dispositions awaited together (pipelined). `rejected` for size is a
+//! its dispositions awaited together (pipelined), without holding the
+//! link: concurrent batches' dispositions are awaited side by side. `rejected` for size is a
 //! 413 (dead letter); any other refusal, no disposition within the timeout,
 //! or no broker is a [`TransportError`]: retried, and the connection is
 //! opened again. See `docs/transports.md`.
@@ -46,10 +47,15 @@ pub struct AmqpTransport {
     url: AmqpUrl,
     timeout: Duration,
     link: Mutex<Option<Link>>,
+    /// Links opened so far.
+    opened: std::sync::atomic::AtomicU64,
 }
 
 /// An open connection, session and sender link.
 struct Link {
+    /// Which link this is (counted from 1): a batch that saw it fail
+    /// closes it, not a newer one.
+    generation: u64,
     connection: ConnectionHandle<()>,
     session: SessionHandle<()>,
     sender: fe2o3_amqp::Sender,
@@ -105,6 +111,7 @@ impl AmqpTransport {
             url,
             timeout,
             link: Mutex::new(None),
+            opened: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -133,6 +140,10 @@ impl AmqpTransport {
         .and_then(|attached| attached);
         match attached {
             Ok((session, sender)) => Ok(Link {
+                generation: self
+                    .opened
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    + 1,
                 connection,
                 session,
                 sender,
@@ -170,59 +181,66 @@ impl AmqpTransport {
     }
 
     /// Sends every request as an unsettled transfer, then waits for their
-    /// dispositions together, all within the timeout.
+    /// dispositions together, all within the timeout. The link is held
+    /// only while the transfers go out: the dispositions of concurrent
+    /// batches are awaited side by side (the broker confirms a durable
+    /// message once it is on disk; one batch's wait no longer holds back
+    /// the next one's transfers).
     async fn send_all(
         &self,
         requests: Vec<OutgoingRequest>,
     ) -> Vec<Result<TransportResponse, TransportError>> {
         let count = requests.len();
         let all = |error: TransportError| (0..count).map(|_| Err(error.clone())).collect();
-        let mut slot = self.link.lock().await;
-        if slot.is_none() {
-            match self.open().await {
-                Ok(link) => *slot = Some(link),
-                Err(error) => return all(error),
-            }
-        }
-        let Some(link) = slot.as_mut() else {
-            return all(TransportError::Other("no link".to_owned()));
-        };
-        let max_size = link.sender.max_message_size().filter(|size| *size > 0);
         let deadline = tokio::time::Instant::now() + self.timeout;
         let mut pending = Vec::with_capacity(count);
         let mut broken = false;
-        for request in requests {
-            if broken {
-                pending.push(Pending::Error(TransportError::Other(
-                    "the connection failed during the batch".to_owned(),
-                )));
-                continue;
+        let generation = {
+            let mut slot = self.link.lock().await;
+            if slot.is_none() {
+                match self.open().await {
+                    Ok(link) => *slot = Some(link),
+                    Err(error) => return all(error),
+                }
             }
-            if max_size.is_some_and(|max| request.body.len() as u64 > max) {
-                pending.push(Pending::TooLarge);
-                continue;
-            }
-            let message = match self.prepare(request) {
-                Ok(message) => message,
-                Err(error) => {
-                    pending.push(Pending::Error(error));
+            let Some(link) = slot.as_mut() else {
+                return all(TransportError::Other("no link".to_owned()));
+            };
+            let max_size = link.sender.max_message_size().filter(|size| *size > 0);
+            for request in requests {
+                if broken {
+                    pending.push(Pending::Error(TransportError::Other(
+                        "the connection failed during the batch".to_owned(),
+                    )));
                     continue;
                 }
-            };
-            match tokio::time::timeout_at(deadline, link.sender.send_batchable(message)).await {
-                Ok(Ok(future)) => pending.push(Pending::Sent(future)),
-                Ok(Err(error)) => {
-                    broken = true;
-                    pending.push(Pending::Error(TransportError::Other(format!(
-                        "send: {error}"
-                    ))));
+                if max_size.is_some_and(|max| request.body.len() as u64 > max) {
+                    pending.push(Pending::TooLarge);
+                    continue;
                 }
-                Err(_) => {
-                    broken = true;
-                    pending.push(Pending::Error(TransportError::Timeout));
+                let message = match self.prepare(request) {
+                    Ok(message) => message,
+                    Err(error) => {
+                        pending.push(Pending::Error(error));
+                        continue;
+                    }
+                };
+                match tokio::time::timeout_at(deadline, link.sender.send_batchable(message)).await {
+                    Ok(Ok(future)) => pending.push(Pending::Sent(future)),
+                    Ok(Err(error)) => {
+                        broken = true;
+                        pending.push(Pending::Error(TransportError::Other(format!(
+                            "send: {error}"
+                        ))));
+                    }
+                    Err(_) => {
+                        broken = true;
+                        pending.push(Pending::Error(TransportError::Timeout));
+                    }
                 }
             }
-        }
+            link.generation
+        };
         let mut answers = Vec::with_capacity(count);
         for item in pending {
             let answer = match item {
@@ -242,10 +260,19 @@ impl AmqpTransport {
             };
             answers.push(answer);
         }
-        if broken && let Some(link) = slot.take() {
+        if broken {
             // Opened again at the next attempt; unsettled transfers of this
-            // one are sent again then (duplicates the inbox answers).
-            link.close().await;
+            // one are sent again then (duplicates the inbox answers). Not
+            // a newer link another batch opened meanwhile.
+            let mut slot = self.link.lock().await;
+            if slot
+                .as_ref()
+                .is_some_and(|link| link.generation == generation)
+                && let Some(link) = slot.take()
+            {
+                drop(slot);
+                link.close().await;
+            }
         }
         answers
     }
