@@ -9,11 +9,14 @@
 //!   (each settled on the broker's `accepted`, a bounded window of them
 //!   outstanding) while a receiver link takes and accepts each;
 //! * JetStream on a 3-node `nats-server` cluster (`RFIDL_NATS_SERVER`),
-//!   streams of 3 replicas: raw is async-nats publishing with
-//!   `Nats-Msg-Id` (a bounded window of outstanding publish acks) while a
-//!   durable pull consumer double-acks each.
+//!   streams of 3 replicas, then on one server (default fsync policy),
+//!   streams of one: raw is async-nats publishing with `Nats-Msg-Id` (a
+//!   bounded window of outstanding publish acks) while a durable pull
+//!   consumer double-acks each (the same raw client as the peers rows
+//!   above).
 //!
-//! rfidl is (c) over [`Wire::Amqp`] and [`Wire::JetStreamR3`]: a committed
+//! rfidl is (c) over [`Wire::Amqp`], [`Wire::JetStreamR3`] and
+//! [`Wire::JetStream`]: a committed
 //! backlog, dispatched, each message published (its row `Sent` on the
 //! broker's acknowledgement), consumed into the receiver (`FULL`, one
 //! ledger row per message in the inbox transaction) and acknowledged after
@@ -47,7 +50,9 @@ use futures_util::StreamExt;
 use rfidl_runtime::config::Durability;
 
 use super::{MESSAGES, Phases, payloads};
-use crate::common::{DELIVERIES, Wire, delivery_run, rate, report, sized_message};
+use crate::common::{
+    DELIVERIES, Fsync, NatsServer, Wire, delivery_run, rate, report, sized_message,
+};
 
 #[allow(dead_code)]
 #[path = "../../tests/it/support/nats.rs"]
@@ -166,29 +171,14 @@ pub fn run(runtime: &tokio::runtime::Runtime, dir: &Path) -> Vec<Rounds> {
                 .iter()
                 .map(|port| format!("nats://127.0.0.1:{port}"))
                 .collect();
-            let mut rounds = Rounds {
-                broker: "JetStream R3 (3-node cluster)",
-                raw: Vec::new(),
-                rfidl: Vec::new(),
-                raw_cpu: Vec::new(),
-                rfidl_cpu: Vec::new(),
-            };
-            for round in 0..round_count() {
-                let cpu = Cpu::now();
-                let raw = runtime.block_on(jetstream_raw(seeds.clone(), 3, &format!("RAW{round}")));
-                rounds.raw_cpu.push(cpu.per_message());
-                eprintln!("raw JetStream R3 round {round}: {:?}", raw.total);
-                rounds.raw.push(rate(MESSAGES, raw.total));
-                let cpu = Cpu::now();
-                let rfidl = rfidl_rate(
-                    runtime,
-                    dir,
-                    Wire::JetStreamR3(format!("nats://{servers}").leak()),
-                );
-                rounds.rfidl_cpu.push(cpu.per_message());
-                eprintln!("rfidl JetStream R3 round {round}: {rfidl:.0} msg/s");
-                rounds.rfidl.push(rfidl);
-            }
+            let rounds = jetstream_rounds(
+                runtime,
+                dir,
+                "JetStream R3 (3-node cluster)",
+                &seeds,
+                3,
+                Wire::JetStreamR3(format!("nats://{servers}").leak()),
+            );
             print_rounds(&rounds);
             all.push(rounds);
             drop(cluster);
@@ -198,7 +188,65 @@ pub fn run(runtime: &tokio::runtime::Runtime, dir: &Path) -> Vec<Rounds> {
         }
         None => {}
     }
+    // The first comparison, under the same conditions: one server
+    // (default fsync policy), streams of one replica.
+    match std::env::var_os("RFIDL_NATS_SERVER").filter(|_| only.is_empty() || only == "jetstream") {
+        Some(binary) => {
+            let server = NatsServer::start(Path::new(&binary), dir, Fsync::Default);
+            let rounds = jetstream_rounds(
+                runtime,
+                dir,
+                "JetStream R1 (1 node)",
+                std::slice::from_ref(&server.url),
+                1,
+                Wire::JetStream(server.url.clone().leak()),
+            );
+            print_rounds(&rounds);
+            all.push(rounds);
+            drop(server);
+        }
+        None if only.is_empty() || only == "jetstream" => {
+            println!("(JetStream R1 skipped: RFIDL_NATS_SERVER is not set)")
+        }
+        None => {}
+    }
     all
+}
+
+/// Raw JetStream and rfidl over `wire`, alternating, on the servers
+/// `seeds`, streams of `replicas`.
+fn jetstream_rounds(
+    runtime: &tokio::runtime::Runtime,
+    dir: &Path,
+    broker: &'static str,
+    seeds: &[String],
+    replicas: usize,
+    wire: Wire,
+) -> Rounds {
+    let mut rounds = Rounds {
+        broker,
+        raw: Vec::new(),
+        rfidl: Vec::new(),
+        raw_cpu: Vec::new(),
+        rfidl_cpu: Vec::new(),
+    };
+    for round in 0..round_count() {
+        let cpu = Cpu::now();
+        let raw = runtime.block_on(jetstream_raw(
+            seeds.to_vec(),
+            replicas,
+            &format!("RAW{replicas}X{round}"),
+        ));
+        rounds.raw_cpu.push(cpu.per_message());
+        eprintln!("raw {broker} round {round}: {:?}", raw.total);
+        rounds.raw.push(rate(MESSAGES, raw.total));
+        let cpu = Cpu::now();
+        let rfidl = rfidl_rate(runtime, dir, wire);
+        rounds.rfidl_cpu.push(cpu.per_message());
+        eprintln!("rfidl {broker} round {round}: {rfidl:.0} msg/s");
+        rounds.rfidl.push(rfidl);
+    }
+    rounds
 }
 
 fn rfidl_rate(runtime: &tokio::runtime::Runtime, dir: &Path, wire: Wire) -> f64 {

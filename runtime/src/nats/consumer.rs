@@ -484,6 +484,14 @@ fn backoff_of(shared: &Shared, delivered: u32) -> Duration {
 
 /// The dispatcher's table applied to the receiver's answer.
 fn decide(shared: &Shared, answer: &Reply, delivered: u32) -> Action {
+    // Processed or a duplicate: what `classify` says of its 200, without
+    // serialising the answer only to parse it back.
+    if matches!(answer, Reply::Acknowledged { .. }) {
+        let result = answer.clone().into_batch_result();
+        return Action::Ack {
+            answer: serde_json::json!({ "status": result.status, "body": result.body }),
+        };
+    }
     let retry_after = match answer {
         Reply::Refused(refusal) => refusal
             .retry_after_secs()
