@@ -399,6 +399,7 @@ fn stop_test_epmd() {
 }
 
 fn ci() -> Result<(), String> {
+    disk_report("before the build");
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     // Clippy, warnings denied, on every build configuration users compile.
     let configurations: [(&str, &[&str]); 8] = [
@@ -520,9 +521,24 @@ fn ci() -> Result<(), String> {
         "--no-verify",
         "--allow-dirty",
     ]))?;
+    disk_report("after clippy, docs and packaging");
     test(&[])?;
+    disk_report("after the tests");
     // Every fault scenario with a small load (docs/guarantees.md).
-    chaos(&["--messages".to_owned(), "200".to_owned()])
+    chaos(&["--messages".to_owned(), "200".to_owned()])?;
+    disk_report("after chaos");
+    Ok(())
+}
+
+/// Prints the space left where the build writes, so a CI log shows which
+/// step ran a disk full (CI runs on a machine shared with whatever the
+/// session before it left).
+fn disk_report(when: &str) {
+    eprintln!("xtask: disk {when}:");
+    let _ = Command::new("df")
+        .args(["-h", "."])
+        .current_dir(root())
+        .status();
 }
 
 /// Removes the sources cargo extracted from earlier `cargo package` runs of
@@ -574,17 +590,17 @@ fn chaos(extra: &[String]) -> Result<(), String> {
     let release = extra.iter().any(|a| a == "--release");
     let rest: Vec<&String> = extra.iter().filter(|a| *a != "--release").collect();
     let mut build = cargo();
+    // Every binary of the workspace with every feature: the same feature
+    // set as `cargo xtask test`, so after the tests (as in CI) this links
+    // the binaries from the libraries already built instead of building
+    // the dependency tree a second time with other features.
     build.args([
         "build",
-        "-p",
-        "rfidl-chaos",
-        "-p",
-        "rfidl-examples",
+        "--workspace",
+        "--exclude",
+        "xtask",
+        "--all-features",
         "--bins",
-        "-p",
-        "rfidl-registry",
-        "--bin",
-        "rfidl-registry",
     ]);
     if release {
         build.arg("--release");
