@@ -69,13 +69,12 @@ impl Logged {
     }
 }
 
+fn ledger_credit() -> Value {
+    json!({"account": "acc-1", "amount": 5})
+}
+
 fn credit(id: &str) -> Vec<u8> {
-    serde_json::to_vec(&envelope(
-        id,
-        "Credit",
-        json!({"account": "acc-1", "amount": 5}),
-    ))
-    .expect("json")
+    serde_json::to_vec(&envelope(id, "Credit", ledger_credit())).expect("json")
 }
 
 /// POSTs one message `times` times; the answers' `duplicate` flags.
@@ -149,19 +148,7 @@ async fn a_flood_of_duplicates_writes_a_bounded_number_of_lines() {
         let items: Vec<Value> = ids
             .iter()
             .map(|id| {
-                let body = String::from_utf8(credit(id)).expect("UTF-8");
-                let headers = rfidl_runtime::signing::SignatureHeaders::sign(
-                    id,
-                    unix_now(),
-                    body.as_bytes(),
-                    std::slice::from_ref(&receiver.secret),
-                );
-                let headers: serde_json::Map<String, Value> = headers
-                    .to_pairs()
-                    .into_iter()
-                    .map(|(name, value)| (name.to_owned(), Value::String(value)))
-                    .collect();
-                json!({"headers": headers, "body": body})
+                support::batch_item(id, "Credit", ledger_credit(), &receiver.secret, unix_now())
             })
             .collect();
         let answers: Vec<Value> = client
