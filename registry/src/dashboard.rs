@@ -36,7 +36,8 @@ const MAX_POINTS: usize = 80;
 const SPARK_HEIGHT: f64 = 32.0;
 const SPARK_MARGIN: f64 = 3.0;
 
-/// `?hours=N`: the sparkline window (1 to 24, the history kept; default 6); `?page=N` (from
+/// `?hours=N`: the sparkline window (1 to [`MAX_HOURS`], the history kept;
+/// default 6; more is a 400 that says how much is kept); `?page=N` (from
 /// 1); `?service=NAME`: only that service's instances. Any other
 /// parameter is a 400.
 #[derive(Debug, Deserialize)]
@@ -117,14 +118,16 @@ fn ago(now_ms: i64, then_ms: i64) -> String {
 
 fn parse_hours(text: Option<&str>) -> Result<u32, ApiError> {
     let Some(text) = text else { return Ok(6) };
-    text.parse::<u32>()
-        .ok()
-        .filter(|h| (1..=MAX_HOURS).contains(h))
-        .ok_or_else(|| {
-            ApiError::BadRequest(format!(
-                "`hours={text}` is not a whole number of hours from 1 to {MAX_HOURS}"
-            ))
-        })
+    match text.parse::<u64>() {
+        Ok(hours) if (1..=u64::from(MAX_HOURS)).contains(&hours) => Ok(hours as u32),
+        Ok(hours) if hours > u64::from(MAX_HOURS) => Err(ApiError::BadRequest(format!(
+            "`hours={hours}` is more than the {MAX_HOURS} hours of health history the \
+             registry keeps: give 1 to {MAX_HOURS}"
+        ))),
+        _ => Err(ApiError::BadRequest(format!(
+            "`hours={text}` is not a whole number of hours from 1 to {MAX_HOURS}"
+        ))),
+    }
 }
 
 /// `?page=N`: 1 by default; any whole number from 1 (a page past the last

@@ -136,10 +136,10 @@ pub struct InboxConfig {
     /// Processed-message records are kept this long. A message created
     /// longer ago than `retention - signature_tolerance` (the dedup horizon)
     /// that has no record is refused with 422 `beyond_dedup_horizon`, never
-    /// processed a second time; so keep it above the senders' `outbox.ttl`
-    /// plus the signature tolerance, or a retry late in a long outage needs a
-    /// human. Default 25 h: the default 24 h TTL, the 5 min tolerance, and
-    /// margin.
+    /// processed a second time; so keep it at least the senders' `outbox.ttl`
+    /// plus the signature tolerance (`Retention::spawn` warns otherwise), or
+    /// a retry late in a long outage needs a human. Default 25 h: the
+    /// default 24 h TTL, the 5 min tolerance, and margin.
     #[serde(with = "serde_human")]
     pub retention: Duration,
     /// Largest accepted request body, in bytes (413 past it).

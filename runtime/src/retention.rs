@@ -224,4 +224,26 @@ mod tests {
         assert_eq!(warnings.len(), 1, "retention = ttl is not enough");
         assert!(warnings[0].contains("(5m)"), "{}", warnings[0]);
     }
+
+    /// The rule at its boundary (issue 30): `retention = ttl + tolerance`
+    /// is enough, a second less is not, a second more is.
+    #[test]
+    fn the_rule_holds_from_ttl_plus_tolerance_exactly() {
+        let second = Duration::from_secs(1);
+        let ttl = Duration::from_secs(24 * 3600);
+        let tolerance = Duration::from_secs(300);
+        let boundary = ttl + tolerance;
+        for (retention, warned) in [
+            (boundary, false),
+            (boundary - second, true),
+            (boundary + second, false),
+        ] {
+            let warnings = retention_warnings(retention, ttl, tolerance);
+            assert_eq!(
+                warnings.len(),
+                usize::from(warned),
+                "retention {retention:?}: {warnings:?}"
+            );
+        }
+    }
 }

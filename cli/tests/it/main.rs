@@ -8,4 +8,8 @@ mod cli_report;
 #[cfg(feature = "registry")]
 mod fetch;
 mod fmt_cli;
+// The README's CLI table against `rfidl --help` (all subcommands need the
+// default feature `registry`).
+#[cfg(feature = "registry")]
+mod readme;
 mod support;

@@ -375,6 +375,28 @@ fn odd_dashboard_queries_are_400_and_the_page_is_html() {
             "?{query}: {body}"
         );
     }
+    // More hours than the 24 of health history kept: a 400 that says so,
+    // at the boundary and far past it (issue 30).
+    for hours in [25, 48] {
+        let response =
+            reqwest::blocking::get(format!("{}/?hours={hours}", server.url)).expect("get");
+        assert_eq!(response.status().as_u16(), 400);
+        let body: Value = response.json().expect("json");
+        assert_eq!(body["error"], "bad_request", "{body}");
+        assert_eq!(
+            body["message"],
+            format!(
+                "`hours={hours}` is more than the 24 hours of health history the registry \
+                 keeps: give 1 to 24"
+            ),
+            "{body}"
+        );
+    }
+    for hours in [1, 24] {
+        let response =
+            reqwest::blocking::get(format!("{}/?hours={hours}", server.url)).expect("get");
+        assert_eq!(response.status().as_u16(), 200, "?hours={hours}");
+    }
     let response = reqwest::blocking::get(format!("{}/?hours=2", server.url)).expect("get");
     assert_eq!(response.status().as_u16(), 200);
     assert!(

@@ -237,6 +237,27 @@ pub(crate) fn retry_after(headers: &hyper::HeaderMap) -> Option<Duration> {
         .map(Duration::from_secs)
 }
 
+/// Why a destination URL with a scheme no transport serves is refused. It
+/// names the scheme, never the rest of the URL (it may hold credentials):
+/// text without a well-formed `scheme://` is said to have none.
+fn unserved_scheme(url: &str) -> String {
+    const SERVED: &str = "http://, https://, unix://, grpc://, nats://, amqp:// or amqps://";
+    let scheme = url
+        .split_once("://")
+        .map(|(scheme, _)| scheme)
+        .filter(|scheme| {
+            let mut chars = scheme.chars();
+            chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+                && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        });
+    match scheme {
+        Some(scheme) => {
+            format!("`url` has the scheme `{scheme}`, which no transport serves: use {SERVED}")
+        }
+        None => format!("`url` has no `scheme://`: use {SERVED}"),
+    }
+}
+
 /// The transport of a configured destination: a [`UnixSocketTransport`] for
 /// a `unix://` URL, a `GrpcTransport` for a `grpc://` one (cargo feature
 /// `grpc`), a `JetStreamTransport` for a `nats://` one (cargo feature
@@ -271,12 +292,7 @@ pub(crate) fn for_destination(
             );
         }
         if !(destination.url.starts_with("http://") || destination.url.starts_with("https://")) {
-            let scheme = destination.url.split("://").next().unwrap_or_default();
-            return Err(format!(
-                "`url` has the scheme `{scheme}`, which no transport serves: use http://, \
-                 https://, unix://, grpc://, nats://, amqp:// or amqps://"
-            )
-            .into());
+            return Err(unserved_scheme(&destination.url).into());
         }
         return Ok(Arc::new(http_transport(
             destination,

@@ -570,7 +570,13 @@ async fn a_destination_url_no_transport_serves_stops_the_start() {
     let db: PathBuf = dir.path().join("sender.db");
     for (url, expected) in [
         ("inproc://ledger", "InProcessTransport"),
-        ("ftp://ledger.example", "`ftp`"),
+        (
+            "ftp://ledger.example",
+            "has the scheme `ftp`, which no transport serves",
+        ),
+        // No scheme: nothing of the URL is quoted (it may hold credentials).
+        ("user:hunter2@ledger.example:8080", "has no `scheme://`"),
+        ("user:hunter2@ledger/x://y", "has no `scheme://`"),
     ] {
         let mut config = sender_config(Duration::from_millis(50));
         config.destinations.insert(
@@ -583,7 +589,15 @@ async fn a_destination_url_no_transport_serves_stops_the_start() {
             .err()
             .expect("refused at start");
         let text = error.to_string();
+        assert!(
+            matches!(
+                &error,
+                rfidl_runtime::dispatcher::DispatcherError::Destination { name, .. } if name == "ledger"
+            ),
+            "{error:?}"
+        );
         assert!(text.contains("destination `ledger`"), "{text}");
         assert!(text.contains(expected), "{url}: {text}");
+        assert!(!text.contains("hunter2"), "{url}: {text}");
     }
 }

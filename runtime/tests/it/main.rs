@@ -8,6 +8,8 @@ mod config_env;
 mod decommission;
 mod directory;
 mod dispatcher;
+// A duplicate delivery's warn line, once per message and bounded (issue 30).
+mod duplicate_log;
 mod faults;
 // The gRPC transport: the HTTP table over gRPC, byte-for-byte answers.
 mod grpc;

@@ -507,6 +507,41 @@ async fn a_republish_is_dropped_by_the_stream_and_a_late_copy_by_the_inbox() {
     running.stop().await;
 }
 
+/// A copy the stream takes again (under another `Nats-Msg-Id`) is a
+/// duplicate for the inbox, logged once at `warn` with its id and source as
+/// over HTTP (issue 30). One thread: the consumer's tasks run where the
+/// log is captured.
+#[tokio::test]
+async fn a_duplicate_through_the_consumer_is_logged_once() {
+    let (logged, _guard) = crate::duplicate_log::Logged::start();
+    let Some(running) = Running::start(|_| {}, false) else {
+        return;
+    };
+    let context = jetstream(&running.server).await;
+    let id = Uuid::now_v7().to_string();
+    let (headers, body) = signed(
+        &id,
+        "Credit",
+        json!({"account": "d", "amount": 5}),
+        &running.pair.secret,
+    );
+    for copy in 0..3 {
+        publish_raw(&context, &headers, &body, &format!("{id}-{copy}")).await;
+    }
+    wait_until("two copies answered", Duration::from_secs(10), || {
+        running.receiver.metrics().inbox_duplicates.get() == 2
+    })
+    .await;
+    assert_eq!(
+        running.pair.receiver_count("SELECT COUNT(*) FROM ledger"),
+        1
+    );
+    let lines = logged.duplicate_lines();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    crate::duplicate_log::assert_one_line_for(&lines, &id);
+    running.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_broker_killed_and_restarted_mid_stream_loses_nothing_and_duplicates_no_effect() {
     let Some(mut running) = Running::start(|_| {}, true) else {

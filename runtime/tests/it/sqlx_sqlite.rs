@@ -41,11 +41,11 @@ const HOSTED: &[HostedInterface] = &[HostedInterface {
 /// Credits a ledger row through the receiver's connection; `Refuse` writes
 /// a row, then refuses (so the row must roll back).
 #[derive(Default)]
-struct Ledger {
+pub(crate) struct Ledger {
     runs: AtomicU32,
 }
 
-struct LedgerService(Arc<Ledger>);
+pub(crate) struct LedgerService(pub(crate) Arc<Ledger>);
 
 impl AsyncHostedService<sqlx::Sqlite> for LedgerService {
     fn interfaces(&self) -> &[HostedInterface] {
@@ -131,7 +131,7 @@ struct Pair {
 }
 
 /// The receiving service's store, with its ledger table.
-async fn ledger_store(path: &Path) -> (SqliteStore, SqlitePool) {
+pub(crate) async fn ledger_store(path: &Path) -> (SqliteStore, SqlitePool) {
     let receiver_pool = pool(path).await;
     let receiving = SqliteStore::open(receiver_pool.clone())
         .await

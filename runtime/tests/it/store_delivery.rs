@@ -592,14 +592,7 @@ async fn batch_items(store: &TestStore) {
         .await;
     let now = now_secs();
     let item = |id: &str, endpoint: &str, payload: serde_json::Value, secret: &Secret| {
-        let body = serde_json::to_string(&support::envelope(id, endpoint, payload)).expect("json");
-        let headers = rfidl_runtime::signing::SignatureHeaders::sign(
-            id,
-            now,
-            body.as_bytes(),
-            std::slice::from_ref(secret),
-        );
-        json!({ "headers": headers.to_pairs().iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<std::collections::BTreeMap<_, _>>(), "body": body })
+        support::batch_item(id, endpoint, payload, secret, now)
     };
     let new_id = || Uuid::now_v7().to_string();
     let repeated = new_id();

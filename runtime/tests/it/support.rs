@@ -214,6 +214,32 @@ pub async fn post_signed(
     (status, body)
 }
 
+/// One item of a `POST /_rf/receive/batch` body: the [`envelope`] of
+/// `endpoint` with `payload` under `message_id`, signed with `secret` at
+/// `timestamp`.
+pub fn batch_item(
+    message_id: &str,
+    endpoint: &str,
+    payload: serde_json::Value,
+    secret: &Secret,
+    timestamp: i64,
+) -> serde_json::Value {
+    let body =
+        serde_json::to_string(&envelope(message_id, endpoint, payload)).expect("json envelope");
+    let headers = SignatureHeaders::sign(
+        message_id,
+        timestamp,
+        body.as_bytes(),
+        std::slice::from_ref(secret),
+    );
+    let headers: serde_json::Map<String, serde_json::Value> = headers
+        .to_pairs()
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), serde_json::Value::String(value)))
+        .collect();
+    serde_json::json!({"headers": headers, "body": body})
+}
+
 pub fn count(db: &Path, sql: &str) -> i64 {
     let conn = rusqlite::Connection::open(db).expect("open");
     conn.query_row(sql, [], |r| r.get(0)).expect("count")
