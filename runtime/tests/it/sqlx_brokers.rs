@@ -1,0 +1,767 @@
+//! The broker consumers on the sqlx stores (sqlx PostgreSQL on the tests'
+//! server, sqlx SQLite on files in a temp dir), over a real `nats-server`
+//! JetStream and a real RabbitMQ node: commands sent through the broker
+//! are handled once by an async handler whose write commits with the
+//! inbox row; the same message published twice has one effect; a delivery
+//! that never succeeds is recorded in the receiver's `rf_terminated`; the
+//! answers come back to the sender's async response handler once, a copy
+//! of one included; a consumer killed before its acknowledgement leaves
+//! the message to the next, which answers it from the inbox.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use rfidl_runtime::BoxFuture;
+use rfidl_runtime::config::DestinationConfig;
+use rfidl_runtime::dispatcher::Dispatcher;
+use rfidl_runtime::outbox::{Outbox, OutgoingMessage};
+use rfidl_runtime::receiver::{
+    AsyncHostedService, HandlerError, HostedInterface, IncomingCall, Receiver,
+};
+use rfidl_runtime::responses::{Answer, AsyncResponseHandler};
+use rfidl_runtime::signing::Secret;
+use rfidl_runtime::store::AsyncStore;
+use rfidl_runtime::store::Location;
+use rfidl_runtime::store::sqlx_postgres::PgStore;
+use rfidl_runtime::store::sqlx_sqlite::SqliteStore;
+use serde_json::json;
+use sqlx::AssertSqlSafe;
+use uuid::Uuid;
+
+use crate::dispatcher::{message, sender_config};
+use crate::support::amqp::RabbitNode;
+use crate::support::nats::NatsServer;
+use crate::support::postgres::{TestDatabase, database};
+use crate::support::{self, INTERFACE, SOURCE};
+
+const HOSTED: &[HostedInterface] = &[HostedInterface {
+    interface: INTERFACE,
+    version: 1,
+    fingerprint: support::FINGERPRINT,
+    endpoints: &["Credit", "Slow"],
+    manifest_json: r#"{"interface":"test.Ledger","version":1}"#,
+}];
+
+/// What the handlers did: ledger handler runs, response handler runs, and
+/// the gate a `Slow` credit waits at.
+#[derive(Default)]
+struct Counts {
+    credits: AtomicU32,
+    answers: AtomicU32,
+    gate: tokio::sync::Notify,
+}
+
+/// Credits a ledger row through the receiver's connection and answers the
+/// amount as the balance; `Slow` waits at the gate after writing.
+struct AsyncLedger(Arc<Counts>);
+
+/// Writes each answer's balance through the sender's connection, in the
+/// transaction that sets the row's answer marker.
+struct AsyncBalances(Arc<Counts>);
+
+/// The handlers on one sqlx store: `$conn` its connection, `$insert_*` the
+/// statements in its dialect.
+macro_rules! handlers_on {
+    ($store:ty, $conn:ty, $insert_ledger:literal, $insert_answer:literal) => {
+        impl AsyncHostedService<$store> for AsyncLedger {
+            fn interfaces(&self) -> &[HostedInterface] {
+                HOSTED
+            }
+
+            fn handle<'a>(
+                &'a self,
+                call: &'a IncomingCall<'a>,
+                conn: &'a mut $conn,
+            ) -> BoxFuture<'a, Result<serde_json::Value, HandlerError>> {
+                Box::pin(async move {
+                    self.0.credits.fetch_add(1, Ordering::SeqCst);
+                    let amount = call.payload["amount"].as_i64().unwrap_or(0);
+                    sqlx::query($insert_ledger)
+                        .bind(call.message_id)
+                        .bind(amount)
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(HandlerError::retryable)?;
+                    if call.endpoint == "Slow" {
+                        self.0.gate.notified().await;
+                    }
+                    Ok(json!({ "balance": amount }))
+                })
+            }
+        }
+
+        impl AsyncResponseHandler<$store> for AsyncBalances {
+            fn interface(&self) -> (&'static str, u32) {
+                (INTERFACE, 1)
+            }
+
+            fn handle<'a>(
+                &'a self,
+                answer: &'a Answer<'a>,
+                conn: &'a mut $conn,
+            ) -> BoxFuture<'a, Result<(), HandlerError>> {
+                Box::pin(async move {
+                    self.0.answers.fetch_add(1, Ordering::SeqCst);
+                    sqlx::query($insert_answer)
+                        .bind(answer.message_id)
+                        .bind(answer.payload["balance"].as_i64())
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(HandlerError::retryable)?;
+                    Ok(())
+                })
+            }
+        }
+    };
+}
+
+handlers_on!(
+    sqlx::Postgres,
+    sqlx::PgConnection,
+    "INSERT INTO ledger (message_id, amount) VALUES ($1, $2)",
+    "INSERT INTO answers (message_id, balance) VALUES ($1, $2)"
+);
+handlers_on!(
+    sqlx::Sqlite,
+    sqlx::SqliteConnection,
+    "INSERT INTO ledger (message_id, amount) VALUES (?1, ?2)",
+    "INSERT INTO answers (message_id, balance) VALUES (?1, ?2)"
+);
+
+/// A sqlx store as these tests use it: a fresh database, statements on its
+/// pool, and the enqueue in a transaction of the pool.
+trait SqlxStore: AsyncStore
+where
+    AsyncLedger: AsyncHostedService<Self>,
+    AsyncBalances: AsyncResponseHandler<Self>,
+{
+    /// `PgStore` or `SqliteStore`.
+    type Opened: Clone + Location<Store = Self>;
+    /// What keeps the database (a PostgreSQL database is dropped with it).
+    type Keep;
+
+    /// A fresh database named `name` (in `dir` for SQLite), migrated, or
+    /// `None` when the test's server is missing.
+    async fn fresh(dir: &Path, name: &str) -> Option<(Self::Opened, Self::Keep)>;
+
+    async fn execute(store: &Self::Opened, sql: &str);
+
+    async fn count(store: &Self::Opened, sql: &str) -> i64;
+
+    async fn text(store: &Self::Opened, sql: &str) -> String;
+
+    /// Enqueues `messages` in one transaction of the store's pool.
+    async fn enqueue_all(store: &Self::Opened, outbox: &Outbox<Self>, messages: Vec<OutgoingMessage>);
+}
+
+impl SqlxStore for sqlx::Postgres {
+    type Opened = PgStore;
+    type Keep = TestDatabase;
+
+    async fn fresh(_: &Path, _: &str) -> Option<(PgStore, TestDatabase)> {
+        let db = database()?;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(12)
+            .connect(db.url())
+            .await
+            .expect("pool");
+        Some((PgStore::open(pool).await.expect("store"), db))
+    }
+
+    async fn execute(store: &PgStore, sql: &str) {
+        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .execute(store.pool())
+            .await
+            .expect("statement");
+    }
+
+    async fn count(store: &PgStore, sql: &str) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
+            .fetch_one(store.pool())
+            .await
+            .expect("count")
+    }
+
+    async fn text(store: &PgStore, sql: &str) -> String {
+        sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
+            .fetch_one(store.pool())
+            .await
+            .expect("text")
+    }
+
+    async fn enqueue_all(store: &PgStore, outbox: &Outbox<Self>, messages: Vec<OutgoingMessage>) {
+        let mut tx = store.pool().begin().await.expect("begin");
+        for message in messages {
+            outbox
+                .enqueue_async(&mut tx, message)
+                .await
+                .expect("enqueue");
+        }
+        tx.commit().await.expect("commit");
+    }
+}
+
+impl SqlxStore for sqlx::Sqlite {
+    type Opened = SqliteStore;
+    type Keep = ();
+
+    async fn fresh(dir: &Path, name: &str) -> Option<(SqliteStore, ())> {
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(dir.join(format!("{name}.db")))
+            .create_if_missing(true);
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await
+            .expect("pool");
+        Some((SqliteStore::open(pool).await.expect("store"), ()))
+    }
+
+    async fn execute(store: &SqliteStore, sql: &str) {
+        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .execute(store.pool())
+            .await
+            .expect("statement");
+    }
+
+    async fn count(store: &SqliteStore, sql: &str) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
+            .fetch_one(store.pool())
+            .await
+            .expect("count")
+    }
+
+    async fn text(store: &SqliteStore, sql: &str) -> String {
+        sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
+            .fetch_one(store.pool())
+            .await
+            .expect("text")
+    }
+
+    async fn enqueue_all(store: &SqliteStore, outbox: &Outbox<Self>, messages: Vec<OutgoingMessage>) {
+        let mut tx = store.pool().begin().await.expect("begin");
+        for message in messages {
+            outbox
+                .enqueue_async(&mut tx, message)
+                .await
+                .expect("enqueue");
+        }
+        tx.commit().await.expect("commit");
+    }
+}
+
+/// The broker of a test: a `nats-server` or a RabbitMQ node of its own.
+enum Broker {
+    Nats(NatsServer),
+    Amqp(RabbitNode),
+}
+
+/// An inbound consumer, of either broker.
+enum Inbound {
+    Nats(rfidl_runtime::nats::ConsumerHandle),
+    Amqp(rfidl_runtime::amqp::AmqpConsumerHandle),
+}
+
+impl Inbound {
+    async fn shutdown(self) {
+        match self {
+            Inbound::Nats(consumer) => consumer.shutdown().await,
+            Inbound::Amqp(consumer) => consumer.shutdown().await,
+        }
+    }
+
+    fn abort(self) {
+        match self {
+            Inbound::Nats(consumer) => consumer.abort(),
+            Inbound::Amqp(consumer) => consumer.abort(),
+        }
+    }
+}
+
+/// An answers consumer, of either broker.
+enum Answers {
+    Nats(rfidl_runtime::nats::AnswersHandle),
+    Amqp(rfidl_runtime::amqp::AmqpAnswersHandle),
+}
+
+impl Answers {
+    async fn shutdown(self) {
+        match self {
+            Answers::Nats(answers) => answers.shutdown().await,
+            Answers::Amqp(answers) => answers.shutdown().await,
+        }
+    }
+}
+
+/// The inbound queue (AMQP) and its answers queue.
+const QUEUE: &str = "ledger";
+
+impl Broker {
+    fn nats() -> Option<Self> {
+        NatsServer::start().map(Broker::Nats)
+    }
+
+    fn amqp() -> Option<Self> {
+        RabbitNode::start().map(Broker::Amqp)
+    }
+
+    /// The destination's URL.
+    fn url(&self) -> String {
+        match self {
+            Broker::Nats(server) => server.url(crate::nats::SUBJECT),
+            Broker::Amqp(node) => node.url(QUEUE),
+        }
+    }
+
+    fn inbound(&self, receiver: Receiver) -> Inbound {
+        match self {
+            Broker::Nats(_) => Inbound::Nats(
+                rfidl_runtime::nats::JetStreamConsumer::builder(receiver, &self.url())
+                    .durable("ledger")
+                    .ack_wait(Duration::from_secs(2))
+                    .timeout(Duration::from_secs(2))
+                    .spawn()
+                    .expect("consumer"),
+            ),
+            Broker::Amqp(_) => Inbound::Amqp(
+                rfidl_runtime::amqp::AmqpConsumer::builder(receiver, &self.url())
+                    .timeout(Duration::from_secs(2))
+                    .spawn()
+                    .expect("consumer"),
+            ),
+        }
+    }
+
+    fn answers<S: SqlxStore>(
+        &self,
+        store: &S::Opened,
+        secret: &Secret,
+        counts: &Arc<Counts>,
+    ) -> Answers
+    where
+        AsyncLedger: AsyncHostedService<S>,
+        AsyncBalances: AsyncResponseHandler<S>,
+    {
+        let handler = AsyncBalances(Arc::clone(counts));
+        match self {
+            Broker::Nats(_) => Answers::Nats(
+                rfidl_runtime::nats::AnswersConsumer::builder(SOURCE, &self.url(), store.clone())
+                    .responses(handler)
+                    .secret(secret.clone())
+                    .ack_wait(Duration::from_secs(2))
+                    .timeout(Duration::from_secs(2))
+                    .spawn()
+                    .expect("answers consumer"),
+            ),
+            Broker::Amqp(_) => Answers::Amqp(
+                rfidl_runtime::amqp::AmqpAnswersConsumer::builder(
+                    SOURCE,
+                    &self.url(),
+                    store.clone(),
+                )
+                .responses(handler)
+                .secret(secret.clone())
+                .backoff(Duration::from_millis(20), Duration::from_millis(100))
+                .timeout(Duration::from_secs(2))
+                .spawn()
+                .expect("answers consumer"),
+            ),
+        }
+    }
+
+    /// Publishes an inbound message by hand, `copy` telling the broker's
+    /// de-duplication apart (the envelope's id stays the same).
+    async fn publish(&self, headers: &[(&str, String)], body: &[u8], id: &str, copy: u32) {
+        match self {
+            Broker::Nats(server) => {
+                let context = crate::nats::jetstream(server).await;
+                crate::nats::publish_raw(&context, headers, body, &format!("{id}-{copy}")).await;
+            }
+            Broker::Amqp(_) => {
+                crate::amqp::send_raw(&self.url(), "/queue/ledger", headers, body, id).await;
+            }
+        }
+    }
+
+    /// Publishes a copy of the answer to `id`, signed with `secret`.
+    async fn publish_answer(&self, id: &str, balance: i64, secret: &Secret) {
+        let copy = serde_json::to_vec(&json!({"messageId": id, "status": 200,
+            "body": {"acknowledged": true, "duplicate": true, "payload": {"balance": balance}}}))
+        .expect("json");
+        let headers = rfidl_runtime::signing::SignatureHeaders::sign(
+            &format!("answer-{id}"),
+            rfidl_runtime::signing::unix_now(),
+            &copy,
+            std::slice::from_ref(secret),
+        )
+        .to_pairs()
+        .to_vec();
+        match self {
+            Broker::Nats(server) => {
+                let context = crate::nats::jetstream(server).await;
+                let mut map = async_nats::HeaderMap::new();
+                for (name, value) in &headers {
+                    map.insert(*name, value.as_str());
+                }
+                map.insert(async_nats::header::NATS_MESSAGE_ID, "answer-again");
+                let subject = format!("{}.answers.{SOURCE}", crate::nats::SUBJECT);
+                context
+                    .publish_with_headers(subject, map, copy.into())
+                    .await
+                    .expect("publish")
+                    .await
+                    .expect("ack");
+            }
+            Broker::Amqp(_) => {
+                let address = format!("/queue/{QUEUE}.answers.{SOURCE}");
+                crate::amqp::send_raw(
+                    &self.url(),
+                    &address,
+                    &headers,
+                    &copy,
+                    &format!("answer-{id}"),
+                )
+                .await;
+            }
+        }
+    }
+
+    /// Waits until the inbound and answers consumers have nothing left
+    /// unacknowledged; fails saying what is left.
+    async fn assert_drained(&self) {
+        match self {
+            Broker::Nats(server) => {
+                assert_eq!(crate::nats::drained(server, "ledger").await, (0, 0));
+                let answers = format!("rfidl-answers-{SOURCE}");
+                assert_eq!(crate::nats::drained(server, &answers).await, (0, 0));
+            }
+            Broker::Amqp(node) => {
+                assert_eq!(crate::amqp::drained(node, QUEUE).await, Some((0, 0)));
+                let answers = format!("{QUEUE}.answers.{SOURCE}");
+                assert_eq!(crate::amqp::drained(node, &answers).await, Some((0, 0)));
+            }
+        }
+    }
+}
+
+/// Polls `done` every 20 ms until it holds, failing after `limit`.
+async fn wait_until<F: std::future::Future<Output = bool>>(
+    what: &str,
+    limit: Duration,
+    mut done: impl FnMut() -> F,
+) {
+    let started = Instant::now();
+    while !done().await {
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A sender and a receiver, each on a database of its own of the store
+/// `S`, the receiver fed by `broker`'s consumer and the sender taking the
+/// answers back through it.
+struct Pair<S: SqlxStore>
+where
+    AsyncLedger: AsyncHostedService<S>,
+    AsyncBalances: AsyncResponseHandler<S>,
+{
+    sender: S::Opened,
+    receiving: S::Opened,
+    outbox: Outbox<S>,
+    secret: Secret,
+    counts: Arc<Counts>,
+    receiver: Receiver,
+    _keep: (S::Keep, S::Keep, tempfile::TempDir),
+}
+
+impl<S: SqlxStore> Pair<S>
+where
+    AsyncLedger: AsyncHostedService<S>,
+    AsyncBalances: AsyncResponseHandler<S>,
+{
+    async fn start(broker: &Broker) -> Option<Self> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (sender, sender_keep) = S::fresh(dir.path(), "billing").await?;
+        let (receiving, receiver_keep) = S::fresh(dir.path(), "ledger").await?;
+        S::execute(
+            &receiving,
+            "CREATE TABLE ledger (message_id TEXT NOT NULL, amount BIGINT NOT NULL)",
+        )
+        .await;
+        S::execute(
+            &sender,
+            "CREATE TABLE answers (message_id TEXT PRIMARY KEY, balance BIGINT)",
+        )
+        .await;
+        let secret = Secret::generate();
+        let mut config = sender_config(Duration::from_millis(50));
+        config.outbox.request_timeout = Duration::from_secs(2);
+        config.destinations.insert(
+            "ledger".into(),
+            DestinationConfig::new(broker.url(), secret.to_whsec()),
+        );
+        let outbox = Outbox::new(config, sender.clone());
+        let counts = Arc::new(Counts::default());
+        let receiver = Receiver::builder(support::receiver_config(&[&secret]), receiving.clone())
+            .service(AsyncLedger(Arc::clone(&counts)))
+            .build()
+            .expect("receiver");
+        Some(Self {
+            sender,
+            receiving,
+            outbox,
+            secret,
+            counts,
+            receiver,
+            _keep: (sender_keep, receiver_keep, dir),
+        })
+    }
+
+    async fn credits(&self, amounts: std::ops::Range<i64>) {
+        let messages = amounts
+            .map(|amount| message("ledger", "Credit", json!({ "amount": amount })))
+            .collect();
+        S::enqueue_all(&self.sender, &self.outbox, messages).await;
+    }
+
+    async fn sender_count(&self, sql: &str) -> i64 {
+        S::count(&self.sender, sql).await
+    }
+
+    async fn receiver_count(&self, sql: &str) -> i64 {
+        S::count(&self.receiving, sql).await
+    }
+}
+
+/// Commands through `broker` between two databases of the store `S`:
+/// handled once, answered once, a message published twice and a copy of
+/// an answer without a second effect, a poison recorded.
+async fn exactly_once<S: SqlxStore>(broker: Option<Broker>)
+where
+    AsyncLedger: AsyncHostedService<S>,
+    AsyncBalances: AsyncResponseHandler<S>,
+{
+    let Some(broker) = broker else {
+        return;
+    };
+    let Some(pair) = Pair::<S>::start(&broker).await else {
+        return;
+    };
+    let consumer = broker.inbound(pair.receiver.clone());
+    let answers = broker.answers::<S>(&pair.sender, &pair.secret, &pair.counts);
+    let dispatcher = Dispatcher::builder(&pair.outbox)
+        .start()
+        .expect("dispatcher");
+    let messages = 30;
+    pair.credits(0..messages).await;
+    wait_until("every answer handled", Duration::from_secs(30), || async {
+        pair.sender_count("SELECT COUNT(*) FROM answers").await == messages
+    })
+    .await;
+    assert_eq!(
+        pair.receiver_count("SELECT COUNT(*) FROM ledger").await,
+        messages
+    );
+    assert_eq!(
+        pair.receiver_count("SELECT COUNT(DISTINCT message_id) FROM ledger")
+            .await,
+        messages
+    );
+    // Each ledger row committed with its message's inbox row.
+    assert_eq!(
+        pair.receiver_count(
+            "SELECT COUNT(*) FROM ledger l JOIN inbox_messages i ON i.message_id = l.message_id \
+             WHERE i.response IS NOT NULL"
+        )
+        .await,
+        messages
+    );
+    assert_eq!(
+        pair.sender_count(
+            "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent' AND answered_at IS NOT NULL"
+        )
+        .await,
+        messages
+    );
+    // Each answer carries the receiver's response: the amount credited.
+    assert_eq!(
+        pair.sender_count(
+            "SELECT COUNT(*) FROM answers a JOIN outbox_messages o ON o.message_id = a.message_id \
+             WHERE a.balance IS NOT NULL"
+        )
+        .await,
+        messages
+    );
+
+    // The same message published twice: one effect, the copy answered by
+    // the inbox. A message for an endpoint the service does not host:
+    // recorded in the receiver's `rf_terminated`, never redelivered.
+    let id = Uuid::now_v7().to_string();
+    let (headers, body) =
+        crate::nats::signed(&id, "Credit", json!({ "amount": 1000 }), &pair.secret);
+    broker.publish(&headers, &body, &id, 1).await;
+    broker.publish(&headers, &body, &id, 2).await;
+    let poison = Uuid::now_v7().to_string();
+    let (headers, body) = crate::nats::signed(&poison, "Refund", json!({}), &pair.secret);
+    broker.publish(&headers, &body, &poison, 1).await;
+    let duplicates = || pair.receiver.metrics().inbox_duplicates.get();
+    wait_until(
+        "the copy answered and the poison recorded",
+        Duration::from_secs(20),
+        || async {
+            duplicates() >= 1
+                && pair
+                    .receiver_count("SELECT COUNT(*) FROM rf_terminated")
+                    .await
+                    == 1
+        },
+    )
+    .await;
+    assert_eq!(
+        pair.receiver_count(&format!(
+            "SELECT COUNT(*) FROM ledger WHERE message_id = '{id}'"
+        ))
+        .await,
+        1,
+        "one effect of the message published twice"
+    );
+    assert_eq!(duplicates(), 1);
+    assert_eq!(
+        pair.receiver_count(&format!(
+            "SELECT COUNT(*) FROM rf_terminated WHERE message_id = '{poison}' \
+             AND error LIKE '404 unknown_endpoint%'"
+        ))
+        .await,
+        1
+    );
+
+    // A copy of an answer already applied: acknowledged, not applied again.
+    let first = S::text(&pair.sender, "SELECT MIN(message_id) FROM answers").await;
+    broker.publish_answer(&first, -1, &pair.secret).await;
+    broker.assert_drained().await;
+    assert_eq!(
+        pair.sender_count("SELECT COUNT(*) FROM answers").await,
+        messages
+    );
+    assert_eq!(
+        pair.sender_count("SELECT COUNT(*) FROM answers WHERE balance < 0")
+            .await,
+        0
+    );
+    assert_eq!(pair.counts.answers.load(Ordering::SeqCst), messages as u32);
+    assert_eq!(
+        pair.counts.credits.load(Ordering::SeqCst),
+        messages as u32 + 1
+    );
+    dispatcher.shutdown().await;
+    answers.shutdown().await;
+    consumer.shutdown().await;
+    pair.receiver.shutdown().await;
+}
+
+/// A consumer killed before its acknowledgement, inside the handler: the
+/// receiver's writer commits the handler's write with the inbox row
+/// anyway; the broker delivers the message again to the next consumer,
+/// which answers it from the inbox: one effect, one answer.
+async fn killed_before_ack<S: SqlxStore>(broker: Option<Broker>)
+where
+    AsyncLedger: AsyncHostedService<S>,
+    AsyncBalances: AsyncResponseHandler<S>,
+{
+    let Some(broker) = broker else {
+        return;
+    };
+    let Some(pair) = Pair::<S>::start(&broker).await else {
+        return;
+    };
+    let consumer = broker.inbound(pair.receiver.clone());
+    let answers = broker.answers::<S>(&pair.sender, &pair.secret, &pair.counts);
+    let dispatcher = Dispatcher::builder(&pair.outbox)
+        .start()
+        .expect("dispatcher");
+    let slow = message("ledger", "Slow", json!({ "amount": 7 }));
+    S::enqueue_all(&pair.sender, &pair.outbox, vec![slow]).await;
+    wait_until("the handler running", Duration::from_secs(20), || async {
+        pair.counts.credits.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    consumer.abort();
+    pair.counts.gate.notify_one();
+    wait_until(
+        "the inbox row committed",
+        Duration::from_secs(10),
+        || async {
+            pair.receiver_count("SELECT COUNT(*) FROM inbox_messages WHERE response IS NOT NULL")
+                .await
+                == 1
+        },
+    )
+    .await;
+    let consumer = broker.inbound(pair.receiver.clone());
+    wait_until("the answer handled", Duration::from_secs(30), || async {
+        pair.sender_count("SELECT COUNT(*) FROM answers WHERE balance = 7")
+            .await
+            == 1
+    })
+    .await;
+    broker.assert_drained().await;
+    assert_eq!(pair.receiver_count("SELECT COUNT(*) FROM ledger").await, 1);
+    assert_eq!(
+        pair.counts.credits.load(Ordering::SeqCst),
+        1,
+        "the handler ran once"
+    );
+    assert_eq!(
+        pair.receiver.metrics().inbox_duplicates.get(),
+        1,
+        "the delivery after the kill was answered from the inbox"
+    );
+    assert_eq!(pair.counts.answers.load(Ordering::SeqCst), 1);
+    assert_eq!(pair.sender_count("SELECT COUNT(*) FROM answers").await, 1);
+    dispatcher.shutdown().await;
+    answers.shutdown().await;
+    consumer.shutdown().await;
+    pair.receiver.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlx_postgres_over_jetstream_handles_once_and_answers_once() {
+    exactly_once::<sqlx::Postgres>(Broker::nats()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlx_sqlite_over_jetstream_handles_once_and_answers_once() {
+    exactly_once::<sqlx::Sqlite>(Broker::nats()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlx_postgres_over_amqp_handles_once_and_answers_once() {
+    exactly_once::<sqlx::Postgres>(Broker::amqp()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlx_sqlite_over_amqp_handles_once_and_answers_once() {
+    exactly_once::<sqlx::Sqlite>(Broker::amqp()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlx_postgres_jetstream_consumer_killed_before_its_ack_leaves_one_effect() {
+    killed_before_ack::<sqlx::Postgres>(Broker::nats()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlx_sqlite_jetstream_consumer_killed_before_its_ack_leaves_one_effect() {
+    killed_before_ack::<sqlx::Sqlite>(Broker::nats()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlx_postgres_amqp_consumer_killed_before_its_settlement_leaves_one_effect() {
+    killed_before_ack::<sqlx::Postgres>(Broker::amqp()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlx_sqlite_amqp_consumer_killed_before_its_settlement_leaves_one_effect() {
+    killed_before_ack::<sqlx::Sqlite>(Broker::amqp()).await;
+}
