@@ -17,7 +17,7 @@ pub(crate) use stores::{
     open_terminated,
 };
 #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
-pub(crate) use stores::{AsyncAnswerStatements, OnPool};
+pub(crate) use stores::{AsyncAnswerStatements, OnPool, row_of};
 
 use crate::responses::{Answer, ResponseHandler};
 use crate::store::Store;

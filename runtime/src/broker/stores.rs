@@ -133,7 +133,7 @@ pub(crate) fn open_terminated(
 }
 
 #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
-pub(crate) use on_pool::{AsyncAnswerStatements, OnPool};
+pub(crate) use on_pool::{AsyncAnswerStatements, OnPool, row_of};
 
 #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
 mod on_pool {
@@ -186,6 +186,27 @@ mod on_pool {
             message_id: &'a str,
             error: &'a str,
         ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
+    }
+
+    /// The outbox row of an answer, from its columns `status, answered,
+    /// interface, version, endpoint, correlation_id, headers` (the same
+    /// on both sqlx stores).
+    pub(crate) fn row_of<R: sqlx::Row>(r: &R) -> Result<Row, sqlx::Error>
+    where
+        usize: sqlx::ColumnIndex<R>,
+        for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    {
+        Ok(Row {
+            status: r.try_get(0)?,
+            answered: r.try_get(1)?,
+            interface: r.try_get(2)?,
+            version: u32::try_from(r.try_get::<i64, _>(3)?).unwrap_or(0),
+            endpoint: r.try_get(4)?,
+            correlation_id: r.try_get(5)?,
+            headers: r.try_get(6)?,
+        })
     }
 
     /// A sqlx store's [`AnswerStore`]: its statements and async handlers

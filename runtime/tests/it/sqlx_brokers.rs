@@ -153,7 +153,53 @@ where
     async fn text(store: &Self::Opened, sql: &str) -> String;
 
     /// Enqueues `messages` in one transaction of the store's pool.
-    async fn enqueue_all(store: &Self::Opened, outbox: &Outbox<Self>, messages: Vec<OutgoingMessage>);
+    async fn enqueue_all(
+        store: &Self::Opened,
+        outbox: &Outbox<Self>,
+        messages: Vec<OutgoingMessage>,
+    );
+}
+
+/// The statements of [`SqlxStore`] on the store's pool: the same text on
+/// both stores.
+macro_rules! on_the_pool {
+    () => {
+        async fn execute(store: &Self::Opened, sql: &str) {
+            sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+                .execute(store.pool())
+                .await
+                .expect("statement");
+        }
+
+        async fn count(store: &Self::Opened, sql: &str) -> i64 {
+            sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
+                .fetch_one(store.pool())
+                .await
+                .expect("count")
+        }
+
+        async fn text(store: &Self::Opened, sql: &str) -> String {
+            sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
+                .fetch_one(store.pool())
+                .await
+                .expect("text")
+        }
+
+        async fn enqueue_all(
+            store: &Self::Opened,
+            outbox: &Outbox<Self>,
+            messages: Vec<OutgoingMessage>,
+        ) {
+            let mut tx = store.pool().begin().await.expect("begin");
+            for message in messages {
+                outbox
+                    .enqueue_async(&mut tx, message)
+                    .await
+                    .expect("enqueue");
+            }
+            tx.commit().await.expect("commit");
+        }
+    };
 }
 
 impl SqlxStore for sqlx::Postgres {
@@ -170,37 +216,7 @@ impl SqlxStore for sqlx::Postgres {
         Some((PgStore::open(pool).await.expect("store"), db))
     }
 
-    async fn execute(store: &PgStore, sql: &str) {
-        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-            .execute(store.pool())
-            .await
-            .expect("statement");
-    }
-
-    async fn count(store: &PgStore, sql: &str) -> i64 {
-        sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
-            .fetch_one(store.pool())
-            .await
-            .expect("count")
-    }
-
-    async fn text(store: &PgStore, sql: &str) -> String {
-        sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
-            .fetch_one(store.pool())
-            .await
-            .expect("text")
-    }
-
-    async fn enqueue_all(store: &PgStore, outbox: &Outbox<Self>, messages: Vec<OutgoingMessage>) {
-        let mut tx = store.pool().begin().await.expect("begin");
-        for message in messages {
-            outbox
-                .enqueue_async(&mut tx, message)
-                .await
-                .expect("enqueue");
-        }
-        tx.commit().await.expect("commit");
-    }
+    on_the_pool!();
 }
 
 impl SqlxStore for sqlx::Sqlite {
@@ -219,37 +235,7 @@ impl SqlxStore for sqlx::Sqlite {
         Some((SqliteStore::open(pool).await.expect("store"), ()))
     }
 
-    async fn execute(store: &SqliteStore, sql: &str) {
-        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-            .execute(store.pool())
-            .await
-            .expect("statement");
-    }
-
-    async fn count(store: &SqliteStore, sql: &str) -> i64 {
-        sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
-            .fetch_one(store.pool())
-            .await
-            .expect("count")
-    }
-
-    async fn text(store: &SqliteStore, sql: &str) -> String {
-        sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
-            .fetch_one(store.pool())
-            .await
-            .expect("text")
-    }
-
-    async fn enqueue_all(store: &SqliteStore, outbox: &Outbox<Self>, messages: Vec<OutgoingMessage>) {
-        let mut tx = store.pool().begin().await.expect("begin");
-        for message in messages {
-            outbox
-                .enqueue_async(&mut tx, message)
-                .await
-                .expect("enqueue");
-        }
-        tx.commit().await.expect("commit");
-    }
+    on_the_pool!();
 }
 
 /// The broker of a test: a `nats-server` or a RabbitMQ node of its own.
@@ -460,8 +446,8 @@ async fn wait_until<F: std::future::Future<Output = bool>>(
 }
 
 /// A sender and a receiver, each on a database of its own of the store
-/// `S`, the receiver fed by `broker`'s consumer and the sender taking the
-/// answers back through it.
+/// `S`: the sender's dispatcher and answers consumer on `broker`, the
+/// receiver (its consumer started by the test).
 struct Pair<S: SqlxStore>
 where
     AsyncLedger: AsyncHostedService<S>,
@@ -473,6 +459,8 @@ where
     secret: Secret,
     counts: Arc<Counts>,
     receiver: Receiver,
+    answers: Answers,
+    dispatcher: rfidl_runtime::dispatcher::DispatcherHandle,
     _keep: (S::Keep, S::Keep, tempfile::TempDir),
 }
 
@@ -508,6 +496,8 @@ where
             .service(AsyncLedger(Arc::clone(&counts)))
             .build()
             .expect("receiver");
+        let answers = broker.answers::<S>(&sender, &secret, &counts);
+        let dispatcher = Dispatcher::builder(&outbox).start().expect("dispatcher");
         Some(Self {
             sender,
             receiving,
@@ -515,8 +505,18 @@ where
             secret,
             counts,
             receiver,
+            answers,
+            dispatcher,
             _keep: (sender_keep, receiver_keep, dir),
         })
+    }
+
+    /// Stops the parts, `consumer` (the receiver's) before the receiver.
+    async fn stop(self, consumer: Inbound) {
+        self.dispatcher.shutdown().await;
+        self.answers.shutdown().await;
+        consumer.shutdown().await;
+        self.receiver.shutdown().await;
     }
 
     async fn credits(&self, amounts: std::ops::Range<i64>) {
@@ -550,10 +550,6 @@ where
         return;
     };
     let consumer = broker.inbound(pair.receiver.clone());
-    let answers = broker.answers::<S>(&pair.sender, &pair.secret, &pair.counts);
-    let dispatcher = Dispatcher::builder(&pair.outbox)
-        .start()
-        .expect("dispatcher");
     let messages = 30;
     pair.credits(0..messages).await;
     wait_until("every answer handled", Duration::from_secs(30), || async {
@@ -655,10 +651,7 @@ where
         pair.counts.credits.load(Ordering::SeqCst),
         messages as u32 + 1
     );
-    dispatcher.shutdown().await;
-    answers.shutdown().await;
-    consumer.shutdown().await;
-    pair.receiver.shutdown().await;
+    pair.stop(consumer).await;
 }
 
 /// A consumer killed before its acknowledgement, inside the handler: the
@@ -677,10 +670,6 @@ where
         return;
     };
     let consumer = broker.inbound(pair.receiver.clone());
-    let answers = broker.answers::<S>(&pair.sender, &pair.secret, &pair.counts);
-    let dispatcher = Dispatcher::builder(&pair.outbox)
-        .start()
-        .expect("dispatcher");
     let slow = message("ledger", "Slow", json!({ "amount": 7 }));
     S::enqueue_all(&pair.sender, &pair.outbox, vec![slow]).await;
     wait_until("the handler running", Duration::from_secs(20), || async {
@@ -720,10 +709,7 @@ where
     );
     assert_eq!(pair.counts.answers.load(Ordering::SeqCst), 1);
     assert_eq!(pair.sender_count("SELECT COUNT(*) FROM answers").await, 1);
-    dispatcher.shutdown().await;
-    answers.shutdown().await;
-    consumer.shutdown().await;
-    pair.receiver.shutdown().await;
+    pair.stop(consumer).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

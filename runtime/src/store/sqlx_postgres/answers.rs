@@ -6,13 +6,14 @@
 
 use std::sync::Arc;
 
+use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnection, Postgres};
-use sqlx::{AssertSqlSafe, Row as _};
 
 use super::PgStore;
 use crate::BoxFuture;
 use crate::broker::{
     AnswerStore, AsyncAnswerStatements, BrokerError, OnPool, Row, TerminatedRow, TerminatedStore,
+    row_of,
 };
 use crate::responses::AsyncResponseHandler;
 
@@ -86,23 +87,12 @@ impl AsyncAnswerStatements for Statements {
         message_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<Row>, sqlx::Error>> {
         Box::pin(async move {
-            let Some(r) = self
+            let row = self
                 .query(ROW)
                 .bind(message_id)
                 .fetch_optional(conn)
-                .await?
-            else {
-                return Ok(None);
-            };
-            Ok(Some(Row {
-                status: r.try_get(0)?,
-                answered: r.try_get(1)?,
-                interface: r.try_get(2)?,
-                version: u32::try_from(r.try_get::<i64, _>(3)?).unwrap_or(0),
-                endpoint: r.try_get(4)?,
-                correlation_id: r.try_get(5)?,
-                headers: r.try_get(6)?,
-            }))
+                .await?;
+            row.as_ref().map(row_of).transpose()
         })
     }
 

@@ -7,13 +7,13 @@
 
 use std::sync::Arc;
 
-use sqlx::Row as _;
 use sqlx::sqlite::{Sqlite, SqliteConnection};
 
 use super::SqliteStore;
 use crate::BoxFuture;
 use crate::broker::{
     AnswerStore, AsyncAnswerStatements, BrokerError, OnPool, Row, TerminatedRow, TerminatedStore,
+    row_of,
 };
 use crate::responses::AsyncResponseHandler;
 use crate::store::sqlite::outbox_seq;
@@ -64,23 +64,12 @@ impl AsyncAnswerStatements for Statements {
         message_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<Row>, sqlx::Error>> {
         Box::pin(async move {
-            let Some(r) = sqlx::query(ROW)
+            let row = sqlx::query(ROW)
                 .bind(message_id)
                 .bind(outbox_seq(message_id))
                 .fetch_optional(conn)
-                .await?
-            else {
-                return Ok(None);
-            };
-            Ok(Some(Row {
-                status: r.try_get(0)?,
-                answered: r.try_get(1)?,
-                interface: r.try_get(2)?,
-                version: u32::try_from(r.try_get::<i64, _>(3)?).unwrap_or(0),
-                endpoint: r.try_get(4)?,
-                correlation_id: r.try_get(5)?,
-                headers: r.try_get(6)?,
-            }))
+                .await?;
+            row.as_ref().map(row_of).transpose()
         })
     }
 
