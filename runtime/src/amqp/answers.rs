@@ -7,11 +7,12 @@
 //! commit, to `<address>.answers.<sender service id>`; this consumer takes
 //! it and, in one transaction of the sender's database, stores the
 //! response on the outbox row, sets its `answered_at` marker and runs the
-//! row's [`ResponseHandler`](crate::responses::ResponseHandler), then
-//! settles it `accepted`. A redelivered answer finds the marker and is
-//! only accepted: the handler runs once. An answer that arrives before the
-//! dispatcher recorded the send (the row is not `Sent` yet) is settled
-//! `modified` a moment later and comes back.
+//! row's [`ResponseHandler`](crate::responses::ResponseHandler) (an
+//! [`AsyncResponseHandler`](crate::responses::AsyncResponseHandler) on a
+//! sqlx store), then settles it `accepted`. A redelivered answer finds the
+//! marker and is only accepted: the handler runs once. An answer that
+//! arrives before the dispatcher recorded the send (the row is not `Sent`
+//! yet) is settled `modified` a moment later and comes back.
 
 use crate::broker::BrokerError;
 use crate::transport::UrlError;
@@ -36,8 +37,9 @@ pub struct AmqpAnswersConsumer;
 impl AmqpAnswersConsumer {
     /// Takes the answers to the messages this service (`service_id`, its
     /// `Config::service_id`) sends to the destination `destination_url`,
-    /// for the outbox in `database` (a SQLite file path, or a
-    /// [`PostgresUrl`](crate::store::postgres::PostgresUrl)).
+    /// for the outbox in `database` (a SQLite file path, a
+    /// [`PostgresUrl`](crate::store::postgres::PostgresUrl), or a sqlx
+    /// store's `PgStore` / `SqliteStore`).
     pub fn builder<S: AnyStore>(
         service_id: &str,
         destination_url: &str,
@@ -99,7 +101,11 @@ impl<S: AnyStore> std::fmt::Debug for AmqpAnswersBuilder<S> {
 }
 
 impl<S: AnyStore> AmqpAnswersBuilder<S> {
-    /// Runs `handler` on the answers to messages of its interface version.
+    /// Runs `handler` on the answers to messages of its interface version:
+    /// a [`ResponseHandler`](crate::responses::ResponseHandler) on a store
+    /// with blocking transactions, an
+    /// [`AsyncResponseHandler`](crate::responses::AsyncResponseHandler) on
+    /// a sqlx store.
     pub fn responses<M>(mut self, handler: impl IntoResponder<S, M>) -> Self {
         self.handlers.push(handler.into_responder().0);
         self

@@ -4,11 +4,12 @@
 //! the stream's acknowledgement, before anyone processed it. The receiving
 //! [`JetStreamConsumer`](super::JetStreamConsumer) publishes the answer,
 //! after its inbox commit, to `<subject>.answers.<sender service id>`; this
-//! consumer takes it and, in one SQLite transaction on the sender's
-//! database, stores the response on the outbox row, sets its
-//! `answered_at` marker and runs the row's
-//! [`ResponseHandler`](crate::responses::ResponseHandler), then commits and
-//! acknowledges (double ack). A redelivered answer finds the marker and is
+//! consumer takes it and, in one transaction of the sender's database
+//! (any store: `crate::broker::AnswerStore`), stores the response on the
+//! outbox row, sets its `answered_at` marker and runs the row's
+//! [`ResponseHandler`](crate::responses::ResponseHandler) (an
+//! [`AsyncResponseHandler`](crate::responses::AsyncResponseHandler) on a
+//! sqlx store), then commits and acknowledges (double ack). A redelivered answer finds the marker and is
 //! only acknowledged: the handler runs once. An answer that arrives before
 //! the dispatcher recorded the publish (the row is not `Sent` yet) is
 //! negatively acknowledged for a moment.
@@ -37,8 +38,9 @@ pub struct AnswersConsumer;
 impl AnswersConsumer {
     /// Takes the answers to the messages this service (`service_id`, its
     /// `Config::service_id`) sends to the destination `destination_url`,
-    /// for the outbox in `database` (a SQLite file path, or a
-    /// [`PostgresUrl`](crate::store::postgres::PostgresUrl)). The answer,
+    /// for the outbox in `database` (a SQLite file path, a
+    /// [`PostgresUrl`](crate::store::postgres::PostgresUrl), or a sqlx
+    /// store's `PgStore` / `SqliteStore`). The answer,
     /// its marker and the handler's writes commit in one transaction of that
     /// database (on PostgreSQL the row is locked, so replicas apply an
     /// answer once).
@@ -112,7 +114,11 @@ impl<S: AnyStore> std::fmt::Debug for AnswersBuilder<S> {
 impl<S: AnyStore> AnswersBuilder<S> {
     /// Runs `handler` on the answers to messages of its interface version
     /// (the same handler as the dispatcher's
-    /// [`responses`](crate::dispatcher::DispatcherBuilder::responses)).
+    /// [`responses`](crate::dispatcher::DispatcherBuilder::responses)): a
+    /// [`ResponseHandler`](crate::responses::ResponseHandler) on a store
+    /// with blocking transactions, an
+    /// [`AsyncResponseHandler`](crate::responses::AsyncResponseHandler) on
+    /// a sqlx store.
     pub fn responses<M>(mut self, handler: impl IntoResponder<S, M>) -> Self {
         self.handlers.push(handler.into_responder().0);
         self
