@@ -1,12 +1,7 @@
-//! The broker consumers on the sqlx stores (sqlx PostgreSQL on the tests'
-//! server, sqlx SQLite on files in a temp dir), over a real `nats-server`
-//! JetStream and a real RabbitMQ node: commands sent through the broker
-//! are handled once by an async handler whose write commits with the
-//! inbox row; the same message published twice has one effect; a delivery
-//! that never succeeds is recorded in the receiver's `rf_terminated`; the
-//! answers come back to the sender's async response handler once, a copy
-//! of one included; a consumer killed before its acknowledgement leaves
-//! the message to the next, which answers it from the inbox.
+//! What the tests of the broker consumers on the sqlx stores share: the
+//! async handlers on both stores, each store's fresh database and
+//! statements, each broker's consumers and hand-made publishes, and the
+//! pair of services they run.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -28,7 +23,6 @@ use rfidl_runtime::store::sqlx_postgres::PgStore;
 use rfidl_runtime::store::sqlx_sqlite::SqliteStore;
 use serde_json::json;
 use sqlx::AssertSqlSafe;
-use uuid::Uuid;
 
 use crate::dispatcher::{message, sender_config};
 use crate::support::amqp::RabbitNode;
@@ -36,7 +30,7 @@ use crate::support::nats::NatsServer;
 use crate::support::postgres::{TestDatabase, database};
 use crate::support::{self, INTERFACE, SOURCE};
 
-const HOSTED: &[HostedInterface] = &[HostedInterface {
+pub(super) const HOSTED: &[HostedInterface] = &[HostedInterface {
     interface: INTERFACE,
     version: 1,
     fingerprint: support::FINGERPRINT,
@@ -47,19 +41,19 @@ const HOSTED: &[HostedInterface] = &[HostedInterface {
 /// What the handlers did: ledger handler runs, response handler runs, and
 /// the gate a `Slow` credit waits at.
 #[derive(Default)]
-struct Counts {
-    credits: AtomicU32,
-    answers: AtomicU32,
-    gate: tokio::sync::Notify,
+pub(super) struct Counts {
+    pub(super) credits: AtomicU32,
+    pub(super) answers: AtomicU32,
+    pub(super) gate: tokio::sync::Notify,
 }
 
 /// Credits a ledger row through the receiver's connection and answers the
 /// amount as the balance; `Slow` waits at the gate after writing.
-struct AsyncLedger(Arc<Counts>);
+pub(super) struct AsyncLedger(pub(super) Arc<Counts>);
 
 /// Writes each answer's balance through the sender's connection, in the
 /// transaction that sets the row's answer marker.
-struct AsyncBalances(Arc<Counts>);
+pub(super) struct AsyncBalances(pub(super) Arc<Counts>);
 
 /// The handlers on one sqlx store: `$conn` its connection, `$insert_*` the
 /// statements in its dialect.
@@ -132,7 +126,7 @@ handlers_on!(
 
 /// A sqlx store as these tests use it: a fresh database, statements on its
 /// pool, and the enqueue in a transaction of the pool.
-trait SqlxStore: AsyncStore
+pub(super) trait SqlxStore: AsyncStore
 where
     AsyncLedger: AsyncHostedService<Self>,
     AsyncBalances: AsyncResponseHandler<Self>,
@@ -239,26 +233,26 @@ impl SqlxStore for sqlx::Sqlite {
 }
 
 /// The broker of a test: a `nats-server` or a RabbitMQ node of its own.
-enum Broker {
+pub(super) enum Broker {
     Nats(NatsServer),
     Amqp(RabbitNode),
 }
 
 /// An inbound consumer, of either broker.
-enum Inbound {
+pub(super) enum Inbound {
     Nats(rfidl_runtime::nats::ConsumerHandle),
     Amqp(rfidl_runtime::amqp::AmqpConsumerHandle),
 }
 
 impl Inbound {
-    async fn shutdown(self) {
+    pub(super) async fn shutdown(self) {
         match self {
             Inbound::Nats(consumer) => consumer.shutdown().await,
             Inbound::Amqp(consumer) => consumer.shutdown().await,
         }
     }
 
-    fn abort(self) {
+    pub(super) fn abort(self) {
         match self {
             Inbound::Nats(consumer) => consumer.abort(),
             Inbound::Amqp(consumer) => consumer.abort(),
@@ -267,13 +261,13 @@ impl Inbound {
 }
 
 /// An answers consumer, of either broker.
-enum Answers {
+pub(super) enum Answers {
     Nats(rfidl_runtime::nats::AnswersHandle),
     Amqp(rfidl_runtime::amqp::AmqpAnswersHandle),
 }
 
 impl Answers {
-    async fn shutdown(self) {
+    pub(super) async fn shutdown(self) {
         match self {
             Answers::Nats(answers) => answers.shutdown().await,
             Answers::Amqp(answers) => answers.shutdown().await,
@@ -282,26 +276,26 @@ impl Answers {
 }
 
 /// The inbound queue (AMQP) and its answers queue.
-const QUEUE: &str = "ledger";
+pub(super) const QUEUE: &str = "ledger";
 
 impl Broker {
-    fn nats() -> Option<Self> {
+    pub(super) fn nats() -> Option<Self> {
         NatsServer::start().map(Broker::Nats)
     }
 
-    fn amqp() -> Option<Self> {
+    pub(super) fn amqp() -> Option<Self> {
         RabbitNode::start().map(Broker::Amqp)
     }
 
     /// The destination's URL.
-    fn url(&self) -> String {
+    pub(super) fn url(&self) -> String {
         match self {
             Broker::Nats(server) => server.url(crate::nats::SUBJECT),
             Broker::Amqp(node) => node.url(QUEUE),
         }
     }
 
-    fn inbound(&self, receiver: Receiver) -> Inbound {
+    pub(super) fn inbound(&self, receiver: Receiver) -> Inbound {
         match self {
             Broker::Nats(_) => Inbound::Nats(
                 rfidl_runtime::nats::JetStreamConsumer::builder(receiver, &self.url())
@@ -320,7 +314,7 @@ impl Broker {
         }
     }
 
-    fn answers<S: SqlxStore>(
+    pub(super) fn answers<S: SqlxStore>(
         &self,
         store: &S::Opened,
         secret: &Secret,
@@ -359,7 +353,13 @@ impl Broker {
 
     /// Publishes an inbound message by hand, `copy` telling the broker's
     /// de-duplication apart (the envelope's id stays the same).
-    async fn publish(&self, headers: &[(&str, String)], body: &[u8], id: &str, copy: u32) {
+    pub(super) async fn publish(
+        &self,
+        headers: &[(&str, String)],
+        body: &[u8],
+        id: &str,
+        copy: u32,
+    ) {
         match self {
             Broker::Nats(server) => {
                 let context = crate::nats::jetstream(server).await;
@@ -372,7 +372,7 @@ impl Broker {
     }
 
     /// Publishes a copy of the answer to `id`, signed with `secret`.
-    async fn publish_answer(&self, id: &str, balance: i64, secret: &Secret) {
+    pub(super) async fn publish_answer(&self, id: &str, balance: i64, secret: &Secret) {
         let copy = serde_json::to_vec(&json!({"messageId": id, "status": 200,
             "body": {"acknowledged": true, "duplicate": true, "payload": {"balance": balance}}}))
         .expect("json");
@@ -416,7 +416,7 @@ impl Broker {
 
     /// Waits until the inbound and answers consumers have nothing left
     /// unacknowledged; fails saying what is left.
-    async fn assert_drained(&self) {
+    pub(super) async fn assert_drained(&self) {
         match self {
             Broker::Nats(server) => {
                 assert_eq!(crate::nats::drained(server, "ledger").await, (0, 0));
@@ -433,7 +433,7 @@ impl Broker {
 }
 
 /// Polls `done` every 20 ms until it holds, failing after `limit`.
-async fn wait_until<F: std::future::Future<Output = bool>>(
+pub(super) async fn wait_until<F: std::future::Future<Output = bool>>(
     what: &str,
     limit: Duration,
     mut done: impl FnMut() -> F,
@@ -448,20 +448,20 @@ async fn wait_until<F: std::future::Future<Output = bool>>(
 /// A sender and a receiver, each on a database of its own of the store
 /// `S`: the sender's dispatcher and answers consumer on `broker`, the
 /// receiver (its consumer started by the test).
-struct Pair<S: SqlxStore>
+pub(super) struct Pair<S: SqlxStore>
 where
     AsyncLedger: AsyncHostedService<S>,
     AsyncBalances: AsyncResponseHandler<S>,
 {
-    sender: S::Opened,
-    receiving: S::Opened,
-    outbox: Outbox<S>,
-    secret: Secret,
-    counts: Arc<Counts>,
-    receiver: Receiver,
-    answers: Answers,
-    dispatcher: rfidl_runtime::dispatcher::DispatcherHandle,
-    _keep: (S::Keep, S::Keep, tempfile::TempDir),
+    pub(super) sender: S::Opened,
+    pub(super) receiving: S::Opened,
+    pub(super) outbox: Outbox<S>,
+    pub(super) secret: Secret,
+    pub(super) counts: Arc<Counts>,
+    pub(super) receiver: Receiver,
+    pub(super) answers: Answers,
+    pub(super) dispatcher: rfidl_runtime::dispatcher::DispatcherHandle,
+    pub(super) _keep: (S::Keep, S::Keep, tempfile::TempDir),
 }
 
 impl<S: SqlxStore> Pair<S>
@@ -469,7 +469,7 @@ where
     AsyncLedger: AsyncHostedService<S>,
     AsyncBalances: AsyncResponseHandler<S>,
 {
-    async fn start(broker: &Broker) -> Option<Self> {
+    pub(super) async fn start(broker: &Broker) -> Option<Self> {
         let dir = tempfile::tempdir().expect("tempdir");
         let (sender, sender_keep) = S::fresh(dir.path(), "billing").await?;
         let (receiving, receiver_keep) = S::fresh(dir.path(), "ledger").await?;
@@ -512,242 +512,25 @@ where
     }
 
     /// Stops the parts, `consumer` (the receiver's) before the receiver.
-    async fn stop(self, consumer: Inbound) {
+    pub(super) async fn stop(self, consumer: Inbound) {
         self.dispatcher.shutdown().await;
         self.answers.shutdown().await;
         consumer.shutdown().await;
         self.receiver.shutdown().await;
     }
 
-    async fn credits(&self, amounts: std::ops::Range<i64>) {
+    pub(super) async fn credits(&self, amounts: std::ops::Range<i64>) {
         let messages = amounts
             .map(|amount| message("ledger", "Credit", json!({ "amount": amount })))
             .collect();
         S::enqueue_all(&self.sender, &self.outbox, messages).await;
     }
 
-    async fn sender_count(&self, sql: &str) -> i64 {
+    pub(super) async fn sender_count(&self, sql: &str) -> i64 {
         S::count(&self.sender, sql).await
     }
 
-    async fn receiver_count(&self, sql: &str) -> i64 {
+    pub(super) async fn receiver_count(&self, sql: &str) -> i64 {
         S::count(&self.receiving, sql).await
     }
-}
-
-/// Commands through `broker` between two databases of the store `S`:
-/// handled once, answered once, a message published twice and a copy of
-/// an answer without a second effect, a poison recorded.
-async fn exactly_once<S: SqlxStore>(broker: Option<Broker>)
-where
-    AsyncLedger: AsyncHostedService<S>,
-    AsyncBalances: AsyncResponseHandler<S>,
-{
-    let Some(broker) = broker else {
-        return;
-    };
-    let Some(pair) = Pair::<S>::start(&broker).await else {
-        return;
-    };
-    let consumer = broker.inbound(pair.receiver.clone());
-    let messages = 30;
-    pair.credits(0..messages).await;
-    wait_until("every answer handled", Duration::from_secs(30), || async {
-        pair.sender_count("SELECT COUNT(*) FROM answers").await == messages
-    })
-    .await;
-    assert_eq!(
-        pair.receiver_count("SELECT COUNT(*) FROM ledger").await,
-        messages
-    );
-    assert_eq!(
-        pair.receiver_count("SELECT COUNT(DISTINCT message_id) FROM ledger")
-            .await,
-        messages
-    );
-    // Each ledger row committed with its message's inbox row.
-    assert_eq!(
-        pair.receiver_count(
-            "SELECT COUNT(*) FROM ledger l JOIN inbox_messages i ON i.message_id = l.message_id \
-             WHERE i.response IS NOT NULL"
-        )
-        .await,
-        messages
-    );
-    assert_eq!(
-        pair.sender_count(
-            "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent' AND answered_at IS NOT NULL"
-        )
-        .await,
-        messages
-    );
-    // Each answer carries the receiver's response: the amount credited.
-    assert_eq!(
-        pair.sender_count(
-            "SELECT COUNT(*) FROM answers a JOIN outbox_messages o ON o.message_id = a.message_id \
-             WHERE a.balance IS NOT NULL"
-        )
-        .await,
-        messages
-    );
-
-    // The same message published twice: one effect, the copy answered by
-    // the inbox. A message for an endpoint the service does not host:
-    // recorded in the receiver's `rf_terminated`, never redelivered.
-    let id = Uuid::now_v7().to_string();
-    let (headers, body) =
-        crate::nats::signed(&id, "Credit", json!({ "amount": 1000 }), &pair.secret);
-    broker.publish(&headers, &body, &id, 1).await;
-    broker.publish(&headers, &body, &id, 2).await;
-    let poison = Uuid::now_v7().to_string();
-    let (headers, body) = crate::nats::signed(&poison, "Refund", json!({}), &pair.secret);
-    broker.publish(&headers, &body, &poison, 1).await;
-    let duplicates = || pair.receiver.metrics().inbox_duplicates.get();
-    wait_until(
-        "the copy answered and the poison recorded",
-        Duration::from_secs(20),
-        || async {
-            duplicates() >= 1
-                && pair
-                    .receiver_count("SELECT COUNT(*) FROM rf_terminated")
-                    .await
-                    == 1
-        },
-    )
-    .await;
-    assert_eq!(
-        pair.receiver_count(&format!(
-            "SELECT COUNT(*) FROM ledger WHERE message_id = '{id}'"
-        ))
-        .await,
-        1,
-        "one effect of the message published twice"
-    );
-    assert_eq!(duplicates(), 1);
-    assert_eq!(
-        pair.receiver_count(&format!(
-            "SELECT COUNT(*) FROM rf_terminated WHERE message_id = '{poison}' \
-             AND error LIKE '404 unknown_endpoint%'"
-        ))
-        .await,
-        1
-    );
-
-    // A copy of an answer already applied: acknowledged, not applied again.
-    let first = S::text(&pair.sender, "SELECT MIN(message_id) FROM answers").await;
-    broker.publish_answer(&first, -1, &pair.secret).await;
-    broker.assert_drained().await;
-    assert_eq!(
-        pair.sender_count("SELECT COUNT(*) FROM answers").await,
-        messages
-    );
-    assert_eq!(
-        pair.sender_count("SELECT COUNT(*) FROM answers WHERE balance < 0")
-            .await,
-        0
-    );
-    assert_eq!(pair.counts.answers.load(Ordering::SeqCst), messages as u32);
-    assert_eq!(
-        pair.counts.credits.load(Ordering::SeqCst),
-        messages as u32 + 1
-    );
-    pair.stop(consumer).await;
-}
-
-/// A consumer killed before its acknowledgement, inside the handler: the
-/// receiver's writer commits the handler's write with the inbox row
-/// anyway; the broker delivers the message again to the next consumer,
-/// which answers it from the inbox: one effect, one answer.
-async fn killed_before_ack<S: SqlxStore>(broker: Option<Broker>)
-where
-    AsyncLedger: AsyncHostedService<S>,
-    AsyncBalances: AsyncResponseHandler<S>,
-{
-    let Some(broker) = broker else {
-        return;
-    };
-    let Some(pair) = Pair::<S>::start(&broker).await else {
-        return;
-    };
-    let consumer = broker.inbound(pair.receiver.clone());
-    let slow = message("ledger", "Slow", json!({ "amount": 7 }));
-    S::enqueue_all(&pair.sender, &pair.outbox, vec![slow]).await;
-    wait_until("the handler running", Duration::from_secs(20), || async {
-        pair.counts.credits.load(Ordering::SeqCst) == 1
-    })
-    .await;
-    consumer.abort();
-    pair.counts.gate.notify_one();
-    wait_until(
-        "the inbox row committed",
-        Duration::from_secs(10),
-        || async {
-            pair.receiver_count("SELECT COUNT(*) FROM inbox_messages WHERE response IS NOT NULL")
-                .await
-                == 1
-        },
-    )
-    .await;
-    let consumer = broker.inbound(pair.receiver.clone());
-    wait_until("the answer handled", Duration::from_secs(30), || async {
-        pair.sender_count("SELECT COUNT(*) FROM answers WHERE balance = 7")
-            .await
-            == 1
-    })
-    .await;
-    broker.assert_drained().await;
-    assert_eq!(pair.receiver_count("SELECT COUNT(*) FROM ledger").await, 1);
-    assert_eq!(
-        pair.counts.credits.load(Ordering::SeqCst),
-        1,
-        "the handler ran once"
-    );
-    assert_eq!(
-        pair.receiver.metrics().inbox_duplicates.get(),
-        1,
-        "the delivery after the kill was answered from the inbox"
-    );
-    assert_eq!(pair.counts.answers.load(Ordering::SeqCst), 1);
-    assert_eq!(pair.sender_count("SELECT COUNT(*) FROM answers").await, 1);
-    pair.stop(consumer).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlx_postgres_over_jetstream_handles_once_and_answers_once() {
-    exactly_once::<sqlx::Postgres>(Broker::nats()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlx_sqlite_over_jetstream_handles_once_and_answers_once() {
-    exactly_once::<sqlx::Sqlite>(Broker::nats()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlx_postgres_over_amqp_handles_once_and_answers_once() {
-    exactly_once::<sqlx::Postgres>(Broker::amqp()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlx_sqlite_over_amqp_handles_once_and_answers_once() {
-    exactly_once::<sqlx::Sqlite>(Broker::amqp()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlx_postgres_jetstream_consumer_killed_before_its_ack_leaves_one_effect() {
-    killed_before_ack::<sqlx::Postgres>(Broker::nats()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlx_sqlite_jetstream_consumer_killed_before_its_ack_leaves_one_effect() {
-    killed_before_ack::<sqlx::Sqlite>(Broker::nats()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlx_postgres_amqp_consumer_killed_before_its_settlement_leaves_one_effect() {
-    killed_before_ack::<sqlx::Postgres>(Broker::amqp()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlx_sqlite_amqp_consumer_killed_before_its_settlement_leaves_one_effect() {
-    killed_before_ack::<sqlx::Sqlite>(Broker::amqp()).await;
 }
