@@ -215,22 +215,10 @@ where
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some((sender, _sender_db)) = S::fresh(dir.path(), "billing").await else {
+    let Some(((sender, _sender_db), (receiving, _receiver_db))) = setup::databases::<S>(&dir).await
+    else {
         return;
     };
-    let Some((receiving, _receiver_db)) = S::fresh(dir.path(), "ledger").await else {
-        return;
-    };
-    S::execute(
-        &receiving,
-        "CREATE TABLE ledger (message_id TEXT NOT NULL, amount BIGINT NOT NULL)",
-    )
-    .await;
-    S::execute(
-        &sender,
-        "CREATE TABLE answers (message_id TEXT PRIMARY KEY, balance BIGINT)",
-    )
-    .await;
     let url = server.url(crate::nats::SUBJECT);
     let secret = Secret::generate();
     let counts = Arc::new(Counts::default());

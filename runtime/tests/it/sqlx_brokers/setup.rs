@@ -471,18 +471,7 @@ where
 {
     pub(super) async fn start(broker: &Broker) -> Option<Self> {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (sender, sender_keep) = S::fresh(dir.path(), "billing").await?;
-        let (receiving, receiver_keep) = S::fresh(dir.path(), "ledger").await?;
-        S::execute(
-            &receiving,
-            "CREATE TABLE ledger (message_id TEXT NOT NULL, amount BIGINT NOT NULL)",
-        )
-        .await;
-        S::execute(
-            &sender,
-            "CREATE TABLE answers (message_id TEXT PRIMARY KEY, balance BIGINT)",
-        )
-        .await;
+        let ((sender, sender_keep), (receiving, receiver_keep)) = databases::<S>(&dir).await?;
         let secret = Secret::generate();
         let mut config = sender_config(Duration::from_millis(50));
         config.outbox.request_timeout = Duration::from_secs(2);
@@ -533,4 +522,28 @@ where
     pub(super) async fn receiver_count(&self, sql: &str) -> i64 {
         S::count(&self.receiving, sql).await
     }
+}
+
+/// The sender's and the receiver's databases (in `dir` for SQLite), with
+/// the answers and the ledger table; `None` without the test's server.
+pub(super) async fn databases<S: SqlxStore>(
+    dir: &tempfile::TempDir,
+) -> Option<((S::Opened, S::Keep), (S::Opened, S::Keep))>
+where
+    AsyncLedger: AsyncHostedService<S>,
+    AsyncBalances: AsyncResponseHandler<S>,
+{
+    let sender = S::fresh(dir.path(), "billing").await?;
+    let receiving = S::fresh(dir.path(), "ledger").await?;
+    S::execute(
+        &receiving.0,
+        "CREATE TABLE ledger (message_id TEXT NOT NULL, amount BIGINT NOT NULL)",
+    )
+    .await;
+    S::execute(
+        &sender.0,
+        "CREATE TABLE answers (message_id TEXT PRIMARY KEY, balance BIGINT)",
+    )
+    .await;
+    Some((sender, receiving))
 }
