@@ -7,11 +7,12 @@
 //! commit, to `<address>.answers.<sender service id>`; this consumer takes
 //! it and, in one transaction of the sender's database, stores the
 //! response on the outbox row, sets its `answered_at` marker and runs the
-//! row's [`ResponseHandler`](crate::responses::ResponseHandler), then
-//! settles it `accepted`. A redelivered answer finds the marker and is
-//! only accepted: the handler runs once. An answer that arrives before the
-//! dispatcher recorded the send (the row is not `Sent` yet) is settled
-//! `modified` a moment later and comes back.
+//! row's [`ResponseHandler`](crate::responses::ResponseHandler) (an
+//! [`AsyncResponseHandler`](crate::responses::AsyncResponseHandler) on a
+//! sqlx store), then settles it `accepted`. A redelivered answer finds the
+//! marker and is only accepted: the handler runs once. An answer that
+//! arrives before the dispatcher recorded the send (the row is not `Sent`
+//! yet) is settled `modified` a moment later and comes back.
 
 use crate::broker::BrokerError;
 use crate::transport::UrlError;
@@ -26,8 +27,8 @@ use super::{
     AmqpError, AmqpUrl, Settings, Task, answers_address, body_bytes, http_headers, reconnect_delay,
 };
 use crate::broker::{AnswerStore, Published, Recorded};
-use crate::responses::ResponseHandler;
-use crate::store::{Location, Sqlite, Store};
+use crate::responses::IntoResponder;
+use crate::store::{AnyStore, Location, Sqlite};
 
 /// The entry point: `AmqpAnswersConsumer::builder("engine",
 /// "amqp://…//queue/orders", "engine.db").responses(router).spawn()`.
@@ -36,9 +37,10 @@ pub struct AmqpAnswersConsumer;
 impl AmqpAnswersConsumer {
     /// Takes the answers to the messages this service (`service_id`, its
     /// `Config::service_id`) sends to the destination `destination_url`,
-    /// for the outbox in `database` (a SQLite file path, or a
-    /// [`PostgresUrl`](crate::store::postgres::PostgresUrl)).
-    pub fn builder<S: Store>(
+    /// for the outbox in `database` (a SQLite file path, a
+    /// [`PostgresUrl`](crate::store::postgres::PostgresUrl), or a sqlx
+    /// store's `PgStore` / `SqliteStore`).
+    pub fn builder<S: AnyStore>(
         service_id: &str,
         destination_url: &str,
         database: impl Location<Store = S>,
@@ -62,7 +64,7 @@ impl AmqpAnswersConsumer {
     ///
     /// [`AmqpError::Config`] when `config.destinations` has no such
     /// destination or its secret is invalid.
-    pub fn for_destination<S: Store>(
+    pub fn for_destination<S: AnyStore>(
         config: &crate::Config,
         destination: &str,
         database: impl Location<Store = S>,
@@ -81,16 +83,16 @@ impl AmqpAnswersConsumer {
 
 /// Configures an [`AmqpAnswersConsumer`].
 #[must_use = "call .spawn() to start the consumer"]
-pub struct AmqpAnswersBuilder<S: Store = Sqlite> {
+pub struct AmqpAnswersBuilder<S: AnyStore = Sqlite> {
     url: Result<AmqpUrl, UrlError>,
     database: crate::store::Database,
     secrets: Vec<crate::signing::Secret>,
     issued: Option<crate::keys::IssuedKeys>,
-    handlers: Vec<Arc<dyn ResponseHandler<S>>>,
+    handlers: Vec<Arc<S::Responder>>,
     settings: Settings,
 }
 
-impl<S: Store> std::fmt::Debug for AmqpAnswersBuilder<S> {
+impl<S: AnyStore> std::fmt::Debug for AmqpAnswersBuilder<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AmqpAnswersBuilder")
             .field("url", &self.url.as_ref().map(AmqpUrl::shown).ok())
@@ -98,10 +100,21 @@ impl<S: Store> std::fmt::Debug for AmqpAnswersBuilder<S> {
     }
 }
 
-impl<S: Store> AmqpAnswersBuilder<S> {
-    /// Runs `handler` on the answers to messages of its interface version.
-    pub fn responses(mut self, handler: impl ResponseHandler<S>) -> Self {
-        self.handlers.push(Arc::new(handler));
+impl<S: AnyStore> AmqpAnswersBuilder<S> {
+    /// Runs `handler` on the answers to messages of its interface version:
+    /// a [`ResponseHandler`](crate::responses::ResponseHandler) on a store
+    /// with blocking transactions, an
+    /// [`AsyncResponseHandler`](crate::responses::AsyncResponseHandler) on
+    /// a sqlx store.
+    pub fn responses<M>(mut self, handler: impl IntoResponder<S, M>) -> Self {
+        self.handlers.push(handler.into_responder().0);
+        self
+    }
+
+    /// [`responses`](Self::responses) for a handler shared with another
+    /// part (the host's dispatcher).
+    pub(crate) fn shared_responder(mut self, handler: Arc<S::Responder>) -> Self {
+        self.handlers.push(handler);
         self
     }
 
@@ -151,12 +164,11 @@ impl<S: Store> AmqpAnswersBuilder<S> {
             field: "amqp url",
             message: message.to_string(),
         })?;
-        let store = S::open_answers(&self.database)?;
+        let store = S::open_answers(&self.database, self.handlers)?;
         let shared = Arc::new(Shared {
             url,
             secrets: self.secrets,
             issued: self.issued,
-            handlers: self.handlers,
             settings: self.settings,
             store,
         });
@@ -180,14 +192,13 @@ impl AmqpAnswersHandle {
     }
 }
 
-struct Shared<S: Store> {
+struct Shared {
     /// The answers address.
     url: AmqpUrl,
     secrets: Vec<crate::signing::Secret>,
     issued: Option<crate::keys::IssuedKeys>,
-    handlers: Vec<Arc<dyn ResponseHandler<S>>>,
     settings: Settings,
-    store: Arc<dyn AnswerStore<S>>,
+    store: Arc<dyn AnswerStore>,
 }
 
 /// Answers the broker may send before the consumer asks for more (it asks
@@ -201,7 +212,7 @@ enum Settle {
     Reject,
 }
 
-async fn run<S: Store>(shared: Arc<Shared<S>>, cancel: CancellationToken) {
+async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
     let mut failures = 0u32;
     while !cancel.is_cancelled() {
         let container = format!("rfidl-answers-{}", uuid::Uuid::now_v7());
@@ -310,8 +321,8 @@ async fn run<S: Store>(shared: Arc<Shared<S>>, cancel: CancellationToken) {
     }
 }
 
-async fn handle<S: Store>(
-    shared: &Arc<Shared<S>>,
+async fn handle(
+    shared: &Arc<Shared>,
     message: fe2o3_amqp::types::messaging::Message<Body<Value>>,
     delivered: u32,
 ) -> Settle {
@@ -366,23 +377,18 @@ async fn handle<S: Store>(
             return Settle::Reject;
         }
     };
-    let worker = shared.clone();
     let id = published.message_id.clone();
-    let recorded =
-        tokio::task::spawn_blocking(move || worker.store.record(&worker.handlers, &published))
-            .await
-            .unwrap_or_else(|_| Recorded::Failed("the response handler panicked".to_owned()));
+    let recorded = shared.store.record(&published).await;
     let backoff = shared.settings.backoff(delivered);
     match recorded {
         Recorded::Done => Settle::Accept,
         Recorded::NotYet => Settle::Retry(Duration::from_millis(50).max(backoff / 4)),
         Recorded::Failed(error) if delivered > shared.settings.max_retries => {
             tracing::error!(message_id = %id, %error, "response handler failed {delivered} times; answer rejected");
-            let store = shared.store.clone();
-            let _ = tokio::task::spawn_blocking(move || {
-                store.note_failure(&id, &format!("answer not handled: {error}"));
-            })
-            .await;
+            shared
+                .store
+                .note_failure(&id, &format!("answer not handled: {error}"))
+                .await;
             Settle::Reject
         }
         Recorded::Failed(error) => {

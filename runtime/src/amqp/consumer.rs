@@ -1,8 +1,9 @@
 //! [`AmqpConsumer`]: an AMQP 1.0 receiver link feeding a [`Receiver`].
 //!
 //! Every delivery goes through [`Receiver::receive`] (signature, envelope
-//! checks, inbox, handler, one transaction), and what it answered decides,
-//! by the dispatcher's own table ([`classify`]), as for
+//! checks, inbox, handler, one transaction, on any store), and what it
+//! answered decides, by the dispatcher's own table
+//! ([`classify`](crate::dispatcher::classify)), as for
 //! [`JetStreamConsumer`](crate::nats::JetStreamConsumer) when both
 //! features are on:
 //!
@@ -41,10 +42,8 @@ use tokio_util::sync::CancellationToken;
 use super::{
     ANSWER_ID_PREFIX, AmqpError, AmqpUrl, Settings, Task, body_bytes, http_headers, reconnect_delay,
 };
-use crate::broker::TerminatedRow;
-use crate::dispatcher::{Verdict, classify};
-use crate::receiver::{Receiver, Reply};
-use crate::transport::TransportResponse;
+use crate::broker::{Action, Retries, TerminatedRow, TerminatedStore, decide};
+use crate::receiver::Receiver;
 
 /// Default number of deliveries processed at once (the link's credit is at
 /// most twice this). 256: the receiver's group commits then take up to 256
@@ -132,34 +131,7 @@ impl AmqpConsumerBuilder {
             field: "amqp url",
             message: message.to_string(),
         })?;
-        let terminated = match self.receiver.database() {
-            crate::Database::Sqlite(path) => Terminated::Sqlite(Arc::new(Mutex::new(
-                crate::store::sqlite::open(path, crate::config::Durability::Full)?,
-            ))),
-            #[cfg(feature = "postgres")]
-            crate::Database::Postgres(url) => {
-                let client = crate::store::postgres::open(url)?;
-                Terminated::Postgres(Arc::new(Mutex::new(
-                    crate::store::postgres::Connection::new((**url).clone(), client),
-                )))
-            }
-            #[cfg(feature = "sqlx-postgres")]
-            crate::Database::SqlxPostgres(_) => {
-                return Err(crate::store::StoreError::Unsupported {
-                    part: "the AMQP consumer",
-                    store: "sqlx-postgres",
-                }
-                .into());
-            }
-            #[cfg(feature = "sqlx-sqlite")]
-            crate::Database::SqlxSqlite(_) => {
-                return Err(crate::store::StoreError::Unsupported {
-                    part: "the AMQP consumer",
-                    store: "sqlx-sqlite",
-                }
-                .into());
-            }
-        };
+        let terminated = crate::broker::open_terminated(self.receiver.database())?;
         let shared = Arc::new(Shared {
             receiver: self.receiver,
             url,
@@ -196,19 +168,12 @@ struct Shared {
     url: AmqpUrl,
     concurrency: usize,
     settings: Settings,
-    terminated: Terminated,
+    /// Where terminated messages are recorded.
+    terminated: Arc<dyn TerminatedStore>,
     /// Deliveries seen per message id while it is retried here: brokers
     /// that do not count deliveries (RabbitMQ's classic queues) still
     /// reach `max_retries`.
     attempts: Mutex<HashMap<String, u32>>,
-}
-
-/// The database of the `rf_terminated` table.
-#[derive(Clone)]
-enum Terminated {
-    Sqlite(Arc<Mutex<rusqlite::Connection>>),
-    #[cfg(feature = "postgres")]
-    Postgres(Arc<Mutex<crate::store::postgres::Connection>>),
 }
 
 /// How one delivery is settled.
@@ -477,18 +442,6 @@ async fn settle_now(
     .map_err(|e| BrokerError(e.to_string()))
 }
 
-/// What to do with one delivery.
-#[derive(Debug, PartialEq)]
-enum Action {
-    /// Processed now or before: answer (if asked), then accept.
-    Ack {
-        answer: serde_json::Value,
-    },
-    /// Settle `modified` after this delay.
-    Retry(Duration),
-    Term(String),
-}
-
 /// Processes one delivery; says how to settle it.
 async fn handle(
     shared: &Shared,
@@ -542,7 +495,15 @@ async fn handle(
                 .await
         }
     };
-    let action = decide(shared, &answer, delivered);
+    let action = decide(
+        &answer,
+        delivered,
+        Retries {
+            backoff: shared.settings.backoff(delivered),
+            backoff_max: shared.settings.backoff_max,
+            max_retries: shared.settings.max_retries,
+        },
+    );
     let forget = |shared: &Shared| {
         if let Some(id) = &message_id {
             shared
@@ -634,53 +595,6 @@ fn message_id_text(id: &fe2o3_amqp::types::messaging::MessageId) -> String {
 
 fn address_text(address: &fe2o3_amqp::types::messaging::Address) -> String {
     address.clone()
-}
-
-/// The dispatcher's table applied to the receiver's answer.
-fn decide(shared: &Shared, answer: &Reply, delivered: u32) -> Action {
-    // Processed or a duplicate: what `classify` says of its 200, without
-    // serialising the answer only to parse it back.
-    if matches!(answer, Reply::Acknowledged { .. }) {
-        let result = answer.clone().into_batch_result();
-        return Action::Ack {
-            answer: serde_json::json!({ "status": result.status, "body": result.body }),
-        };
-    }
-    let retry_after = match answer {
-        Reply::Refused(refusal) => refusal
-            .retry_after_secs()
-            .map(|secs| Duration::from_secs(u64::from(secs))),
-        Reply::Acknowledged { .. } => None,
-    };
-    let result = answer.clone().into_batch_result();
-    let response = TransportResponse {
-        status: result.status,
-        body: serde_json::to_vec(&result.body).unwrap_or_default(),
-        retry_after,
-    };
-    let backoff = shared.settings.backoff(delivered);
-    match classify(&Ok(response)) {
-        Verdict::Sent { .. } | Verdict::Published => Action::Ack {
-            answer: serde_json::json!({ "status": result.status, "body": result.body }),
-        },
-        Verdict::DeadLetter { error } | Verdict::Failed { error } => Action::Term(error),
-        Verdict::Retry {
-            error, retry_after, ..
-        } => {
-            if delivered > shared.settings.max_retries {
-                Action::Term(format!(
-                    "{error} (delivered {delivered} times, max_retries {})",
-                    shared.settings.max_retries
-                ))
-            } else {
-                Action::Retry(backoff.max(retry_after.unwrap_or_default()))
-            }
-        }
-        Verdict::Unavailable { retry_after, .. } | Verdict::Wait { retry_after, .. } => {
-            Action::Retry(backoff.max(retry_after.unwrap_or_default()))
-        }
-        Verdict::Held { .. } => Action::Retry(shared.settings.backoff_max),
-    }
 }
 
 /// Sends `{messageId, status, body}` to `reply` (which must be an answers
@@ -786,41 +700,16 @@ async fn record_terminated(
     error: &str,
 ) -> Result<(), BrokerError> {
     let now = crate::store::now_ms();
-    let terminated = shared.terminated.clone();
-    let sequence = match message_id {
-        Some(id) => fnv(id.as_bytes()),
-        None => now,
+    let address = shared.url.address();
+    let row = TerminatedRow {
+        stream_sequence: message_id.map_or(now, |id| fnv(id.as_bytes())),
+        stream: address.to_owned(),
+        message_id: message_id.map(str::to_owned),
+        subject: address.to_owned(),
+        error: error.to_owned(),
+        at: now,
     };
-    let (address, message_id, error) = (
-        shared.url.address().to_owned(),
-        message_id.map(str::to_owned),
-        error.to_owned(),
-    );
-    tokio::task::spawn_blocking(move || {
-        let row = TerminatedRow {
-            stream_sequence: sequence,
-            stream: &address,
-            message_id: message_id.as_deref(),
-            subject: &address,
-            error: &error,
-            at: now,
-        };
-        match terminated {
-            Terminated::Sqlite(conn) => {
-                let conn = conn.lock().map_err(|_| BrokerError::from("poisoned"))?;
-                crate::store::sqlite::record_terminated(&conn, &row)
-                    .map_err(|e| BrokerError(e.to_string()))
-            }
-            #[cfg(feature = "postgres")]
-            Terminated::Postgres(conn) => {
-                let mut conn = conn.lock().map_err(|_| BrokerError::from("poisoned"))?;
-                crate::store::postgres::record_terminated(&mut conn, &row)
-                    .map_err(|e| BrokerError(e.to_string()))
-            }
-        }
-    })
-    .await
-    .map_err(|e| BrokerError(e.to_string()))?
+    shared.terminated.record(row).await
 }
 
 /// FNV-1a of `bytes`, as a non-negative i64.

@@ -11,13 +11,7 @@ use super::stop::Parts;
 use super::{Host, HostError};
 use crate::diagnostics::Diagnostics;
 use crate::directory::{DirectoryClient, Registration};
-#[cfg(any(feature = "nats", feature = "amqp"))]
-use crate::receiver::HandlerError;
-#[cfg(any(feature = "nats", feature = "amqp"))]
-use crate::responses::{Answer, ResponseHandler};
 use crate::retention::Retention;
-#[cfg(any(feature = "nats", feature = "amqp"))]
-use crate::store::Store;
 use crate::store::{AnyStore, Database, Location};
 
 /// A database already known to belong to the store `S` (it came from an
@@ -35,22 +29,6 @@ impl<S: AnyStore> Location for At<S> {
 
     fn into_database(self) -> Database {
         self.0
-    }
-}
-
-/// One response handler given to both the dispatcher and the JetStream
-/// answers consumer.
-#[cfg(any(feature = "nats", feature = "amqp"))]
-pub(crate) struct Shared<S: Store>(pub(crate) Arc<dyn ResponseHandler<S>>);
-
-#[cfg(any(feature = "nats", feature = "amqp"))]
-impl<S: Store> ResponseHandler<S> for Shared<S> {
-    fn interface(&self) -> (&'static str, u32) {
-        self.0.interface()
-    }
-
-    fn handle(&self, answer: &Answer<'_>, tx: S::Handle<'_, '_>) -> Result<(), HandlerError> {
-        self.0.handle(answer, tx)
     }
 }
 
@@ -221,7 +199,7 @@ async fn start_parts<S: AnyStore>(
     let grpc_addr = None;
 
     #[cfg(any(feature = "nats", feature = "amqp"))]
-    S::start_brokers(
+    start_brokers::<S>(
         Brokers {
             config: &config,
             database: &database,
@@ -288,52 +266,27 @@ pub(crate) struct Brokers<'a> {
     pub issued: Option<&'a crate::keys::IssuedKeys>,
 }
 
-#[cfg(all(
-    any(feature = "nats", feature = "amqp"),
-    any(feature = "sqlx-postgres", feature = "sqlx-sqlite")
-))]
-impl Brokers<'_> {
-    /// Whether the host would consume from a broker (inbound, or the
-    /// answers of a broker destination).
-    pub(crate) fn any(&self) -> bool {
-        #[cfg(feature = "nats")]
-        let inbound_nats = self.jetstream.is_some();
-        #[cfg(not(feature = "nats"))]
-        let inbound_nats = false;
-        #[cfg(feature = "amqp")]
-        let inbound_amqp = self.amqp.is_some();
-        #[cfg(not(feature = "amqp"))]
-        let inbound_amqp = false;
-        inbound_nats
-            || inbound_amqp
-            || self.config.destinations.values().any(|destination| {
-                destination.url.starts_with("nats://")
-                    || crate::transport::is_amqp_url(&destination.url)
-            })
-    }
-}
-
-/// The broker consumers of a host on a store with blocking transactions:
-/// JetStream's and AMQP's, inbound and answers.
+/// The broker consumers of a host, on any store: JetStream's and AMQP's,
+/// inbound and answers.
 #[cfg(any(feature = "nats", feature = "amqp"))]
-pub(crate) fn start_brokers<S: Store>(
+fn start_brokers<S: AnyStore>(
     brokers: Brokers<'_>,
-    responses: &[Arc<dyn ResponseHandler<S>>],
+    responses: &[Arc<S::Responder>],
     parts: &mut Parts,
 ) -> Result<(), HostError> {
     #[cfg(feature = "nats")]
-    start_jetstream(&brokers, responses, parts)?;
+    start_jetstream::<S>(&brokers, responses, parts)?;
     #[cfg(feature = "amqp")]
-    start_amqp(&brokers, responses, parts)?;
+    start_amqp::<S>(&brokers, responses, parts)?;
     Ok(())
 }
 
 /// The consumer of `jetstream` into the receiver, and one answers consumer
 /// per `nats://` destination, running `responses`.
 #[cfg(feature = "nats")]
-fn start_jetstream<S: Store>(
+fn start_jetstream<S: AnyStore>(
     brokers: &Brokers<'_>,
-    responses: &[Arc<dyn ResponseHandler<S>>],
+    responses: &[Arc<S::Responder>],
     parts: &mut Parts,
 ) -> Result<(), HostError> {
     let Brokers {
@@ -362,7 +315,7 @@ fn start_jetstream<S: Store>(
         let mut answers =
             AnswersConsumer::for_destination(config, name, At::<S>::new(database.clone()))?;
         for handler in responses {
-            answers = answers.responses(Shared(Arc::clone(handler)));
+            answers = answers.shared_responder(Arc::clone(handler));
         }
         if let Some(keys) = issued {
             answers = answers.issued_keys(keys);
@@ -378,9 +331,9 @@ fn start_jetstream<S: Store>(
 /// The consumer of `amqp` into the receiver, and one answers consumer per
 /// AMQP destination, running `responses`.
 #[cfg(feature = "amqp")]
-fn start_amqp<S: Store>(
+fn start_amqp<S: AnyStore>(
     brokers: &Brokers<'_>,
-    responses: &[Arc<dyn ResponseHandler<S>>],
+    responses: &[Arc<S::Responder>],
     parts: &mut Parts,
 ) -> Result<(), HostError> {
     let Brokers {
@@ -403,7 +356,7 @@ fn start_amqp<S: Store>(
         let mut answers =
             AmqpAnswersConsumer::for_destination(config, name, At::<S>::new(database.clone()))?;
         for handler in responses {
-            answers = answers.responses(Shared(Arc::clone(handler)));
+            answers = answers.shared_responder(Arc::clone(handler));
         }
         if let Some(keys) = issued {
             answers = answers.issued_keys(keys);

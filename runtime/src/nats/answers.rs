@@ -4,11 +4,12 @@
 //! the stream's acknowledgement, before anyone processed it. The receiving
 //! [`JetStreamConsumer`](super::JetStreamConsumer) publishes the answer,
 //! after its inbox commit, to `<subject>.answers.<sender service id>`; this
-//! consumer takes it and, in one SQLite transaction on the sender's
-//! database, stores the response on the outbox row, sets its
-//! `answered_at` marker and runs the row's
-//! [`ResponseHandler`](crate::responses::ResponseHandler), then commits and
-//! acknowledges (double ack). A redelivered answer finds the marker and is
+//! consumer takes it and, in one transaction of the sender's database
+//! (any store: `crate::broker::AnswerStore`), stores the response on the
+//! outbox row, sets its `answered_at` marker and runs the row's
+//! [`ResponseHandler`](crate::responses::ResponseHandler) (an
+//! [`AsyncResponseHandler`](crate::responses::AsyncResponseHandler) on a
+//! sqlx store), then commits and acknowledges (double ack). A redelivered answer finds the marker and is
 //! only acknowledged: the handler runs once. An answer that arrives before
 //! the dispatcher recorded the publish (the row is not `Sent` yet) is
 //! negatively acknowledged for a moment.
@@ -26,9 +27,9 @@ use super::{
     NatsError, NatsUrl, PullSettings, Task, answers_subject, ensure_consumer, ensure_stream,
     reconnect_delay, validate_durable,
 };
-pub(crate) use crate::broker::{AnswerStore, Published, Recorded};
-use crate::responses::ResponseHandler;
-use crate::store::{Location, Sqlite, Store};
+use crate::broker::{AnswerStore, Published, Recorded};
+use crate::responses::IntoResponder;
+use crate::store::{AnyStore, Location, Sqlite};
 
 /// The entry point: `AnswersConsumer::builder("engine", "nats://…/orders",
 /// "engine.db").responses(router).spawn()`.
@@ -37,12 +38,13 @@ pub struct AnswersConsumer;
 impl AnswersConsumer {
     /// Takes the answers to the messages this service (`service_id`, its
     /// `Config::service_id`) sends to the destination `destination_url`,
-    /// for the outbox in `database` (a SQLite file path, or a
-    /// [`PostgresUrl`](crate::store::postgres::PostgresUrl)). The answer,
+    /// for the outbox in `database` (a SQLite file path, a
+    /// [`PostgresUrl`](crate::store::postgres::PostgresUrl), or a sqlx
+    /// store's `PgStore` / `SqliteStore`). The answer,
     /// its marker and the handler's writes commit in one transaction of that
     /// database (on PostgreSQL the row is locked, so replicas apply an
     /// answer once).
-    pub fn builder<S: Store>(
+    pub fn builder<S: AnyStore>(
         service_id: &str,
         destination_url: &str,
         database: impl Location<Store = S>,
@@ -67,7 +69,7 @@ impl AnswersConsumer {
     ///
     /// [`NatsError::Config`] when `config.destinations` has no such
     /// destination or its secret is invalid.
-    pub fn for_destination<S: Store>(
+    pub fn for_destination<S: AnyStore>(
         config: &crate::Config,
         destination: &str,
         database: impl Location<Store = S>,
@@ -89,18 +91,18 @@ impl AnswersConsumer {
 
 /// Configures an [`AnswersConsumer`].
 #[must_use = "call .spawn() to start the consumer"]
-pub struct AnswersBuilder<S: Store = Sqlite> {
+pub struct AnswersBuilder<S: AnyStore = Sqlite> {
     service_id: String,
     url: Result<NatsUrl, UrlError>,
     database: crate::store::Database,
     durable: Option<String>,
     secrets: Vec<crate::signing::Secret>,
     issued: Option<crate::keys::IssuedKeys>,
-    handlers: Vec<Arc<dyn ResponseHandler<S>>>,
+    handlers: Vec<Arc<S::Responder>>,
     settings: PullSettings,
 }
 
-impl<S: Store> std::fmt::Debug for AnswersBuilder<S> {
+impl<S: AnyStore> std::fmt::Debug for AnswersBuilder<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AnswersBuilder")
             .field("service_id", &self.service_id)
@@ -109,12 +111,23 @@ impl<S: Store> std::fmt::Debug for AnswersBuilder<S> {
     }
 }
 
-impl<S: Store> AnswersBuilder<S> {
+impl<S: AnyStore> AnswersBuilder<S> {
     /// Runs `handler` on the answers to messages of its interface version
     /// (the same handler as the dispatcher's
-    /// [`responses`](crate::dispatcher::DispatcherBuilder::responses)).
-    pub fn responses(mut self, handler: impl ResponseHandler<S>) -> Self {
-        self.handlers.push(Arc::new(handler));
+    /// [`responses`](crate::dispatcher::DispatcherBuilder::responses)): a
+    /// [`ResponseHandler`](crate::responses::ResponseHandler) on a store
+    /// with blocking transactions, an
+    /// [`AsyncResponseHandler`](crate::responses::AsyncResponseHandler) on
+    /// a sqlx store.
+    pub fn responses<M>(mut self, handler: impl IntoResponder<S, M>) -> Self {
+        self.handlers.push(handler.into_responder().0);
+        self
+    }
+
+    /// [`responses`](Self::responses) for a handler shared with another
+    /// part (the host's dispatcher).
+    pub(crate) fn shared_responder(mut self, handler: Arc<S::Responder>) -> Self {
+        self.handlers.push(handler);
         self
     }
 
@@ -186,14 +199,13 @@ impl<S: Store> AnswersBuilder<S> {
             field: "durable",
             message: message.to_string(),
         })?;
-        let store = S::open_answers(&self.database)?;
+        let store = S::open_answers(&self.database, self.handlers)?;
         let shared = Arc::new(Shared {
             filter: answers_subject(url.subject(), &self.service_id),
             url,
             durable,
             secrets: self.secrets,
             issued: self.issued,
-            handlers: self.handlers,
             settings: self.settings,
             store,
         });
@@ -217,19 +229,18 @@ impl AnswersHandle {
     }
 }
 
-struct Shared<S: Store> {
+struct Shared {
     url: NatsUrl,
     filter: String,
     durable: String,
     secrets: Vec<crate::signing::Secret>,
     /// Issued signing keys, when no secret is configured.
     issued: Option<crate::keys::IssuedKeys>,
-    handlers: Vec<Arc<dyn ResponseHandler<S>>>,
     settings: PullSettings,
-    store: Arc<dyn AnswerStore<S>>,
+    store: Arc<dyn AnswerStore>,
 }
 
-async fn run<S: Store>(shared: Arc<Shared<S>>, cancel: CancellationToken) {
+async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
     let mut failures = 0u32;
     let mut client = None;
     while !cancel.is_cancelled() {
@@ -306,7 +317,7 @@ async fn run<S: Store>(shared: Arc<Shared<S>>, cancel: CancellationToken) {
     }
 }
 
-async fn handle<S: Store>(shared: &Arc<Shared<S>>, message: jetstream::Message) {
+async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
     let delivered = message
         .info()
         .map(|info| info.delivered.max(1) as u32)
@@ -363,12 +374,8 @@ async fn handle<S: Store>(shared: &Arc<Shared<S>>, message: jetstream::Message) 
             return;
         }
     };
-    let worker = shared.clone();
     let id = published.message_id.clone();
-    let recorded =
-        tokio::task::spawn_blocking(move || worker.store.record(&worker.handlers, &published))
-            .await
-            .unwrap_or_else(|_| Recorded::Failed("the response handler panicked".to_owned()));
+    let recorded = shared.store.record(&published).await;
     let backoff = crate::dispatcher::backoff(
         delivered.saturating_sub(1),
         shared.settings.backoff_base,
@@ -391,12 +398,10 @@ async fn handle<S: Store>(shared: &Arc<Shared<S>>, message: jetstream::Message) 
         }
         Recorded::Failed(error) if delivered > shared.settings.max_retries => {
             tracing::error!(message_id = %id, %error, "response handler failed {delivered} times; answer terminated");
-            let store = shared.store.clone();
-            let id = id.clone();
-            let _ = tokio::task::spawn_blocking(move || {
-                store.note_failure(&id, &format!("answer not handled: {error}"));
-            })
-            .await;
+            shared
+                .store
+                .note_failure(&id, &format!("answer not handled: {error}"))
+                .await;
             let _ = message.ack_with(AckKind::Term).await;
         }
         Recorded::Failed(error) => {

@@ -1,8 +1,9 @@
 //! [`JetStreamConsumer`]: a durable pull consumer feeding a [`Receiver`].
 //!
 //! Every message goes through [`Receiver::receive`] (signature, envelope
-//! checks, inbox, handler, one transaction), and what it answered decides,
-//! by the dispatcher's own table ([`classify`]):
+//! checks, inbox, handler, one transaction, on any store: the receiver's
+//! writer, blocking or async), and what it answered decides, by the
+//! dispatcher's own table ([`classify`](crate::dispatcher::classify)):
 //!
 //! * processed or duplicate: the answer is published to the message's
 //!   `rf-reply-to` subject if it has one (commands, pushcalls), then the
@@ -24,7 +25,7 @@
 
 use crate::broker::BrokerError;
 use crate::transport::UrlError;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
@@ -36,10 +37,9 @@ use super::{
     ANSWER_ID_PREFIX, NatsError, NatsUrl, PullSettings, REPLY_TO_HEADER, Task, ensure_consumer,
     ensure_stream, http_headers, reconnect_delay, validate_durable,
 };
-use crate::broker::TerminatedRow;
-use crate::dispatcher::{Verdict, backoff, classify};
-use crate::receiver::{Receiver, Reply};
-use crate::transport::TransportResponse;
+use crate::broker::{Action, Retries, TerminatedRow, TerminatedStore, decide};
+use crate::dispatcher::backoff;
+use crate::receiver::Receiver;
 
 /// Default durable consumer name.
 pub const DEFAULT_DURABLE: &str = "rfidl-receiver";
@@ -157,34 +157,7 @@ impl ConsumerBuilder {
             field: "durable",
             message: message.to_string(),
         })?;
-        let terminated = match &self.db {
-            crate::Database::Sqlite(path) => Terminated::Sqlite(Arc::new(Mutex::new(
-                crate::store::sqlite::open(path, crate::config::Durability::Full)?,
-            ))),
-            #[cfg(feature = "postgres")]
-            crate::Database::Postgres(url) => {
-                let client = crate::store::postgres::open(url)?;
-                Terminated::Postgres(Arc::new(Mutex::new(
-                    crate::store::postgres::Connection::new((**url).clone(), client),
-                )))
-            }
-            #[cfg(feature = "sqlx-postgres")]
-            crate::Database::SqlxPostgres(_) => {
-                return Err(crate::store::StoreError::Unsupported {
-                    part: "the JetStream consumer",
-                    store: "sqlx-postgres",
-                }
-                .into());
-            }
-            #[cfg(feature = "sqlx-sqlite")]
-            crate::Database::SqlxSqlite(_) => {
-                return Err(crate::store::StoreError::Unsupported {
-                    part: "the JetStream consumer",
-                    store: "sqlx-sqlite",
-                }
-                .into());
-            }
-        };
+        let terminated = crate::broker::open_terminated(&self.db)?;
         let shared = Arc::new(Shared {
             receiver: self.receiver,
             url,
@@ -221,15 +194,7 @@ struct Shared {
     concurrency: usize,
     settings: PullSettings,
     /// Where terminated messages are recorded.
-    terminated: Terminated,
-}
-
-/// The database of the `rf_terminated` table.
-#[derive(Clone)]
-enum Terminated {
-    Sqlite(Arc<Mutex<rusqlite::Connection>>),
-    #[cfg(feature = "postgres")]
-    Postgres(Arc<Mutex<crate::store::postgres::Connection>>),
+    terminated: Arc<dyn TerminatedStore>,
 }
 
 async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
@@ -350,17 +315,6 @@ async fn pull(
     }
 }
 
-/// What to do with one delivery.
-#[derive(Debug, PartialEq)]
-enum Action {
-    /// Processed now or before: answer (if asked), then double ack.
-    Ack {
-        answer: serde_json::Value,
-    },
-    Nak(Duration),
-    Term(String),
-}
-
 /// Processes one delivery and acknowledges it as its answer says; gives
 /// its `slot` back once the receiver answered (before the
 /// acknowledgement).
@@ -410,7 +364,15 @@ async fn handle(
         }
     };
     drop(slot);
-    let action = decide(shared, &answer, delivered);
+    let action = decide(
+        &answer,
+        delivered,
+        Retries {
+            backoff: backoff_of(shared, delivered),
+            backoff_max: shared.settings.backoff_max,
+            max_retries: shared.settings.max_retries,
+        },
+    );
     match action {
         Action::Ack { answer } => {
             let reply = headers
@@ -432,7 +394,7 @@ async fn handle(
                 tracing::warn!(message_id = ?message_id, "ack not confirmed; the message may be redelivered");
             }
         }
-        Action::Nak(delay) => nak(&message, delay).await,
+        Action::Retry(delay) => nak(&message, delay).await,
         Action::Term(error) => {
             let subject = message.subject.to_string();
             let recorded = record_terminated(
@@ -480,52 +442,6 @@ fn backoff_of(shared: &Shared, delivered: u32) -> Duration {
         shared.settings.backoff_max,
         Duration::ZERO,
     )
-}
-
-/// The dispatcher's table applied to the receiver's answer.
-fn decide(shared: &Shared, answer: &Reply, delivered: u32) -> Action {
-    // Processed or a duplicate: what `classify` says of its 200, without
-    // serialising the answer only to parse it back.
-    if matches!(answer, Reply::Acknowledged { .. }) {
-        let result = answer.clone().into_batch_result();
-        return Action::Ack {
-            answer: serde_json::json!({ "status": result.status, "body": result.body }),
-        };
-    }
-    let retry_after = match answer {
-        Reply::Refused(refusal) => refusal
-            .retry_after_secs()
-            .map(|secs| Duration::from_secs(u64::from(secs))),
-        Reply::Acknowledged { .. } => None,
-    };
-    let result = answer.clone().into_batch_result();
-    let response = TransportResponse {
-        status: result.status,
-        body: serde_json::to_vec(&result.body).unwrap_or_default(),
-        retry_after,
-    };
-    match classify(&Ok(response)) {
-        Verdict::Sent { .. } | Verdict::Published => Action::Ack {
-            answer: serde_json::json!({ "status": result.status, "body": result.body }),
-        },
-        Verdict::DeadLetter { error } | Verdict::Failed { error } => Action::Term(error),
-        Verdict::Retry {
-            error, retry_after, ..
-        } => {
-            if delivered > shared.settings.max_retries {
-                Action::Term(format!(
-                    "{error} (delivered {delivered} times, max_retries {})",
-                    shared.settings.max_retries
-                ))
-            } else {
-                Action::Nak(backoff_of(shared, delivered).max(retry_after.unwrap_or_default()))
-            }
-        }
-        Verdict::Unavailable { retry_after, .. } | Verdict::Wait { retry_after, .. } => {
-            Action::Nak(backoff_of(shared, delivered).max(retry_after.unwrap_or_default()))
-        }
-        Verdict::Held { .. } => Action::Nak(shared.settings.backoff_max),
-    }
 }
 
 /// Publishes `{messageId, status, body}` to `reply` (which must be an
@@ -594,37 +510,13 @@ async fn record_terminated(
     subject: &str,
     error: &str,
 ) -> Result<(), BrokerError> {
-    let now = crate::store::now_ms();
-    let terminated = shared.terminated.clone();
-    let (stream, message_id, subject, error) = (
-        stream.to_owned(),
-        message_id.map(str::to_owned),
-        subject.to_owned(),
-        error.to_owned(),
-    );
-    tokio::task::spawn_blocking(move || {
-        let row = TerminatedRow {
-            stream_sequence: sequence as i64,
-            stream: &stream,
-            message_id: message_id.as_deref(),
-            subject: &subject,
-            error: &error,
-            at: now,
-        };
-        match terminated {
-            Terminated::Sqlite(conn) => {
-                let conn = conn.lock().map_err(|_| BrokerError::from("poisoned"))?;
-                crate::store::sqlite::record_terminated(&conn, &row)
-                    .map_err(|e| BrokerError(e.to_string()))
-            }
-            #[cfg(feature = "postgres")]
-            Terminated::Postgres(conn) => {
-                let mut conn = conn.lock().map_err(|_| BrokerError::from("poisoned"))?;
-                crate::store::postgres::record_terminated(&mut conn, &row)
-                    .map_err(|e| BrokerError(e.to_string()))
-            }
-        }
-    })
-    .await
-    .map_err(|e| BrokerError(e.to_string()))?
+    let row = TerminatedRow {
+        stream_sequence: sequence as i64,
+        stream: stream.to_owned(),
+        message_id: message_id.map(str::to_owned),
+        subject: subject.to_owned(),
+        error: error.to_owned(),
+        at: crate::store::now_ms(),
+    };
+    shared.terminated.record(row).await
 }

@@ -101,13 +101,4 @@ pub enum StoreError {
         /// password).
         database: String,
     },
-    /// A part that this store does not offer (yet): see docs/stores.md for
-    /// what each store runs.
-    #[error("{part} does not run on the {store} store yet (docs/stores.md)")]
-    Unsupported {
-        /// The part (`diagnostics`, `retention`, …).
-        part: &'static str,
-        /// The store's name.
-        store: &'static str,
-    },
 }

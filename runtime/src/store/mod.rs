@@ -87,14 +87,20 @@ pub(crate) mod sealed {
             let _ = (database, wake, stop);
         }
 
-        /// Starts a host's broker consumers (inbound, and the answers of
-        /// broker destinations) with `responses`.
+        /// Opens the sender's database for a broker answers consumer that
+        /// runs `handlers` (`store/<name>/answers.rs`).
         #[cfg(any(feature = "nats", feature = "amqp"))]
-        fn start_brokers(
-            brokers: crate::host::start::Brokers<'_>,
-            responses: &[Arc<Self::Responder>],
-            parts: &mut crate::host::stop::Parts,
-        ) -> Result<(), crate::host::HostError>;
+        fn open_answers(
+            database: &super::Database,
+            handlers: Vec<Arc<Self::Responder>>,
+        ) -> Result<Arc<dyn crate::broker::AnswerStore>, StoreError>;
+
+        /// Opens the table an inbound broker consumer records the
+        /// deliveries it gives up on in (`rf_terminated`).
+        #[cfg(any(feature = "nats", feature = "amqp"))]
+        fn open_terminated(
+            database: &super::Database,
+        ) -> Result<Arc<dyn crate::broker::TerminatedStore>, StoreError>;
 
         /// The control service (`crate::lifecycle`) as this store's
         /// receiver runs it, writing to `database`.
@@ -157,14 +163,6 @@ pub(crate) mod sealed {
             now: i64,
             reason: &str,
         ) -> Result<u64, StoreError>
-        where
-            Self: super::Store;
-
-        /// Opens the sender's database for the JetStream answers consumer.
-        #[cfg(any(feature = "nats", feature = "amqp"))]
-        fn open_answers(
-            database: &super::Database,
-        ) -> Result<Arc<dyn crate::broker::AnswerStore<Self>>, StoreError>
         where
             Self: super::Store;
     }

@@ -154,7 +154,7 @@ fn assert_exactly_once(pair: &Pair, messages: i64) {
 
 /// Waits (at most 10 s) until `queue` holds nothing, ready or unsettled;
 /// returns what it last saw.
-async fn drained(node: &RabbitNode, queue: &str) -> Option<(u64, u64)> {
+pub(crate) async fn drained(node: &RabbitNode, queue: &str) -> Option<(u64, u64)> {
     let mut depth = node.queue_depth(queue);
     for _ in 0..50 {
         if depth == Some((0, 0)) {
@@ -263,7 +263,13 @@ async fn the_broker_killed_and_restarted_mid_stream_loses_nothing_and_duplicates
 
 /// Sends one message to `url`'s address as another AMQP client would
 /// (within 20 s, or the test fails saying so).
-async fn send_raw(url: &str, address: &str, headers: &[(&str, String)], body: &[u8], id: &str) {
+pub(crate) async fn send_raw(
+    url: &str,
+    address: &str,
+    headers: &[(&str, String)],
+    body: &[u8],
+    id: &str,
+) {
     tokio::time::timeout(
         Duration::from_secs(20),
         send_raw_now(url, address, headers, body, id),

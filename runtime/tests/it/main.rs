@@ -30,6 +30,9 @@ mod prometheus;
 mod receiver;
 mod responses;
 mod spread;
+// The JetStream and AMQP consumers on the sqlx stores.
+#[cfg(feature = "amqp")]
+mod sqlx_brokers;
 mod sqlx_postgres;
 // The async SQLite store on sqlx: the blocking store's file and schema.
 mod sqlx_sqlite;

@@ -32,7 +32,7 @@ struct Pair {
     url: String,
 }
 
-const SUBJECT: &str = "ledger.inbound";
+pub(crate) const SUBJECT: &str = "ledger.inbound";
 
 impl Pair {
     fn new(server: &NatsServer) -> Self {
@@ -195,7 +195,7 @@ fn assert_exactly_once(pair: &Pair, messages: i64) {
 
 /// Waits (at most 4 s) until the durable consumer has nothing pending and
 /// nothing unacknowledged; returns what it last saw.
-async fn drained(server: &NatsServer, durable: &str) -> (u64, usize) {
+pub(crate) async fn drained(server: &NatsServer, durable: &str) -> (u64, usize) {
     let mut backlog = consumer_backlog(server, durable).await;
     for _ in 0..200 {
         if backlog == (0, 0) {
@@ -253,7 +253,7 @@ async fn two_hundred_messages_are_delivered_exactly_once() {
 }
 
 /// A client of the test's server, for publishing by hand.
-async fn jetstream(server: &NatsServer) -> async_nats::jetstream::Context {
+pub(crate) async fn jetstream(server: &NatsServer) -> async_nats::jetstream::Context {
     let client = async_nats::connect(format!("127.0.0.1:{}", server.port()))
         .await
         .expect("connect");
@@ -263,7 +263,7 @@ async fn jetstream(server: &NatsServer) -> async_nats::jetstream::Context {
 /// Publishes `body` with `headers` and `Nats-Msg-Id = msg_id` to the
 /// pair's subject, retrying while the stream does not exist yet (the
 /// consumer creates it as it starts); returns the stream's acknowledgement.
-async fn publish_raw(
+pub(crate) async fn publish_raw(
     context: &async_nats::jetstream::Context,
     headers: &[(&str, String)],
     body: &[u8],
@@ -294,7 +294,7 @@ async fn publish_raw(
 }
 
 /// An envelope of `endpoint` signed with `secret` now: (headers, body).
-fn signed(
+pub(crate) fn signed(
     id: &str,
     endpoint: &str,
     payload: serde_json::Value,

@@ -1,19 +1,66 @@
-//! The JetStream answers consumer's statements on PostgreSQL: an answer,
-//! its marker on the (locked) outbox row and the response handler's writes,
-//! in one transaction, so replicas apply an answer once.
+//! The broker consumers' statements on PostgreSQL: an answer, its marker
+//! on the (locked) outbox row and the response handler's writes, in one
+//! transaction (run on the blocking pool), so replicas apply an answer
+//! once; and the deliveries an inbound consumer gives up on
+//! (`rf_terminated`).
 
 use std::sync::{Arc, Mutex};
 
-use crate::broker::{AnswerStore, Published, Recorded, Row, precheck, run_handler};
+use super::{Connection, PostgresUrl};
+use crate::broker::{
+    AnswerStore, BlockingAnswers, BlockingTerminated, OnBlockingPool, Published, Recorded, Row,
+    TerminatedRow, TerminatedStore, precheck, run_handler,
+};
 use crate::responses::ResponseHandler;
+use crate::store::StoreError;
+
+/// The answers of the outbox at `url`, on a connection of their own,
+/// running `handlers`.
+pub(crate) fn open(
+    url: &PostgresUrl,
+    handlers: Vec<Arc<dyn ResponseHandler<crate::store::Postgres>>>,
+) -> Result<Arc<dyn AnswerStore>, StoreError> {
+    let client = super::open(url)?;
+    let statements = PostgresAnswers(Mutex::new(Connection::new(url.clone(), client)));
+    Ok(Arc::new(OnBlockingPool::new(statements, handlers)))
+}
+
+/// `rf_terminated` at `url`, on a connection of its own.
+pub(crate) fn open_terminated(url: &PostgresUrl) -> Result<Arc<dyn TerminatedStore>, StoreError> {
+    let client = super::open(url)?;
+    let conn = Connection::new(url.clone(), client);
+    Ok(Arc::new(BlockingTerminated::new(conn, insert_terminated)))
+}
+
+/// Records a delivery a consumer gave up on (idempotent per stream
+/// sequence).
+fn insert_terminated(conn: &mut Connection, row: &TerminatedRow) -> Result<(), String> {
+    conn.client()
+        .map_err(|e| e.to_string())?
+        .execute(
+            "INSERT INTO rf_terminated \
+             (stream_sequence, stream, message_id, subject, error, at) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+            &[
+                &row.stream_sequence,
+                &row.stream,
+                &row.message_id,
+                &row.subject,
+                &row.error,
+                &row.at,
+            ],
+        )
+        .map(drop)
+        .map_err(|e| super::error_text(&e))
+}
 
 /// The outbox row an answer belongs to, by id.
 const SELECT_ROW: &str = "SELECT status, answered_at IS NOT NULL, interface, version, endpoint, \
      correlation_id, headers FROM outbox_messages WHERE message_id = ";
 
-pub(crate) struct PostgresAnswers(pub(crate) Mutex<crate::store::postgres::Connection>);
+struct PostgresAnswers(Mutex<Connection>);
 
-impl AnswerStore<crate::store::Postgres> for PostgresAnswers {
+impl BlockingAnswers<crate::store::Postgres> for PostgresAnswers {
     fn record(
         &self,
         handlers: &[Arc<dyn ResponseHandler<crate::store::Postgres>>],

@@ -379,12 +379,18 @@ impl crate::store::sealed::Common for crate::store::Postgres {
     }
 
     #[cfg(any(feature = "nats", feature = "amqp"))]
-    fn start_brokers(
-        brokers: crate::host::start::Brokers<'_>,
-        responses: &[std::sync::Arc<Self::Responder>],
-        parts: &mut crate::host::stop::Parts,
-    ) -> Result<(), crate::host::HostError> {
-        crate::host::start::start_brokers(brokers, responses, parts)
+    fn open_answers(
+        database: &crate::store::Database,
+        handlers: Vec<std::sync::Arc<Self::Responder>>,
+    ) -> Result<std::sync::Arc<dyn crate::broker::AnswerStore>, StoreError> {
+        answers::open(url_of(database)?, handlers)
+    }
+
+    #[cfg(any(feature = "nats", feature = "amqp"))]
+    fn open_terminated(
+        database: &crate::store::Database,
+    ) -> Result<std::sync::Arc<dyn crate::broker::TerminatedStore>, StoreError> {
+        answers::open_terminated(url_of(database)?)
     }
 
     fn lifecycle_service(
@@ -444,17 +450,6 @@ impl crate::store::sealed::Backend for crate::store::Postgres {
         lifecycle::release_version(tx, interface, version, now, reason)
             .map_err(|e| StoreError::PostgresStatement(error_text(&e)))
     }
-
-    #[cfg(any(feature = "nats", feature = "amqp"))]
-    fn open_answers(
-        database: &crate::store::Database,
-    ) -> Result<std::sync::Arc<dyn crate::broker::AnswerStore<Self>>, StoreError> {
-        let url = url_of(database)?;
-        let client = open(url)?;
-        Ok(std::sync::Arc::new(answers::PostgresAnswers(
-            std::sync::Mutex::new(Connection::new(url.clone(), client)),
-        )))
-    }
 }
 
 /// The PostgreSQL URL of `database`.
@@ -466,29 +461,4 @@ pub(crate) fn url_of(database: &crate::store::Database) -> Result<&PostgresUrl, 
             database: other.to_string(),
         }),
     }
-}
-
-/// Records a message the JetStream consumer gave up on (idempotent per
-/// stream sequence).
-#[cfg(any(feature = "nats", feature = "amqp"))]
-pub(crate) fn record_terminated(
-    conn: &mut Connection,
-    row: &crate::broker::TerminatedRow<'_>,
-) -> Result<(), StoreError> {
-    conn.client()?
-        .execute(
-            "INSERT INTO rf_terminated \
-             (stream_sequence, stream, message_id, subject, error, at) \
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
-            &[
-                &row.stream_sequence,
-                &row.stream,
-                &row.message_id,
-                &row.subject,
-                &row.error,
-                &row.at,
-            ],
-        )
-        .map(|_| ())
-        .map_err(|e| statement(&e))
 }

@@ -1,22 +1,64 @@
-//! The JetStream answers consumer's statements on SQLite: an answer, its
-//! marker on the outbox row and the response handler's writes, in one
-//! transaction.
+//! The broker consumers' statements on SQLite: an answer, its marker on
+//! the outbox row and the response handler's writes, in one transaction
+//! (run on the blocking pool), and the deliveries an inbound consumer
+//! gives up on (`rf_terminated`).
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use rusqlite::OptionalExtension as _;
 
-use crate::broker::{AnswerStore, Published, Recorded, Row, precheck, run_handler};
+use crate::broker::{
+    AnswerStore, BlockingAnswers, BlockingTerminated, OnBlockingPool, Published, Recorded, Row,
+    TerminatedRow, TerminatedStore, precheck, run_handler,
+};
 use crate::responses::ResponseHandler;
-use crate::store::Sqlite;
+use crate::store::{Sqlite, StoreError};
+
+/// The answers of the outbox in `path`, on a connection of their own,
+/// running `handlers`.
+pub(crate) fn open(
+    path: &Path,
+    handlers: Vec<Arc<dyn ResponseHandler<Sqlite>>>,
+) -> Result<Arc<dyn AnswerStore>, StoreError> {
+    let conn = super::open(path, crate::config::Durability::Full)?;
+    let statements = SqliteAnswers(Mutex::new(conn));
+    Ok(Arc::new(OnBlockingPool::new(statements, handlers)))
+}
+
+/// `rf_terminated` in `path`, on a connection of its own.
+pub(crate) fn open_terminated(path: &Path) -> Result<Arc<dyn TerminatedStore>, StoreError> {
+    let conn = super::open(path, crate::config::Durability::Full)?;
+    Ok(Arc::new(BlockingTerminated::new(conn, insert_terminated)))
+}
+
+/// Records a delivery a consumer gave up on (idempotent per stream
+/// sequence).
+fn insert_terminated(conn: &mut rusqlite::Connection, row: &TerminatedRow) -> Result<(), String> {
+    conn.execute(
+        "INSERT OR IGNORE INTO rf_terminated \
+         (stream_sequence, stream, message_id, subject, error, at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        rusqlite::params![
+            row.stream_sequence,
+            row.stream,
+            row.message_id,
+            row.subject,
+            row.error,
+            row.at
+        ],
+    )
+    .map(drop)
+    .map_err(|e| e.to_string())
+}
 
 /// The outbox row an answer belongs to, by id.
 const SELECT_ROW: &str = "SELECT status, answered_at IS NOT NULL, interface, version, endpoint, \
      correlation_id, headers FROM outbox_messages WHERE message_id = ";
 
-pub(crate) struct SqliteAnswers(pub(crate) Mutex<rusqlite::Connection>);
+struct SqliteAnswers(Mutex<rusqlite::Connection>);
 
-impl AnswerStore<Sqlite> for SqliteAnswers {
+impl BlockingAnswers<Sqlite> for SqliteAnswers {
     fn record(
         &self,
         handlers: &[Arc<dyn ResponseHandler<Sqlite>>],

@@ -55,12 +55,18 @@ impl super::sealed::Common for super::Sqlite {
     }
 
     #[cfg(any(feature = "nats", feature = "amqp"))]
-    fn start_brokers(
-        brokers: crate::host::start::Brokers<'_>,
-        responses: &[std::sync::Arc<Self::Responder>],
-        parts: &mut crate::host::stop::Parts,
-    ) -> Result<(), crate::host::HostError> {
-        crate::host::start::start_brokers(brokers, responses, parts)
+    fn open_answers(
+        database: &super::Database,
+        handlers: Vec<std::sync::Arc<Self::Responder>>,
+    ) -> Result<std::sync::Arc<dyn crate::broker::AnswerStore>, super::StoreError> {
+        answers::open(path_of(database)?, handlers)
+    }
+
+    #[cfg(any(feature = "nats", feature = "amqp"))]
+    fn open_terminated(
+        database: &super::Database,
+    ) -> Result<std::sync::Arc<dyn crate::broker::TerminatedStore>, super::StoreError> {
+        answers::open_terminated(path_of(database)?)
     }
 
     fn lifecycle_service(
@@ -122,16 +128,6 @@ impl super::sealed::Backend for super::Sqlite {
         lifecycle::release_version(tx, interface, version, now, reason)
             .map_err(super::StoreError::SqliteStatement)
     }
-
-    #[cfg(any(feature = "nats", feature = "amqp"))]
-    fn open_answers(
-        database: &super::Database,
-    ) -> Result<std::sync::Arc<dyn crate::broker::AnswerStore<Self>>, super::StoreError> {
-        let conn = open(path_of(database)?, crate::config::Durability::Full)?;
-        Ok(std::sync::Arc::new(answers::SqliteAnswers(
-            std::sync::Mutex::new(conn),
-        )))
-    }
 }
 
 /// Opens (and migrates) the inbox in the SQLite file `path` and starts its
@@ -182,27 +178,4 @@ pub(crate) fn path_of(database: &super::Database) -> Result<&std::path::Path, su
             expected: "SQLite",
             database: database.to_string(),
         })
-}
-
-/// Records a message the JetStream consumer gave up on (idempotent per
-/// stream sequence).
-#[cfg(any(feature = "nats", feature = "amqp"))]
-pub(crate) fn record_terminated(
-    conn: &rusqlite::Connection,
-    row: &crate::broker::TerminatedRow<'_>,
-) -> rusqlite::Result<()> {
-    conn.execute(
-        "INSERT OR IGNORE INTO rf_terminated \
-         (stream_sequence, stream, message_id, subject, error, at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        rusqlite::params![
-            row.stream_sequence,
-            row.stream,
-            row.message_id,
-            row.subject,
-            row.error,
-            row.at
-        ],
-    )
-    .map(|_| ())
 }

@@ -27,6 +27,8 @@
 //! `sslmode=verify-full&sslrootcert=ca.pem` also checks the server's
 //! certificate and name (rustls; the CA file or the webpki roots).
 
+#[cfg(any(feature = "nats", feature = "amqp"))]
+mod answers;
 pub(crate) mod diagnostics;
 mod dispatch;
 mod inbox;
@@ -419,19 +421,18 @@ impl crate::store::sealed::Common for sqlx::Postgres {
     }
 
     #[cfg(any(feature = "nats", feature = "amqp"))]
-    fn start_brokers(
-        brokers: crate::host::start::Brokers<'_>,
-        _: &[Arc<Self::Responder>],
-        _: &mut crate::host::stop::Parts,
-    ) -> Result<(), crate::host::HostError> {
-        if brokers.any() {
-            return Err(StoreError::Unsupported {
-                part: "a host's JetStream and AMQP consumers",
-                store: "sqlx-postgres",
-            }
-            .into());
-        }
-        Ok(())
+    fn open_answers(
+        database: &Database,
+        handlers: Vec<Arc<Self::Responder>>,
+    ) -> Result<Arc<dyn crate::broker::AnswerStore>, StoreError> {
+        Ok(answers::open(store_of(database)?, handlers))
+    }
+
+    #[cfg(any(feature = "nats", feature = "amqp"))]
+    fn open_terminated(
+        database: &Database,
+    ) -> Result<Arc<dyn crate::broker::TerminatedStore>, StoreError> {
+        Ok(answers::open_terminated(store_of(database)?))
     }
 
     fn lifecycle_service(

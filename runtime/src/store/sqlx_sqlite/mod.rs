@@ -33,6 +33,8 @@
 //! the blocking store; under `inbox.durability: full` (the default) a
 //! receiver on a pool whose connections commit with less does not start.
 
+#[cfg(any(feature = "nats", feature = "amqp"))]
+mod answers;
 mod dispatch;
 mod inbox;
 mod lifecycle;
@@ -240,19 +242,18 @@ impl crate::store::sealed::Common for sqlx::Sqlite {
     }
 
     #[cfg(any(feature = "nats", feature = "amqp"))]
-    fn start_brokers(
-        brokers: crate::host::start::Brokers<'_>,
-        _: &[Arc<Self::Responder>],
-        _: &mut crate::host::stop::Parts,
-    ) -> Result<(), crate::host::HostError> {
-        if brokers.any() {
-            return Err(StoreError::Unsupported {
-                part: "a host's JetStream and AMQP consumers",
-                store: "sqlx-sqlite",
-            }
-            .into());
-        }
-        Ok(())
+    fn open_answers(
+        database: &Database,
+        handlers: Vec<Arc<Self::Responder>>,
+    ) -> Result<Arc<dyn crate::broker::AnswerStore>, StoreError> {
+        Ok(answers::open(store_of(database)?, handlers))
+    }
+
+    #[cfg(any(feature = "nats", feature = "amqp"))]
+    fn open_terminated(
+        database: &Database,
+    ) -> Result<Arc<dyn crate::broker::TerminatedStore>, StoreError> {
+        Ok(answers::open_terminated(store_of(database)?))
     }
 
     fn lifecycle_service(

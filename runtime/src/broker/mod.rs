@@ -1,15 +1,29 @@
-//! What the broker transports share (cargo features `nats`, `amqp`): the
-//! answers a receiving consumer sends back and how the sender's database
-//! records them ([`AnswerStore`], implemented under `store/`), and the row
-//! a consumer writes for a message it gave up on ([`TerminatedRow`]).
+//! What the broker transports share (cargo features `nats`, `amqp`): what
+//! a consumer does with a delivery ([`decide`]), the answers a receiving
+//! consumer sends back and how the sender's database records them
+//! ([`AnswerStore`]), and the row a consumer writes for a message it gave
+//! up on ([`TerminatedRow`], [`TerminatedStore`]). The consumers are
+//! written once over those seams; each store implements them in its
+//! folder (`store/<name>/answers.rs`).
+
+mod decide;
+mod stores;
 
 use std::sync::Arc;
 
-use crate::responses::ResponseHandler;
+pub(crate) use decide::{Action, Retries, decide};
+pub(crate) use stores::{
+    AnswerStore, BlockingAnswers, BlockingTerminated, OnBlockingPool, TerminatedStore,
+    open_terminated,
+};
+#[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
+pub(crate) use stores::{AsyncAnswerStatements, OnPool, row_of};
+
+use crate::responses::{Answer, ResponseHandler};
 use crate::store::Store;
 
 /// `{messageId, status, body}` as the receiving consumer publishes it.
-#[derive(serde::Deserialize)]
+#[derive(Clone, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Published {
     pub(crate) message_id: String,
@@ -27,16 +41,6 @@ pub(crate) enum Recorded {
     NotYet,
     /// The response handler failed; rolled back.
     Failed(String),
-}
-
-/// The sender's database, as the answers consumer uses it (on the
-/// blocking pool).
-pub(crate) trait AnswerStore<S: Store>: Send + Sync + 'static {
-    /// In one transaction: the row's marker and response, and its
-    /// handler's writes.
-    fn record(&self, handlers: &[Arc<dyn ResponseHandler<S>>], published: &Published) -> Recorded;
-    /// Keeps why an answer was given up in the row's `last_error`.
-    fn note_failure(&self, message_id: &str, error: &str);
 }
 
 /// The outbox row an answer belongs to.
@@ -62,6 +66,29 @@ fn payload_of(published: &Published) -> serde_json::Value {
         .unwrap_or(serde_json::Value::Null)
 }
 
+/// The answer to `message_id` that `row` holds, as a response handler
+/// takes it.
+pub(crate) fn answer_of<'a>(
+    row: &'a Row,
+    message_id: &'a str,
+    payload: &'a serde_json::Value,
+) -> Answer<'a> {
+    Answer {
+        message_id,
+        interface: &row.interface,
+        version: row.version,
+        endpoint: &row.endpoint,
+        correlation_id: row.correlation_id.as_deref(),
+        payload,
+    }
+}
+
+/// The trace the row's message belongs to: its handler runs in it.
+pub(crate) fn traceparent_of(row: &Row) -> Option<crate::trace::TraceParent> {
+    let headers = serde_json::from_str(&row.headers).unwrap_or_default();
+    crate::trace::TraceParent::from_headers(&headers)
+}
+
 /// Runs the row's handler, if one is registered, in the caller's
 /// transaction, in the message's trace.
 pub(crate) fn run_handler<S: Store>(
@@ -77,16 +104,8 @@ pub(crate) fn run_handler<S: Store>(
     else {
         return Ok(());
     };
-    let answer = crate::responses::Answer {
-        message_id,
-        interface: &row.interface,
-        version: row.version,
-        endpoint: &row.endpoint,
-        correlation_id: row.correlation_id.as_deref(),
-        payload,
-    };
-    let headers = serde_json::from_str(&row.headers).unwrap_or_default();
-    match crate::trace::TraceParent::from_headers(&headers) {
+    let answer = answer_of(row, message_id, payload);
+    match traceparent_of(row) {
         Some(traceparent) => {
             crate::trace::with_traceparent(traceparent, || handler.handle(&answer, tx))
         }
@@ -115,12 +134,12 @@ pub(crate) fn precheck(
 }
 
 /// A message the consumer gave up on, as `rf_terminated` records it.
-pub(crate) struct TerminatedRow<'a> {
+pub(crate) struct TerminatedRow {
     pub stream_sequence: i64,
-    pub stream: &'a str,
-    pub message_id: Option<&'a str>,
-    pub subject: &'a str,
-    pub error: &'a str,
+    pub stream: String,
+    pub message_id: Option<String>,
+    pub subject: String,
+    pub error: String,
     pub at: i64,
 }
 
