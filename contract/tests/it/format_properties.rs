@@ -373,29 +373,32 @@ pub(crate) fn shape(text: &str) -> Result<String, String> {
 /// Every plain `//` comment, in order, found independently of the
 /// formatter: outside string literals, not a `///` doc comment.
 fn plain_comments(text: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for line in text.lines() {
-        let mut in_string = false;
-        let mut chars = line.char_indices().peekable();
-        while let Some((index, c)) = chars.next() {
-            match c {
-                '\\' if in_string => {
-                    chars.next();
-                }
-                '"' => in_string = !in_string,
-                '/' if !in_string && line[index..].starts_with("//") => {
-                    let comment = line[index..].trim_end();
-                    let is_doc = comment.starts_with("///") && !comment.starts_with("////");
-                    if !is_doc {
-                        found.push(comment.to_owned());
-                    }
-                    break;
-                }
-                _ => {}
+    text.lines()
+        .filter_map(|line| split_comment(line).1)
+        .map(str::trim_end)
+        .filter(|comment| !comment.starts_with("///") || comment.starts_with("////"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A line's code, and its `//` comment (doc or plain) if it has one
+/// outside a string literal.
+fn split_comment(line: &str) -> (&str, Option<&str>) {
+    let mut in_string = false;
+    let mut chars = line.char_indices().peekable();
+    while let Some((index, c)) = chars.next() {
+        match c {
+            '\\' if in_string => {
+                chars.next();
             }
+            '"' => in_string = !in_string,
+            '/' if !in_string && line[index..].starts_with("//") => {
+                return (&line[..index], Some(&line[index..]));
+            }
+            _ => {}
         }
     }
-    found
+    (line, None)
 }
 
 fn canonical_layout(formatted: &str) -> Result<(), String> {
@@ -405,7 +408,12 @@ fn canonical_layout(formatted: &str) -> Result<(), String> {
     if formatted.contains("\n\n\n") {
         return Err("double blank line".into());
     }
-    if formatted.contains('\t') || formatted.contains('\r') || formatted.starts_with('\u{feff}') {
+    // A plain comment is kept verbatim, tabs included (as rustfmt and
+    // gofmt keep theirs); everything else is the formatter's.
+    let code_has_tab = formatted
+        .lines()
+        .any(|line| split_comment(line).0.contains('\t'));
+    if code_has_tab || formatted.contains('\r') || formatted.starts_with('\u{feff}') {
         return Err("a tab, a carriage return or a byte order mark was kept".into());
     }
     for line in formatted.lines() {
