@@ -343,8 +343,9 @@ fn test(extra: &[String]) -> Result<(), String> {
     let (postgres_url, cluster) = test_postgres()?;
     let tested = run(cargo()
         // Not --all-targets: that would run the harness-less benchmarks too.
+        // --no-fail-fast: one run reports every failing test binary.
         // --all-features: the registry client of rfidl-codegen is a feature.
-        .args(["test", "--workspace", "--all-features"])
+        .args(["test", "--workspace", "--all-features", "--no-fail-fast"])
         .args(extra)
         .env("RFIDL_PYTHON", &python)
         .env("RFIDL_CHROMIUM", &chromium)
