@@ -7,6 +7,8 @@
 //! | `GET /_rf/outbox/failed` | messages that need a human (`Failed`, `DeadLetter`, `Expired`), metadata only |
 //! | `POST /_rf/outbox/{messageId}/retry` | puts one such message back to `Pending` |
 //! | `POST /_rf/outbox/retry` | the same for every one matching `?status=` and `?destination=` |
+//! | `POST /_rf/outbox/{messageId}/discard` | puts one such message aside: `Discarded`, deleted by retention after `outbox.failed_retention` |
+//! | `POST /_rf/outbox/discard` | the same for every one matching `?status=` and `?destination=` |
 //! | `GET /_rf/inbox/stats` | inbox size, processed and duplicate counts, duplicate rate |
 //! | `GET /_rf/metrics` | Prometheus text format ([`crate::metrics`]) |
 //! | `GET /_rf/livez` | 200 while the process answers (no token needed) |
@@ -18,7 +20,7 @@
 //! [`DiagnosticsError`]. Set [`DiagnosticsBuilder::bearer_token`] to require
 //! `Authorization: Bearer <token>` on every route ([`crate::auth`]: any case
 //! of the scheme; an empty token refuses everything); without it, the routes
-//! that change state (the retries) answer 403 `token_required` and the
+//! that change state (the retries and discards) answer 403 `token_required` and the
 //! read-only ones answer anyone, so serve the router on an internal address
 //! only.
 //!
@@ -57,8 +59,8 @@ pub use crate::store::sqlite::diagnostics::database_checks;
 pub use health::{health, with_decommissioned, with_destinations};
 pub(crate) use queries::DiagnosticsStore;
 pub use queries::{
-    attention_messages, destination_gauges, outbox_stats, retry_matching, retry_message,
-    unsent_stats,
+    attention_messages, destination_gauges, discard_matching, discard_message, outbox_stats,
+    retry_matching, retry_message, unsent_stats,
 };
 pub use readiness::Readiness;
 pub use routes::{Diagnostics, DiagnosticsBuilder};

@@ -64,6 +64,17 @@ pub(crate) trait DiagnosticsStore {
         now_ms: i64,
         renew_until_ms: i64,
     ) -> Result<usize, DiagnosticsError>;
+    /// Puts `message_id` aside if it needs a human: `Discarded` since
+    /// `now_ms`. Returns the rows changed (0 or 1).
+    fn discard_one(&self, message_id: &str, now_ms: i64) -> Result<usize, DiagnosticsError>;
+    /// [`discard_one`](Self::discard_one) for every row needing a human that
+    /// matches the filter.
+    fn discard_matching(
+        &self,
+        status: Option<Status>,
+        destination: Option<&str>,
+        now_ms: i64,
+    ) -> Result<usize, DiagnosticsError>;
     /// Rows needing a human, matching the filter (and `message_id`), created
     /// before `before_ms`.
     fn count_older(
@@ -200,6 +211,56 @@ pub(super) fn retry_matching_in(
         now_ms,
         renewed_expiry(now_ms, ttl),
     )
+}
+
+/// Puts one `Failed`, `DeadLetter` or `Expired` message aside: it becomes
+/// `Discarded` at `now_ms`, is no longer counted by the health check, and
+/// is deleted by retention `outbox.failed_retention` later. Nothing is
+/// deleted now.
+pub fn discard_message(
+    conn: &Connection,
+    message_id: &Uuid,
+    now_ms: i64,
+) -> Result<(), DiagnosticsError> {
+    discard_message_in(conn, message_id, now_ms)
+}
+
+/// [`discard_message`] on any store.
+pub(super) fn discard_message_in(
+    store: &dyn DiagnosticsStore,
+    message_id: &Uuid,
+    now_ms: i64,
+) -> Result<(), DiagnosticsError> {
+    let id = message_id.to_string();
+    if store.discard_one(&id, now_ms)? == 1 {
+        return Ok(());
+    }
+    match store.status_of(&id)?.as_deref().and_then(Status::parse) {
+        None => Err(DiagnosticsError::NotFound(id)),
+        Some(status) => Err(DiagnosticsError::NotDiscardable {
+            message_id: id,
+            status,
+        }),
+    }
+}
+
+/// [`discard_message`] for every message matching `filter` (its `limit` is
+/// ignored); returns how many were put aside.
+pub fn discard_matching(
+    conn: &Connection,
+    filter: &AttentionFilter,
+    now_ms: i64,
+) -> Result<usize, DiagnosticsError> {
+    discard_matching_in(conn, filter, now_ms)
+}
+
+/// [`discard_matching`] on any store.
+pub(super) fn discard_matching_in(
+    store: &dyn DiagnosticsStore,
+    filter: &AttentionFilter,
+    now_ms: i64,
+) -> Result<usize, DiagnosticsError> {
+    store.discard_matching(filter.status()?, filter.destination.as_deref(), now_ms)
 }
 
 /// The expiry of a message retried by hand at `now_ms`: a full TTL from now.

@@ -58,7 +58,7 @@ pub enum DiagnosticsError {
     /// 401 `unauthorized`: the bearer token is missing or wrong.
     #[error("a valid `Authorization: Bearer` token is required")]
     Unauthorized,
-    /// 403 `token_required`: a route that changes state (a retry) on
+    /// 403 `token_required`: a route that changes state (a retry, a discard) on
     /// diagnostics built without a token.
     #[error(
         "this route changes state and the service has no diagnostics token; configure one \
@@ -80,6 +80,18 @@ pub enum DiagnosticsError {
         message_id: String,
         /// Its status now: `Pending`, `Sending` (it is still being
         /// delivered) or `Sent` (it was delivered; nothing to retry).
+        status: Status,
+    },
+    /// 409 `not_discardable`: the message is not `Failed`, `DeadLetter` or
+    /// `Expired` (it is being delivered, was delivered, or is already
+    /// `Discarded`).
+    #[error(
+        "message `{message_id}` is {status:?}; only Failed, DeadLetter and Expired messages can be discarded"
+    )]
+    NotDiscardable {
+        /// The message asked for.
+        message_id: String,
+        /// Its status now.
         status: Status,
     },
     /// 503 `unavailable`: the database could not be read (locked, corrupt, gone).
@@ -104,7 +116,9 @@ impl DiagnosticsError {
             DiagnosticsError::TokenRequired => StatusCode::FORBIDDEN,
             DiagnosticsError::BadRequest(_) => StatusCode::BAD_REQUEST,
             DiagnosticsError::NotFound(_) => StatusCode::NOT_FOUND,
-            DiagnosticsError::NotRetryable { .. } => StatusCode::CONFLICT,
+            DiagnosticsError::NotRetryable { .. } | DiagnosticsError::NotDiscardable { .. } => {
+                StatusCode::CONFLICT
+            }
             DiagnosticsError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             DiagnosticsError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
         }
@@ -118,6 +132,7 @@ impl DiagnosticsError {
             DiagnosticsError::BadRequest(_) => "bad_request",
             DiagnosticsError::NotFound(_) => "not_found",
             DiagnosticsError::NotRetryable { .. } => "not_retryable",
+            DiagnosticsError::NotDiscardable { .. } => "not_discardable",
             DiagnosticsError::Unavailable(_) => "unavailable",
             DiagnosticsError::MethodNotAllowed { .. } => "method_not_allowed",
         }

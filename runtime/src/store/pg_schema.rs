@@ -85,6 +85,18 @@ pub const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (interface, version)
     );
     "#,
+    // DEAD LETTERS (the lead renumbers on merge), as SQLite's migration of
+    //    the same name: the status `Discarded` and `discarded_at`.
+    //    PostgreSQL changes the CHECK in place (its name is the one
+    //    PostgreSQL gave the column constraint of migration 1).
+    r#"
+    ALTER TABLE outbox_messages ADD COLUMN discarded_at BIGINT;
+    ALTER TABLE outbox_messages DROP CONSTRAINT outbox_messages_status_check;
+    ALTER TABLE outbox_messages ADD CONSTRAINT outbox_messages_status_check
+        CHECK (status IN ('Pending','Sending','Sent','Failed','DeadLetter','Expired','Discarded'));
+    CREATE INDEX outbox_discarded ON outbox_messages (discarded_at)
+        WHERE status = 'Discarded';
+    "#,
 ];
 
 /// The advisory lock that serialises migrations across processes

@@ -352,6 +352,42 @@ impl DiagnosticsStore for PostgresDiagnostics {
         Ok(updated as usize)
     }
 
+    fn discard_one(&self, message_id: &str, now_ms: i64) -> Result<usize, DiagnosticsError> {
+        let updated = self.write(|client| {
+            client.execute_typed(
+                "UPDATE outbox_messages \
+                 SET status = 'Discarded', discarded_at = $2, lease_token = NULL \
+                 WHERE message_id = $1 AND status IN ('Failed', 'DeadLetter', 'Expired')",
+                &[(&message_id, Type::TEXT), (&now_ms, Type::INT8)],
+            )
+        })?;
+        Ok(updated as usize)
+    }
+
+    fn discard_matching(
+        &self,
+        status: Option<Status>,
+        destination: Option<&str>,
+        now_ms: i64,
+    ) -> Result<usize, DiagnosticsError> {
+        let status = status.map(Status::as_str);
+        let updated = self.write(|client| {
+            client.execute_typed(
+                "UPDATE outbox_messages \
+                 SET status = 'Discarded', discarded_at = $3, lease_token = NULL \
+                 WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
+                   AND ($1::text IS NULL OR status = $1) \
+                   AND ($2::text IS NULL OR destination = $2)",
+                &[
+                    (&status, Type::TEXT),
+                    (&destination, Type::TEXT),
+                    (&now_ms, Type::INT8),
+                ],
+            )
+        })?;
+        Ok(updated as usize)
+    }
+
     fn count_older(
         &self,
         message_id: Option<&str>,

@@ -205,6 +205,40 @@ impl DiagnosticsStore for Connection {
             ])?)
     }
 
+    fn discard_one(&self, message_id: &str, now_ms: i64) -> Result<usize, DiagnosticsError> {
+        Ok(self
+            .prepare_cached(concat!(
+                "UPDATE outbox_messages \
+                 SET status = 'Discarded', discarded_at = ?2, lease_token = NULL \
+                 WHERE message_id = ?1 AND seq = ?3 AND ",
+                crate::store::sqlite::attention!(),
+                ""
+            ))?
+            .execute(params![
+                message_id,
+                now_ms,
+                crate::store::sqlite::outbox_seq(message_id)
+            ])?)
+    }
+
+    fn discard_matching(
+        &self,
+        status: Option<Status>,
+        destination: Option<&str>,
+        now_ms: i64,
+    ) -> Result<usize, DiagnosticsError> {
+        Ok(self
+            .prepare_cached(concat!(
+                "UPDATE outbox_messages \
+                 SET status = 'Discarded', discarded_at = ?3, lease_token = NULL \
+                 WHERE ",
+                crate::store::sqlite::attention!(),
+                " \
+                   AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2)"
+            ))?
+            .execute(params![status.map(Status::as_str), destination, now_ms])?)
+    }
+
     fn count_older(
         &self,
         message_id: Option<&str>,

@@ -68,6 +68,16 @@ const SQL: &[&str] = &[
      FROM {t}rf_decommissioned d ORDER BY d.interface, d.version",
     // SCHEMA_VERSION
     "SELECT version FROM {t}rfidl_schema",
+    // DISCARD_ONE
+    "UPDATE {t}outbox_messages \
+     SET status = 'Discarded', discarded_at = $2, lease_token = NULL \
+     WHERE message_id = $1 AND status IN ('Failed', 'DeadLetter', 'Expired')",
+    // DISCARD_MATCHING
+    "UPDATE {t}outbox_messages \
+     SET status = 'Discarded', discarded_at = $3, lease_token = NULL \
+     WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
+       AND ($1::text IS NULL OR status = $1) \
+       AND ($2::text IS NULL OR destination = $2)",
 ];
 
 const UNSENT_DUE: usize = 0;
@@ -82,6 +92,8 @@ const COUNT_OLDER: usize = 8;
 const INBOX_SIZE: usize = 9;
 const DECOMMISSIONED: usize = 10;
 const SCHEMA_VERSION: usize = 11;
+const DISCARD_ONE: usize = 12;
+const DISCARD_MATCHING: usize = 13;
 
 /// The diagnostics' statements on the store's pool: the routes' (no
 /// timeout) or the readiness probe's (`timeout`).
@@ -267,6 +279,32 @@ impl DiagnosticsStore for SqlxDiagnostics {
                 .bind(destination)
                 .bind(now_ms)
                 .bind(renew_until_ms)
+                .execute(self.store.pool()),
+        )?;
+        Ok(done.rows_affected() as usize)
+    }
+
+    fn discard_one(&self, message_id: &str, now_ms: i64) -> Result<usize, DiagnosticsError> {
+        let done = self.run(
+            self.query(DISCARD_ONE)
+                .bind(message_id)
+                .bind(now_ms)
+                .execute(self.store.pool()),
+        )?;
+        Ok(done.rows_affected() as usize)
+    }
+
+    fn discard_matching(
+        &self,
+        status: Option<Status>,
+        destination: Option<&str>,
+        now_ms: i64,
+    ) -> Result<usize, DiagnosticsError> {
+        let done = self.run(
+            self.query(DISCARD_MATCHING)
+                .bind(status.map(Status::as_str))
+                .bind(destination)
+                .bind(now_ms)
                 .execute(self.store.pool()),
         )?;
         Ok(done.rows_affected() as usize)
