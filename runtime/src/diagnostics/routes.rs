@@ -22,8 +22,8 @@ use uuid::Uuid;
 use super::access::{require_token, require_token_for_changes};
 use super::health::{fold_gauges, health, horizon_warning, with_decommissioned, with_destinations};
 use super::queries::{
-    DiagnosticsStore, attention_messages_in, count_older, discard_matching_in, discard_message_in,
-    outbox_stats_in, retry_matching_in, retry_message_in, unsent_stats_in,
+    DiagnosticsStore, attention_page_in, count_older, discard_matching_in, discard_message_in,
+    failure_groups_in, outbox_stats_in, retry_matching_in, retry_message_in, unsent_stats_in,
 };
 use super::readiness::{serve_livez, serve_readyz};
 use super::{
@@ -237,6 +237,10 @@ impl Diagnostics {
                 "/_rf/outbox/failed",
                 get(serve_failed).fallback(method_not_allowed),
             )
+            .route(
+                "/_rf/outbox/failed/groups",
+                get(serve_failed_groups).fallback(method_not_allowed),
+            )
             .merge(
                 Router::new()
                     .route(
@@ -341,8 +345,13 @@ async fn serve_outbox_stats(
 }
 
 #[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
 struct AttentionList {
     messages: Vec<AttentionMessage>,
+    /// Pass it as `cursor` (with the same filter) for the next page;
+    /// absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
 
 async fn serve_failed(
@@ -350,9 +359,36 @@ async fn serve_failed(
     filter: Result<Query<AttentionFilter>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<impl Serialize>, DiagnosticsError> {
     let Query(filter) = filter.map_err(|e| DiagnosticsError::BadRequest(e.body_text()))?;
-    let messages =
-        Diagnostics::query(&shared, move |store| attention_messages_in(store, &filter)).await?;
-    Ok(Json(AttentionList { messages }))
+    let (messages, next_cursor) = Diagnostics::query(&shared, move |store| {
+        attention_page_in(store, &filter, db::now_ms())
+    })
+    .await?;
+    Ok(Json(AttentionList {
+        messages,
+        next_cursor,
+    }))
+}
+
+#[derive(Serialize)]
+struct GroupList {
+    groups: Vec<super::FailureGroup>,
+}
+
+async fn serve_failed_groups(
+    State(shared): State<Arc<Shared>>,
+    filter: Result<Query<AttentionFilter>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<impl Serialize>, DiagnosticsError> {
+    let Query(filter) = filter.map_err(|e| DiagnosticsError::BadRequest(e.body_text()))?;
+    if filter.limit.is_some() {
+        return Err(DiagnosticsError::BadRequest(
+            "`limit` pages the list only; the groups are never cut".to_owned(),
+        ));
+    }
+    let groups = Diagnostics::query(&shared, move |store| {
+        failure_groups_in(store, &filter, db::now_ms())
+    })
+    .await?;
+    Ok(Json(GroupList { groups }))
 }
 
 #[derive(Serialize)]

@@ -99,6 +99,16 @@ pub const MIGRATIONS: &[&str] = &[
     "#,
 ];
 
+/// The conditions of the failed list's filter (`diagnostics::RowFilter`),
+/// `$1` to `$8`, in both PostgreSQL stores' statements; a NULL parameter
+/// matches every row.
+pub(crate) const ROW_FILTER: &str = "AND ($1::text IS NULL OR status = $1) \
+     AND ($2::text IS NULL OR destination = $2) AND ($3::text IS NULL OR interface = $3) \
+     AND ($4::text IS NULL OR endpoint = $4) \
+     AND ($5::text IS NULL OR strpos(last_error, $5) > 0) \
+     AND ($6::int8 IS NULL OR created_at < $6) \
+     AND ($7::int8 IS NULL OR created_at > $7 OR (created_at = $7 AND message_id > $8))";
+
 /// The advisory lock that serialises migrations across processes
 /// (`pg_advisory_xact_lock`): the first eight bytes of "rfidl-migrations".
 pub(crate) const MIGRATION_LOCK: i64 = 0x7266_6964_6c2d_6d69;

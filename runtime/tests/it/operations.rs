@@ -420,7 +420,7 @@ async fn a_bulk_retry_puts_back_only_the_matching_messages() {
     let filter = AttentionFilter {
         status: Some("Failed".into()),
         destination: Some("billing".into()),
-        limit: None,
+        ..AttentionFilter::default()
     };
     let listed = diagnostics::attention_messages(&conn, &filter).expect("list");
     assert_eq!(listed.len(), 2);
