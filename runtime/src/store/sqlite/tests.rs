@@ -34,6 +34,26 @@ fn creates_schema_and_refuses_newer_versions() {
 }
 
 /// The opcodes of `sql`'s program.
+/// Every row `sql` reads, each as its values joined by `|`: what a
+/// migration must keep, compared before and after.
+fn dump_rows(conn: &Connection, sql: &str) -> Vec<String> {
+    let mut statement = conn.prepare(sql).expect("select");
+    let columns = statement.column_count();
+    statement
+        .query_map([], |row| {
+            (0..columns)
+                .map(|i| {
+                    row.get::<_, rusqlite::types::Value>(i)
+                        .map(|v| format!("{v:?}"))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(|values| values.join("|"))
+        })
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows")
+}
+
 fn opcodes(conn: &Connection, sql: &str) -> Vec<String> {
     let mut statement = conn.prepare(&format!("EXPLAIN {sql}")).expect("explain");
     let nulls = vec![rusqlite::types::Null; statement.parameter_count()];
@@ -504,30 +524,15 @@ fn the_discarded_migration_keeps_every_row_and_accepts_the_new_status() {
         }
         tx.commit().expect("commit");
     }
-    let dump = |conn: &Connection| -> Vec<String> {
-        let mut statement = conn
-            .prepare(
-                "SELECT message_id, correlation_id, message_type, destination, interface, \
-                 version, fingerprint, endpoint, payload, headers, status, retry_count, \
-                 max_retries, next_retry_at, lease_token, last_attempt_at, last_error, \
-                 response, created_at, expires_at, sent_at, answered_at, seq \
-                 FROM outbox_messages ORDER BY seq",
-            )
-            .expect("select");
-        let count = statement.column_count();
-        statement
-            .query_map([], |row| {
-                (0..count)
-                    .map(|i| {
-                        row.get::<_, rusqlite::types::Value>(i)
-                            .map(|v| format!("{v:?}"))
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-                    .map(|values| values.join("|"))
-            })
-            .expect("query")
-            .collect::<Result<_, _>>()
-            .expect("rows")
+    let dump = |conn: &Connection| {
+        dump_rows(
+            conn,
+            "SELECT message_id, correlation_id, message_type, destination, interface, \
+             version, fingerprint, endpoint, payload, headers, status, retry_count, \
+             max_retries, next_retry_at, lease_token, last_attempt_at, last_error, \
+             response, created_at, expires_at, sent_at, answered_at, seq \
+             FROM outbox_messages ORDER BY seq",
+        )
     };
     let before = dump(&Connection::open(&path).expect("reopen"));
     assert_eq!(before.len(), statuses.len());
