@@ -90,6 +90,12 @@ pub struct OutboxConfig {
     /// `Sent` rows are deleted this long after they were sent.
     #[serde(with = "serde_human")]
     pub sent_retention: Duration,
+    /// Rows that were never delivered are deleted this long after they
+    /// stopped (default 7 days, time to investigate): `Failed` and
+    /// `DeadLetter` rows after their last attempt, `Expired` rows after
+    /// their TTL ended, `Discarded` rows after the operator's discard.
+    #[serde(with = "serde_human")]
+    pub failed_retention: Duration,
     /// How enqueuing transactions commit: `normal` by default. With
     /// `normal` a power cut can undo the last commits since a WAL
     /// checkpoint, business rows and their outbox rows together; never a
@@ -119,6 +125,7 @@ impl Default for OutboxConfig {
             request_timeout: Duration::from_secs(10),
             probe_interval_max: Duration::from_secs(5),
             sent_retention: Duration::from_secs(7 * 24 * 3600),
+            failed_retention: Duration::from_secs(7 * 24 * 3600),
             durability: Durability::Normal,
         }
     }
@@ -517,6 +524,10 @@ mod tests {
         assert_eq!(config.outbox.batch_size, 50);
         assert_eq!(
             config.outbox.sent_retention,
+            Duration::from_secs(7 * 86_400)
+        );
+        assert_eq!(
+            config.outbox.failed_retention,
             Duration::from_secs(7 * 86_400)
         );
         // Above the default TTL plus the signature tolerance, so no retry of

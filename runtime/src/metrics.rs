@@ -107,6 +107,11 @@ pub struct Metrics {
     pub outbox_expired: Counter,
     /// `Sent` rows deleted by the retention clean-up.
     pub outbox_sent_deleted: Counter,
+    /// Messages an operator discarded (`Discarded`).
+    pub outbox_discarded: Counter,
+    /// `Failed`, `DeadLetter`, `Expired` and `Discarded` rows deleted by the
+    /// retention clean-up after `outbox.failed_retention`.
+    pub outbox_undelivered_deleted: Counter,
     /// Transport latency of each attempt.
     pub outbox_send_duration: DurationHistogram,
     /// Deliveries processed for the first time.
@@ -165,7 +170,7 @@ impl Metrics {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self, gauges: &Gauges) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &Counter); 14] = [
+        let counters: [(&str, &str, &Counter); 16] = [
             (
                 "rf_outbox_enqueued_total",
                 "Messages written to the outbox.",
@@ -200,6 +205,16 @@ impl Metrics {
                 "rf_outbox_sent_deleted_total",
                 "Sent messages deleted after their retention.",
                 &self.outbox_sent_deleted,
+            ),
+            (
+                "rf_outbox_discarded_total",
+                "Messages discarded by an operator (now Discarded).",
+                &self.outbox_discarded,
+            ),
+            (
+                "rf_outbox_undelivered_deleted_total",
+                "Failed, DeadLetter, Expired and Discarded messages deleted after their retention.",
+                &self.outbox_undelivered_deleted,
             ),
             (
                 "rf_inbox_processed_total",

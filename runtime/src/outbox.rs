@@ -510,9 +510,10 @@ fn enqueue_span(message: &mut OutgoingMessage) -> tracing::Span {
 /// A row starts `Pending`, is `Sending` while a dispatcher holds its lease,
 /// and ends in one of the other four. `Sent` rows are deleted by
 /// [`Retention`](crate::Retention) after `outbox.sent_retention`; `Failed`,
-/// `DeadLetter` and `Expired` rows are kept until an operator retries
-/// (`POST /_rf/outbox/{id}/retry`, back to `Pending`) or drops them, and
-/// they turn `/_rf/health` critical.
+/// `DeadLetter` and `Expired` rows turn `/_rf/health` critical until an
+/// operator retries them (`POST /_rf/outbox/{id}/retry`, back to `Pending`)
+/// or discards them (`POST /_rf/outbox/{id}/discard`, `Discarded`);
+/// retention deletes all four after `outbox.failed_retention`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub enum Status {
     /// Waiting to be sent: new, or waiting for its next attempt
@@ -536,6 +537,11 @@ pub enum Status {
     /// Its TTL passed before it could be delivered (never sent, or only
     /// destination-level failures); marked by the dispatcher or retention.
     Expired,
+    /// Put aside by an operator (`POST /_rf/outbox/{id}/discard`): a
+    /// `Failed`, `DeadLetter` or `Expired` message nobody will retry. Kept
+    /// for `outbox.failed_retention` after the discard, then deleted; no
+    /// longer counted by `/_rf/health`.
+    Discarded,
 }
 
 impl Status {
@@ -549,6 +555,7 @@ impl Status {
             Status::Failed => "Failed",
             Status::DeadLetter => "DeadLetter",
             Status::Expired => "Expired",
+            Status::Discarded => "Discarded",
         }
     }
 
@@ -562,6 +569,7 @@ impl Status {
             Status::Failed,
             Status::DeadLetter,
             Status::Expired,
+            Status::Discarded,
         ]
         .into_iter()
         .find(|s| s.as_str() == text)

@@ -1,7 +1,7 @@
 //! Retention: removes rows that have served their purpose, on a schedule.
 //!
 //! One clean-up pass ([`store::sqlite::cleanup`](crate::store::sqlite::cleanup)
-//! and its PostgreSQL twin) does three things, each in short
+//! and its PostgreSQL twins) does four things, each in short
 //! transactions of at most [`CLEANUP_BATCH`] rows so the dispatcher and the
 //! receiver's writer never wait long behind it:
 //!
@@ -9,12 +9,17 @@
 //! 2. marks `Pending` outbox rows past their TTL as `Expired` (the dispatcher
 //!    also does this when it finds them due; the pass makes the counts right
 //!    for rows whose next retry lies further ahead);
-//! 3. deletes inbox rows past their `expires_at` (processed + `inbox.retention`).
+//! 3. deletes undelivered outbox rows `outbox.failed_retention` (7 days)
+//!    after they stopped: `Failed` and `DeadLetter` rows after their last
+//!    attempt (or their creation, never attempted), `Expired` rows after
+//!    their `expires_at`, `Discarded` rows after their `discarded_at`. Until
+//!    then an operator can investigate, retry
+//!    (`POST /_rf/outbox/{id}/retry`, see [`crate::diagnostics`]) or discard
+//!    them; each deletion is counted (`rf_outbox_undelivered_deleted_total`)
+//!    and logged as a warning;
+//! 4. deletes inbox rows past their `expires_at` (processed + `inbox.retention`).
 //!
-//! Rows that need a human (`Failed`, `DeadLetter`, `Expired`) are never
-//! deleted: they stay until an operator retries them
-//! (`POST /_rf/outbox/{id}/retry`, see [`crate::diagnostics`]) or removes
-//! them. Rows `Sending` under a lease are never touched: the dispatcher owns
+//! Rows `Sending` under a lease are never touched: the dispatcher owns
 //! them.
 //!
 //! **The inbox must outlive the sender's retries.** A copy that arrives after
@@ -49,6 +54,9 @@ pub struct CleanupReport {
     pub sent_deleted: usize,
     /// `Pending` outbox rows marked `Expired`.
     pub expired: usize,
+    /// `Failed`, `DeadLetter`, `Expired` and `Discarded` outbox rows
+    /// deleted after `outbox.failed_retention`.
+    pub undelivered_deleted: usize,
     /// Inbox rows deleted after their retention.
     pub inbox_deleted: usize,
 }
@@ -105,7 +113,7 @@ impl Retention {
     /// `config.cleanup_interval`.
     /// What each pass removes is counted in `metrics`
     /// (`rf_outbox_sent_deleted_total`, `rf_outbox_expired_total`,
-    /// `rf_inbox_deleted_total`); a pass that fails is logged and retried at
+    /// `rf_outbox_undelivered_deleted_total`, `rf_inbox_deleted_total`); a pass that fails is logged and retried at
     /// the next interval, never fatal.
     pub fn spawn(
         config: Config,
@@ -186,10 +194,22 @@ async fn run(
                 metrics.outbox_sent_deleted.add(report.sent_deleted as u64);
                 metrics.outbox_expired.add(report.expired as u64);
                 metrics.inbox_deleted.add(report.inbox_deleted as u64);
+                metrics
+                    .outbox_undelivered_deleted
+                    .add(report.undelivered_deleted as u64);
+                if report.undelivered_deleted > 0 {
+                    tracing::warn!(
+                        deleted = report.undelivered_deleted,
+                        retention = %crate::duration::format_duration(config.outbox.failed_retention),
+                        "retention deleted outbox messages that were never delivered \
+                         (Failed, DeadLetter, Expired or Discarded past outbox.failed_retention)"
+                    );
+                }
                 if report != CleanupReport::default() {
                     tracing::info!(
                         sent_deleted = report.sent_deleted,
                         expired = report.expired,
+                        undelivered_deleted = report.undelivered_deleted,
                         inbox_deleted = report.inbox_deleted,
                         "retention clean-up"
                     );

@@ -69,7 +69,8 @@ fn status_total(stats: &mut OutboxStats, status: Status) -> Option<&mut u64> {
     Some(match status {
         Status::Pending => &mut stats.pending,
         Status::Sending => &mut stats.sending,
-        Status::Sent => return None,
+        // Neither needs a human: not in the unsent counts.
+        Status::Sent | Status::Discarded => return None,
         Status::Failed => &mut stats.failed,
         Status::DeadLetter => &mut stats.dead_letter,
         Status::Expired => &mut stats.expired,
@@ -188,7 +189,7 @@ pub(super) fn fold_gauges(
             Status::Failed => gauges.failed += count,
             Status::DeadLetter => gauges.dead_letter += count,
             Status::Expired => gauges.expired += count,
-            Status::Sent => {}
+            Status::Sent | Status::Discarded => {}
         }
     }
     by_name.into_values().collect()

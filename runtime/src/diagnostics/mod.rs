@@ -4,9 +4,12 @@
 //! | --- | --- |
 //! | `GET /_rf/health` | traffic light `healthy` / `warning` / `critical` with its reasons and the outbox counts |
 //! | `GET /_rf/outbox/stats` | rows per status, per destination, oldest pending age, last send |
-//! | `GET /_rf/outbox/failed` | messages that need a human (`Failed`, `DeadLetter`, `Expired`), metadata only |
+//! | `GET /_rf/outbox/failed` | messages that need a human (`Failed`, `DeadLetter`, `Expired`), metadata only, filtered and paged by an opaque cursor bound to the filter |
+//! | `GET /_rf/outbox/failed/groups` | the same messages counted per destination and error code, with the oldest and newest |
 //! | `POST /_rf/outbox/{messageId}/retry` | puts one such message back to `Pending` |
 //! | `POST /_rf/outbox/retry` | the same for every one matching `?status=` and `?destination=` |
+//! | `POST /_rf/outbox/{messageId}/discard` | puts one such message aside: `Discarded`, deleted by retention after `outbox.failed_retention` |
+//! | `POST /_rf/outbox/discard` | the same for every one matching `?status=` and `?destination=` |
 //! | `GET /_rf/inbox/stats` | inbox size, processed and duplicate counts, duplicate rate |
 //! | `GET /_rf/metrics` | Prometheus text format ([`crate::metrics`]) |
 //! | `GET /_rf/livez` | 200 while the process answers (no token needed) |
@@ -18,7 +21,7 @@
 //! [`DiagnosticsError`]. Set [`DiagnosticsBuilder::bearer_token`] to require
 //! `Authorization: Bearer <token>` on every route ([`crate::auth`]: any case
 //! of the scheme; an empty token refuses everything); without it, the routes
-//! that change state (the retries) answer 403 `token_required` and the
+//! that change state (the retries and discards) answer 403 `token_required` and the
 //! read-only ones answer anyone, so serve the router on an internal address
 //! only.
 //!
@@ -39,6 +42,7 @@
 //! | --- | --- | --- |
 //! | `types` | the answers, the filter, [`DiagnosticsError`], the raw rows a store returns | runs a query |
 //! | `health` | the folding of rows into counts and gauges, the traffic light | touches a database |
+//! | `listing` | the list's filter as a store applies it, its cursor, error codes and groups | runs a query |
 //! | `queries` | the `DiagnosticsStore` trait and the operations over it | holds store-specific SQL |
 //! | `sqlite` | the SQLite statements and readiness checks | folds or decides |
 //! | `routes` | [`Diagnostics`], its builder, the router and handlers | writes SQL |
@@ -47,6 +51,7 @@
 
 mod access;
 mod health;
+mod listing;
 mod queries;
 mod readiness;
 mod routes;
@@ -55,10 +60,12 @@ mod types;
 
 pub use crate::store::sqlite::diagnostics::database_checks;
 pub use health::{health, with_decommissioned, with_destinations};
+pub(crate) use listing::{ErrorGroupRow, RowFilter};
+pub use listing::{FailureGroup, error_code};
 pub(crate) use queries::DiagnosticsStore;
 pub use queries::{
-    attention_messages, destination_gauges, outbox_stats, retry_matching, retry_message,
-    unsent_stats,
+    attention_messages, destination_gauges, discard_matching, discard_message, outbox_stats,
+    retry_matching, retry_message, unsent_stats,
 };
 pub use readiness::Readiness;
 pub use routes::{Diagnostics, DiagnosticsBuilder};

@@ -14,6 +14,7 @@ use rusqlite::Connection;
 use uuid::Uuid;
 
 use super::health::{fold_gauges, fold_unsent};
+use super::listing::{ErrorGroupRow, FailureGroup, RowFilter, encode_cursor, fold_groups, resolve};
 use super::{
     AttentionFilter, AttentionMessage, AttentionRow, DiagnosticsError, MAX_LIST_LIMIT, OutboxStats,
     UnsentGroup,
@@ -37,13 +38,15 @@ pub(crate) trait DiagnosticsStore {
     /// Kept `Sent` rows (a scan of the `outbox_sent` index).
     fn sent_count(&self) -> Result<u64, DiagnosticsError>;
     /// `Failed`, `DeadLetter` and `Expired` rows matching the filter,
-    /// oldest first, at most `limit`.
+    /// oldest first (then by id), at most `limit`.
     fn attention_rows(
         &self,
-        status: Option<Status>,
-        destination: Option<&str>,
+        filter: &RowFilter,
         limit: u32,
     ) -> Result<Vec<AttentionRow>, DiagnosticsError>;
+    /// The same rows (its `after` unset) grouped by destination and last
+    /// error: rows, oldest and newest `created_at`.
+    fn error_groups(&self, filter: &RowFilter) -> Result<Vec<ErrorGroupRow>, DiagnosticsError>;
     /// Puts `message_id` back to `Pending` if it needs a human: due at
     /// `now_ms`, retry count 0, expiring no earlier than `renew_until_ms`.
     /// Returns the rows changed (0 or 1).
@@ -63,6 +66,17 @@ pub(crate) trait DiagnosticsStore {
         destination: Option<&str>,
         now_ms: i64,
         renew_until_ms: i64,
+    ) -> Result<usize, DiagnosticsError>;
+    /// Puts `message_id` aside if it needs a human: `Discarded` since
+    /// `now_ms`. Returns the rows changed (0 or 1).
+    fn discard_one(&self, message_id: &str, now_ms: i64) -> Result<usize, DiagnosticsError>;
+    /// [`discard_one`](Self::discard_one) for every row needing a human that
+    /// matches the filter.
+    fn discard_matching(
+        &self,
+        status: Option<Status>,
+        destination: Option<&str>,
+        now_ms: i64,
     ) -> Result<usize, DiagnosticsError>;
     /// Rows needing a human, matching the filter (and `message_id`), created
     /// before `before_ms`.
@@ -137,12 +151,43 @@ pub(super) fn attention_messages_in(
     store: &dyn DiagnosticsStore,
     filter: &AttentionFilter,
 ) -> Result<Vec<AttentionMessage>, DiagnosticsError> {
+    Ok(attention_page_in(store, filter, crate::store::now_ms())?.0)
+}
+
+/// One page of the failed list at `now_ms`, and the cursor of the next
+/// page when there is one.
+pub(super) fn attention_page_in(
+    store: &dyn DiagnosticsStore,
+    filter: &AttentionFilter,
+    now_ms: i64,
+) -> Result<(Vec<AttentionMessage>, Option<String>), DiagnosticsError> {
     let limit = filter.limit.unwrap_or(100).clamp(1, MAX_LIST_LIMIT);
-    Ok(store
-        .attention_rows(filter.status()?, filter.destination.as_deref(), limit)?
-        .into_iter()
-        .map(AttentionMessage::from)
-        .collect())
+    let rows = resolve(filter, now_ms, true)?;
+    // One row more than asked: whether there is a next page.
+    let mut found = store.attention_rows(&rows, limit + 1)?;
+    let next = if found.len() > limit as usize {
+        found.truncate(limit as usize);
+        found
+            .last()
+            .map(|row| encode_cursor(filter, row.created_at, &row.message_id))
+    } else {
+        None
+    };
+    Ok((
+        found.into_iter().map(AttentionMessage::from).collect(),
+        next,
+    ))
+}
+
+/// The messages that need a human matching `filter` (its `cursor` and
+/// `limit` refused or ignored), counted per destination and error code.
+pub(super) fn failure_groups_in(
+    store: &dyn DiagnosticsStore,
+    filter: &AttentionFilter,
+    now_ms: i64,
+) -> Result<Vec<FailureGroup>, DiagnosticsError> {
+    let rows = resolve(filter, now_ms, false)?;
+    Ok(fold_groups(store.error_groups(&rows)?))
 }
 
 /// Puts one `Failed`, `DeadLetter` or `Expired` message back to `Pending`,
@@ -194,12 +239,64 @@ pub(super) fn retry_matching_in(
     ttl: Duration,
     now_ms: i64,
 ) -> Result<usize, DiagnosticsError> {
+    filter.only_status_and_destination()?;
     store.retry_matching(
         filter.status()?,
         filter.destination.as_deref(),
         now_ms,
         renewed_expiry(now_ms, ttl),
     )
+}
+
+/// Puts one `Failed`, `DeadLetter` or `Expired` message aside: it becomes
+/// `Discarded` at `now_ms`, is no longer counted by the health check, and
+/// is deleted by retention `outbox.failed_retention` later. Nothing is
+/// deleted now.
+pub fn discard_message(
+    conn: &Connection,
+    message_id: &Uuid,
+    now_ms: i64,
+) -> Result<(), DiagnosticsError> {
+    discard_message_in(conn, message_id, now_ms)
+}
+
+/// [`discard_message`] on any store.
+pub(super) fn discard_message_in(
+    store: &dyn DiagnosticsStore,
+    message_id: &Uuid,
+    now_ms: i64,
+) -> Result<(), DiagnosticsError> {
+    let id = message_id.to_string();
+    if store.discard_one(&id, now_ms)? == 1 {
+        return Ok(());
+    }
+    match store.status_of(&id)?.as_deref().and_then(Status::parse) {
+        None => Err(DiagnosticsError::NotFound(id)),
+        Some(status) => Err(DiagnosticsError::NotDiscardable {
+            message_id: id,
+            status,
+        }),
+    }
+}
+
+/// [`discard_message`] for every message matching `filter` (its `limit` is
+/// ignored); returns how many were put aside.
+pub fn discard_matching(
+    conn: &Connection,
+    filter: &AttentionFilter,
+    now_ms: i64,
+) -> Result<usize, DiagnosticsError> {
+    discard_matching_in(conn, filter, now_ms)
+}
+
+/// [`discard_matching`] on any store.
+pub(super) fn discard_matching_in(
+    store: &dyn DiagnosticsStore,
+    filter: &AttentionFilter,
+    now_ms: i64,
+) -> Result<usize, DiagnosticsError> {
+    filter.only_status_and_destination()?;
+    store.discard_matching(filter.status()?, filter.destination.as_deref(), now_ms)
 }
 
 /// The expiry of a message retried by hand at `now_ms`: a full TTL from now.

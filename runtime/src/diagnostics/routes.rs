@@ -22,8 +22,8 @@ use uuid::Uuid;
 use super::access::{require_token, require_token_for_changes};
 use super::health::{fold_gauges, health, horizon_warning, with_decommissioned, with_destinations};
 use super::queries::{
-    DiagnosticsStore, attention_messages_in, count_older, outbox_stats_in, retry_matching_in,
-    retry_message_in, unsent_stats_in,
+    DiagnosticsStore, attention_page_in, count_older, discard_matching_in, discard_message_in,
+    failure_groups_in, outbox_stats_in, retry_matching_in, retry_message_in, unsent_stats_in,
 };
 use super::readiness::{serve_livez, serve_readyz};
 use super::{
@@ -237,6 +237,10 @@ impl Diagnostics {
                 "/_rf/outbox/failed",
                 get(serve_failed).fallback(method_not_allowed),
             )
+            .route(
+                "/_rf/outbox/failed/groups",
+                get(serve_failed_groups).fallback(method_not_allowed),
+            )
             .merge(
                 Router::new()
                     .route(
@@ -246,6 +250,14 @@ impl Diagnostics {
                     .route(
                         "/_rf/outbox/{message_id}/retry",
                         post(serve_retry).fallback(method_not_allowed),
+                    )
+                    .route(
+                        "/_rf/outbox/discard",
+                        post(serve_discard_matching).fallback(method_not_allowed),
+                    )
+                    .route(
+                        "/_rf/outbox/{message_id}/discard",
+                        post(serve_discard).fallback(method_not_allowed),
                     )
                     .route_layer(middleware::from_fn_with_state(
                         Arc::clone(&self.shared),
@@ -333,8 +345,13 @@ async fn serve_outbox_stats(
 }
 
 #[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
 struct AttentionList {
     messages: Vec<AttentionMessage>,
+    /// Pass it as `cursor` (with the same filter) for the next page;
+    /// absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
 
 async fn serve_failed(
@@ -342,9 +359,36 @@ async fn serve_failed(
     filter: Result<Query<AttentionFilter>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<impl Serialize>, DiagnosticsError> {
     let Query(filter) = filter.map_err(|e| DiagnosticsError::BadRequest(e.body_text()))?;
-    let messages =
-        Diagnostics::query(&shared, move |store| attention_messages_in(store, &filter)).await?;
-    Ok(Json(AttentionList { messages }))
+    let (messages, next_cursor) = Diagnostics::query(&shared, move |store| {
+        attention_page_in(store, &filter, db::now_ms())
+    })
+    .await?;
+    Ok(Json(AttentionList {
+        messages,
+        next_cursor,
+    }))
+}
+
+#[derive(Serialize)]
+struct GroupList {
+    groups: Vec<super::FailureGroup>,
+}
+
+async fn serve_failed_groups(
+    State(shared): State<Arc<Shared>>,
+    filter: Result<Query<AttentionFilter>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<impl Serialize>, DiagnosticsError> {
+    let Query(filter) = filter.map_err(|e| DiagnosticsError::BadRequest(e.body_text()))?;
+    if filter.limit.is_some() {
+        return Err(DiagnosticsError::BadRequest(
+            "`limit` pages the list only; the groups are never cut".to_owned(),
+        ));
+    }
+    let groups = Diagnostics::query(&shared, move |store| {
+        failure_groups_in(store, &filter, db::now_ms())
+    })
+    .await?;
+    Ok(Json(GroupList { groups }))
 }
 
 #[derive(Serialize)]
@@ -358,17 +402,24 @@ struct Retried {
     warning: Option<String>,
 }
 
-async fn serve_retry(
-    State(shared): State<Arc<Shared>>,
+/// The message id of a `/_rf/outbox/{messageId}/…` path.
+fn path_id(
     message_id: Result<UrlPath<String>, axum::extract::rejection::PathRejection>,
-) -> Result<Json<impl Serialize>, DiagnosticsError> {
+) -> Result<Uuid, DiagnosticsError> {
     // A segment that does not decode (`%FF`) is a bad id like any other,
     // answered as JSON (axum's own rejection is plain text).
     let UrlPath(message_id) =
         message_id.map_err(|e| DiagnosticsError::BadRequest(e.body_text()))?;
-    let id = Uuid::parse_str(&message_id).map_err(|_| {
+    Uuid::parse_str(&message_id).map_err(|_| {
         DiagnosticsError::BadRequest(format!("`{message_id}` is not a message id (a UUID)"))
-    })?;
+    })
+}
+
+async fn serve_retry(
+    State(shared): State<Arc<Shared>>,
+    message_id: Result<UrlPath<String>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<impl Serialize>, DiagnosticsError> {
+    let id = path_id(message_id)?;
     let ttl = shared.ttl;
     let horizon = shared.dedup_horizon;
     let old = Diagnostics::query(&shared, move |store| {
@@ -416,6 +467,46 @@ async fn serve_retry_matching(
         retried,
         warning: horizon_warning(old, horizon),
     }))
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Discarded {
+    discarded: usize,
+}
+
+async fn serve_discard(
+    State(shared): State<Arc<Shared>>,
+    message_id: Result<UrlPath<String>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<impl Serialize>, DiagnosticsError> {
+    let id = path_id(message_id)?;
+    Diagnostics::query(&shared, move |store| {
+        discard_message_in(store, &id, db::now_ms())
+    })
+    .await?;
+    shared.metrics.outbox_discarded.inc();
+    tracing::info!(message_id = %id, "outbox message discarded by an operator");
+    Ok(Json(Discarded { discarded: 1 }))
+}
+
+async fn serve_discard_matching(
+    State(shared): State<Arc<Shared>>,
+    filter: Result<Query<AttentionFilter>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<impl Serialize>, DiagnosticsError> {
+    let Query(filter) = filter.map_err(|e| DiagnosticsError::BadRequest(e.body_text()))?;
+    let shown = (filter.status.clone(), filter.destination.clone());
+    let discarded = Diagnostics::query(&shared, move |store| {
+        discard_matching_in(store, &filter, db::now_ms())
+    })
+    .await?;
+    shared.metrics.outbox_discarded.add(discarded as u64);
+    tracing::info!(
+        discarded,
+        status = shown.0.as_deref().unwrap_or("any"),
+        destination = shown.1.as_deref().unwrap_or("any"),
+        "outbox messages discarded by an operator"
+    );
+    Ok(Json(Discarded { discarded }))
 }
 
 fn wake_dispatcher(shared: &Shared) {

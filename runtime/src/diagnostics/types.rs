@@ -58,7 +58,7 @@ pub enum DiagnosticsError {
     /// 401 `unauthorized`: the bearer token is missing or wrong.
     #[error("a valid `Authorization: Bearer` token is required")]
     Unauthorized,
-    /// 403 `token_required`: a route that changes state (a retry) on
+    /// 403 `token_required`: a route that changes state (a retry, a discard) on
     /// diagnostics built without a token.
     #[error(
         "this route changes state and the service has no diagnostics token; configure one \
@@ -82,6 +82,27 @@ pub enum DiagnosticsError {
         /// delivered) or `Sent` (it was delivered; nothing to retry).
         status: Status,
     },
+    /// 409 `not_discardable`: the message is not `Failed`, `DeadLetter` or
+    /// `Expired` (it is being delivered, was delivered, or is already
+    /// `Discarded`).
+    #[error(
+        "message `{message_id}` is {status:?}; only Failed, DeadLetter and Expired messages can be discarded"
+    )]
+    NotDiscardable {
+        /// The message asked for.
+        message_id: String,
+        /// Its status now.
+        status: Status,
+    },
+    /// 400 `invalid_cursor`: the `cursor` is not one this service made.
+    #[error("`{0}` is not a cursor of this list; start again without one")]
+    InvalidCursor(String),
+    /// 400 `cursor_mismatch`: the `cursor` was made for another filter.
+    #[error(
+        "this cursor was made for another filter; repeat the filter of the first page, \
+         or start again without a cursor"
+    )]
+    CursorMismatch,
     /// 503 `unavailable`: the database could not be read (locked, corrupt, gone).
     #[error("storage unavailable: {0}")]
     Unavailable(String),
@@ -102,9 +123,13 @@ impl DiagnosticsError {
         match self {
             DiagnosticsError::Unauthorized => StatusCode::UNAUTHORIZED,
             DiagnosticsError::TokenRequired => StatusCode::FORBIDDEN,
-            DiagnosticsError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            DiagnosticsError::BadRequest(_)
+            | DiagnosticsError::InvalidCursor(_)
+            | DiagnosticsError::CursorMismatch => StatusCode::BAD_REQUEST,
             DiagnosticsError::NotFound(_) => StatusCode::NOT_FOUND,
-            DiagnosticsError::NotRetryable { .. } => StatusCode::CONFLICT,
+            DiagnosticsError::NotRetryable { .. } | DiagnosticsError::NotDiscardable { .. } => {
+                StatusCode::CONFLICT
+            }
             DiagnosticsError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             DiagnosticsError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
         }
@@ -116,8 +141,11 @@ impl DiagnosticsError {
             DiagnosticsError::Unauthorized => "unauthorized",
             DiagnosticsError::TokenRequired => "token_required",
             DiagnosticsError::BadRequest(_) => "bad_request",
+            DiagnosticsError::InvalidCursor(_) => "invalid_cursor",
+            DiagnosticsError::CursorMismatch => "cursor_mismatch",
             DiagnosticsError::NotFound(_) => "not_found",
             DiagnosticsError::NotRetryable { .. } => "not_retryable",
+            DiagnosticsError::NotDiscardable { .. } => "not_discardable",
             DiagnosticsError::Unavailable(_) => "unavailable",
             DiagnosticsError::MethodNotAllowed { .. } => "method_not_allowed",
         }
@@ -351,7 +379,8 @@ impl From<AttentionRow> for AttentionMessage {
     }
 }
 
-/// Filters of the failed list and of the bulk retry.
+/// Filters of the failed list, its groups, and the bulk retry and discard
+/// (which take `status` and `destination` only).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AttentionFilter {
@@ -359,11 +388,44 @@ pub struct AttentionFilter {
     pub status: Option<String>,
     /// Only rows of this destination name; all destinations when absent.
     pub destination: Option<String>,
+    /// Only messages to this interface (`package.Service`).
+    pub interface: Option<String>,
+    /// Only messages to this method.
+    pub method: Option<String>,
+    /// Only messages whose last error contains this text (an error code
+    /// of the groups, `handler_failed`, matches its messages).
+    pub error: Option<String>,
+    /// Only messages enqueued longer ago than this (`30m`, `2h`, `7d`).
+    #[serde(rename = "olderThan")]
+    pub older_than: Option<String>,
+    /// The `nextCursor` of the previous page, made under the same filter.
+    pub cursor: Option<String>,
     /// At most this many rows (default 100, at most [`MAX_LIST_LIMIT`]).
     pub limit: Option<u32>,
 }
 
 impl AttentionFilter {
+    /// The bulk retry and discard take `status` and `destination` only:
+    /// any other member is refused, so a filter never matches more than
+    /// the caller meant.
+    pub(super) fn only_status_and_destination(&self) -> Result<(), DiagnosticsError> {
+        let extra = [
+            ("interface", self.interface.is_some()),
+            ("method", self.method.is_some()),
+            ("error", self.error.is_some()),
+            ("olderThan", self.older_than.is_some()),
+            ("cursor", self.cursor.is_some()),
+            ("limit", self.limit.is_some()),
+        ];
+        match extra.iter().find(|(_, present)| *present) {
+            None => Ok(()),
+            Some((name, _)) => Err(DiagnosticsError::BadRequest(format!(
+                "`{name}` filters the list only; a bulk retry or discard takes `status` and \
+                 `destination`"
+            ))),
+        }
+    }
+
     pub(super) fn status(&self) -> Result<Option<Status>, DiagnosticsError> {
         let Some(text) = &self.status else {
             return Ok(None);

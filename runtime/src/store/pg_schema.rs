@@ -85,7 +85,29 @@ pub const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (interface, version)
     );
     "#,
+    // DEAD LETTERS (the lead renumbers on merge), as SQLite's migration of
+    //    the same name: the status `Discarded` and `discarded_at`.
+    //    PostgreSQL changes the CHECK in place (its name is the one
+    //    PostgreSQL gave the column constraint of migration 1).
+    r#"
+    ALTER TABLE outbox_messages ADD COLUMN discarded_at BIGINT;
+    ALTER TABLE outbox_messages DROP CONSTRAINT outbox_messages_status_check;
+    ALTER TABLE outbox_messages ADD CONSTRAINT outbox_messages_status_check
+        CHECK (status IN ('Pending','Sending','Sent','Failed','DeadLetter','Expired','Discarded'));
+    CREATE INDEX outbox_discarded ON outbox_messages (discarded_at)
+        WHERE status = 'Discarded';
+    "#,
 ];
+
+/// The conditions of the failed list's filter (`diagnostics::RowFilter`),
+/// `$1` to `$8`, in both PostgreSQL stores' statements; a NULL parameter
+/// matches every row.
+pub(crate) const ROW_FILTER: &str = "AND ($1::text IS NULL OR status = $1) \
+     AND ($2::text IS NULL OR destination = $2) AND ($3::text IS NULL OR interface = $3) \
+     AND ($4::text IS NULL OR endpoint = $4) \
+     AND ($5::text IS NULL OR strpos(last_error, $5) > 0) \
+     AND ($6::int8 IS NULL OR created_at < $6) \
+     AND ($7::int8 IS NULL OR created_at > $7 OR (created_at = $7 AND message_id > $8))";
 
 /// The advisory lock that serialises migrations across processes
 /// (`pg_advisory_xact_lock`): the first eight bytes of "rfidl-migrations".

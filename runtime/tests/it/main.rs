@@ -5,6 +5,7 @@
 #[cfg(feature = "amqp")]
 mod amqp;
 mod config_env;
+mod dead_letters;
 mod decommission;
 mod directory;
 mod dispatcher;

@@ -122,8 +122,10 @@ async fn cleanup_deletes_what_served_its_purpose_and_keeps_what_needs_a_human() 
         &db,
         &failed_long_ago,
         &format!(
-            "UPDATE outbox_messages SET status = 'Failed', created_at = {0}, expires_at = {0} WHERE message_id = ?1",
-            now - 30 * DAY_MS
+            "UPDATE outbox_messages SET status = 'Failed', created_at = {0}, expires_at = {0}, \
+             last_attempt_at = {1} WHERE message_id = ?1",
+            now - 30 * DAY_MS,
+            now - DAY_MS
         ),
     );
     insert_inbox_rows(&db, "old", 1_500, now - 1);
@@ -136,6 +138,7 @@ async fn cleanup_deletes_what_served_its_purpose_and_keeps_what_needs_a_human() 
         CleanupReport {
             sent_deleted: 2_500,
             expired: 2,
+            undelivered_deleted: 0,
             inbox_deleted: 1_500,
         }
     );
@@ -150,7 +153,7 @@ async fn cleanup_deletes_what_served_its_purpose_and_keeps_what_needs_a_human() 
     assert_eq!(
         status_count(&db, "Failed"),
         2,
-        "failed rows wait for a human"
+        "failed rows wait for a human within outbox.failed_retention"
     );
     assert_eq!(count(&db, "SELECT COUNT(*) FROM inbox_messages"), 5);
     for id in &past_ttl {
@@ -417,7 +420,7 @@ async fn a_bulk_retry_puts_back_only_the_matching_messages() {
     let filter = AttentionFilter {
         status: Some("Failed".into()),
         destination: Some("billing".into()),
-        limit: None,
+        ..AttentionFilter::default()
     };
     let listed = diagnostics::attention_messages(&conn, &filter).expect("list");
     assert_eq!(listed.len(), 2);

@@ -372,11 +372,13 @@ async fn retention_story(store: &TestStore) {
             now - 1
         ),
     );
+    // Created long ago, but failed a day ago: within outbox.failed_retention.
     update(
         "failed",
         format!(
-            "status = 'Failed', created_at = {0}, expires_at = {0}",
-            now - 30 * DAY_MS
+            "status = 'Failed', created_at = {0}, expires_at = {0}, last_attempt_at = {1}",
+            now - 30 * DAY_MS,
+            now - DAY_MS
         ),
     );
     store.insert_inbox_rows("old", 1_100, now - 1);

@@ -19,9 +19,12 @@ use postgres::types::{ToSql, Type};
 use postgres::{Client, NoTls};
 
 use super::{Connection, PostgresUrl, error_text};
-use crate::diagnostics::{AttentionRow, DiagnosticsError, DiagnosticsStore, UnsentGroup};
+use crate::diagnostics::{
+    AttentionRow, DiagnosticsError, DiagnosticsStore, ErrorGroupRow, RowFilter, UnsentGroup,
+};
 use crate::outbox::Status;
 use crate::store::StoreError;
+use crate::store::pg_schema::ROW_FILTER;
 
 /// One connection of the diagnostics routes.
 pub(crate) struct PostgresDiagnostics {
@@ -57,6 +60,39 @@ pub(crate) fn open(
     // a second one is a start-up error too.
     probe.connect()?;
     Ok((routes, probe))
+}
+
+/// The parameters `$1` to `$8` of `pg_schema::ROW_FILTER`, owned where the filter
+/// holds them otherwise.
+struct FilterParams<'a> {
+    filter: &'a RowFilter,
+    status: Option<&'static str>,
+    after_at: Option<i64>,
+    after_id: Option<&'a str>,
+}
+
+impl<'a> FilterParams<'a> {
+    fn new(filter: &'a RowFilter) -> Self {
+        Self {
+            filter,
+            status: filter.status.map(Status::as_str),
+            after_at: filter.after.as_ref().map(|(at, _)| *at),
+            after_id: filter.after.as_ref().map(|(_, id)| id.as_str()),
+        }
+    }
+
+    fn params(&self) -> Vec<(&(dyn ToSql + Sync), Type)> {
+        vec![
+            (&self.status, Type::TEXT),
+            (&self.filter.destination, Type::TEXT),
+            (&self.filter.interface, Type::TEXT),
+            (&self.filter.method, Type::TEXT),
+            (&self.filter.error, Type::TEXT),
+            (&self.filter.created_before, Type::INT8),
+            (&self.after_at, Type::INT8),
+            (&self.after_id, Type::TEXT),
+        ]
+    }
 }
 
 /// The group queries: the two `status IN (…)` conditions repeat those of the
@@ -248,28 +284,23 @@ impl DiagnosticsStore for PostgresDiagnostics {
 
     fn attention_rows(
         &self,
-        status: Option<Status>,
-        destination: Option<&str>,
+        filter: &RowFilter,
         limit: u32,
     ) -> Result<Vec<AttentionRow>, DiagnosticsError> {
-        let status = status.map(Status::as_str);
         let limit = i64::from(limit);
+        let sql = format!(
+            "SELECT message_id, correlation_id, message_type, destination, interface, \
+                    version, endpoint, status, retry_count, max_retries, last_error, \
+                    created_at, last_attempt_at, expires_at \
+             FROM outbox_messages \
+             WHERE status IN ('Failed', 'DeadLetter', 'Expired') {ROW_FILTER} \
+             ORDER BY created_at, message_id LIMIT $9"
+        );
+        let bound = FilterParams::new(filter);
         let rows = self.with_client(|client| {
-            client.query_typed(
-                "SELECT message_id, correlation_id, message_type, destination, interface, \
-                        version, endpoint, status, retry_count, max_retries, last_error, \
-                        created_at, last_attempt_at, expires_at \
-                 FROM outbox_messages \
-                 WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
-                   AND ($1::text IS NULL OR status = $1) \
-                   AND ($2::text IS NULL OR destination = $2) \
-                 ORDER BY created_at LIMIT $3",
-                &[
-                    (&status, Type::TEXT),
-                    (&destination, Type::TEXT),
-                    (&limit, Type::INT8),
-                ],
-            )
+            let mut params = bound.params();
+            params.push((&limit, Type::INT8));
+            client.query_typed(&sql, &params)
         })?;
         Ok(rows
             .iter()
@@ -289,6 +320,21 @@ impl DiagnosticsStore for PostgresDiagnostics {
                 last_attempt_at: row.get(12),
                 expires_at: row.get(13),
             })
+            .collect())
+    }
+
+    fn error_groups(&self, filter: &RowFilter) -> Result<Vec<ErrorGroupRow>, DiagnosticsError> {
+        let sql = format!(
+            "SELECT destination, last_error, COUNT(*), MIN(created_at), MAX(created_at) \
+             FROM outbox_messages \
+             WHERE status IN ('Failed', 'DeadLetter', 'Expired') {ROW_FILTER} \
+             GROUP BY destination, last_error"
+        );
+        let bound = FilterParams::new(filter);
+        let rows = self.with_client(|client| client.query_typed(&sql, &bound.params()))?;
+        Ok(rows
+            .iter()
+            .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4)))
             .collect())
     }
 
@@ -346,6 +392,42 @@ impl DiagnosticsStore for PostgresDiagnostics {
                     (&destination, Type::TEXT),
                     (&now_ms, Type::INT8),
                     (&renew_until_ms, Type::INT8),
+                ],
+            )
+        })?;
+        Ok(updated as usize)
+    }
+
+    fn discard_one(&self, message_id: &str, now_ms: i64) -> Result<usize, DiagnosticsError> {
+        let updated = self.write(|client| {
+            client.execute_typed(
+                "UPDATE outbox_messages \
+                 SET status = 'Discarded', discarded_at = $2, lease_token = NULL \
+                 WHERE message_id = $1 AND status IN ('Failed', 'DeadLetter', 'Expired')",
+                &[(&message_id, Type::TEXT), (&now_ms, Type::INT8)],
+            )
+        })?;
+        Ok(updated as usize)
+    }
+
+    fn discard_matching(
+        &self,
+        status: Option<Status>,
+        destination: Option<&str>,
+        now_ms: i64,
+    ) -> Result<usize, DiagnosticsError> {
+        let status = status.map(Status::as_str);
+        let updated = self.write(|client| {
+            client.execute_typed(
+                "UPDATE outbox_messages \
+                 SET status = 'Discarded', discarded_at = $3, lease_token = NULL \
+                 WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
+                   AND ($1::text IS NULL OR status = $1) \
+                   AND ($2::text IS NULL OR destination = $2)",
+                &[
+                    (&status, Type::TEXT),
+                    (&destination, Type::TEXT),
+                    (&now_ms, Type::INT8),
                 ],
             )
         })?;

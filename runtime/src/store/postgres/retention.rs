@@ -38,6 +38,24 @@ pub(crate) fn cleanup(
           FOR UPDATE SKIP LOCKED)",
         sent_before,
     )?;
+    // Undelivered rows, `outbox.failed_retention` after they stopped (as on
+    // SQLite).
+    let failed_before = now_ms.saturating_sub(config.outbox.failed_retention.as_millis() as i64);
+    let undelivered_deleted = repeat(
+        "DELETE FROM outbox_messages WHERE message_id IN \
+         (SELECT message_id FROM outbox_messages \
+          WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
+          AND CASE WHEN status = 'Expired' THEN expires_at \
+              ELSE COALESCE(last_attempt_at, created_at) END < $1 \
+          LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        failed_before,
+    )? + repeat(
+        "DELETE FROM outbox_messages WHERE message_id IN \
+         (SELECT message_id FROM outbox_messages \
+          WHERE status = 'Discarded' AND discarded_at < $1 ORDER BY discarded_at LIMIT $2 \
+          FOR UPDATE SKIP LOCKED)",
+        failed_before,
+    )?;
     let expired = repeat(
         "UPDATE outbox_messages SET status = 'Expired', last_error = 'time to live exceeded' \
          WHERE message_id IN (SELECT message_id FROM outbox_messages \
@@ -55,6 +73,7 @@ pub(crate) fn cleanup(
     Ok(CleanupReport {
         sent_deleted,
         expired,
+        undelivered_deleted,
         inbox_deleted,
     })
 }

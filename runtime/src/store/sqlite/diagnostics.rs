@@ -10,11 +10,46 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::{Connection, OptionalExtension as _, params};
+use rusqlite::types::Value;
+use rusqlite::{Connection, OptionalExtension as _, params, params_from_iter};
 
-use crate::diagnostics::{AttentionRow, DiagnosticsError, DiagnosticsStore, UnsentGroup};
+use crate::diagnostics::{
+    AttentionRow, DiagnosticsError, DiagnosticsStore, ErrorGroupRow, RowFilter, UnsentGroup,
+};
 use crate::outbox::Status;
 use crate::store::sqlite as db;
+
+/// The conditions of a [`RowFilter`], `?1` to `?8` ([`filter_values`]);
+/// a NULL parameter matches every row.
+macro_rules! row_filter {
+    () => {
+        " AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2) \
+          AND (?3 IS NULL OR interface = ?3) AND (?4 IS NULL OR endpoint = ?4) \
+          AND (?5 IS NULL OR instr(last_error, ?5) > 0) AND (?6 IS NULL OR created_at < ?6) \
+          AND (?7 IS NULL OR created_at > ?7 OR (created_at = ?7 AND message_id > ?8))"
+    };
+}
+
+/// The parameters `?1` to `?8` of `row_filter!`.
+fn filter_values(filter: &RowFilter) -> Vec<Value> {
+    let text = |value: &Option<String>| value.clone().map_or(Value::Null, Value::Text);
+    let (after_at, after_id) = match &filter.after {
+        Some((at, id)) => (Value::Integer(*at), Value::Text(id.clone())),
+        None => (Value::Null, Value::Null),
+    };
+    vec![
+        filter.status.map_or(Value::Null, |status| {
+            Value::Text(status.as_str().to_owned())
+        }),
+        text(&filter.destination),
+        text(&filter.interface),
+        text(&filter.method),
+        text(&filter.error),
+        filter.created_before.map_or(Value::Null, Value::Integer),
+        after_at,
+        after_id,
+    ]
+}
 
 /// The database part of readiness: a write transaction can start (nobody
 /// holds the write lock past `conn`'s busy timeout, the file is writable)
@@ -108,8 +143,7 @@ impl DiagnosticsStore for Connection {
 
     fn attention_rows(
         &self,
-        status: Option<Status>,
-        destination: Option<&str>,
+        filter: &RowFilter,
         limit: u32,
     ) -> Result<Vec<AttentionRow>, DiagnosticsError> {
         let mut statement = self.prepare_cached(concat!(
@@ -119,31 +153,49 @@ impl DiagnosticsStore for Connection {
              FROM outbox_messages \
              WHERE ",
             crate::store::sqlite::attention!(),
-            " \
-               AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2) \
-             ORDER BY created_at LIMIT +?3"
+            row_filter!(),
+            " ORDER BY created_at, message_id LIMIT +?9"
         ))?;
-        let rows = statement.query_map(
-            params![status.map(Status::as_str), destination, limit],
-            |row| {
-                Ok(AttentionRow {
-                    message_id: row.get(0)?,
-                    correlation_id: row.get(1)?,
-                    message_type: row.get(2)?,
-                    destination: row.get(3)?,
-                    interface: row.get(4)?,
-                    version: row.get(5)?,
-                    endpoint: row.get(6)?,
-                    status: row.get(7)?,
-                    retry_count: row.get(8)?,
-                    max_retries: row.get(9)?,
-                    last_error: row.get(10)?,
-                    created_at: row.get(11)?,
-                    last_attempt_at: row.get(12)?,
-                    expires_at: row.get(13)?,
-                })
-            },
-        )?;
+        let mut values = filter_values(filter);
+        values.push(Value::Integer(i64::from(limit)));
+        let rows = statement.query_map(params_from_iter(values), |row| {
+            Ok(AttentionRow {
+                message_id: row.get(0)?,
+                correlation_id: row.get(1)?,
+                message_type: row.get(2)?,
+                destination: row.get(3)?,
+                interface: row.get(4)?,
+                version: row.get(5)?,
+                endpoint: row.get(6)?,
+                status: row.get(7)?,
+                retry_count: row.get(8)?,
+                max_retries: row.get(9)?,
+                last_error: row.get(10)?,
+                created_at: row.get(11)?,
+                last_attempt_at: row.get(12)?,
+                expires_at: row.get(13)?,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn error_groups(&self, filter: &RowFilter) -> Result<Vec<ErrorGroupRow>, DiagnosticsError> {
+        let mut statement = self.prepare_cached(concat!(
+            "SELECT destination, last_error, COUNT(*), MIN(created_at), MAX(created_at) \
+             FROM outbox_messages WHERE ",
+            crate::store::sqlite::attention!(),
+            row_filter!(),
+            " GROUP BY destination, last_error"
+        ))?;
+        let rows = statement.query_map(params_from_iter(filter_values(filter)), |row| {
+            Ok((
+                row.get(0)?,
+                row.get(1)?,
+                row.get(2)?,
+                row.get(3)?,
+                row.get(4)?,
+            ))
+        })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
@@ -203,6 +255,40 @@ impl DiagnosticsStore for Connection {
                 now_ms,
                 renew_until_ms
             ])?)
+    }
+
+    fn discard_one(&self, message_id: &str, now_ms: i64) -> Result<usize, DiagnosticsError> {
+        Ok(self
+            .prepare_cached(concat!(
+                "UPDATE outbox_messages \
+                 SET status = 'Discarded', discarded_at = ?2, lease_token = NULL \
+                 WHERE message_id = ?1 AND seq = ?3 AND ",
+                crate::store::sqlite::attention!(),
+                ""
+            ))?
+            .execute(params![
+                message_id,
+                now_ms,
+                crate::store::sqlite::outbox_seq(message_id)
+            ])?)
+    }
+
+    fn discard_matching(
+        &self,
+        status: Option<Status>,
+        destination: Option<&str>,
+        now_ms: i64,
+    ) -> Result<usize, DiagnosticsError> {
+        Ok(self
+            .prepare_cached(concat!(
+                "UPDATE outbox_messages \
+                 SET status = 'Discarded', discarded_at = ?3, lease_token = NULL \
+                 WHERE ",
+                crate::store::sqlite::attention!(),
+                " \
+                   AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2)"
+            ))?
+            .execute(params![status.map(Status::as_str), destination, now_ms])?)
     }
 
     fn count_older(

@@ -318,6 +318,65 @@ pub const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (interface, version)
     ) STRICT;
     "#,
+    // DEAD LETTERS (the lead renumbers on merge): the status `Discarded`
+    //    (an operator put a Failed, DeadLetter or Expired message aside:
+    //    `POST /_rf/outbox/{id}/discard`) and when that happened,
+    //    `discarded_at`, from which retention counts
+    //    `outbox.failed_retention` before it deletes the row. The CHECK
+    //    names every status, and SQLite cannot change a CHECK in place: the
+    //    table is rebuilt (every column and every row, `seq` kept, the new
+    //    column last) as its documented procedure for schema changes says,
+    //    in the one transaction `migrate` runs every script in.
+    r#"
+    CREATE TABLE outbox_messages_discard (
+        message_id      TEXT NOT NULL,
+        correlation_id  TEXT,
+        message_type    TEXT NOT NULL,
+        destination     TEXT NOT NULL,
+        interface       TEXT NOT NULL,
+        version         INTEGER NOT NULL,
+        fingerprint     TEXT NOT NULL,
+        endpoint        TEXT NOT NULL,
+        payload         TEXT NOT NULL,
+        headers         TEXT NOT NULL DEFAULT '{}',
+        status          TEXT NOT NULL DEFAULT 'Pending'
+                        CHECK (status = 'Pending' OR status = 'Sending' OR status = 'Sent'
+                               OR status = 'Failed' OR status = 'DeadLetter' OR status = 'Expired'
+                               OR status = 'Discarded'),
+        retry_count     INTEGER NOT NULL DEFAULT 0,
+        max_retries     INTEGER NOT NULL,
+        next_retry_at   INTEGER NOT NULL,
+        lease_token     TEXT,
+        last_attempt_at INTEGER,
+        last_error      TEXT,
+        response        TEXT,
+        created_at      INTEGER NOT NULL,
+        expires_at      INTEGER NOT NULL,
+        sent_at         INTEGER,
+        answered_at     INTEGER,
+        seq             INTEGER PRIMARY KEY,  -- outbox_seq(message_id), see migration 6
+        discarded_at    INTEGER               -- set with status = 'Discarded'
+    ) STRICT;
+    INSERT INTO outbox_messages_discard (message_id, correlation_id, message_type, destination,
+        interface, version, fingerprint, endpoint, payload, headers, status, retry_count,
+        max_retries, next_retry_at, lease_token, last_attempt_at, last_error, response,
+        created_at, expires_at, sent_at, answered_at, seq)
+    SELECT message_id, correlation_id, message_type, destination, interface, version,
+        fingerprint, endpoint, payload, headers, status, retry_count, max_retries,
+        next_retry_at, lease_token, last_attempt_at, last_error, response, created_at,
+        expires_at, sent_at, answered_at, seq
+    FROM outbox_messages ORDER BY seq;
+    DROP TABLE outbox_messages;
+    ALTER TABLE outbox_messages_discard RENAME TO outbox_messages;
+    CREATE INDEX outbox_due ON outbox_messages (destination, next_retry_at)
+        WHERE status IN ('Pending', 'Sending');
+    CREATE INDEX outbox_sent ON outbox_messages (sent_at) WHERE status = 'Sent';
+    CREATE INDEX outbox_attention ON outbox_messages (status, created_at)
+        WHERE (status = 'Failed' OR status = 'DeadLetter' OR status = 'Expired');
+    -- Retention of discarded rows, by the time of the discard.
+    CREATE INDEX outbox_discarded ON outbox_messages (discarded_at)
+        WHERE status = 'Discarded';
+    "#,
 ];
 
 /// The `seq` (rowid) of an outbox row whose `message_id` is `message_id`:

@@ -21,6 +21,28 @@ pub fn cleanup(conn: &Connection, config: &Config, now_ms: i64) -> rusqlite::Res
         )?
         .execute(params![sent_before, CLEANUP_BATCH])
     })?;
+    // Undelivered rows, `outbox.failed_retention` after they stopped. The
+    // first condition is `outbox_attention`'s predicate, the second
+    // `outbox_discarded`'s: each statement reads one partial index.
+    let failed_before = now_ms.saturating_sub(config.outbox.failed_retention.as_millis() as i64);
+    let mut undelivered_deleted = repeat_in_batches(|| {
+        conn.prepare_cached(concat!(
+            "DELETE FROM outbox_messages WHERE seq IN \
+             (SELECT seq FROM outbox_messages WHERE ",
+            crate::store::sqlite::attention!(),
+            " AND CASE WHEN status = 'Expired' THEN expires_at \
+                   ELSE COALESCE(last_attempt_at, created_at) END < ?1 LIMIT +?2)"
+        ))?
+        .execute(params![failed_before, CLEANUP_BATCH])
+    })?;
+    undelivered_deleted += repeat_in_batches(|| {
+        conn.prepare_cached(
+            "DELETE FROM outbox_messages WHERE seq IN \
+             (SELECT seq FROM outbox_messages \
+              WHERE status = 'Discarded' AND discarded_at < ?1 ORDER BY discarded_at LIMIT +?2)",
+        )?
+        .execute(params![failed_before, CLEANUP_BATCH])
+    })?;
     // Held rows (due at `lifecycle::HELD_DUE_MS`, 2^62) never expire: their
     // version is decommissioned and they wait for its re-commission.
     // `status IN ('Pending', 'Sending')` repeats the condition of the partial
@@ -40,6 +62,7 @@ pub fn cleanup(conn: &Connection, config: &Config, now_ms: i64) -> rusqlite::Res
     Ok(CleanupReport {
         sent_deleted,
         expired,
+        undelivered_deleted,
         inbox_deleted,
     })
 }

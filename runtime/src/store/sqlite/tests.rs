@@ -34,6 +34,26 @@ fn creates_schema_and_refuses_newer_versions() {
 }
 
 /// The opcodes of `sql`'s program.
+/// Every row `sql` reads, each as its values joined by `|`: what a
+/// migration must keep, compared before and after.
+fn dump_rows(conn: &Connection, sql: &str) -> Vec<String> {
+    let mut statement = conn.prepare(sql).expect("select");
+    let columns = statement.column_count();
+    statement
+        .query_map([], |row| {
+            (0..columns)
+                .map(|i| {
+                    row.get::<_, rusqlite::types::Value>(i)
+                        .map(|v| format!("{v:?}"))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(|values| values.join("|"))
+        })
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows")
+}
+
 fn opcodes(conn: &Connection, sql: &str) -> Vec<String> {
     let mut statement = conn.prepare(&format!("EXPLAIN {sql}")).expect("explain");
     let nulls = vec![rusqlite::types::Null; statement.parameter_count()];
@@ -164,7 +184,15 @@ fn the_outbox_rebuild_keeps_every_row_and_its_indexes() {
         .expect("query")
         .collect::<Result<_, _>>()
         .expect("rows");
-    assert_eq!(indexes, ["outbox_attention", "outbox_due", "outbox_sent"]);
+    assert_eq!(
+        indexes,
+        [
+            "outbox_attention",
+            "outbox_discarded",
+            "outbox_due",
+            "outbox_sent"
+        ]
+    );
     let refused = conn.execute(
         "UPDATE outbox_messages SET status = 'Lost' WHERE message_id = 'id-0'",
         [],
@@ -381,7 +409,15 @@ fn migration_6_keeps_every_row_findable_and_dispatchable() {
         .expect("query")
         .collect::<Result<_, _>>()
         .expect("rows");
-    assert_eq!(indexes, ["outbox_attention", "outbox_due", "outbox_sent"]);
+    assert_eq!(
+        indexes,
+        [
+            "outbox_attention",
+            "outbox_discarded",
+            "outbox_due",
+            "outbox_sent"
+        ]
+    );
     assert!(
         conn.execute(
             "UPDATE outbox_messages SET status = 'Lost' WHERE message_id = ?1",
@@ -443,6 +479,99 @@ fn migration_6_keeps_every_row_findable_and_dispatchable() {
         )
         .expect("count");
     assert_eq!(sent, 1 + expected.len() as i64);
+}
+
+/// The migration that adds `Discarded` rebuilds the outbox (its CHECK
+/// names every status): every row and column comes through, `seq`
+/// included, the new status is accepted and any other text still refused.
+#[test]
+fn the_discarded_migration_keeps_every_row_and_accepts_the_new_status() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("outbox.db");
+    let discard = MIGRATIONS
+        .iter()
+        .position(|script| script.contains("outbox_messages_discard"))
+        .expect("the migration");
+    let statuses = [
+        "Pending",
+        "Sending",
+        "Sent",
+        "Failed",
+        "DeadLetter",
+        "Expired",
+    ];
+    {
+        let mut conn = Connection::open(&path).expect("create");
+        let tx = conn.transaction().expect("tx");
+        for script in &MIGRATIONS[..discard] {
+            tx.execute_batch(script).expect("migrate");
+        }
+        tx.pragma_update(None, "user_version", discard as i64)
+            .expect("version");
+        for (n, status) in statuses.iter().enumerate() {
+            let id = format!("00000000-000{n}-7000-8000-00000000000{n}");
+            tx.execute(
+                "INSERT INTO outbox_messages (message_id, correlation_id, message_type, \
+                 destination, interface, version, fingerprint, endpoint, payload, headers, \
+                 status, retry_count, max_retries, next_retry_at, lease_token, \
+                 last_attempt_at, last_error, response, created_at, expires_at, sent_at, \
+                 answered_at, seq) \
+                 VALUES (?1, 'c', 'Command', 'peer', 'p.S', 1, 'sha256:f', 'E', '{\"a\":1}', \
+                 '{}', ?2, 2, 5, 10, 'lease', 90, 'boom', NULL, ?3, 99, 95, 96, ?4)",
+                rusqlite::params![id, status, n as i64, outbox_seq(&id)],
+            )
+            .expect("row");
+        }
+        tx.commit().expect("commit");
+    }
+    let dump = |conn: &Connection| {
+        dump_rows(
+            conn,
+            "SELECT message_id, correlation_id, message_type, destination, interface, \
+             version, fingerprint, endpoint, payload, headers, status, retry_count, \
+             max_retries, next_retry_at, lease_token, last_attempt_at, last_error, \
+             response, created_at, expires_at, sent_at, answered_at, seq \
+             FROM outbox_messages ORDER BY seq",
+        )
+    };
+    let before = dump(&Connection::open(&path).expect("reopen"));
+    assert_eq!(before.len(), statuses.len());
+    let conn = open(&path, Durability::Normal).expect("migrate");
+    assert_eq!(dump(&conn), before, "every row, every column, the same seq");
+    let first = "00000000-0003-7000-8000-000000000003";
+    assert_eq!(
+        conn.execute(
+            "UPDATE outbox_messages SET status = 'Discarded', discarded_at = 5 \
+             WHERE message_id = ?1",
+            [first],
+        )
+        .expect("Discarded is a status"),
+        1
+    );
+    assert!(
+        conn.execute(
+            "UPDATE outbox_messages SET status = 'Lost' WHERE message_id = ?1",
+            [first],
+        )
+        .expect_err("the CHECK still holds")
+        .to_string()
+        .contains("CHECK")
+    );
+    // Retention reads discarded rows through their index.
+    let plan: Vec<String> = conn
+        .prepare(
+            "EXPLAIN QUERY PLAN SELECT seq FROM outbox_messages \
+             WHERE status = 'Discarded' AND discarded_at < 10 ORDER BY discarded_at",
+        )
+        .expect("plan")
+        .query_map([], |row| row.get(3))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert!(
+        plan.iter().any(|step| step.contains("outbox_discarded")),
+        "{plan:?}"
+    );
 }
 
 fn sha256_of(path: &Path) -> Vec<u8> {

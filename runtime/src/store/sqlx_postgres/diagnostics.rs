@@ -14,7 +14,9 @@ use sqlx::Row as _;
 use tokio::runtime::Handle;
 
 use super::PgStore;
-use crate::diagnostics::{AttentionRow, DiagnosticsError, DiagnosticsStore, UnsentGroup};
+use crate::diagnostics::{
+    AttentionRow, DiagnosticsError, DiagnosticsStore, ErrorGroupRow, RowFilter, UnsentGroup,
+};
 use crate::outbox::Status;
 use crate::store::StoreError;
 
@@ -29,15 +31,13 @@ const SQL: &[&str] = &[
     "SELECT MAX(sent_at) FROM {t}outbox_messages WHERE status = 'Sent'",
     // SENT_COUNT
     "SELECT COUNT(*) FROM {t}outbox_messages WHERE status = 'Sent'",
-    // ATTENTION
+    // ATTENTION: `{f}` is the blocking store's `ROW_FILTER`.
     "SELECT message_id, correlation_id, message_type, destination, interface, \
             version, endpoint, status, retry_count, max_retries, last_error, \
             created_at, last_attempt_at, expires_at \
      FROM {t}outbox_messages \
-     WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
-       AND ($1::text IS NULL OR status = $1) \
-       AND ($2::text IS NULL OR destination = $2) \
-     ORDER BY created_at LIMIT $3",
+     WHERE status IN ('Failed', 'DeadLetter', 'Expired') {f} \
+     ORDER BY created_at, message_id LIMIT $9",
     // RETRY_ONE
     "UPDATE {t}outbox_messages \
      SET status = 'Pending', retry_count = 0, next_retry_at = $2, \
@@ -68,6 +68,21 @@ const SQL: &[&str] = &[
      FROM {t}rf_decommissioned d ORDER BY d.interface, d.version",
     // SCHEMA_VERSION
     "SELECT version FROM {t}rfidl_schema",
+    // ERROR_GROUPS
+    "SELECT destination, last_error, COUNT(*), MIN(created_at), MAX(created_at) \
+     FROM {t}outbox_messages \
+     WHERE status IN ('Failed', 'DeadLetter', 'Expired') {f} \
+     GROUP BY destination, last_error",
+    // DISCARD_ONE
+    "UPDATE {t}outbox_messages \
+     SET status = 'Discarded', discarded_at = $2, lease_token = NULL \
+     WHERE message_id = $1 AND status IN ('Failed', 'DeadLetter', 'Expired')",
+    // DISCARD_MATCHING
+    "UPDATE {t}outbox_messages \
+     SET status = 'Discarded', discarded_at = $3, lease_token = NULL \
+     WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
+       AND ($1::text IS NULL OR status = $1) \
+       AND ($2::text IS NULL OR destination = $2)",
 ];
 
 const UNSENT_DUE: usize = 0;
@@ -82,6 +97,9 @@ const COUNT_OLDER: usize = 8;
 const INBOX_SIZE: usize = 9;
 const DECOMMISSIONED: usize = 10;
 const SCHEMA_VERSION: usize = 11;
+const ERROR_GROUPS: usize = 12;
+const DISCARD_ONE: usize = 13;
+const DISCARD_MATCHING: usize = 14;
 
 /// The diagnostics' statements on the store's pool: the routes' (no
 /// timeout) or the readiness probe's (`timeout`).
@@ -104,7 +122,13 @@ pub(crate) fn open(
         cause: "diagnostics on a sqlx pool must be built on the pool's tokio runtime".to_owned(),
     })?;
     let prefix = format!("\"{}\".", store.schema());
-    let statements: Vec<String> = SQL.iter().map(|sql| sql.replace("{t}", &prefix)).collect();
+    let statements: Vec<String> = SQL
+        .iter()
+        .map(|sql| {
+            sql.replace("{t}", &prefix)
+                .replace("{f}", crate::store::pg_schema::ROW_FILTER)
+        })
+        .collect();
     let part = |timeout| SqlxDiagnostics {
         store: store.clone(),
         runtime: runtime.clone(),
@@ -112,6 +136,22 @@ pub(crate) fn open(
         timeout,
     };
     Ok((part(None), part(Some(readiness_timeout))))
+}
+
+/// Binds `$1` to `$8` of the blocking store's `ROW_FILTER`.
+fn bind_filter<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    filter: &RowFilter,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    query
+        .bind(filter.status.map(Status::as_str))
+        .bind(filter.destination.clone())
+        .bind(filter.interface.clone())
+        .bind(filter.method.clone())
+        .bind(filter.error.clone())
+        .bind(filter.created_before)
+        .bind(filter.after.as_ref().map(|(at, _)| *at))
+        .bind(filter.after.as_ref().map(|(_, id)| id.clone()))
 }
 
 impl SqlxDiagnostics {
@@ -197,14 +237,11 @@ impl DiagnosticsStore for SqlxDiagnostics {
 
     fn attention_rows(
         &self,
-        status: Option<Status>,
-        destination: Option<&str>,
+        filter: &RowFilter,
         limit: u32,
     ) -> Result<Vec<AttentionRow>, DiagnosticsError> {
         let rows = self.run(
-            self.query(ATTENTION)
-                .bind(status.map(Status::as_str))
-                .bind(destination)
+            bind_filter(self.query(ATTENTION), filter)
                 .bind(i64::from(limit))
                 .fetch_all(self.store.pool()),
         )?;
@@ -226,6 +263,15 @@ impl DiagnosticsStore for SqlxDiagnostics {
                 last_attempt_at: row.get(12),
                 expires_at: row.get(13),
             })
+            .collect())
+    }
+
+    fn error_groups(&self, filter: &RowFilter) -> Result<Vec<ErrorGroupRow>, DiagnosticsError> {
+        let rows =
+            self.run(bind_filter(self.query(ERROR_GROUPS), filter).fetch_all(self.store.pool()))?;
+        Ok(rows
+            .iter()
+            .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4)))
             .collect())
     }
 
@@ -267,6 +313,32 @@ impl DiagnosticsStore for SqlxDiagnostics {
                 .bind(destination)
                 .bind(now_ms)
                 .bind(renew_until_ms)
+                .execute(self.store.pool()),
+        )?;
+        Ok(done.rows_affected() as usize)
+    }
+
+    fn discard_one(&self, message_id: &str, now_ms: i64) -> Result<usize, DiagnosticsError> {
+        let done = self.run(
+            self.query(DISCARD_ONE)
+                .bind(message_id)
+                .bind(now_ms)
+                .execute(self.store.pool()),
+        )?;
+        Ok(done.rows_affected() as usize)
+    }
+
+    fn discard_matching(
+        &self,
+        status: Option<Status>,
+        destination: Option<&str>,
+        now_ms: i64,
+    ) -> Result<usize, DiagnosticsError> {
+        let done = self.run(
+            self.query(DISCARD_MATCHING)
+                .bind(status.map(Status::as_str))
+                .bind(destination)
+                .bind(now_ms)
                 .execute(self.store.pool()),
         )?;
         Ok(done.rows_affected() as usize)

@@ -15,6 +15,18 @@ const DELETE_SENT: &str = "DELETE FROM {t}outbox_messages WHERE message_id IN \
       WHERE status = 'Sent' AND sent_at < $1 ORDER BY sent_at LIMIT $2 \
       FOR UPDATE SKIP LOCKED)";
 
+const DELETE_UNDELIVERED: &str = "DELETE FROM {t}outbox_messages WHERE message_id IN \
+     (SELECT message_id FROM {t}outbox_messages \
+      WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
+      AND CASE WHEN status = 'Expired' THEN expires_at \
+          ELSE COALESCE(last_attempt_at, created_at) END < $1 \
+      LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
+const DELETE_DISCARDED: &str = "DELETE FROM {t}outbox_messages WHERE message_id IN \
+     (SELECT message_id FROM {t}outbox_messages \
+      WHERE status = 'Discarded' AND discarded_at < $1 ORDER BY discarded_at LIMIT $2 \
+      FOR UPDATE SKIP LOCKED)";
+
 const EXPIRE: &str = "UPDATE {t}outbox_messages SET status = 'Expired', \
      last_error = 'time to live exceeded' \
      WHERE message_id IN (SELECT message_id FROM {t}outbox_messages \
@@ -37,8 +49,14 @@ pub(crate) fn pass(
         cause: "retention on a sqlx pool must be started on the pool's tokio runtime".to_owned(),
     })?;
     let prefix = format!("\"{}\".", store.schema());
-    let [sent, expire, inbox] =
-        [DELETE_SENT, EXPIRE, DELETE_INBOX].map(|sql| sql.replace("{t}", &prefix));
+    let [sent, undelivered, discarded, expire, inbox] = [
+        DELETE_SENT,
+        DELETE_UNDELIVERED,
+        DELETE_DISCARDED,
+        EXPIRE,
+        DELETE_INBOX,
+    ]
+    .map(|sql| sql.replace("{t}", &prefix));
     Ok(move |now_ms: i64| {
         let batch = i64::from(crate::retention::CLEANUP_BATCH);
         let repeat = |sql: &str, at: i64| -> Result<usize, StoreError> {
@@ -60,8 +78,12 @@ pub(crate) fn pass(
             }
         };
         let sent_before = now_ms.saturating_sub(config.outbox.sent_retention.as_millis() as i64);
+        let failed_before =
+            now_ms.saturating_sub(config.outbox.failed_retention.as_millis() as i64);
         Ok(CleanupReport {
             sent_deleted: repeat(&sent, sent_before)?,
+            undelivered_deleted: repeat(&undelivered, failed_before)?
+                + repeat(&discarded, failed_before)?,
             expired: repeat(&expire, now_ms)?,
             inbox_deleted: repeat(&inbox, now_ms)?,
         })
