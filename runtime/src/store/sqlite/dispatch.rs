@@ -606,7 +606,7 @@ mod tests {
                 .collect::<Result<_, _>>()
                 .expect("rows")
         };
-        for sql in [CLAIM_SELECT, CLAIM_UPDATE] {
+        for sql in [CLAIM_SELECT, CLAIM_UPDATE, NEXT_DUE] {
             let ops = explain(&format!("EXPLAIN {sql}"), 1);
             assert!(
                 !ops.iter()
@@ -614,12 +614,14 @@ mod tests {
                 "{sql}\nbuilds a temporary b-tree or sorts: {ops:?}"
             );
         }
-        let plan = explain(&format!("EXPLAIN QUERY PLAN {CLAIM_SELECT}"), 3);
-        assert!(
-            plan.iter()
-                .any(|step| step.contains("USING INDEX outbox_due")),
-            "{plan:?}"
-        );
+        for sql in [CLAIM_SELECT, NEXT_DUE] {
+            let plan = explain(&format!("EXPLAIN QUERY PLAN {sql}"), 3);
+            assert!(
+                plan.iter()
+                    .any(|step| step.contains("USING INDEX outbox_due")),
+                "{sql}\n{plan:?}"
+            );
+        }
     }
 
     #[test]
