@@ -126,6 +126,7 @@ pub mod greeter_v1 {
         /// restart), and its TTL counts from then. Until then the stats show
         /// it as scheduled, not as backlog:
         /// `client.deliver_at(when).joined(tx, …)`.
+        #[allow(dead_code)]
         #[must_use]
         pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
             Self {
@@ -136,6 +137,7 @@ pub mod greeter_v1 {
 
         /// This client, its messages first sent `delay` from now: see
         /// [`deliver_at`](Self::deliver_at).
+        #[allow(dead_code)]
         #[must_use]
         pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
             self.deliver_at(::std::time::SystemTime::now() + delay)
@@ -341,6 +343,7 @@ pub mod greeter_v1 {
         /// restart), and its TTL counts from then. Until then the stats show
         /// it as scheduled, not as backlog:
         /// `client.deliver_at(when).assign_desk(tx, …)`.
+        #[allow(dead_code)]
         #[must_use]
         pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
             Self {
@@ -351,6 +354,7 @@ pub mod greeter_v1 {
 
         /// This client, its messages first sent `delay` from now: see
         /// [`deliver_at`](Self::deliver_at).
+        #[allow(dead_code)]
         #[must_use]
         pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
             self.deliver_at(::std::time::SystemTime::now() + delay)

@@ -186,6 +186,7 @@ pub mod emp_service_v1 {
         /// restart), and its TTL counts from then. Until then the stats show
         /// it as scheduled, not as backlog:
         /// `client.deliver_at(when).employee_hired(tx, …)`.
+        #[allow(dead_code)]
         #[must_use]
         pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
             Self {
@@ -196,6 +197,7 @@ pub mod emp_service_v1 {
 
         /// This client, its messages first sent `delay` from now: see
         /// [`deliver_at`](Self::deliver_at).
+        #[allow(dead_code)]
         #[must_use]
         pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
             self.deliver_at(::std::time::SystemTime::now() + delay)
@@ -554,6 +556,7 @@ pub mod emp_service_v1 {
         /// restart), and its TTL counts from then. Until then the stats show
         /// it as scheduled, not as backlog:
         /// `client.deliver_at(when).provision_laptop(tx, …)`.
+        #[allow(dead_code)]
         #[must_use]
         pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
             Self {
@@ -564,6 +567,7 @@ pub mod emp_service_v1 {
 
         /// This client, its messages first sent `delay` from now: see
         /// [`deliver_at`](Self::deliver_at).
+        #[allow(dead_code)]
         #[must_use]
         pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
             self.deliver_at(::std::time::SystemTime::now() + delay)
@@ -1692,6 +1696,7 @@ pub mod emp_service_v2 {
         /// restart), and its TTL counts from then. Until then the stats show
         /// it as scheduled, not as backlog:
         /// `client.deliver_at(when).employee_hired(tx, …)`.
+        #[allow(dead_code)]
         #[must_use]
         pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
             Self {
@@ -1702,6 +1707,7 @@ pub mod emp_service_v2 {
 
         /// This client, its messages first sent `delay` from now: see
         /// [`deliver_at`](Self::deliver_at).
+        #[allow(dead_code)]
         #[must_use]
         pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
             self.deliver_at(::std::time::SystemTime::now() + delay)
@@ -2246,6 +2252,7 @@ pub mod emp_service_v2 {
         /// restart), and its TTL counts from then. Until then the stats show
         /// it as scheduled, not as backlog:
         /// `client.deliver_at(when).provision_laptop(tx, …)`.
+        #[allow(dead_code)]
         #[must_use]
         pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
             Self {
@@ -2256,6 +2263,7 @@ pub mod emp_service_v2 {
 
         /// This client, its messages first sent `delay` from now: see
         /// [`deliver_at`](Self::deliver_at).
+        #[allow(dead_code)]
         #[must_use]
         pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
             self.deliver_at(::std::time::SystemTime::now() + delay)

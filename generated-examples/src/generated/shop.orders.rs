@@ -203,6 +203,7 @@ pub mod order_service_v1 {
         /// restart), and its TTL counts from then. Until then the stats show
         /// it as scheduled, not as backlog:
         /// `client.deliver_at(when).order_placed(tx, …)`.
+        #[allow(dead_code)]
         #[must_use]
         pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
             Self {
@@ -213,6 +214,7 @@ pub mod order_service_v1 {
 
         /// This client, its messages first sent `delay` from now: see
         /// [`deliver_at`](Self::deliver_at).
+        #[allow(dead_code)]
         #[must_use]
         pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
             self.deliver_at(::std::time::SystemTime::now() + delay)
@@ -495,6 +497,7 @@ pub mod order_service_v1 {
         /// restart), and its TTL counts from then. Until then the stats show
         /// it as scheduled, not as backlog:
         /// `client.deliver_at(when).reserve_stock(tx, …)`.
+        #[allow(dead_code)]
         #[must_use]
         pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
             Self {
@@ -505,6 +508,7 @@ pub mod order_service_v1 {
 
         /// This client, its messages first sent `delay` from now: see
         /// [`deliver_at`](Self::deliver_at).
+        #[allow(dead_code)]
         #[must_use]
         pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
             self.deliver_at(::std::time::SystemTime::now() + delay)

@@ -103,6 +103,23 @@ async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool)
     }
 }
 
+/// A dispatcher on `store` sending `peer` to `url`, polling once a minute.
+fn start_dispatcher(
+    store: &TestStore,
+    outbox: &crate::stores::AnyOutbox,
+    url: &str,
+) -> rfidl_runtime::dispatcher::DispatcherHandle {
+    store
+        .dispatcher(outbox)
+        .route(
+            "peer",
+            HttpTransport::new(url, Duration::from_secs(2)).expect("transport"),
+            Secret::generate(),
+        )
+        .start()
+        .expect("dispatcher")
+}
+
 on_every_store!(
     a_timer_waits_then_leaves_at_its_due_time_and_is_scheduled_meanwhile,
     timer_fires_at_due
@@ -112,15 +129,7 @@ async fn timer_fires_at_due(store: &TestStore) {
     let mut config = sender_config(POLL);
     config.outbox.ttl = Duration::from_secs(3600);
     let outbox = store.outbox(config);
-    let handle = store
-        .dispatcher(&outbox)
-        .route(
-            "peer",
-            HttpTransport::new(&url, Duration::from_secs(2)).expect("transport"),
-            Secret::generate(),
-        )
-        .start()
-        .expect("dispatcher");
+    let handle = start_dispatcher(store, &outbox, &url);
     let (at, due) = due_in(Duration::from_millis(1500));
     let id = store.enqueue(&outbox, message("peer", "S200", json!({})).deliver_at(at));
     let now_id = store.enqueue(&outbox, message("peer", "S200", json!({})));
@@ -188,15 +197,7 @@ on_every_store!(a_timers_ttl_counts_from_its_due_time, ttl_from_due);
 async fn ttl_from_due(store: &TestStore) {
     let (url, arrivals, _server) = receiver().await;
     let outbox = store.outbox(sender_config(POLL));
-    let handle = store
-        .dispatcher(&outbox)
-        .route(
-            "peer",
-            HttpTransport::new(&url, Duration::from_secs(2)).expect("transport"),
-            Secret::generate(),
-        )
-        .start()
-        .expect("dispatcher");
+    let handle = start_dispatcher(store, &outbox, &url);
     // Due in 800 ms, 400 ms to live: counted from the enqueue it would
     // expire unsent at its first claim.
     let (at, due) = due_in(Duration::from_millis(800));
