@@ -88,8 +88,9 @@ pub const PRELUDE_TRAITS_USED: &[&str] = &["Into", "Send", "Sized", "Sync"];
 pub const CALL_ARGUMENTS: &[&str] = &["call", "tx", "conn"];
 
 /// Functions of the generated clients besides one per method: the
-/// constructors (`new` for the default store, `with_store` for any).
-pub const CLIENT_FUNCTIONS: &[&str] = &["new", "with_store"];
+/// constructors (`new` for the default store, `with_store` for any) and the
+/// durable-timer views (`deliver_at`, `deliver_after`).
+pub const CLIENT_FUNCTIONS: &[&str] = &["new", "with_store", "deliver_at", "deliver_after"];
 
 // The types each service-version module defines. `Engine…` types carry the
 // methods sent to the engine (signals and pushcalls), `Service…` types the

@@ -163,6 +163,7 @@ impl CommandSender {
                     headers: Default::default(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: None,
                 })
                 .await?;
             tracing::info!(

@@ -75,6 +75,7 @@ fn main() {
                             headers: BTreeMap::new(),
                             max_retries: None,
                             ttl: None,
+                            deliver_at: None,
                         },
                     )
                     .expect("enqueue");

@@ -139,8 +139,11 @@ pub struct Metrics {
 pub struct DestinationGauges {
     /// The destination name (the `destination` label).
     pub destination: String,
-    /// `Pending` + `Sending` rows: waiting for delivery.
+    /// `Pending` + `Sending` rows: waiting for delivery (durable timers
+    /// not due yet are `scheduled` instead).
     pub pending: u64,
+    /// `Pending` rows whose `deliver_at` is still ahead (durable timers).
+    pub scheduled: u64,
     /// Age of the oldest of them, in milliseconds; `None` when there is none.
     pub oldest_pending_age_ms: Option<i64>,
     /// `Failed` rows (retries exhausted): need a human.
@@ -290,6 +293,10 @@ fn render_destination_gauges(out: &mut String, destinations: &[DestinationGauges
         name: "rf_outbox_oldest_pending_age_seconds",
         help: "Age of the oldest message waiting for delivery, per destination (0 when none waits).",
     };
+    let scheduled = Family {
+        name: "rf_outbox_scheduled_messages",
+        help: "Durable timers: messages not due yet (deliver_at ahead), per destination.",
+    };
     let attention = Family {
         name: "rf_outbox_attention_messages",
         help: "Messages that need a human (Failed, DeadLetter, Expired), per destination and status.",
@@ -308,6 +315,15 @@ fn render_destination_gauges(out: &mut String, destinations: &[DestinationGauges
             out,
             "{}{{destination=\"{label}\"}} {}",
             pending.name, d.pending
+        );
+    }
+    header(out, &scheduled);
+    for d in destinations {
+        let label = label_value(&d.destination);
+        let _ = writeln!(
+            out,
+            "{}{{destination=\"{label}\"}} {}",
+            scheduled.name, d.scheduled
         );
     }
     header(out, &oldest);

@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::Notify;
 use tracing::Instrument as _;
@@ -66,8 +66,56 @@ pub struct OutgoingMessage {
     pub headers: BTreeMap<String, String>,
     /// `@delivery(max_retries)`; the configured default when `None`.
     pub max_retries: Option<u32>,
-    /// `@delivery(ttl)`; the configured default when `None`.
+    /// `@delivery(ttl)`; the configured default when `None`. Counted from
+    /// the message's due time: [`deliver_at`](Self::deliver_at), or the
+    /// enqueue.
     pub ttl: Option<Duration>,
+    /// A durable timer: the row waits in the outbox, through restarts, and
+    /// is first sent at this time (within milliseconds of it, not at the
+    /// dispatcher's next poll); `None`, or a time already past, sends it at
+    /// once. Set it with [`deliver_at`](Self::deliver_at) or
+    /// [`deliver_after`](Self::deliver_after). Until it is due the row counts
+    /// as `scheduled` in the outbox stats, not as backlog.
+    pub deliver_at: Option<SystemTime>,
+}
+
+impl OutgoingMessage {
+    /// The same message, first sent at `when` (a [`SystemTime`] or a
+    /// contract [`Timestamp`](crate::types::Timestamp)) instead of at once:
+    /// a durable timer (see [`deliver_at`](Self::deliver_at)).
+    #[must_use]
+    pub fn deliver_at(mut self, when: impl Into<SystemTime>) -> Self {
+        self.deliver_at = Some(when.into());
+        self
+    }
+
+    /// The same message, first sent `delay` from now: [`deliver_at`](Self::deliver_at)
+    /// `SystemTime::now() + delay`.
+    #[must_use]
+    pub fn deliver_after(self, delay: Duration) -> Self {
+        self.deliver_at(SystemTime::now() + delay)
+    }
+
+    /// When the row is due (Unix milliseconds): its `deliver_at`, or `now`
+    /// when that is unset or past. Stored as the row's first `next_retry_at`
+    /// and as its `created_at` (the envelope's `createdAt`: nothing can have
+    /// processed the message before it was due, so a receiver's dedup
+    /// horizon counts from then), and the start of its TTL.
+    pub(crate) fn due_ms(&self, now: i64) -> i64 {
+        let at = self.deliver_at.map(|at| {
+            at.duration_since(std::time::UNIX_EPOCH).map_or(0, |since| {
+                i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+            })
+        });
+        at.map_or(now, |at| at.max(now))
+    }
+
+    /// `expires_at` of a row due at `due`: its TTL (or the configured one)
+    /// after that.
+    pub(crate) fn expires_ms(&self, config: &Config, due: i64) -> i64 {
+        let ttl = self.ttl.unwrap_or(config.outbox.ttl);
+        due.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
+    }
 }
 
 /// Why a message could not be written.

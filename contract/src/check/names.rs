@@ -144,9 +144,13 @@ impl Checker<'_> {
                         ),
                     )
                     .with_label(format!("becomes `{function}`"))
-                    .with_help(format!(
-                        "rename the method; `{function}` is the client's constructor"
-                    )),
+                    .with_help(if function.starts_with("deliver_") {
+                        format!(
+                            "rename the method; `{function}` makes the client's durable-timer view"
+                        )
+                    } else {
+                        format!("rename the method; `{function}` is the client's constructor")
+                    }),
                 );
             }
             if names::SERVICE_MODULE_TYPES.contains(&request.as_str()) {

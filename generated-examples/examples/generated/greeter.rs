@@ -75,6 +75,7 @@ pub mod greeter_v1 {
     pub struct EngineClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
+        deliver_at: ::std::option::Option<::std::time::SystemTime>,
     }
 
     impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for EngineClient<S> {
@@ -82,6 +83,7 @@ pub mod greeter_v1 {
             f.debug_struct("EngineClient")
                 .field("outbox", &self.outbox)
                 .field("destination", &self.destination)
+                .field("deliver_at", &self.deliver_at)
                 .field("store", &S::NAME)
                 .finish()
         }
@@ -92,6 +94,7 @@ pub mod greeter_v1 {
             Self {
                 outbox: self.outbox.clone(),
                 destination: self.destination.clone(),
+                deliver_at: self.deliver_at,
             }
         }
     }
@@ -109,7 +112,35 @@ pub mod greeter_v1 {
         ) -> Self {
             let destination = destination.into();
             outbox.declare_destination(&destination);
-            Self { outbox, destination }
+            Self {
+                outbox,
+                destination,
+                deliver_at: None,
+            }
+        }
+
+        /// This client, its messages first sent at `when` (a `SystemTime`, or a
+        /// contract `Timestamp`) rather than at once: durable timers. A call
+        /// still writes its row in the caller's transaction; the dispatcher
+        /// sends it once `when` has come (within milliseconds, also after a
+        /// restart), and its TTL counts from then. Until then the stats show
+        /// it as scheduled, not as backlog:
+        /// `client.deliver_at(when).joined(tx, …)`.
+        #[allow(dead_code)]
+        #[must_use]
+        pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
+            Self {
+                deliver_at: Some(when.into()),
+                ..self.clone()
+            }
+        }
+
+        /// This client, its messages first sent `delay` from now: see
+        /// [`deliver_at`](Self::deliver_at).
+        #[allow(dead_code)]
+        #[must_use]
+        pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
+            self.deliver_at(::std::time::SystemTime::now() + delay)
         }
 
         /// Someone joined (service to engine, no answer).
@@ -146,6 +177,7 @@ pub mod greeter_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 },
             )
         }
@@ -260,6 +292,7 @@ pub mod greeter_v1 {
     pub struct ServiceClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
+        deliver_at: ::std::option::Option<::std::time::SystemTime>,
     }
 
     impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for ServiceClient<S> {
@@ -267,6 +300,7 @@ pub mod greeter_v1 {
             f.debug_struct("ServiceClient")
                 .field("outbox", &self.outbox)
                 .field("destination", &self.destination)
+                .field("deliver_at", &self.deliver_at)
                 .field("store", &S::NAME)
                 .finish()
         }
@@ -277,6 +311,7 @@ pub mod greeter_v1 {
             Self {
                 outbox: self.outbox.clone(),
                 destination: self.destination.clone(),
+                deliver_at: self.deliver_at,
             }
         }
     }
@@ -294,7 +329,35 @@ pub mod greeter_v1 {
         ) -> Self {
             let destination = destination.into();
             outbox.declare_destination(&destination);
-            Self { outbox, destination }
+            Self {
+                outbox,
+                destination,
+                deliver_at: None,
+            }
+        }
+
+        /// This client, its messages first sent at `when` (a `SystemTime`, or a
+        /// contract `Timestamp`) rather than at once: durable timers. A call
+        /// still writes its row in the caller's transaction; the dispatcher
+        /// sends it once `when` has come (within milliseconds, also after a
+        /// restart), and its TTL counts from then. Until then the stats show
+        /// it as scheduled, not as backlog:
+        /// `client.deliver_at(when).assign_desk(tx, …)`.
+        #[allow(dead_code)]
+        #[must_use]
+        pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
+            Self {
+                deliver_at: Some(when.into()),
+                ..self.clone()
+            }
+        }
+
+        /// This client, its messages first sent `delay` from now: see
+        /// [`deliver_at`](Self::deliver_at).
+        #[allow(dead_code)]
+        #[must_use]
+        pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
+            self.deliver_at(::std::time::SystemTime::now() + delay)
         }
 
         /// The engine asks the service for a desk for someone (engine to
@@ -332,6 +395,7 @@ pub mod greeter_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 },
             )
         }
@@ -531,6 +595,7 @@ pub mod greeter_v1 {
         pub struct EngineClient<S: ::rfidl_runtime::AsyncStore> {
             outbox: ::rfidl_runtime::outbox::Outbox<S>,
             destination: ::std::string::String,
+            deliver_at: ::std::option::Option<::std::time::SystemTime>,
         }
 
         impl<S: ::rfidl_runtime::AsyncStore> ::std::fmt::Debug for EngineClient<S> {
@@ -538,6 +603,7 @@ pub mod greeter_v1 {
                 f.debug_struct("EngineClient")
                     .field("outbox", &self.outbox)
                     .field("destination", &self.destination)
+                    .field("deliver_at", &self.deliver_at)
                     .field("store", &S::NAME)
                     .finish()
             }
@@ -548,6 +614,7 @@ pub mod greeter_v1 {
                 Self {
                     outbox: self.outbox.clone(),
                     destination: self.destination.clone(),
+                    deliver_at: self.deliver_at,
                 }
             }
         }
@@ -565,7 +632,33 @@ pub mod greeter_v1 {
             ) -> Self {
                 let destination = destination.into();
                 outbox.declare_destination(&destination);
-                Self { outbox, destination }
+                Self {
+                    outbox,
+                    destination,
+                    deliver_at: None,
+                }
+            }
+
+            /// This client, its messages first sent at `when` (a `SystemTime`, or a
+            /// contract `Timestamp`) rather than at once: durable timers. A call
+            /// still writes its row in the caller's transaction; the dispatcher
+            /// sends it once `when` has come (within milliseconds, also after a
+            /// restart), and its TTL counts from then. Until then the stats show
+            /// it as scheduled, not as backlog:
+            /// `client.deliver_at(when).joined(conn, …)`.
+            #[must_use]
+            pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
+                Self {
+                    deliver_at: Some(when.into()),
+                    ..self.clone()
+                }
+            }
+
+            /// This client, its messages first sent `delay` from now: see
+            /// [`deliver_at`](Self::deliver_at).
+            #[must_use]
+            pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
+                self.deliver_at(::std::time::SystemTime::now() + delay)
             }
 
             /// Someone joined (service to engine, no answer).
@@ -600,6 +693,7 @@ pub mod greeter_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 };
                 self.outbox.enqueue_async(conn, message).await
             }
@@ -740,6 +834,7 @@ pub mod greeter_v1 {
         pub struct ServiceClient<S: ::rfidl_runtime::AsyncStore> {
             outbox: ::rfidl_runtime::outbox::Outbox<S>,
             destination: ::std::string::String,
+            deliver_at: ::std::option::Option<::std::time::SystemTime>,
         }
 
         impl<S: ::rfidl_runtime::AsyncStore> ::std::fmt::Debug for ServiceClient<S> {
@@ -747,6 +842,7 @@ pub mod greeter_v1 {
                 f.debug_struct("ServiceClient")
                     .field("outbox", &self.outbox)
                     .field("destination", &self.destination)
+                    .field("deliver_at", &self.deliver_at)
                     .field("store", &S::NAME)
                     .finish()
             }
@@ -757,6 +853,7 @@ pub mod greeter_v1 {
                 Self {
                     outbox: self.outbox.clone(),
                     destination: self.destination.clone(),
+                    deliver_at: self.deliver_at,
                 }
             }
         }
@@ -774,7 +871,33 @@ pub mod greeter_v1 {
             ) -> Self {
                 let destination = destination.into();
                 outbox.declare_destination(&destination);
-                Self { outbox, destination }
+                Self {
+                    outbox,
+                    destination,
+                    deliver_at: None,
+                }
+            }
+
+            /// This client, its messages first sent at `when` (a `SystemTime`, or a
+            /// contract `Timestamp`) rather than at once: durable timers. A call
+            /// still writes its row in the caller's transaction; the dispatcher
+            /// sends it once `when` has come (within milliseconds, also after a
+            /// restart), and its TTL counts from then. Until then the stats show
+            /// it as scheduled, not as backlog:
+            /// `client.deliver_at(when).assign_desk(conn, …)`.
+            #[must_use]
+            pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
+                Self {
+                    deliver_at: Some(when.into()),
+                    ..self.clone()
+                }
+            }
+
+            /// This client, its messages first sent `delay` from now: see
+            /// [`deliver_at`](Self::deliver_at).
+            #[must_use]
+            pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
+                self.deliver_at(::std::time::SystemTime::now() + delay)
             }
 
             /// The engine asks the service for a desk for someone (engine to
@@ -810,6 +933,7 @@ pub mod greeter_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 };
                 self.outbox.enqueue_async(conn, message).await
             }

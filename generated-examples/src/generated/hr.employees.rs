@@ -135,6 +135,7 @@ pub mod emp_service_v1 {
     pub struct EngineClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
+        deliver_at: ::std::option::Option<::std::time::SystemTime>,
     }
 
     impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for EngineClient<S> {
@@ -142,6 +143,7 @@ pub mod emp_service_v1 {
             f.debug_struct("EngineClient")
                 .field("outbox", &self.outbox)
                 .field("destination", &self.destination)
+                .field("deliver_at", &self.deliver_at)
                 .field("store", &S::NAME)
                 .finish()
         }
@@ -152,6 +154,7 @@ pub mod emp_service_v1 {
             Self {
                 outbox: self.outbox.clone(),
                 destination: self.destination.clone(),
+                deliver_at: self.deliver_at,
             }
         }
     }
@@ -169,7 +172,35 @@ pub mod emp_service_v1 {
         ) -> Self {
             let destination = destination.into();
             outbox.declare_destination(&destination);
-            Self { outbox, destination }
+            Self {
+                outbox,
+                destination,
+                deliver_at: None,
+            }
+        }
+
+        /// This client, its messages first sent at `when` (a `SystemTime`, or a
+        /// contract `Timestamp`) rather than at once: durable timers. A call
+        /// still writes its row in the caller's transaction; the dispatcher
+        /// sends it once `when` has come (within milliseconds, also after a
+        /// restart), and its TTL counts from then. Until then the stats show
+        /// it as scheduled, not as backlog:
+        /// `client.deliver_at(when).employee_hired(tx, …)`.
+        #[allow(dead_code)]
+        #[must_use]
+        pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
+            Self {
+                deliver_at: Some(when.into()),
+                ..self.clone()
+            }
+        }
+
+        /// This client, its messages first sent `delay` from now: see
+        /// [`deliver_at`](Self::deliver_at).
+        #[allow(dead_code)]
+        #[must_use]
+        pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
+            self.deliver_at(::std::time::SystemTime::now() + delay)
         }
 
         /// Raised when an employee is hired; the engine matches waiting
@@ -207,6 +238,7 @@ pub mod emp_service_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: Some(10),
                     ttl: Some(::std::time::Duration::new(172_800, 0)),
+                    deliver_at: self.deliver_at,
                 },
             )
         }
@@ -247,6 +279,7 @@ pub mod emp_service_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 },
             )
         }
@@ -472,6 +505,7 @@ pub mod emp_service_v1 {
     pub struct ServiceClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
+        deliver_at: ::std::option::Option<::std::time::SystemTime>,
     }
 
     impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for ServiceClient<S> {
@@ -479,6 +513,7 @@ pub mod emp_service_v1 {
             f.debug_struct("ServiceClient")
                 .field("outbox", &self.outbox)
                 .field("destination", &self.destination)
+                .field("deliver_at", &self.deliver_at)
                 .field("store", &S::NAME)
                 .finish()
         }
@@ -489,6 +524,7 @@ pub mod emp_service_v1 {
             Self {
                 outbox: self.outbox.clone(),
                 destination: self.destination.clone(),
+                deliver_at: self.deliver_at,
             }
         }
     }
@@ -506,7 +542,35 @@ pub mod emp_service_v1 {
         ) -> Self {
             let destination = destination.into();
             outbox.declare_destination(&destination);
-            Self { outbox, destination }
+            Self {
+                outbox,
+                destination,
+                deliver_at: None,
+            }
+        }
+
+        /// This client, its messages first sent at `when` (a `SystemTime`, or a
+        /// contract `Timestamp`) rather than at once: durable timers. A call
+        /// still writes its row in the caller's transaction; the dispatcher
+        /// sends it once `when` has come (within milliseconds, also after a
+        /// restart), and its TTL counts from then. Until then the stats show
+        /// it as scheduled, not as backlog:
+        /// `client.deliver_at(when).provision_laptop(tx, …)`.
+        #[allow(dead_code)]
+        #[must_use]
+        pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
+            Self {
+                deliver_at: Some(when.into()),
+                ..self.clone()
+            }
+        }
+
+        /// This client, its messages first sent `delay` from now: see
+        /// [`deliver_at`](Self::deliver_at).
+        #[allow(dead_code)]
+        #[must_use]
+        pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
+            self.deliver_at(::std::time::SystemTime::now() + delay)
         }
 
         /// The engine asks the HR service to provision a laptop.
@@ -547,6 +611,7 @@ pub mod emp_service_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 },
             )
         }
@@ -752,6 +817,7 @@ pub mod emp_service_v1 {
         pub struct EngineClient<S: ::rfidl_runtime::AsyncStore> {
             outbox: ::rfidl_runtime::outbox::Outbox<S>,
             destination: ::std::string::String,
+            deliver_at: ::std::option::Option<::std::time::SystemTime>,
         }
 
         impl<S: ::rfidl_runtime::AsyncStore> ::std::fmt::Debug for EngineClient<S> {
@@ -759,6 +825,7 @@ pub mod emp_service_v1 {
                 f.debug_struct("EngineClient")
                     .field("outbox", &self.outbox)
                     .field("destination", &self.destination)
+                    .field("deliver_at", &self.deliver_at)
                     .field("store", &S::NAME)
                     .finish()
             }
@@ -769,6 +836,7 @@ pub mod emp_service_v1 {
                 Self {
                     outbox: self.outbox.clone(),
                     destination: self.destination.clone(),
+                    deliver_at: self.deliver_at,
                 }
             }
         }
@@ -786,7 +854,33 @@ pub mod emp_service_v1 {
             ) -> Self {
                 let destination = destination.into();
                 outbox.declare_destination(&destination);
-                Self { outbox, destination }
+                Self {
+                    outbox,
+                    destination,
+                    deliver_at: None,
+                }
+            }
+
+            /// This client, its messages first sent at `when` (a `SystemTime`, or a
+            /// contract `Timestamp`) rather than at once: durable timers. A call
+            /// still writes its row in the caller's transaction; the dispatcher
+            /// sends it once `when` has come (within milliseconds, also after a
+            /// restart), and its TTL counts from then. Until then the stats show
+            /// it as scheduled, not as backlog:
+            /// `client.deliver_at(when).employee_hired(conn, …)`.
+            #[must_use]
+            pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
+                Self {
+                    deliver_at: Some(when.into()),
+                    ..self.clone()
+                }
+            }
+
+            /// This client, its messages first sent `delay` from now: see
+            /// [`deliver_at`](Self::deliver_at).
+            #[must_use]
+            pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
+                self.deliver_at(::std::time::SystemTime::now() + delay)
             }
 
             /// Raised when an employee is hired; the engine matches waiting
@@ -824,6 +918,7 @@ pub mod emp_service_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: Some(10),
                     ttl: Some(::std::time::Duration::new(172_800, 0)),
+                    deliver_at: self.deliver_at,
                 };
                 self.outbox.enqueue_async(conn, message).await
             }
@@ -862,6 +957,7 @@ pub mod emp_service_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 };
                 self.outbox.enqueue_async(conn, message).await
             }
@@ -1130,6 +1226,7 @@ pub mod emp_service_v1 {
         pub struct ServiceClient<S: ::rfidl_runtime::AsyncStore> {
             outbox: ::rfidl_runtime::outbox::Outbox<S>,
             destination: ::std::string::String,
+            deliver_at: ::std::option::Option<::std::time::SystemTime>,
         }
 
         impl<S: ::rfidl_runtime::AsyncStore> ::std::fmt::Debug for ServiceClient<S> {
@@ -1137,6 +1234,7 @@ pub mod emp_service_v1 {
                 f.debug_struct("ServiceClient")
                     .field("outbox", &self.outbox)
                     .field("destination", &self.destination)
+                    .field("deliver_at", &self.deliver_at)
                     .field("store", &S::NAME)
                     .finish()
             }
@@ -1147,6 +1245,7 @@ pub mod emp_service_v1 {
                 Self {
                     outbox: self.outbox.clone(),
                     destination: self.destination.clone(),
+                    deliver_at: self.deliver_at,
                 }
             }
         }
@@ -1164,7 +1263,33 @@ pub mod emp_service_v1 {
             ) -> Self {
                 let destination = destination.into();
                 outbox.declare_destination(&destination);
-                Self { outbox, destination }
+                Self {
+                    outbox,
+                    destination,
+                    deliver_at: None,
+                }
+            }
+
+            /// This client, its messages first sent at `when` (a `SystemTime`, or a
+            /// contract `Timestamp`) rather than at once: durable timers. A call
+            /// still writes its row in the caller's transaction; the dispatcher
+            /// sends it once `when` has come (within milliseconds, also after a
+            /// restart), and its TTL counts from then. Until then the stats show
+            /// it as scheduled, not as backlog:
+            /// `client.deliver_at(when).provision_laptop(conn, …)`.
+            #[must_use]
+            pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
+                Self {
+                    deliver_at: Some(when.into()),
+                    ..self.clone()
+                }
+            }
+
+            /// This client, its messages first sent `delay` from now: see
+            /// [`deliver_at`](Self::deliver_at).
+            #[must_use]
+            pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
+                self.deliver_at(::std::time::SystemTime::now() + delay)
             }
 
             /// The engine asks the HR service to provision a laptop.
@@ -1203,6 +1328,7 @@ pub mod emp_service_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 };
                 self.outbox.enqueue_async(conn, message).await
             }
@@ -1519,6 +1645,7 @@ pub mod emp_service_v2 {
     pub struct EngineClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
+        deliver_at: ::std::option::Option<::std::time::SystemTime>,
     }
 
     impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for EngineClient<S> {
@@ -1526,6 +1653,7 @@ pub mod emp_service_v2 {
             f.debug_struct("EngineClient")
                 .field("outbox", &self.outbox)
                 .field("destination", &self.destination)
+                .field("deliver_at", &self.deliver_at)
                 .field("store", &S::NAME)
                 .finish()
         }
@@ -1536,6 +1664,7 @@ pub mod emp_service_v2 {
             Self {
                 outbox: self.outbox.clone(),
                 destination: self.destination.clone(),
+                deliver_at: self.deliver_at,
             }
         }
     }
@@ -1553,7 +1682,35 @@ pub mod emp_service_v2 {
         ) -> Self {
             let destination = destination.into();
             outbox.declare_destination(&destination);
-            Self { outbox, destination }
+            Self {
+                outbox,
+                destination,
+                deliver_at: None,
+            }
+        }
+
+        /// This client, its messages first sent at `when` (a `SystemTime`, or a
+        /// contract `Timestamp`) rather than at once: durable timers. A call
+        /// still writes its row in the caller's transaction; the dispatcher
+        /// sends it once `when` has come (within milliseconds, also after a
+        /// restart), and its TTL counts from then. Until then the stats show
+        /// it as scheduled, not as backlog:
+        /// `client.deliver_at(when).employee_hired(tx, …)`.
+        #[allow(dead_code)]
+        #[must_use]
+        pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
+            Self {
+                deliver_at: Some(when.into()),
+                ..self.clone()
+            }
+        }
+
+        /// This client, its messages first sent `delay` from now: see
+        /// [`deliver_at`](Self::deliver_at).
+        #[allow(dead_code)]
+        #[must_use]
+        pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
+            self.deliver_at(::std::time::SystemTime::now() + delay)
         }
 
         /// Raised when an employee is hired.
@@ -1596,6 +1753,7 @@ pub mod emp_service_v2 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: Some(10),
                     ttl: Some(::std::time::Duration::new(172_800, 0)),
+                    deliver_at: self.deliver_at,
                 },
             )
         }
@@ -1636,6 +1794,7 @@ pub mod emp_service_v2 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 },
             )
         }
@@ -1680,6 +1839,7 @@ pub mod emp_service_v2 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 },
             )
         }
@@ -1722,6 +1882,7 @@ pub mod emp_service_v2 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: Some(::std::time::Duration::new(5400, 0)),
+                    deliver_at: self.deliver_at,
                 },
             )
         }
@@ -2040,6 +2201,7 @@ pub mod emp_service_v2 {
     pub struct ServiceClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
+        deliver_at: ::std::option::Option<::std::time::SystemTime>,
     }
 
     impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for ServiceClient<S> {
@@ -2047,6 +2209,7 @@ pub mod emp_service_v2 {
             f.debug_struct("ServiceClient")
                 .field("outbox", &self.outbox)
                 .field("destination", &self.destination)
+                .field("deliver_at", &self.deliver_at)
                 .field("store", &S::NAME)
                 .finish()
         }
@@ -2057,6 +2220,7 @@ pub mod emp_service_v2 {
             Self {
                 outbox: self.outbox.clone(),
                 destination: self.destination.clone(),
+                deliver_at: self.deliver_at,
             }
         }
     }
@@ -2074,7 +2238,35 @@ pub mod emp_service_v2 {
         ) -> Self {
             let destination = destination.into();
             outbox.declare_destination(&destination);
-            Self { outbox, destination }
+            Self {
+                outbox,
+                destination,
+                deliver_at: None,
+            }
+        }
+
+        /// This client, its messages first sent at `when` (a `SystemTime`, or a
+        /// contract `Timestamp`) rather than at once: durable timers. A call
+        /// still writes its row in the caller's transaction; the dispatcher
+        /// sends it once `when` has come (within milliseconds, also after a
+        /// restart), and its TTL counts from then. Until then the stats show
+        /// it as scheduled, not as backlog:
+        /// `client.deliver_at(when).provision_laptop(tx, …)`.
+        #[allow(dead_code)]
+        #[must_use]
+        pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
+            Self {
+                deliver_at: Some(when.into()),
+                ..self.clone()
+            }
+        }
+
+        /// This client, its messages first sent `delay` from now: see
+        /// [`deliver_at`](Self::deliver_at).
+        #[allow(dead_code)]
+        #[must_use]
+        pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
+            self.deliver_at(::std::time::SystemTime::now() + delay)
         }
 
         /// The engine asks the HR service to provision a laptop.
@@ -2117,6 +2309,7 @@ pub mod emp_service_v2 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 },
             )
         }
@@ -2330,6 +2523,7 @@ pub mod emp_service_v2 {
         pub struct EngineClient<S: ::rfidl_runtime::AsyncStore> {
             outbox: ::rfidl_runtime::outbox::Outbox<S>,
             destination: ::std::string::String,
+            deliver_at: ::std::option::Option<::std::time::SystemTime>,
         }
 
         impl<S: ::rfidl_runtime::AsyncStore> ::std::fmt::Debug for EngineClient<S> {
@@ -2337,6 +2531,7 @@ pub mod emp_service_v2 {
                 f.debug_struct("EngineClient")
                     .field("outbox", &self.outbox)
                     .field("destination", &self.destination)
+                    .field("deliver_at", &self.deliver_at)
                     .field("store", &S::NAME)
                     .finish()
             }
@@ -2347,6 +2542,7 @@ pub mod emp_service_v2 {
                 Self {
                     outbox: self.outbox.clone(),
                     destination: self.destination.clone(),
+                    deliver_at: self.deliver_at,
                 }
             }
         }
@@ -2364,7 +2560,33 @@ pub mod emp_service_v2 {
             ) -> Self {
                 let destination = destination.into();
                 outbox.declare_destination(&destination);
-                Self { outbox, destination }
+                Self {
+                    outbox,
+                    destination,
+                    deliver_at: None,
+                }
+            }
+
+            /// This client, its messages first sent at `when` (a `SystemTime`, or a
+            /// contract `Timestamp`) rather than at once: durable timers. A call
+            /// still writes its row in the caller's transaction; the dispatcher
+            /// sends it once `when` has come (within milliseconds, also after a
+            /// restart), and its TTL counts from then. Until then the stats show
+            /// it as scheduled, not as backlog:
+            /// `client.deliver_at(when).employee_hired(conn, …)`.
+            #[must_use]
+            pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
+                Self {
+                    deliver_at: Some(when.into()),
+                    ..self.clone()
+                }
+            }
+
+            /// This client, its messages first sent `delay` from now: see
+            /// [`deliver_at`](Self::deliver_at).
+            #[must_use]
+            pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
+                self.deliver_at(::std::time::SystemTime::now() + delay)
             }
 
             /// Raised when an employee is hired.
@@ -2405,6 +2627,7 @@ pub mod emp_service_v2 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: Some(10),
                     ttl: Some(::std::time::Duration::new(172_800, 0)),
+                    deliver_at: self.deliver_at,
                 };
                 self.outbox.enqueue_async(conn, message).await
             }
@@ -2443,6 +2666,7 @@ pub mod emp_service_v2 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 };
                 self.outbox.enqueue_async(conn, message).await
             }
@@ -2485,6 +2709,7 @@ pub mod emp_service_v2 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 };
                 self.outbox.enqueue_async(conn, message).await
             }
@@ -2525,6 +2750,7 @@ pub mod emp_service_v2 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: Some(::std::time::Duration::new(5400, 0)),
+                    deliver_at: self.deliver_at,
                 };
                 self.outbox.enqueue_async(conn, message).await
             }
@@ -2912,6 +3138,7 @@ pub mod emp_service_v2 {
         pub struct ServiceClient<S: ::rfidl_runtime::AsyncStore> {
             outbox: ::rfidl_runtime::outbox::Outbox<S>,
             destination: ::std::string::String,
+            deliver_at: ::std::option::Option<::std::time::SystemTime>,
         }
 
         impl<S: ::rfidl_runtime::AsyncStore> ::std::fmt::Debug for ServiceClient<S> {
@@ -2919,6 +3146,7 @@ pub mod emp_service_v2 {
                 f.debug_struct("ServiceClient")
                     .field("outbox", &self.outbox)
                     .field("destination", &self.destination)
+                    .field("deliver_at", &self.deliver_at)
                     .field("store", &S::NAME)
                     .finish()
             }
@@ -2929,6 +3157,7 @@ pub mod emp_service_v2 {
                 Self {
                     outbox: self.outbox.clone(),
                     destination: self.destination.clone(),
+                    deliver_at: self.deliver_at,
                 }
             }
         }
@@ -2946,7 +3175,33 @@ pub mod emp_service_v2 {
             ) -> Self {
                 let destination = destination.into();
                 outbox.declare_destination(&destination);
-                Self { outbox, destination }
+                Self {
+                    outbox,
+                    destination,
+                    deliver_at: None,
+                }
+            }
+
+            /// This client, its messages first sent at `when` (a `SystemTime`, or a
+            /// contract `Timestamp`) rather than at once: durable timers. A call
+            /// still writes its row in the caller's transaction; the dispatcher
+            /// sends it once `when` has come (within milliseconds, also after a
+            /// restart), and its TTL counts from then. Until then the stats show
+            /// it as scheduled, not as backlog:
+            /// `client.deliver_at(when).provision_laptop(conn, …)`.
+            #[must_use]
+            pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
+                Self {
+                    deliver_at: Some(when.into()),
+                    ..self.clone()
+                }
+            }
+
+            /// This client, its messages first sent `delay` from now: see
+            /// [`deliver_at`](Self::deliver_at).
+            #[must_use]
+            pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
+                self.deliver_at(::std::time::SystemTime::now() + delay)
             }
 
             /// The engine asks the HR service to provision a laptop.
@@ -2987,6 +3242,7 @@ pub mod emp_service_v2 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 };
                 self.outbox.enqueue_async(conn, message).await
             }

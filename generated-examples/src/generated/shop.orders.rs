@@ -152,6 +152,7 @@ pub mod order_service_v1 {
     pub struct EngineClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
+        deliver_at: ::std::option::Option<::std::time::SystemTime>,
     }
 
     impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for EngineClient<S> {
@@ -159,6 +160,7 @@ pub mod order_service_v1 {
             f.debug_struct("EngineClient")
                 .field("outbox", &self.outbox)
                 .field("destination", &self.destination)
+                .field("deliver_at", &self.deliver_at)
                 .field("store", &S::NAME)
                 .finish()
         }
@@ -169,6 +171,7 @@ pub mod order_service_v1 {
             Self {
                 outbox: self.outbox.clone(),
                 destination: self.destination.clone(),
+                deliver_at: self.deliver_at,
             }
         }
     }
@@ -186,7 +189,35 @@ pub mod order_service_v1 {
         ) -> Self {
             let destination = destination.into();
             outbox.declare_destination(&destination);
-            Self { outbox, destination }
+            Self {
+                outbox,
+                destination,
+                deliver_at: None,
+            }
+        }
+
+        /// This client, its messages first sent at `when` (a `SystemTime`, or a
+        /// contract `Timestamp`) rather than at once: durable timers. A call
+        /// still writes its row in the caller's transaction; the dispatcher
+        /// sends it once `when` has come (within milliseconds, also after a
+        /// restart), and its TTL counts from then. Until then the stats show
+        /// it as scheduled, not as backlog:
+        /// `client.deliver_at(when).order_placed(tx, …)`.
+        #[allow(dead_code)]
+        #[must_use]
+        pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
+            Self {
+                deliver_at: Some(when.into()),
+                ..self.clone()
+            }
+        }
+
+        /// This client, its messages first sent `delay` from now: see
+        /// [`deliver_at`](Self::deliver_at).
+        #[allow(dead_code)]
+        #[must_use]
+        pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
+            self.deliver_at(::std::time::SystemTime::now() + delay)
         }
 
         /// A customer placed an order: starts the fulfilment workflow.
@@ -223,6 +254,7 @@ pub mod order_service_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 },
             )
         }
@@ -265,6 +297,7 @@ pub mod order_service_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 },
             )
         }
@@ -413,6 +446,7 @@ pub mod order_service_v1 {
     pub struct ServiceClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
+        deliver_at: ::std::option::Option<::std::time::SystemTime>,
     }
 
     impl<S: ::rfidl_runtime::Store> ::std::fmt::Debug for ServiceClient<S> {
@@ -420,6 +454,7 @@ pub mod order_service_v1 {
             f.debug_struct("ServiceClient")
                 .field("outbox", &self.outbox)
                 .field("destination", &self.destination)
+                .field("deliver_at", &self.deliver_at)
                 .field("store", &S::NAME)
                 .finish()
         }
@@ -430,6 +465,7 @@ pub mod order_service_v1 {
             Self {
                 outbox: self.outbox.clone(),
                 destination: self.destination.clone(),
+                deliver_at: self.deliver_at,
             }
         }
     }
@@ -447,7 +483,35 @@ pub mod order_service_v1 {
         ) -> Self {
             let destination = destination.into();
             outbox.declare_destination(&destination);
-            Self { outbox, destination }
+            Self {
+                outbox,
+                destination,
+                deliver_at: None,
+            }
+        }
+
+        /// This client, its messages first sent at `when` (a `SystemTime`, or a
+        /// contract `Timestamp`) rather than at once: durable timers. A call
+        /// still writes its row in the caller's transaction; the dispatcher
+        /// sends it once `when` has come (within milliseconds, also after a
+        /// restart), and its TTL counts from then. Until then the stats show
+        /// it as scheduled, not as backlog:
+        /// `client.deliver_at(when).reserve_stock(tx, …)`.
+        #[allow(dead_code)]
+        #[must_use]
+        pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
+            Self {
+                deliver_at: Some(when.into()),
+                ..self.clone()
+            }
+        }
+
+        /// This client, its messages first sent `delay` from now: see
+        /// [`deliver_at`](Self::deliver_at).
+        #[allow(dead_code)]
+        #[must_use]
+        pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
+            self.deliver_at(::std::time::SystemTime::now() + delay)
         }
 
         /// Reserve stock for an order; answers what could be reserved.
@@ -488,6 +552,7 @@ pub mod order_service_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: Some(3),
                     ttl: Some(::std::time::Duration::new(900, 0)),
+                    deliver_at: self.deliver_at,
                 },
             )
         }
@@ -530,6 +595,7 @@ pub mod order_service_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: Some(8),
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 },
             )
         }
@@ -568,6 +634,7 @@ pub mod order_service_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 },
             )
         }
@@ -895,6 +962,7 @@ pub mod order_service_v1 {
         pub struct EngineClient<S: ::rfidl_runtime::AsyncStore> {
             outbox: ::rfidl_runtime::outbox::Outbox<S>,
             destination: ::std::string::String,
+            deliver_at: ::std::option::Option<::std::time::SystemTime>,
         }
 
         impl<S: ::rfidl_runtime::AsyncStore> ::std::fmt::Debug for EngineClient<S> {
@@ -902,6 +970,7 @@ pub mod order_service_v1 {
                 f.debug_struct("EngineClient")
                     .field("outbox", &self.outbox)
                     .field("destination", &self.destination)
+                    .field("deliver_at", &self.deliver_at)
                     .field("store", &S::NAME)
                     .finish()
             }
@@ -912,6 +981,7 @@ pub mod order_service_v1 {
                 Self {
                     outbox: self.outbox.clone(),
                     destination: self.destination.clone(),
+                    deliver_at: self.deliver_at,
                 }
             }
         }
@@ -929,7 +999,33 @@ pub mod order_service_v1 {
             ) -> Self {
                 let destination = destination.into();
                 outbox.declare_destination(&destination);
-                Self { outbox, destination }
+                Self {
+                    outbox,
+                    destination,
+                    deliver_at: None,
+                }
+            }
+
+            /// This client, its messages first sent at `when` (a `SystemTime`, or a
+            /// contract `Timestamp`) rather than at once: durable timers. A call
+            /// still writes its row in the caller's transaction; the dispatcher
+            /// sends it once `when` has come (within milliseconds, also after a
+            /// restart), and its TTL counts from then. Until then the stats show
+            /// it as scheduled, not as backlog:
+            /// `client.deliver_at(when).order_placed(conn, …)`.
+            #[must_use]
+            pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
+                Self {
+                    deliver_at: Some(when.into()),
+                    ..self.clone()
+                }
+            }
+
+            /// This client, its messages first sent `delay` from now: see
+            /// [`deliver_at`](Self::deliver_at).
+            #[must_use]
+            pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
+                self.deliver_at(::std::time::SystemTime::now() + delay)
             }
 
             /// A customer placed an order: starts the fulfilment workflow.
@@ -964,6 +1060,7 @@ pub mod order_service_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 };
                 self.outbox.enqueue_async(conn, message).await
             }
@@ -1004,6 +1101,7 @@ pub mod order_service_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 };
                 self.outbox.enqueue_async(conn, message).await
             }
@@ -1195,6 +1293,7 @@ pub mod order_service_v1 {
         pub struct ServiceClient<S: ::rfidl_runtime::AsyncStore> {
             outbox: ::rfidl_runtime::outbox::Outbox<S>,
             destination: ::std::string::String,
+            deliver_at: ::std::option::Option<::std::time::SystemTime>,
         }
 
         impl<S: ::rfidl_runtime::AsyncStore> ::std::fmt::Debug for ServiceClient<S> {
@@ -1202,6 +1301,7 @@ pub mod order_service_v1 {
                 f.debug_struct("ServiceClient")
                     .field("outbox", &self.outbox)
                     .field("destination", &self.destination)
+                    .field("deliver_at", &self.deliver_at)
                     .field("store", &S::NAME)
                     .finish()
             }
@@ -1212,6 +1312,7 @@ pub mod order_service_v1 {
                 Self {
                     outbox: self.outbox.clone(),
                     destination: self.destination.clone(),
+                    deliver_at: self.deliver_at,
                 }
             }
         }
@@ -1229,7 +1330,33 @@ pub mod order_service_v1 {
             ) -> Self {
                 let destination = destination.into();
                 outbox.declare_destination(&destination);
-                Self { outbox, destination }
+                Self {
+                    outbox,
+                    destination,
+                    deliver_at: None,
+                }
+            }
+
+            /// This client, its messages first sent at `when` (a `SystemTime`, or a
+            /// contract `Timestamp`) rather than at once: durable timers. A call
+            /// still writes its row in the caller's transaction; the dispatcher
+            /// sends it once `when` has come (within milliseconds, also after a
+            /// restart), and its TTL counts from then. Until then the stats show
+            /// it as scheduled, not as backlog:
+            /// `client.deliver_at(when).reserve_stock(conn, …)`.
+            #[must_use]
+            pub fn deliver_at(&self, when: impl Into<::std::time::SystemTime>) -> Self {
+                Self {
+                    deliver_at: Some(when.into()),
+                    ..self.clone()
+                }
+            }
+
+            /// This client, its messages first sent `delay` from now: see
+            /// [`deliver_at`](Self::deliver_at).
+            #[must_use]
+            pub fn deliver_after(&self, delay: ::std::time::Duration) -> Self {
+                self.deliver_at(::std::time::SystemTime::now() + delay)
             }
 
             /// Reserve stock for an order; answers what could be reserved.
@@ -1268,6 +1395,7 @@ pub mod order_service_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: Some(3),
                     ttl: Some(::std::time::Duration::new(900, 0)),
+                    deliver_at: self.deliver_at,
                 };
                 self.outbox.enqueue_async(conn, message).await
             }
@@ -1308,6 +1436,7 @@ pub mod order_service_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: Some(8),
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 };
                 self.outbox.enqueue_async(conn, message).await
             }
@@ -1344,6 +1473,7 @@ pub mod order_service_v1 {
                     headers: ::std::collections::BTreeMap::new(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: self.deliver_at,
                 };
                 self.outbox.enqueue_async(conn, message).await
             }

@@ -44,6 +44,11 @@ impl<S: AsyncStore> aio::EngineHandler<S> for Engine<S> {
         self.laptops
             .provision_laptop(conn, employee.id, "spare".to_owned())
             .await?;
+        // A durable timer through the async client's scoped view.
+        self.laptops
+            .deliver_after(std::time::Duration::from_secs(7 * 24 * 3600))
+            .provision_laptop(conn, employee.id, "return reminder".to_owned())
+            .await?;
         Ok(HireAck {
             workflow_id: employee.id,
         })

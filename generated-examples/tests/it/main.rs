@@ -8,4 +8,5 @@ mod ops_access;
 mod processes;
 mod registration;
 mod signals;
+mod timers;
 mod verdict;

@@ -48,6 +48,7 @@ fn seed_outbox(path: &Path, n: usize, age: Duration, dead: usize) {
                         headers: Default::default(),
                         max_retries: None,
                         ttl: None,
+                        deliver_at: None,
                     },
                 )
                 .expect("enqueue")

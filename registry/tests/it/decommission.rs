@@ -82,6 +82,7 @@ pub(crate) fn provider(
                     headers: Default::default(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: None,
                 },
             )
             .expect("enqueue");

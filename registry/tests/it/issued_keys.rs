@@ -238,6 +238,7 @@ impl Engine {
                     headers: Default::default(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: None,
                 },
             )
             .expect("enqueue");

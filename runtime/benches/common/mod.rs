@@ -109,6 +109,7 @@ fn message_with_note(destination: &str, n: usize, note: usize) -> OutgoingMessag
         headers: BTreeMap::new(),
         max_retries: None,
         ttl: None,
+        deliver_at: None,
     }
 }
 

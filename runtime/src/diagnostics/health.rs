@@ -45,19 +45,25 @@ pub(super) fn fold_unsent(
     let mut stats = OutboxStats::default();
     let mut oldest_pending: Option<i64> = None;
     for group in groups {
+        // Timers not due yet are neither backlog nor part of its age.
+        let waiting = group.rows.saturating_sub(group.scheduled);
+        stats.scheduled += group.scheduled;
+        if waiting == 0 {
+            continue;
+        }
         if matches!(group.status, Status::Pending | Status::Sending) {
             let oldest = group.oldest_created_at;
             oldest_pending = Some(oldest_pending.map_or(oldest, |o| o.min(oldest)));
         }
         if let Some(total) = status_total(&mut stats, group.status) {
-            *total += group.rows;
+            *total += waiting;
         }
         *stats
             .destinations
             .entry(group.destination)
             .or_default()
             .entry(group.status)
-            .or_default() += group.rows;
+            .or_default() += waiting;
     }
     stats.last_sent_at = last_sent.map(rfc3339);
     stats.oldest_pending_age_ms = oldest_pending.map(|created| (now_ms - created).max(0));
@@ -178,7 +184,11 @@ pub(super) fn fold_gauges(
                     destination: group.destination,
                     ..DestinationGauges::default()
                 });
-        let count = group.rows;
+        gauges.scheduled += group.scheduled;
+        let count = group.rows.saturating_sub(group.scheduled);
+        if count == 0 {
+            continue;
+        }
         match group.status {
             Status::Pending | Status::Sending => {
                 gauges.pending += count;
@@ -222,8 +232,52 @@ mod tests {
             destination: destination.to_owned(),
             status,
             rows,
+            scheduled: 0,
             oldest_created_at: oldest,
         }
+    }
+
+    /// Durable timers not due yet are counted apart: no backlog, no age,
+    /// no warning, however many.
+    #[test]
+    fn scheduled_rows_are_not_backlog() {
+        let timers = UnsentGroup {
+            scheduled: 10_000,
+            ..group("reminders", Status::Pending, 10_000, 50_000)
+        };
+        let mixed = UnsentGroup {
+            scheduled: 2,
+            ..group("ledger", Status::Pending, 3, 1_000)
+        };
+        let stats = fold_unsent(vec![timers.clone(), mixed.clone()], None, 10_000);
+        assert_eq!((stats.pending, stats.scheduled), (1, 10_002));
+        assert_eq!(stats.oldest_pending_age_ms, Some(9_000));
+        assert!(!stats.destinations.contains_key("reminders"));
+        assert_eq!(stats.destinations["ledger"][&Status::Pending], 1);
+        let only_timers = fold_unsent(vec![timers.clone()], None, 10_000);
+        assert_eq!(only_timers.oldest_pending_age_ms, None);
+        assert_eq!(
+            health(only_timers, HealthThresholds::default()).status,
+            HealthStatus::Healthy
+        );
+
+        let gauges = fold_gauges(vec![timers, mixed], 10_000, &[]);
+        assert_eq!(
+            (
+                gauges[0].pending,
+                gauges[0].scheduled,
+                gauges[0].oldest_pending_age_ms
+            ),
+            (1, 2, Some(9_000))
+        );
+        assert_eq!(
+            (
+                gauges[1].pending,
+                gauges[1].scheduled,
+                gauges[1].oldest_pending_age_ms
+            ),
+            (0, 10_000, None)
+        );
     }
 
     /// The one folding both stores' groups go through.

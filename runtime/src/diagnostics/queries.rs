@@ -31,8 +31,9 @@ use crate::outbox::Status;
 /// in this module, for both.
 pub(crate) trait DiagnosticsStore {
     /// Every (destination, status) group of rows not `Sent`, read through
-    /// the partial indexes `outbox_due` and `outbox_attention` only.
-    fn unsent_groups(&self) -> Result<Vec<UnsentGroup>, DiagnosticsError>;
+    /// the partial indexes `outbox_due` and `outbox_attention` only; a
+    /// waiting row due after `now` (a durable timer) counts as scheduled.
+    fn unsent_groups(&self, now: i64) -> Result<Vec<UnsentGroup>, DiagnosticsError>;
     /// `sent_at` of the last acknowledged row kept (one index look-up).
     fn last_sent_at(&self) -> Result<Option<i64>, DiagnosticsError>;
     /// Kept `Sent` rows (a scan of the `outbox_sent` index).
@@ -110,7 +111,7 @@ pub fn outbox_stats(conn: &Connection, now_ms: i64) -> rusqlite::Result<OutboxSt
 /// number of kept `Sent` rows; the health check uses it.
 pub fn unsent_stats(conn: &Connection, now_ms: i64) -> rusqlite::Result<OutboxStats> {
     Ok(fold_unsent(
-        crate::store::sqlite::diagnostics::unsent_groups(conn)?,
+        crate::store::sqlite::diagnostics::unsent_groups(conn, now_ms)?,
         crate::store::sqlite::diagnostics::last_sent_at(conn)?,
         now_ms,
     ))
@@ -132,7 +133,7 @@ pub(super) fn unsent_stats_in(
     now_ms: i64,
 ) -> Result<OutboxStats, DiagnosticsError> {
     Ok(fold_unsent(
-        store.unsent_groups()?,
+        store.unsent_groups(now_ms)?,
         store.last_sent_at()?,
         now_ms,
     ))
@@ -330,7 +331,7 @@ pub fn destination_gauges(
     configured: &[String],
 ) -> rusqlite::Result<Vec<DestinationGauges>> {
     Ok(fold_gauges(
-        crate::store::sqlite::diagnostics::unsent_groups(conn)?,
+        crate::store::sqlite::diagnostics::unsent_groups(conn, now_ms)?,
         now_ms,
         configured,
     ))

@@ -541,7 +541,10 @@ async fn serve_metrics(State(shared): State<Arc<Shared>>) -> Result<Response, Di
     let configured = shared.destinations.clone();
     let gauges = Diagnostics::query(&shared, move |store| {
         Ok(Gauges {
-            destinations: fold_gauges(store.unsent_groups()?, db::now_ms(), &configured),
+            destinations: {
+                let now = db::now_ms();
+                fold_gauges(store.unsent_groups(now)?, now, &configured)
+            },
             inbox_size: Some(store.inbox_size()?),
         })
     })

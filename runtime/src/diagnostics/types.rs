@@ -183,8 +183,12 @@ pub type StatusCounts = BTreeMap<Status, u64>;
 #[serde(rename_all = "camelCase")]
 pub struct OutboxStats {
     /// `Pending` rows: waiting for their first or next attempt, or held
-    /// for a decommissioned version.
+    /// for a decommissioned version. Durable timers not due yet are not
+    /// among them: see `scheduled`.
     pub pending: u64,
+    /// `Pending` rows whose `deliver_at` is still ahead (durable timers):
+    /// not backlog, so they count towards no health threshold.
+    pub scheduled: u64,
     /// `Sending` rows: claimed by a dispatcher, in flight (or left by one
     /// that crashed, until their lease runs out).
     pub sending: u64,
@@ -201,7 +205,8 @@ pub struct OutboxStats {
     pub dead_letter: u64,
     /// `Expired` rows: their TTL passed before delivery; need an operator.
     pub expired: u64,
-    /// Age of the oldest `Pending` or `Sending` row, if any.
+    /// Age of the oldest `Pending` or `Sending` row, if any, counted from
+    /// when it was due (a durable timer's `deliver_at`).
     pub oldest_pending_age_ms: Option<i64>,
     /// When the last message was acknowledged (RFC 3339), if any is kept.
     pub last_sent_at: Option<String>,
@@ -333,6 +338,9 @@ pub(crate) struct UnsentGroup {
     pub destination: String,
     pub status: Status,
     pub rows: u64,
+    /// Of those, `Pending` rows not due yet (durable timers: their
+    /// `created_at` is their due time, still ahead).
+    pub scheduled: u64,
     /// `created_at` of the group's oldest row (ms).
     pub oldest_created_at: i64,
 }

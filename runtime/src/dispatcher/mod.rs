@@ -179,10 +179,10 @@ async fn run(state: Arc<State>, wake: Arc<tokio::sync::Notify>, cancel: Cancella
             .outbox
             .max_in_flight
             .saturating_sub(in_flight.len());
-        let (groups, on_this_worker) = if capacity > 0 {
+        let (groups, next_due, on_this_worker) = if capacity > 0 {
             claim(&state, capacity, in_flight.is_empty()).await
         } else {
-            (Vec::new(), false)
+            (Vec::new(), None, false)
         };
         let got_rows = !groups.is_empty();
         for group in groups {
@@ -209,6 +209,12 @@ async fn run(state: Arc<State>, wake: Arc<tokio::sync::Notify>, cancel: Cancella
         } else {
             state.config.outbox.poll_interval
         };
+        // Wake up when the next waiting row is due (a durable timer, a
+        // retry's backoff), not at the next poll.
+        if let Some(due) = next_due {
+            let until_due = (due - crate::store::now_ms()).max(0);
+            idle_wait = idle_wait.min(Duration::from_millis(until_due as u64));
+        }
         // Wake up for the next probe of an open circuit.
         if let Some(probe_at) = state.circuits.next_probe() {
             idle_wait =
@@ -277,16 +283,17 @@ async fn discover(state: &Arc<State>) {
 /// and cuts them into groups of at most each destination's batch limit.
 /// Rows past their TTL are marked `Expired` instead. `idle`: nothing is in
 /// flight, so nothing on this worker waits while a claim runs here. Returns
-/// the groups, and whether the claim ran on this worker: it may then have
-/// been left open, for the caller to commit with
+/// the groups, when the next waiting row is due if it took none
+/// ([`records::Claim::next_due`]), and whether the claim ran on this
+/// worker: it may then have been left open, for the caller to commit with
 /// [`DispatchDb::finish_claim`] once the groups' sends have started.
-async fn claim(state: &Arc<State>, capacity: usize, idle: bool) -> (Vec<Group>, bool) {
+async fn claim(state: &Arc<State>, capacity: usize, idle: bool) -> (Vec<Group>, Option<i64>, bool) {
     let mut destinations: Vec<String> = state.routes.keys().cloned().collect();
     if let Ok(unrouted) = state.unrouted.lock() {
         destinations.extend(unrouted.iter().cloned());
     }
     if destinations.is_empty() {
-        return (Vec::new(), false);
+        return (Vec::new(), None, false);
     }
     let start = state
         .rotation
@@ -303,7 +310,7 @@ async fn claim(state: &Arc<State>, capacity: usize, idle: bool) -> (Vec<Group>, 
         .filter(|(_, admission)| !matches!(admission, Admission::Blocked { .. }))
         .collect();
     if plan.is_empty() {
-        return (Vec::new(), false);
+        return (Vec::new(), None, false);
     }
     let db = state.db.clone();
     let lease_ms = state.config.outbox.lease_timeout.as_millis() as i64;
@@ -321,16 +328,16 @@ async fn claim(state: &Arc<State>, capacity: usize, idle: bool) -> (Vec<Group>, 
         drop(tokio::task::spawn_blocking(move || run(ClaimCommit::Now)));
     }
     let result = claimed.await;
-    let groups = match result {
-        Ok(Ok((groups, expired))) => {
-            state.metrics.outbox_expired.add(expired);
-            groups
+    let (groups, next_due) = match result {
+        Ok(Ok(claim)) => {
+            state.metrics.outbox_expired.add(claim.expired);
+            (claim.groups, claim.next_due)
         }
         Ok(Err(error)) => {
             tracing::warn!(%error, "outbox claim failed; retrying at the next round");
-            Vec::new()
+            (Vec::new(), None)
         }
-        Err(_) => Vec::new(),
+        Err(_) => (Vec::new(), None),
     };
     // A probe that found no due row is not in flight.
     for (destination, admission) in &plan {
@@ -342,7 +349,7 @@ async fn claim(state: &Arc<State>, capacity: usize, idle: bool) -> (Vec<Group>, 
             state.circuits.probe_unused(destination);
         }
     }
-    (groups, inline)
+    (groups, next_due, inline)
 }
 
 /// What one attempt came to: the transport's answer, or a row that could

@@ -66,7 +66,21 @@ pub(crate) enum ClaimCommit {
 }
 
 /// Where a claim's result goes.
-pub(crate) type ClaimSender = tokio::sync::oneshot::Sender<Result<(Vec<Group>, u64), StoreError>>;
+pub(crate) type ClaimSender = tokio::sync::oneshot::Sender<Result<Claim, StoreError>>;
+
+/// What one claim came to.
+#[derive(Debug, Default)]
+pub(crate) struct Claim {
+    /// The rows to send, cut into requests.
+    pub groups: Vec<Group>,
+    /// Rows found past their TTL and marked `Expired` instead.
+    pub expired: u64,
+    /// When a claim that took nothing found the next waiting row of its
+    /// destinations due (Unix ms): a durable timer, a retry's backoff, a
+    /// lease. The dispatcher sleeps until then rather than until its next
+    /// poll, so such a row leaves within milliseconds of its due time.
+    pub next_due: Option<i64>,
+}
 
 /// What one recording transaction changed, added to the metrics after it commits.
 #[derive(Debug, Default, Clone, Copy)]
@@ -94,6 +108,10 @@ pub(crate) trait OutboxTx {
         lease_until: i64,
         limit: usize,
     ) -> Result<Vec<(Claimed, i64)>, StoreError>;
+    /// When the earliest waiting row (`Pending` or `Sending`) of
+    /// `destination` due after `now` is due: one look-up at the start of
+    /// the `outbox_due` index past `now`.
+    fn next_due(&mut self, destination: &str, now: i64) -> Result<Option<i64>, StoreError>;
     /// Marks a claimed row `Expired` (its TTL passed).
     fn expire(&mut self, row: &Claimed) -> Result<(), StoreError>;
     /// Gives a claimed row back (due at `now`).
@@ -150,14 +168,15 @@ pub(crate) trait OutboxTx {
 
 /// The claim: due rows, destination by destination as `plan` admits them,
 /// at most `row_budget` rows in at most `capacity` groups. Rows past their
-/// TTL are marked `Expired` instead (their count is returned).
+/// TTL are marked `Expired` instead (their count is returned). A claim
+/// that took nothing also reads when the next row of `plan` is due.
 pub(crate) fn claim_in(
     tx: &mut impl OutboxTx,
     plan: &[(String, Admission)],
     lease_ms: i64,
     row_budget: usize,
     capacity: usize,
-) -> Result<(Vec<Group>, u64), StoreError> {
+) -> Result<Claim, StoreError> {
     let now = crate::store::now_ms();
     let lease = uuid::Uuid::now_v7().to_string();
     let mut groups = Vec::new();
@@ -203,7 +222,22 @@ pub(crate) fn claim_in(
             tx.release(&row, now)?;
         }
     }
-    Ok((groups, expired_total))
+    // Only when idle: a claim that took rows is followed by another at
+    // once, and the look-up would cost every busy claim (a round trip on
+    // PostgreSQL) for nothing.
+    let mut next_due = None;
+    if groups.is_empty() && expired_total == 0 {
+        for (destination, _) in plan {
+            if let Some(due) = tx.next_due(destination, now)? {
+                next_due = Some(next_due.map_or(due, |next: i64| next.min(due)));
+            }
+        }
+    }
+    Ok(Claim {
+        groups,
+        expired: expired_total,
+        next_due,
+    })
 }
 
 /// Writes what each attempt came to, as the wire protocol's table says.

@@ -49,6 +49,7 @@ pub(crate) fn message(
         headers: Default::default(),
         max_retries: None,
         ttl: None,
+        deliver_at: None,
     }
 }
 

@@ -45,6 +45,8 @@ mod store_delivery;
 mod store_operations;
 mod stores;
 mod tls;
+// Durable timers (`deliver_at`): due-time wake-ups, a SIGKILL before due.
+mod timers;
 // One W3C trace across sender, receiver and the next hop; the tracing spans.
 mod trace_context;
 // Receiver side (rt2): exactly-once, the wire's order of checks, batches.

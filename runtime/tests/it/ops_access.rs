@@ -33,6 +33,7 @@ fn failed_message(path: &std::path::Path) -> String {
                 headers: Default::default(),
                 max_retries: None,
                 ttl: None,
+                deliver_at: None,
             },
         )
         .expect("enqueue")

@@ -67,6 +67,7 @@ fn pending(path: &Path, n: usize) -> Outbox {
                     headers: Default::default(),
                     max_retries: None,
                     ttl: None,
+                    deliver_at: None,
                 },
             )
             .expect("enqueue");

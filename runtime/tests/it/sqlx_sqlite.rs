@@ -89,6 +89,7 @@ fn credit(amount: i64) -> OutgoingMessage {
         headers: Default::default(),
         max_retries: None,
         ttl: None,
+        deliver_at: None,
     }
 }
 

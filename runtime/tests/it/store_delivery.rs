@@ -267,6 +267,7 @@ async fn ttl_expiry(store: &TestStore) {
         &outbox,
         OutgoingMessage {
             ttl: Some(Duration::ZERO),
+            deliver_at: None,
             ..message("peer", "S200", json!({}))
         },
     );
@@ -274,6 +275,7 @@ async fn ttl_expiry(store: &TestStore) {
         &outbox,
         OutgoingMessage {
             ttl: Some(Duration::from_millis(150)),
+            deliver_at: None,
             max_retries: Some(1000),
             ..message("peer", "S503", json!({}))
         },

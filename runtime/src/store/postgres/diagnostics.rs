@@ -98,9 +98,10 @@ impl<'a> FilterParams<'a> {
 /// The group queries: the two `status IN (…)` conditions repeat those of the
 /// partial indexes `outbox_due` and `outbox_attention`.
 const UNSENT_GROUPS: [&str; 2] = [
-    "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
+    "SELECT destination, status, COUNT(*), MIN(created_at), \
+     COUNT(*) FILTER (WHERE created_at > $1) FROM outbox_messages \
      WHERE status IN ('Pending', 'Sending') GROUP BY destination, status",
-    "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
+    "SELECT destination, status, COUNT(*), MIN(created_at), 0::bigint FROM outbox_messages \
      WHERE status IN ('Failed', 'DeadLetter', 'Expired') GROUP BY destination, status",
 ];
 
@@ -243,11 +244,13 @@ impl DiagnosticsStore for PostgresDiagnostics {
         })
     }
 
-    fn unsent_groups(&self) -> Result<Vec<UnsentGroup>, DiagnosticsError> {
+    fn unsent_groups(&self, now: i64) -> Result<Vec<UnsentGroup>, DiagnosticsError> {
         self.with_client(|client| {
             let mut groups = Vec::new();
-            for sql in UNSENT_GROUPS {
-                for row in client.query_typed(sql, &[])? {
+            let [due, attention] = UNSENT_GROUPS;
+            let due = client.query_typed(due, &[(&now, postgres::types::Type::INT8)])?;
+            for rows in [due, client.query_typed(attention, &[])?] {
+                for row in rows {
                     let status: String = row.get(1);
                     let Some(status) = Status::parse(&status) else {
                         continue;
@@ -256,6 +259,7 @@ impl DiagnosticsStore for PostgresDiagnostics {
                         destination: row.get(0),
                         status,
                         rows: row.get::<_, i64>(2).max(0) as u64,
+                        scheduled: row.get::<_, i64>(4).max(0) as u64,
                         oldest_created_at: row.get(3),
                     });
                 }

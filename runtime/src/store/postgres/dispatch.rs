@@ -189,6 +189,19 @@ impl OutboxTx for PostgresOps<'_, '_> {
         Ok(claimed)
     }
 
+    fn next_due(&mut self, destination: &str, now: i64) -> Result<Option<i64>, StoreError> {
+        let row = self
+            .tx
+            .query_typed(
+                "SELECT next_retry_at FROM outbox_messages \
+                 WHERE destination = $1 AND status IN ('Pending', 'Sending') AND next_retry_at > $2 \
+                 ORDER BY next_retry_at LIMIT 1",
+                &[(&destination, Type::TEXT), (&now, Type::INT8)],
+            )
+            .map_err(|e| statement(&e))?;
+        Ok(row.first().map(|r| r.get(0)))
+    }
+
     fn expire(&mut self, row: &Claimed) -> Result<(), StoreError> {
         self.update(
             "UPDATE outbox_messages SET status = 'Expired', lease_token = NULL, \

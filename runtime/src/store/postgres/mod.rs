@@ -284,8 +284,7 @@ pub(crate) fn insert_outbox(
     message: &OutgoingMessage,
 ) -> Result<Uuid, OutboxError> {
     let id = Uuid::now_v7();
-    let now = crate::store::now_ms();
-    let ttl = message.ttl.unwrap_or(config.outbox.ttl);
+    let due = message.due_ms(crate::store::now_ms());
     let max_retries = i64::from(message.max_retries.unwrap_or(config.outbox.max_retries));
     let (payload, headers) = (
         serde_json::to_string(&message.payload)?,
@@ -294,7 +293,7 @@ pub(crate) fn insert_outbox(
     let (id_text, version, expires_at) = (
         id.to_string(),
         i64::from(message.version),
-        now + ttl.as_millis() as i64,
+        message.expires_ms(config, due),
     );
     // Typed parameters: one round trip, no prepare.
     tx.execute_typed(
@@ -314,7 +313,7 @@ pub(crate) fn insert_outbox(
             (&payload, Type::TEXT),
             (&headers, Type::TEXT),
             (&max_retries, Type::INT8),
-            (&now, Type::INT8),
+            (&due, Type::INT8),
             (&expires_at, Type::INT8),
         ],
     )

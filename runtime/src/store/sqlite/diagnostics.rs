@@ -75,20 +75,34 @@ pub fn database_checks(conn: &Connection) -> BTreeMap<String, String> {
     checks
 }
 
-pub(crate) fn unsent_groups(conn: &Connection) -> rusqlite::Result<Vec<UnsentGroup>> {
+/// The unsent rows by (destination, status); a waiting row whose
+/// `created_at` (its due time) is after `now` is a durable timer, counted
+/// as scheduled.
+pub(crate) fn unsent_groups(conn: &Connection, now: i64) -> rusqlite::Result<Vec<UnsentGroup>> {
     let mut groups = Vec::new();
-    for sql in [
-        "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
-         WHERE status IN ('Pending', 'Sending') GROUP BY destination, status",
-        concat!(
-            "SELECT destination, status, COUNT(*), MIN(created_at) FROM outbox_messages \
-         WHERE ",
-            crate::store::sqlite::attention!(),
-            " GROUP BY destination, status"
+    for (sql, binds_now) in [
+        (
+            "SELECT destination, status, COUNT(*), MIN(created_at), SUM(created_at > ?1) \
+             FROM outbox_messages WHERE status IN ('Pending', 'Sending') \
+             GROUP BY destination, status",
+            true,
+        ),
+        (
+            concat!(
+                "SELECT destination, status, COUNT(*), MIN(created_at), 0 FROM outbox_messages \
+                 WHERE ",
+                crate::store::sqlite::attention!(),
+                " GROUP BY destination, status"
+            ),
+            false,
         ),
     ] {
         let mut statement = conn.prepare_cached(sql)?;
-        let mut rows = statement.query([])?;
+        let mut rows = if binds_now {
+            statement.query([now])?
+        } else {
+            statement.query([])?
+        };
         while let Some(row) = rows.next()? {
             let status: String = row.get(1)?;
             let Some(status) = Status::parse(&status) else {
@@ -98,6 +112,7 @@ pub(crate) fn unsent_groups(conn: &Connection) -> rusqlite::Result<Vec<UnsentGro
                 destination: row.get(0)?,
                 status,
                 rows: row.get::<_, i64>(2)?.max(0) as u64,
+                scheduled: row.get::<_, Option<i64>>(4)?.unwrap_or(0).max(0) as u64,
                 oldest_created_at: row.get(3)?,
             });
         }
@@ -129,8 +144,8 @@ impl DiagnosticsStore for Connection {
         Ok(rows)
     }
 
-    fn unsent_groups(&self) -> Result<Vec<UnsentGroup>, DiagnosticsError> {
-        Ok(unsent_groups(self)?)
+    fn unsent_groups(&self, now: i64) -> Result<Vec<UnsentGroup>, DiagnosticsError> {
+        Ok(unsent_groups(self, now)?)
     }
 
     fn last_sent_at(&self) -> Result<Option<i64>, DiagnosticsError> {

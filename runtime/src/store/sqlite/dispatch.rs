@@ -15,9 +15,9 @@ use crate::store::StoreError;
 use crate::store::sqlite as db;
 
 use crate::dispatcher::records::{
-    self, ClaimCommit, ClaimSender, DispatchDb, OutboxTx, RecordCounts,
+    self, Claim, ClaimCommit, ClaimSender, DispatchDb, OutboxTx, RecordCounts,
 };
-use crate::dispatcher::{Attempt, Claimed, Group, Verdict};
+use crate::dispatcher::{Attempt, Claimed, Verdict};
 
 /// Held for the life of a dispatcher on one SQLite file: an exclusive
 /// `flock` on `<db>.dispatcher-lock`, which the kernel releases when the
@@ -138,7 +138,7 @@ impl SqliteDispatch {
         capacity: usize,
         early: &mut Option<ClaimSender>,
         commit: ClaimCommit,
-    ) -> Result<(Vec<Group>, u64), StoreError> {
+    ) -> Result<Claim, StoreError> {
         let mut conn = self.lock()?;
         // Nothing may leave before the transaction that enqueued it is on
         // disk. Under `outbox.durability: normal` an enqueuing commit is not
@@ -158,7 +158,7 @@ impl SqliteDispatch {
             conn.pragma_update(None, "synchronous", "FULL")
                 .map_err(text)?;
         }
-        let claimed = (|| -> Result<(Vec<Group>, u64), StoreError> {
+        let claimed = (|| -> Result<Claim, StoreError> {
             let tx = conn
                 .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                 .map_err(text)?;
@@ -184,20 +184,20 @@ impl SqliteDispatch {
             // goes into the metrics with the groups, and a count must not
             // move for a change that may not commit.
             if !sync_claim
-                && claimed.1 == 0
+                && claimed.expired == 0
                 && self.send_before_commit.load(Ordering::Relaxed)
                 && let Some(early) = early.take()
             {
-                let leave_open = commit == ClaimCommit::Later && !claimed.0.is_empty();
+                let leave_open = commit == ClaimCommit::Later && !claimed.groups.is_empty();
                 let _ = early.send(Ok(claimed));
                 if leave_open {
                     // Left open: `lock` or `finish_claim` commits it.
                     let mut tx = tx;
                     tx.set_drop_behavior(rusqlite::DropBehavior::Ignore);
-                    return Ok((Vec::new(), 0));
+                    return Ok(Claim::default());
                 }
                 return match tx.commit() {
-                    Ok(()) => Ok((Vec::new(), 0)),
+                    Ok(()) => Ok(Claim::default()),
                     Err(error) => {
                         self.send_before_commit.store(false, Ordering::Relaxed);
                         Err(text(error))
@@ -361,6 +361,12 @@ const CLAIM_SELECT: &str = "SELECT message_id, correlation_id, message_type, int
      WHERE destination = ?1 AND status IN ('Pending', 'Sending') AND next_retry_at <= ?2 \
      ORDER BY next_retry_at LIMIT +?3";
 
+/// When the next waiting row of a destination is due, after `?2`: one
+/// look-up in `outbox_due` (`OutboxTx::next_due`).
+pub(crate) const NEXT_DUE: &str = "SELECT next_retry_at FROM outbox_messages \
+     WHERE destination = ?1 AND status IN ('Pending', 'Sending') AND next_retry_at > ?2 \
+     ORDER BY next_retry_at LIMIT 1";
+
 /// Claims one of them by its key (`seq`, the rowid): `Sending` under this
 /// claim's lease until `?3`.
 const CLAIM_UPDATE: &str = "UPDATE outbox_messages \
@@ -414,6 +420,16 @@ impl OutboxTx for SqliteOps<'_, '_> {
                 .map_err(text)?;
         }
         Ok(rows)
+    }
+
+    fn next_due(&mut self, destination: &str, now: i64) -> Result<Option<i64>, StoreError> {
+        self.tx
+            .prepare_cached(NEXT_DUE)
+            .and_then(|mut next| {
+                next.query_row(params![destination, now], |r| r.get(0))
+                    .optional()
+            })
+            .map_err(text)
     }
 
     fn expire(&mut self, row: &Claimed) -> Result<(), StoreError> {
@@ -590,7 +606,7 @@ mod tests {
                 .collect::<Result<_, _>>()
                 .expect("rows")
         };
-        for sql in [CLAIM_SELECT, CLAIM_UPDATE] {
+        for sql in [CLAIM_SELECT, CLAIM_UPDATE, NEXT_DUE] {
             let ops = explain(&format!("EXPLAIN {sql}"), 1);
             assert!(
                 !ops.iter()
@@ -598,12 +614,14 @@ mod tests {
                 "{sql}\nbuilds a temporary b-tree or sorts: {ops:?}"
             );
         }
-        let plan = explain(&format!("EXPLAIN QUERY PLAN {CLAIM_SELECT}"), 3);
-        assert!(
-            plan.iter()
-                .any(|step| step.contains("USING INDEX outbox_due")),
-            "{plan:?}"
-        );
+        for sql in [CLAIM_SELECT, NEXT_DUE] {
+            let plan = explain(&format!("EXPLAIN QUERY PLAN {sql}"), 3);
+            assert!(
+                plan.iter()
+                    .any(|step| step.contains("USING INDEX outbox_due")),
+                "{sql}\n{plan:?}"
+            );
+        }
     }
 
     #[test]

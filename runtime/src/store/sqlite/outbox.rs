@@ -84,8 +84,8 @@ fn insert_with_ids(
     mut next_id: impl FnMut() -> Uuid,
 ) -> Result<Uuid, OutboxError> {
     const ATTEMPTS: usize = 8;
-    let now = db::now_ms();
-    let ttl = message.ttl.unwrap_or(config.outbox.ttl);
+    let due = message.due_ms(db::now_ms());
+    let expires_at = message.expires_ms(config, due);
     let max_retries = message.max_retries.unwrap_or(config.outbox.max_retries);
     let payload = serde_json::to_string(&message.payload)?;
     let headers = serde_json::to_string(&message.headers)?;
@@ -114,8 +114,8 @@ fn insert_with_ids(
             payload,
             headers,
             max_retries,
-            now,
-            now + ttl.as_millis() as i64,
+            due,
+            expires_at,
         ]);
         match result {
             Ok(_) => return Ok(id),
@@ -189,6 +189,7 @@ mod tests {
             headers: BTreeMap::new(),
             max_retries: None,
             ttl: None,
+            deliver_at: None,
         }
     }
 

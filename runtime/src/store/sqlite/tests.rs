@@ -445,10 +445,13 @@ fn migration_6_keeps_every_row_findable_and_dispatchable() {
         claimed,
         crate::dispatcher::records::ClaimCommit::Now,
     );
-    let (groups, expired) = result.blocking_recv().expect("an answer").expect("claim");
-    assert_eq!(expired, 0);
-    let claimed: Vec<crate::dispatcher::Claimed> =
-        groups.into_iter().flat_map(|group| group.rows).collect();
+    let claim = result.blocking_recv().expect("an answer").expect("claim");
+    assert_eq!(claim.expired, 0);
+    let claimed: Vec<crate::dispatcher::Claimed> = claim
+        .groups
+        .into_iter()
+        .flat_map(|group| group.rows)
+        .collect();
     let mut claimed_ids: Vec<&str> = claimed.iter().map(|row| row.message_id.as_str()).collect();
     claimed_ids.sort_unstable();
     let mut expected: Vec<&str> = vec![&ids[0], &ids[1]];

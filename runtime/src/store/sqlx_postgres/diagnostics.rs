@@ -23,9 +23,10 @@ use crate::store::StoreError;
 /// The statements, `{t}` standing for the schema.
 const SQL: &[&str] = &[
     // UNSENT_DUE, UNSENT_ATTENTION: the conditions of the partial indexes.
-    "SELECT destination, status, COUNT(*), MIN(created_at) FROM {t}outbox_messages \
+    "SELECT destination, status, COUNT(*), MIN(created_at), \
+     COUNT(*) FILTER (WHERE created_at > $1) FROM {t}outbox_messages \
      WHERE status IN ('Pending', 'Sending') GROUP BY destination, status",
-    "SELECT destination, status, COUNT(*), MIN(created_at) FROM {t}outbox_messages \
+    "SELECT destination, status, COUNT(*), MIN(created_at), 0::bigint FROM {t}outbox_messages \
      WHERE status IN ('Failed', 'DeadLetter', 'Expired') GROUP BY destination, status",
     // LAST_SENT
     "SELECT MAX(sent_at) FROM {t}outbox_messages WHERE status = 'Sent'",
@@ -208,10 +209,14 @@ impl DiagnosticsStore for SqlxDiagnostics {
             .collect())
     }
 
-    fn unsent_groups(&self) -> Result<Vec<UnsentGroup>, DiagnosticsError> {
+    fn unsent_groups(&self, now: i64) -> Result<Vec<UnsentGroup>, DiagnosticsError> {
         let mut groups = Vec::new();
         for index in [UNSENT_DUE, UNSENT_ATTENTION] {
-            for row in self.run(self.query(index).fetch_all(self.store.pool()))? {
+            let mut query = self.query(index);
+            if index == UNSENT_DUE {
+                query = query.bind(now);
+            }
+            for row in self.run(query.fetch_all(self.store.pool()))? {
                 let status: String = row.get(1);
                 let Some(status) = Status::parse(&status) else {
                     continue;
@@ -220,6 +225,7 @@ impl DiagnosticsStore for SqlxDiagnostics {
                     destination: row.get(0),
                     status,
                     rows: row.get::<i64, _>(2).max(0) as u64,
+                    scheduled: row.get::<i64, _>(4).max(0) as u64,
                     oldest_created_at: row.get(3),
                 });
             }

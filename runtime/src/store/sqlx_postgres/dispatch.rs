@@ -26,7 +26,7 @@ use crate::store::StoreError;
 
 use super::{
     CLAIM_DUE, DECOMMISSIONED, DISCOVER, EXPIRE, HOLD, MARK_FINAL, MARK_SENT, MARK_SENT_MANY,
-    PgStore, RELEASE, SCHEDULE_RETRY, STILL_DECOMMISSIONED,
+    NEXT_DUE, PgStore, RELEASE, SCHEDULE_RETRY, STILL_DECOMMISSIONED,
 };
 
 type Responders = Vec<Arc<dyn AsyncResponseHandler<Postgres>>>;
@@ -218,6 +218,14 @@ impl OutboxTx for SqlxOps<'_> {
         // RETURNING has no order: send oldest first, as SQLite does.
         claimed.sort_by(|a, b| a.0.message_id.cmp(&b.0.message_id));
         Ok(claimed)
+    }
+
+    fn next_due(&mut self, destination: &str, now: i64) -> Result<Option<i64>, StoreError> {
+        let next = sqlx::query_scalar(self.store.sql(NEXT_DUE))
+            .bind(destination)
+            .bind(now)
+            .fetch_optional(&mut **self.tx);
+        run(self.runtime, self.store, next)
     }
 
     fn expire(&mut self, row: &Claimed) -> Result<(), StoreError> {

@@ -245,6 +245,10 @@ const SQL: &[&str] = &[
      FROM {t}inbox_messages WHERE source_service_id = $1 AND message_id = $2",
     // INBOX_RECORD
     "UPDATE {t}inbox_messages SET response = $3 WHERE source_service_id = $1 AND message_id = $2",
+    // NEXT_DUE: when the next waiting row of a destination is due, after $2.
+    "SELECT next_retry_at FROM {t}outbox_messages \
+     WHERE destination = $1 AND status IN ('Pending', 'Sending') AND next_retry_at > $2 \
+     ORDER BY next_retry_at LIMIT 1",
 ];
 
 const INSERT_OUTBOX: usize = 0;
@@ -262,6 +266,7 @@ const MARK_SENT: usize = 11;
 const INBOX_CLAIM: usize = 12;
 const INBOX_LOOKUP: usize = 13;
 const INBOX_RECORD: usize = 14;
+const NEXT_DUE: usize = 15;
 
 /// Applies the migrations the schema lacks, in one transaction, under the
 /// migration lock; refuses a schema at a newer version.
@@ -467,8 +472,8 @@ impl crate::store::sealed::AsyncBackend for sqlx::Postgres {
         Box::pin(async move {
             let store = store_of(database)?;
             let id = Uuid::now_v7();
-            let now = crate::store::now_ms();
-            let ttl = message.ttl.unwrap_or(config.outbox.ttl);
+            let due = message.due_ms(crate::store::now_ms());
+            let expires_at = message.expires_ms(config, due);
             let max_retries = i64::from(message.max_retries.unwrap_or(config.outbox.max_retries));
             sqlx::query(store.sql(INSERT_OUTBOX))
                 .bind(id.to_string())
@@ -482,8 +487,8 @@ impl crate::store::sealed::AsyncBackend for sqlx::Postgres {
                 .bind(serde_json::to_string(&message.payload)?)
                 .bind(serde_json::to_string(&message.headers)?)
                 .bind(max_retries)
-                .bind(now)
-                .bind(now.saturating_add(ttl.as_millis() as i64))
+                .bind(due)
+                .bind(expires_at)
                 .bind(&store.inner.channel)
                 .execute(&mut *conn)
                 .await?;

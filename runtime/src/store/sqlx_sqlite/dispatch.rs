@@ -223,6 +223,16 @@ impl OutboxTx for SqlxOps<'_> {
         Ok(claimed)
     }
 
+    fn next_due(&mut self, destination: &str, now: i64) -> Result<Option<i64>, StoreError> {
+        let next = sqlx::query_scalar(crate::store::sqlite::dispatch::NEXT_DUE)
+            .bind(destination)
+            .bind(now)
+            .fetch_optional(&mut **self.tx);
+        self.runtime
+            .block_on(next)
+            .map_err(|e| SqliteStore::statement(&e))
+    }
+
     fn expire(&mut self, row: &Claimed) -> Result<(), StoreError> {
         let query = sqlx::query(
             "UPDATE outbox_messages SET status = 'Expired', lease_token = NULL, \

@@ -316,8 +316,8 @@ async fn insert(
 ) -> Result<Uuid, OutboxError> {
     const ATTEMPTS: usize = 8;
     let primary_key = rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY.to_string();
-    let now = crate::store::now_ms();
-    let ttl = message.ttl.unwrap_or(config.outbox.ttl);
+    let due = message.due_ms(crate::store::now_ms());
+    let expires_at = message.expires_ms(config, due);
     let max_retries = i64::from(message.max_retries.unwrap_or(config.outbox.max_retries));
     let payload = serde_json::to_string(&message.payload)?;
     let headers = serde_json::to_string(&message.headers)?;
@@ -339,8 +339,8 @@ async fn insert(
             .bind(&payload)
             .bind(&headers)
             .bind(max_retries)
-            .bind(now)
-            .bind(now.saturating_add(ttl.as_millis() as i64))
+            .bind(due)
+            .bind(expires_at)
             .execute(&mut *conn)
             .await;
         match result {
