@@ -9,8 +9,9 @@
 //! process exit code.
 //!
 //! The subcommands that talk to a registry (`publish`, `fetch`,
-//! `deploy-check`, `decommission`) need the cargo feature `registry`, on by
-//! default: `cargo install rfidl-cli` gives the whole tool.
+//! `deploy-check`, `decommission`) or to a running service (`messages`)
+//! need the cargo feature `registry`, on by default: `cargo install
+//! rfidl-cli` gives the whole tool.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
@@ -28,6 +29,8 @@ mod fmt;
 mod generate;
 mod man;
 mod manifest;
+#[cfg(feature = "registry")]
+mod messages;
 #[cfg(feature = "registry")]
 mod publish;
 mod report;
@@ -48,6 +51,12 @@ pub use fmt::{FmtMode, fmt};
 pub use generate::generate;
 pub use man::man;
 pub use manifest::{ManifestFormat, manifest};
+#[cfg(feature = "registry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "registry")))]
+pub use messages::{
+    FailedFilter, MessagesService, Pages, Selection, messages_discard, messages_groups,
+    messages_list, messages_retry, messages_show,
+};
 #[cfg(feature = "registry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "registry")))]
 pub use publish::{publish, publish_with};

@@ -57,25 +57,37 @@ impl OperatorTokenOpt {
     /// the file, never its content.
     #[cfg_attr(not(feature = "registry"), allow(dead_code))]
     fn resolve(&self) -> Result<Option<String>, String> {
-        let Some(path) = &self.operator_token_file else {
-            return Ok(self.operator_token.clone());
-        };
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            format!(
-                "cannot read the operator token file {}: {}",
-                path.display(),
-                e.kind()
-            )
-        })?;
-        let token = text.lines().next().unwrap_or("").trim();
-        if token.is_empty() {
-            return Err(format!(
-                "the operator token file {} is empty",
-                path.display()
-            ));
-        }
-        Ok(Some(token.to_owned()))
+        token_from(
+            self.operator_token.as_ref(),
+            self.operator_token_file.as_ref(),
+            "operator token",
+        )
     }
+}
+
+/// A token from a flag or variable, or from the first line of a file; the
+/// error names the file, never its content.
+#[cfg_attr(not(feature = "registry"), allow(dead_code))]
+fn token_from(
+    token: Option<&String>,
+    file: Option<&PathBuf>,
+    what: &str,
+) -> Result<Option<String>, String> {
+    let Some(path) = file else {
+        return Ok(token.cloned());
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "cannot read the {what} file {}: {}",
+            path.display(),
+            e.kind()
+        )
+    })?;
+    let token = text.lines().next().unwrap_or("").trim();
+    if token.is_empty() {
+        return Err(format!("the {what} file {} is empty", path.display()));
+    }
+    Ok(Some(token.to_owned()))
 }
 
 #[derive(Subcommand)]
@@ -195,6 +207,12 @@ enum Command {
         #[command(flatten)]
         format: FormatOpt,
     },
+    /// Dead letters of a running service: list, count, show, retry or
+    /// discard its Failed, DeadLetter and Expired outbox messages.
+    Messages {
+        #[command(subcommand)]
+        action: MessagesAction,
+    },
     /// Print the manifest of every service version.
     Manifest {
         #[arg(required = true)]
@@ -216,6 +234,132 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+}
+
+/// `rfidl messages …`.
+#[derive(Subcommand)]
+#[cfg_attr(not(feature = "registry"), allow(dead_code))]
+enum MessagesAction {
+    /// List the messages that need a human, oldest first (every page, or
+    /// one with --limit / --cursor).
+    List {
+        #[command(flatten)]
+        filter: FailedFilterOpt,
+        /// One page of at most this many messages (1 to 1,000).
+        #[arg(long)]
+        limit: Option<u32>,
+        /// The page after the one that printed this cursor (same filter).
+        #[arg(long)]
+        cursor: Option<String>,
+        #[command(flatten)]
+        service: ServiceOpt,
+    },
+    /// Count them per destination and error code.
+    Groups {
+        #[command(flatten)]
+        filter: FailedFilterOpt,
+        #[command(flatten)]
+        service: ServiceOpt,
+    },
+    /// Show one message: routing, attempts, last error, status, times
+    /// (never its payload).
+    Show {
+        /// The message id (a UUID).
+        id: String,
+        #[command(flatten)]
+        service: ServiceOpt,
+    },
+    /// Put one message, or every one matching, back to Pending.
+    Retry {
+        #[command(flatten)]
+        selection: SelectionOpt,
+        #[command(flatten)]
+        service: ServiceOpt,
+    },
+    /// Put one message, or every one matching, aside as Discarded: never
+    /// sent again.
+    Discard {
+        #[command(flatten)]
+        selection: SelectionOpt,
+        #[command(flatten)]
+        service: ServiceOpt,
+    },
+}
+
+/// The service a `messages` subcommand asks, its token and the output.
+#[derive(Args)]
+#[cfg_attr(not(feature = "registry"), allow(dead_code))]
+struct ServiceOpt {
+    /// The service's base URL, e.g. http://127.0.0.1:7001.
+    #[arg(long, env = "RFIDL_SERVICE")]
+    service: String,
+    /// The service's diagnostics token (sent as a bearer token). Prefer
+    /// --token-file or the environment: a flag is visible in the process list.
+    #[arg(
+        long,
+        env = "RFIDL_OPS_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "token_file"
+    )]
+    token: Option<String>,
+    /// Read the diagnostics token from this file (its first line).
+    #[arg(long, env = "RFIDL_OPS_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// `text` (aligned tables on stdout) or `json` (the service's JSON, one
+    /// document per line, on stdout). Errors go to stderr in both.
+    #[arg(long, value_enum, default_value = "text")]
+    format: TableFormatArg,
+}
+
+/// The filter of `messages list` and `groups`.
+#[derive(Args)]
+#[cfg_attr(not(feature = "registry"), allow(dead_code))]
+struct FailedFilterOpt {
+    /// Failed, DeadLetter or Expired.
+    #[arg(long)]
+    status: Option<String>,
+    /// A destination name.
+    #[arg(long)]
+    destination: Option<String>,
+    /// A receiving interface, `package.Service`.
+    #[arg(long)]
+    interface: Option<String>,
+    /// A method name.
+    #[arg(long)]
+    method: Option<String>,
+    /// Text the last error contains (a code of `groups` matches its messages).
+    #[arg(long)]
+    error: Option<String>,
+    /// Only messages created longer ago than this, e.g. 1h30m.
+    #[arg(long)]
+    older_than: Option<String>,
+}
+
+/// What `messages retry` and `discard` act on: an id, or a filter.
+#[derive(Args)]
+#[group(id = "selection", required = true, multiple = true)]
+#[cfg_attr(not(feature = "registry"), allow(dead_code))]
+struct SelectionOpt {
+    /// The message id (a UUID).
+    #[arg(conflicts_with_all = ["status", "destination", "all"])]
+    id: Option<String>,
+    /// Every message with this status: Failed, DeadLetter or Expired.
+    #[arg(long)]
+    status: Option<String>,
+    /// Every message to this destination.
+    #[arg(long)]
+    destination: Option<String>,
+    /// Every Failed, DeadLetter and Expired message.
+    #[arg(long, conflicts_with_all = ["status", "destination"])]
+    all: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TableFormatArg {
+    /// Aligned tables on stdout.
+    Text,
+    /// The service's JSON, one document per line, on stdout.
+    Json,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -339,6 +483,7 @@ fn main() -> ExitCode {
             operator,
             format,
         } => decommission(&registry, &operator, &remotes, false, &format.report(color)),
+        Command::Messages { action } => messages(action, color),
         Command::Manifest { paths, format } => {
             let format = match format {
                 ManifestArg::Json => ManifestFormat::Json,
@@ -406,6 +551,110 @@ fn decommission(
         }
     };
     cli::decommission_with(registry, token.as_deref(), remotes, on, report)
+}
+
+#[cfg(feature = "registry")]
+fn messages(action: MessagesAction, color: ColorArg) -> cli::Outcome {
+    let service = match &action {
+        MessagesAction::List { service, .. }
+        | MessagesAction::Groups { service, .. }
+        | MessagesAction::Show { service, .. }
+        | MessagesAction::Retry { service, .. }
+        | MessagesAction::Discard { service, .. } => service,
+    };
+    let report = service.report(color);
+    let token = match token_from(
+        service.token.as_ref(),
+        service.token_file.as_ref(),
+        "diagnostics token",
+    ) {
+        Ok(token) => token,
+        Err(error) => {
+            report.error(&error);
+            return cli::Outcome::UsageOrIo;
+        }
+    };
+    let client = match cli::MessagesService::new(&service.service, token) {
+        Ok(client) => client,
+        Err(error) => {
+            report.error(&error);
+            return cli::Outcome::UsageOrIo;
+        }
+    };
+    match action {
+        MessagesAction::List {
+            filter,
+            limit,
+            cursor,
+            ..
+        } => {
+            let pages = if limit.is_none() && cursor.is_none() {
+                cli::Pages::All
+            } else {
+                cli::Pages::One { limit, cursor }
+            };
+            cli::messages_list(&client, &filter.into(), &pages, &report)
+        }
+        MessagesAction::Groups { filter, .. } => {
+            cli::messages_groups(&client, &filter.into(), &report)
+        }
+        MessagesAction::Show { id, .. } => cli::messages_show(&client, &id, &report),
+        MessagesAction::Retry { selection, .. } => {
+            cli::messages_retry(&client, &selection.into(), &report)
+        }
+        MessagesAction::Discard { selection, .. } => {
+            cli::messages_discard(&client, &selection.into(), &report)
+        }
+    }
+}
+
+#[cfg(feature = "registry")]
+impl From<FailedFilterOpt> for cli::FailedFilter {
+    fn from(opt: FailedFilterOpt) -> Self {
+        Self {
+            status: opt.status,
+            destination: opt.destination,
+            interface: opt.interface,
+            method: opt.method,
+            error: opt.error,
+            older_than: opt.older_than,
+        }
+    }
+}
+
+#[cfg(feature = "registry")]
+impl From<SelectionOpt> for cli::Selection {
+    fn from(opt: SelectionOpt) -> Self {
+        match opt.id {
+            Some(id) => Self::One(id),
+            None => Self::Matching {
+                status: opt.status,
+                destination: opt.destination,
+            },
+        }
+    }
+}
+
+impl ServiceOpt {
+    fn report(&self, color: ColorArg) -> Report {
+        FormatOpt {
+            format: match self.format {
+                TableFormatArg::Text => FormatArg::Text,
+                TableFormatArg::Json => FormatArg::Json,
+            },
+        }
+        .report(color)
+    }
+}
+
+#[cfg(not(feature = "registry"))]
+fn messages(action: MessagesAction, color: ColorArg) -> cli::Outcome {
+    let (MessagesAction::List { service, .. }
+    | MessagesAction::Groups { service, .. }
+    | MessagesAction::Show { service, .. }
+    | MessagesAction::Retry { service, .. }
+    | MessagesAction::Discard { service, .. }) = action;
+    without_registry_feature(&service.report(color))
 }
 
 #[cfg(not(feature = "registry"))]

@@ -8,6 +8,9 @@ mod cli_report;
 #[cfg(feature = "registry")]
 mod fetch;
 mod fmt_cli;
+// `rfidl messages` against a real service (needs `registry`: its HTTP client).
+#[cfg(feature = "registry")]
+mod messages;
 // The README's CLI table against `rfidl --help` (all subcommands need the
 // default feature `registry`).
 #[cfg(feature = "registry")]
