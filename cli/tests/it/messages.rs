@@ -53,7 +53,17 @@ impl Service {
             ids.push(outbox.enqueue(&tx, message).expect("enqueue").to_string());
         }
         tx.commit().expect("commit");
-        for (i, id) in ids.iter().enumerate() {
+        // Many rows: one statement (every row but the Pending one).
+        let many = dead == 0 && failed > 100;
+        if many {
+            conn.execute_batch(&format!(
+                "UPDATE outbox_messages SET status = 'Failed', last_error = 'connect: refused' \
+                 WHERE message_id <> '{}'",
+                ids[failed]
+            ))
+            .expect("update");
+        }
+        for (i, id) in ids.iter().enumerate().filter(|_| !many) {
             let set = if i < failed {
                 "status = 'Failed', retry_count = 5, last_error = '500 handler_failed: ledger down'"
             } else if i < failed + dead {
@@ -262,6 +272,27 @@ fn list_follows_every_page_or_prints_one_with_its_cursor() {
         "{}",
         err(&mismatch)
     );
+}
+
+#[test]
+fn list_follows_next_cursor_past_the_services_largest_page() {
+    // The service's pages hold at most 1,000 messages: 1,003 take two.
+    let (service, ids) = Service::start(1003, 0, Some(TOKEN));
+    let all = service.rfidl(&["list", "--format", "json", "--destination", "ledger"]);
+    assert_ok(&all);
+    let answer = json_of(&all);
+    let listed: Vec<&str> = answer["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| m["messageId"].as_str().expect("id"))
+        .collect();
+    assert_eq!(listed, ids[..1003], "every row once, oldest first");
+    assert!(answer.get("nextCursor").is_none());
+    let table = service.rfidl(&["list"]);
+    assert_ok(&table);
+    assert_eq!(out(&table).lines().count(), 1 + 1003);
+    assert!(err(&table).contains("1003 messages"), "{}", err(&table));
 }
 
 #[test]
