@@ -159,6 +159,24 @@ fn assert_ok(output: &Output) {
     assert_eq!(output.status.code(), Some(0), "stderr: {}", err(output));
 }
 
+/// Exit 2, `error[code]` on stderr, nothing on stdout.
+fn assert_refused(output: &Output, code: &str) {
+    assert_eq!(output.status.code(), Some(2), "stderr: {}", err(output));
+    let wanted = format!("error[{code}]");
+    assert!(err(output).contains(&wanted), "{wanted} in {}", err(output));
+    assert!(out(output).is_empty(), "stdout: {}", out(output));
+}
+
+/// The ids of a list's JSON answer, in order.
+fn listed_ids(answer: &Value) -> Vec<String> {
+    answer["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| m["messageId"].as_str().expect("id").to_owned())
+        .collect()
+}
+
 fn json_of(output: &Output) -> Value {
     serde_json::from_str(out(output).trim()).expect("one JSON document on stdout")
 }
@@ -225,21 +243,13 @@ fn list_follows_every_page_or_prints_one_with_its_cursor() {
     let first = service.rfidl(&["list", "--format", "json", "--limit", "2"]);
     assert_ok(&first);
     let first = json_of(&first);
-    let page_ids = |page: &Value| -> Vec<String> {
-        page["messages"]
-            .as_array()
-            .expect("messages")
-            .iter()
-            .map(|m| m["messageId"].as_str().expect("id").to_owned())
-            .collect()
-    };
-    assert_eq!(page_ids(&first), ids[..2]);
+    assert_eq!(listed_ids(&first), ids[..2]);
     let cursor = first["nextCursor"].as_str().expect("a next cursor");
     let second = service.rfidl(&[
         "list", "--format", "json", "--limit", "2", "--cursor", cursor,
     ]);
     assert_ok(&second);
-    assert_eq!(page_ids(&json_of(&second)), ids[2..4]);
+    assert_eq!(listed_ids(&json_of(&second)), ids[2..4]);
 
     // Text: the cursor to go on with, on stderr.
     let one = service.rfidl(&["list", "--limit", "2"]);
@@ -254,7 +264,7 @@ fn list_follows_every_page_or_prints_one_with_its_cursor() {
     // up to 1,000; five rows are followed whatever the page size is).
     let all = service.rfidl(&["list", "--format", "json"]);
     assert_ok(&all);
-    assert_eq!(page_ids(&json_of(&all)), ids[..5]);
+    assert_eq!(listed_ids(&json_of(&all)), ids[..5]);
 
     // A cursor under another filter is the service's 400.
     let mismatch = service.rfidl(&[
@@ -266,12 +276,7 @@ fn list_follows_every_page_or_prints_one_with_its_cursor() {
         "--destination",
         "billing",
     ]);
-    assert_eq!(mismatch.status.code(), Some(2));
-    assert!(
-        err(&mismatch).contains("error[cursor_mismatch]"),
-        "{}",
-        err(&mismatch)
-    );
+    assert_refused(&mismatch, "cursor_mismatch");
 }
 
 #[test]
@@ -281,13 +286,11 @@ fn list_follows_next_cursor_past_the_services_largest_page() {
     let all = service.rfidl(&["list", "--format", "json", "--destination", "ledger"]);
     assert_ok(&all);
     let answer = json_of(&all);
-    let listed: Vec<&str> = answer["messages"]
-        .as_array()
-        .expect("messages")
-        .iter()
-        .map(|m| m["messageId"].as_str().expect("id"))
-        .collect();
-    assert_eq!(listed, ids[..1003], "every row once, oldest first");
+    assert_eq!(
+        listed_ids(&answer),
+        ids[..1003],
+        "every row once, oldest first"
+    );
     assert!(answer.get("nextCursor").is_none());
     let table = service.rfidl(&["list"]);
     assert_ok(&table);
@@ -363,14 +366,7 @@ fn show_prints_the_metadata_and_never_the_payload() {
 
     // A Pending message is not among the failed ones; an unknown id neither.
     for id in [ids[2].as_str(), "0190f2c4-0000-7000-8000-000000000000"] {
-        let missing = service.rfidl(&["show", id]);
-        assert_eq!(missing.status.code(), Some(2));
-        assert!(
-            err(&missing).contains("error[not_found]"),
-            "{}",
-            err(&missing)
-        );
-        assert!(out(&missing).is_empty());
+        assert_refused(&service.rfidl(&["show", id]), "not_found");
     }
 }
 
@@ -397,25 +393,11 @@ fn retry_and_discard_change_the_rows() {
     // A discarded message is not retried: the service's 409, nothing changed.
     let before = service.rows();
     let refused = service.rfidl(&["retry", &ids[3]]);
-    assert_eq!(refused.status.code(), Some(2));
-    assert!(
-        err(&refused).contains("error[not_retryable]"),
-        "{}",
-        err(&refused)
-    );
+    assert_refused(&refused, "not_retryable");
     assert_eq!(service.rows(), before);
 
-    let one = service.rfidl(&["discard", &ids[0]]);
-    assert_eq!(
-        one.status.code(),
-        Some(2),
-        "a Pending message is not discardable"
-    );
-    assert!(
-        err(&one).contains("error[not_discardable]"),
-        "{}",
-        err(&one)
-    );
+    // A Pending message (retried above) is not discardable.
+    assert_refused(&service.rfidl(&["discard", &ids[0]]), "not_discardable");
     assert_eq!(service.rows(), before);
 }
 
@@ -426,47 +408,21 @@ fn refusals_have_the_service_code_and_exit_2_and_change_nothing() {
 
     // No token, a wrong one: 401.
     let none = service.rfidl_with(&["retry", &ids[0]], &[]);
-    assert_eq!(none.status.code(), Some(2));
-    assert!(err(&none).contains("error[unauthorized]"), "{}", err(&none));
+    assert_refused(&none, "unauthorized");
     assert!(err(&none).contains("(HTTP 401)"), "{}", err(&none));
     let wrong = service.rfidl_with(&["discard", "--all"], &["--token", "nope"]);
-    assert_eq!(wrong.status.code(), Some(2));
-    assert!(
-        err(&wrong).contains("error[unauthorized]"),
-        "{}",
-        err(&wrong)
-    );
+    assert_refused(&wrong, "unauthorized");
     assert!(!err(&wrong).contains("nope"), "the token is never printed");
 
     // An unknown id, an id that is no UUID, a bad filter: 404, 400, 400.
     let unknown = service.rfidl(&["retry", "0190f2c4-0000-7000-8000-000000000000"]);
-    assert_eq!(unknown.status.code(), Some(2));
-    assert!(
-        err(&unknown).contains("error[not_found]"),
-        "{}",
-        err(&unknown)
-    );
+    assert_refused(&unknown, "not_found");
     let bad_id = service.rfidl(&["discard", "../../health"]);
-    assert_eq!(bad_id.status.code(), Some(2));
-    assert!(
-        err(&bad_id).contains("error[bad_request]"),
-        "{}",
-        err(&bad_id)
-    );
+    assert_refused(&bad_id, "bad_request");
     let bad_status = service.rfidl(&["discard", "--status", "Sent"]);
-    assert_eq!(bad_status.status.code(), Some(2));
-    assert!(
-        err(&bad_status).contains("error[bad_request]"),
-        "{}",
-        err(&bad_status)
-    );
+    assert_refused(&bad_status, "bad_request");
     let bad_list = service.rfidl(&["list", "--older-than", "soon"]);
-    assert_eq!(bad_list.status.code(), Some(2));
-    assert!(
-        err(&bad_list).contains("error[bad_request]"),
-        "{}",
-        err(&bad_list)
-    );
+    assert_refused(&bad_list, "bad_request");
     assert!(out(&bad_list).is_empty());
 
     assert_eq!(service.rows(), before, "no refusal changed a row");
@@ -477,12 +433,7 @@ fn a_service_without_a_token_refuses_changes_with_token_required() {
     let (service, ids) = Service::start(1, 0, None);
     let before = service.rows();
     let refused = service.rfidl_with(&["retry", &ids[0]], &[]);
-    assert_eq!(refused.status.code(), Some(2));
-    assert!(
-        err(&refused).contains("error[token_required]"),
-        "{}",
-        err(&refused)
-    );
+    assert_refused(&refused, "token_required");
     assert_eq!(service.rows(), before);
     // Reading needs no token there.
     assert_ok(&service.rfidl_with(&["list"], &[]));
