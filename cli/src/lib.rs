@@ -54,8 +54,8 @@ pub use manifest::{ManifestFormat, manifest};
 #[cfg(feature = "registry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "registry")))]
 pub use messages::{
-    FailedFilter, MessagesService, Pages, Selection, messages_discard, messages_groups,
-    messages_list, messages_retry, messages_show,
+    FailedFilter, MessagesService, Pages, Selection, messages_discard, messages_error,
+    messages_groups, messages_list, messages_retry, messages_show,
 };
 #[cfg(feature = "registry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "registry")))]

@@ -569,17 +569,11 @@ fn messages(action: MessagesAction, color: ColorArg) -> cli::Outcome {
         "diagnostics token",
     ) {
         Ok(token) => token,
-        Err(error) => {
-            report.error(&error);
-            return cli::Outcome::UsageOrIo;
-        }
+        Err(error) => return cli::messages_error(&error, &report),
     };
     let client = match cli::MessagesService::new(&service.service, token) {
         Ok(client) => client,
-        Err(error) => {
-            report.error(&error);
-            return cli::Outcome::UsageOrIo;
-        }
+        Err(error) => return cli::messages_error(&error, &report),
     };
     match action {
         MessagesAction::List {

@@ -4,8 +4,9 @@
 //!
 //! Only metadata crosses: the routes never answer a payload, and nothing
 //! here asks for one. Tables go to stdout (`text`), or the service's own
-//! JSON, one document per line (`json`); every refusal goes to stderr as
-//! `error[code]: message`, exit 2.
+//! JSON, one document per line (`json`); every error goes to stderr (text
+//! `error[code]: message (HTTP status)`, or a JSON line), exit 2, so that
+//! stdout holds results only.
 
 use std::time::Duration;
 
@@ -212,18 +213,45 @@ impl FailedFilter {
     }
 }
 
-/// Prints a failed call on stderr and gives its exit code: 2 for both a
-/// refusal (`error[code]: message (HTTP status)`) and no answer.
+/// Prints a failed call on stderr and gives its exit code, 2: a refusal
+/// with the service's code and status, no answer with its cause.
 fn failed(error: CallError, report: &Report) -> Outcome {
     match error {
         CallError::Refused {
             status,
             code,
             message,
-        } => eprintln!("{}[{code}]: {message} (HTTP {status})", report.error_word()),
-        CallError::Unreachable(message) => eprintln!("{}: {message}", report.error_word()),
+        } => print_error(Some(&code), Some(status), &message, report),
+        CallError::Unreachable(message) => print_error(None, None, &message, report),
     }
     Outcome::UsageOrIo
+}
+
+/// How `rfidl messages` reports an error of its own (a token file it cannot
+/// read, a `--service` that is no URL): on stderr, like a refusal, so that
+/// stdout holds results only. Exit 2.
+pub fn messages_error(message: &str, report: &Report) -> Outcome {
+    print_error(None, None, message, report);
+    Outcome::UsageOrIo
+}
+
+/// One error on stderr: text `error[code]: message (HTTP status)`, json
+/// `{"severity": "error", "code", "status", "message"}` (`code` and
+/// `status` null when the service did not answer).
+fn print_error(code: Option<&str>, status: Option<u16>, message: &str, report: &Report) {
+    if report.format == DiagnosticFormat::Json {
+        let line = serde_json::json!({
+            "severity": "error",
+            "code": code,
+            "status": status,
+            "message": message,
+        });
+        eprintln!("{line}");
+        return;
+    }
+    let code = code.map_or_else(String::new, |code| format!("[{code}]"));
+    let status = status.map_or_else(String::new, |status| format!(" (HTTP {status})"));
+    eprintln!("{}{code}: {message}{status}", report.error_word());
 }
 
 /// `rfidl messages list`: the `Failed`, `DeadLetter` and `Expired` messages
@@ -364,9 +392,11 @@ pub fn messages_show(service: &MessagesService, message_id: &str, report: &Repor
         Err(error) => return failed(error, report),
     };
     let Some(message) = all.iter().find(|m| is_it(m)) else {
-        eprintln!(
-            "{}[not_found]: no Failed, DeadLetter or Expired message has the id `{message_id}`",
-            report.error_word()
+        print_error(
+            Some("not_found"),
+            None,
+            &format!("no Failed, DeadLetter or Expired message has the id `{message_id}`"),
+            report,
         );
         return Outcome::UsageOrIo;
     };

@@ -424,6 +424,16 @@ fn refusals_have_the_service_code_and_exit_2_and_change_nothing() {
     let bad_list = service.rfidl(&["list", "--older-than", "soon"]);
     assert_refused(&bad_list, "bad_request");
     assert!(out(&bad_list).is_empty());
+    // json: the error as a JSON line on stderr, stdout empty for scripts.
+    let bad_json = service.rfidl(&["list", "--older-than", "soon", "--format", "json"]);
+    assert_eq!(bad_json.status.code(), Some(2));
+    assert!(out(&bad_json).is_empty(), "{}", out(&bad_json));
+    let error: Value = serde_json::from_str(err(&bad_json).trim()).expect("a JSON line");
+    assert_eq!(
+        (&error["code"], &error["status"]),
+        (&json!("bad_request"), &json!(400)),
+        "{error}"
+    );
 
     assert_eq!(service.rows(), before, "no refusal changed a row");
 }
