@@ -37,6 +37,8 @@ mod sqlx_brokers;
 mod sqlx_postgres;
 // The async SQLite store on sqlx: the blocking store's file and schema.
 mod sqlx_sqlite;
+// Durable timers on both sqlx stores.
+mod sqlx_timers;
 mod support;
 // The same bodies on SQLite and PostgreSQL (`stores::on_every_store!`; also
 // used by exactly_once, faults, responses and spread); PostgreSQL's own

@@ -27,15 +27,15 @@ use crate::stores::{TestStore, on_every_store};
 use crate::support::serve;
 
 /// Long enough that a row sent in time was woken by its due time.
-const POLL: Duration = Duration::from_secs(60);
+pub(crate) const POLL: Duration = Duration::from_secs(60);
 
 /// A receiver that notes when each message arrived (Unix ms) and answers
 /// by endpoint: `S200` acknowledges, `S503` asks for a retry.
 #[derive(Clone, Default)]
-struct Arrivals(Arc<Mutex<HashMap<String, Vec<i64>>>>);
+pub(crate) struct Arrivals(Arc<Mutex<HashMap<String, Vec<i64>>>>);
 
 impl Arrivals {
-    fn of(&self, id: &Uuid) -> Vec<i64> {
+    pub(crate) fn of(&self, id: &Uuid) -> Vec<i64> {
         let arrivals = self.0.lock().expect("lock");
         arrivals.get(&id.to_string()).cloned().unwrap_or_default()
     }
@@ -71,7 +71,7 @@ async fn arrive(
     }
 }
 
-async fn receiver() -> (String, Arrivals, tokio::task::JoinHandle<()>) {
+pub(crate) async fn receiver() -> (String, Arrivals, tokio::task::JoinHandle<()>) {
     let arrivals = Arrivals::default();
     let router = axum::Router::new()
         .route("/_rf/receive", axum::routing::post(arrive))
@@ -80,14 +80,14 @@ async fn receiver() -> (String, Arrivals, tokio::task::JoinHandle<()>) {
     (url, arrivals, server)
 }
 
-fn unix_ms(at: SystemTime) -> i64 {
+pub(crate) fn unix_ms(at: SystemTime) -> i64 {
     at.duration_since(SystemTime::UNIX_EPOCH)
         .expect("after 1970")
         .as_millis() as i64
 }
 
 /// A due time `ahead` from now, whole milliseconds (as stored).
-fn due_in(ahead: Duration) -> (SystemTime, i64) {
+pub(crate) fn due_in(ahead: Duration) -> (SystemTime, i64) {
     let due = unix_ms(SystemTime::now() + ahead);
     (
         SystemTime::UNIX_EPOCH + Duration::from_millis(due as u64),
@@ -95,7 +95,7 @@ fn due_in(ahead: Duration) -> (SystemTime, i64) {
     )
 }
 
-async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+pub(crate) async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     let started = Instant::now();
     while !done() {
         assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
