@@ -39,15 +39,16 @@ fn start<S: AnyStore>(outbox: &Outbox<S>, url: &str) -> DispatcherHandle {
         .expect("dispatcher")
 }
 
-/// A timer due 1.5 s from now beside a message for now; `row` reads the
-/// timer's stored `(next_retry_at, created_at, expires_at)`.
+/// A timer due 3 s from now (room for a loaded machine) beside a message
+/// for now; `row` reads the timer's stored `(next_retry_at, created_at,
+/// expires_at)`.
 async fn timer_story(
     store: &str,
     arrivals: &Arrivals,
     mut enqueue: impl AsyncFnMut(OutgoingMessage) -> Uuid,
     mut row: impl AsyncFnMut(Uuid) -> (i64, i64, i64),
 ) {
-    let (at, due) = due_in(Duration::from_millis(1500));
+    let (at, due) = due_in(Duration::from_secs(3));
     let id = enqueue(message("peer", "S200", json!({})).deliver_at(at)).await;
     let now_id = enqueue(message("peer", "S200", json!({}))).await;
 
