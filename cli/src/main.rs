@@ -335,24 +335,44 @@ struct FailedFilterOpt {
     older_than: Option<String>,
 }
 
-/// What `messages retry` and `discard` act on: an id, or a filter.
+/// What `messages retry` and `discard` act on: an id, or every message
+/// matching the filter (the filters of `list`), or `--all`.
 #[derive(Args)]
-#[group(id = "selection", required = true, multiple = true)]
 #[cfg_attr(not(feature = "registry"), allow(dead_code))]
 struct SelectionOpt {
     /// The message id (a UUID).
-    #[arg(conflicts_with_all = ["status", "destination", "all"])]
+    #[arg(
+        conflicts_with_all = SELECTORS,
+        required_unless_present_any = SELECTORS
+    )]
     id: Option<String>,
-    /// Every message with this status: Failed, DeadLetter or Expired.
-    #[arg(long)]
-    status: Option<String>,
-    /// Every message to this destination.
-    #[arg(long)]
-    destination: Option<String>,
+    #[command(flatten)]
+    filter: FailedFilterOpt,
     /// Every Failed, DeadLetter and Expired message.
-    #[arg(long, conflicts_with_all = ["status", "destination"])]
+    #[arg(long, conflicts_with_all = FILTERS)]
     all: bool,
 }
+
+/// The filters of [`FailedFilterOpt`], by argument id.
+const FILTERS: [&str; 6] = [
+    "status",
+    "destination",
+    "interface",
+    "method",
+    "error",
+    "older_than",
+];
+
+/// What selects messages instead of an id: a filter, or `--all`.
+const SELECTORS: [&str; 7] = [
+    "status",
+    "destination",
+    "interface",
+    "method",
+    "error",
+    "older_than",
+    "all",
+];
 
 #[derive(Clone, Copy, ValueEnum)]
 enum TableFormatArg {
@@ -621,10 +641,7 @@ impl From<SelectionOpt> for cli::Selection {
     fn from(opt: SelectionOpt) -> Self {
         match opt.id {
             Some(id) => Self::One(id),
-            None => Self::Matching {
-                status: opt.status,
-                destination: opt.destination,
-            },
+            None => Self::Matching(opt.filter.into()),
         }
     }
 }

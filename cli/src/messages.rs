@@ -70,14 +70,9 @@ pub enum Pages {
 pub enum Selection {
     /// One message, by id.
     One(String),
-    /// Every `Failed`, `DeadLetter` and `Expired` message matching both
-    /// (a `None` matches all).
-    Matching {
-        /// `Failed`, `DeadLetter` or `Expired`.
-        status: Option<String>,
-        /// A destination name.
-        destination: Option<String>,
-    },
+    /// Every `Failed`, `DeadLetter` and `Expired` message matching the
+    /// filter (the default filter matches them all).
+    Matching(FailedFilter),
 }
 
 /// Why a call failed: the service's refusal, or no answer at all.
@@ -469,16 +464,7 @@ fn change(
 ) -> Outcome {
     let (path, query) = match selection {
         Selection::One(id) => (format!("/_rf/outbox/{}/{action}", path_segment(id)), vec![]),
-        Selection::Matching {
-            status,
-            destination,
-        } => {
-            let query = [("status", status), ("destination", destination)]
-                .into_iter()
-                .filter_map(|(name, value)| value.clone().map(|v| (name, v)))
-                .collect();
-            (format!("/_rf/outbox/{action}"), query)
-        }
+        Selection::Matching(filter) => (format!("/_rf/outbox/{action}"), filter.query()),
     };
     let answer = match service.call(reqwest::Method::POST, &path, &query) {
         Ok(answer) => answer,

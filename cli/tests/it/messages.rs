@@ -385,7 +385,19 @@ fn retry_and_discard_change_the_rows() {
     assert_eq!(service.status_of(&ids[3]), "Discarded");
     assert_eq!(service.status_of(&ids[4]), "Discarded");
 
-    let bulk = service.rfidl(&["retry", "--status", "Failed", "--format", "json"]);
+    // Every filter of `list` selects: nothing matches this error text.
+    let none = service.rfidl(&["discard", "--error", "no such error", "--format", "json"]);
+    assert_ok(&none);
+    assert_eq!(json_of(&none), json!({"discarded": 0}));
+    let bulk = service.rfidl(&[
+        "retry",
+        "--interface",
+        "hr.payroll.PayrollService",
+        "--error",
+        "ledger down",
+        "--format",
+        "json",
+    ]);
     assert_ok(&bulk);
     assert_eq!(json_of(&bulk)["retried"], 2);
     assert_eq!(service.status_of(&ids[1]), "Pending");

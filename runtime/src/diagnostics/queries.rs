@@ -63,8 +63,7 @@ pub(crate) trait DiagnosticsStore {
     /// matches the filter.
     fn retry_matching(
         &self,
-        status: Option<Status>,
-        destination: Option<&str>,
+        filter: &RowFilter,
         now_ms: i64,
         renew_until_ms: i64,
     ) -> Result<usize, DiagnosticsError>;
@@ -73,19 +72,13 @@ pub(crate) trait DiagnosticsStore {
     fn discard_one(&self, message_id: &str, now_ms: i64) -> Result<usize, DiagnosticsError>;
     /// [`discard_one`](Self::discard_one) for every row needing a human that
     /// matches the filter.
-    fn discard_matching(
-        &self,
-        status: Option<Status>,
-        destination: Option<&str>,
-        now_ms: i64,
-    ) -> Result<usize, DiagnosticsError>;
+    fn discard_matching(&self, filter: &RowFilter, now_ms: i64) -> Result<usize, DiagnosticsError>;
     /// Rows needing a human, matching the filter (and `message_id`), created
     /// before `before_ms`.
     fn count_older(
         &self,
         message_id: Option<&str>,
-        status: Option<Status>,
-        destination: Option<&str>,
+        filter: &RowFilter,
         before_ms: i64,
     ) -> Result<usize, DiagnosticsError>;
     /// Rows in the inbox.
@@ -240,13 +233,7 @@ pub(super) fn retry_matching_in(
     ttl: Duration,
     now_ms: i64,
 ) -> Result<usize, DiagnosticsError> {
-    filter.only_status_and_destination()?;
-    store.retry_matching(
-        filter.status()?,
-        filter.destination.as_deref(),
-        now_ms,
-        renewed_expiry(now_ms, ttl),
-    )
+    store.retry_matching(&bulk(filter, now_ms)?, now_ms, renewed_expiry(now_ms, ttl))
 }
 
 /// Puts one `Failed`, `DeadLetter` or `Expired` message aside: it becomes
@@ -296,8 +283,7 @@ pub(super) fn discard_matching_in(
     filter: &AttentionFilter,
     now_ms: i64,
 ) -> Result<usize, DiagnosticsError> {
-    filter.only_status_and_destination()?;
-    store.discard_matching(filter.status()?, filter.destination.as_deref(), now_ms)
+    store.discard_matching(&bulk(filter, now_ms)?, now_ms)
 }
 
 /// The expiry of a message retried by hand at `now_ms`: a full TTL from now.
@@ -306,19 +292,25 @@ fn renewed_expiry(now_ms: i64, ttl: Duration) -> i64 {
 }
 
 /// Messages matching `filter` (or the one `message_id`) that are waiting for
-/// a human and were created before `before_ms`.
+/// a human and were created longer than `age` before `now_ms`.
 pub(super) fn count_older(
     store: &dyn DiagnosticsStore,
     message_id: Option<&str>,
     filter: &AttentionFilter,
-    before_ms: i64,
+    now_ms: i64,
+    age: Duration,
 ) -> Result<usize, DiagnosticsError> {
-    store.count_older(
-        message_id,
-        filter.status()?,
-        filter.destination.as_deref(),
-        before_ms,
-    )
+    let before_ms = now_ms.saturating_sub(i64::try_from(age.as_millis()).unwrap_or(i64::MAX));
+    store.count_older(message_id, &bulk(filter, now_ms)?, before_ms)
+}
+
+/// The filter of a bulk retry or discard (or of the count of old rows it
+/// would touch), resolved at `now_ms`: the list's filters without paging
+/// (`cursor` and `limit` are refused, so a filter never matches more or less
+/// than the caller meant).
+fn bulk(filter: &AttentionFilter, now_ms: i64) -> Result<RowFilter, DiagnosticsError> {
+    filter.without_paging()?;
+    resolve(filter, now_ms, false)
 }
 
 /// The gauges of every destination that has undelivered rows or is in

@@ -425,12 +425,7 @@ async fn serve_retry(
     let old = Diagnostics::query(&shared, move |store| {
         let now = db::now_ms();
         let key = id.to_string();
-        let old = count_older(
-            store,
-            Some(&key),
-            &AttentionFilter::default(),
-            now.saturating_sub(i64::try_from(horizon.as_millis()).unwrap_or(i64::MAX)),
-        )?;
+        let old = count_older(store, Some(&key), &AttentionFilter::default(), now, horizon)?;
         retry_message_in(store, &id, ttl, now)?;
         Ok(old)
     })
@@ -449,17 +444,14 @@ async fn serve_retry_matching(
     let Query(filter) = filter.map_err(|e| DiagnosticsError::BadRequest(e.body_text()))?;
     let ttl = shared.ttl;
     let horizon = shared.dedup_horizon;
+    let shown = filter.describe();
     let (retried, old) = Diagnostics::query(&shared, move |store| {
         let now = db::now_ms();
-        let old = count_older(
-            store,
-            None,
-            &filter,
-            now.saturating_sub(i64::try_from(horizon.as_millis()).unwrap_or(i64::MAX)),
-        )?;
+        let old = count_older(store, None, &filter, now, horizon)?;
         Ok((retry_matching_in(store, &filter, ttl, now)?, old))
     })
     .await?;
+    tracing::info!(retried, filter = %shown, "outbox messages retried by an operator");
     if retried > 0 {
         wake_dispatcher(&shared);
     }
@@ -494,7 +486,7 @@ async fn serve_discard_matching(
     filter: Result<Query<AttentionFilter>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<impl Serialize>, DiagnosticsError> {
     let Query(filter) = filter.map_err(|e| DiagnosticsError::BadRequest(e.body_text()))?;
-    let shown = (filter.status.clone(), filter.destination.clone());
+    let shown = filter.describe();
     let discarded = Diagnostics::query(&shared, move |store| {
         discard_matching_in(store, &filter, db::now_ms())
     })
@@ -502,8 +494,7 @@ async fn serve_discard_matching(
     shared.metrics.outbox_discarded.add(discarded as u64);
     tracing::info!(
         discarded,
-        status = shown.0.as_deref().unwrap_or("any"),
-        destination = shown.1.as_deref().unwrap_or("any"),
+        filter = %shown,
         "outbox messages discarded by an operator"
     );
     Ok(Json(Discarded { discarded }))

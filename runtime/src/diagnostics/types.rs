@@ -388,7 +388,7 @@ impl From<AttentionRow> for AttentionMessage {
 }
 
 /// Filters of the failed list, its groups, and the bulk retry and discard
-/// (which take `status` and `destination` only).
+/// (which take every filter but `cursor` and `limit`).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AttentionFilter {
@@ -413,23 +413,40 @@ pub struct AttentionFilter {
 }
 
 impl AttentionFilter {
-    /// The bulk retry and discard take `status` and `destination` only:
-    /// any other member is refused, so a filter never matches more than
-    /// the caller meant.
-    pub(super) fn only_status_and_destination(&self) -> Result<(), DiagnosticsError> {
-        let extra = [
-            ("interface", self.interface.is_some()),
-            ("method", self.method.is_some()),
-            ("error", self.error.is_some()),
-            ("olderThan", self.older_than.is_some()),
+    /// The bulk retry and discard act on every message matching the
+    /// filters: paging (`cursor`, `limit`) is refused, so a bulk action never
+    /// touches only the part of a match that one page showed.
+    /// The filters that are set, as `name=value` pairs (`every message`
+    /// when none is): what a log line of a bulk action shows.
+    pub(super) fn describe(&self) -> String {
+        let set: Vec<String> = [
+            ("status", &self.status),
+            ("destination", &self.destination),
+            ("interface", &self.interface),
+            ("method", &self.method),
+            ("error", &self.error),
+            ("olderThan", &self.older_than),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| value.as_ref().map(|value| format!("{name}={value}")))
+        .collect();
+        if set.is_empty() {
+            "every message".to_owned()
+        } else {
+            set.join(" ")
+        }
+    }
+
+    pub(super) fn without_paging(&self) -> Result<(), DiagnosticsError> {
+        let paging = [
             ("cursor", self.cursor.is_some()),
             ("limit", self.limit.is_some()),
         ];
-        match extra.iter().find(|(_, present)| *present) {
+        match paging.iter().find(|(_, present)| *present) {
             None => Ok(()),
             Some((name, _)) => Err(DiagnosticsError::BadRequest(format!(
-                "`{name}` filters the list only; a bulk retry or discard takes `status` and \
-                 `destination`"
+                "`{name}` pages the list only; a bulk retry or discard acts on every message \
+                 matching the filters"
             ))),
         }
     }

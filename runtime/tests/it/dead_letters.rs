@@ -505,27 +505,56 @@ async fn paging_story(store: &TestStore) {
         "{answer}"
     );
 
-    // The bulk routes take status and destination only: a list filter
-    // there is refused and changes nothing.
+    // The bulk routes take the list's filters, not its paging: a cursor or
+    // a limit there is refused and changes nothing.
+    let post = |path: &str| {
+        let url = format!("{ops_url}{path}");
+        let client = client.clone();
+        async move {
+            let (status, _, body) = call(&client, reqwest::Method::POST, &url, Some(TOKEN)).await;
+            (status, json_of(&body))
+        }
+    };
     let before = statuses(store);
     for path in [
-        "/_rf/outbox/discard?method=Charge",
-        "/_rf/outbox/retry?error=x",
+        "/_rf/outbox/discard?method=Charge&limit=5".to_owned(),
+        format!("/_rf/outbox/retry?destination=ledger&cursor={cursor}"),
     ] {
-        let (status, _, body) = call(
-            &client,
-            reqwest::Method::POST,
-            &format!("{ops_url}{path}"),
-            Some(TOKEN),
-        )
-        .await;
+        let (status, answer) = post(&path).await;
         assert_eq!(
-            (status, json_of(&body)["error"].clone()),
+            (status, answer["error"].clone()),
             (400, json!("bad_request")),
             "{path}"
         );
     }
     assert_eq!(statuses(store), before);
+
+    // Every filter narrows them: billing's Charge that failed with
+    // bad_payload is n = 5 alone; ledger's messages older than a day are
+    // the first three.
+    let (status, answer) = post("/_rf/outbox/discard?method=Charge&error=bad_payload").await;
+    assert_eq!((status, answer), (200, json!({"discarded": 1})));
+    let (status, answer) = post("/_rf/outbox/retry?destination=ledger&olderThan=1d").await;
+    assert_eq!(
+        (status, answer["retried"].clone()),
+        (200, json!(3)),
+        "{answer}"
+    );
+    let after: Vec<&str> = (0..7).map(|n| store.row(&ids[n]).status.as_str()).collect();
+    assert_eq!(
+        after,
+        [
+            "Pending",
+            "Pending",
+            "Pending",
+            "Failed",
+            "Failed",
+            "Discarded",
+            "Failed"
+        ],
+        "{}",
+        store.name()
+    );
 }
 
 /// The sqlx PostgreSQL store's own statements (the list's filter, the

@@ -34,6 +34,8 @@ mod spread;
 // The JetStream and AMQP consumers on the sqlx stores.
 #[cfg(feature = "amqp")]
 mod sqlx_brokers;
+// Lost connections mid-transaction on the sqlx PostgreSQL store.
+mod sqlx_faults;
 mod sqlx_postgres;
 // The async SQLite store on sqlx: the blocking store's file and schema.
 mod sqlx_sqlite;

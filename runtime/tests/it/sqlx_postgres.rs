@@ -37,11 +37,22 @@ const HOSTED: &[HostedInterface] = &[HostedInterface {
 /// Credits a ledger row through the receiver's connection; `Refuse` writes
 /// a row, then refuses (so the row must roll back).
 #[derive(Default)]
-struct Ledger {
+pub(crate) struct Ledger {
     runs: AtomicU32,
+    /// Milliseconds each run waits in its transaction after its insert (0:
+    /// none), so that a fault can land mid-transaction.
+    pub(crate) pause_ms: AtomicU32,
 }
 
-struct LedgerService(Arc<Ledger>);
+impl Ledger {
+    /// How many times the handler ran (a run whose transaction rolled back
+    /// counts too).
+    pub(crate) fn runs(&self) -> u32 {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
+pub(crate) struct LedgerService(pub(crate) Arc<Ledger>);
 
 impl AsyncHostedService<sqlx::Postgres> for LedgerService {
     fn interfaces(&self) -> &[HostedInterface] {
@@ -64,6 +75,14 @@ impl AsyncHostedService<sqlx::Postgres> for LedgerService {
                 .map_err(HandlerError::retryable)?;
             // Yields to the runtime mid-handler, as real handlers do.
             tokio::task::yield_now().await;
+            let pause = self.0.pause_ms.load(Ordering::SeqCst);
+            if pause > 0 {
+                sqlx::query("SELECT pg_sleep($1)")
+                    .bind(f64::from(pause) / 1000.0)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(HandlerError::retryable)?;
+            }
             match call.endpoint {
                 "Refuse" => Err(HandlerError::poison("refused after writing")),
                 _ => Ok(serde_json::json!({ "credited": amount })),
@@ -72,7 +91,7 @@ impl AsyncHostedService<sqlx::Postgres> for LedgerService {
     }
 }
 
-fn credit(amount: i64) -> OutgoingMessage {
+pub(crate) fn credit(amount: i64) -> OutgoingMessage {
     OutgoingMessage {
         destination: "ledger".to_owned(),
         message_type: MessageType::Command,
@@ -89,7 +108,7 @@ fn credit(amount: i64) -> OutgoingMessage {
     }
 }
 
-async fn pool(db: &TestDatabase) -> PgPool {
+pub(crate) async fn pool(db: &TestDatabase) -> PgPool {
     PgPoolOptions::new()
         .max_connections(12)
         .connect(db.url())
@@ -97,7 +116,7 @@ async fn pool(db: &TestDatabase) -> PgPool {
         .expect("pool")
 }
 
-async fn count(pool: &PgPool, sql: &'static str) -> i64 {
+pub(crate) async fn count(pool: &PgPool, sql: &'static str) -> i64 {
     sqlx::query_scalar(sql)
         .fetch_one(pool)
         .await

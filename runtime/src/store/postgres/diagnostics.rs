@@ -377,27 +377,24 @@ impl DiagnosticsStore for PostgresDiagnostics {
 
     fn retry_matching(
         &self,
-        status: Option<Status>,
-        destination: Option<&str>,
+        filter: &RowFilter,
         now_ms: i64,
         renew_until_ms: i64,
     ) -> Result<usize, DiagnosticsError> {
-        let status = status.map(Status::as_str);
+        let sql = format!(
+            "UPDATE outbox_messages \
+             SET status = 'Pending', retry_count = 0, next_retry_at = $9, \
+                 lease_token = NULL, expires_at = GREATEST(expires_at, $10) \
+             WHERE status IN ('Failed', 'DeadLetter', 'Expired') {ROW_FILTER}"
+        );
+        let bound = FilterParams::new(filter);
         let updated = self.write(|client| {
-            client.execute_typed(
-                "UPDATE outbox_messages \
-                 SET status = 'Pending', retry_count = 0, next_retry_at = $3, \
-                     lease_token = NULL, expires_at = GREATEST(expires_at, $4) \
-                 WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
-                   AND ($1::text IS NULL OR status = $1) \
-                   AND ($2::text IS NULL OR destination = $2)",
-                &[
-                    (&status, Type::TEXT),
-                    (&destination, Type::TEXT),
-                    (&now_ms, Type::INT8),
-                    (&renew_until_ms, Type::INT8),
-                ],
-            )
+            let mut params = bound.params();
+            params.extend([
+                (&now_ms as _, Type::INT8),
+                (&renew_until_ms as _, Type::INT8),
+            ]);
+            client.execute_typed(&sql, &params)
         })?;
         Ok(updated as usize)
     }
@@ -414,26 +411,17 @@ impl DiagnosticsStore for PostgresDiagnostics {
         Ok(updated as usize)
     }
 
-    fn discard_matching(
-        &self,
-        status: Option<Status>,
-        destination: Option<&str>,
-        now_ms: i64,
-    ) -> Result<usize, DiagnosticsError> {
-        let status = status.map(Status::as_str);
+    fn discard_matching(&self, filter: &RowFilter, now_ms: i64) -> Result<usize, DiagnosticsError> {
+        let sql = format!(
+            "UPDATE outbox_messages \
+             SET status = 'Discarded', discarded_at = $9, lease_token = NULL \
+             WHERE status IN ('Failed', 'DeadLetter', 'Expired') {ROW_FILTER}"
+        );
+        let bound = FilterParams::new(filter);
         let updated = self.write(|client| {
-            client.execute_typed(
-                "UPDATE outbox_messages \
-                 SET status = 'Discarded', discarded_at = $3, lease_token = NULL \
-                 WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
-                   AND ($1::text IS NULL OR status = $1) \
-                   AND ($2::text IS NULL OR destination = $2)",
-                &[
-                    (&status, Type::TEXT),
-                    (&destination, Type::TEXT),
-                    (&now_ms, Type::INT8),
-                ],
-            )
+            let mut params = bound.params();
+            params.push((&now_ms, Type::INT8));
+            client.execute_typed(&sql, &params)
         })?;
         Ok(updated as usize)
     }
@@ -441,24 +429,21 @@ impl DiagnosticsStore for PostgresDiagnostics {
     fn count_older(
         &self,
         message_id: Option<&str>,
-        status: Option<Status>,
-        destination: Option<&str>,
+        filter: &RowFilter,
         before_ms: i64,
     ) -> Result<usize, DiagnosticsError> {
-        let status = status.map(Status::as_str);
-        let count = self.count(
+        let sql = format!(
             "SELECT COUNT(*) FROM outbox_messages \
-             WHERE status IN ('Failed', 'DeadLetter', 'Expired') AND created_at < $4 \
-               AND ($1::text IS NULL OR message_id = $1) \
-               AND ($2::text IS NULL OR status = $2) \
-               AND ($3::text IS NULL OR destination = $3)",
-            &[
-                (&message_id, Type::TEXT),
-                (&status, Type::TEXT),
-                (&destination, Type::TEXT),
-                (&before_ms, Type::INT8),
-            ],
-        )?;
+             WHERE status IN ('Failed', 'DeadLetter', 'Expired') {ROW_FILTER} \
+               AND created_at < $9 AND ($10::text IS NULL OR message_id = $10)"
+        );
+        let bound = FilterParams::new(filter);
+        let mut params = bound.params();
+        params.extend([
+            (&before_ms as _, Type::INT8),
+            (&message_id as _, Type::TEXT),
+        ]);
+        let count = self.count(&sql, &params)?;
         Ok(count as usize)
     }
 

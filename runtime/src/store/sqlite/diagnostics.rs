@@ -249,27 +249,22 @@ impl DiagnosticsStore for Connection {
 
     fn retry_matching(
         &self,
-        status: Option<Status>,
-        destination: Option<&str>,
+        filter: &RowFilter,
         now_ms: i64,
         renew_until_ms: i64,
     ) -> Result<usize, DiagnosticsError> {
+        let mut values = filter_values(filter);
+        values.extend([Value::Integer(now_ms), Value::Integer(renew_until_ms)]);
         Ok(self
             .prepare_cached(concat!(
                 "UPDATE outbox_messages \
-                 SET status = 'Pending', retry_count = 0, next_retry_at = ?3, \
-                     lease_token = NULL, expires_at = MAX(expires_at, ?4) \
+                 SET status = 'Pending', retry_count = 0, next_retry_at = ?9, \
+                     lease_token = NULL, expires_at = MAX(expires_at, ?10) \
                  WHERE ",
                 crate::store::sqlite::attention!(),
-                " \
-                   AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2)"
+                row_filter!()
             ))?
-            .execute(params![
-                status.map(Status::as_str),
-                destination,
-                now_ms,
-                renew_until_ms
-            ])?)
+            .execute(params_from_iter(values))?)
     }
 
     fn discard_one(&self, message_id: &str, now_ms: i64) -> Result<usize, DiagnosticsError> {
@@ -288,49 +283,40 @@ impl DiagnosticsStore for Connection {
             ])?)
     }
 
-    fn discard_matching(
-        &self,
-        status: Option<Status>,
-        destination: Option<&str>,
-        now_ms: i64,
-    ) -> Result<usize, DiagnosticsError> {
+    fn discard_matching(&self, filter: &RowFilter, now_ms: i64) -> Result<usize, DiagnosticsError> {
+        let mut values = filter_values(filter);
+        values.push(Value::Integer(now_ms));
         Ok(self
             .prepare_cached(concat!(
                 "UPDATE outbox_messages \
-                 SET status = 'Discarded', discarded_at = ?3, lease_token = NULL \
+                 SET status = 'Discarded', discarded_at = ?9, lease_token = NULL \
                  WHERE ",
                 crate::store::sqlite::attention!(),
-                " \
-                   AND (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR destination = ?2)"
+                row_filter!()
             ))?
-            .execute(params![status.map(Status::as_str), destination, now_ms])?)
+            .execute(params_from_iter(values))?)
     }
 
     fn count_older(
         &self,
         message_id: Option<&str>,
-        status: Option<Status>,
-        destination: Option<&str>,
+        filter: &RowFilter,
         before_ms: i64,
     ) -> Result<usize, DiagnosticsError> {
+        let mut values = filter_values(filter);
+        values.extend([
+            Value::Integer(before_ms),
+            message_id.map_or(Value::Null, |id| Value::Text(id.to_owned())),
+        ]);
         let count: i64 = self
             .prepare_cached(concat!(
                 "SELECT COUNT(*) FROM outbox_messages \
                  WHERE ",
                 crate::store::sqlite::attention!(),
-                " AND created_at < ?4 \
-                   AND (?1 IS NULL OR message_id = ?1) AND (?2 IS NULL OR status = ?2) \
-                   AND (?3 IS NULL OR destination = ?3)"
+                row_filter!(),
+                " AND created_at < ?9 AND (?10 IS NULL OR message_id = ?10)"
             ))?
-            .query_row(
-                params![
-                    message_id,
-                    status.map(Status::as_str),
-                    destination,
-                    before_ms
-                ],
-                |row| row.get(0),
-            )?;
+            .query_row(params_from_iter(values), |row| row.get(0))?;
         Ok(count.max(0) as usize)
     }
 

@@ -48,17 +48,13 @@ const SQL: &[&str] = &[
     "SELECT status FROM {t}outbox_messages WHERE message_id = $1",
     // RETRY_MATCHING
     "UPDATE {t}outbox_messages \
-     SET status = 'Pending', retry_count = 0, next_retry_at = $3, \
-         lease_token = NULL, expires_at = GREATEST(expires_at, $4) \
-     WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
-       AND ($1::text IS NULL OR status = $1) \
-       AND ($2::text IS NULL OR destination = $2)",
+     SET status = 'Pending', retry_count = 0, next_retry_at = $9, \
+         lease_token = NULL, expires_at = GREATEST(expires_at, $10) \
+     WHERE status IN ('Failed', 'DeadLetter', 'Expired') {f}",
     // COUNT_OLDER
     "SELECT COUNT(*) FROM {t}outbox_messages \
-     WHERE status IN ('Failed', 'DeadLetter', 'Expired') AND created_at < $4 \
-       AND ($1::text IS NULL OR message_id = $1) \
-       AND ($2::text IS NULL OR status = $2) \
-       AND ($3::text IS NULL OR destination = $3)",
+     WHERE status IN ('Failed', 'DeadLetter', 'Expired') {f} AND created_at < $9 \
+       AND ($10::text IS NULL OR message_id = $10)",
     // INBOX_SIZE
     "SELECT COUNT(*) FROM {t}inbox_messages",
     // DECOMMISSIONED (with each version's held rows)
@@ -80,10 +76,8 @@ const SQL: &[&str] = &[
      WHERE message_id = $1 AND status IN ('Failed', 'DeadLetter', 'Expired')",
     // DISCARD_MATCHING
     "UPDATE {t}outbox_messages \
-     SET status = 'Discarded', discarded_at = $3, lease_token = NULL \
-     WHERE status IN ('Failed', 'DeadLetter', 'Expired') \
-       AND ($1::text IS NULL OR status = $1) \
-       AND ($2::text IS NULL OR destination = $2)",
+     SET status = 'Discarded', discarded_at = $9, lease_token = NULL \
+     WHERE status IN ('Failed', 'DeadLetter', 'Expired') {f}",
 ];
 
 const UNSENT_DUE: usize = 0;
@@ -308,15 +302,12 @@ impl DiagnosticsStore for SqlxDiagnostics {
 
     fn retry_matching(
         &self,
-        status: Option<Status>,
-        destination: Option<&str>,
+        filter: &RowFilter,
         now_ms: i64,
         renew_until_ms: i64,
     ) -> Result<usize, DiagnosticsError> {
         let done = self.run(
-            self.query(RETRY_MATCHING)
-                .bind(status.map(Status::as_str))
-                .bind(destination)
+            bind_filter(self.query(RETRY_MATCHING), filter)
                 .bind(now_ms)
                 .bind(renew_until_ms)
                 .execute(self.store.pool()),
@@ -334,16 +325,9 @@ impl DiagnosticsStore for SqlxDiagnostics {
         Ok(done.rows_affected() as usize)
     }
 
-    fn discard_matching(
-        &self,
-        status: Option<Status>,
-        destination: Option<&str>,
-        now_ms: i64,
-    ) -> Result<usize, DiagnosticsError> {
+    fn discard_matching(&self, filter: &RowFilter, now_ms: i64) -> Result<usize, DiagnosticsError> {
         let done = self.run(
-            self.query(DISCARD_MATCHING)
-                .bind(status.map(Status::as_str))
-                .bind(destination)
+            bind_filter(self.query(DISCARD_MATCHING), filter)
                 .bind(now_ms)
                 .execute(self.store.pool()),
         )?;
@@ -353,16 +337,13 @@ impl DiagnosticsStore for SqlxDiagnostics {
     fn count_older(
         &self,
         message_id: Option<&str>,
-        status: Option<Status>,
-        destination: Option<&str>,
+        filter: &RowFilter,
         before_ms: i64,
     ) -> Result<usize, DiagnosticsError> {
         let count: i64 = self.run(first(
-            self.query(COUNT_OLDER)
-                .bind(message_id)
-                .bind(status.map(Status::as_str))
-                .bind(destination)
+            bind_filter(self.query(COUNT_OLDER), filter)
                 .bind(before_ms)
+                .bind(message_id)
                 .fetch_one(self.store.pool()),
         ))?;
         Ok(count.max(0) as usize)
