@@ -207,37 +207,59 @@ async fn commit_group<W: AsyncInboxStep>(shared: &Shared<W>, group: Vec<Job>) {
     };
     let now = crate::store::now_ms();
     let expires_at = now.saturating_add(shared.retention_ms);
-    let mut answered = Vec::with_capacity(group.len());
     let mut lost: Option<String> = None;
     let mut refused_alone = false;
-    let mut index = 0;
-    for job in group {
-        let mut answers = Vec::with_capacity(job.deliveries.len());
-        for delivery in &job.deliveries {
-            if let Some(reason) = &lost {
-                answers.push(Reply::Refused(ReceiveError::Unavailable(reason.clone())));
-                continue;
-            }
-            let savepoint = match (count, index) {
-                (1, _) => Savepoint::None,
-                (_, 0) => Savepoint::Open,
-                _ => Savepoint::ReleaseAndOpen,
-            };
-            index += 1;
-            let (answer, state) =
-                process(shared, &mut tx, delivery, now, expires_at, savepoint).await;
-            match state {
-                State::Intact => {}
-                State::RollBack => refused_alone = true,
-                State::Compromised => {
-                    error!("receiver transaction lost mid-group; rolling the group back");
-                    lost = Some("the write transaction was lost; retry".to_owned());
-                }
-            }
-            answers.push(answer);
+    // Every group claims its messages in one order (source, then id): two
+    // groups holding copies of the same messages then wait for each other
+    // in turn, never in a cycle that PostgreSQL would end as a deadlock
+    // (and answer every message of one group 503).
+    let mut order: Vec<(usize, usize)> = group
+        .iter()
+        .enumerate()
+        .flat_map(|(j, job)| (0..job.deliveries.len()).map(move |d| (j, d)))
+        .collect();
+    order.sort_by(|&(ja, da), &(jb, db)| {
+        let (a, b) = (&group[ja].deliveries[da], &group[jb].deliveries[db]);
+        (a.envelope.source_service_id.as_str(), a.message_id.as_str())
+            .cmp(&(b.envelope.source_service_id.as_str(), b.message_id.as_str()))
+    });
+    let mut replies: Vec<Vec<Option<Reply>>> = group
+        .iter()
+        .map(|job| (0..job.deliveries.len()).map(|_| None).collect())
+        .collect();
+    for (index, (j, d)) in order.into_iter().enumerate() {
+        let delivery = &group[j].deliveries[d];
+        if let Some(reason) = &lost {
+            replies[j][d] = Some(Reply::Refused(ReceiveError::Unavailable(reason.clone())));
+            continue;
         }
-        answered.push((job.reply, answers));
+        let savepoint = match (count, index) {
+            (1, _) => Savepoint::None,
+            (_, 0) => Savepoint::Open,
+            _ => Savepoint::ReleaseAndOpen,
+        };
+        let (answer, state) = process(shared, &mut tx, delivery, now, expires_at, savepoint).await;
+        match state {
+            State::Intact => {}
+            State::RollBack => refused_alone = true,
+            State::Compromised => {
+                error!("receiver transaction lost mid-group; rolling the group back");
+                lost = Some("the write transaction was lost; retry".to_owned());
+            }
+        }
+        replies[j][d] = Some(answer);
     }
+    let mut answered: Vec<_> = group
+        .into_iter()
+        .zip(replies)
+        .map(|(job, replies)| {
+            let answers: Vec<Reply> = replies
+                .into_iter()
+                .map(|reply| reply.expect("every delivery of the group was answered"))
+                .collect();
+            (job.reply, answers)
+        })
+        .collect();
     let failure = if refused_alone {
         match W::rollback(tx).await {
             Ok(()) => None,

@@ -41,9 +41,8 @@ async fn ledger_host(store: &TestStore, ledger: Arc<Ledger>) -> Host {
                 .listen("127.0.0.1:0")
                 .await
         }
-        TestStore::Postgres { url, .. } => {
-            Host::builder(config, url)
-                .writers(2)
+        TestStore::Postgres { store, .. } => {
+            Host::builder(config, store)
                 .service(LedgerService(ledger))
                 .shutdown_timeout(BOUND)
                 .listen("127.0.0.1:0")
@@ -68,8 +67,8 @@ async fn sender_host(store: &TestStore, ledger_url: &str) -> (AnyOutbox, Host) {
             let outbox = AnyOutbox::Sqlite(builder.outbox().clone());
             (outbox, sender_start(builder).await)
         }
-        TestStore::Postgres { url, .. } => {
-            let builder = Host::builder(config, url);
+        TestStore::Postgres { store, .. } => {
+            let builder = Host::builder(config, store);
             let outbox = AnyOutbox::Postgres(builder.outbox().clone());
             (outbox, sender_start(builder).await)
         }
@@ -77,7 +76,7 @@ async fn sender_host(store: &TestStore, ledger_url: &str) -> (AnyOutbox, Host) {
     (outbox, host.expect("the sender's host starts"))
 }
 
-async fn sender_start<S: rfidl_runtime::Store>(
+async fn sender_start<S: rfidl_runtime::AnyStore>(
     builder: rfidl_runtime::host::HostBuilder<S>,
 ) -> Result<Host, HostError> {
     builder

@@ -24,7 +24,6 @@ mod nats;
 mod nats_cluster;
 mod operations;
 mod ops_access;
-mod postgres_faults;
 mod postgres_harness;
 mod probes;
 mod prometheus;
@@ -34,7 +33,8 @@ mod spread;
 // The JetStream and AMQP consumers on the sqlx stores.
 #[cfg(feature = "amqp")]
 mod sqlx_brokers;
-// Lost connections mid-transaction on the sqlx PostgreSQL store.
+// PostgreSQL's own failures on the sqlx store: lost connections
+// mid-transaction, replicas migrating one database together.
 mod sqlx_faults;
 mod sqlx_postgres;
 // The async SQLite store on sqlx: the blocking store's file and schema.
@@ -44,7 +44,7 @@ mod sqlx_timers;
 mod support;
 // The same bodies on SQLite and PostgreSQL (`stores::on_every_store!`; also
 // used by exactly_once, faults, responses and spread); PostgreSQL's own
-// failures in postgres_faults.
+// failures in sqlx_faults.
 mod store_delivery;
 mod store_operations;
 mod stores;

@@ -1007,24 +1007,28 @@ async fn command_answers_come_back_and_their_handler_runs_once() {
     receiver.shutdown().await;
 }
 
-impl rfidl_runtime::responses::ResponseHandler<rfidl_runtime::Postgres> for BalancesHandler {
+impl rfidl_runtime::responses::AsyncResponseHandler<sqlx::Postgres> for BalancesHandler {
     fn interface(&self) -> (&'static str, u32) {
         (support::INTERFACE, 1)
     }
 
-    fn handle(
-        &self,
-        answer: &rfidl_runtime::responses::Answer<'_>,
-        tx: &mut ::postgres::Transaction<'_>,
-    ) -> Result<(), rfidl_runtime::receiver::HandlerError> {
-        self.0
-            .calls
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        tx.execute(
-            "INSERT INTO answers (message_id, balance) VALUES ($1, $2)",
-            &[&answer.message_id, &answer.payload["balance"].as_i64()],
-        )?;
-        Ok(())
+    fn handle<'a>(
+        &'a self,
+        answer: &'a rfidl_runtime::responses::Answer<'a>,
+        conn: &'a mut sqlx::PgConnection,
+    ) -> rfidl_runtime::BoxFuture<'a, Result<(), rfidl_runtime::receiver::HandlerError>> {
+        Box::pin(async move {
+            self.0
+                .calls
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            sqlx::query("INSERT INTO answers (message_id, balance) VALUES ($1, $2)")
+                .bind(answer.message_id)
+                .bind(answer.payload["balance"].as_i64())
+                .execute(conn)
+                .await
+                .map_err(rfidl_runtime::receiver::HandlerError::retryable)?;
+            Ok(())
+        })
     }
 }
 
@@ -1072,13 +1076,13 @@ async fn answers_on_every_store(store: &crate::stores::TestStore) {
                 .timeout(Duration::from_secs(1))
                 .spawn()
         }
-        TestStore::Postgres { url: database, .. } => {
-            rfidl_runtime::nats::AnswersConsumer::builder(support::SOURCE, &url, database)
-                .secret(secret.clone())
-                .responses(handler)
-                .timeout(Duration::from_secs(1))
-                .spawn()
-        }
+        TestStore::Postgres {
+            store: database, ..
+        } => rfidl_runtime::nats::AnswersConsumer::builder(support::SOURCE, &url, database)
+            .secret(secret.clone())
+            .responses(handler)
+            .timeout(Duration::from_secs(1))
+            .spawn(),
     }
     .expect("answers consumer");
     let dispatcher = store.dispatcher(&outbox).start().expect("dispatcher");

@@ -6,13 +6,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use rfidl_runtime::Config;
 use rfidl_runtime::metrics::Metrics;
 use rfidl_runtime::receiver::{
-    HandlerError, HostedInterface, HostedService, IncomingCall, Receiver, ReceiverBuilder,
-    decode_payload, encode_response,
+    AsyncHostedService, HandlerError, HostedInterface, HostedService, IncomingCall, Receiver,
+    ReceiverBuilder, decode_payload, encode_response,
 };
 use rfidl_runtime::signing::{Secret, SignatureHeaders, unix_now};
+use rfidl_runtime::{BoxFuture, Config};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -96,6 +96,9 @@ impl HostedService for Employees {
                         call.version
                     ],
                 )?;
+                if is_slow(&hired) {
+                    std::thread::sleep(SLOW);
+                }
                 self.after_insert(hired, tx.last_insert_rowid(), call.version)
             }
             (1, "EmployeeLeft") => {
@@ -106,6 +109,13 @@ impl HostedService for Employees {
             (_, other) => Err(HandlerError::unknown_endpoint(other)),
         }
     }
+}
+
+/// How long a `slow…` hire takes in its handler.
+const SLOW: std::time::Duration = std::time::Duration::from_millis(600);
+
+fn is_slow(hired: &EmployeeHired) -> bool {
+    hired.employee.name.starts_with("slow")
 }
 
 impl Employees {
@@ -123,9 +133,6 @@ impl Employees {
         }
         if name.starts_with("panic") {
             panic!("handler panics on purpose");
-        }
-        if name.starts_with("slow") {
-            std::thread::sleep(std::time::Duration::from_millis(600));
         }
         if name.starts_with("broken") {
             return Err(HandlerError::retryable("always broken"));
@@ -146,42 +153,51 @@ impl Employees {
     }
 }
 
-/// The same service on PostgreSQL: the same statements in its dialect.
-impl HostedService<rfidl_runtime::Postgres> for Employees {
+/// The same service on sqlx PostgreSQL: the same statements in its
+/// dialect, async, in the receiver's transaction.
+impl AsyncHostedService<sqlx::Postgres> for Employees {
     fn interfaces(&self) -> &[HostedInterface] {
         HOSTED
     }
 
-    fn handle(
-        &self,
-        call: &IncomingCall<'_>,
-        tx: &mut postgres::Transaction<'_>,
-    ) -> Result<serde_json::Value, HandlerError> {
-        self.handler_runs.fetch_add(1, Ordering::SeqCst);
-        match (call.version, call.endpoint) {
-            (1 | 2, "EmployeeHired") => {
-                let hired: EmployeeHired = decode_payload(call.payload)?;
-                let row: i64 = tx
-                    .query_one(
+    fn handle<'a>(
+        &'a self,
+        call: &'a IncomingCall<'a>,
+        conn: &'a mut sqlx::PgConnection,
+    ) -> BoxFuture<'a, Result<serde_json::Value, HandlerError>> {
+        Box::pin(async move {
+            self.handler_runs.fetch_add(1, Ordering::SeqCst);
+            match (call.version, call.endpoint) {
+                (1 | 2, "EmployeeHired") => {
+                    let hired: EmployeeHired = decode_payload(call.payload)?;
+                    let row: i64 = sqlx::query_scalar(
                         "INSERT INTO employees (id, name, message_id, version) \
                          VALUES ($1, $2, $3, $4) RETURNING row",
-                        &[
-                            &hired.employee.id,
-                            &hired.employee.name,
-                            &call.message_id,
-                            &i64::from(call.version),
-                        ],
-                    )?
-                    .get(0);
-                self.after_insert(hired, row, call.version)
+                    )
+                    .bind(&hired.employee.id)
+                    .bind(&hired.employee.name)
+                    .bind(call.message_id)
+                    .bind(i64::from(call.version))
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(HandlerError::retryable)?;
+                    if is_slow(&hired) {
+                        tokio::time::sleep(SLOW).await;
+                    }
+                    self.after_insert(hired, row, call.version)
+                }
+                (1, "EmployeeLeft") => {
+                    let left: EmployeeLeft = decode_payload(call.payload)?;
+                    sqlx::query("DELETE FROM employees WHERE id = $1")
+                        .bind(&left.id)
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(HandlerError::retryable)?;
+                    encode_response(&())
+                }
+                (_, other) => Err(HandlerError::unknown_endpoint(other)),
             }
-            (1, "EmployeeLeft") => {
-                let left: EmployeeLeft = decode_payload(call.payload)?;
-                tx.execute("DELETE FROM employees WHERE id = $1", &[&left.id])?;
-                encode_response(&())
-            }
-            (_, other) => Err(HandlerError::unknown_endpoint(other)),
-        }
+        })
     }
 }
 

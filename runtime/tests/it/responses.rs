@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use rfidl_runtime::outbox::Status;
 use rfidl_runtime::receiver::HandlerError;
-use rfidl_runtime::responses::{Answer, ResponseHandler};
+use rfidl_runtime::responses::{Answer, AsyncResponseHandler, ResponseHandler};
 use rfidl_runtime::signing::Secret;
 use rfidl_runtime::transport::HttpTransport;
-use rfidl_runtime::{Postgres, Sqlite};
+use rfidl_runtime::{BoxFuture, Sqlite};
 use serde_json::json;
 
 use crate::dispatcher::{message, sender_config};
@@ -68,27 +68,30 @@ impl ResponseHandler<Sqlite> for Shared {
     }
 }
 
-/// The same handler on PostgreSQL: the same statement in its dialect.
-impl ResponseHandler<Postgres> for Shared {
+/// The same handler on sqlx PostgreSQL: the same statement in its dialect.
+impl AsyncResponseHandler<sqlx::Postgres> for Shared {
     fn interface(&self) -> (&'static str, u32) {
         (support::INTERFACE, 1)
     }
 
-    fn handle(
-        &self,
-        answer: &Answer<'_>,
-        tx: &mut postgres::Transaction<'_>,
-    ) -> Result<(), HandlerError> {
-        self.0.calls.fetch_add(1, Ordering::SeqCst);
-        tx.execute(
-            "INSERT INTO balances (message_id, correlation_id, balance) VALUES ($1, $2, $3)",
-            &[
-                &answer.message_id,
-                &answer.correlation_id,
-                &answer.payload["balance"].as_i64(),
-            ],
-        )?;
-        self.0.after_write()
+    fn handle<'a>(
+        &'a self,
+        answer: &'a Answer<'a>,
+        conn: &'a mut sqlx::PgConnection,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            self.0.calls.fetch_add(1, Ordering::SeqCst);
+            sqlx::query(
+                "INSERT INTO balances (message_id, correlation_id, balance) VALUES ($1, $2, $3)",
+            )
+            .bind(answer.message_id)
+            .bind(answer.correlation_id)
+            .bind(answer.payload["balance"].as_i64())
+            .execute(conn)
+            .await
+            .map_err(HandlerError::retryable)?;
+            self.0.after_write()
+        })
     }
 }
 

@@ -1,7 +1,8 @@
-//! Lost connections on the sqlx PostgreSQL store: every session of the
-//! sender's and the receiver's databases ended, again and again, while
-//! messages flow through `Outbox<sqlx::Postgres>`, the dispatcher, the
-//! receiver's async handler and its inbox.
+//! PostgreSQL's own failures (SQLite has no server to lose), on the sqlx
+//! store: every session of the sender's and the receiver's databases ended,
+//! again and again, while messages flow through `Outbox<sqlx::Postgres>`,
+//! the dispatcher, the receiver's async handler and its inbox; and replicas
+//! that open one fresh database at the same moment.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -174,4 +175,59 @@ async fn lost_connections_mid_transaction_on_sqlx_are_retried_without_a_duplicat
     );
     dispatcher.shutdown().await;
     receiver.shutdown().await;
+}
+
+/// Eight replicas open one fresh database at the same moment, each on a
+/// pool of its own: all open, the migrations ran once (the schema's version
+/// is the number of migrations, its tables exist once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_starting_together_migrate_once() {
+    let Some(db) = database() else {
+        return;
+    };
+    let replicas = 8;
+    let barrier = Arc::new(tokio::sync::Barrier::new(replicas));
+    let mut opening = tokio::task::JoinSet::new();
+    for _ in 0..replicas {
+        let (url, barrier) = (db.url().to_owned(), barrier.clone());
+        opening.spawn(async move {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(2)
+                .connect(&url)
+                .await
+                .expect("pool");
+            barrier.wait().await;
+            PgStore::open(pool).await.map(drop)
+        });
+    }
+    while let Some(opened) = opening.join_next().await {
+        opened.expect("replica task").expect("opened");
+    }
+    let admin = pool(&db).await;
+    assert_eq!(
+        count(&admin, "SELECT version FROM rfidl_schema").await,
+        rfidl_runtime::store::sqlx_postgres::MIGRATIONS.len() as i64
+    );
+    assert_eq!(count(&admin, "SELECT COUNT(*) FROM rfidl_schema").await, 1);
+    let mut tables: Vec<String> = sqlx::query_scalar(
+        "SELECT tablename::TEXT FROM pg_tables WHERE schemaname NOT IN \
+         ('pg_catalog', 'information_schema')",
+    )
+    .fetch_all(&admin)
+    .await
+    .expect("tables");
+    // Sorted here: the server's collation may order `_` differently.
+    tables.sort();
+    assert_eq!(
+        tables,
+        [
+            "inbox_messages",
+            "outbox_messages",
+            "rf_decommissioned",
+            "rf_lifecycle_applied",
+            "rf_terminated",
+            "rfidl_schema"
+        ],
+        "each table once"
+    );
 }

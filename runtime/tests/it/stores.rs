@@ -1,9 +1,15 @@
 //! One test body, every store: [`TestStore`] is a SQLite file in a temp dir
-//! or a fresh database on the tests' PostgreSQL server, and
-//! [`on_every_store!`] turns one `async fn body(store: &TestStore)` into a
-//! `sqlite` and a `postgres` test. The statements the helpers run are the
-//! same SQL on both (the schemas match), so a body never branches on the
-//! store.
+//! (the rusqlite store) or a fresh database on the tests' PostgreSQL server
+//! (the sqlx PostgreSQL store on a `PgPool`), and [`on_every_store!`] turns
+//! one `async fn body(store: &TestStore)` into a `sqlite` and a `postgres`
+//! test. The statements the helpers run are the same SQL on both (the
+//! schemas match), so a body never branches on the store.
+//!
+//! The helpers are synchronous (a body reads like a script); on PostgreSQL
+//! they drive the sqlx pool with `block_in_place`, so the bodies run on a
+//! multi-threaded runtime. Counting and `UPDATE`s for the set-up go through
+//! a session of the blocking `postgres` client of their own (a dev
+//! dependency), never through the runtime's pool.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,13 +19,15 @@ use rfidl_runtime::diagnostics::{Diagnostics, DiagnosticsBuilder};
 use rfidl_runtime::dispatcher::{Dispatcher, DispatcherBuilder, DispatcherError, DispatcherHandle};
 use rfidl_runtime::metrics::Metrics;
 use rfidl_runtime::outbox::{Outbox, OutboxRow, OutgoingMessage, Status};
-use rfidl_runtime::receiver::{HostedService, Receiver, ReceiverBuilder, ReceiverError};
-use rfidl_runtime::responses::ResponseHandler;
+use rfidl_runtime::receiver::{
+    AsyncHostedService, HostedService, Receiver, ReceiverBuilder, ReceiverError,
+};
+use rfidl_runtime::responses::{AsyncResponseHandler, ResponseHandler};
 use rfidl_runtime::retention::{Retention, RetentionHandle};
 use rfidl_runtime::signing::Secret;
-use rfidl_runtime::store::postgres::PostgresUrl;
+use rfidl_runtime::store::sqlx_postgres::PgStore;
 use rfidl_runtime::transport::Transport;
-use rfidl_runtime::{Config, Postgres, Sqlite};
+use rfidl_runtime::{Config, Sqlite};
 use uuid::Uuid;
 
 use crate::support::postgres::TestDatabase;
@@ -56,7 +64,8 @@ pub enum TestStore {
         path: PathBuf,
     },
     Postgres {
-        url: PostgresUrl,
+        /// The runtime's sqlx store on the test's database.
+        store: PgStore,
         /// The helpers' own session (dropped before the database).
         session: Session,
         /// Dropped last: the database goes with the test.
@@ -73,32 +82,26 @@ type Job = Box<dyn FnOnce(&mut postgres::Client) + Send>;
 /// the polling loops look every few milliseconds.
 pub struct Session {
     jobs: std::sync::mpsc::Sender<Job>,
-    /// Its backend's process id (`terminate_sessions` spares it).
-    pid: i32,
 }
 
 impl Session {
-    fn open(url: &PostgresUrl) -> Self {
+    fn open(url: &str) -> Self {
         let (jobs, queue) = std::sync::mpsc::channel::<Job>();
         let (ready, started) = std::sync::mpsc::channel();
-        let url = url.clone();
+        let url = url.to_owned();
         std::thread::Builder::new()
             .name("test-store-session".into())
             .spawn(move || {
-                let mut client = url.connect().expect("connect");
-                let pid: i32 = client
-                    .query_one("SELECT pg_backend_pid()", &[])
-                    .expect("pid")
-                    .get(0);
-                ready.send(pid).expect("ready");
+                let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+                ready.send(()).expect("ready");
                 // Ends when the store (the sender) is dropped.
                 while let Ok(job) = queue.recv() {
                     job(&mut client);
                 }
             })
             .expect("session thread");
-        let pid = started.recv().expect("the session started");
-        Self { jobs, pid }
+        started.recv().expect("the session started");
+        Self { jobs }
     }
 
     /// Runs `work` on the session and returns its value (or its panic).
@@ -131,17 +134,43 @@ impl TestStore {
     }
 
     /// `None` (the test is skipped, loudly) without a PostgreSQL server.
+    /// The sqlx store opens (and migrates) the database on a pool of 16
+    /// connections.
     pub fn postgres() -> Option<Self> {
         let db = crate::support::postgres::database()?;
-        let url = PostgresUrl::parse(db.url()).expect("test database URL");
-        let session = Session::open(&url);
+        let url = db.url().to_owned();
+        let store = block_on(async move {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(16)
+                .connect(&url)
+                .await
+                .expect("pool");
+            PgStore::open(pool).await.expect("open the sqlx store")
+        });
+        let session = Session::open(db.url());
         let store = TestStore::Postgres {
-            url,
+            store,
             session,
             _db: db,
         };
         store.create_ledger_table();
         Some(store)
+    }
+
+    /// The test database's URL (PostgreSQL only).
+    pub fn pg_url(&self) -> &str {
+        match self {
+            TestStore::Postgres { _db, .. } => _db.url(),
+            TestStore::Sqlite { .. } => panic!("not a PostgreSQL store"),
+        }
+    }
+
+    /// The sqlx store (PostgreSQL only).
+    pub fn pg_store(&self) -> &PgStore {
+        match self {
+            TestStore::Postgres { store, .. } => store,
+            TestStore::Sqlite { .. } => panic!("not a PostgreSQL store"),
+        }
     }
 
     /// A second, empty store of the same kind (a peer's database).
@@ -165,8 +194,8 @@ impl TestStore {
             TestStore::Sqlite { path, .. } => {
                 AnyOutbox::Sqlite(Outbox::with_metrics(config, path, metrics))
             }
-            TestStore::Postgres { url, .. } => {
-                AnyOutbox::Postgres(Outbox::with_metrics(config, url, metrics))
+            TestStore::Postgres { store, .. } => {
+                AnyOutbox::Postgres(Outbox::with_metrics(config, store, metrics))
             }
         }
     }
@@ -202,19 +231,11 @@ impl TestStore {
              amount BIGINT NOT NULL)",
         );
         // The outbox and inbox tables too, so counting works before any
-        // part of the runtime opened the database.
-        match self {
-            TestStore::Sqlite { path, .. } => {
-                rfidl_runtime::store::sqlite::open(path, rfidl_runtime::Durability::Normal)
-                    .expect("migrate");
-            }
-            TestStore::Postgres { url, .. } => {
-                let url = url.clone();
-                std::thread::spawn(move || rfidl_runtime::store::postgres::open(&url).map(drop))
-                    .join()
-                    .expect("join")
-                    .expect("migrate");
-            }
+        // part of the runtime opened the database (the sqlx store migrated
+        // its database when it opened).
+        if let TestStore::Sqlite { path, .. } = self {
+            rfidl_runtime::store::sqlite::open(path, rfidl_runtime::Durability::Normal)
+                .expect("migrate");
         }
     }
 
@@ -228,35 +249,6 @@ impl TestStore {
             unreachable!("a PostgreSQL helper on SQLite")
         };
         session.run(work)
-    }
-
-    /// Ends every session of this PostgreSQL database but the helpers' own
-    /// (`pg_terminate_backend`, from a session on the server's URL as the
-    /// tests were given it), as a server restart or a network cut does;
-    /// returns how many sessions it ended.
-    pub fn terminate_sessions(&self) -> i64 {
-        let TestStore::Postgres {
-            _db: db, session, ..
-        } = self
-        else {
-            unreachable!("a PostgreSQL helper on SQLite")
-        };
-        let admin_url = std::env::var("RFIDL_POSTGRES_URL").expect("RFIDL_POSTGRES_URL");
-        let (name, spared) = (db.name().to_owned(), session.pid);
-        std::thread::spawn(move || {
-            let mut admin =
-                postgres::Client::connect(&admin_url, postgres::NoTls).expect("admin session");
-            let ended = admin
-                .query(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                     WHERE datname = $1 AND pid <> pg_backend_pid() AND pid <> $2",
-                    &[&name, &spared],
-                )
-                .expect("terminate");
-            ended.len() as i64
-        })
-        .join()
-        .expect("PostgreSQL admin thread")
     }
 
     /// A single number (`SELECT count(*) …`), the same SQL on both stores.
@@ -349,15 +341,24 @@ impl TestStore {
                 }
                 id
             }
-            TestStore::Postgres { .. } => {
-                let outbox = outbox.postgres().clone();
-                let business_sql = business_sql.to_owned();
-                self.with_pg(move |client| {
-                    let mut tx = client.transaction().expect("tx");
-                    tx.batch_execute(&business_sql).expect("business sql");
-                    let id = outbox.enqueue(&mut tx, message).expect("enqueue");
+            TestStore::Postgres { store, .. } => {
+                let outbox = outbox.postgres();
+                block_on(async move {
+                    let mut tx = store.pool().begin().await.expect("tx");
+                    if !business_sql.is_empty() {
+                        sqlx::raw_sql(sqlx::AssertSqlSafe(business_sql))
+                            .execute(&mut *tx)
+                            .await
+                            .expect("business sql");
+                    }
+                    let id = outbox
+                        .enqueue_async(&mut tx, message)
+                        .await
+                        .expect("enqueue");
                     if commit {
-                        tx.commit().expect("commit");
+                        tx.commit().await.expect("commit");
+                    } else {
+                        tx.rollback().await.expect("rollback");
                     }
                     id
                 })
@@ -385,15 +386,20 @@ impl TestStore {
                 tx.commit().expect("commit");
                 ids
             }
-            TestStore::Postgres { .. } => {
-                let outbox = outbox.postgres().clone();
-                self.with_pg(move |client| {
-                    let mut tx = client.transaction().expect("tx");
-                    let ids = messages
-                        .into_iter()
-                        .map(|message| outbox.enqueue(&mut tx, message).expect("enqueue"))
-                        .collect();
-                    tx.commit().expect("commit");
+            TestStore::Postgres { store, .. } => {
+                let outbox = outbox.postgres();
+                block_on(async move {
+                    let mut tx = store.pool().begin().await.expect("tx");
+                    let mut ids = Vec::with_capacity(messages.len());
+                    for message in messages {
+                        ids.push(
+                            outbox
+                                .enqueue_async(&mut tx, message)
+                                .await
+                                .expect("enqueue"),
+                        );
+                    }
+                    tx.commit().await.expect("commit");
                     ids
                 })
             }
@@ -441,7 +447,7 @@ impl TestStore {
     pub fn diagnostics(&self) -> DiagnosticsBuilder {
         match self {
             TestStore::Sqlite { path, .. } => Diagnostics::builder(path),
-            TestStore::Postgres { url, .. } => Diagnostics::builder(url),
+            TestStore::Postgres { store, .. } => Diagnostics::builder(store),
         }
     }
 
@@ -450,7 +456,7 @@ impl TestStore {
     pub fn retention(&self, config: Config, metrics: Arc<Metrics>) -> RetentionHandle {
         match self {
             TestStore::Sqlite { path, .. } => Retention::spawn(config, path, metrics),
-            TestStore::Postgres { url, .. } => Retention::spawn(config, url, metrics),
+            TestStore::Postgres { store, .. } => Retention::spawn(config, store, metrics),
         }
         .expect("retention")
     }
@@ -565,16 +571,15 @@ impl TestStore {
     /// store, built.
     pub fn receiver_hosting<H>(&self, config: Config, service: H) -> Result<Receiver, ReceiverError>
     where
-        H: HostedService<Sqlite> + HostedService<Postgres>,
+        H: HostedService<Sqlite> + AsyncHostedService<sqlx::Postgres>,
     {
         match self {
             TestStore::Sqlite { path, .. } => {
                 Receiver::builder(config, path).service(service).build()
             }
-            TestStore::Postgres { url, .. } => Receiver::builder(config, url)
-                .writers(4)
-                .service(service)
-                .build(),
+            TestStore::Postgres { store, .. } => {
+                Receiver::builder(config, store).service(service).build()
+            }
         }
     }
 
@@ -593,18 +598,15 @@ impl TestStore {
         config: Config,
         ledger: Arc<support::Ledger>,
         sqlite: impl FnOnce(ReceiverBuilder<Sqlite>) -> ReceiverBuilder<Sqlite>,
-        postgres: impl FnOnce(ReceiverBuilder<Postgres>) -> ReceiverBuilder<Postgres>,
+        postgres: impl FnOnce(ReceiverBuilder<sqlx::Postgres>) -> ReceiverBuilder<sqlx::Postgres>,
     ) -> Result<Receiver, ReceiverError> {
         match self {
             TestStore::Sqlite { path, .. } => {
                 sqlite(Receiver::builder(config, path).service(LedgerService(ledger))).build()
             }
-            TestStore::Postgres { url, .. } => postgres(
-                Receiver::builder(config, url)
-                    .writers(4)
-                    .service(LedgerService(ledger)),
-            )
-            .build(),
+            TestStore::Postgres { store, .. } => {
+                postgres(Receiver::builder(config, store).service(LedgerService(ledger))).build()
+            }
         }
     }
 
@@ -634,7 +636,7 @@ impl TestStore {
 #[derive(Clone, Debug)]
 pub enum AnyOutbox {
     Sqlite(Outbox<Sqlite>),
-    Postgres(Outbox<Postgres>),
+    Postgres(Outbox<sqlx::Postgres>),
 }
 
 impl AnyOutbox {
@@ -645,7 +647,7 @@ impl AnyOutbox {
         }
     }
 
-    pub fn postgres(&self) -> &Outbox<Postgres> {
+    pub fn postgres(&self) -> &Outbox<sqlx::Postgres> {
         match self {
             AnyOutbox::Postgres(outbox) => outbox,
             AnyOutbox::Sqlite(_) => panic!("not a PostgreSQL outbox"),
@@ -695,7 +697,7 @@ impl AnyOutbox {
 /// A dispatcher builder of either store.
 pub enum AnyDispatcher {
     Sqlite(DispatcherBuilder<Sqlite>),
-    Postgres(DispatcherBuilder<Postgres>),
+    Postgres(DispatcherBuilder<sqlx::Postgres>),
 }
 
 impl AnyDispatcher {
@@ -710,10 +712,11 @@ impl AnyDispatcher {
         }
     }
 
-    /// Registers a response handler written for both stores.
+    /// Registers a response handler written for both stores (blocking on
+    /// SQLite, async on sqlx PostgreSQL).
     pub fn responses<H>(self, handler: H) -> Self
     where
-        H: ResponseHandler<Sqlite> + ResponseHandler<Postgres>,
+        H: ResponseHandler<Sqlite> + AsyncResponseHandler<sqlx::Postgres>,
     {
         match self {
             AnyDispatcher::Sqlite(b) => AnyDispatcher::Sqlite(b.responses(handler)),
@@ -727,4 +730,10 @@ impl AnyDispatcher {
             AnyDispatcher::Postgres(b) => b.start(),
         }
     }
+}
+
+/// Runs `work` to its end from a synchronous helper called on a test's
+/// multi-threaded runtime (the sqlx pool lives on it).
+pub fn block_on<T>(work: impl std::future::Future<Output = T>) -> T {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(work))
 }

@@ -10,11 +10,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use rfidl_runtime::Config;
 use rfidl_runtime::receiver::{
-    HandlerError, HostedInterface, HostedService, IncomingCall, Receiver, decode_payload,
+    AsyncHostedService, HandlerError, HostedInterface, HostedService, IncomingCall, Receiver,
+    decode_payload,
 };
 use rfidl_runtime::signing::{Secret, SignatureHeaders};
+use rfidl_runtime::{BoxFuture, Config};
 
 pub const INTERFACE: &str = "test.Ledger";
 pub const FINGERPRINT: &str = "sha256:ledger-v1";
@@ -82,42 +83,51 @@ impl HostedService for LedgerService {
     }
 }
 
-/// The same ledger on PostgreSQL: the same statements in its dialect.
-impl HostedService<rfidl_runtime::Postgres> for LedgerService {
+/// The same ledger on sqlx PostgreSQL: the same statements in its dialect,
+/// async, on the receiver's connection (in its transaction).
+impl AsyncHostedService<sqlx::Postgres> for LedgerService {
     fn interfaces(&self) -> &[HostedInterface] {
         HOSTED
     }
 
-    fn handle(
-        &self,
-        call: &IncomingCall<'_>,
-        tx: &mut ::postgres::Transaction<'_>,
-    ) -> Result<serde_json::Value, HandlerError> {
-        let this = &self.0;
-        this.calls.fetch_add(1, Ordering::SeqCst);
-        match call.endpoint {
-            "Credit" => {
-                let credit: Credit = decode_payload(call.payload)?;
-                tx.execute(
-                    "INSERT INTO ledger (message_id, account, amount) VALUES ($1, $2, $3)",
-                    &[&call.message_id, &credit.account.as_str(), &credit.amount],
-                )?;
-                if this.fail_next.load(Ordering::SeqCst) > 0 {
-                    this.fail_next.fetch_sub(1, Ordering::SeqCst);
-                    return Err(HandlerError::retryable("the bank is down"));
-                }
-                let balance: i64 = tx
-                    .query_one(
+    fn handle<'a>(
+        &'a self,
+        call: &'a IncomingCall<'a>,
+        conn: &'a mut sqlx::PgConnection,
+    ) -> BoxFuture<'a, Result<serde_json::Value, HandlerError>> {
+        Box::pin(async move {
+            let this = &self.0;
+            this.calls.fetch_add(1, Ordering::SeqCst);
+            match call.endpoint {
+                "Credit" => {
+                    let credit: Credit = decode_payload(call.payload)?;
+                    sqlx::query(
+                        "INSERT INTO ledger (message_id, account, amount) VALUES ($1, $2, $3)",
+                    )
+                    .bind(call.message_id)
+                    .bind(&credit.account)
+                    .bind(credit.amount)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(HandlerError::retryable)?;
+                    if this.fail_next.load(Ordering::SeqCst) > 0 {
+                        this.fail_next.fetch_sub(1, Ordering::SeqCst);
+                        return Err(HandlerError::retryable("the bank is down"));
+                    }
+                    let balance: i64 = sqlx::query_scalar(
                         "SELECT COALESCE(SUM(amount), 0)::BIGINT FROM ledger WHERE account = $1",
-                        &[&credit.account],
-                    )?
-                    .get(0);
-                Ok(serde_json::json!({ "balance": balance }))
+                    )
+                    .bind(&credit.account)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(HandlerError::retryable)?;
+                    Ok(serde_json::json!({ "balance": balance }))
+                }
+                "Poison" => Err(HandlerError::poison("never valid")),
+                "Panic" => panic!("handler bug"),
+                other => Err(HandlerError::unknown_endpoint(other)),
             }
-            "Poison" => Err(HandlerError::poison("never valid")),
-            "Panic" => panic!("handler bug"),
-            other => Err(HandlerError::unknown_endpoint(other)),
-        }
+        })
     }
 }
 

@@ -17,10 +17,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use rfidl_runtime::BoxFuture;
 use rfidl_runtime::dispatcher::Dispatcher;
 use rfidl_runtime::outbox::{Outbox, OutgoingMessage, Status};
 use rfidl_runtime::receiver::{
-    HandlerError, HostedInterface, HostedService, IncomingCall, Receiver,
+    AsyncHostedService, HandlerError, HostedInterface, HostedService, IncomingCall, Receiver,
 };
 use rfidl_runtime::responses::{Answer, ResponseHandler};
 use rfidl_runtime::signing::Secret;
@@ -260,29 +261,32 @@ impl HostedService for Relay {
     }
 }
 
-impl HostedService<rfidl_runtime::Postgres> for Relay {
+impl AsyncHostedService<sqlx::Postgres> for Relay {
     fn interfaces(&self) -> &[HostedInterface] {
         HOSTED
     }
 
-    fn handle(
-        &self,
-        call: &IncomingCall<'_>,
-        tx: &mut ::postgres::Transaction<'_>,
-    ) -> Result<serde_json::Value, HandlerError> {
-        let id = self
-            .outbox
-            .postgres()
-            .enqueue(tx, follow_up())
-            .map_err(|e| HandlerError::retryable(e.to_string()))?;
-        let headers: String = tx
-            .query_one(
-                "SELECT headers FROM outbox_messages WHERE message_id = $1",
-                &[&id.to_string()],
-            )?
-            .get(0);
-        self.remember(call, id, headers);
-        Ok(json!({}))
+    fn handle<'a>(
+        &'a self,
+        call: &'a IncomingCall<'a>,
+        conn: &'a mut sqlx::PgConnection,
+    ) -> BoxFuture<'a, Result<serde_json::Value, HandlerError>> {
+        Box::pin(async move {
+            let id = self
+                .outbox
+                .postgres()
+                .enqueue_async(&mut *conn, follow_up())
+                .await
+                .map_err(|e| HandlerError::retryable(e.to_string()))?;
+            let headers: String =
+                sqlx::query_scalar("SELECT headers FROM outbox_messages WHERE message_id = $1")
+                    .bind(id.to_string())
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(HandlerError::retryable)?;
+            self.remember(call, id, headers);
+            Ok(json!({}))
+        })
     }
 }
 
@@ -340,10 +344,9 @@ async fn start_relay(
     };
     let receiver = match store {
         TestStore::Sqlite { path, .. } => Receiver::builder(config, path).service(relay).build(),
-        TestStore::Postgres { url, .. } => Receiver::builder(config, url)
-            .writers(2)
-            .service(relay)
-            .build(),
+        TestStore::Postgres { store, .. } => {
+            Receiver::builder(config, store).service(relay).build()
+        }
     }
     .expect("receiver");
     // The router keeps the receiver's state alive.

@@ -35,6 +35,10 @@ mod inbox;
 mod lifecycle;
 pub(crate) mod retention;
 
+/// The schema's migrations, in order: a database at version `n` has run
+/// the first `n` (`rfidl_schema.version`).
+pub use super::pg_schema::MIGRATIONS;
+
 use std::sync::Arc;
 
 use sqlx::postgres::{PgConnection, PgPool};
