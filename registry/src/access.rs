@@ -117,6 +117,34 @@ impl Credentials {
         }
     }
 
+    /// Whether `presented` (a sign-in form's field) is the operator token:
+    /// the same answers as [`Credentials::authorize`] for
+    /// [`Access::Operator`]; on an open registry anything is.
+    pub fn authorize_operator_token(&self, presented: &str) -> Result<(), ApiError> {
+        if self.is_open() {
+            return Ok(());
+        }
+        match self.operator.as_deref() {
+            None => Err(ApiError::OperationDisabled(Access::Operator)),
+            Some(token) if matches(Some(presented), token) => Ok(()),
+            Some(_) => Err(ApiError::Unauthorized(Access::Operator)),
+        }
+    }
+
+    /// Whether the request carries the operator token as a bearer token
+    /// (not as `Basic`: a browser sends that one on its own, also with a
+    /// form another site posts).
+    pub fn operator_bearer(&self, headers: &HeaderMap) -> bool {
+        let Some(token) = self.operator.as_deref() else {
+            return false;
+        };
+        let bearer = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(rfidl_runtime::auth::bearer_token);
+        bearer.is_some() && matches(bearer, token)
+    }
+
     /// [`Credentials::authorize`] for a registration or heartbeat, and who
     /// is asking: the SHA-256 of the presented bearer token (on an open
     /// registry, of whatever was presented, or of nothing).

@@ -47,6 +47,7 @@ mod dashboard;
 pub mod decommission;
 pub mod directory;
 mod error;
+mod failures;
 pub mod keys;
 pub mod liveness;
 mod publish;
@@ -54,7 +55,9 @@ pub mod rollup;
 mod router;
 mod routes;
 mod server;
+mod session;
 pub mod store;
+pub mod throughput;
 
 pub use error::ApiError;
 pub use server::Registry;

@@ -68,6 +68,25 @@ impl DurationHistogram {
         self.count.load(Ordering::Relaxed)
     }
 
+    /// The cumulative buckets, as Prometheus has them: `[upper bound in
+    /// microseconds, durations at most that long]`, the bounds rising; the
+    /// durations over the last bound are [`DurationHistogram::count`] minus
+    /// the last bucket's.
+    pub fn cumulative_micros(&self) -> Vec<[u64; 2]> {
+        // The count first, as in `render`: no bucket exceeds it.
+        let count = self.count();
+        self.buckets
+            .iter()
+            .zip(BUCKETS_SECONDS)
+            .map(|(bucket, bound)| {
+                [
+                    (bound * 1e6).round() as u64,
+                    bucket.load(Ordering::Relaxed).min(count),
+                ]
+            })
+            .collect()
+    }
+
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         // Read the count first: buckets only grow, so no bucket can then
