@@ -116,7 +116,9 @@ impl Browser {
         }
         let mut bytes = serde_json::to_vec(&message).expect("json");
         bytes.push(0);
-        self.to_browser.write_all(&bytes).expect("write to chromium");
+        self.to_browser
+            .write_all(&bytes)
+            .expect("write to chromium");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -204,7 +206,10 @@ impl Browser {
 
     /// The page's address now.
     pub fn location(&mut self) -> String {
-        self.eval("location.href").as_str().expect("href").to_owned()
+        self.eval("location.href")
+            .as_str()
+            .expect("href")
+            .to_owned()
     }
 }
 
