@@ -283,6 +283,31 @@ fn a_failure_is_retried_from_the_page_and_the_light_turns_green() {
     );
 }
 
+/// One refused action: what it tests, where it posts, with which cookie
+/// and form.
+struct Case<'a> {
+    what: &'a str,
+    path: &'a str,
+    cookie: Option<&'a str>,
+    fields: Vec<(&'a str, String)>,
+}
+
+impl<'a> Case<'a> {
+    fn new(
+        what: &'a str,
+        path: &'a str,
+        cookie: Option<&'a str>,
+        fields: Vec<(&'a str, String)>,
+    ) -> Self {
+        Self {
+            what,
+            path,
+            cookie,
+            fields,
+        }
+    }
+}
+
 /// A client that shows redirects instead of following them.
 fn client() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder()
@@ -352,121 +377,85 @@ fn bad_actions_get_their_codes_and_change_nothing() {
         code_of(request.send().expect("post"))
     };
     let id = stack.hr_id.as_str();
-    let cases: Vec<(&str, &str, Option<&str>, Vec<(&str, String)>, u16, &str)> = vec![
-        (
+    let with = |index: usize, value: &str| {
+        let mut fields = form(&csrf, id);
+        fields[index].1 = value.to_owned();
+        fields
+    };
+    let mut extra = form(&csrf, id);
+    extra.push(("status", "Failed".into()));
+    let on_hr = "/services/hr/failures/retry";
+    let session = Some(cookie.as_str());
+    let forged = Some("rfidl_operator=v1.99999999999999.00");
+    let cases = [
+        Case::new(
             "no session, no token",
             "/services/hr/failures/discard",
             None,
             form(&csrf, id),
-            401,
-            "unauthorized",
         ),
-        (
-            "no form token",
-            "/services/hr/failures/retry",
-            Some(&cookie),
-            form("", id)[1..].to_vec(),
-            403,
-            "csrf_mismatch",
-        ),
-        (
-            "another form token",
-            "/services/hr/failures/retry",
-            Some(&cookie),
-            form("00ff", id),
-            403,
-            "csrf_mismatch",
-        ),
-        (
-            "a forged session",
-            "/services/hr/failures/retry",
-            Some("rfidl_operator=v1.99999999999999.00"),
-            form(&csrf, id),
-            401,
-            "unauthorized",
-        ),
-        (
+        Case::new("no form token", on_hr, session, form("", id)[1..].to_vec()),
+        Case::new("another form token", on_hr, session, form("00ff", id)),
+        Case::new("a forged session", on_hr, forged, form(&csrf, id)),
+        Case::new(
             "unknown instance",
-            "/services/hr/failures/retry",
-            Some(&cookie),
+            on_hr,
+            session,
             form(&csrf, "0123456789abcdef"),
-            404,
-            "unknown_instance",
         ),
-        (
-            "another service's path",
+        Case::new(
+            "another service",
             "/services/billing/failures/retry",
-            Some(&cookie),
+            session,
             form(&csrf, id),
-            404,
-            "unknown_instance",
         ),
-        (
-            "an empty destination",
-            "/services/hr/failures/retry",
-            Some(&cookie),
-            {
-                let mut f = form(&csrf, id);
-                f[2].1 = String::new();
-                f
-            },
-            400,
-            "bad_request",
-        ),
-        (
+        Case::new("an empty destination", on_hr, session, with(2, "")),
+        Case::new(
             "a control character",
             "/services/hr/failures/discard",
-            Some(&cookie),
-            {
-                let mut f = form(&csrf, id);
-                f[3].1 = "payload\nrefused".into();
-                f
-            },
-            400,
-            "bad_request",
+            session,
+            with(3, "a\nb"),
         ),
-        (
-            "an unknown field",
-            "/services/hr/failures/retry",
-            Some(&cookie),
-            {
-                let mut f = form(&csrf, id);
-                f.push(("status", "Failed".into()));
-                f
-            },
-            400,
-            "bad_request",
-        ),
-        (
+        Case::new("an unknown field", on_hr, session, extra),
+        Case::new(
             "a missing field",
-            "/services/hr/failures/retry",
-            Some(&cookie),
+            on_hr,
+            session,
             form(&csrf, id)[..3].to_vec(),
-            400,
-            "bad_request",
         ),
-        (
+        Case::new(
             "an unknown action",
             "/services/hr/failures/explode",
-            Some(&cookie),
+            session,
             form(&csrf, id),
-            404,
-            "not_found",
         ),
-        (
-            "a service id that is not one",
+        Case::new(
+            "not a service id",
             "/services/a%20b/failures/retry",
-            Some(&cookie),
+            session,
             form(&csrf, id),
-            400,
-            "bad_request",
         ),
     ];
-    for (what, path, cookie, fields, status, code) in cases {
+    let expected = [
+        (401, "unauthorized"),
+        (403, "csrf_mismatch"),
+        (403, "csrf_mismatch"),
+        (401, "unauthorized"),
+        (404, "unknown_instance"),
+        (404, "unknown_instance"),
+        (400, "bad_request"),
+        (400, "bad_request"),
+        (400, "bad_request"),
+        (400, "bad_request"),
+        (404, "not_found"),
+        (400, "bad_request"),
+    ];
+    for (case, (status, code)) in cases.iter().zip(expected) {
         assert_eq!(
-            post(path, cookie, &fields),
+            post(case.path, case.cookie, &case.fields),
             (status, code.to_owned()),
-            "{what}"
+            "{}",
+            case.what
         );
     }
     // The browser's Basic password is not enough to act (another site's
