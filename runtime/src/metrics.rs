@@ -387,6 +387,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn cumulative_buckets_are_in_micros_and_never_exceed_the_count() {
+        let histogram = DurationHistogram::default();
+        histogram.observe(std::time::Duration::from_micros(80));
+        histogram.observe(std::time::Duration::from_millis(3));
+        histogram.observe(std::time::Duration::from_secs(30));
+        let buckets = histogram.cumulative_micros();
+        assert_eq!(buckets.len(), BUCKETS_SECONDS.len());
+        assert_eq!(buckets[0], [100, 1]);
+        assert_eq!(buckets[5], [5_000, 2]);
+        // The 30 s one is over the last bound: counted, in no bucket.
+        assert_eq!(buckets[14], [10_000_000, 2]);
+        assert_eq!(histogram.count(), 3);
+    }
+
+    #[test]
     fn renders_counters_gauges_and_histograms() {
         let metrics = Metrics::default();
         metrics.outbox_sent.add(3);
