@@ -315,15 +315,18 @@ pub fn targets(conn: &Connection) -> rusqlite::Result<Vec<Target>> {
     let mut statement = conn.prepare(
         "SELECT instance_id, base_url, diagnostics_token FROM instances ORDER BY instance_id",
     )?;
-    statement
-        .query_map([], |row| {
-            Ok(Target {
-                instance_id: row.get(0)?,
-                base_url: row.get(1)?,
-                token: row.get(2)?,
-            })
-        })?
-        .collect()
+    statement.query_map([], Target::of_row)?.collect()
+}
+
+impl Target {
+    /// A target of a row `instance_id, base_url, diagnostics_token`.
+    pub(crate) fn of_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            instance_id: row.get(0)?,
+            base_url: row.get(1)?,
+            token: row.get(2)?,
+        })
+    }
 }
 
 /// Asks one instance; any failure (refused, timeout, non-2xx, a redirect,

@@ -468,9 +468,15 @@ pub(crate) async fn serve(
         total,
         generated_at: crate::store::rfc3339(now),
     };
-    let html = page_view
+    html_page(&page_view)
+}
+
+/// `page` rendered, as an HTML answer never cached (503 `unavailable`
+/// when it cannot be rendered).
+pub(crate) fn html_page(page: &impl Template) -> Result<Response, ApiError> {
+    let html = page
         .render()
-        .map_err(|e| ApiError::Unavailable(format!("cannot render the dashboard: {e}")))?;
+        .map_err(|e| ApiError::Unavailable(format!("cannot render the page: {e}")))?;
     Ok((
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
@@ -624,17 +630,7 @@ pub(crate) async fn serve_failed(
             })
             .collect(),
     };
-    let html = page
-        .render()
-        .map_err(|e| ApiError::Unavailable(format!("cannot render the page: {e}")))?;
-    Ok((
-        [
-            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-store"),
-        ],
-        html,
-    )
-        .into_response())
+    html_page(&page)
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ use rusqlite::{Connection, OptionalExtension as _, params};
 use serde::Deserialize;
 
 use crate::aggregator::{self, BoundedRead, Target};
-use crate::dashboard::{MAX_FAILED_BYTES, NoQuery};
+use crate::dashboard::{MAX_FAILED_BYTES, NoQuery, html_page};
 use crate::session::{self, Actor};
 use crate::{ApiError, Shared, authorize, now_ms, with_db};
 
@@ -43,20 +43,6 @@ pub const KEPT_ACTIONS: i64 = 1000;
 const SHOWN_ACTIONS: i64 = 20;
 /// Longest destination or error code a form may name.
 const MAX_FIELD_CHARS: usize = 200;
-
-fn html(page: impl Template) -> Result<Response, ApiError> {
-    let text = page
-        .render()
-        .map_err(|e| ApiError::Unavailable(format!("cannot render the page: {e}")))?;
-    Ok((
-        [
-            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-store"),
-        ],
-        text,
-    )
-        .into_response())
-}
 
 fn see_other(location: &str) -> Response {
     (
@@ -89,7 +75,7 @@ pub(crate) async fn serve_sign_in_page(
             e.body_text()
         ))
     })?;
-    html(SignInPage {
+    html_page(&SignInPage {
         next: session::local_path(query.next.as_deref()),
     })
 }
@@ -188,15 +174,7 @@ fn service_targets(conn: &Connection, service: &str) -> rusqlite::Result<Vec<Tar
         "SELECT instance_id, base_url, diagnostics_token FROM instances \
          WHERE service = ?1 ORDER BY base_url",
     )?;
-    statement
-        .query_map([service], |row| {
-            Ok(Target {
-                instance_id: row.get(0)?,
-                base_url: row.get(1)?,
-                token: row.get(2)?,
-            })
-        })?
-        .collect()
+    statement.query_map([service], Target::of_row)?.collect()
 }
 
 /// GETs `{base_url}{path}` with the instance's token; its JSON, at most
@@ -311,7 +289,7 @@ pub(crate) async fn serve_page(
         ));
     }
     instances.sort_by_key(|(index, _)| *index);
-    html(FailuresPage {
+    html_page(&FailuresPage {
         csrf: session.map(|s| shared.session_key.form_token(&s)),
         service,
         instances: instances.into_iter().map(|(_, i)| i).collect(),

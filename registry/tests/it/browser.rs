@@ -43,17 +43,8 @@ impl Browser {
         let (read_fd, write_fd) = (browser_reads.as_raw_fd(), browser_writes.as_raw_fd());
         let mut command = Command::new(browser);
         command
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--remote-debugging-pipe",
-            ])
+            .args(crate::dashboard::HEADLESS)
+            .arg("--remote-debugging-pipe")
             .arg(format!("--user-data-dir={}", profile.display()))
             .arg("about:blank")
             .stdin(Stdio::null())

@@ -138,19 +138,22 @@ pub(crate) fn chromium() -> Option<PathBuf> {
     None
 }
 
+/// The flags every headless Chromium of the tests runs with.
+pub(crate) const HEADLESS: [&str; 8] = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+];
+
 /// Runs headless Chromium with `args` and `url`; its stdout. Killed after 60 s.
 fn run_chromium(browser: &Path, profile: &Path, args: &[&str], url: &str) -> String {
     let mut child = Command::new(browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-        ])
+        .args(HEADLESS)
         .arg(format!("--user-data-dir={}", profile.display()))
         .args(args)
         .arg(url)

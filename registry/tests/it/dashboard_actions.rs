@@ -15,9 +15,7 @@ use rfidl_registry::Registry;
 use rfidl_runtime::diagnostics::Diagnostics;
 use rfidl_runtime::dispatcher::{Dispatcher, DispatcherHandle};
 use rfidl_runtime::outbox::{Outbox, OutgoingMessage};
-use rfidl_runtime::receiver::{
-    HandlerError, HostedInterface, HostedService, IncomingCall, Receiver,
-};
+use rfidl_runtime::receiver::{HostedInterface, Receiver};
 use rfidl_runtime::signing::Secret;
 use rfidl_runtime::transport::HttpTransport;
 use rfidl_runtime::{Config, MessageType};
@@ -25,6 +23,7 @@ use serde_json::{Value, json};
 
 use crate::browser::Browser;
 use crate::dashboard::{attribute, cell, chromium, row};
+use crate::decommission::EmpService;
 use crate::support::Server;
 
 const OPERATOR: &str = "op-token";
@@ -32,23 +31,6 @@ const REGISTRATION: &str = "reg-token";
 const HR_OPS: &str = "hr-ops-token";
 const INTERFACE: &str = "hr.employees.EmpService";
 const FINGERPRINT: &str = "sha256:dashboard-actions";
-
-/// `ledger`: hosts EmpService v1 and accepts every message.
-struct Ledger(HostedInterface);
-
-impl HostedService for Ledger {
-    fn interfaces(&self) -> &[HostedInterface] {
-        std::slice::from_ref(&self.0)
-    }
-
-    fn handle(
-        &self,
-        _call: &IncomingCall<'_>,
-        _tx: &rusqlite::Transaction<'_>,
-    ) -> Result<Value, HandlerError> {
-        Ok(json!({}))
-    }
-}
 
 /// The services and the registry of one test.
 struct Stack {
@@ -58,15 +40,7 @@ struct Stack {
     hr_db: PathBuf,
     hr_id: String,
     _dispatcher: DispatcherHandle,
-}
-
-async fn serve(router: axum::Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
-    url
+    _services: [Server; 2],
 }
 
 fn stack(dir: &Path) -> Stack {
@@ -77,7 +51,7 @@ fn stack(dir: &Path) -> Stack {
         Config::for_service("ledger").with_peer("hr", secret.to_whsec()),
         &ledger_db,
     )
-    .service(Ledger(HostedInterface {
+    .service(EmpService(HostedInterface {
         interface: INTERFACE,
         version: 1,
         fingerprint: FINGERPRINT,
@@ -86,7 +60,7 @@ fn stack(dir: &Path) -> Stack {
     }))
     .build()
     .expect("receiver");
-    let ledger_url = rt.block_on(serve(receiver.router()));
+    let ledger = Server::serve(receiver.router());
 
     let hr_db = dir.join("hr.db");
     let mut config = Config::for_service("hr");
@@ -125,11 +99,11 @@ fn stack(dir: &Path) -> Stack {
         .expect("dead letter");
         tx.commit().expect("commit");
     }
-    let (dispatcher, hr_url) = rt.block_on(async {
+    let (dispatcher, diagnostics) = rt.block_on(async {
         let dispatcher = Dispatcher::builder(&outbox)
             .route(
                 "ledger",
-                HttpTransport::new(&ledger_url, Duration::from_secs(2)).expect("transport"),
+                HttpTransport::new(&ledger.url, Duration::from_secs(2)).expect("transport"),
                 secret,
             )
             .start()
@@ -139,8 +113,9 @@ fn stack(dir: &Path) -> Stack {
             .bearer_token(HR_OPS)
             .build()
             .expect("diagnostics");
-        (dispatcher, serve(diagnostics.router()).await)
+        (dispatcher, diagnostics)
     });
+    let hr = Server::serve(diagnostics.router());
 
     let registry = Registry::open(&dir.join("registry.db"))
         .expect("registry")
@@ -151,7 +126,7 @@ fn stack(dir: &Path) -> Stack {
     let response = reqwest::blocking::Client::new()
         .post(format!("{}/v1/services/hr/instances", server.url))
         .bearer_auth(REGISTRATION)
-        .json(&json!({"baseUrl": hr_url, "hosts": [], "diagnosticsToken": HR_OPS}))
+        .json(&json!({"baseUrl": hr.url, "hosts": [], "diagnosticsToken": HR_OPS}))
         .send()
         .expect("register");
     assert_eq!(response.status().as_u16(), 201);
@@ -166,6 +141,7 @@ fn stack(dir: &Path) -> Stack {
         hr_db,
         hr_id,
         _dispatcher: dispatcher,
+        _services: [ledger, hr],
     }
 }
 
@@ -232,8 +208,9 @@ fn a_failure_is_retried_from_the_page_and_the_light_turns_green() {
         "one answer: no rate yet"
     );
 
-    // The failures page wants a sign-in first, then shows the group.
-    browser.goto(&format!("{url}/services/hr/failures"));
+    // The service's failures link wants a sign-in first, then shows the
+    // group.
+    browser.navigating(|b| b.click("#service-hr td.failures a"));
     assert!(
         browser.location().contains("/dashboard/sign-in?next="),
         "{}",
