@@ -186,6 +186,63 @@ mod tests {
     }
 
     #[test]
+    fn two_answers_in_a_row_give_the_rates_and_a_restart_gives_none() {
+        use crate::aggregator::{RemoteDecommissioned, RemoteSends};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conn = crate::store::open(&dir.path().join("r.db")).expect("open");
+        conn.execute(
+            "INSERT INTO instances (instance_id, service, base_url, registered_at, last_seen_at) \
+             VALUES ('a', 's', 'http://x', 0, 0)",
+            [],
+        )
+        .expect("instance");
+        let answer = |sent: u64, fast: u64| {
+            let mut check = check("healthy", 0);
+            let health = check.health.as_mut().expect("answered");
+            health.sends = Some(RemoteSends {
+                sent,
+                timed: fast + 1,
+                latency_buckets_micros: vec![[1_000, fast], [10_000, fast + 1]],
+            });
+            health.decommissioned = vec![RemoteDecommissioned {
+                interface: "hr.Api".into(),
+                version: 1,
+                held: 3,
+            }];
+            check
+        };
+        let stored = |conn: &Connection| {
+            conn.query_row(
+                "SELECT sent_per_minute, p50_us, p99_us, decommissioned FROM instance_health",
+                [],
+                |row| {
+                    Ok((
+                        row.get::<_, Option<f64>>(0)?,
+                        row.get::<_, Option<i64>>(1)?,
+                        row.get::<_, Option<i64>>(2)?,
+                        row.get::<_, Option<String>>(3)?,
+                    ))
+                },
+            )
+            .expect("row")
+        };
+        record(&conn, "a", &answer(10, 10), 0).expect("first");
+        let (rate, ..) = stored(&conn);
+        assert_eq!(rate, None, "one answer: no rate");
+        // 30 more sent in 30 s; 99 more attempts, all at most 1 ms.
+        record(&conn, "a", &answer(40, 109), 30_000).expect("second");
+        let (rate, p50, p99, decommissioned) = stored(&conn);
+        assert_eq!(rate, Some(60.0));
+        assert_eq!((p50, p99), (Some(1_000), Some(1_000)));
+        assert!(decommissioned.expect("stored").contains("hr.Api"));
+        // A restart: the counters start again, no rate for this interval.
+        record(&conn, "a", &answer(2, 1), 60_000).expect("restarted");
+        assert_eq!(stored(&conn).0, None);
+        record(&conn, "a", &answer(62, 1), 120_000).expect("after");
+        assert_eq!(stored(&conn).0, Some(60.0));
+    }
+
+    #[test]
     fn checks_roll_up_into_buckets_of_the_highest_depth_and_the_worst_colour() {
         let dir = tempfile::tempdir().expect("tempdir");
         let conn = crate::store::open(&dir.path().join("r.db")).expect("open");
