@@ -10,7 +10,8 @@
 //!   cannot rewrite each other's instances (several may be configured: one
 //!   per service, or per instance);
 //! * the **operator token** decommissions, re-commissions, deletes
-//!   instances and opens the dashboard's failed-list page.
+//!   instances, opens the dashboard's failed-list page and signs in to
+//!   retry and discard from the dashboard (`crate::session`).
 //!
 //! A registry with none of them is **open** (a loopback dev registry: the
 //! binary refuses to listen beyond loopback so); as soon as one is
@@ -45,7 +46,7 @@ pub enum Access {
     /// Register an instance or renew it: a registration credential.
     Registration,
     /// Decommission, re-commission, delete an instance, read an instance's
-    /// failed list: the operator token.
+    /// failed list, retry or discard from the dashboard: the operator token.
     Operator,
 }
 

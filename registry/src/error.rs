@@ -144,7 +144,7 @@ pub enum ApiError {
     #[error("{} called interface version(s) have no compatible provider", .0.len())]
     Unsatisfied(Vec<directory::Unmet>),
     /// 403 `csrf_mismatch`: a dashboard form without its session's form
-    /// token ([`crate::session`]).
+    /// token (`session`).
     #[error("{0}")]
     CsrfMismatch(String),
     /// 502 `instance_unreachable`: the instance did not answer what the

@@ -34,7 +34,8 @@
 //! [`directory`] and [`liveness`] (registered instances), [`aggregator`]
 //! and [`rollup`] (their health), `dashboard` (`GET /`), [`decommission`]
 //! and [`commands`] (retired versions), [`keys`] (issued keys),
-//! [`conditional`] (`ETag`s).
+//! [`conditional`] (`ETag`s), `session` and `failures` (the dashboard's
+//! sign-in, retries and discards), [`throughput`] (send rates and latency).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]

@@ -123,7 +123,9 @@ impl Registry {
 
     /// Requires this bearer token to decommission, re-commission, delete an
     /// instance and open an instance's failed list (a browser may send it
-    /// as the password of `Basic`). An empty token fails closed.
+    /// as the password of `Basic`), and to sign in to the dashboard's
+    /// retry and discard forms (`session`). An empty token fails
+    /// closed.
     #[must_use]
     pub fn operator_token(mut self, token: impl Into<String>) -> Self {
         self.credentials.operator = Some(token.into());
