@@ -3,8 +3,11 @@
 //! per service with its instances counted per colour (its name links to
 //! `?service=NAME`), and one page of instances ([`PAGE_SIZE`], the worst
 //! first, gone ones last) with each one's colour, outbox depth, oldest
-//! waiting message, dead letters, when it was last seen, an inline-SVG
-//! sparkline of its outbox depth, and a link to its failed list. No
+//! waiting message, dead letters, messages sent per minute and the p50/p99
+//! send → answer latency ([`crate::throughput`]), when it was last seen, an
+//! inline-SVG sparkline of its outbox depth, a link to its failed list, its
+//! decommissioned versions and what to do for its colour ([`action_for`]);
+//! each service links to its failures page (`crate::failures`). No
 //! JavaScript, no external resource; the page reloads itself (`<meta
 //! http-equiv="refresh">`).
 //!
