@@ -10,3 +10,8 @@ mod registration;
 mod signals;
 mod timers;
 mod verdict;
+
+/// Fresh databases on the tests' PostgreSQL (the runtime's support file).
+#[allow(dead_code)] // the file serves several test crates
+#[path = "../../../runtime/tests/it/support/postgres.rs"]
+mod postgres;
