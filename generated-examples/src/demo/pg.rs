@@ -66,10 +66,14 @@ impl PgDatabase {
         &self.schema
     }
 
-    /// The URL's options, every session's `search_path` the schema.
+    /// The URL's options, every session's `search_path` the schema (and
+    /// no `NOTICE` of a `CREATE … IF NOT EXISTS` that skipped in the logs).
     fn options(&self) -> anyhow::Result<PgConnectOptions> {
         Ok(PgConnectOptions::from_str(&self.url)?
-            .options([("search_path", self.schema.as_str())])
+            .options([
+                ("search_path", self.schema.as_str()),
+                ("client_min_messages", "warning"),
+            ])
             .disable_statement_logging())
     }
 

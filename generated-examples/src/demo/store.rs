@@ -69,7 +69,9 @@ impl std::fmt::Debug for Database {
 /// One statement, or a service's tables, in both dialects.
 #[derive(Debug, Clone, Copy)]
 pub struct Sql {
+    /// For rusqlite (`?1` parameters).
     pub sqlite: &'static str,
+    /// For sqlx PostgreSQL (`$1` parameters).
     pub postgres: &'static str,
 }
 

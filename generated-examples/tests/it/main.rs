@@ -5,6 +5,7 @@ mod drift;
 mod examples;
 mod generated_aio;
 mod ops_access;
+mod postgres_processes;
 mod processes;
 mod registration;
 mod signals;
