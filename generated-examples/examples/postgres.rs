@@ -1,8 +1,9 @@
 //! Hello on PostgreSQL: the `hello` example with each side in a PostgreSQL
-//! database (the runtime creates its tables there). Only the types differ
-//! from SQLite: `&mut postgres::Transaction`, a `PostgresUrl` where a path
-//! was, the handler impl naming `Postgres`. The `postgres` client is
-//! synchronous: run it off the async executor (`spawn_blocking`).
+//! database, on sqlx (the runtime creates its tables there). What differs
+//! from SQLite: a `sqlx::PgPool` and a `PgStore` where a path was, the
+//! handler async (`aio::EngineHandler<Postgres>`, writing on the
+//! receiver's `&mut PgConnection`), and the client enqueuing in the
+//! caller's own `sqlx::Transaction`.
 //!
 //! `cargo run -p rfidl-examples --example postgres -- GREETER_URL ENGINE_URL`
 //! (two `postgres://` URLs; one database for both works too).
@@ -14,11 +15,11 @@ mod contracts;
 
 use std::time::Duration;
 
-use contracts::greeter::greeter_v1;
+use contracts::greeter::greeter_v1::aio;
 use rfidl_runtime::config::DestinationConfig;
-use rfidl_runtime::postgres::Transaction;
-use rfidl_runtime::store::postgres::{self, PostgresUrl};
-use rfidl_runtime::{Config, HandlerError, Host, IncomingCall, Postgres};
+use rfidl_runtime::store::sqlx_postgres::PgStore;
+use rfidl_runtime::{Config, HandlerError, Host, IncomingCall};
+use sqlx::{PgConnection, PgPool, Postgres};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -28,79 +29,65 @@ const SECRET: &str = "whsec_c2VjcmV0LWtleS1mb3ItdGhlLWRlbW8=";
 /// The engine's side: one row per arrival, written with the inbox row.
 struct Arrivals;
 
-impl greeter_v1::EngineHandler<Postgres> for Arrivals {
-    fn joined(
+impl aio::EngineHandler<Postgres> for Arrivals {
+    async fn joined(
         &self,
         call: &IncomingCall<'_>,
-        tx: &mut Transaction<'_>,
+        conn: &mut PgConnection,
         name: String,
     ) -> Result<(), HandlerError> {
-        tx.execute(
-            "INSERT INTO arrivals (message_id, name) VALUES ($1, $2)",
-            &[&call.message_id, &name],
-        )?;
+        sqlx::query("INSERT INTO arrivals (message_id, name) VALUES ($1, $2)")
+            .bind(call.message_id)
+            .bind(name)
+            .execute(conn)
+            .await
+            .map_err(HandlerError::retryable)?;
         Ok(())
     }
-}
-
-/// Runs `work` on a fresh connection to `url`, off the async executor.
-async fn blocking<T: Send + 'static>(
-    url: &PostgresUrl,
-    work: impl FnOnce(&mut rfidl_runtime::postgres::Client) -> Result<T, Error> + Send + 'static,
-) -> Result<T, Error> {
-    let url = url.clone();
-    tokio::task::spawn_blocking(move || work(&mut postgres::open(&url)?)).await?
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let mut args = std::env::args().skip(1);
     let usage = "usage: postgres GREETER_URL ENGINE_URL";
-    let greeter_db = PostgresUrl::parse(&args.next().ok_or(usage)?)?;
-    let engine_db = PostgresUrl::parse(&args.next().ok_or(usage)?)?;
+    let greeter_db = PgPool::connect(&args.next().ok_or(usage)?).await?;
+    let engine_db = PgPool::connect(&args.next().ok_or(usage)?).await?;
 
     // The engine.
     let config = Config::for_service("engine").with_peer("greeter", SECRET);
-    blocking(&engine_db, |db| {
-        let sql = "CREATE TABLE IF NOT EXISTS arrivals (message_id TEXT PRIMARY KEY, name TEXT)";
-        Ok(db.batch_execute(sql)?)
-    })
-    .await?;
-    let engine = Host::builder(config, &engine_db)
-        .service(greeter_v1::EngineReceiver(Arrivals))
+    let sql = "CREATE TABLE IF NOT EXISTS arrivals (message_id TEXT PRIMARY KEY, name TEXT)";
+    sqlx::raw_sql(sql).execute(&engine_db).await?;
+    let engine = Host::builder(config, PgStore::open(engine_db.clone()).await?)
+        .service(aio::EngineReceiver(Arrivals))
         .listen("127.0.0.1:0")
         .await?;
 
     // The greeting service.
     let config = Config::for_service("greeter")
         .with_destination("engine", DestinationConfig::new(engine.url(), SECRET));
-    let greeter = Host::builder(config, &greeter_db);
-    let client = greeter_v1::EngineClient::new(greeter.outbox().clone(), "engine");
+    let greeter = Host::builder(config, PgStore::open(greeter_db.clone()).await?);
+    let client = aio::EngineClient::new(greeter.outbox().clone(), "engine");
     let greeter = greeter.listen("127.0.0.1:0").await?;
 
     // Newcomers and their messages commit together (a second run sends nothing).
-    blocking(&greeter_db, move |db| {
-        db.batch_execute("CREATE TABLE IF NOT EXISTS people (name TEXT PRIMARY KEY)")?;
-        let mut tx = db.transaction()?;
-        for name in ["Ada", "Grace"] {
-            let sql = "INSERT INTO people (name) VALUES ($1) ON CONFLICT DO NOTHING";
-            if tx.execute(sql, &[&name])? == 1 {
-                client.joined(&mut tx, name.into())?;
-            }
+    let sql = "CREATE TABLE IF NOT EXISTS people (name TEXT PRIMARY KEY)";
+    sqlx::raw_sql(sql).execute(&greeter_db).await?;
+    let mut tx = greeter_db.begin().await?;
+    for name in ["Ada", "Grace"] {
+        let sql = "INSERT INTO people (name) VALUES ($1) ON CONFLICT DO NOTHING";
+        let added = sqlx::query(sql).bind(name).execute(&mut *tx).await?;
+        if added.rows_affected() == 1 {
+            client.joined(&mut tx, name.into()).await?;
         }
-        Ok(tx.commit()?)
-    })
-    .await?;
+    }
+    tx.commit().await?;
 
     // Wait (at most 10 s) until the engine has both, then stop in order.
     let mut arrived = 0;
     for _ in 0..100 {
-        arrived = blocking(&engine_db, |db| {
-            Ok(db
-                .query_one("SELECT count(*) FROM arrivals", &[])?
-                .get::<_, i64>(0))
-        })
-        .await?;
+        arrived = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM arrivals")
+            .fetch_one(&engine_db)
+            .await?;
         if arrived == 2 {
             break;
         }

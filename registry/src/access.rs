@@ -10,7 +10,8 @@
 //!   cannot rewrite each other's instances (several may be configured: one
 //!   per service, or per instance);
 //! * the **operator token** decommissions, re-commissions, deletes
-//!   instances and opens the dashboard's failed-list page.
+//!   instances, opens the dashboard's failed-list page and signs in to
+//!   retry and discard from the dashboard (`crate::session`).
 //!
 //! A registry with none of them is **open** (a loopback dev registry: the
 //! binary refuses to listen beyond loopback so); as soon as one is
@@ -45,7 +46,7 @@ pub enum Access {
     /// Register an instance or renew it: a registration credential.
     Registration,
     /// Decommission, re-commission, delete an instance, read an instance's
-    /// failed list: the operator token.
+    /// failed list, retry or discard from the dashboard: the operator token.
     Operator,
 }
 
@@ -115,6 +116,34 @@ impl Credentials {
             Some(false) => Err(ApiError::Unauthorized(access)),
             None => Err(ApiError::OperationDisabled(access)),
         }
+    }
+
+    /// Whether `presented` (a sign-in form's field) is the operator token:
+    /// the same answers as [`Credentials::authorize`] for
+    /// [`Access::Operator`]; on an open registry anything is.
+    pub fn authorize_operator_token(&self, presented: &str) -> Result<(), ApiError> {
+        if self.is_open() {
+            return Ok(());
+        }
+        match self.operator.as_deref() {
+            None => Err(ApiError::OperationDisabled(Access::Operator)),
+            Some(token) if matches(Some(presented), token) => Ok(()),
+            Some(_) => Err(ApiError::Unauthorized(Access::Operator)),
+        }
+    }
+
+    /// Whether the request carries the operator token as a bearer token
+    /// (not as `Basic`: a browser sends that one on its own, also with a
+    /// form another site posts).
+    pub fn operator_bearer(&self, headers: &HeaderMap) -> bool {
+        let Some(token) = self.operator.as_deref() else {
+            return false;
+        };
+        let bearer = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(rfidl_runtime::auth::bearer_token);
+        bearer.is_some() && matches(bearer, token)
     }
 
     /// [`Credentials::authorize`] for a registration or heartbeat, and who

@@ -79,6 +79,47 @@ pub struct RemoteHealth {
     pub reasons: Vec<String>,
     /// Its outbox's message counts.
     pub outbox: RemoteOutbox,
+    /// Its send counters since it started (`None` from a runtime before
+    /// them): the aggregator turns two in a row into a rate ([`crate::rollup`]).
+    #[serde(default)]
+    pub sends: Option<RemoteSends>,
+    /// Its decommissioned interface versions (at most
+    /// [`MAX_DECOMMISSIONED`] kept).
+    #[serde(default)]
+    pub decommissioned: Vec<RemoteDecommissioned>,
+}
+
+/// Most decommissioned versions stored per check.
+pub const MAX_DECOMMISSIONED: usize = 16;
+/// Most latency buckets read per check (the runtime has 15).
+pub const MAX_LATENCY_BUCKETS: usize = 32;
+
+/// `sends` of `/_rf/health`: counters since the instance started.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteSends {
+    /// Messages acknowledged by their receiver.
+    #[serde(default)]
+    pub sent: u64,
+    /// Send attempts timed, send to answer.
+    #[serde(default)]
+    pub timed: u64,
+    /// `[upper bound in µs, attempts at most that long]`, cumulative.
+    #[serde(default)]
+    pub latency_buckets_micros: Vec<[u64; 2]>,
+}
+
+/// One entry of `decommissioned` of `/_rf/health`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteDecommissioned {
+    /// The interface, `package.Service`.
+    pub interface: String,
+    /// The decommissioned version.
+    pub version: u32,
+    /// Its outbox rows held until it is re-commissioned.
+    #[serde(default)]
+    pub held: u64,
 }
 
 /// `outbox` of `/_rf/health`.
@@ -198,6 +239,13 @@ pub fn judge(answer: Result<RemoteHealth, String>) -> Check {
     let mut health = health;
     health.reasons = bounded_reasons(&health.reasons);
     health.status = cut(&health.status, 32);
+    health.decommissioned.truncate(MAX_DECOMMISSIONED);
+    for version in &mut health.decommissioned {
+        version.interface = cut(&version.interface, MAX_REASON_CHARS);
+    }
+    if let Some(sends) = &mut health.sends {
+        sends.latency_buckets_micros.truncate(MAX_LATENCY_BUCKETS);
+    }
     let outbox = &health.outbox;
     let mut reasons = health.reasons.clone();
     let reported = match health.status.as_str() {
@@ -267,15 +315,18 @@ pub fn targets(conn: &Connection) -> rusqlite::Result<Vec<Target>> {
     let mut statement = conn.prepare(
         "SELECT instance_id, base_url, diagnostics_token FROM instances ORDER BY instance_id",
     )?;
-    statement
-        .query_map([], |row| {
-            Ok(Target {
-                instance_id: row.get(0)?,
-                base_url: row.get(1)?,
-                token: row.get(2)?,
-            })
-        })?
-        .collect()
+    statement.query_map([], Target::of_row)?.collect()
+}
+
+impl Target {
+    /// A target of a row `instance_id, base_url, diagnostics_token`.
+    pub(crate) fn of_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            instance_id: row.get(0)?,
+            base_url: row.get(1)?,
+            token: row.get(2)?,
+        })
+    }
 }
 
 /// Asks one instance; any failure (refused, timeout, non-2xx, a redirect,
@@ -482,6 +533,7 @@ mod tests {
                 oldest_pending_age_ms: Some(oldest_s * 1000),
                 ..RemoteOutbox::default()
             },
+            ..RemoteHealth::default()
         })
     }
 

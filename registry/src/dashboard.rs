@@ -3,8 +3,11 @@
 //! per service with its instances counted per colour (its name links to
 //! `?service=NAME`), and one page of instances ([`PAGE_SIZE`], the worst
 //! first, gone ones last) with each one's colour, outbox depth, oldest
-//! waiting message, dead letters, when it was last seen, an inline-SVG
-//! sparkline of its outbox depth, and a link to its failed list. No
+//! waiting message, dead letters, messages sent per minute and the p50/p99
+//! send → answer latency ([`crate::throughput`]), when it was last seen, an
+//! inline-SVG sparkline of its outbox depth, a link to its failed list, its
+//! decommissioned versions and what to do for its colour ([`action_for`]);
+//! each service links to its failures page (`crate::failures`). No
 //! JavaScript, no external resource; the page reloads itself (`<meta
 //! http-equiv="refresh">`).
 //!
@@ -63,6 +66,11 @@ struct Row {
     spark_points: String,
     spark_last: Option<(String, String, &'static str)>,
     failed_url: String,
+    sent_per_minute: String,
+    p50: String,
+    p99: String,
+    decommissioned: String,
+    action: &'static str,
 }
 
 /// One service's instances counted per colour.
@@ -70,6 +78,7 @@ struct Row {
 struct ServiceRow {
     service: String,
     url: String,
+    failures_url: String,
     instances: usize,
     healthy: usize,
     warning: usize,
@@ -219,6 +228,44 @@ fn merged(points: Vec<aggregator::Point>) -> Vec<aggregator::Point> {
         .collect()
 }
 
+/// What the operator does about an instance of this status (the table of
+/// `docs/registry.md`, "Health aggregator and dashboard").
+pub(crate) fn action_for(status: &str) -> &'static str {
+    match status {
+        "healthy" => "Nothing to do.",
+        "warning" => {
+            "Watch it: a backlog or a slow or unreachable destination. Check the \
+             destination named in the reasons; it clears by itself once the destination \
+             keeps up."
+        }
+        "critical" => {
+            "Act now: messages need a human, or the instance does not answer. Open its \
+             service's failures, fix the cause, then retry or discard them; if it is \
+             unreachable, check the process and its diagnostics token."
+        }
+        "gone" => {
+            "It stopped heartbeating: start it again, or delete it (DELETE \
+             /v1/services/{service}/instances/{instance}) if it was retired."
+        }
+        _ => "Wait for the first health check.",
+    }
+}
+
+/// `hr.Api v1 (3 held)`, … of the stored JSON; `–` for none.
+fn decommissioned_text(stored: Option<String>) -> String {
+    let versions: Vec<aggregator::RemoteDecommissioned> = stored
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default();
+    if versions.is_empty() {
+        return "–".to_owned();
+    }
+    versions
+        .iter()
+        .map(|v| format!("{} v{} ({} held)", v.interface, v.version, v.held))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Every service with its instances counted per colour, by service name:
 /// one grouped query over the instances and their latest checks.
 fn service_rows(conn: &Connection, at: &ActiveAt) -> rusqlite::Result<Vec<ServiceRow>> {
@@ -242,6 +289,7 @@ fn service_rows(conn: &Connection, at: &ActiveAt) -> rusqlite::Result<Vec<Servic
         if services.last().is_none_or(|last| last.service != service) {
             services.push(ServiceRow {
                 url: format!("/?service={service}"),
+                failures_url: format!("/services/{service}/failures"),
                 service,
                 ..ServiceRow::default()
             });
@@ -274,7 +322,8 @@ fn instance_rows(
 ) -> rusqlite::Result<Vec<Row>> {
     let mut statement = conn.prepare(&format!(
         "SELECT i.instance_id, i.service, i.base_url, i.last_seen_at, NOT {} AS gone, \
-         h.colour, h.checked_at, h.depth, h.dead_letter, h.oldest_pending_age_ms, h.reasons \
+         h.colour, h.checked_at, h.depth, h.dead_letter, h.oldest_pending_age_ms, h.reasons, \
+         h.sent_per_minute, h.p50_us, h.p99_us, h.decommissioned \
          FROM instances i LEFT JOIN instance_health h ON h.instance_id = i.instance_id \
          WHERE ?1 IS NULL OR i.service = ?1 \
          ORDER BY gone, CASE h.colour WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 \
@@ -300,7 +349,20 @@ fn instance_rows(
                     .and_then(|r| serde_json::from_str(&r).ok())
                     .unwrap_or_default();
                 let instance_id: String = row.get(0)?;
+                let latency = |v: Option<i64>| {
+                    v.map_or_else(
+                        || "–".to_owned(),
+                        |v| crate::throughput::Quantile::from_stored(v).shown(),
+                    )
+                };
                 Ok(Row {
+                    sent_per_minute: row
+                        .get::<_, Option<f64>>(11)?
+                        .map_or_else(|| "–".to_owned(), |v| format!("{v:.1}")),
+                    p50: latency(row.get(12)?),
+                    p99: latency(row.get(13)?),
+                    decommissioned: decommissioned_text(row.get(14)?),
+                    action: action_for(status),
                     service: row.get(1)?,
                     failed_url: format!("/instances/{instance_id}/failed"),
                     instance_id,
@@ -409,9 +471,15 @@ pub(crate) async fn serve(
         total,
         generated_at: crate::store::rfc3339(now),
     };
-    let html = page_view
+    html_page(&page_view)
+}
+
+/// `page` rendered, as an HTML answer never cached (503 `unavailable`
+/// when it cannot be rendered).
+pub(crate) fn html_page(page: &impl Template) -> Result<Response, ApiError> {
+    let html = page
         .render()
-        .map_err(|e| ApiError::Unavailable(format!("cannot render the dashboard: {e}")))?;
+        .map_err(|e| ApiError::Unavailable(format!("cannot render the page: {e}")))?;
     Ok((
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
@@ -565,17 +633,7 @@ pub(crate) async fn serve_failed(
             })
             .collect(),
     };
-    let html = page
-        .render()
-        .map_err(|e| ApiError::Unavailable(format!("cannot render the page: {e}")))?;
-    Ok((
-        [
-            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-store"),
-        ],
-        html,
-    )
-        .into_response())
+    html_page(&page)
 }
 
 #[cfg(test)]

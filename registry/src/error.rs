@@ -143,6 +143,10 @@ pub enum ApiError {
     /// versions no active provider hosts (listed in `missing`).
     #[error("{} called interface version(s) have no compatible provider", .0.len())]
     Unsatisfied(Vec<directory::Unmet>),
+    /// 403 `csrf_mismatch`: a dashboard form without its session's form
+    /// token (`session`).
+    #[error("{0}")]
+    CsrfMismatch(String),
     /// 502 `instance_unreachable`: the instance did not answer what the
     /// registry asked it on the operator's behalf (its failed list).
     #[error("the instance did not answer: {0}")]
@@ -156,7 +160,8 @@ impl ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::OperationDisabled(_)
             | ApiError::InstanceOwned(_)
-            | ApiError::KeysOwned(_) => StatusCode::FORBIDDEN,
+            | ApiError::KeysOwned(_)
+            | ApiError::CsrfMismatch(_) => StatusCode::FORBIDDEN,
             ApiError::RegistrationChanged(_) => StatusCode::CONFLICT,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::NetworkNotAllowed(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -206,6 +211,7 @@ impl ApiError {
             ApiError::UnknownInstance(_) => "unknown_instance",
             ApiError::Unsatisfied(_) => "unsatisfied_dependencies",
             ApiError::InstanceUnreachable(_) => "instance_unreachable",
+            ApiError::CsrfMismatch(_) => "csrf_mismatch",
         }
     }
 }

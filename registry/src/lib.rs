@@ -34,7 +34,8 @@
 //! [`directory`] and [`liveness`] (registered instances), [`aggregator`]
 //! and [`rollup`] (their health), `dashboard` (`GET /`), [`decommission`]
 //! and [`commands`] (retired versions), [`keys`] (issued keys),
-//! [`conditional`] (`ETag`s).
+//! [`conditional`] (`ETag`s), `session` and `failures` (the dashboard's
+//! sign-in, retries and discards), [`throughput`] (send rates and latency).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
@@ -47,6 +48,7 @@ mod dashboard;
 pub mod decommission;
 pub mod directory;
 mod error;
+mod failures;
 pub mod keys;
 pub mod liveness;
 mod publish;
@@ -54,7 +56,9 @@ pub mod rollup;
 mod router;
 mod routes;
 mod server;
+mod session;
 pub mod store;
+pub mod throughput;
 
 pub use error::ApiError;
 pub use server::Registry;

@@ -145,13 +145,7 @@ pub fn active_targets(
         at.sql("instances")
     ))?;
     statement
-        .query_map([], |row| {
-            Ok(crate::aggregator::Target {
-                instance_id: row.get(0)?,
-                base_url: row.get(1)?,
-                token: row.get(2)?,
-            })
-        })?
+        .query_map([], crate::aggregator::Target::of_row)?
         .collect()
 }
 

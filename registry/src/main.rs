@@ -52,8 +52,9 @@ enum Command {
         #[arg(long, env = "RFIDL_REGISTRY_TOKEN_FILE")]
         publish_token_file: Option<PathBuf>,
         /// Require this bearer token to decommission, re-commission, delete
-        /// instances and open the dashboard's failed-list pages (a browser
-        /// sends it as the password). Prefer --operator-token-file.
+        /// instances, open the dashboard's failed-list pages (a browser
+        /// sends it as the password) and sign in to retry or discard from
+        /// the dashboard. Prefer --operator-token-file.
         #[arg(
             long,
             env = "RFIDL_REGISTRY_OPERATOR_TOKEN",

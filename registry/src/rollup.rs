@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension as _, params};
 
-use crate::aggregator::{Check, Colour, Point, RETENTION, Target};
+use crate::aggregator::{Check, Colour, Point, RETENTION, RemoteSends, Target};
+use crate::throughput::{self, Quantile};
 
 /// The width of one sparkline bucket.
 pub const BUCKET: Duration = Duration::from_secs(300);
@@ -40,19 +41,34 @@ pub fn apply(
     check: &Check,
     now_ms: i64,
 ) -> rusqlite::Result<Option<String>> {
-    let previous: Option<String> = conn
+    let previous: Option<(String, i64, Option<String>)> = conn
         .query_row(
-            "SELECT colour FROM instance_health WHERE instance_id = ?1",
+            "SELECT colour, checked_at, sends FROM instance_health WHERE instance_id = ?1",
             params![instance_id],
-            |row| row.get(0),
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
         )
         .optional()?;
     let outbox = check.health.as_ref().map(|h| &h.outbox);
     let depth = outbox.map(|o| (o.pending + o.sending) as i64);
+    let sends = check.health.as_ref().and_then(|h| h.sends.as_ref());
+    let before = previous
+        .as_ref()
+        .and_then(|(_, at, sends)| Some((*at, sends.as_deref()?)))
+        .and_then(|(at, text)| Some((at, serde_json::from_str::<RemoteSends>(text).ok()?)));
+    let rates = match (before, sends) {
+        (Some((at, before)), Some(after)) => throughput::between(&before, at, after, now_ms),
+        _ => None,
+    };
+    let decommissioned = check
+        .health
+        .as_ref()
+        .filter(|h| !h.decommissioned.is_empty())
+        .and_then(|h| serde_json::to_string(&h.decommissioned).ok());
     conn.execute(
         "INSERT OR REPLACE INTO instance_health (instance_id, checked_at, colour, reported, \
-         depth, dead_letter, attention, oldest_pending_age_ms, reasons) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+         depth, dead_letter, attention, oldest_pending_age_ms, reasons, sends, \
+         sent_per_minute, p50_us, p99_us, decommissioned) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
         params![
             instance_id,
             now_ms,
@@ -63,6 +79,11 @@ pub fn apply(
             outbox.map(|o| (o.failed + o.dead_letter + o.expired) as i64),
             outbox.and_then(|o| o.oldest_pending_age_ms),
             serde_json::to_string(&check.reasons).unwrap_or_else(|_| "[]".into()),
+            sends.and_then(|s| serde_json::to_string(s).ok()),
+            rates.as_ref().map(|r| r.sent_per_minute),
+            rates.as_ref().and_then(|r| r.p50).map(Quantile::stored),
+            rates.as_ref().and_then(|r| r.p99).map(Quantile::stored),
+            decommissioned,
         ],
     )?;
     let width = BUCKET.as_millis() as i64;
@@ -86,7 +107,7 @@ pub fn apply(
         "DELETE FROM health_buckets WHERE instance_id = ?1 AND bucket < ?2",
         params![instance_id, now_ms - RETENTION.as_millis() as i64 - width],
     )?;
-    Ok(previous)
+    Ok(previous.map(|(colour, _, _)| colour))
 }
 
 /// The buckets of an instance since `since_ms`, oldest first, as sparkline
@@ -160,7 +181,65 @@ mod tests {
                 pending,
                 ..RemoteOutbox::default()
             },
+            ..RemoteHealth::default()
         }))
+    }
+
+    #[test]
+    fn two_answers_in_a_row_give_the_rates_and_a_restart_gives_none() {
+        use crate::aggregator::{RemoteDecommissioned, RemoteSends};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conn = crate::store::open(&dir.path().join("r.db")).expect("open");
+        conn.execute(
+            "INSERT INTO instances (instance_id, service, base_url, registered_at, last_seen_at) \
+             VALUES ('a', 's', 'http://x', 0, 0)",
+            [],
+        )
+        .expect("instance");
+        let answer = |sent: u64, fast: u64| {
+            let mut check = check("healthy", 0);
+            let health = check.health.as_mut().expect("answered");
+            health.sends = Some(RemoteSends {
+                sent,
+                timed: fast + 1,
+                latency_buckets_micros: vec![[1_000, fast], [10_000, fast + 1]],
+            });
+            health.decommissioned = vec![RemoteDecommissioned {
+                interface: "hr.Api".into(),
+                version: 1,
+                held: 3,
+            }];
+            check
+        };
+        let stored = |conn: &Connection| {
+            conn.query_row(
+                "SELECT sent_per_minute, p50_us, p99_us, decommissioned FROM instance_health",
+                [],
+                |row| {
+                    Ok((
+                        row.get::<_, Option<f64>>(0)?,
+                        row.get::<_, Option<i64>>(1)?,
+                        row.get::<_, Option<i64>>(2)?,
+                        row.get::<_, Option<String>>(3)?,
+                    ))
+                },
+            )
+            .expect("row")
+        };
+        record(&conn, "a", &answer(10, 10), 0).expect("first");
+        let (rate, ..) = stored(&conn);
+        assert_eq!(rate, None, "one answer: no rate");
+        // 30 more sent in 30 s; 99 more attempts, all at most 1 ms.
+        record(&conn, "a", &answer(40, 109), 30_000).expect("second");
+        let (rate, p50, p99, decommissioned) = stored(&conn);
+        assert_eq!(rate, Some(60.0));
+        assert_eq!((p50, p99), (Some(1_000), Some(1_000)));
+        assert!(decommissioned.expect("stored").contains("hr.Api"));
+        // A restart: the counters start again, no rate for this interval.
+        record(&conn, "a", &answer(2, 1), 60_000).expect("restarted");
+        assert_eq!(stored(&conn).0, None);
+        record(&conn, "a", &answer(62, 1), 120_000).expect("after");
+        assert_eq!(stored(&conn).0, Some(60.0));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use axum::http::Method;
 use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 
-use crate::{ApiError, Registry, dashboard, decommission, directory, publish, routes};
+use crate::{ApiError, Registry, dashboard, decommission, directory, failures, publish, routes};
 
 impl Registry {
     /// The HTTP API.
@@ -75,6 +75,24 @@ impl Registry {
             .route(
                 "/instances/{instance}/failed",
                 get(dashboard::serve_failed).fallback(method_not_allowed),
+            )
+            .route(
+                "/dashboard/sign-in",
+                get(failures::serve_sign_in_page)
+                    .post(failures::serve_sign_in)
+                    .fallback(method_not_allowed),
+            )
+            .route(
+                "/dashboard/sign-out",
+                post(failures::serve_sign_out).fallback(method_not_allowed),
+            )
+            .route(
+                "/services/{service}/failures",
+                get(failures::serve_page).fallback(method_not_allowed),
+            )
+            .route(
+                "/services/{service}/failures/{action}",
+                post(failures::serve_action).fallback(method_not_allowed),
             )
             .fallback(not_found)
             .with_state(self.shared())

@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use axum::http::HeaderMap;
 use rusqlite::Connection;
 
-use crate::{ApiError, StoreError, access, aggregator, commands, keys, liveness, rollup, store};
+use crate::{
+    ApiError, StoreError, access, aggregator, commands, keys, liveness, rollup, session, store,
+};
 
 /// A registry on one SQLite file. Cheap to clone.
 #[derive(Clone)]
@@ -27,6 +29,7 @@ pub struct Registry {
     commands: Option<commands::CommandSender>,
     keys: Option<Arc<keys::KeyAuthority>>,
     liveness: liveness::Liveness,
+    session_key: session::SessionKey,
 }
 
 /// The state every handler shares: the database and the registry's
@@ -47,6 +50,8 @@ pub(crate) struct Shared {
     pub(crate) keys: Option<Arc<keys::KeyAuthority>>,
     /// When an instance that stopped heartbeating is gone.
     pub(crate) liveness: liveness::Liveness,
+    /// Signs the dashboard's operator sessions ([`session`]).
+    pub(crate) session_key: session::SessionKey,
 }
 
 impl Registry {
@@ -63,6 +68,7 @@ impl Registry {
             commands: None,
             keys: None,
             liveness: liveness::Liveness::default(),
+            session_key: session::SessionKey::random(),
         })
     }
 
@@ -117,7 +123,9 @@ impl Registry {
 
     /// Requires this bearer token to decommission, re-commission, delete an
     /// instance and open an instance's failed list (a browser may send it
-    /// as the password of `Basic`). An empty token fails closed.
+    /// as the password of `Basic`), and to sign in to the dashboard's
+    /// retry and discard forms (`session`). An empty token fails
+    /// closed.
     #[must_use]
     pub fn operator_token(mut self, token: impl Into<String>) -> Self {
         self.credentials.operator = Some(token.into());
@@ -180,6 +188,7 @@ impl Registry {
             commands: self.commands.clone(),
             keys: self.keys.clone(),
             liveness: self.liveness,
+            session_key: self.session_key.clone(),
         })
     }
 

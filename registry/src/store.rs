@@ -161,6 +161,31 @@ pub const MIGRATIONS: &[&str] = &[
         credential_sha256  TEXT NOT NULL  -- sha256:… of the credential the keys go to
     ) STRICT;
 "#,
+    // 8: what the dashboard shows beyond the outbox (`crate::throughput`):
+    // each instance's last send counters, the rates between its last two
+    // answers and its decommissioned versions; and the log of the
+    // operator's retries and discards from the dashboard
+    // (`crate::failures`).
+    r#"
+    ALTER TABLE instance_health ADD COLUMN sends TEXT;            -- JSON `sends` of the last answer
+    ALTER TABLE instance_health ADD COLUMN sent_per_minute REAL;  -- between the last two answers
+    ALTER TABLE instance_health ADD COLUMN p50_us INTEGER;         -- bucket bound; negative: over it
+    ALTER TABLE instance_health ADD COLUMN p99_us INTEGER;
+    ALTER TABLE instance_health ADD COLUMN decommissioned TEXT;   -- JSON array, as answered
+    CREATE TABLE operator_actions (
+        id           INTEGER PRIMARY KEY,
+        at           INTEGER NOT NULL,  -- ms since the Unix epoch
+        service      TEXT NOT NULL,
+        instance_id  TEXT NOT NULL,     -- kept after the instance goes: a log
+        action       TEXT NOT NULL CHECK (action IN ('retry', 'discard')),
+        destination  TEXT NOT NULL,
+        error_code   TEXT NOT NULL,
+        done         INTEGER NOT NULL,  -- messages the instance retried or discarded
+        refused      INTEGER NOT NULL,  -- messages it refused (already moved on)
+        outcome      TEXT NOT NULL      -- one sentence
+    ) STRICT;
+    CREATE INDEX operator_actions_by_service ON operator_actions (service, id);
+"#,
 ];
 
 /// How long a statement waits for another writer before giving up.

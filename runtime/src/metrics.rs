@@ -68,6 +68,25 @@ impl DurationHistogram {
         self.count.load(Ordering::Relaxed)
     }
 
+    /// The cumulative buckets, as Prometheus has them: `[upper bound in
+    /// microseconds, durations at most that long]`, the bounds rising; the
+    /// durations over the last bound are [`DurationHistogram::count`] minus
+    /// the last bucket's.
+    pub fn cumulative_micros(&self) -> Vec<[u64; 2]> {
+        // The count first, as in `render`: no bucket exceeds it.
+        let count = self.count();
+        self.buckets
+            .iter()
+            .zip(BUCKETS_SECONDS)
+            .map(|(bucket, bound)| {
+                [
+                    (bound * 1e6).round() as u64,
+                    bucket.load(Ordering::Relaxed).min(count),
+                ]
+            })
+            .collect()
+    }
+
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         // Read the count first: buckets only grow, so no bucket can then
@@ -366,6 +385,21 @@ fn label_value(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cumulative_buckets_are_in_micros_and_never_exceed_the_count() {
+        let histogram = DurationHistogram::default();
+        histogram.observe(std::time::Duration::from_micros(80));
+        histogram.observe(std::time::Duration::from_millis(3));
+        histogram.observe(std::time::Duration::from_secs(30));
+        let buckets = histogram.cumulative_micros();
+        assert_eq!(buckets.len(), BUCKETS_SECONDS.len());
+        assert_eq!(buckets[0], [100, 1]);
+        assert_eq!(buckets[5], [5_000, 2]);
+        // The 30 s one is over the last bound: counted, in no bucket.
+        assert_eq!(buckets[14], [10_000_000, 2]);
+        assert_eq!(histogram.count(), 3);
+    }
 
     #[test]
     fn renders_counters_gauges_and_histograms() {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use rand::Rng as _;
 use rand::rngs::StdRng;
+use sqlx::Connection as _;
 
 use super::super::Context;
 use super::super::cluster::{Cluster, free_port, wait_listening};
@@ -27,21 +28,17 @@ pub(crate) async fn replicas(context: &Context, rng: &mut StdRng) -> anyhow::Res
     )?;
     let database = format!("rfidl_chaos_{}", std::process::id());
     let engine_url = postgres_database(&server, &database)?;
-    let admin = server.clone();
-    let statements = [
+    // DROP and CREATE DATABASE cannot run in a transaction: one statement each.
+    let mut admin = sqlx::postgres::PgConnection::connect(&server).await?;
+    for statement in [
         format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"),
         format!("CREATE DATABASE {database}"),
-    ];
-    std::thread::spawn(move || -> anyhow::Result<()> {
-        let mut client =
-            rfidl_runtime::postgres::Client::connect(&admin, rfidl_runtime::postgres::NoTls)?;
-        for statement in statements {
-            client.batch_execute(&statement)?;
-        }
-        Ok(())
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("database set-up panicked"))??;
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&mut admin)
+            .await?;
+    }
+    admin.close().await?;
 
     let hires = context.replica_hires;
     let mut cluster = Cluster::new(&Context {
@@ -88,7 +85,8 @@ pub(crate) async fn replicas(context: &Context, rng: &mut StdRng) -> anyhow::Res
         },
     )?;
     cluster.hr = Some(hr);
-    let engine_database = rfidl_runtime::Database::parse(&engine_url)?;
+    let engine_database =
+        rfidl_examples::demo::Database::parse(&engine_url).map_err(anyhow::Error::msg)?;
     let mut faults = 0;
     for _ in 0..context.kills {
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..600))).await;
@@ -126,7 +124,7 @@ pub(crate) async fn replicas(context: &Context, rng: &mut StdRng) -> anyhow::Res
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let verdict = rfidl_examples::demo::verdict::verdict_of(
-        &rfidl_runtime::Database::Sqlite(cluster.hr_db.clone()),
+        &rfidl_examples::demo::Database::Sqlite(cluster.hr_db.clone()),
         &engine_database,
         &context.dir,
     )?;

@@ -1,9 +1,10 @@
 //! The rfidl demo: an HR service and a stand-in workflow engine, each with
-//! its own SQLite file and HTTP receiver on loopback, talking only through
+//! its own SQLite file (or its own schema of one PostgreSQL database, `--db
+//! postgres://…`) and HTTP receiver on loopback, talking only through
 //! generated code. It hires employees while the engine goes down for a while
 //! and acknowledgements get lost, then prints what the databases say.
 //!
-//! `cargo run -p rfidl-examples --bin demo [-- --hires 300 --dir DIR]`
+//! `cargo run -p rfidl-examples --bin demo [-- --hires 300 --dir DIR --db postgres://…]`
 
 // EmpService v1 is deprecated in the contract; the demo still publishes and
 // serves it on purpose, as a service does while old peers move to v2.
@@ -15,8 +16,10 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use rfidl_examples::demo::engine::Engine;
 use rfidl_examples::demo::hr::{HrService, outbox_counts};
+use rfidl_examples::demo::pg::PgDatabase;
 use rfidl_examples::demo::registry::{DemoRegistry, registered};
-use rfidl_examples::demo::{Settings, count, shutdown_signal};
+use rfidl_examples::demo::store::replay_sent;
+use rfidl_examples::demo::{Database, Settings, count, shutdown_signal};
 use rfidl_examples::generated::hr::employees::{emp_service_v1, emp_service_v2};
 
 #[derive(Parser)]
@@ -33,6 +36,12 @@ struct Args {
     /// How long the engine stays down in the middle of the run.
     #[arg(long, default_value_t = 2)]
     outage_secs: u64,
+    /// Run both services on this PostgreSQL database (sqlx, async
+    /// handlers) instead of SQLite files:
+    /// `postgres://user:password@host:port/database`. HR's tables go in the
+    /// schema `hr`, the engine's in `engine` (created if missing).
+    #[arg(long, value_name = "URL", value_parser = PgDatabase::parse)]
+    db: Option<PgDatabase>,
 }
 
 #[tokio::main]
@@ -57,6 +66,10 @@ async fn main() -> anyhow::Result<()> {
             .await?;
     }
 
+    let database = |name: &str| match &args.db {
+        Some(postgres) => Database::Postgres(postgres.clone().in_schema(name)),
+        None => Database::Sqlite(dir.join(format!("{name}.db"))),
+    };
     // Free ports first: each service needs the other's URL.
     let engine_listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let hr_listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
@@ -64,7 +77,7 @@ async fn main() -> anyhow::Result<()> {
         service_id: "engine".into(),
         listen: engine_listen,
         grpc_listen: None,
-        db: dir.join("engine.db").into(),
+        db: database("engine"),
         peer_id: "hr-service".into(),
         peer_url: format!("http://{hr_listen}"),
         peer_urls: Vec::new(),
@@ -81,7 +94,7 @@ async fn main() -> anyhow::Result<()> {
         service_id: "hr-service".into(),
         listen: hr_listen,
         grpc_listen: None,
-        db: dir.join("hr.db").into(),
+        db: database("hr"),
         peer_id: "engine".into(),
         peer_url: format!("http://{engine_listen}"),
         peer_urls: Vec::new(),
@@ -106,7 +119,7 @@ async fn main() -> anyhow::Result<()> {
     // SIGTERM or SIGINT ends the run early; both services then stop
     // gracefully (nothing left `Sending`) and the demo exits 0.
     let outcome = tokio::select! {
-        outcome = scenario(&args, &dir, &registry, &hr, &mut engine) => outcome,
+        outcome = scenario(&args, &registry, &hr, &mut engine) => outcome,
         signal = signal => {
             eprintln!("demo: {signal} received, stopping");
             Ok(())
@@ -132,7 +145,6 @@ async fn main() -> anyhow::Result<()> {
 /// and prints what the databases and the registry's dashboard say.
 async fn scenario(
     args: &Args,
-    dir: &std::path::Path,
     registry: &DemoRegistry,
     hr: &HrService,
     engine: &mut Engine,
@@ -150,10 +162,8 @@ async fn scenario(
         );
     }
     println!(
-        "rfidl demo: HR at {}, engine at {}, databases in {}",
-        hr.url,
-        engine.url,
-        dir.display()
+        "rfidl demo: HR at {}, engine at {}, databases {} and {}",
+        hr.url, engine.url, hr.db, engine.db
     );
     println!(
         "  both registered with the registry; dashboard at {}/ (while the demo runs)",
@@ -184,16 +194,7 @@ async fn scenario(
 
     // Lost acknowledgements: HR believes 50 hires were never answered and
     // sends them again; the engine must answer from its inbox.
-    // (The demo runs on SQLite files; see docs/stores.md for PostgreSQL.)
-    let hr_file = hr
-        .db
-        .sqlite_path()
-        .ok_or_else(|| anyhow::anyhow!("the demo's HR database is a SQLite file"))?;
-    let replayed = rusqlite::Connection::open(hr_file)?.execute(
-        "UPDATE outbox_messages SET status = 'Pending', next_retry_at = 0 WHERE message_id IN \
-         (SELECT message_id FROM outbox_messages WHERE status = 'Sent' LIMIT 50)",
-        [],
-    )?;
+    let replayed = replay_sent(&hr.db, 50)?;
     println!("  replaying {replayed} delivered messages as if their acknowledgements were lost");
     wait_until_delivered(hr, engine, args.hires).await?;
     let elapsed = started.elapsed();
@@ -299,7 +300,7 @@ async fn scenario(
 async fn wait_until_delivered(hr: &HrService, engine: &Engine, hires: u32) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let open = |db: &rfidl_runtime::Database| {
+        let open = |db: &Database| {
             count(
                 db,
                 "SELECT COUNT(*) FROM outbox_messages WHERE status IN ('Pending', 'Sending')",

@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use rfidl_runtime::Store;
+use rfidl_runtime::AnyStore;
 use rfidl_runtime::amqp::AmqpUrl;
 use rfidl_runtime::host::HostBuilder;
 
@@ -27,7 +27,7 @@ use super::Settings;
 const ACK_WAIT: Duration = Duration::from_secs(5);
 
 /// `--nats`, `--amqp` and a broker `--peer-url` on `host`.
-pub fn brokers<S: Store>(
+pub fn brokers<S: AnyStore>(
     host: HostBuilder<S>,
     settings: &Settings,
 ) -> anyhow::Result<HostBuilder<S>> {

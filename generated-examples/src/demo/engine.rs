@@ -7,14 +7,21 @@
 // sends it on purpose: old clients keep using v1 while new ones move to v2.
 #![allow(deprecated)]
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use rfidl_runtime::host::HostBuilder;
 use rfidl_runtime::receiver::{HandlerError, IncomingCall};
 use rfidl_runtime::responses::Answer;
+use rfidl_runtime::rusqlite::{Transaction, params};
 use rfidl_runtime::types::{Duration, Timestamp, Uuid};
-use rfidl_runtime::{Database, Host, Postgres, Sqlite};
+use rfidl_runtime::{AnyStore, Host, Sqlite};
+use sqlx::{PgConnection, Postgres};
 use tokio_util::sync::CancellationToken;
 
 use super::Settings;
-use super::store::{DemoStore, Schema};
+use super::pg;
+use super::store::{Database, Sql};
 use crate::generated::common;
 use crate::generated::hr::employees::{
     Employee, HireAck, LaptopTicket, OrgUnit, emp_service_v1, emp_service_v2,
@@ -27,7 +34,7 @@ pub const HR: &str = "hr";
 /// started the workflow (UNIQUE: one workflow per message, traceable);
 /// `laptop_ticket` is HR's answer to the `ProvisionLaptop` command.
 /// The same table on both stores.
-pub const SCHEMA: Schema = Schema {
+pub const SCHEMA: Sql = Sql {
     sqlite: "
     CREATE TABLE IF NOT EXISTS workflows (
         id TEXT PRIMARY KEY, employee_id TEXT NOT NULL, version INTEGER NOT NULL, state TEXT NOT NULL,
@@ -46,53 +53,136 @@ pub const SCHEMA: Schema = Schema {
 ",
 };
 
-/// Acts on HR's answers to `ProvisionLaptop` (both versions): the workflow
-/// of that employee records its ticket and moves on, in the transaction that
-/// marks the command `Sent` (`rfidl_runtime::responses`).
+/// A workflow for a hire message.
+const INSERT_WORKFLOW: Sql = Sql {
+    sqlite: "INSERT INTO workflows (id, employee_id, version, state, message_id) \
+             VALUES (?1, ?2, ?3, 'provisioning', ?4)",
+    postgres: "INSERT INTO workflows (id, employee_id, version, state, message_id) \
+               VALUES ($1, $2, $3, 'provisioning', $4)",
+};
+
+/// HR's laptop ticket arrived for an employee's workflow.
+const RECORD_TICKET: Sql = Sql {
+    sqlite: "UPDATE workflows SET laptop_ticket = ?2, \
+             state = CASE state WHEN 'provisioning' THEN 'laptop ordered' ELSE state END \
+             WHERE employee_id = ?1",
+    postgres: "UPDATE workflows SET laptop_ticket = $2, \
+               state = CASE state WHEN 'provisioning' THEN 'laptop ordered' ELSE state END \
+               WHERE employee_id = $1",
+};
+
+/// Onboarding of an employee completed.
+const FINISH_WORKFLOW: Sql = Sql {
+    sqlite: "UPDATE workflows SET state = 'done' WHERE employee_id = ?1",
+    postgres: "UPDATE workflows SET state = 'done' WHERE employee_id = $1",
+};
+
+/// The laptop every new employee gets.
+const LAPTOP_MODEL: &str = "ThinkPad T14";
+
+/// Acts on HR's answers to `ProvisionLaptop` (both versions, both stores):
+/// the workflow of that employee records its ticket and moves on, in the
+/// transaction that marks the command `Sent` (`rfidl_runtime::responses`).
 pub struct LaptopAnswers;
 
 impl LaptopAnswers {
-    fn ticket_arrived<S: DemoStore>(
+    /// The employee the answer is for: the command was sent with
+    /// `@correlate(employee_id)`.
+    fn employee<'a>(answer: &Answer<'a>) -> Result<&'a str, HandlerError> {
+        answer
+            .correlation_id
+            .ok_or_else(|| HandlerError::poison("a laptop answer without its employee id"))
+    }
+
+    fn ticket_arrived(
         answer: &Answer<'_>,
-        mut tx: S::Handle<'_, '_>,
+        tx: &Transaction<'_>,
         ticket: &LaptopTicket,
     ) -> Result<(), HandlerError> {
-        // The command was sent with `@correlate(employee_id)`.
-        let employee_id = answer
-            .correlation_id
-            .ok_or_else(|| HandlerError::poison("a laptop answer without its employee id"))?;
-        S::record_ticket(&mut tx, employee_id, &ticket.ticket)
+        let employee_id = Self::employee(answer)?;
+        tx.execute(RECORD_TICKET.sqlite, params![employee_id, ticket.ticket])?;
+        Ok(())
+    }
+
+    async fn ticket_arrived_async(
+        answer: &Answer<'_>,
+        conn: &mut PgConnection,
+        ticket: &LaptopTicket,
+    ) -> Result<(), HandlerError> {
+        let employee_id = Self::employee(answer)?;
+        sqlx::query(RECORD_TICKET.postgres)
+            .bind(employee_id)
+            .bind(&ticket.ticket)
+            .execute(conn)
+            .await
+            .map_err(HandlerError::retryable)?;
+        Ok(())
     }
 }
 
-impl<S: DemoStore> emp_service_v1::ServiceAnswers<S> for LaptopAnswers {
+impl emp_service_v1::ServiceAnswers<Sqlite> for LaptopAnswers {
     fn provision_laptop(
         &self,
         answer: &Answer<'_>,
-        tx: S::Handle<'_, '_>,
+        tx: &Transaction<'_>,
         response: LaptopTicket,
     ) -> Result<(), HandlerError> {
-        Self::ticket_arrived::<S>(answer, tx, &response)
+        Self::ticket_arrived(answer, tx, &response)
     }
 }
 
-impl<S: DemoStore> emp_service_v2::ServiceAnswers<S> for LaptopAnswers {
+impl emp_service_v2::ServiceAnswers<Sqlite> for LaptopAnswers {
     fn provision_laptop(
         &self,
         answer: &Answer<'_>,
-        tx: S::Handle<'_, '_>,
+        tx: &Transaction<'_>,
         response: LaptopTicket,
     ) -> Result<(), HandlerError> {
-        Self::ticket_arrived::<S>(answer, tx, &response)
+        Self::ticket_arrived(answer, tx, &response)
     }
 }
 
-/// Handles the pushcalls and signals of both versions, on the store `S`.
-pub struct Workflows<S: DemoStore> {
-    v1: emp_service_v1::ServiceClient<S>,
-    v2: emp_service_v2::ServiceClient<S>,
+impl emp_service_v1::aio::ServiceAnswers<Postgres> for LaptopAnswers {
+    async fn provision_laptop(
+        &self,
+        answer: &Answer<'_>,
+        conn: &mut PgConnection,
+        response: LaptopTicket,
+    ) -> Result<(), HandlerError> {
+        Self::ticket_arrived_async(answer, conn, &response).await
+    }
+}
+
+impl emp_service_v2::aio::ServiceAnswers<Postgres> for LaptopAnswers {
+    async fn provision_laptop(
+        &self,
+        answer: &Answer<'_>,
+        conn: &mut PgConnection,
+        response: LaptopTicket,
+    ) -> Result<(), HandlerError> {
+        Self::ticket_arrived_async(answer, conn, &response).await
+    }
+}
+
+/// Handles the pushcalls and signals of both versions; `C` is the pair of
+/// clients it sends `ProvisionLaptop` with, which names the store:
+/// [`SqliteClients`] or [`PgClients`].
+pub struct Workflows<C> {
+    clients: C,
     slow: SlowHandler,
-    hires: std::sync::atomic::AtomicU32,
+    hires: AtomicU32,
+}
+
+/// The engine's clients of HR on SQLite (rusqlite, synchronous).
+pub struct SqliteClients {
+    v1: emp_service_v1::ServiceClient<Sqlite>,
+    v2: emp_service_v2::ServiceClient<Sqlite>,
+}
+
+/// The engine's clients of HR on PostgreSQL (sqlx, async).
+pub struct PgClients {
+    v1: emp_service_v1::aio::ServiceClient<Postgres>,
+    v2: emp_service_v2::aio::ServiceClient<Postgres>,
 }
 
 /// A fault drill: makes one hire handler in `every` take `delay` (inside
@@ -112,52 +202,125 @@ impl Default for SlowHandler {
     }
 }
 
-impl<S: DemoStore> Workflows<S> {
-    fn start_workflow(
-        &self,
-        call: &IncomingCall<'_>,
-        mut tx: S::Handle<'_, '_>,
-        employee: &Employee,
-        version: u32,
-    ) -> Result<HireAck, HandlerError> {
-        if !self.slow.delay.is_zero()
+impl<C> Workflows<C> {
+    fn new(clients: C, slow: SlowHandler) -> Self {
+        Self {
+            clients,
+            slow,
+            hires: AtomicU32::new(0),
+        }
+    }
+
+    /// How long this hire's handler waits first: the fault drill's delay
+    /// for one hire in `every`, else none.
+    fn drill(&self) -> Option<std::time::Duration> {
+        let slow = !self.slow.delay.is_zero()
             && self
                 .hires
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                .is_multiple_of(self.slow.every)
-        {
-            std::thread::sleep(self.slow.delay);
-        }
-        // A fresh random id; nothing in process memory decides what is stored.
-        let workflow_id = Uuid::now_v7();
-        S::insert_workflow(
-            &mut tx,
-            &workflow_id.to_string(),
-            &employee.id.to_string(),
-            version,
-            call.message_id,
-        )?;
-        // The command to HR commits with the workflow row, or not at all.
-        if version == 1 {
-            self.v1
-                .provision_laptop(S::reborrow(&mut tx), employee.id, "ThinkPad T14".into())?;
-        } else {
-            self.v2.provision_laptop(
-                S::reborrow(&mut tx),
-                employee.id,
-                "ThinkPad T14".into(),
-                employee.home.clone(),
-            )?;
-        }
-        Ok(HireAck { workflow_id })
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(self.slow.every);
+        slow.then_some(self.slow.delay)
     }
 }
 
-impl<S: DemoStore> emp_service_v1::EngineHandler<S> for Workflows<S> {
+/// What a hire's workflow starts with: a fresh random id (nothing in
+/// process memory decides what is stored), and the answer to the hire.
+fn new_workflow() -> (Uuid, HireAck) {
+    let workflow_id = Uuid::now_v7();
+    (workflow_id, HireAck { workflow_id })
+}
+
+impl Workflows<SqliteClients> {
+    fn start_workflow(
+        &self,
+        call: &IncomingCall<'_>,
+        tx: &Transaction<'_>,
+        employee: &Employee,
+        version: u32,
+    ) -> Result<HireAck, HandlerError> {
+        if let Some(delay) = self.drill() {
+            std::thread::sleep(delay);
+        }
+        let (workflow_id, ack) = new_workflow();
+        tx.execute(
+            INSERT_WORKFLOW.sqlite,
+            params![
+                workflow_id.to_string(),
+                employee.id.to_string(),
+                version,
+                call.message_id
+            ],
+        )?;
+        // The command to HR commits with the workflow row, or not at all.
+        let model = LAPTOP_MODEL.to_owned();
+        if version == 1 {
+            self.clients.v1.provision_laptop(tx, employee.id, model)?;
+        } else {
+            let ship_to = employee.home.clone();
+            (self.clients.v2).provision_laptop(tx, employee.id, model, ship_to)?;
+        }
+        Ok(ack)
+    }
+
+    fn finish_workflow(tx: &Transaction<'_>, employee_id: Uuid) -> Result<(), HandlerError> {
+        tx.execute(FINISH_WORKFLOW.sqlite, [employee_id.to_string()])?;
+        Ok(())
+    }
+}
+
+impl Workflows<PgClients> {
+    async fn start_workflow(
+        &self,
+        call: &IncomingCall<'_>,
+        conn: &mut PgConnection,
+        employee: &Employee,
+        version: u32,
+    ) -> Result<HireAck, HandlerError> {
+        if let Some(delay) = self.drill() {
+            tokio::time::sleep(delay).await;
+        }
+        let (workflow_id, ack) = new_workflow();
+        sqlx::query(INSERT_WORKFLOW.postgres)
+            .bind(workflow_id.to_string())
+            .bind(employee.id.to_string())
+            .bind(i64::from(version))
+            .bind(call.message_id)
+            .execute(&mut *conn)
+            .await
+            .map_err(HandlerError::retryable)?;
+        // The command to HR commits with the workflow row, or not at all.
+        let model = LAPTOP_MODEL.to_owned();
+        if version == 1 {
+            (self.clients.v1)
+                .provision_laptop(conn, employee.id, model)
+                .await?;
+        } else {
+            let ship_to = employee.home.clone();
+            (self.clients.v2)
+                .provision_laptop(conn, employee.id, model, ship_to)
+                .await?;
+        }
+        Ok(ack)
+    }
+
+    async fn finish_workflow(
+        conn: &mut PgConnection,
+        employee_id: Uuid,
+    ) -> Result<(), HandlerError> {
+        sqlx::query(FINISH_WORKFLOW.postgres)
+            .bind(employee_id.to_string())
+            .execute(conn)
+            .await
+            .map_err(HandlerError::retryable)?;
+        Ok(())
+    }
+}
+
+impl emp_service_v1::EngineHandler<Sqlite> for Workflows<SqliteClients> {
     fn employee_hired(
         &self,
         call: &IncomingCall<'_>,
-        tx: S::Handle<'_, '_>,
+        tx: &Transaction<'_>,
         employee: Employee,
     ) -> Result<HireAck, HandlerError> {
         self.start_workflow(call, tx, &employee, 1)
@@ -166,20 +329,19 @@ impl<S: DemoStore> emp_service_v1::EngineHandler<S> for Workflows<S> {
     fn onboarding_completed(
         &self,
         _call: &IncomingCall<'_>,
-        tx: S::Handle<'_, '_>,
+        tx: &Transaction<'_>,
         employee_id: Uuid,
         _at: Timestamp,
     ) -> Result<(), HandlerError> {
-        let mut tx = tx;
-        S::finish_workflow(&mut tx, &employee_id.to_string())
+        Self::finish_workflow(tx, employee_id)
     }
 }
 
-impl<S: DemoStore> emp_service_v2::EngineHandler<S> for Workflows<S> {
+impl emp_service_v2::EngineHandler<Sqlite> for Workflows<SqliteClients> {
     fn employee_hired(
         &self,
         call: &IncomingCall<'_>,
-        tx: S::Handle<'_, '_>,
+        tx: &Transaction<'_>,
         employee: Employee,
         _channel: common::Channel,
         _referral_code: Option<String>,
@@ -190,18 +352,17 @@ impl<S: DemoStore> emp_service_v2::EngineHandler<S> for Workflows<S> {
     fn onboarding_completed(
         &self,
         _call: &IncomingCall<'_>,
-        tx: S::Handle<'_, '_>,
+        tx: &Transaction<'_>,
         employee_id: Uuid,
         _at: Timestamp,
     ) -> Result<(), HandlerError> {
-        let mut tx = tx;
-        S::finish_workflow(&mut tx, &employee_id.to_string())
+        Self::finish_workflow(tx, employee_id)
     }
 
     fn leave_started(
         &self,
         _call: &IncomingCall<'_>,
-        _tx: S::Handle<'_, '_>,
+        _tx: &Transaction<'_>,
         _employee_id: Uuid,
         _length: Duration,
         _reason: Option<String>,
@@ -212,7 +373,72 @@ impl<S: DemoStore> emp_service_v2::EngineHandler<S> for Workflows<S> {
     fn org_chart_changed(
         &self,
         _call: &IncomingCall<'_>,
-        _tx: S::Handle<'_, '_>,
+        _tx: &Transaction<'_>,
+        _root: OrgUnit,
+        _version: u32,
+    ) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+impl emp_service_v1::aio::EngineHandler<Postgres> for Workflows<PgClients> {
+    async fn employee_hired(
+        &self,
+        call: &IncomingCall<'_>,
+        conn: &mut PgConnection,
+        employee: Employee,
+    ) -> Result<HireAck, HandlerError> {
+        self.start_workflow(call, conn, &employee, 1).await
+    }
+
+    async fn onboarding_completed(
+        &self,
+        _call: &IncomingCall<'_>,
+        conn: &mut PgConnection,
+        employee_id: Uuid,
+        _at: Timestamp,
+    ) -> Result<(), HandlerError> {
+        Self::finish_workflow(conn, employee_id).await
+    }
+}
+
+impl emp_service_v2::aio::EngineHandler<Postgres> for Workflows<PgClients> {
+    async fn employee_hired(
+        &self,
+        call: &IncomingCall<'_>,
+        conn: &mut PgConnection,
+        employee: Employee,
+        _channel: common::Channel,
+        _referral_code: Option<String>,
+    ) -> Result<HireAck, HandlerError> {
+        self.start_workflow(call, conn, &employee, 2).await
+    }
+
+    async fn onboarding_completed(
+        &self,
+        _call: &IncomingCall<'_>,
+        conn: &mut PgConnection,
+        employee_id: Uuid,
+        _at: Timestamp,
+    ) -> Result<(), HandlerError> {
+        Self::finish_workflow(conn, employee_id).await
+    }
+
+    async fn leave_started(
+        &self,
+        _call: &IncomingCall<'_>,
+        _conn: &mut PgConnection,
+        _employee_id: Uuid,
+        _length: Duration,
+        _reason: Option<String>,
+    ) -> Result<(), HandlerError> {
+        Ok(())
+    }
+
+    async fn org_chart_changed(
+        &self,
+        _call: &IncomingCall<'_>,
+        _conn: &mut PgConnection,
         _root: OrgUnit,
         _version: u32,
     ) -> Result<(), HandlerError> {
@@ -266,48 +492,73 @@ impl Engine {
     /// [`Engine::start`] with a fault drill for its hire handler, on the
     /// store `--db` names.
     pub async fn start_with(settings: &Settings, slow: SlowHandler) -> anyhow::Result<Self> {
-        match &settings.db {
-            Database::Postgres(_) => Self::start_on::<Postgres>(settings, slow, false).await,
-            _ => Self::start_on::<Sqlite>(settings, slow, false).await,
-        }
+        Self::start_on(settings, slow, false).await
     }
 
     /// [`Engine::start`], its HTTP served by the demo so that
     /// [`take_down`](Self::take_down) can cut it (the in-process demo's
     /// outage).
     pub async fn start_for_outages(settings: &Settings) -> anyhow::Result<Self> {
-        let slow = SlowHandler::default();
-        match &settings.db {
-            Database::Postgres(_) => Self::start_on::<Postgres>(settings, slow, true).await,
-            _ => Self::start_on::<Sqlite>(settings, slow, true).await,
-        }
+        Self::start_on(settings, SlowHandler::default(), true).await
     }
 
-    async fn start_on<S: DemoStore>(
+    async fn start_on(
         settings: &Settings,
         slow: SlowHandler,
         outages: bool,
     ) -> anyhow::Result<Self> {
         let config = settings.runtime_config(HR);
-        S::create_schema(&settings.db, &SCHEMA)?;
-        let host = S::host(config, &settings.db)?;
-        let workflows = std::sync::Arc::new(Workflows::<S> {
-            v1: emp_service_v1::ServiceClient::new(host.outbox().clone(), HR),
-            v2: emp_service_v2::ServiceClient::new(host.outbox().clone(), HR),
-            slow,
-            hires: std::sync::atomic::AtomicU32::new(0),
-        });
         // One receiver serves EmpService v1 and v2 side by side; HR's
         // answers to its ProvisionLaptop commands (over HTTP, or back
         // through the broker) run the same handlers, once per answer.
-        let host = host
-            .service(emp_service_v1::EngineReceiver(workflows.clone()))
-            .service(emp_service_v2::EngineReceiver(workflows))
-            .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
-            .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers))
-            // The engine calls EmpService (its commands go to HR) and
-            // hosts nothing: nothing to publish.
-            .directory(Vec::new(), super::emp_service_versions());
+        match &settings.db {
+            Database::Sqlite(path) => {
+                super::store::create_sqlite_tables(path, &SCHEMA)?;
+                let host = Host::builder(config, path.as_path());
+                let workflows = Arc::new(Workflows::new(
+                    SqliteClients {
+                        v1: emp_service_v1::ServiceClient::new(host.outbox().clone(), HR),
+                        v2: emp_service_v2::ServiceClient::new(host.outbox().clone(), HR),
+                    },
+                    slow,
+                ));
+                let host = host
+                    .service(emp_service_v1::EngineReceiver(workflows.clone()))
+                    .service(emp_service_v2::EngineReceiver(workflows))
+                    .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
+                    .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers));
+                Self::serve(settings, host, outages).await
+            }
+            Database::Postgres(database) => {
+                let pool = database.pool().await?;
+                pg::create_schema(&pool, database, SCHEMA.postgres).await?;
+                let host = pg::host(config, &pool, database).await?;
+                let workflows = Arc::new(Workflows::new(
+                    PgClients {
+                        v1: emp_service_v1::aio::ServiceClient::new(host.outbox().clone(), HR),
+                        v2: emp_service_v2::aio::ServiceClient::new(host.outbox().clone(), HR),
+                    },
+                    slow,
+                ));
+                let host = host
+                    .service(emp_service_v1::aio::EngineReceiver(workflows.clone()))
+                    .service(emp_service_v2::aio::EngineReceiver(workflows))
+                    .responses(emp_service_v1::aio::ServiceAnswerRouter(LaptopAnswers))
+                    .responses(emp_service_v2::aio::ServiceAnswerRouter(LaptopAnswers));
+                Self::serve(settings, host, outages).await
+            }
+        }
+    }
+
+    /// The rest of the start, the same on both stores.
+    async fn serve<S: AnyStore>(
+        settings: &Settings,
+        host: HostBuilder<S>,
+        outages: bool,
+    ) -> anyhow::Result<Self> {
+        // The engine calls EmpService (its commands go to HR) and hosts
+        // nothing: nothing to publish.
+        let host = host.directory(Vec::new(), super::emp_service_versions());
         let host = super::options(host, settings).await?;
         let (host, outages) = if outages {
             let listener = tokio::net::TcpListener::bind(settings.listen).await?;

@@ -1,6 +1,7 @@
 //! Two small services built only on generated code and the runtime: an HR
-//! service and a stand-in workflow engine, each with its own SQLite file and
-//! HTTP receiver on loopback.
+//! service and a stand-in workflow engine, each with its own database (a
+//! SQLite file by default, or PostgreSQL on sqlx: [`store`]) and HTTP
+//! receiver on loopback.
 //!
 //! HR hires employees: the employee row and the `EmployeeHired` pushcall are
 //! written in one transaction. The engine handles the pushcall (a workflow
@@ -10,6 +11,7 @@
 pub mod broker;
 pub mod engine;
 pub mod hr;
+pub mod pg;
 pub mod registry;
 pub mod store;
 pub mod verdict;
@@ -22,7 +24,9 @@ use rfidl_runtime::config::DestinationConfig;
 use rfidl_runtime::directory::{InterfaceRef, PublishOnRegistration, RegistryConfig};
 use rfidl_runtime::host::HostBuilder;
 use rfidl_runtime::keys::IssuedKeys;
-use rfidl_runtime::{Config, Host};
+use rfidl_runtime::{AnyStore, Config, Host};
+
+pub use store::Database;
 
 /// How one service is started; both demo binaries take these as flags.
 /// Its `Debug` form leaves the secrets out.
@@ -37,7 +41,7 @@ pub struct Settings {
     pub grpc_listen: Option<SocketAddr>,
     /// Its database (business rows, outbox and inbox): a SQLite file or a
     /// PostgreSQL database.
-    pub db: rfidl_runtime::Database,
+    pub db: Database,
     /// The peer's id, base URL, and the secret this service signs with
     /// (empty, with a `registry`: the keys the registry issues).
     pub peer_id: String,
@@ -196,7 +200,7 @@ pub fn emp_service_versions() -> Vec<InterfaceRef> {
 
 /// Counts rows with one query, the same SQL on both stores (the demo's
 /// numbers all come from the databases).
-pub fn count(db: &rfidl_runtime::Database, sql: &str) -> anyhow::Result<i64> {
+pub fn count(db: &Database, sql: &str) -> anyhow::Result<i64> {
     store::count(db, sql)
 }
 
@@ -204,7 +208,7 @@ pub fn count(db: &rfidl_runtime::Database, sql: &str) -> anyhow::Result<i64> {
 /// registry issues (no secrets given), the diagnostics token, the gRPC
 /// server (`--grpc-listen`), JetStream (`--nats`, a `nats://` peer) and the
 /// bound of a graceful stop.
-pub async fn options<S: rfidl_runtime::Store>(
+pub async fn options<S: AnyStore>(
     host: HostBuilder<S>,
     settings: &Settings,
 ) -> anyhow::Result<HostBuilder<S>> {
@@ -291,10 +295,11 @@ pub struct ServiceArgs {
     pub listen: SocketAddr,
     /// The database for business rows, outbox and inbox: a SQLite file
     /// (created if missing) or a PostgreSQL URL,
-    /// `postgres://user:password@host:port/database` (several replicas of a
-    /// service may share one).
-    #[arg(long, value_parser = parse_database)]
-    pub db: rfidl_runtime::Database,
+    /// `postgres://user:password@host:port/database` (sqlx; the service's
+    /// tables in the schema `public`; several replicas of a service may
+    /// share one).
+    #[arg(long, value_parser = Database::parse)]
+    pub db: Database,
     /// Base URL of the peer's receiver, e.g. http://127.0.0.1:7001; its
     /// scheme chooses the transport: http(s)://, unix:///path.sock,
     /// grpc://host:port (the peer's --grpc-listen), or
@@ -406,11 +411,6 @@ impl ServiceArgs {
             registry_publish_token: self.registry_publish_token.clone(),
         })
     }
-}
-
-/// `--db`: a file path or a `postgres://` URL.
-fn parse_database(text: &str) -> Result<rfidl_runtime::Database, String> {
-    rfidl_runtime::Database::parse(text).map_err(|error| error.to_string())
 }
 
 /// The secret given inline or in a file (trailing whitespace dropped).

@@ -62,8 +62,8 @@ pub fn verdict(hr_db: &Path, engine_db: &Path) -> anyhow::Result<Verdict> {
 /// SQLite file (a PostgreSQL one) is first copied, the rows the verdict
 /// reads, into a SQLite file in `scratch`, so the counting is the same SQL.
 pub fn verdict_of(
-    hr: &rfidl_runtime::Database,
-    engine: &rfidl_runtime::Database,
+    hr: &super::Database,
+    engine: &super::Database,
     scratch: &Path,
 ) -> anyhow::Result<Verdict> {
     let hr_file = local_copy(hr, &scratch.join("verdict-hr.db"))?;
@@ -72,10 +72,7 @@ pub fn verdict_of(
 }
 
 /// The SQLite file of `database`, or a copy of the verdict's tables.
-fn local_copy(
-    database: &rfidl_runtime::Database,
-    copy: &Path,
-) -> anyhow::Result<std::path::PathBuf> {
+fn local_copy(database: &super::Database, copy: &Path) -> anyhow::Result<std::path::PathBuf> {
     if let Some(path) = database.sqlite_path() {
         return Ok(path.to_path_buf());
     }
@@ -89,7 +86,7 @@ fn local_copy(
     )?;
     // Each table the services have; the others stay empty.
     let tables: [(&str, &str); 4] = [
-        ("employees", "SELECT id, NULL FROM employees"),
+        ("employees", "SELECT id, NULL::TEXT FROM employees"),
         ("workflows", "SELECT employee_id, message_id FROM workflows"),
         (
             "laptop_tickets",
@@ -100,28 +97,10 @@ fn local_copy(
             "SELECT message_id, status FROM outbox_messages",
         ),
     ];
-    let rows = super::store::reading(database, |connection| {
-        let super::store::Connection::Postgres(client) = connection else {
-            anyhow::bail!("not a PostgreSQL database");
-        };
-        let mut all = Vec::new();
-        for (table, sql) in tables {
-            let exists: bool = client
-                .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])?
-                .get(0);
-            if !exists {
-                continue;
-            }
-            for row in client.query(sql, &[])? {
-                all.push((
-                    table,
-                    row.get::<_, Option<String>>(0),
-                    row.get::<_, Option<String>>(1),
-                ));
-            }
-        }
-        Ok(all)
-    })?;
+    let super::Database::Postgres(database) = database else {
+        anyhow::bail!("{database} is neither a SQLite file nor a PostgreSQL database");
+    };
+    let rows = super::pg::rows_of(database, &tables)?;
     let tx = local.unchecked_transaction()?;
     for (table, a, b) in rows {
         match table {

@@ -5,9 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-#[allow(dead_code)] // the file serves several test crates
-#[path = "../../../runtime/tests/it/support/postgres.rs"]
-mod postgres;
+use crate::postgres;
 
 /// The built example `name` (`target/<profile>/examples/<name>`).
 fn example(name: &str) -> PathBuf {

@@ -116,7 +116,7 @@ fn closed_port() -> String {
     format!("http://{addr}")
 }
 
-fn chromium() -> Option<PathBuf> {
+pub(crate) fn chromium() -> Option<PathBuf> {
     let path = std::env::var_os("RFIDL_CHROMIUM")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
@@ -138,19 +138,22 @@ fn chromium() -> Option<PathBuf> {
     None
 }
 
+/// The flags every headless Chromium of the tests runs with.
+pub(crate) const HEADLESS: [&str; 8] = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+];
+
 /// Runs headless Chromium with `args` and `url`; its stdout. Killed after 60 s.
 fn run_chromium(browser: &Path, profile: &Path, args: &[&str], url: &str) -> String {
     let mut child = Command::new(browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-        ])
+        .args(HEADLESS)
         .arg(format!("--user-data-dir={}", profile.display()))
         .args(args)
         .arg(url)
@@ -181,7 +184,7 @@ fn run_chromium(browser: &Path, profile: &Path, args: &[&str], url: &str) -> Str
 }
 
 /// The `<tr>` of `service` in the page and the text of its `class` cell.
-fn row<'a>(page: &'a str, service: &str) -> &'a str {
+pub(crate) fn row<'a>(page: &'a str, service: &str) -> &'a str {
     let start = page
         .find(&format!("data-service=\"{service}\""))
         .unwrap_or_else(|| panic!("no row for {service} in {page}"));
@@ -189,12 +192,12 @@ fn row<'a>(page: &'a str, service: &str) -> &'a str {
     &page[start..end]
 }
 
-fn attribute<'a>(row: &'a str, name: &str) -> &'a str {
+pub(crate) fn attribute<'a>(row: &'a str, name: &str) -> &'a str {
     let start = row.find(&format!("{name}=\"")).expect(name) + name.len() + 2;
     &row[start..start + row[start..].find('"').expect("quote")]
 }
 
-fn cell<'a>(row: &'a str, class: &str) -> &'a str {
+pub(crate) fn cell<'a>(row: &'a str, class: &str) -> &'a str {
     let start = row
         .find(&format!("class=\"{class}\">"))
         .unwrap_or_else(|| panic!("no {class} cell in {row}"))

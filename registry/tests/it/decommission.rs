@@ -27,7 +27,7 @@ use crate::support::{Server, manifest_path, put, schema_manifest};
 pub(crate) const INTERFACE: &str = "hr.employees.EmpService";
 
 /// Hosts EmpService v1 and answers every call with `{}`.
-struct EmpService(HostedInterface);
+pub(crate) struct EmpService(pub(crate) HostedInterface);
 
 impl HostedService for EmpService {
     fn interfaces(&self) -> &[HostedInterface] {

@@ -5,10 +5,12 @@
 
 mod api;
 mod bounded;
+mod browser;
 mod cli_formats;
 mod client;
 mod closed;
 mod dashboard;
+mod dashboard_actions;
 mod decommission;
 mod deploy_check;
 mod directory;

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::{
-    DecommissionedVersion, Health, HealthStatus, HealthThresholds, OutboxStats, UnsentGroup,
-    rfc3339,
+    DecommissionedVersion, Health, HealthStatus, HealthThresholds, OutboxStats, SendCounters,
+    UnsentGroup, rfc3339,
 };
 use crate::circuit::DestinationState;
 use crate::metrics::DestinationGauges;
@@ -126,6 +126,7 @@ pub fn health(stats: OutboxStats, thresholds: HealthThresholds) -> Health {
         outbox: stats,
         destinations: Vec::new(),
         decommissioned: Vec::new(),
+        sends: SendCounters::default(),
     }
 }
 

@@ -72,7 +72,8 @@ pub use routes::{Diagnostics, DiagnosticsBuilder};
 use types::rfc3339;
 pub use types::{
     AttentionFilter, AttentionMessage, DecommissionedVersion, DiagnosticsError, Health,
-    HealthStatus, HealthThresholds, InboxStats, MAX_LIST_LIMIT, OutboxStats, StatusCounts,
+    HealthStatus, HealthThresholds, InboxStats, MAX_LIST_LIMIT, OutboxStats, SendCounters,
+    StatusCounts,
 };
 pub(crate) use types::{AttentionRow, UnsentGroup};
 

@@ -28,7 +28,7 @@ use super::queries::{
 use super::readiness::{serve_livez, serve_readyz};
 use super::{
     AttentionFilter, AttentionMessage, DecommissionedVersion, DiagnosticsError, Health,
-    HealthThresholds, InboxStats, OutboxStats, rfc3339,
+    HealthThresholds, InboxStats, OutboxStats, SendCounters, rfc3339,
 };
 use crate::circuit::Circuits;
 use crate::config::Config;
@@ -331,10 +331,12 @@ async fn serve_health(State(shared): State<Arc<Shared>>) -> Result<Json<Health>,
         .as_ref()
         .map(|circuits| circuits.states())
         .unwrap_or_default();
-    Ok(Json(with_decommissioned(
+    let mut answer = with_decommissioned(
         with_destinations(health(stats, thresholds), states),
         decommissioned,
-    )))
+    );
+    answer.sends = SendCounters::of(&shared.metrics);
+    Ok(Json(answer))
 }
 
 async fn serve_outbox_stats(

@@ -257,6 +257,37 @@ pub struct Health {
     /// outbox rows ([`crate::lifecycle`]); left out when none is.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub decommissioned: Vec<DecommissionedVersion>,
+    /// What this process's dispatcher delivered and how long its receivers
+    /// took to answer, counted since it started ([`SendCounters`]).
+    pub sends: SendCounters,
+}
+
+/// `sends` of `GET /_rf/health`: counters since the process started, never
+/// rates, so that a reader that polls (the registry's aggregator) takes the
+/// difference of two answers for a rate over its own interval; a smaller
+/// value than before means the process restarted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SendCounters {
+    /// Messages acknowledged by their receiver (`rf_outbox_sent_total`).
+    pub sent: u64,
+    /// Send attempts timed from send to the receiver's answer
+    /// (`rf_outbox_send_duration_seconds_count`).
+    pub timed: u64,
+    /// Those attempts by duration, cumulative: `[upper bound in µs,
+    /// attempts at most that long]` (`rf_outbox_send_duration_seconds_bucket`).
+    pub latency_buckets_micros: Vec<[u64; 2]>,
+}
+
+impl SendCounters {
+    /// The counters of `metrics` now.
+    pub fn of(metrics: &crate::metrics::Metrics) -> Self {
+        Self {
+            sent: metrics.outbox_sent.get(),
+            timed: metrics.outbox_send_duration.count(),
+            latency_buckets_micros: metrics.outbox_send_duration.cumulative_micros(),
+        }
+    }
 }
 
 /// One decommissioned interface version in `GET /_rf/health`.
