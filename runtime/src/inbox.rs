@@ -4,7 +4,7 @@
 //! payload digest that tells a copy from a reused id, and the committed-row
 //! look-up the receiver makes before a message goes to a writer
 //! ([`InboxLookup`]). The statements are the stores' (`store::sqlite::inbox`,
-//! `store::postgres::inbox`); this module never decides what to answer (the
+//! `store::sqlx_*::inbox`); this module never decides what to answer (the
 //! receiver does) and never writes.
 
 use sha2::{Digest, Sha256};
@@ -104,7 +104,7 @@ pub enum InboxError {
     },
     /// A PostgreSQL inbox query failed (the server is unreachable, or the
     /// session broke).
-    #[cfg(any(feature = "postgres", feature = "sqlx-postgres"))]
+    #[cfg(feature = "sqlx-postgres")]
     #[error("inbox database {target}: {cause}")]
     Postgres {
         /// Host, port and database (never the password).

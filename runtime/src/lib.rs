@@ -67,10 +67,6 @@ pub mod transport;
 pub mod types;
 
 // Re-exported for generated code, so user crates need no direct dependency.
-/// The PostgreSQL client whose `Transaction` handlers of a `Postgres` store get.
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use postgres;
 pub use rusqlite;
 pub use serde;
 pub use serde_json;
@@ -86,9 +82,6 @@ pub use receiver::{HandlerError, IncomingCall, Receiver};
 pub use retention::Retention;
 pub use serve::serve;
 pub use signing::Secret;
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use store::Postgres;
 pub use store::{AnyStore, AsyncStore, Database, Sqlite, Store};
 
 /// A boxed future that can move between threads: what the async handler

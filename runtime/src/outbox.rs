@@ -134,12 +134,6 @@ pub enum OutboxError {
     /// transaction when the error is transient (`SQLITE_BUSY`).
     #[error("outbox database: {0}")]
     Sqlite(#[from] rusqlite::Error),
-    /// A PostgreSQL statement failed in the caller's transaction (a lost
-    /// connection, a serialization failure, a constraint). The transaction
-    /// is then aborted on the server: roll it back and retry it.
-    #[cfg(feature = "postgres")]
-    #[error("outbox database: {}", crate::store::postgres::error_text(.0))]
-    Postgres(#[from] postgres::Error),
     /// A sqlx statement failed in the caller's transaction (a lost
     /// connection, a serialization failure, a constraint): roll the
     /// transaction back and retry it.
@@ -184,8 +178,9 @@ pub enum OutboxError {
 /// A handle to write messages to the outbox of one database. Cheap to clone.
 ///
 /// Typed by its store, which the database given to [`Outbox::new`] decides
-/// (a path: [`Sqlite`], the default; a `PostgresUrl`: `Postgres`), so
-/// [`enqueue`](Outbox::enqueue) takes that store's transaction, and the
+/// (a path: [`Sqlite`], the default; a `PgStore`: `sqlx::Postgres`), so
+/// [`enqueue`](Outbox::enqueue) (or `enqueue_async`) takes that store's
+/// transaction, and the
 /// dispatcher, clients and handlers built on it agree on the store.
 pub struct Outbox<S: AnyStore = Sqlite> {
     inner: Arc<Inner>,
@@ -289,8 +284,8 @@ impl<S: AsyncStore> Outbox<S> {
 
 impl<S: AnyStore> Outbox<S> {
     /// An outbox on `database`, the database the caller writes to (and the
-    /// dispatcher reads): a SQLite file path, or a
-    /// [`PostgresUrl`](crate::store::postgres::PostgresUrl). Nothing is
+    /// dispatcher reads): a SQLite file path, or a sqlx store (`&PgStore`,
+    /// `&SqliteStore`). Nothing is
     /// opened until [`send`](Outbox::send) or a dispatcher needs it.
     pub fn new(config: Config, database: impl Location<Store = S>) -> Self {
         Self::with_metrics(config, database, Arc::new(Metrics::default()))
@@ -492,14 +487,6 @@ impl<S: AnyStore> Outbox<S> {
             // A file on a sqlx pool: written on a connection of its own.
             #[cfg(feature = "sqlx-sqlite")]
             Database::SqlxSqlite(store) => sqlite(store.path(), config)?,
-            #[cfg(feature = "postgres")]
-            Database::Postgres(url) => {
-                let client = crate::store::postgres::open(url)?;
-                let mut conn = crate::store::postgres::Connection::new((**url).clone(), client);
-                Box::new(move |group| {
-                    crate::store::postgres::write_group(&mut conn, &config, group)
-                })
-            }
             #[cfg(feature = "sqlx-postgres")]
             Database::SqlxPostgres(_) => {
                 let runtime = tokio::runtime::Handle::try_current().map_err(|_| {

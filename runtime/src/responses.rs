@@ -43,7 +43,7 @@ pub struct Answer<'a> {
 /// Acts on the answers to messages of one interface version.
 ///
 /// `S` is the sender's [`Store`]: `tx` is a `&rusqlite::Transaction` for
-/// [`Sqlite`] (the default) and a `&mut postgres::Transaction` for `Postgres`.
+/// [`Sqlite`] (the default). On a sqlx store: [`AsyncResponseHandler`].
 pub trait ResponseHandler<S: Store = Sqlite>: Send + Sync + 'static {
     /// The interface (`package.Service`) and version whose answers this takes.
     fn interface(&self) -> (&'static str, u32);

@@ -142,15 +142,6 @@ impl Retention {
             // A file on a sqlx pool: cleaned on a connection of its own.
             #[cfg(feature = "sqlx-sqlite")]
             Database::SqlxSqlite(store) => sqlite(store.path().to_path_buf())?,
-            #[cfg(feature = "postgres")]
-            Database::Postgres(url) => {
-                let client = crate::store::postgres::open(&url)?;
-                let mut conn = crate::store::postgres::Connection::new(*url, client);
-                let pass_config = config.clone();
-                Box::new(move |now| {
-                    crate::store::postgres::retention::cleanup(&mut conn, &pass_config, now)
-                })
-            }
             #[cfg(feature = "sqlx-postgres")]
             Database::SqlxPostgres(store) => Box::new(
                 crate::store::sqlx_postgres::retention::pass(store, config.clone())?,

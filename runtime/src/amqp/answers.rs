@@ -37,9 +37,8 @@ pub struct AmqpAnswersConsumer;
 impl AmqpAnswersConsumer {
     /// Takes the answers to the messages this service (`service_id`, its
     /// `Config::service_id`) sends to the destination `destination_url`,
-    /// for the outbox in `database` (a SQLite file path, a
-    /// [`PostgresUrl`](crate::store::postgres::PostgresUrl), or a sqlx
-    /// store's `PgStore` / `SqliteStore`).
+    /// for the outbox in `database` (a SQLite file path, or a sqlx store's
+    /// `PgStore` / `SqliteStore`).
     pub fn builder<S: AnyStore>(
         service_id: &str,
         destination_url: &str,

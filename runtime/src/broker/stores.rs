@@ -123,8 +123,6 @@ pub(crate) fn open_terminated(
     use crate::store::sealed::Common as _;
     match database {
         crate::Database::Sqlite(_) => crate::store::Sqlite::open_terminated(database),
-        #[cfg(feature = "postgres")]
-        crate::Database::Postgres(_) => crate::store::Postgres::open_terminated(database),
         #[cfg(feature = "sqlx-postgres")]
         crate::Database::SqlxPostgres(_) => sqlx::Postgres::open_terminated(database),
         #[cfg(feature = "sqlx-sqlite")]

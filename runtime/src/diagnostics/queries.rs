@@ -1,6 +1,6 @@
 //! The diagnostics operations written once over a store: the
 //! [`DiagnosticsStore`] trait each database implements (SQLite in
-//! `sqlite`, PostgreSQL in `crate::store::postgres::diagnostics`), and the operations the
+//! `sqlite`, PostgreSQL in `crate::store::sqlx_postgres::diagnostics`), and the operations the
 //! routes and the public functions run on it (the counts, the failed list,
 //! the manual retries and their errors).
 //!
@@ -24,7 +24,7 @@ use crate::outbox::Status;
 
 /// The statements behind the diagnostics routes, one implementation per
 /// store: SQLite below (on `rusqlite::Connection`), PostgreSQL in
-/// `crate::store::postgres::diagnostics`. Synchronous: the routes call it on the blocking
+/// `crate::store::sqlx_postgres::diagnostics`. Synchronous: the routes call it on the blocking
 /// pool, one call at a time per connection. Each method reads or writes raw
 /// rows; what the routes make of them (the folding into [`OutboxStats`] and
 /// [`DestinationGauges`], the filters, the retry errors) is written once,

@@ -4,7 +4,7 @@
 //! blocking pool, and shapes the answer.
 //!
 //! It never writes SQL (that is `queries` over `sqlite` or
-//! `crate::store::postgres::diagnostics`) nor decides a health status (that is `health`).
+//! `crate::store::sqlx_postgres::diagnostics`) nor decides a health status (that is `health`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -134,12 +134,6 @@ impl DiagnosticsBuilder {
             // A file on a sqlx pool: read on connections of its own.
             #[cfg(feature = "sqlx-sqlite")]
             Database::SqlxSqlite(store) => sqlite(store.path())?,
-            #[cfg(feature = "postgres")]
-            Database::Postgres(url) => {
-                let (conn, ready_conn) =
-                    crate::store::postgres::diagnostics::open(url, self.readiness_timeout)?;
-                (Box::new(conn) as StoreBox, Box::new(ready_conn) as StoreBox)
-            }
             #[cfg(feature = "sqlx-postgres")]
             Database::SqlxPostgres(store) => {
                 let (conn, ready_conn) =
@@ -198,7 +192,7 @@ pub(super) struct Shared {
 
 impl Diagnostics {
     /// Diagnostics of the service database `database`: a SQLite file
-    /// path, a [`PostgresUrl`](crate::store::postgres::PostgresUrl), or a
+    /// path, a sqlx store (`&PgStore`, `&SqliteStore`), or a
     /// [`Database`] chosen at run time. The same routes and answers on
     /// every store.
     pub fn builder(database: impl Into<Database>) -> DiagnosticsBuilder {

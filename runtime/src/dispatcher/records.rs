@@ -2,7 +2,7 @@
 //! a claim takes (and which it expires or gives back), and what each
 //! verdict writes to its row. A store supplies the statements
 //! ([`OutboxTx`], one open transaction) and the transactions around them
-//! ([`DispatchDb`]): `sqlite.rs` here, `crate::store::postgres::dispatch` there.
+//! ([`DispatchDb`]): `crate::store::sqlite::dispatch`; the sqlx stores' are async (`store/sqlx_*/dispatch.rs`).
 
 use std::time::Duration;
 

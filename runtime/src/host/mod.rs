@@ -174,7 +174,7 @@ impl std::fmt::Debug for Host {
 
 impl Host {
     /// Starts configuring a service on `database` (a SQLite file path, or
-    /// a [`PostgresUrl`](crate::store::postgres::PostgresUrl)), which decides
+    /// a sqlx store: `&PgStore`, `&SqliteStore`), which decides
     /// the store of every part, as [`Outbox::new`](crate::outbox::Outbox::new)'s does.
     pub fn builder<S: AnyStore>(
         config: Config,

@@ -38,9 +38,8 @@ pub struct AnswersConsumer;
 impl AnswersConsumer {
     /// Takes the answers to the messages this service (`service_id`, its
     /// `Config::service_id`) sends to the destination `destination_url`,
-    /// for the outbox in `database` (a SQLite file path, a
-    /// [`PostgresUrl`](crate::store::postgres::PostgresUrl), or a sqlx
-    /// store's `PgStore` / `SqliteStore`). The answer,
+    /// for the outbox in `database` (a SQLite file path, or a sqlx store's
+    /// `PgStore` / `SqliteStore`). The answer,
     /// its marker and the handler's writes commit in one transaction of that
     /// database (on PostgreSQL the row is locked, so replicas apply an
     /// answer once).

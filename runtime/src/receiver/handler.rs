@@ -165,18 +165,6 @@ impl From<rusqlite::Error> for HandlerError {
     }
 }
 
-/// A PostgreSQL error in a handler is worth retrying (a serialization
-/// failure, a lost connection), so handlers can `?` their statements.
-#[cfg(feature = "postgres")]
-impl From<postgres::Error> for HandlerError {
-    fn from(error: postgres::Error) -> Self {
-        HandlerError::Retryable(format!(
-            "database: {}",
-            crate::store::postgres::error_text(&error)
-        ))
-    }
-}
-
 /// The runtime's own statements in a handler's transaction (the lifecycle
 /// service's) fail as a handler's own would: worth retrying.
 impl From<crate::store::StoreError> for HandlerError {
@@ -295,8 +283,7 @@ pub(crate) fn json_kind(value: &serde_json::Value) -> &'static str {
 /// with [`decode_payload`] and encodes with [`encode_response`].
 ///
 /// `S` is the receiver's [`Store`]: `tx` is a `&rusqlite::Transaction` for
-/// [`Sqlite`] (the default) and a `&mut postgres::Transaction` for
-/// `Postgres`.
+/// [`Sqlite`] (the default). On a sqlx store: [`AsyncHostedService`].
 pub trait HostedService<S: Store = Sqlite>: Send + Sync + 'static {
     /// The interface versions this service hosts.
     fn interfaces(&self) -> &[HostedInterface];

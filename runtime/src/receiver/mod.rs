@@ -153,8 +153,8 @@ impl std::fmt::Debug for Receiver {
 
 impl Receiver {
     /// Starts building a receiver whose inbox is in `database` (created and
-    /// migrated if needed): a SQLite file path, or a
-    /// [`PostgresUrl`](crate::store::postgres::PostgresUrl). It may be the
+    /// migrated if needed): a SQLite file path, or a sqlx store (`&PgStore`,
+    /// `&SqliteStore`). It may be the
     /// service's own database, so handlers write business rows next to the
     /// inbox; handlers get that store's transaction.
     ///

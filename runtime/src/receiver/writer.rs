@@ -191,11 +191,7 @@ pub(crate) enum Claim {
     Done(RawEntry),
     /// Another transaction holds it and its row is not visible yet.
     #[cfg_attr(
-        not(any(
-            feature = "postgres",
-            feature = "sqlx-postgres",
-            feature = "sqlx-sqlite"
-        )),
+        not(any(feature = "sqlx-postgres", feature = "sqlx-sqlite")),
         allow(dead_code)
     )]
     InProgress,

@@ -42,7 +42,7 @@ pub enum StoreError {
     /// default), was lost, or a migration statement failed. Parts reopen a
     /// broken connection before their next use, so a running service
     /// recovers once the server is back.
-    #[cfg(any(feature = "postgres", feature = "sqlx-postgres"))]
+    #[cfg(feature = "sqlx-postgres")]
     #[error("PostgreSQL database at {target}: {cause}")]
     Postgres {
         /// `host:port/database`; never the password.
@@ -68,7 +68,7 @@ pub enum StoreError {
     #[error("{0}")]
     SqliteStatement(#[source] rusqlite::Error),
     /// The same on PostgreSQL.
-    #[cfg(any(feature = "postgres", feature = "sqlx-postgres"))]
+    #[cfg(feature = "sqlx-postgres")]
     #[error("{0}")]
     PostgresStatement(String),
     /// A SQLite file on a sqlx pool that cannot be used: the pool cannot

@@ -1,6 +1,7 @@
 //! Which database a service keeps its outbox and inbox in: SQLite (the
-//! embedded default) or PostgreSQL (cargo feature `postgres`, for services
-//! that run as several replicas on one database).
+//! embedded default, blocking [`rusqlite`] transactions), or on sqlx (cargo
+//! features `sqlx-postgres`, for services that run as several replicas on
+//! one database, and `sqlx-sqlite`) with async transactions.
 //!
 //! Application code meets the store in two places, and both are typed by a
 //! [`Store`]:
@@ -12,22 +13,21 @@
 //!   open transaction of the receiver's store, so the handler's business
 //!   writes and the inbox row commit together.
 //!
-//! That transaction is [`Store::Handle`]: `&rusqlite::Transaction` for
-//! [`Sqlite`], `&mut postgres::Transaction` for [`Postgres`]. Every trait and
-//! client that takes one has a type parameter `S: Store = Sqlite`, so code
-//! written against SQLite compiles unchanged, and a PostgreSQL service names
-//! the store once (`impl EngineHandler<Postgres> for MyEngine`,
-//! `EngineClient::<Postgres>::with_store(outbox)`).
+//! That transaction is [`Store::Handle`], `&rusqlite::Transaction` for
+//! [`Sqlite`]; on the sqlx stores ([`AsyncStore`]) it is the connection of
+//! the caller's `sqlx::Transaction` (`&mut sqlx::PgConnection`,
+//! `&mut sqlx::SqliteConnection`), and the generated code is async (the
+//! `aio` modules). Every trait and client that takes one has a type
+//! parameter `S`, `Sqlite` by default, so code written against SQLite
+//! compiles unchanged, and a service on sqlx names its store once
+//! (`impl aio::EngineHandler<sqlx::Postgres> for MyEngine`).
 //!
-//! Where the database is: [`Database`], parsed from a file path or a
-//! `postgres://` URL.
+//! Where the database is: [`Database`], a file path, or a sqlx store opened
+//! on the caller's pool.
 
 mod error;
-#[cfg(any(feature = "postgres", feature = "sqlx-postgres"))]
+#[cfg(feature = "sqlx-postgres")]
 mod pg_schema;
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub mod postgres;
 pub mod sqlite;
 #[cfg(feature = "sqlx-postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx-postgres")))]
@@ -185,17 +185,17 @@ pub(crate) mod sealed {
 }
 
 /// Any store rfidl can keep its outbox and inbox in: one whose
-/// transactions block ([`Store`]: [`Sqlite`], [`Postgres`]) or one driven by
+/// transactions block ([`Store`]: [`Sqlite`]) or one driven by
 /// an async sqlx pool ([`AsyncStore`]: `sqlx::Postgres`, `sqlx::Sqlite`).
 /// The outbox, the dispatcher and the receiver are typed by it. Sealed.
 pub trait AnyStore: sealed::Common {
-    /// The store's name, as shown in diagnostics (`sqlite`, `postgres`,
+    /// The store's name, as shown in diagnostics (`sqlite`,
     /// `sqlx-postgres`, `sqlx-sqlite`).
     const NAME: &'static str;
 }
 
 /// A store whose transactions block: handlers and clients are synchronous
-/// functions. Sealed: [`Sqlite`] and [`Postgres`].
+/// functions. Sealed: [`Sqlite`].
 pub trait Store:
     AnyStore
     + sealed::Backend
@@ -205,7 +205,7 @@ pub trait Store:
     >
 {
     /// The open transaction that handlers write through and clients enqueue
-    /// in: `&'a rusqlite::Transaction<'c>` or `&'a mut postgres::Transaction<'c>`.
+    /// in: `&'a rusqlite::Transaction<'c>`.
     type Handle<'a, 'c: 'a>;
 
     /// A shorter-lived copy of `handle`, so code generic over the store can
@@ -236,7 +236,8 @@ pub trait AsyncStore:
 /// Where the database of a known store is: what the constructors of the
 /// store-typed parts take, and what decides their store, so code written for
 /// SQLite names no store. A SQLite file is any path (`"service.db"`,
-/// `PathBuf`); a PostgreSQL database is a [`PostgresUrl`](postgres::PostgresUrl).
+/// `PathBuf`); a database on sqlx is its opened store (`&PgStore`,
+/// `&SqliteStore`).
 /// A store chosen at run time ([`Database`], from `--db`) is matched once,
 /// by the caller.
 pub trait Location {
@@ -252,24 +253,6 @@ impl<P: AsRef<Path>> Location for P {
 
     fn into_database(self) -> Database {
         Database::Sqlite(self.as_ref().to_path_buf())
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl Location for postgres::PostgresUrl {
-    type Store = Postgres;
-
-    fn into_database(self) -> Database {
-        Database::Postgres(Box::new(self))
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl Location for &postgres::PostgresUrl {
-    type Store = Postgres;
-
-    fn into_database(self) -> Database {
-        Database::Postgres(Box::new(self.clone()))
     }
 }
 
@@ -289,36 +272,12 @@ impl Store for Sqlite {
     }
 }
 
-/// A PostgreSQL database shared by the replicas of a service.
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Postgres {}
-
-#[cfg(feature = "postgres")]
-impl AnyStore for Postgres {
-    const NAME: &'static str = "postgres";
-}
-
-#[cfg(feature = "postgres")]
-impl Store for Postgres {
-    type Handle<'a, 'c: 'a> = &'a mut ::postgres::Transaction<'c>;
-
-    fn reborrow<'s, 'a: 's, 'c: 'a>(handle: &'s mut Self::Handle<'a, 'c>) -> Self::Handle<'s, 'c> {
-        handle
-    }
-}
-
-/// Where a service's database is: a SQLite file, or a PostgreSQL server.
+/// Where a service's database is: a SQLite file, or a store on sqlx.
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Database {
     /// A SQLite file (created if missing), or a SQLite URI filename.
     Sqlite(PathBuf),
-    /// A PostgreSQL connection URL,
-    /// `postgres://user:password@host:port/database[?options]`.
-    #[cfg(feature = "postgres")]
-    Postgres(Box<postgres::PostgresUrl>),
     /// A PostgreSQL database on a sqlx pool, opened by
     /// [`PgStore::open`](sqlx_postgres::PgStore::open).
     #[cfg(feature = "sqlx-postgres")]
@@ -333,8 +292,6 @@ impl std::fmt::Debug for Database {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Database::Sqlite(path) => f.debug_tuple("Sqlite").field(path).finish(),
-            #[cfg(feature = "postgres")]
-            Database::Postgres(url) => f.debug_tuple("Postgres").field(url).finish(),
             #[cfg(feature = "sqlx-postgres")]
             Database::SqlxPostgres(store) => f.debug_tuple("SqlxPostgres").field(store).finish(),
             #[cfg(feature = "sqlx-sqlite")]
@@ -348,8 +305,6 @@ impl std::fmt::Display for Database {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Database::Sqlite(path) => write!(f, "{}", path.display()),
-            #[cfg(feature = "postgres")]
-            Database::Postgres(url) => write!(f, "{url}"),
             #[cfg(feature = "sqlx-postgres")]
             Database::SqlxPostgres(store) => write!(f, "{store}"),
             #[cfg(feature = "sqlx-sqlite")]
@@ -362,33 +317,24 @@ impl std::fmt::Display for Database {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DatabaseError {
-    /// A `postgres://` URL, but this build has no PostgreSQL support.
+    /// A `postgres://` URL: PostgreSQL is a store on the caller's sqlx
+    /// pool, opened with `PgStore::open`, never from a URL alone.
     #[error(
-        "`{0}` is a PostgreSQL URL, but this program was built without PostgreSQL support \
-         (cargo feature `postgres` of rfidl-runtime)"
+        "`{0}` is a PostgreSQL URL: open the database on your `sqlx::PgPool` with \
+         `rfidl_runtime::store::sqlx_postgres::PgStore::open` (cargo feature `sqlx-postgres`) \
+         and give the store instead"
     )]
-    PostgresNotBuilt(String),
-    /// A `postgres://` URL that does not parse.
-    #[error("invalid PostgreSQL URL `{url}`: {reason}")]
-    InvalidUrl {
-        /// The URL as given, its password replaced.
-        url: String,
-        /// The PostgreSQL client's reason.
-        reason: String,
-    },
+    PostgresUrl(String),
 }
 
 impl Database {
-    /// A file path is SQLite; `postgres://…` or `postgresql://…` is PostgreSQL.
+    /// A file path is SQLite; a `postgres://…` or `postgresql://…` URL is
+    /// refused with the way to open it (a [`PgStore`](sqlx_postgres::PgStore)
+    /// on the caller's pool).
     pub fn parse(text: &str) -> Result<Self, DatabaseError> {
         let lower = text.to_ascii_lowercase();
         if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
-            #[cfg(feature = "postgres")]
-            return postgres::PostgresUrl::parse(text).map(|url| Database::Postgres(Box::new(url)));
-            #[cfg(not(feature = "postgres"))]
-            return Err(DatabaseError::PostgresNotBuilt(
-                crate::redact::url_password(text),
-            ));
+            return Err(DatabaseError::PostgresUrl(crate::redact::url_password(text)));
         }
         Ok(Database::Sqlite(PathBuf::from(text)))
     }
@@ -398,8 +344,6 @@ impl Database {
     pub fn sqlite_path(&self) -> Option<&Path> {
         match self {
             Database::Sqlite(path) => Some(path),
-            #[cfg(feature = "postgres")]
-            Database::Postgres(_) => None,
             #[cfg(feature = "sqlx-postgres")]
             Database::SqlxPostgres(_) => None,
             #[cfg(feature = "sqlx-sqlite")]
@@ -407,13 +351,10 @@ impl Database {
         }
     }
 
-    /// The store's name (`sqlite`, `postgres`, `sqlx-postgres`,
-    /// `sqlx-sqlite`).
+    /// The store's name (`sqlite`, `sqlx-postgres`, `sqlx-sqlite`).
     pub fn store_name(&self) -> &'static str {
         match self {
             Database::Sqlite(_) => Sqlite::NAME,
-            #[cfg(feature = "postgres")]
-            Database::Postgres(_) => Postgres::NAME,
             #[cfg(feature = "sqlx-postgres")]
             Database::SqlxPostgres(_) => <::sqlx::Postgres as AnyStore>::NAME,
             #[cfg(feature = "sqlx-sqlite")]
@@ -425,20 +366,6 @@ impl Database {
 impl<P: AsRef<Path>> From<P> for Database {
     fn from(path: P) -> Self {
         Database::Sqlite(path.as_ref().to_path_buf())
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl From<postgres::PostgresUrl> for Database {
-    fn from(url: postgres::PostgresUrl) -> Self {
-        Database::Postgres(Box::new(url))
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl From<&postgres::PostgresUrl> for Database {
-    fn from(url: &postgres::PostgresUrl) -> Self {
-        Database::Postgres(Box::new(url.clone()))
     }
 }
 
