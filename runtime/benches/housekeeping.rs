@@ -52,7 +52,7 @@ fn main() {
             let report = db::vacuum_freed(&conn, &config, &|| false).expect("vacuum");
             vacuumed = Some((report, started.elapsed()));
         });
-        let (report, elapsed) = vacuumed.expect("vacuumed");
+        let (vacuum, elapsed) = vacuumed.expect("vacuumed");
         println!(
             "{:<60} {:>28}",
             format!("retention deleted {deleted} rows in"),
@@ -62,14 +62,14 @@ fn main() {
             &format!("vacuum, {step_pages} pages a step: pages, steps, total"),
             format!(
                 "{} / {} / {:.2} s",
-                report.pages,
-                report.steps,
+                vacuum.pages,
+                vacuum.steps,
                 elapsed.as_secs_f64()
             ),
         );
         report_line(
             &format!("vacuum, {step_pages} pages a step: longest step (lock held)"),
-            format!("{:.2} ms", report.longest_step.as_secs_f64() * 1e3),
+            format!("{:.2} ms", vacuum.longest_step.as_secs_f64() * 1e3),
         );
         report(
             &format!("writer commit during it ({step_pages}): p50 / p99 / max"),

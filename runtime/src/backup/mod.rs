@@ -337,15 +337,13 @@ impl Backups {
         {
             use rusqlite::backup::{Backup, StepResult};
             let backup = Backup::new(source, &mut copy).map_err(|e| self.sqlite(partial, e))?;
-            loop {
-                match backup
+            // `More`, or `Busy` / `Locked` (retried after the pause), until `Done`.
+            while !matches!(
+                backup
                     .step(inner.pages_per_step)
-                    .map_err(|e| self.sqlite(partial, e))?
-                {
-                    StepResult::Done => break,
-                    // More, or Busy / Locked (retried after the pause).
-                    _ => {}
-                }
+                    .map_err(|e| self.sqlite(partial, e))?,
+                StepResult::Done
+            ) {
                 if stop() {
                     return Err(BackupError::Cancelled);
                 }
