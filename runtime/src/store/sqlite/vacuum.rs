@@ -35,8 +35,14 @@ pub struct VacuumReport {
 /// Asks for `auto_vacuum=INCREMENTAL`: on a file with no table yet it takes
 /// effect with the first one; on an existing file it only records the wish,
 /// which [`convert_once`] carries out. Must run before `journal_mode=WAL`,
-/// which writes the header of a new file.
+/// which writes the header of a new file. A file already incremental is
+/// left alone: setting the pragma there writes its header, and an open
+/// must not write (a full disk would refuse it).
 pub(super) fn request_incremental(conn: &Connection) -> rusqlite::Result<()> {
+    let mode: i64 = conn.pragma_query_value(None, "auto_vacuum", |row| row.get(0))?;
+    if mode == INCREMENTAL {
+        return Ok(());
+    }
     conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
 }
 
