@@ -149,17 +149,7 @@ async fn a_backup_taken_under_load_restores_every_committed_message_once() {
     drop(outbox);
 
     // Only the finished backup is in the folder, under its own name.
-    let names: Vec<String> = std::fs::read_dir(&folder)
-        .expect("folder")
-        .map(|entry| {
-            entry
-                .expect("entry")
-                .file_name()
-                .into_string()
-                .expect("utf-8")
-        })
-        .collect();
-    assert_eq!(names, std::slice::from_ref(&backup.name));
+    assert_eq!(files_in(&folder), std::slice::from_ref(&backup.name));
     assert!(backup.name.starts_with("receiver.db.") && backup.name.ends_with(".backup"));
 
     // The restore procedure: the copy in place of the lost file.

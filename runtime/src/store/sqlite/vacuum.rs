@@ -92,8 +92,8 @@ pub fn freelist_count(conn: &Connection) -> rusqlite::Result<u64> {
 /// Returns free pages to the file system when more than
 /// `config.threshold_pages` are free: `PRAGMA incremental_vacuum(step_pages)`
 /// repeatedly, `step_pause` apart, until fewer than `step_pages` are free,
-/// a step frees nothing, or `stop` says so; then a passive checkpoint (it
-/// never waits for a writer), after which the file is shorter. Does
+/// a step frees nothing, or `stop` says so; a passive checkpoint (it never
+/// waits for a writer) after each step makes the file shorter. Does
 /// nothing on a file not in incremental mode or with `threshold_pages`
 /// `0`. `conn` must not be inside a transaction. Blocking.
 pub fn vacuum_freed(
@@ -123,6 +123,11 @@ pub fn vacuum_freed(
         }
         report.longest_step = report.longest_step.max(started.elapsed());
         report.steps += 1;
+        // Copies the step's pages from the WAL into the file (which then
+        // shrinks) off the write lock: a passive checkpoint never waits for
+        // a writer, and the WAL never grows to the size at which a writer's
+        // commit would run the checkpoint itself.
+        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
         let before = free;
         free = freelist_count(conn)?;
         report.pages += before.saturating_sub(free);
@@ -131,6 +136,5 @@ pub fn vacuum_freed(
         }
         std::thread::sleep(config.step_pause);
     }
-    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
     Ok(report)
 }
