@@ -639,3 +639,49 @@ async fn a_host_backs_up_on_its_schedule_and_on_demand() {
     let names = files_in(&folder);
     assert_eq!(names.len(), 1, "{names:?}");
 }
+
+/// The `backup.…` and `vacuum.…` settings from the environment; a typo or
+/// a bad value under `RFIDL_BACKUP_` / `RFIDL_VACUUM_` is an error naming
+/// the variable, and the config is left as it was.
+#[test]
+fn backup_and_vacuum_settings_come_from_the_environment() {
+    let vars = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+            .collect()
+    };
+    let mut config = Config::default();
+    config
+        .overlay_vars(vars(&[
+            ("RFIDL_BACKUP_DIRECTORY", "/backups/billing"),
+            ("RFIDL_BACKUP_INTERVAL", "30m"),
+            ("RFIDL_BACKUP_KEEP", "2d"),
+            ("RFIDL_VACUUM_STEP_PAGES", "64"),
+            ("RFIDL_VACUUM_THRESHOLD_PAGES", "0"),
+        ]))
+        .expect("overlay");
+    assert_eq!(
+        config.backup.directory,
+        Some(PathBuf::from("/backups/billing"))
+    );
+    assert_eq!(config.backup.interval, Duration::from_secs(1800));
+    assert_eq!(config.backup.keep, Duration::from_secs(2 * 86_400));
+    assert_eq!(config.vacuum.step_pages, 64);
+    assert_eq!(config.vacuum.threshold_pages, 0);
+    for (name, value) in [
+        ("RFIDL_BACKUP_DIRECTRY", "/backups"),
+        ("RFIDL_VACUUM_STEPS", "64"),
+        ("RFIDL_VACUUM_STEP_PAGES", "many"),
+        ("RFIDL_BACKUP_INTERVAL", "hourly"),
+    ] {
+        let before = config.clone();
+        match config.overlay_vars(vars(&[(name, value)])) {
+            Err(rfidl_runtime::config::ConfigError::Env { variable, .. }) => {
+                assert_eq!(variable, name);
+            }
+            other => panic!("{name}={value}: {other:?}"),
+        }
+        assert_eq!(config, before, "{name} changed the config");
+    }
+}
