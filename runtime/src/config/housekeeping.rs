@@ -84,7 +84,8 @@ pub struct VacuumConfig {
     /// 128: a step holds the write lock about a millisecond, see
     /// BENCHMARKS.md).
     pub step_pages: u32,
-    /// Pause between two steps (default 2 ms), for writers waiting on the lock.
+    /// Pause between two steps (default 2 ms), for writers waiting on the
+    /// lock; never shorter than the step before it took.
     #[serde(with = "serde_human")]
     pub step_pause: Duration,
 }

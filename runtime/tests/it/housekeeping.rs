@@ -316,12 +316,9 @@ async fn retention_frees_pages_and_the_vacuum_returns_them_while_writers_go_on()
         "the file did not shrink: {size_before} -> {size_after} bytes"
     );
     assert!(commits > 10, "{commits} commits");
-    // Far above the measured stall (BENCHMARKS.md), far below the 5 s busy
-    // timeout after which a writer would be refused.
-    assert!(
-        longest < Duration::from_secs(2),
-        "a commit waited {longest:?}"
-    );
+    // A sanity bound only (the measured stall is in BENCHMARKS.md): the
+    // writer was never refused, so it never waited the busy timeout out.
+    assert!(longest < db::BUSY_TIMEOUT, "a commit waited {longest:?}");
 }
 
 /// A file made before incremental vacuum (or by another tool) is converted

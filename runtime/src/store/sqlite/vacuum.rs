@@ -91,8 +91,8 @@ pub fn freelist_count(conn: &Connection) -> rusqlite::Result<u64> {
 
 /// Returns free pages to the file system when more than
 /// `config.threshold_pages` are free: `PRAGMA incremental_vacuum(step_pages)`
-/// repeatedly, `step_pause` apart, until fewer than `step_pages` are free,
-/// a step frees nothing, or `stop` says so; a passive checkpoint (it never
+/// repeatedly, `step_pause` apart (or as long as the last step took, if
+/// longer), until fewer than `step_pages` are free, a step frees nothing, or `stop` says so; a passive checkpoint (it never
 /// waits for a writer) after each step makes the file shorter. Does
 /// nothing on a file not in incremental mode or with `threshold_pages`
 /// `0`. `conn` must not be inside a transaction. Blocking.
@@ -121,7 +121,8 @@ pub fn vacuum_freed(
             let mut rows = statement.query([])?;
             while rows.next()?.is_some() {}
         }
-        report.longest_step = report.longest_step.max(started.elapsed());
+        let step_took = started.elapsed();
+        report.longest_step = report.longest_step.max(step_took);
         report.steps += 1;
         // Copies the step's pages from the WAL into the file (which then
         // shrinks) off the write lock: a passive checkpoint never waits for
@@ -134,7 +135,9 @@ pub fn vacuum_freed(
         if free < u64::from(step) || free >= before || stop() {
             break;
         }
-        std::thread::sleep(config.step_pause);
+        // At least as long as the step held the lock: on a slow or loaded
+        // machine, writers still get the lock half the time or more.
+        std::thread::sleep(config.step_pause.max(step_took));
     }
     Ok(report)
 }
