@@ -31,6 +31,7 @@ pub mod amqp;
 // Shared with rfidl-registry (one bearer-token parser for both); not API.
 #[doc(hidden)]
 pub mod auth;
+pub mod backup;
 #[cfg(any(feature = "nats", feature = "amqp"))]
 mod broker;
 mod chain;

@@ -16,6 +16,8 @@ mod faults;
 mod grpc;
 // rfidl_runtime::Host: the parts started, served and stopped together.
 mod host;
+// Backups, the restore drill and the incremental vacuum (issue 30, point 5).
+mod housekeeping;
 mod interop;
 mod issued_keys;
 // The NATS JetStream transport against a real nats-server.
