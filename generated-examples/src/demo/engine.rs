@@ -1,12 +1,15 @@
 //! The stand-in workflow engine: records hires as workflows (exactly once)
 //! and asks HR for a laptop, in the same transaction, through the outbox;
 //! when HR's answer (the laptop ticket) arrives, the workflow moves on in the
-//! transaction that records the answer (exactly once too).
+//! transaction that records the answer (exactly once too). A laptop command
+//! that HR refuses, or that expires before HR is reached, opens a ticket for
+//! a human instead, in the transaction that ends the command (once).
 
 // EmpService v1 is deprecated in the contract, and this demo serves and
 // sends it on purpose: old clients keep using v1 while new ones move to v2.
 #![allow(deprecated)]
 
+use rfidl_runtime::failures::Failure;
 use rfidl_runtime::receiver::{HandlerError, IncomingCall};
 use rfidl_runtime::responses::Answer;
 use rfidl_runtime::types::{Duration, Timestamp, Uuid};
@@ -14,7 +17,7 @@ use rfidl_runtime::{Database, Host, Postgres, Sqlite};
 use tokio_util::sync::CancellationToken;
 
 use super::Settings;
-use super::store::{DemoStore, Schema};
+use super::store::{DemoStore, HumanTicket, Schema};
 use crate::generated::common;
 use crate::generated::hr::employees::{
     Employee, HireAck, LaptopTicket, OrgUnit, emp_service_v1, emp_service_v2,
@@ -36,6 +39,11 @@ pub const SCHEMA: Schema = Schema {
     -- HR's answers and the lifecycle signals find the workflow by employee:
     -- without this index each one scans the table.
     CREATE INDEX IF NOT EXISTS workflows_employee ON workflows (employee_id);
+    -- Laptop commands that will not be delivered, for a human to handle.
+    CREATE TABLE IF NOT EXISTS human_tickets (
+        message_id TEXT PRIMARY KEY, employee_id TEXT NOT NULL, model TEXT NOT NULL,
+        status TEXT NOT NULL, reason TEXT NOT NULL
+    );
 ",
     postgres: "
     CREATE TABLE IF NOT EXISTS workflows (
@@ -43,6 +51,10 @@ pub const SCHEMA: Schema = Schema {
         message_id TEXT NOT NULL UNIQUE, laptop_ticket TEXT
     );
     CREATE INDEX IF NOT EXISTS workflows_employee ON workflows (employee_id);
+    CREATE TABLE IF NOT EXISTS human_tickets (
+        message_id TEXT PRIMARY KEY, employee_id TEXT NOT NULL, model TEXT NOT NULL,
+        status TEXT NOT NULL, reason TEXT NOT NULL
+    );
 ",
 };
 
@@ -84,6 +96,53 @@ impl<S: DemoStore> emp_service_v2::ServiceAnswers<S> for LaptopAnswers {
         response: LaptopTicket,
     ) -> Result<(), HandlerError> {
         Self::ticket_arrived::<S>(answer, tx, &response)
+    }
+}
+
+/// Acts on `ProvisionLaptop` commands (both versions) that end `Failed`,
+/// `DeadLetter` or `Expired`: a ticket for a human (`human_tickets`), in
+/// the transaction that ends the command (`rfidl_runtime::failures`), so
+/// exactly one per command.
+pub struct LaptopFailures;
+
+impl LaptopFailures {
+    fn open_ticket<S: DemoStore>(
+        failure: &Failure<'_>,
+        mut tx: S::Handle<'_, '_>,
+        employee_id: Uuid,
+        model: &str,
+    ) -> Result<(), HandlerError> {
+        tracing::warn!(message_id = %failure.message_id, %employee_id, status = %failure.status, "laptop command not delivered; a human takes over");
+        let ticket = HumanTicket {
+            message_id: failure.message_id,
+            employee_id: &employee_id.to_string(),
+            model,
+            status: failure.status.as_str(),
+            reason: failure.error,
+        };
+        S::open_human_ticket(&mut tx, &ticket)
+    }
+}
+
+impl<S: DemoStore> emp_service_v1::ServiceFailures<S> for LaptopFailures {
+    fn provision_laptop(
+        &self,
+        failure: &Failure<'_>,
+        tx: S::Handle<'_, '_>,
+        request: emp_service_v1::ProvisionLaptopRequest,
+    ) -> Result<(), HandlerError> {
+        Self::open_ticket::<S>(failure, tx, request.employee_id, &request.model)
+    }
+}
+
+impl<S: DemoStore> emp_service_v2::ServiceFailures<S> for LaptopFailures {
+    fn provision_laptop(
+        &self,
+        failure: &Failure<'_>,
+        tx: S::Handle<'_, '_>,
+        request: emp_service_v2::ProvisionLaptopRequest,
+    ) -> Result<(), HandlerError> {
+        Self::open_ticket::<S>(failure, tx, request.employee_id, &request.model)
     }
 }
 
@@ -305,6 +364,9 @@ impl Engine {
             .service(emp_service_v2::EngineReceiver(workflows))
             .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
             .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers))
+            // A laptop command that will not be delivered: a human takes over.
+            .failures(emp_service_v1::ServiceFailureRouter(LaptopFailures))
+            .failures(emp_service_v2::ServiceFailureRouter(LaptopFailures))
             // The engine calls EmpService (its commands go to HR) and
             // hosts nothing: nothing to publish.
             .directory(Vec::new(), super::emp_service_versions());

@@ -54,6 +54,14 @@ pub trait DemoStore: Store + Sized {
         employee_id: &str,
     ) -> Result<(), HandlerError>;
 
+    /// The engine: a ticket for a human, because the laptop command of
+    /// `message_id` will not be delivered (`status`, `reason`). One per
+    /// command: a command retried by an operator that fails again keeps it.
+    fn open_human_ticket(
+        tx: &mut Self::Handle<'_, '_>,
+        ticket: &HumanTicket<'_>,
+    ) -> Result<(), HandlerError>;
+
     /// HR: a laptop ticket for a command; its number, assigned by the database.
     fn insert_ticket(
         tx: &mut Self::Handle<'_, '_>,
@@ -76,6 +84,16 @@ pub trait DemoStore: Store + Sized {
 pub trait Work<S: Store> {
     type Output;
     fn run<'a, 'c: 'a>(self, tx: S::Handle<'a, 'c>) -> anyhow::Result<Self::Output>;
+}
+
+/// A ticket for a human ([`DemoStore::open_human_ticket`]).
+#[derive(Debug, Clone, Copy)]
+pub struct HumanTicket<'a> {
+    pub message_id: &'a str,
+    pub employee_id: &'a str,
+    pub model: &'a str,
+    pub status: &'a str,
+    pub reason: &'a str,
 }
 
 /// A service's tables in both dialects.
@@ -280,6 +298,24 @@ impl DemoStore for Sqlite {
         Ok(())
     }
 
+    fn open_human_ticket(
+        tx: &mut Self::Handle<'_, '_>,
+        ticket: &HumanTicket<'_>,
+    ) -> Result<(), HandlerError> {
+        tx.execute(
+            "INSERT INTO human_tickets (message_id, employee_id, model, status, reason) \
+             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (message_id) DO NOTHING",
+            params![
+                ticket.message_id,
+                ticket.employee_id,
+                ticket.model,
+                ticket.status,
+                ticket.reason
+            ],
+        )?;
+        Ok(())
+    }
+
     fn insert_ticket(
         tx: &mut Self::Handle<'_, '_>,
         employee_id: &str,
@@ -379,6 +415,24 @@ impl DemoStore for Postgres {
         tx.execute(
             "UPDATE workflows SET state = 'done' WHERE employee_id = $1",
             &[&employee_id],
+        )?;
+        Ok(())
+    }
+
+    fn open_human_ticket(
+        tx: &mut Self::Handle<'_, '_>,
+        ticket: &HumanTicket<'_>,
+    ) -> Result<(), HandlerError> {
+        tx.execute(
+            "INSERT INTO human_tickets (message_id, employee_id, model, status, reason) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (message_id) DO NOTHING",
+            &[
+                &ticket.message_id,
+                &ticket.employee_id,
+                &ticket.model,
+                &ticket.status,
+                &ticket.reason,
+            ],
         )?;
         Ok(())
     }
