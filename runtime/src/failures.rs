@@ -213,6 +213,7 @@ impl<H: ?Sized> FailureHandlers<H> {
             .map(|(_, handler)| handler)
     }
 
+    #[cfg(feature = "sqlx-sqlite")]
     pub(crate) fn is_empty(&self) -> bool {
         self.handlers.is_empty()
     }
@@ -230,6 +231,7 @@ impl<H: ?Sized> FailureHandlers<H> {
     /// The interface versions with a handler, for a claim on a
     /// connection the handlers cannot run on: it only needs to know which
     /// rows have one (`records::Claim::expiring`).
+    #[cfg(feature = "sqlx-sqlite")]
     pub(crate) fn keys(&self) -> Vec<(&'static str, u32)> {
         self.handlers.iter().map(|(key, _)| *key).collect()
     }

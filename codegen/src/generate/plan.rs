@@ -11,10 +11,10 @@ use super::templates::{
 };
 use crate::manifest::{Field, Manifest, MethodKind, PackageContract, Scalar, TypeDef, TypeRef};
 use crate::names::{
-    ENGINE_ANSWER_ROUTER, ENGINE_ANSWERS, ENGINE_CLIENT, ENGINE_FAILURE_ROUTER, ENGINE_FAILURES, ENGINE_HANDLER, ENGINE_RECEIVER,
-    SERVICE_ANSWER_ROUTER, SERVICE_ANSWERS, SERVICE_CLIENT, SERVICE_FAILURE_ROUTER,
-    SERVICE_FAILURES, SERVICE_HANDLER, SERVICE_RECEIVER,
-    field_name, method_fn_name, package_module, request_struct_name, type_name, variant_name,
+    ENGINE_ANSWER_ROUTER, ENGINE_ANSWERS, ENGINE_CLIENT, ENGINE_FAILURE_ROUTER, ENGINE_FAILURES,
+    ENGINE_HANDLER, ENGINE_RECEIVER, SERVICE_ANSWER_ROUTER, SERVICE_ANSWERS, SERVICE_CLIENT,
+    SERVICE_FAILURE_ROUTER, SERVICE_FAILURES, SERVICE_HANDLER, SERVICE_RECEIVER, field_name,
+    method_fn_name, package_module, request_struct_name, type_name, variant_name,
 };
 
 pub use crate::names::{rust_ident, service_module};
@@ -386,6 +386,7 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
             aio_failure_router_for_inline: super::layout::aio_failure_router_for_inline(
                 ENGINE_FAILURE_ROUTER,
             ),
+            aio_failures_header_inline: super::layout::aio_failures_header_inline(ENGINE_FAILURES),
             methods: to_engine,
         });
     }
@@ -422,6 +423,7 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
             aio_failure_router_for_inline: super::layout::aio_failure_router_for_inline(
                 SERVICE_FAILURE_ROUTER,
             ),
+            aio_failures_header_inline: super::layout::aio_failures_header_inline(SERVICE_FAILURES),
             methods: to_service,
         });
     }

@@ -159,6 +159,8 @@ pub struct GroupView {
     /// The same for the `aio` failure router
     /// (`> …AsyncFailureHandler<S> for Router<H> {`).
     pub aio_failure_router_for_inline: bool,
+    /// The `aio` failure trait's header fits on one line.
+    pub aio_failures_header_inline: bool,
 }
 
 #[derive(Debug, Clone)]

@@ -202,6 +202,7 @@ pub mod greeter_v1 {
     /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
     /// (`impl EngineFailures<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
+    #[allow(dead_code)]
     pub trait EngineFailures<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {
@@ -227,6 +228,7 @@ pub mod greeter_v1 {
     /// Hands the messages of this interface version that end `Failed`,
     /// `DeadLetter` or `Expired` to a [`EngineFailures`], their requests
     /// decoded (a request that does not fit is a `payload_mismatch` error).
+    #[allow(dead_code)]
     #[derive(Debug)]
     pub struct EngineFailureRouter<H>(pub H);
 
@@ -558,6 +560,7 @@ pub mod greeter_v1 {
     /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
     /// (`impl ServiceFailures<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
+    #[allow(dead_code)]
     pub trait ServiceFailures<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {
@@ -583,6 +586,7 @@ pub mod greeter_v1 {
     /// Hands the messages of this interface version that end `Failed`,
     /// `DeadLetter` or `Expired` to a [`ServiceFailures`], their requests
     /// decoded (a request that does not fit is a `payload_mismatch` error).
+    #[allow(dead_code)]
     #[derive(Debug)]
     pub struct ServiceFailureRouter<H>(pub H);
 

@@ -370,6 +370,7 @@ pub mod emp_service_v1 {
     /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
     /// (`impl EngineFailures<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
+    #[allow(dead_code)]
     pub trait EngineFailures<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {
@@ -413,6 +414,7 @@ pub mod emp_service_v1 {
     /// Hands the messages of this interface version that end `Failed`,
     /// `DeadLetter` or `Expired` to a [`EngineFailures`], their requests
     /// decoded (a request that does not fit is a `payload_mismatch` error).
+    #[allow(dead_code)]
     #[derive(Debug)]
     pub struct EngineFailureRouter<H>(pub H);
 
@@ -798,6 +800,7 @@ pub mod emp_service_v1 {
     /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
     /// (`impl ServiceFailures<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
+    #[allow(dead_code)]
     pub trait ServiceFailures<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {
@@ -823,6 +826,7 @@ pub mod emp_service_v1 {
     /// Hands the messages of this interface version that end `Failed`,
     /// `DeadLetter` or `Expired` to a [`ServiceFailures`], their requests
     /// decoded (a request that does not fit is a `payload_mismatch` error).
+    #[allow(dead_code)]
     #[derive(Debug)]
     pub struct ServiceFailureRouter<H>(pub H);
 
@@ -2332,6 +2336,7 @@ pub mod emp_service_v2 {
     /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
     /// (`impl EngineFailures<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
+    #[allow(dead_code)]
     pub trait EngineFailures<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {
@@ -2411,6 +2416,7 @@ pub mod emp_service_v2 {
     /// Hands the messages of this interface version that end `Failed`,
     /// `DeadLetter` or `Expired` to a [`EngineFailures`], their requests
     /// decoded (a request that does not fit is a `payload_mismatch` error).
+    #[allow(dead_code)]
     #[derive(Debug)]
     pub struct EngineFailureRouter<H>(pub H);
 
@@ -2903,6 +2909,7 @@ pub mod emp_service_v2 {
     /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
     /// (`impl ServiceFailures<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
+    #[allow(dead_code)]
     pub trait ServiceFailures<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {
@@ -2928,6 +2935,7 @@ pub mod emp_service_v2 {
     /// Hands the messages of this interface version that end `Failed`,
     /// `DeadLetter` or `Expired` to a [`ServiceFailures`], their requests
     /// decoded (a request that does not fit is a `payload_mismatch` error).
+    #[allow(dead_code)]
     #[derive(Debug)]
     pub struct ServiceFailureRouter<H>(pub H);
 

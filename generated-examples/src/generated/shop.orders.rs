@@ -322,6 +322,7 @@ pub mod order_service_v1 {
     /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
     /// (`impl EngineFailures<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
+    #[allow(dead_code)]
     pub trait EngineFailures<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {
@@ -365,6 +366,7 @@ pub mod order_service_v1 {
     /// Hands the messages of this interface version that end `Failed`,
     /// `DeadLetter` or `Expired` to a [`EngineFailures`], their requests
     /// decoded (a request that does not fit is a `payload_mismatch` error).
+    #[allow(dead_code)]
     #[derive(Debug)]
     pub struct EngineFailureRouter<H>(pub H);
 
@@ -863,6 +865,7 @@ pub mod order_service_v1 {
     /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
     /// (`impl ServiceFailures<Postgres> for …`,
     /// `tx: &mut postgres::Transaction<'_>`).
+    #[allow(dead_code)]
     pub trait ServiceFailures<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {
@@ -924,6 +927,7 @@ pub mod order_service_v1 {
     /// Hands the messages of this interface version that end `Failed`,
     /// `DeadLetter` or `Expired` to a [`ServiceFailures`], their requests
     /// decoded (a request that does not fit is a `payload_mismatch` error).
+    #[allow(dead_code)]
     #[derive(Debug)]
     pub struct ServiceFailureRouter<H>(pub H);
 

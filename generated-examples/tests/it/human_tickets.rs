@@ -76,7 +76,10 @@ async fn a_laptop_command_that_expires_opens_one_ticket_for_a_human() {
     let employee = hr.hire(1).await.expect("hire");
     let deadline = Instant::now() + Duration::from_secs(20);
     while count(&engine_db, "SELECT COUNT(*) FROM human_tickets") == 0 {
-        assert!(Instant::now() < deadline, "no ticket for a human after 20 s");
+        assert!(
+            Instant::now() < deadline,
+            "no ticket for a human after 20 s"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Time for a second one, should anything open it.

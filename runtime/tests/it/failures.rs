@@ -154,6 +154,26 @@ impl FailureHandler<Postgres> for Compensate {
     }
 }
 
+/// A dispatcher for `outbox` that sends to the scripted receiver at `url`
+/// and runs [`Compensate`] around `handler`.
+fn start_dispatcher(
+    store: &TestStore,
+    outbox: &crate::stores::AnyOutbox,
+    url: &str,
+    handler: &Arc<Compensations>,
+) -> rfidl_runtime::dispatcher::DispatcherHandle {
+    store
+        .dispatcher(outbox)
+        .route(
+            "ledger",
+            HttpTransport::new(url, Duration::from_secs(2)).expect("client"),
+            Secret::generate(),
+        )
+        .failures(Compensate(Arc::clone(handler)))
+        .start()
+        .expect("dispatcher")
+}
+
 on_every_store!(
     each_terminal_status_runs_the_failure_handler_once_with_the_request_and_the_error,
     every_terminal_status
@@ -176,16 +196,7 @@ async fn every_terminal_status(store: &TestStore) {
     tokio::time::sleep(Duration::from_millis(20)).await;
 
     let handler = Arc::new(Compensations::default());
-    let dispatcher = store
-        .dispatcher(&outbox)
-        .route(
-            "ledger",
-            HttpTransport::new(&url, Duration::from_secs(2)).expect("client"),
-            Secret::generate(),
-        )
-        .failures(Compensate(handler.clone()))
-        .start()
-        .expect("dispatcher");
+    let dispatcher = start_dispatcher(store, &outbox, &url, &handler);
     for (id, status) in [
         (&refused, Status::DeadLetter),
         (&beyond, Status::Failed),
@@ -262,16 +273,7 @@ async fn failing_handler(store: &TestStore) {
     let cursed_expired = store.enqueue(&outbox, cursed_late);
     tokio::time::sleep(Duration::from_millis(20)).await;
     let handler = Arc::new(Compensations::default());
-    let dispatcher = store
-        .dispatcher(&outbox)
-        .route(
-            "ledger",
-            HttpTransport::new(&url, Duration::from_secs(2)).expect("client"),
-            Secret::generate(),
-        )
-        .failures(Compensate(handler.clone()))
-        .start()
-        .expect("dispatcher");
+    let dispatcher = start_dispatcher(store, &outbox, &url, &handler);
     let dead = store.wait_for(&cursed, Status::DeadLetter).await;
     let gone = store.wait_for(&cursed_expired, Status::Expired).await;
     // The dispatcher goes on: later messages are delivered and handled.
@@ -326,16 +328,7 @@ async fn retried_by_an_operator(store: &TestStore) {
     store.execute(COMPENSATIONS);
     let refused = store.enqueue(&outbox, credit("a-refused", "refuse"));
     let handler = Arc::new(Compensations::default());
-    let dispatcher = store
-        .dispatcher(&outbox)
-        .route(
-            "ledger",
-            HttpTransport::new(&url, Duration::from_secs(2)).expect("client"),
-            Secret::generate(),
-        )
-        .failures(Compensate(handler.clone()))
-        .start()
-        .expect("dispatcher");
+    let dispatcher = start_dispatcher(store, &outbox, &url, &handler);
     store.wait_for(&refused, Status::DeadLetter).await;
     let ops = outbox
         .watched_by(store.diagnostics())

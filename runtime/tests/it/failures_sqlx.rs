@@ -112,53 +112,36 @@ trait Sender {
 struct OnSqlite(SqlitePool, Outbox<sqlx::Sqlite>);
 struct OnPostgres(PgPool, Outbox<sqlx::Postgres>);
 
-impl Sender for OnSqlite {
-    async fn enqueue(&self, message: OutgoingMessage) -> Uuid {
-        let mut tx = self.0.begin().await.expect("begin");
-        let id = self
-            .1
-            .enqueue_async(&mut tx, message)
-            .await
-            .expect("enqueue");
-        tx.commit().await.expect("commit");
-        id
-    }
+/// The same three statements on either pool.
+macro_rules! sender_on {
+    ($sender:ty) => {
+        impl Sender for $sender {
+            async fn enqueue(&self, message: OutgoingMessage) -> Uuid {
+                let mut tx = self.0.begin().await.expect("begin");
+                let id = self
+                    .1
+                    .enqueue_async(&mut tx, message)
+                    .await
+                    .expect("enqueue");
+                tx.commit().await.expect("commit");
+                id
+            }
 
-    async fn text(&self, sql: String) -> Option<String> {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .fetch_optional(&self.0)
-            .await
-            .expect("query")
-    }
+            async fn text(&self, sql: String) -> Option<String> {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                    .fetch_optional(&self.0)
+                    .await
+                    .expect("query")
+            }
 
-    async fn execute(&self, sql: &'static str) {
-        sqlx::query(sql).execute(&self.0).await.expect("execute");
-    }
+            async fn execute(&self, sql: &'static str) {
+                sqlx::query(sql).execute(&self.0).await.expect("execute");
+            }
+        }
+    };
 }
-
-impl Sender for OnPostgres {
-    async fn enqueue(&self, message: OutgoingMessage) -> Uuid {
-        let mut tx = self.0.begin().await.expect("begin");
-        let id = self
-            .1
-            .enqueue_async(&mut tx, message)
-            .await
-            .expect("enqueue");
-        tx.commit().await.expect("commit");
-        id
-    }
-
-    async fn text(&self, sql: String) -> Option<String> {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .fetch_optional(&self.0)
-            .await
-            .expect("query")
-    }
-
-    async fn execute(&self, sql: &'static str) {
-        sqlx::query(sql).execute(&self.0).await.expect("execute");
-    }
-}
+sender_on!(OnSqlite);
+sender_on!(OnPostgres);
 
 /// Waits until the row of `id` has `status`; returns its `last_error`.
 async fn wait_for(sender: &impl Sender, id: &Uuid, status: &str) -> Option<String> {
