@@ -42,6 +42,7 @@ pub mod directory;
 pub mod dispatcher;
 pub mod duration;
 pub mod envelope;
+pub mod failures;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub mod grpc;

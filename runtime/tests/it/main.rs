@@ -11,6 +11,9 @@ mod directory;
 mod dispatcher;
 // A duplicate delivery's warn line, once per message and bounded (issue 30).
 mod duplicate_log;
+// Code that reacts to Failed, DeadLetter and Expired messages (issue 30).
+mod failures;
+mod failures_sqlx;
 mod faults;
 // The gRPC transport: the HTTP table over gRPC, byte-for-byte answers.
 mod grpc;

@@ -12,6 +12,7 @@ use crate::circuit::Admission;
 use crate::config::Config;
 use crate::dispatcher::records::{self, DispatchDb, OutboxTx, RecordCounts};
 use crate::dispatcher::{Attempt, Claimed, Verdict};
+use crate::failures::{Failure, FailureHandler, FailureHandlers};
 use crate::responses::ResponseHandler;
 use crate::store::Postgres;
 use crate::store::StoreError;
@@ -21,16 +22,21 @@ use super::{Connection, statement};
 pub(crate) struct PostgresDispatch {
     conn: Mutex<Connection>,
     responses: Vec<Arc<dyn ResponseHandler<Postgres>>>,
+    failures: Failures,
 }
+
+type Failures = FailureHandlers<dyn FailureHandler<Postgres>>;
 
 impl PostgresDispatch {
     pub(crate) fn new(
         conn: Connection,
         responses: Vec<Arc<dyn ResponseHandler<Postgres>>>,
+        failures: Failures,
     ) -> Self {
         Self {
             conn: Mutex::new(conn),
             responses,
+            failures,
         }
     }
 
@@ -46,6 +52,7 @@ impl PostgresDispatch {
             let mut ops = PostgresOps {
                 tx: &mut tx,
                 responses: &self.responses,
+                failures: &self.failures,
             };
             work(&mut ops)?
         };
@@ -110,6 +117,7 @@ impl DispatchDb for PostgresDispatch {
 struct PostgresOps<'t, 'c> {
     tx: &'t mut postgres::Transaction<'c>,
     responses: &'t [Arc<dyn ResponseHandler<Postgres>>],
+    failures: &'t Failures,
 }
 
 impl PostgresOps<'_, '_> {
@@ -358,5 +366,17 @@ impl OutboxTx for PostgresOps<'_, '_> {
             .handle(&records::answer_of(row, response), self.tx)
             .err()
             .map(|error| format!("response handler: {error}"))
+    }
+
+    fn has_failure_handler(&self, row: &Claimed) -> bool {
+        self.failures.get(&row.interface, row.version).is_some()
+    }
+
+    fn act_on_failure(&mut self, row: &Claimed, failure: &Failure<'_>) -> Option<String> {
+        let handler = self.failures.get(&row.interface, row.version)?.clone();
+        handler
+            .handle(failure, self.tx)
+            .err()
+            .map(|e| e.to_string())
     }
 }

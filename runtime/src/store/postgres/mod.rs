@@ -359,6 +359,7 @@ pub(crate) fn write_group(
 impl crate::store::sealed::Common for crate::store::Postgres {
     type Service = dyn crate::receiver::HostedService<Self>;
     type Responder = dyn crate::responses::ResponseHandler<Self>;
+    type OnFailure = dyn crate::failures::FailureHandler<Self>;
 
     fn interfaces(service: &Self::Service) -> &[crate::receiver::HostedInterface] {
         service.interfaces()
@@ -368,12 +369,14 @@ impl crate::store::sealed::Common for crate::store::Postgres {
         database: &crate::store::Database,
         _: &Config,
         responses: Vec<std::sync::Arc<Self::Responder>>,
+        failures: crate::failures::FailureHandlers<Self::OnFailure>,
     ) -> Result<std::sync::Arc<dyn crate::dispatcher::records::DispatchDb>, StoreError> {
         let url = url_of(database)?;
         let client = open(url)?;
         Ok(std::sync::Arc::new(PostgresDispatch::new(
             Connection::new(url.clone(), client),
             responses,
+            failures,
         )))
     }
 

@@ -45,6 +45,7 @@ pub(crate) use super::now_ms;
 impl super::sealed::Common for super::Sqlite {
     type Service = dyn crate::receiver::HostedService<Self>;
     type Responder = dyn crate::responses::ResponseHandler<Self>;
+    type OnFailure = dyn crate::failures::FailureHandler<Self>;
 
     fn interfaces(service: &Self::Service) -> &[crate::receiver::HostedInterface] {
         service.interfaces()
@@ -54,8 +55,13 @@ impl super::sealed::Common for super::Sqlite {
         database: &super::Database,
         config: &crate::config::Config,
         responses: Vec<std::sync::Arc<Self::Responder>>,
+        failures: crate::failures::FailureHandlers<Self::OnFailure>,
     ) -> Result<std::sync::Arc<dyn crate::dispatcher::records::DispatchDb>, super::StoreError> {
-        dispatch::open(path_of(database)?, config, responses)
+        let failures = dispatch::OnFailure {
+            handlers: failures,
+            elsewhere: Vec::new(),
+        };
+        dispatch::open(path_of(database)?, config, responses, failures)
     }
 
     #[cfg(any(feature = "nats", feature = "amqp"))]
