@@ -14,12 +14,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use rfidl_runtime::dispatcher::DispatcherError;
-use rfidl_runtime::failures::{Failure, FailureHandler};
+use rfidl_runtime::failures::{AsyncFailureHandler, Failure, FailureHandler};
 use rfidl_runtime::outbox::{OutgoingMessage, Status};
 use rfidl_runtime::receiver::HandlerError;
 use rfidl_runtime::signing::Secret;
 use rfidl_runtime::transport::HttpTransport;
-use rfidl_runtime::{Config, Postgres, Sqlite};
+use rfidl_runtime::{BoxFuture, Config, Sqlite};
 use serde_json::json;
 
 use crate::dispatcher::{message, sender_config};
@@ -127,30 +127,31 @@ impl FailureHandler<Sqlite> for Compensate {
     }
 }
 
-impl FailureHandler<Postgres> for Compensate {
+impl AsyncFailureHandler<sqlx::Postgres> for Compensate {
     fn interface(&self) -> (&'static str, u32) {
         (support::INTERFACE, 1)
     }
 
-    fn handle(
-        &self,
-        failure: &Failure<'_>,
-        tx: &mut postgres::Transaction<'_>,
-    ) -> Result<(), HandlerError> {
-        let (retries, account, cursed) = self.row(failure);
-        tx.execute(
-            "INSERT INTO compensations VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            &[
-                &failure.message_id,
-                &failure.status.as_str(),
-                &failure.endpoint,
-                &failure.code(),
-                &failure.error,
-                &retries,
-                &account,
-            ],
-        )?;
-        refuse_if(cursed)
+    fn handle<'a>(
+        &'a self,
+        failure: &'a Failure<'a>,
+        conn: &'a mut sqlx::PgConnection,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            let (retries, account, cursed) = self.row(failure);
+            sqlx::query("INSERT INTO compensations VALUES ($1, $2, $3, $4, $5, $6, $7)")
+                .bind(failure.message_id)
+                .bind(failure.status.as_str())
+                .bind(failure.endpoint)
+                .bind(failure.code())
+                .bind(failure.error)
+                .bind(retries)
+                .bind(account)
+                .execute(conn)
+                .await
+                .map_err(HandlerError::retryable)?;
+            refuse_if(cursed)
+        })
     }
 }
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use rfidl_runtime::diagnostics::{Diagnostics, DiagnosticsBuilder};
 use rfidl_runtime::dispatcher::{Dispatcher, DispatcherBuilder, DispatcherError, DispatcherHandle};
-use rfidl_runtime::failures::FailureHandler;
+use rfidl_runtime::failures::{AsyncFailureHandler, FailureHandler};
 use rfidl_runtime::metrics::Metrics;
 use rfidl_runtime::outbox::{Outbox, OutboxRow, OutgoingMessage, Status};
 use rfidl_runtime::receiver::{
@@ -725,10 +725,11 @@ impl AnyDispatcher {
         }
     }
 
-    /// Registers a failure handler written for both stores.
+    /// Registers a failure handler written for both stores (blocking on
+    /// SQLite, async on sqlx PostgreSQL).
     pub fn failures<H>(self, handler: H) -> Self
     where
-        H: FailureHandler<Sqlite> + FailureHandler<Postgres>,
+        H: FailureHandler<Sqlite> + AsyncFailureHandler<sqlx::Postgres>,
     {
         match self {
             AnyDispatcher::Sqlite(b) => AnyDispatcher::Sqlite(b.failures(handler)),
