@@ -124,6 +124,18 @@ pub const SERVICE_ANSWERS: &str = "ServiceAnswers";
 /// The dispatcher glue that routes the service's answers to a
 /// [`SERVICE_ANSWERS`] implementation.
 pub const SERVICE_ANSWER_ROUTER: &str = "ServiceAnswerRouter";
+/// The trait the service implements to act on its signals and pushcalls
+/// that end `Failed`, `DeadLetter` or `Expired` (one method per method).
+pub const ENGINE_FAILURES: &str = "EngineFailures";
+/// The dispatcher glue that routes those failures to an
+/// [`ENGINE_FAILURES`] implementation.
+pub const ENGINE_FAILURE_ROUTER: &str = "EngineFailureRouter";
+/// The trait the engine implements to act on its commands that end
+/// `Failed`, `DeadLetter` or `Expired` (one method per command).
+pub const SERVICE_FAILURES: &str = "ServiceFailures";
+/// The dispatcher glue that routes those failures to a
+/// [`SERVICE_FAILURES`] implementation.
+pub const SERVICE_FAILURE_ROUTER: &str = "ServiceFailureRouter";
 
 /// Types a service-version module defines or imports besides the request
 /// structs: a request struct cannot take one of these names.
@@ -138,6 +150,10 @@ pub const SERVICE_MODULE_TYPES: &[&str] = &[
     ENGINE_ANSWER_ROUTER,
     SERVICE_ANSWERS,
     SERVICE_ANSWER_ROUTER,
+    ENGINE_FAILURES,
+    ENGINE_FAILURE_ROUTER,
+    SERVICE_FAILURES,
+    SERVICE_FAILURE_ROUTER,
     "Deserialize",
     "Serialize",
 ];

@@ -283,14 +283,12 @@ fn dedupe_latency(path: &Path) -> (f64, f64, f64) {
     )
 }
 
-/// The same figures on the PostgreSQL store.
+/// The PostgreSQL references measured with the plain `postgres` client (a
+/// raw one-row INSERT+COMMIT, the inbox look-up statement), then rfidl's
+/// figures on the sqlx store ([`sqlx_pg`]).
 mod postgres {
     use super::*;
     use ::postgres::{Client, NoTls};
-    use rfidl_runtime::store::postgres::PostgresUrl;
-
-    /// Where the receiver's writer threads run their handlers.
-    const WRITERS: usize = 8;
 
     pub fn figures(runtime: &tokio::runtime::Runtime, server: &str) {
         let raw = raw_insert_rate(&database(server, "raw"));
@@ -298,44 +296,20 @@ mod postgres {
             "(ref) PostgreSQL: raw insert, 1 row/txn",
             format!("{raw:.0} rows/s"),
         );
-        let enqueue = enqueue_rate(&database(server, "enqueue"));
-        report(
-            "(a) PostgreSQL: Outbox::enqueue_postgres, 1 message/caller txn",
-            format!("{enqueue:.0} msg/s"),
-        );
-        report(
-            "    ... as a share of the raw insert rate",
-            format!("{:.0} %", 100.0 * enqueue / raw),
-        );
-        let send_url = database(server, "send");
-        let send = runtime.block_on(send_rate(&send_url, 64));
-        report(
-            "(b) PostgreSQL: Outbox::send, 64 concurrent callers",
-            format!("{send:.0} msg/s"),
-        );
-        let rate = delivery_rate(runtime, server);
-        report(
-            "(c) PostgreSQL: exactly-once deliveries, HTTP loopback",
-            format!("{rate:.0} msg/s"),
-        );
-        let (p50, p99, p999) = dedupe_latency(&database(server, "inbox"));
+        let inbox = database(server, "inbox");
+        runtime.block_on(super::sqlx_pg::migrate(&inbox));
+        let (p50, p99, p999) = dedupe_latency(&inbox);
         report(
             "(d) PostgreSQL: inbox look-up statement, 1,000,000 rows: p50",
             format!("{p50:.1} µs"),
         );
         report("    p99", format!("{p99:.1} µs"));
         report("    p99.9", format!("{p999:.1} µs"));
-        let (p50, p99) = commit_to_effect(runtime, server);
-        report(
-            "(e) PostgreSQL: sender commit -> handler effect, low load: p50",
-            format!("{p50:.2} ms"),
-        );
-        report("    p99", format!("{p99:.2} ms"));
         super::sqlx_pg::figures(runtime, server, raw);
     }
 
-    /// A fresh database `rfidl_bench_<name>` on `server`, migrated.
-    pub(super) fn database(server: &str, name: &str) -> PostgresUrl {
+    /// A fresh, empty database `rfidl_bench_<name>` on `server`: its URL.
+    pub(super) fn database(server: &str, name: &str) -> String {
         let name = format!("rfidl_bench_{name}");
         let mut admin = Client::connect(server, NoTls).expect("connect to RFIDL_POSTGRES_URL");
         admin
@@ -346,16 +320,14 @@ mod postgres {
             .expect("create");
         let (scheme, rest) = server.split_once("://").expect("a URL");
         let authority = rest.split(['/', '?']).next().unwrap_or(rest);
-        let url = PostgresUrl::parse(&format!("{scheme}://{authority}/{name}")).expect("url");
-        rfidl_runtime::store::postgres::open(&url).expect("migrate");
-        url
+        format!("{scheme}://{authority}/{name}")
     }
 
-    fn connect(url: &PostgresUrl) -> Client {
-        url.connect().expect("connect")
+    fn connect(url: &str) -> Client {
+        Client::connect(url, NoTls).expect("connect")
     }
 
-    fn raw_insert_rate(url: &PostgresUrl) -> f64 {
+    fn raw_insert_rate(url: &str) -> f64 {
         let mut client = connect(url);
         client
             .batch_execute(
@@ -380,132 +352,7 @@ mod postgres {
         rate(ROWS, started.elapsed())
     }
 
-    fn outbox(url: &PostgresUrl, config: Config) -> Outbox<rfidl_runtime::Postgres> {
-        Outbox::with_metrics(config, url, Arc::default())
-    }
-
-    fn enqueue_rate(url: &PostgresUrl) -> f64 {
-        let outbox = outbox(url, Config::default());
-        let mut client = connect(url);
-        let started = Instant::now();
-        for n in 0..ROWS {
-            let mut tx = client.transaction().expect("tx");
-            outbox
-                .enqueue(&mut tx, message("peer", n))
-                .expect("enqueue");
-            tx.commit().expect("commit");
-        }
-        rate(ROWS, started.elapsed())
-    }
-
-    async fn send_rate(url: &PostgresUrl, callers: usize) -> f64 {
-        let outbox = outbox(url, Config::default());
-        let per_caller = ROWS / callers;
-        let started = Instant::now();
-        let mut tasks = tokio::task::JoinSet::new();
-        for caller in 0..callers {
-            let outbox = outbox.clone();
-            tasks.spawn(async move {
-                for n in 0..per_caller {
-                    outbox
-                        .send(message("peer", caller * per_caller + n))
-                        .await
-                        .expect("send");
-                }
-            });
-        }
-        while tasks.join_next().await.is_some() {}
-        rate(per_caller * callers, started.elapsed())
-    }
-
-    struct PgPair {
-        outbox: Outbox<rfidl_runtime::Postgres>,
-        sender: PostgresUrl,
-        receiver: PostgresUrl,
-        effects: Arc<Mutex<Vec<Instant>>>,
-        _receiver: Receiver,
-    }
-
-    fn pair(runtime: &tokio::runtime::Runtime, server: &str, name: &str) -> PgPair {
-        let secret = Secret::generate();
-        let receiver_url = database(server, &format!("{name}_receiver"));
-        connect(&receiver_url)
-            .batch_execute("CREATE TABLE ledger (message_id TEXT NOT NULL, amount BIGINT NOT NULL)")
-            .expect("table");
-        let mut config = Config::for_service("ledger");
-        config.peers.insert("bench".into(), vec![secret.to_whsec()]);
-        let effects = Arc::new(Mutex::new(Vec::new()));
-        let receiver = Receiver::builder(config, &receiver_url)
-            .writers(WRITERS)
-            .service(Ledger {
-                effects: Some(effects.clone()),
-            })
-            .build()
-            .expect("receiver");
-        let router = receiver.router();
-        let url = runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            let url = format!("http://{}", listener.local_addr().expect("addr"));
-            tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
-            url
-        });
-        let sender_url = database(server, &format!("{name}_sender"));
-        let mut sender = Config::for_service("bench");
-        sender.outbox.max_in_flight = 64;
-        sender.outbox.batch_size = 256;
-        sender.destinations.insert(
-            "ledger".into(),
-            DestinationConfig::new(url, secret.to_whsec()),
-        );
-        PgPair {
-            outbox: outbox(&sender_url, sender),
-            sender: sender_url,
-            receiver: receiver_url,
-            effects,
-            _receiver: receiver,
-        }
-    }
-
-    fn count(url: &PostgresUrl, sql: &str) -> i64 {
-        connect(url).query_one(sql, &[]).expect("count").get(0)
-    }
-
-    fn delivery_rate(runtime: &tokio::runtime::Runtime, server: &str) -> f64 {
-        let pair = pair(runtime, server, "c");
-        let mut client = connect(&pair.sender);
-        let mut tx = client.transaction().expect("tx");
-        for n in 0..DELIVERIES {
-            pair.outbox
-                .enqueue(&mut tx, message("ledger", n))
-                .expect("enqueue");
-        }
-        tx.commit().expect("commit");
-        let started = Instant::now();
-        let dispatcher = runtime.block_on(async {
-            Dispatcher::builder(&pair.outbox)
-                .start()
-                .expect("dispatcher")
-        });
-        loop {
-            let sent = count(
-                &pair.sender,
-                "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'",
-            );
-            if sent as usize == DELIVERIES {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let elapsed = started.elapsed();
-        runtime.block_on(dispatcher.shutdown());
-        let effects = count(&pair.receiver, "SELECT COUNT(*) FROM ledger");
-        assert_eq!(effects as usize, DELIVERIES, "exactly once");
-        rate(DELIVERIES, elapsed)
-    }
-
-    fn dedupe_latency(url: &PostgresUrl) -> (f64, f64, f64) {
+    fn dedupe_latency(url: &str) -> (f64, f64, f64) {
         let mut client = connect(url);
         // Bulk-load the inbox with generate_series (a million single
         // inserts would take minutes and measure nothing of interest).
@@ -545,37 +392,6 @@ mod postgres {
             percentile(&samples, 0.99),
             percentile(&samples, 0.999),
         )
-    }
-
-    fn commit_to_effect(runtime: &tokio::runtime::Runtime, server: &str) -> (f64, f64) {
-        let pair = pair(runtime, server, "e");
-        let dispatcher = runtime.block_on(async {
-            Dispatcher::builder(&pair.outbox)
-                .start()
-                .expect("dispatcher")
-        });
-        let mut client = connect(&pair.sender);
-        let mut samples = Vec::new();
-        for n in 0..300 {
-            let before = pair.effects.lock().expect("lock").len();
-            let mut tx = client.transaction().expect("tx");
-            pair.outbox
-                .enqueue(&mut tx, message("ledger", n))
-                .expect("enqueue");
-            tx.commit().expect("commit");
-            let committed = Instant::now();
-            let effect = loop {
-                if let Some(at) = pair.effects.lock().expect("lock").get(before).copied() {
-                    break at;
-                }
-                std::thread::sleep(Duration::from_micros(200));
-            };
-            samples.push(effect.duration_since(committed).as_secs_f64() * 1e3);
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        runtime.block_on(dispatcher.shutdown());
-        samples.sort_by(f64::total_cmp);
-        (percentile(&samples, 0.5), percentile(&samples, 0.99))
     }
 }
 
@@ -625,6 +441,16 @@ mod sqlx_pg {
             .connect(url.as_str())
             .await
             .expect("pool")
+    }
+
+    /// Creates rfidl's tables in the database at `url`.
+    pub(super) async fn migrate(url: &str) {
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(url)
+            .await
+            .expect("pool");
+        PgStore::open(pool).await.expect("migrate");
     }
 
     /// Alternating rounds of a raw sqlx INSERT of a same-sized row and of

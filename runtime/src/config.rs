@@ -14,6 +14,9 @@ use serde::{Deserialize, Serialize};
 use crate::duration::serde_human;
 
 pub mod env;
+mod housekeeping;
+
+pub use housekeeping::{BackupConfig, VacuumConfig};
 
 /// How hard a commit tries to reach the disk before it returns.
 ///
@@ -308,6 +311,11 @@ pub struct Config {
     /// The engine registry to register with (`crate::directory`); none by default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub registry: Option<crate::directory::RegistryConfig>,
+    /// Online backups of the SQLite file: off until `backup.directory` is
+    /// set, then hourly, kept 7 days.
+    pub backup: BackupConfig,
+    /// The incremental vacuum after retention (SQLite).
+    pub vacuum: VacuumConfig,
 }
 
 impl Default for Config {
@@ -320,6 +328,8 @@ impl Default for Config {
             destinations: BTreeMap::new(),
             peers: BTreeMap::new(),
             registry: None,
+            backup: BackupConfig::default(),
+            vacuum: VacuumConfig::default(),
         }
     }
 }
@@ -504,6 +514,8 @@ impl std::fmt::Debug for Config {
             .field("cleanup_interval", &self.cleanup_interval)
             .field("destinations", &self.destinations)
             .field("peers", &peers)
+            .field("backup", &self.backup)
+            .field("vacuum", &self.vacuum)
             .finish()
     }
 }

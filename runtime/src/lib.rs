@@ -31,6 +31,7 @@ pub mod amqp;
 // Shared with rfidl-registry (one bearer-token parser for both); not API.
 #[doc(hidden)]
 pub mod auth;
+pub mod backup;
 #[cfg(any(feature = "nats", feature = "amqp"))]
 mod broker;
 mod chain;
@@ -41,6 +42,7 @@ pub mod directory;
 pub mod dispatcher;
 pub mod duration;
 pub mod envelope;
+pub mod failures;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub mod grpc;

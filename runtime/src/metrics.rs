@@ -33,6 +33,21 @@ impl Counter {
     }
 }
 
+/// A value that goes up and down (a time, a size), set as a whole.
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicU64);
+
+impl Gauge {
+    /// Sets the value.
+    pub fn set(&self, value: u64) {
+        self.0.store(value, Ordering::Relaxed);
+    }
+    /// The current value.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// A histogram of durations in seconds with fixed buckets.
 #[derive(Debug, Default)]
 pub struct DurationHistogram {
@@ -150,6 +165,16 @@ pub struct Metrics {
     pub inbox_terminated: Counter,
     /// Handler + inbox commit time.
     pub inbox_process_duration: DurationHistogram,
+    /// Free pages the incremental vacuum returned to the file system (SQLite).
+    pub sqlite_vacuumed_pages: Counter,
+    /// Backups written (scheduled and on demand).
+    pub backups: Counter,
+    /// Backups that failed (nothing was kept of them).
+    pub backup_failures: Counter,
+    /// When the last backup was written: Unix seconds, 0 before the first.
+    pub backup_last_success: Gauge,
+    /// Size of the last backup written, in bytes.
+    pub backup_last_size: Gauge,
 }
 
 /// The outbox rows of one destination that are not delivered yet, read
@@ -192,7 +217,7 @@ impl Metrics {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self, gauges: &Gauges) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &Counter); 16] = [
+        let counters: [(&str, &str, &Counter); 19] = [
             (
                 "rf_outbox_enqueued_total",
                 "Messages written to the outbox.",
@@ -273,12 +298,45 @@ impl Metrics {
                 "Broker deliveries refused for good and terminated (never redelivered).",
                 &self.inbox_terminated,
             ),
+            (
+                "rf_sqlite_vacuumed_pages_total",
+                "Free pages the incremental vacuum returned to the file system.",
+                &self.sqlite_vacuumed_pages,
+            ),
+            (
+                "rf_backups_total",
+                "Backups of the database file written (scheduled and on demand).",
+                &self.backups,
+            ),
+            (
+                "rf_backup_failures_total",
+                "Backups of the database file that failed.",
+                &self.backup_failures,
+            ),
         ];
         for (name, help, counter) in counters {
             let _ = writeln!(
                 out,
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
                 counter.get()
+            );
+        }
+        for (name, help, gauge) in [
+            (
+                "rf_backup_last_success_timestamp_seconds",
+                "When the last backup was written (Unix time; 0 before the first).",
+                &self.backup_last_success,
+            ),
+            (
+                "rf_backup_last_size_bytes",
+                "Size of the last backup written.",
+                &self.backup_last_size,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
+                gauge.get()
             );
         }
         render_destination_gauges(&mut out, &gauges.destinations);

@@ -31,7 +31,11 @@
 //! sender is enough; [`retention_warnings`] says when a config breaks that.
 //!
 //! [`Retention::spawn`] runs a pass at start and then every
-//! `cleanup_interval` (5 minutes) on the blocking pool.
+//! `cleanup_interval` (5 minutes) on the blocking pool. On SQLite, a pass
+//! that leaves more than `vacuum.threshold_pages` free pages in the file is
+//! followed by an incremental vacuum in short steps
+//! ([`store::sqlite::vacuum_freed`](crate::store::sqlite::vacuum_freed)),
+//! counted in `rf_sqlite_vacuumed_pages_total`.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -40,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::store::sqlite as db;
+use crate::store::sqlite::{self as db, VacuumReport};
 use crate::store::{Database, StoreError};
 
 /// Rows deleted or updated per statement (each statement commits on its own).
@@ -127,14 +131,31 @@ impl Retention {
         ) {
             tracing::warn!("{warning}");
         }
+        let cancel = CancellationToken::new();
         let sqlite = |path: std::path::PathBuf| -> Result<Pass, StoreError> {
             let conn = db::open(&path, config.outbox.durability)?;
             let pass_config = config.clone();
+            let stop = cancel.clone();
             Ok(Box::new(move |now| {
-                db::cleanup(&conn, &pass_config, now).map_err(|source| StoreError::Sqlite {
+                let wrap = |source| StoreError::Sqlite {
                     path: path.display().to_string(),
                     source,
-                })
+                };
+                let cleaned = db::cleanup(&conn, &pass_config, now).map_err(wrap)?;
+                // The pages those rows held go back to the file system, a
+                // short write transaction at a time. A failure keeps what
+                // the pass did (and counts it); the next pass tries again.
+                let vacuumed =
+                    db::vacuum_freed(&conn, &pass_config.vacuum, &|| stop.is_cancelled())
+                        .unwrap_or_else(|error| {
+                            tracing::warn!(
+                                path = %path.display(),
+                                %error,
+                                "incremental vacuum failed; the free pages stay until the next pass"
+                            );
+                            VacuumReport::default()
+                        });
+                Ok((cleaned, vacuumed))
             }))
         };
         let pass: Pass = match database.into() {
@@ -143,15 +164,20 @@ impl Retention {
             #[cfg(feature = "sqlx-sqlite")]
             Database::SqlxSqlite(store) => sqlite(store.path().to_path_buf())?,
             #[cfg(feature = "sqlx-postgres")]
-            Database::SqlxPostgres(store) => Box::new(
-                crate::store::sqlx_postgres::retention::pass(store, config.clone())?,
-            ),
+            Database::SqlxPostgres(store) => {
+                let mut pass = crate::store::sqlx_postgres::retention::pass(store, config.clone())?;
+                Box::new(move |now| pass(now).map(|cleaned| (cleaned, VacuumReport::default())))
+            }
         };
-        Ok(Self::start(config, pass, metrics))
+        Ok(Self::start(config, pass, metrics, cancel))
     }
 
-    fn start(config: Config, pass: Pass, metrics: Arc<Metrics>) -> RetentionHandle {
-        let cancel = CancellationToken::new();
+    fn start(
+        config: Config,
+        pass: Pass,
+        metrics: Arc<Metrics>,
+        cancel: CancellationToken,
+    ) -> RetentionHandle {
         let task = tokio::spawn(run(
             config,
             Arc::new(Mutex::new(pass)),
@@ -162,8 +188,9 @@ impl Retention {
     }
 }
 
-/// One clean-up pass at a time (milliseconds now), on the store's connection.
-type Pass = Box<dyn FnMut(i64) -> Result<CleanupReport, StoreError> + Send>;
+/// One clean-up pass at a time (milliseconds now), on the store's
+/// connection, and on SQLite the vacuum after it.
+type Pass = Box<dyn FnMut(i64) -> Result<(CleanupReport, VacuumReport), StoreError> + Send>;
 
 async fn run(
     config: Config,
@@ -181,7 +208,16 @@ async fn run(
             })
         };
         match pass.await {
-            Ok(Ok(report)) => {
+            Ok(Ok((report, vacuumed))) => {
+                if vacuumed.pages > 0 {
+                    metrics.sqlite_vacuumed_pages.add(vacuumed.pages);
+                    tracing::info!(
+                        pages = vacuumed.pages,
+                        steps = vacuumed.steps,
+                        longest_step_ms = vacuumed.longest_step.as_secs_f64() * 1e3,
+                        "incremental vacuum returned free pages to the file system"
+                    );
+                }
                 metrics.outbox_sent_deleted.add(report.sent_deleted as u64);
                 metrics.outbox_expired.add(report.expired as u64);
                 metrics.inbox_deleted.add(report.inbox_deleted as u64);

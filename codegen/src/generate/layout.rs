@@ -190,6 +190,21 @@ pub(crate) fn aio_answer_router_for_inline(router: &str) -> bool {
     fits(8, header + router.len() + "<H> {".len())
 }
 
+/// The `aio` failure router's impl header keeps `for <router><H> {` on the
+/// line of its trait (`> ::rfidl_runtime::failures::AsyncFailureHandler<S>`).
+pub(crate) fn aio_failure_router_for_inline(router: &str) -> bool {
+    let header = "> ::rfidl_runtime::failures::AsyncFailureHandler<S> for ".len();
+    fits(8, header + router.len() + "<H> {".len())
+}
+
+/// The `aio` failure trait's header (`pub trait <name><S: …AsyncStore>:
+/// Send + Sync + 'static {`) fits on one line; else its generic parameter
+/// goes on a line of its own.
+pub(crate) fn aio_failures_header_inline(name: &str) -> bool {
+    let rest = "<S: ::rfidl_runtime::AsyncStore>: Send + Sync + 'static {".len();
+    fits(8, "pub trait ".len() + name.len() + rest)
+}
+
 /// A Rust type written from column `column` on a line whose item starts at
 /// `indent`, followed by `trailing` bytes (`,`): as is when it fits, else
 /// broken as prettyplease breaks generic arguments, one per line at

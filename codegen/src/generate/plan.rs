@@ -11,9 +11,10 @@ use super::templates::{
 };
 use crate::manifest::{Field, Manifest, MethodKind, PackageContract, Scalar, TypeDef, TypeRef};
 use crate::names::{
-    ENGINE_ANSWER_ROUTER, ENGINE_ANSWERS, ENGINE_CLIENT, ENGINE_HANDLER, ENGINE_RECEIVER,
-    SERVICE_ANSWER_ROUTER, SERVICE_ANSWERS, SERVICE_CLIENT, SERVICE_HANDLER, SERVICE_RECEIVER,
-    field_name, method_fn_name, package_module, request_struct_name, type_name, variant_name,
+    ENGINE_ANSWER_ROUTER, ENGINE_ANSWERS, ENGINE_CLIENT, ENGINE_FAILURE_ROUTER, ENGINE_FAILURES,
+    ENGINE_HANDLER, ENGINE_RECEIVER, SERVICE_ANSWER_ROUTER, SERVICE_ANSWERS, SERVICE_CLIENT,
+    SERVICE_FAILURE_ROUTER, SERVICE_FAILURES, SERVICE_HANDLER, SERVICE_RECEIVER, field_name,
+    method_fn_name, package_module, request_struct_name, type_name, variant_name,
 };
 
 pub use crate::names::{rust_ident, service_module};
@@ -365,6 +366,8 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
             handler_enabled: options.sides.engine(),
             answers: ENGINE_ANSWERS,
             answer_router: ENGINE_ANSWER_ROUTER,
+            failures: ENGINE_FAILURES,
+            failure_router: ENGINE_FAILURE_ROUTER,
             answered: to_engine
                 .iter()
                 .filter(|m| m.has_response)
@@ -375,10 +378,15 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
             answer_router_too_many_lines: handle_may_be_long(
                 to_engine.iter().filter(|m| m.has_response).map(|_| 1),
             ),
+            failure_router_too_many_lines: handle_may_be_long(to_engine.iter().map(|_| 1)),
             aio_endpoints_inline: super::layout::endpoints_inline(24, &to_engine),
             aio_answer_router_for_inline: super::layout::aio_answer_router_for_inline(
                 ENGINE_ANSWER_ROUTER,
             ),
+            aio_failure_router_for_inline: super::layout::aio_failure_router_for_inline(
+                ENGINE_FAILURE_ROUTER,
+            ),
+            aio_failures_header_inline: super::layout::aio_failures_header_inline(ENGINE_FAILURES),
             methods: to_engine,
         });
     }
@@ -395,6 +403,8 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
             handler_enabled: options.sides.service(),
             answers: SERVICE_ANSWERS,
             answer_router: SERVICE_ANSWER_ROUTER,
+            failures: SERVICE_FAILURES,
+            failure_router: SERVICE_FAILURE_ROUTER,
             answered: to_service
                 .iter()
                 .filter(|m| m.has_response)
@@ -405,10 +415,15 @@ fn service_view(manifest: &Manifest, options: &Options, qualify_std: bool) -> Se
             answer_router_too_many_lines: handle_may_be_long(
                 to_service.iter().filter(|m| m.has_response).map(|_| 1),
             ),
+            failure_router_too_many_lines: handle_may_be_long(to_service.iter().map(|_| 1)),
             aio_endpoints_inline: super::layout::endpoints_inline(24, &to_service),
             aio_answer_router_for_inline: super::layout::aio_answer_router_for_inline(
                 SERVICE_ANSWER_ROUTER,
             ),
+            aio_failure_router_for_inline: super::layout::aio_failure_router_for_inline(
+                SERVICE_FAILURE_ROUTER,
+            ),
+            aio_failures_header_inline: super::layout::aio_failures_header_inline(SERVICE_FAILURES),
             methods: to_service,
         });
     }

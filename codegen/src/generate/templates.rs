@@ -140,16 +140,27 @@ pub struct GroupView {
     /// The methods that declare a response: the client's side gets an
     /// answer-handler method for each.
     pub answered: Vec<MethodView>,
+    /// The failure-handler trait and its router (`EngineFailures`, …): one
+    /// method per method of the group.
+    pub failures: &'static str,
+    pub failure_router: &'static str,
     /// The receivers' `handle` (one match arm per method) may pass clippy's
     /// `too_many_lines`: it gets an `allow`.
     pub receiver_too_many_lines: bool,
     /// The same for the answer routers' `handle`.
     pub answer_router_too_many_lines: bool,
+    /// The same for the failure routers' `handle`.
+    pub failure_router_too_many_lines: bool,
     /// `endpoints: &[…]` of the `aio` receiver's hosted list fits on one line.
     pub aio_endpoints_inline: bool,
     /// The `aio` answer router's `> …AsyncResponseHandler<S> for Router<H> {`
     /// fits on one line (else `for …` goes on the next).
     pub aio_answer_router_for_inline: bool,
+    /// The same for the `aio` failure router
+    /// (`> …AsyncFailureHandler<S> for Router<H> {`).
+    pub aio_failure_router_for_inline: bool,
+    /// The `aio` failure trait's header fits on one line.
+    pub aio_failures_header_inline: bool,
 }
 
 #[derive(Debug, Clone)]

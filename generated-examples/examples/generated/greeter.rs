@@ -183,6 +183,80 @@ pub mod greeter_v1 {
         }
     }
 
+    /// Acts on this interface's signals and pushcalls to the engine that
+    /// will never be delivered: each method runs when a message of its
+    /// method ends `Failed`, `DeadLetter` or `Expired`, with the request
+    /// that was sent. Every method does nothing unless implemented.
+    ///
+    /// Each method runs on the dispatcher's database thread inside the
+    /// transaction that gives the message that status: write a
+    /// compensation, or enqueue an alert through a client, in `tx`, and it
+    /// commits exactly once, together with the status. Register with
+    /// `Dispatcher::builder(…).failures(EngineFailureRouter(handler))`
+    /// (see `rfidl_runtime::failures`).
+    ///
+    /// `S` is the dispatcher's store, and so the type of `tx`:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`impl EngineFailures for …`, `tx: &rusqlite::Transaction<'_>`),
+    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
+    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
+    /// (`impl EngineFailures<Postgres> for …`,
+    /// `tx: &mut postgres::Transaction<'_>`).
+    #[allow(dead_code)]
+    pub trait EngineFailures<
+        S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
+    >: Send + Sync + 'static {
+        /// A `Joined` signal that will not be delivered:
+        /// `failure` says why (`status`, `error`, `code()`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): what
+        /// this wrote is rolled back, and the message ends in its status all
+        /// the same, the error appended to its `last_error`.
+        fn joined(
+            &self,
+            failure: &::rfidl_runtime::failures::Failure<'_>,
+            tx: S::Handle<'_, '_>,
+            request: JoinedRequest,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            let _ = (failure, tx, request);
+            Ok(())
+        }
+    }
+
+    /// Hands the messages of this interface version that end `Failed`,
+    /// `DeadLetter` or `Expired` to a [`EngineFailures`], their requests
+    /// decoded (a request that does not fit is a `payload_mismatch` error).
+    #[allow(dead_code)]
+    #[derive(Debug)]
+    pub struct EngineFailureRouter<H>(pub H);
+
+    impl<
+        S: ::rfidl_runtime::Store,
+        H: EngineFailures<S>,
+    > ::rfidl_runtime::failures::FailureHandler<S> for EngineFailureRouter<H> {
+        fn interface(&self) -> (&'static str, u32) {
+            (INTERFACE, VERSION)
+        }
+
+        fn handle(
+            &self,
+            failure: &::rfidl_runtime::failures::Failure<'_>,
+            tx: S::Handle<'_, '_>,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            match failure.endpoint {
+                "Joined" => {
+                    let request = ::rfidl_runtime::receiver::decode_payload(
+                        failure.payload,
+                    )?;
+                    self.0.joined(failure, tx, request)
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+
     /// Implemented by the engine to handle this interface's
     /// signals and pushcalls.
     ///
@@ -467,6 +541,80 @@ pub mod greeter_v1 {
         }
     }
 
+    /// Acts on this interface's commands to the service that
+    /// will never be delivered: each method runs when a message of its
+    /// method ends `Failed`, `DeadLetter` or `Expired`, with the request
+    /// that was sent. Every method does nothing unless implemented.
+    ///
+    /// Each method runs on the dispatcher's database thread inside the
+    /// transaction that gives the message that status: write a
+    /// compensation, or enqueue an alert through a client, in `tx`, and it
+    /// commits exactly once, together with the status. Register with
+    /// `Dispatcher::builder(…).failures(ServiceFailureRouter(handler))`
+    /// (see `rfidl_runtime::failures`).
+    ///
+    /// `S` is the dispatcher's store, and so the type of `tx`:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`impl ServiceFailures for …`, `tx: &rusqlite::Transaction<'_>`),
+    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
+    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
+    /// (`impl ServiceFailures<Postgres> for …`,
+    /// `tx: &mut postgres::Transaction<'_>`).
+    #[allow(dead_code)]
+    pub trait ServiceFailures<
+        S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
+    >: Send + Sync + 'static {
+        /// A `AssignDesk` command that will not be delivered:
+        /// `failure` says why (`status`, `error`, `code()`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): what
+        /// this wrote is rolled back, and the message ends in its status all
+        /// the same, the error appended to its `last_error`.
+        fn assign_desk(
+            &self,
+            failure: &::rfidl_runtime::failures::Failure<'_>,
+            tx: S::Handle<'_, '_>,
+            request: AssignDeskRequest,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            let _ = (failure, tx, request);
+            Ok(())
+        }
+    }
+
+    /// Hands the messages of this interface version that end `Failed`,
+    /// `DeadLetter` or `Expired` to a [`ServiceFailures`], their requests
+    /// decoded (a request that does not fit is a `payload_mismatch` error).
+    #[allow(dead_code)]
+    #[derive(Debug)]
+    pub struct ServiceFailureRouter<H>(pub H);
+
+    impl<
+        S: ::rfidl_runtime::Store,
+        H: ServiceFailures<S>,
+    > ::rfidl_runtime::failures::FailureHandler<S> for ServiceFailureRouter<H> {
+        fn interface(&self) -> (&'static str, u32) {
+            (INTERFACE, VERSION)
+        }
+
+        fn handle(
+            &self,
+            failure: &::rfidl_runtime::failures::Failure<'_>,
+            tx: S::Handle<'_, '_>,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            match failure.endpoint {
+                "AssignDesk" => {
+                    let request = ::rfidl_runtime::receiver::decode_payload(
+                        failure.payload,
+                    )?;
+                    self.0.assign_desk(failure, tx, request)
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+
     /// Implemented by the service to handle this interface's
     /// commands.
     ///
@@ -696,6 +844,86 @@ pub mod greeter_v1 {
                     deliver_at: self.deliver_at,
                 };
                 self.outbox.enqueue_async(conn, message).await
+            }
+        }
+
+        /// Acts on this interface's signals and pushcalls to the engine that
+        /// will never be delivered, on a sqlx store: the async
+        /// [`super::EngineFailures`]. Every method does nothing unless
+        /// implemented.
+        ///
+        /// Each method runs inside the dispatcher's transaction that gives the
+        /// message `Failed`, `DeadLetter` or `Expired`, and `conn` is that
+        /// transaction's connection: what you write through `conn` commits
+        /// exactly once, together with the status. Register with
+        /// `Dispatcher::builder(…).failures(aio::EngineFailureRouter(handler))`.
+        ///
+        /// `S` is the dispatcher's store, and so the type of `conn`:
+        /// `sqlx::Postgres` (`impl aio::EngineFailures<sqlx::Postgres> for …`,
+        /// `conn: &mut sqlx::PgConnection`) or `sqlx::Sqlite`
+        /// (`conn: &mut sqlx::SqliteConnection`). Implement each method as an
+        /// `async fn`; the future it returns must be `Send`.
+        pub trait EngineFailures<S: ::rfidl_runtime::AsyncStore>: Send + Sync + 'static {
+            /// A `Joined` signal that will not be delivered:
+            /// `failure` says why (`status`, `error`, `code()`).
+            ///
+            /// # Errors
+            ///
+            /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): what
+            /// this wrote is rolled back, and the message ends in its status all
+            /// the same, the error appended to its `last_error`.
+            fn joined(
+                &self,
+                failure: &::rfidl_runtime::failures::Failure<'_>,
+                conn: &mut S::Connection,
+                request: super::JoinedRequest,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    (),
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send {
+                let _ = (failure, conn, request);
+                ::std::future::ready(Ok(()))
+            }
+        }
+
+        /// Hands the messages of this interface version that end `Failed`,
+        /// `DeadLetter` or `Expired` to a [`EngineFailures`] on a sqlx
+        /// store (an
+        /// [`AsyncFailureHandler`](::rfidl_runtime::failures::AsyncFailureHandler)),
+        /// their requests decoded (a request that does not fit is a
+        /// `payload_mismatch` error).
+        #[derive(Debug)]
+        pub struct EngineFailureRouter<H>(pub H);
+
+        impl<
+            S: ::rfidl_runtime::AsyncStore,
+            H: EngineFailures<S>,
+        > ::rfidl_runtime::failures::AsyncFailureHandler<S> for EngineFailureRouter<H> {
+            fn interface(&self) -> (&'static str, u32) {
+                (super::INTERFACE, super::VERSION)
+            }
+
+            fn handle<'a>(
+                &'a self,
+                failure: &'a ::rfidl_runtime::failures::Failure<'a>,
+                conn: &'a mut S::Connection,
+            ) -> ::rfidl_runtime::BoxFuture<
+                'a,
+                ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>,
+            > {
+                ::std::boxed::Box::pin(async move {
+                    match failure.endpoint {
+                        "Joined" => {
+                            let request = ::rfidl_runtime::receiver::decode_payload(
+                                failure.payload,
+                            )?;
+                            self.0.joined(failure, conn, request).await
+                        }
+                        _ => Ok(()),
+                    }
+                })
             }
         }
 
@@ -1008,6 +1236,88 @@ pub mod greeter_v1 {
                                 answer.payload,
                             )?;
                             self.0.assign_desk(answer, conn, response).await
+                        }
+                        _ => Ok(()),
+                    }
+                })
+            }
+        }
+
+        /// Acts on this interface's commands to the service that
+        /// will never be delivered, on a sqlx store: the async
+        /// [`super::ServiceFailures`]. Every method does nothing unless
+        /// implemented.
+        ///
+        /// Each method runs inside the dispatcher's transaction that gives the
+        /// message `Failed`, `DeadLetter` or `Expired`, and `conn` is that
+        /// transaction's connection: what you write through `conn` commits
+        /// exactly once, together with the status. Register with
+        /// `Dispatcher::builder(…).failures(aio::ServiceFailureRouter(handler))`.
+        ///
+        /// `S` is the dispatcher's store, and so the type of `conn`:
+        /// `sqlx::Postgres` (`impl aio::ServiceFailures<sqlx::Postgres> for …`,
+        /// `conn: &mut sqlx::PgConnection`) or `sqlx::Sqlite`
+        /// (`conn: &mut sqlx::SqliteConnection`). Implement each method as an
+        /// `async fn`; the future it returns must be `Send`.
+        pub trait ServiceFailures<
+            S: ::rfidl_runtime::AsyncStore,
+        >: Send + Sync + 'static {
+            /// A `AssignDesk` command that will not be delivered:
+            /// `failure` says why (`status`, `error`, `code()`).
+            ///
+            /// # Errors
+            ///
+            /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): what
+            /// this wrote is rolled back, and the message ends in its status all
+            /// the same, the error appended to its `last_error`.
+            fn assign_desk(
+                &self,
+                failure: &::rfidl_runtime::failures::Failure<'_>,
+                conn: &mut S::Connection,
+                request: super::AssignDeskRequest,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    (),
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send {
+                let _ = (failure, conn, request);
+                ::std::future::ready(Ok(()))
+            }
+        }
+
+        /// Hands the messages of this interface version that end `Failed`,
+        /// `DeadLetter` or `Expired` to a [`ServiceFailures`] on a sqlx
+        /// store (an
+        /// [`AsyncFailureHandler`](::rfidl_runtime::failures::AsyncFailureHandler)),
+        /// their requests decoded (a request that does not fit is a
+        /// `payload_mismatch` error).
+        #[derive(Debug)]
+        pub struct ServiceFailureRouter<H>(pub H);
+
+        impl<
+            S: ::rfidl_runtime::AsyncStore,
+            H: ServiceFailures<S>,
+        > ::rfidl_runtime::failures::AsyncFailureHandler<S> for ServiceFailureRouter<H> {
+            fn interface(&self) -> (&'static str, u32) {
+                (super::INTERFACE, super::VERSION)
+            }
+
+            fn handle<'a>(
+                &'a self,
+                failure: &'a ::rfidl_runtime::failures::Failure<'a>,
+                conn: &'a mut S::Connection,
+            ) -> ::rfidl_runtime::BoxFuture<
+                'a,
+                ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>,
+            > {
+                ::std::boxed::Box::pin(async move {
+                    match failure.endpoint {
+                        "AssignDesk" => {
+                            let request = ::rfidl_runtime::receiver::decode_payload(
+                                failure.payload,
+                            )?;
+                            self.0.assign_desk(failure, conn, request).await
                         }
                         _ => Ok(()),
                     }

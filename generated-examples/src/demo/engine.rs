@@ -1,7 +1,9 @@
 //! The stand-in workflow engine: records hires as workflows (exactly once)
 //! and asks HR for a laptop, in the same transaction, through the outbox;
 //! when HR's answer (the laptop ticket) arrives, the workflow moves on in the
-//! transaction that records the answer (exactly once too).
+//! transaction that records the answer (exactly once too). A laptop command
+//! that HR refuses, or that expires before HR is reached, opens a ticket for
+//! a human instead, in the transaction that ends the command (once).
 
 // EmpService v1 is deprecated in the contract, and this demo serves and
 // sends it on purpose: old clients keep using v1 while new ones move to v2.
@@ -10,6 +12,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use rfidl_runtime::failures::Failure;
 use rfidl_runtime::host::HostBuilder;
 use rfidl_runtime::receiver::{HandlerError, IncomingCall};
 use rfidl_runtime::responses::Answer;
@@ -43,6 +46,11 @@ pub const SCHEMA: Sql = Sql {
     -- HR's answers and the lifecycle signals find the workflow by employee:
     -- without this index each one scans the table.
     CREATE INDEX IF NOT EXISTS workflows_employee ON workflows (employee_id);
+    -- Laptop commands that will not be delivered, for a human to handle.
+    CREATE TABLE IF NOT EXISTS human_tickets (
+        message_id TEXT PRIMARY KEY, employee_id TEXT NOT NULL, model TEXT NOT NULL,
+        status TEXT NOT NULL, reason TEXT NOT NULL
+    );
 ",
     postgres: "
     CREATE TABLE IF NOT EXISTS workflows (
@@ -50,6 +58,10 @@ pub const SCHEMA: Sql = Sql {
         message_id TEXT NOT NULL UNIQUE, laptop_ticket TEXT
     );
     CREATE INDEX IF NOT EXISTS workflows_employee ON workflows (employee_id);
+    CREATE TABLE IF NOT EXISTS human_tickets (
+        message_id TEXT PRIMARY KEY, employee_id TEXT NOT NULL, model TEXT NOT NULL,
+        status TEXT NOT NULL, reason TEXT NOT NULL
+    );
 ",
 };
 
@@ -75,6 +87,16 @@ const RECORD_TICKET: Sql = Sql {
 const FINISH_WORKFLOW: Sql = Sql {
     sqlite: "UPDATE workflows SET state = 'done' WHERE employee_id = ?1",
     postgres: "UPDATE workflows SET state = 'done' WHERE employee_id = $1",
+};
+
+/// A ticket for a human: the laptop command of a message will not be
+/// delivered. One per command: a command retried by an operator that fails
+/// again keeps its ticket.
+const OPEN_HUMAN_TICKET: Sql = Sql {
+    sqlite: "INSERT INTO human_tickets (message_id, employee_id, model, status, reason) \
+             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (message_id) DO NOTHING",
+    postgres: "INSERT INTO human_tickets (message_id, employee_id, model, status, reason) \
+               VALUES ($1, $2, $3, $4, $5) ON CONFLICT (message_id) DO NOTHING",
 };
 
 /// The laptop every new employee gets.
@@ -161,6 +183,106 @@ impl emp_service_v2::aio::ServiceAnswers<Postgres> for LaptopAnswers {
         response: LaptopTicket,
     ) -> Result<(), HandlerError> {
         Self::ticket_arrived_async(answer, conn, &response).await
+    }
+}
+
+/// Acts on `ProvisionLaptop` commands (both versions, both stores) that end
+/// `Failed`, `DeadLetter` or `Expired`: a ticket for a human
+/// (`human_tickets`), in the transaction that ends the command
+/// (`rfidl_runtime::failures`), so exactly one per command.
+pub struct LaptopFailures;
+
+impl LaptopFailures {
+    fn log(failure: &Failure<'_>, employee_id: Uuid) {
+        tracing::warn!(
+            message_id = %failure.message_id,
+            %employee_id,
+            status = %failure.status,
+            "laptop command not delivered; a human takes over"
+        );
+    }
+
+    fn open_ticket(
+        failure: &Failure<'_>,
+        tx: &Transaction<'_>,
+        employee_id: Uuid,
+        model: &str,
+    ) -> Result<(), HandlerError> {
+        Self::log(failure, employee_id);
+        tx.execute(
+            OPEN_HUMAN_TICKET.sqlite,
+            params![
+                failure.message_id,
+                employee_id.to_string(),
+                model,
+                failure.status.as_str(),
+                failure.error
+            ],
+        )?;
+        Ok(())
+    }
+
+    async fn open_ticket_async(
+        failure: &Failure<'_>,
+        conn: &mut PgConnection,
+        employee_id: Uuid,
+        model: &str,
+    ) -> Result<(), HandlerError> {
+        Self::log(failure, employee_id);
+        sqlx::query(OPEN_HUMAN_TICKET.postgres)
+            .bind(failure.message_id)
+            .bind(employee_id.to_string())
+            .bind(model)
+            .bind(failure.status.as_str())
+            .bind(failure.error)
+            .execute(conn)
+            .await
+            .map_err(HandlerError::retryable)?;
+        Ok(())
+    }
+}
+
+impl emp_service_v1::ServiceFailures<Sqlite> for LaptopFailures {
+    fn provision_laptop(
+        &self,
+        failure: &Failure<'_>,
+        tx: &Transaction<'_>,
+        request: emp_service_v1::ProvisionLaptopRequest,
+    ) -> Result<(), HandlerError> {
+        Self::open_ticket(failure, tx, request.employee_id, &request.model)
+    }
+}
+
+impl emp_service_v2::ServiceFailures<Sqlite> for LaptopFailures {
+    fn provision_laptop(
+        &self,
+        failure: &Failure<'_>,
+        tx: &Transaction<'_>,
+        request: emp_service_v2::ProvisionLaptopRequest,
+    ) -> Result<(), HandlerError> {
+        Self::open_ticket(failure, tx, request.employee_id, &request.model)
+    }
+}
+
+impl emp_service_v1::aio::ServiceFailures<Postgres> for LaptopFailures {
+    async fn provision_laptop(
+        &self,
+        failure: &Failure<'_>,
+        conn: &mut PgConnection,
+        request: emp_service_v1::ProvisionLaptopRequest,
+    ) -> Result<(), HandlerError> {
+        Self::open_ticket_async(failure, conn, request.employee_id, &request.model).await
+    }
+}
+
+impl emp_service_v2::aio::ServiceFailures<Postgres> for LaptopFailures {
+    async fn provision_laptop(
+        &self,
+        failure: &Failure<'_>,
+        conn: &mut PgConnection,
+        request: emp_service_v2::ProvisionLaptopRequest,
+    ) -> Result<(), HandlerError> {
+        Self::open_ticket_async(failure, conn, request.employee_id, &request.model).await
     }
 }
 
@@ -526,7 +648,11 @@ impl Engine {
                     .service(emp_service_v1::EngineReceiver(workflows.clone()))
                     .service(emp_service_v2::EngineReceiver(workflows))
                     .responses(emp_service_v1::ServiceAnswerRouter(LaptopAnswers))
-                    .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers));
+                    .responses(emp_service_v2::ServiceAnswerRouter(LaptopAnswers))
+                    // A laptop command that will not be delivered: a human
+                    // takes over.
+                    .failures(emp_service_v1::ServiceFailureRouter(LaptopFailures))
+                    .failures(emp_service_v2::ServiceFailureRouter(LaptopFailures));
                 Self::serve(settings, host, outages).await
             }
             Database::Postgres(database) => {
@@ -544,7 +670,9 @@ impl Engine {
                     .service(emp_service_v1::aio::EngineReceiver(workflows.clone()))
                     .service(emp_service_v2::aio::EngineReceiver(workflows))
                     .responses(emp_service_v1::aio::ServiceAnswerRouter(LaptopAnswers))
-                    .responses(emp_service_v2::aio::ServiceAnswerRouter(LaptopAnswers));
+                    .responses(emp_service_v2::aio::ServiceAnswerRouter(LaptopAnswers))
+                    .failures(emp_service_v1::aio::ServiceFailureRouter(LaptopFailures))
+                    .failures(emp_service_v2::aio::ServiceFailureRouter(LaptopFailures));
                 Self::serve(settings, host, outages).await
             }
         }

@@ -303,6 +303,104 @@ pub mod order_service_v1 {
         }
     }
 
+    /// Acts on this interface's signals and pushcalls to the engine that
+    /// will never be delivered: each method runs when a message of its
+    /// method ends `Failed`, `DeadLetter` or `Expired`, with the request
+    /// that was sent. Every method does nothing unless implemented.
+    ///
+    /// Each method runs on the dispatcher's database thread inside the
+    /// transaction that gives the message that status: write a
+    /// compensation, or enqueue an alert through a client, in `tx`, and it
+    /// commits exactly once, together with the status. Register with
+    /// `Dispatcher::builder(…).failures(EngineFailureRouter(handler))`
+    /// (see `rfidl_runtime::failures`).
+    ///
+    /// `S` is the dispatcher's store, and so the type of `tx`:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`impl EngineFailures for …`, `tx: &rusqlite::Transaction<'_>`),
+    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
+    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
+    /// (`impl EngineFailures<Postgres> for …`,
+    /// `tx: &mut postgres::Transaction<'_>`).
+    #[allow(dead_code)]
+    pub trait EngineFailures<
+        S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
+    >: Send + Sync + 'static {
+        /// A `OrderPlaced` pushcall that will not be delivered:
+        /// `failure` says why (`status`, `error`, `code()`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): what
+        /// this wrote is rolled back, and the message ends in its status all
+        /// the same, the error appended to its `last_error`.
+        fn order_placed(
+            &self,
+            failure: &::rfidl_runtime::failures::Failure<'_>,
+            tx: S::Handle<'_, '_>,
+            request: OrderPlacedRequest,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            let _ = (failure, tx, request);
+            Ok(())
+        }
+
+        /// A `OrderCancelled` signal that will not be delivered:
+        /// `failure` says why (`status`, `error`, `code()`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): what
+        /// this wrote is rolled back, and the message ends in its status all
+        /// the same, the error appended to its `last_error`.
+        fn order_cancelled(
+            &self,
+            failure: &::rfidl_runtime::failures::Failure<'_>,
+            tx: S::Handle<'_, '_>,
+            request: OrderCancelledRequest,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            let _ = (failure, tx, request);
+            Ok(())
+        }
+    }
+
+    /// Hands the messages of this interface version that end `Failed`,
+    /// `DeadLetter` or `Expired` to a [`EngineFailures`], their requests
+    /// decoded (a request that does not fit is a `payload_mismatch` error).
+    #[allow(dead_code)]
+    #[derive(Debug)]
+    pub struct EngineFailureRouter<H>(pub H);
+
+    impl<
+        S: ::rfidl_runtime::Store,
+        H: EngineFailures<S>,
+    > ::rfidl_runtime::failures::FailureHandler<S> for EngineFailureRouter<H> {
+        fn interface(&self) -> (&'static str, u32) {
+            (INTERFACE, VERSION)
+        }
+
+        fn handle(
+            &self,
+            failure: &::rfidl_runtime::failures::Failure<'_>,
+            tx: S::Handle<'_, '_>,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            match failure.endpoint {
+                "OrderPlaced" => {
+                    let request = ::rfidl_runtime::receiver::decode_payload(
+                        failure.payload,
+                    )?;
+                    self.0.order_placed(failure, tx, request)
+                }
+                "OrderCancelled" => {
+                    let request = ::rfidl_runtime::receiver::decode_payload(
+                        failure.payload,
+                    )?;
+                    self.0.order_cancelled(failure, tx, request)
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+
     /// Implemented by the engine to handle this interface's
     /// signals and pushcalls.
     ///
@@ -748,6 +846,128 @@ pub mod order_service_v1 {
         }
     }
 
+    /// Acts on this interface's commands to the service that
+    /// will never be delivered: each method runs when a message of its
+    /// method ends `Failed`, `DeadLetter` or `Expired`, with the request
+    /// that was sent. Every method does nothing unless implemented.
+    ///
+    /// Each method runs on the dispatcher's database thread inside the
+    /// transaction that gives the message that status: write a
+    /// compensation, or enqueue an alert through a client, in `tx`, and it
+    /// commits exactly once, together with the status. Register with
+    /// `Dispatcher::builder(…).failures(ServiceFailureRouter(handler))`
+    /// (see `rfidl_runtime::failures`).
+    ///
+    /// `S` is the dispatcher's store, and so the type of `tx`:
+    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
+    /// (`impl ServiceFailures for …`, `tx: &rusqlite::Transaction<'_>`),
+    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
+    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
+    /// (`impl ServiceFailures<Postgres> for …`,
+    /// `tx: &mut postgres::Transaction<'_>`).
+    #[allow(dead_code)]
+    pub trait ServiceFailures<
+        S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
+    >: Send + Sync + 'static {
+        /// A `ReserveStock` command that will not be delivered:
+        /// `failure` says why (`status`, `error`, `code()`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): what
+        /// this wrote is rolled back, and the message ends in its status all
+        /// the same, the error appended to its `last_error`.
+        fn reserve_stock(
+            &self,
+            failure: &::rfidl_runtime::failures::Failure<'_>,
+            tx: S::Handle<'_, '_>,
+            request: ReserveStockRequest,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            let _ = (failure, tx, request);
+            Ok(())
+        }
+
+        /// A `CapturePayment` command that will not be delivered:
+        /// `failure` says why (`status`, `error`, `code()`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): what
+        /// this wrote is rolled back, and the message ends in its status all
+        /// the same, the error appended to its `last_error`.
+        fn capture_payment(
+            &self,
+            failure: &::rfidl_runtime::failures::Failure<'_>,
+            tx: S::Handle<'_, '_>,
+            request: CapturePaymentRequest,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            let _ = (failure, tx, request);
+            Ok(())
+        }
+
+        /// A `CheckStock` command that will not be delivered:
+        /// `failure` says why (`status`, `error`, `code()`).
+        ///
+        /// # Errors
+        ///
+        /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): what
+        /// this wrote is rolled back, and the message ends in its status all
+        /// the same, the error appended to its `last_error`.
+        fn check_stock(
+            &self,
+            failure: &::rfidl_runtime::failures::Failure<'_>,
+            tx: S::Handle<'_, '_>,
+            request: CheckStockRequest,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            let _ = (failure, tx, request);
+            Ok(())
+        }
+    }
+
+    /// Hands the messages of this interface version that end `Failed`,
+    /// `DeadLetter` or `Expired` to a [`ServiceFailures`], their requests
+    /// decoded (a request that does not fit is a `payload_mismatch` error).
+    #[allow(dead_code)]
+    #[derive(Debug)]
+    pub struct ServiceFailureRouter<H>(pub H);
+
+    impl<
+        S: ::rfidl_runtime::Store,
+        H: ServiceFailures<S>,
+    > ::rfidl_runtime::failures::FailureHandler<S> for ServiceFailureRouter<H> {
+        fn interface(&self) -> (&'static str, u32) {
+            (INTERFACE, VERSION)
+        }
+
+        fn handle(
+            &self,
+            failure: &::rfidl_runtime::failures::Failure<'_>,
+            tx: S::Handle<'_, '_>,
+        ) -> ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError> {
+            match failure.endpoint {
+                "ReserveStock" => {
+                    let request = ::rfidl_runtime::receiver::decode_payload(
+                        failure.payload,
+                    )?;
+                    self.0.reserve_stock(failure, tx, request)
+                }
+                "CapturePayment" => {
+                    let request = ::rfidl_runtime::receiver::decode_payload(
+                        failure.payload,
+                    )?;
+                    self.0.capture_payment(failure, tx, request)
+                }
+                "CheckStock" => {
+                    let request = ::rfidl_runtime::receiver::decode_payload(
+                        failure.payload,
+                    )?;
+                    self.0.check_stock(failure, tx, request)
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+
     /// Implemented by the service to handle this interface's
     /// commands.
     ///
@@ -1104,6 +1324,115 @@ pub mod order_service_v1 {
                     deliver_at: self.deliver_at,
                 };
                 self.outbox.enqueue_async(conn, message).await
+            }
+        }
+
+        /// Acts on this interface's signals and pushcalls to the engine that
+        /// will never be delivered, on a sqlx store: the async
+        /// [`super::EngineFailures`]. Every method does nothing unless
+        /// implemented.
+        ///
+        /// Each method runs inside the dispatcher's transaction that gives the
+        /// message `Failed`, `DeadLetter` or `Expired`, and `conn` is that
+        /// transaction's connection: what you write through `conn` commits
+        /// exactly once, together with the status. Register with
+        /// `Dispatcher::builder(…).failures(aio::EngineFailureRouter(handler))`.
+        ///
+        /// `S` is the dispatcher's store, and so the type of `conn`:
+        /// `sqlx::Postgres` (`impl aio::EngineFailures<sqlx::Postgres> for …`,
+        /// `conn: &mut sqlx::PgConnection`) or `sqlx::Sqlite`
+        /// (`conn: &mut sqlx::SqliteConnection`). Implement each method as an
+        /// `async fn`; the future it returns must be `Send`.
+        pub trait EngineFailures<S: ::rfidl_runtime::AsyncStore>: Send + Sync + 'static {
+            /// A `OrderPlaced` pushcall that will not be delivered:
+            /// `failure` says why (`status`, `error`, `code()`).
+            ///
+            /// # Errors
+            ///
+            /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): what
+            /// this wrote is rolled back, and the message ends in its status all
+            /// the same, the error appended to its `last_error`.
+            fn order_placed(
+                &self,
+                failure: &::rfidl_runtime::failures::Failure<'_>,
+                conn: &mut S::Connection,
+                request: super::OrderPlacedRequest,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    (),
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send {
+                let _ = (failure, conn, request);
+                ::std::future::ready(Ok(()))
+            }
+
+            /// A `OrderCancelled` signal that will not be delivered:
+            /// `failure` says why (`status`, `error`, `code()`).
+            ///
+            /// # Errors
+            ///
+            /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): what
+            /// this wrote is rolled back, and the message ends in its status all
+            /// the same, the error appended to its `last_error`.
+            fn order_cancelled(
+                &self,
+                failure: &::rfidl_runtime::failures::Failure<'_>,
+                conn: &mut S::Connection,
+                request: super::OrderCancelledRequest,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    (),
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send {
+                let _ = (failure, conn, request);
+                ::std::future::ready(Ok(()))
+            }
+        }
+
+        /// Hands the messages of this interface version that end `Failed`,
+        /// `DeadLetter` or `Expired` to a [`EngineFailures`] on a sqlx
+        /// store (an
+        /// [`AsyncFailureHandler`](::rfidl_runtime::failures::AsyncFailureHandler)),
+        /// their requests decoded (a request that does not fit is a
+        /// `payload_mismatch` error).
+        #[derive(Debug)]
+        pub struct EngineFailureRouter<H>(pub H);
+
+        impl<
+            S: ::rfidl_runtime::AsyncStore,
+            H: EngineFailures<S>,
+        > ::rfidl_runtime::failures::AsyncFailureHandler<S> for EngineFailureRouter<H> {
+            fn interface(&self) -> (&'static str, u32) {
+                (super::INTERFACE, super::VERSION)
+            }
+
+            fn handle<'a>(
+                &'a self,
+                failure: &'a ::rfidl_runtime::failures::Failure<'a>,
+                conn: &'a mut S::Connection,
+            ) -> ::rfidl_runtime::BoxFuture<
+                'a,
+                ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>,
+            > {
+                ::std::boxed::Box::pin(async move {
+                    match failure.endpoint {
+                        "OrderPlaced" => {
+                            let request = ::rfidl_runtime::receiver::decode_payload(
+                                failure.payload,
+                            )?;
+                            self.0.order_placed(failure, conn, request).await
+                        }
+                        "OrderCancelled" => {
+                            let request = ::rfidl_runtime::receiver::decode_payload(
+                                failure.payload,
+                            )?;
+                            self.0.order_cancelled(failure, conn, request).await
+                        }
+                        _ => Ok(()),
+                    }
+                })
             }
         }
 
@@ -1600,6 +1929,146 @@ pub mod order_service_v1 {
                                 answer.payload,
                             )?;
                             self.0.check_stock(answer, conn, response).await
+                        }
+                        _ => Ok(()),
+                    }
+                })
+            }
+        }
+
+        /// Acts on this interface's commands to the service that
+        /// will never be delivered, on a sqlx store: the async
+        /// [`super::ServiceFailures`]. Every method does nothing unless
+        /// implemented.
+        ///
+        /// Each method runs inside the dispatcher's transaction that gives the
+        /// message `Failed`, `DeadLetter` or `Expired`, and `conn` is that
+        /// transaction's connection: what you write through `conn` commits
+        /// exactly once, together with the status. Register with
+        /// `Dispatcher::builder(…).failures(aio::ServiceFailureRouter(handler))`.
+        ///
+        /// `S` is the dispatcher's store, and so the type of `conn`:
+        /// `sqlx::Postgres` (`impl aio::ServiceFailures<sqlx::Postgres> for …`,
+        /// `conn: &mut sqlx::PgConnection`) or `sqlx::Sqlite`
+        /// (`conn: &mut sqlx::SqliteConnection`). Implement each method as an
+        /// `async fn`; the future it returns must be `Send`.
+        pub trait ServiceFailures<
+            S: ::rfidl_runtime::AsyncStore,
+        >: Send + Sync + 'static {
+            /// A `ReserveStock` command that will not be delivered:
+            /// `failure` says why (`status`, `error`, `code()`).
+            ///
+            /// # Errors
+            ///
+            /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): what
+            /// this wrote is rolled back, and the message ends in its status all
+            /// the same, the error appended to its `last_error`.
+            fn reserve_stock(
+                &self,
+                failure: &::rfidl_runtime::failures::Failure<'_>,
+                conn: &mut S::Connection,
+                request: super::ReserveStockRequest,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    (),
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send {
+                let _ = (failure, conn, request);
+                ::std::future::ready(Ok(()))
+            }
+
+            /// A `CapturePayment` command that will not be delivered:
+            /// `failure` says why (`status`, `error`, `code()`).
+            ///
+            /// # Errors
+            ///
+            /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): what
+            /// this wrote is rolled back, and the message ends in its status all
+            /// the same, the error appended to its `last_error`.
+            fn capture_payment(
+                &self,
+                failure: &::rfidl_runtime::failures::Failure<'_>,
+                conn: &mut S::Connection,
+                request: super::CapturePaymentRequest,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    (),
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send {
+                let _ = (failure, conn, request);
+                ::std::future::ready(Ok(()))
+            }
+
+            /// A `CheckStock` command that will not be delivered:
+            /// `failure` says why (`status`, `error`, `code()`).
+            ///
+            /// # Errors
+            ///
+            /// A [`HandlerError`](::rfidl_runtime::receiver::HandlerError): what
+            /// this wrote is rolled back, and the message ends in its status all
+            /// the same, the error appended to its `last_error`.
+            fn check_stock(
+                &self,
+                failure: &::rfidl_runtime::failures::Failure<'_>,
+                conn: &mut S::Connection,
+                request: super::CheckStockRequest,
+            ) -> impl ::std::future::Future<
+                Output = ::std::result::Result<
+                    (),
+                    ::rfidl_runtime::receiver::HandlerError,
+                >,
+            > + Send {
+                let _ = (failure, conn, request);
+                ::std::future::ready(Ok(()))
+            }
+        }
+
+        /// Hands the messages of this interface version that end `Failed`,
+        /// `DeadLetter` or `Expired` to a [`ServiceFailures`] on a sqlx
+        /// store (an
+        /// [`AsyncFailureHandler`](::rfidl_runtime::failures::AsyncFailureHandler)),
+        /// their requests decoded (a request that does not fit is a
+        /// `payload_mismatch` error).
+        #[derive(Debug)]
+        pub struct ServiceFailureRouter<H>(pub H);
+
+        impl<
+            S: ::rfidl_runtime::AsyncStore,
+            H: ServiceFailures<S>,
+        > ::rfidl_runtime::failures::AsyncFailureHandler<S> for ServiceFailureRouter<H> {
+            fn interface(&self) -> (&'static str, u32) {
+                (super::INTERFACE, super::VERSION)
+            }
+
+            fn handle<'a>(
+                &'a self,
+                failure: &'a ::rfidl_runtime::failures::Failure<'a>,
+                conn: &'a mut S::Connection,
+            ) -> ::rfidl_runtime::BoxFuture<
+                'a,
+                ::std::result::Result<(), ::rfidl_runtime::receiver::HandlerError>,
+            > {
+                ::std::boxed::Box::pin(async move {
+                    match failure.endpoint {
+                        "ReserveStock" => {
+                            let request = ::rfidl_runtime::receiver::decode_payload(
+                                failure.payload,
+                            )?;
+                            self.0.reserve_stock(failure, conn, request).await
+                        }
+                        "CapturePayment" => {
+                            let request = ::rfidl_runtime::receiver::decode_payload(
+                                failure.payload,
+                            )?;
+                            self.0.capture_payment(failure, conn, request).await
+                        }
+                        "CheckStock" => {
+                            let request = ::rfidl_runtime::receiver::decode_payload(
+                                failure.payload,
+                            )?;
+                            self.0.check_stock(failure, conn, request).await
                         }
                         _ => Ok(()),
                     }

@@ -4,6 +4,8 @@ mod demo;
 mod drift;
 mod examples;
 mod generated_aio;
+// The engine's failure handler: a ticket for a human (issue 30).
+mod human_tickets;
 mod ops_access;
 mod postgres_processes;
 mod processes;

@@ -139,28 +139,6 @@ pub const HOSTED: &[HostedInterface] = &[HostedInterface {
     manifest_json: "{}",
 }];
 
-impl HostedService<rfidl_runtime::Postgres> for Ledger {
-    fn interfaces(&self) -> &[HostedInterface] {
-        HOSTED
-    }
-
-    fn handle(
-        &self,
-        call: &IncomingCall<'_>,
-        tx: &mut ::postgres::Transaction<'_>,
-    ) -> Result<serde_json::Value, HandlerError> {
-        tx.execute(
-            "INSERT INTO ledger (message_id, amount) VALUES ($1, $2)",
-            &[
-                &call.message_id,
-                &call.payload["amount"].as_i64().unwrap_or(0),
-            ],
-        )?;
-        self.note_effect();
-        Ok(serde_json::Value::Null)
-    }
-}
-
 impl rfidl_runtime::receiver::AsyncHostedService<sqlx::Postgres> for Ledger {
     fn interfaces(&self) -> &[HostedInterface] {
         HOSTED

@@ -79,5 +79,7 @@ pub(crate) fn decide(answer: &Reply, delivered: u32, retries: Retries) -> Action
             Action::Retry(retries.backoff.max(retry_after.unwrap_or_default()))
         }
         Verdict::Held { .. } => Action::Retry(retries.backoff_max),
+        // Never classified from an answer: a claim's verdict.
+        Verdict::Expired => Action::Term(crate::dispatcher::records::EXPIRED.to_owned()),
     }
 }

@@ -20,9 +20,10 @@
 //! A name the config does not know is read lower case with `_` as `-`
 //! (`RFIDL_PEERS_HR_SERVICE_SECRETS` is peer `hr-service`).
 //!
-//! An unknown variable under `RFIDL_OUTBOX_`, `RFIDL_INBOX_`,
-//! `RFIDL_DESTINATIONS_` or `RFIDL_PEERS_` is an error (a typo must not be
-//! silently ignored); other `RFIDL_` variables belong to applications.
+//! An unknown variable under `RFIDL_OUTBOX_`, `RFIDL_INBOX_`, `RFIDL_BACKUP_`,
+//! `RFIDL_VACUUM_`, `RFIDL_DESTINATIONS_` or `RFIDL_PEERS_` is an error (a
+//! typo must not be silently ignored); other `RFIDL_` variables belong to
+//! applications.
 //! Errors name the variable, never its value.
 
 use std::collections::BTreeMap;
@@ -34,9 +35,11 @@ use super::{Config, ConfigError, DestinationConfig};
 pub const PREFIX: &str = "RFIDL_";
 
 /// Prefixes owned by the overlay: an unknown variable under one is an error.
-const OWNED: [&str; 4] = [
+const OWNED: [&str; 6] = [
     "RFIDL_OUTBOX_",
     "RFIDL_INBOX_",
+    "RFIDL_BACKUP_",
+    "RFIDL_VACUUM_",
     "RFIDL_DESTINATIONS_",
     "RFIDL_PEERS_",
 ];

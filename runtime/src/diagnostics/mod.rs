@@ -10,6 +10,7 @@
 //! | `POST /_rf/outbox/retry` | the same for every one matching `?status=` and `?destination=` |
 //! | `POST /_rf/outbox/{messageId}/discard` | puts one such message aside: `Discarded`, deleted by retention after `outbox.failed_retention` |
 //! | `POST /_rf/outbox/discard` | the same for every one matching `?status=` and `?destination=` |
+//! | `POST /_rf/backup` | writes a backup of the SQLite file now ([`crate::backup`]): its name and size; 409 `backup_running` while one is written |
 //! | `GET /_rf/inbox/stats` | inbox size, processed and duplicate counts, duplicate rate |
 //! | `GET /_rf/metrics` | Prometheus text format ([`crate::metrics`]) |
 //! | `GET /_rf/livez` | 200 while the process answers (no token needed) |
@@ -21,7 +22,7 @@
 //! [`DiagnosticsError`]. Set [`DiagnosticsBuilder::bearer_token`] to require
 //! `Authorization: Bearer <token>` on every route ([`crate::auth`]: any case
 //! of the scheme; an empty token refuses everything); without it, the routes
-//! that change state (the retries and discards) answer 403 `token_required` and the
+//! that change state (the retries, discards and backups) answer 403 `token_required` and the
 //! read-only ones answer anyone, so serve the router on an internal address
 //! only.
 //!
@@ -47,9 +48,11 @@
 //! | `sqlite` | the SQLite statements and readiness checks | folds or decides |
 //! | `routes` | [`Diagnostics`], its builder, the router and handlers | writes SQL |
 //! | `access` | the bearer-token middleware | reads the database |
+//! | `backup` | `POST /_rf/backup` | writes the service's file |
 //! | `readiness` | `livez` / `readyz` | needs a token |
 
 mod access;
+mod backup;
 mod health;
 mod listing;
 mod queries;

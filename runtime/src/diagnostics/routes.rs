@@ -20,6 +20,7 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use super::access::{require_token, require_token_for_changes};
+use super::backup::serve_backup;
 use super::health::{fold_gauges, health, horizon_warning, with_decommissioned, with_destinations};
 use super::queries::{
     DiagnosticsStore, attention_page_in, count_older, discard_matching_in, discard_message_in,
@@ -30,6 +31,7 @@ use super::{
     AttentionFilter, AttentionMessage, DecommissionedVersion, DiagnosticsError, Health,
     HealthThresholds, InboxStats, OutboxStats, SendCounters, rfc3339,
 };
+use crate::backup::Backups;
 use crate::circuit::Circuits;
 use crate::config::Config;
 use crate::liveness::Liveness;
@@ -53,6 +55,7 @@ pub struct DiagnosticsBuilder {
     outbox: Option<Outbox>,
     workers: Vec<(String, Liveness)>,
     readiness_timeout: Duration,
+    backups: Option<Backups>,
 }
 
 impl DiagnosticsBuilder {
@@ -96,6 +99,13 @@ impl DiagnosticsBuilder {
     /// (share one `Arc<Metrics>` between the outbox and the receiver).
     pub fn metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = metrics;
+        self
+    }
+
+    /// `POST /_rf/backup` writes a backup with `backups` (without it the
+    /// route answers 409 `backup_not_configured`).
+    pub fn backups(mut self, backups: Backups) -> Self {
+        self.backups = Some(backups);
         self
     }
 
@@ -156,6 +166,7 @@ impl DiagnosticsBuilder {
                 readiness_timeout: self.readiness_timeout,
                 outbox: self.outbox,
                 workers: self.workers,
+                backups: self.backups,
             }),
         })
     }
@@ -188,6 +199,7 @@ pub(super) struct Shared {
     pub(super) readiness_timeout: Duration,
     pub(super) outbox: Option<Outbox>,
     pub(super) workers: Vec<(String, Liveness)>,
+    pub(super) backups: Option<Backups>,
 }
 
 impl Diagnostics {
@@ -209,6 +221,7 @@ impl Diagnostics {
             outbox: None,
             workers: Vec::new(),
             readiness_timeout: Duration::from_secs(1),
+            backups: None,
         }
     }
 
@@ -252,6 +265,10 @@ impl Diagnostics {
                     .route(
                         "/_rf/outbox/{message_id}/discard",
                         post(serve_discard).fallback(method_not_allowed),
+                    )
+                    .route(
+                        "/_rf/backup",
+                        post(serve_backup).fallback(method_not_allowed),
                     )
                     .route_layer(middleware::from_fn_with_state(
                         Arc::clone(&self.shared),

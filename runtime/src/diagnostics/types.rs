@@ -106,6 +106,21 @@ pub enum DiagnosticsError {
     /// 503 `unavailable`: the database could not be read (locked, corrupt, gone).
     #[error("storage unavailable: {0}")]
     Unavailable(String),
+    /// 409 `backup_running`: `POST /_rf/backup` while a backup (scheduled
+    /// or on demand) is being written.
+    #[error("a backup is already being written; try again when it is done")]
+    BackupRunning,
+    /// 409 `backup_not_configured`: `POST /_rf/backup` on a service without
+    /// a backup folder (`backup.directory`), or on PostgreSQL.
+    #[error(
+        "this service takes no backups: set backup.directory (RFIDL_BACKUP_DIRECTORY); \
+         a PostgreSQL database is backed up by its server's tools"
+    )]
+    BackupNotConfigured,
+    /// 500 `backup_failed`: the backup could not be written (disk full,
+    /// permissions, a damaged copy); nothing was kept of it.
+    #[error("{0}")]
+    BackupFailed(String),
     /// 405 `method_not_allowed`: e.g. `DELETE /_rf/health`.
     #[error("method {method} is not allowed on {path}")]
     MethodNotAllowed {
@@ -117,7 +132,7 @@ pub enum DiagnosticsError {
 }
 
 impl DiagnosticsError {
-    /// The HTTP status of the answer (401, 403, 400, 404, 409, 503, 405);
+    /// The HTTP status of the answer (401, 403, 400, 404, 409, 500, 503, 405);
     /// the body is an [`ErrorBody`] with [`code`](Self::code).
     pub fn status(&self) -> StatusCode {
         match self {
@@ -127,9 +142,11 @@ impl DiagnosticsError {
             | DiagnosticsError::InvalidCursor(_)
             | DiagnosticsError::CursorMismatch => StatusCode::BAD_REQUEST,
             DiagnosticsError::NotFound(_) => StatusCode::NOT_FOUND,
-            DiagnosticsError::NotRetryable { .. } | DiagnosticsError::NotDiscardable { .. } => {
-                StatusCode::CONFLICT
-            }
+            DiagnosticsError::NotRetryable { .. }
+            | DiagnosticsError::NotDiscardable { .. }
+            | DiagnosticsError::BackupRunning
+            | DiagnosticsError::BackupNotConfigured => StatusCode::CONFLICT,
+            DiagnosticsError::BackupFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
             DiagnosticsError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             DiagnosticsError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
         }
@@ -147,6 +164,9 @@ impl DiagnosticsError {
             DiagnosticsError::NotRetryable { .. } => "not_retryable",
             DiagnosticsError::NotDiscardable { .. } => "not_discardable",
             DiagnosticsError::Unavailable(_) => "unavailable",
+            DiagnosticsError::BackupRunning => "backup_running",
+            DiagnosticsError::BackupNotConfigured => "backup_not_configured",
+            DiagnosticsError::BackupFailed(_) => "backup_failed",
             DiagnosticsError::MethodNotAllowed { .. } => "method_not_allowed",
         }
     }

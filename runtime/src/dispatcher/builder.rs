@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
 use super::{DispatcherHandle, State, run};
+use crate::failures::{FailureHandlers, IntoFailureHandler};
 use crate::liveness::Liveness;
 use crate::outbox::Outbox;
 use crate::responses::IntoResponder;
@@ -50,6 +51,20 @@ pub enum DispatcherError {
         /// ([`Outbox::declare_destination`](crate::Outbox::declare_destination)).
         name: String,
     },
+    /// Two failure handlers were registered for one interface version
+    /// ([`DispatcherBuilder::failures`]): which one should run is
+    /// ambiguous. Register one, which may do both jobs; the dispatcher did
+    /// not start.
+    #[error(
+        "more than one failure handler for `{interface}` v{version}: register one per interface \
+         version"
+    )]
+    DuplicateFailureHandler {
+        /// `package.Service`.
+        interface: &'static str,
+        /// Its version.
+        version: u32,
+    },
     /// The operating system refused to create the dispatcher's tokio
     /// runtime or its thread (out of threads or memory). Nothing started.
     #[error("cannot start the dispatcher's runtime or thread: {0}")]
@@ -80,6 +95,7 @@ pub struct DispatcherBuilder<S: AnyStore = Sqlite> {
     routes: BTreeMap<String, Route>,
     errors: Vec<DispatcherError>,
     responses: Vec<Arc<S::Responder>>,
+    failures: FailureHandlers<S::OnFailure>,
     resolver: Option<Resolver>,
     issued: Option<crate::keys::IssuedKeys>,
 }
@@ -114,6 +130,18 @@ impl<S: AnyStore> DispatcherBuilder<S> {
     /// part (the host's answers consumers).
     pub(crate) fn shared_responder(mut self, handler: Arc<S::Responder>) -> Self {
         self.responses.push(handler);
+        self
+    }
+
+    /// Acts on the messages of `handler`'s interface version that end
+    /// `Failed`, `DeadLetter` or `Expired`, inside the transaction that
+    /// gives each its status (see [`crate::failures`]): a generated
+    /// `…FailureRouter(handler)`. One handler per interface version: a
+    /// second one for the same version stops the start
+    /// ([`DispatcherError::DuplicateFailureHandler`]).
+    pub fn failures<M>(mut self, handler: impl IntoFailureHandler<S, M>) -> Self {
+        let (handler, key) = handler.into_failure_handler();
+        self.failures.push(key, handler.0);
         self
     }
 
@@ -197,6 +225,9 @@ impl<S: AnyStore> DispatcherBuilder<S> {
         if let Some(error) = self.errors.pop() {
             return Err(error);
         }
+        if let Some((interface, version)) = self.failures.duplicate() {
+            return Err(DispatcherError::DuplicateFailureHandler { interface, version });
+        }
         let routable = match self.resolver {
             Some(_) => None,
             None => Some(self.routes.keys().cloned().collect()),
@@ -209,7 +240,12 @@ impl<S: AnyStore> DispatcherBuilder<S> {
         {
             return Err(DispatcherError::UnknownDestination { name });
         }
-        let db = S::open_dispatch(self.outbox.database(), &config, self.responses)?;
+        let db = S::open_dispatch(
+            self.outbox.database(),
+            &config,
+            self.responses,
+            self.failures,
+        )?;
         let cancel = CancellationToken::new();
         S::wake_on_commit(
             self.outbox.database(),
@@ -306,6 +342,7 @@ impl Dispatcher {
             routes: BTreeMap::new(),
             errors: Vec::new(),
             responses: Vec::new(),
+            failures: FailureHandlers::default(),
             resolver: None,
             issued: None,
         }

@@ -331,6 +331,9 @@ async fn claim(state: &Arc<State>, capacity: usize, idle: bool) -> (Vec<Group>, 
     let (groups, next_due) = match result {
         Ok(Ok(claim)) => {
             state.metrics.outbox_expired.add(claim.expired);
+            if !claim.expiring.is_empty() {
+                expire(state, claim.expiring).await;
+            }
             (claim.groups, claim.next_due)
         }
         Ok(Err(error)) => {
@@ -352,6 +355,26 @@ async fn claim(state: &Arc<State>, capacity: usize, idle: bool) -> (Vec<Group>, 
     (groups, next_due, inline)
 }
 
+/// Records claimed rows past their time to live `Expired`, in one
+/// transaction where their failure handlers run (`crate::failures`). Should
+/// it fail, the rows stay claimed until their lease runs out, and the next
+/// claim finds them past their TTL again.
+async fn expire(state: &Arc<State>, rows: Vec<Claimed>) {
+    let attempts: Vec<(Attempt, Verdict)> = rows
+        .into_iter()
+        .map(|row| ((row, Outcome::Expired, Duration::ZERO), Verdict::Expired))
+        .collect();
+    let db = state.db.clone();
+    let config = state.config.clone();
+    match tokio::task::spawn_blocking(move || db.record(&attempts, &config)).await {
+        Ok(Ok(counts)) => state.metrics.outbox_expired.add(counts.expired),
+        Ok(Err(error)) => {
+            tracing::error!(%error, "cannot record expired rows; they expire after their lease");
+        }
+        Err(_) => {}
+    }
+}
+
 /// What one attempt came to: the transport's answer, or a row that could
 /// not even be turned into a request.
 #[derive(Debug, Clone)]
@@ -362,6 +385,8 @@ pub(crate) enum Outcome {
     Held(String),
     /// Not sent: no signing secret issued yet (retried, not counted).
     Unsigned(String),
+    /// Not sent: past its time to live (`records::Claim::expiring`).
+    Expired,
 }
 
 impl Outcome {
@@ -381,6 +406,7 @@ impl Outcome {
                 retry_after: None,
                 clock_problem: false,
             },
+            Outcome::Expired => Verdict::Expired,
         }
     }
 }
@@ -593,6 +619,7 @@ async fn record(state: &Arc<State>, results: Vec<GroupResult>) {
             state.metrics.outbox_dead_lettered.add(counts.dead_lettered);
             state.metrics.outbox_failed.add(counts.failed);
             state.metrics.outbox_retries.add(counts.retries);
+            state.metrics.outbox_expired.add(counts.expired);
         }
         Ok(Err(error)) => {
             tracing::error!(%error, "cannot record send results; the rows are re-sent after their lease");

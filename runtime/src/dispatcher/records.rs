@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::circuit::Admission;
 use crate::config::Config;
+use crate::failures::{Failure, FinalStatus};
 use crate::store::StoreError;
 
 use super::{Attempt, Claimed, Group, Verdict, backoff};
@@ -75,6 +76,11 @@ pub(crate) struct Claim {
     pub groups: Vec<Group>,
     /// Rows found past their TTL and marked `Expired` instead.
     pub expired: u64,
+    /// Rows found past their TTL whose interface version has a failure
+    /// handler: still claimed (`Sending` under the claim's lease), for the
+    /// dispatcher to record `Expired` at once, in a transaction where the
+    /// handler runs (`Verdict::Expired`).
+    pub expiring: Vec<Claimed>,
     /// When a claim that took nothing found the next waiting row of its
     /// destinations due (Unix ms): a durable timer, a retry's backoff, a
     /// lease. The dispatcher sleeps until then rather than until its next
@@ -89,6 +95,7 @@ pub(crate) struct RecordCounts {
     pub dead_lettered: u64,
     pub failed: u64,
     pub retries: u64,
+    pub expired: u64,
 }
 
 /// The statements of claims and results, in one open transaction. Every
@@ -164,6 +171,12 @@ pub(crate) trait OutboxTx {
     /// Runs the row's response handler in this transaction; `Some(error)`
     /// when it failed.
     fn act_on_answer(&mut self, row: &Claimed, response: &serde_json::Value) -> Option<String>;
+    /// Whether a failure handler is registered for the row's interface
+    /// version (`crate::failures`).
+    fn has_failure_handler(&self, row: &Claimed) -> bool;
+    /// Runs the row's failure handler in this transaction; `Some(error)`
+    /// when it failed.
+    fn act_on_failure(&mut self, row: &Claimed, failure: &Failure<'_>) -> Option<String>;
 }
 
 /// The claim: due rows, destination by destination as `plan` admits them,
@@ -181,6 +194,7 @@ pub(crate) fn claim_in(
     let lease = uuid::Uuid::now_v7().to_string();
     let mut groups = Vec::new();
     let mut expired_total = 0;
+    let mut expiring = Vec::new();
     let mut rows_left = row_budget;
     let mut groups_left = capacity;
     for (destination, admission) in plan {
@@ -199,7 +213,9 @@ pub(crate) fn claim_in(
         for (claimed, expires_at) in
             tx.claim_due(destination, &lease, now, now + lease_ms, limit)?
         {
-            if expires_at <= now {
+            if expires_at <= now && tx.has_failure_handler(&claimed) {
+                expiring.push(claimed);
+            } else if expires_at <= now {
                 tx.expire(&claimed)?;
                 expired_total += 1;
             } else {
@@ -226,7 +242,7 @@ pub(crate) fn claim_in(
     // once, and the look-up would cost every busy claim (a round trip on
     // PostgreSQL) for nothing.
     let mut next_due = None;
-    if groups.is_empty() && expired_total == 0 {
+    if groups.is_empty() && expired_total == 0 && expiring.is_empty() {
         for (destination, _) in plan {
             if let Some(due) = tx.next_due(destination, now)? {
                 next_due = Some(next_due.map_or(due, |next: i64| next.min(due)));
@@ -236,6 +252,7 @@ pub(crate) fn claim_in(
     Ok(Claim {
         groups,
         expired: expired_total,
+        expiring,
         next_due,
     })
 }
@@ -300,7 +317,7 @@ pub(crate) fn record_in(
                     tracing::warn!(message_id = %row.message_id, %error, "response handler failed; the message is sent again");
                     let attempt = row.retry_count + 1;
                     if attempt > row.max_retries {
-                        if tx.mark_final(row, "Failed", &error)? {
+                        if end(tx, row, FinalStatus::Failed, &error)? {
                             counts.failed += 1;
                         }
                     } else if tx.schedule_retry(
@@ -320,14 +337,20 @@ pub(crate) fn record_in(
             }
             Verdict::DeadLetter { error } => {
                 tracing::warn!(message_id = %row.message_id, %error, "message dead-lettered");
-                if tx.mark_final(row, "DeadLetter", error)? {
+                if end(tx, row, FinalStatus::DeadLetter, error)? {
                     counts.dead_lettered += 1;
                 }
             }
             Verdict::Failed { error } => {
                 tracing::error!(message_id = %row.message_id, %error, "message failed; an operator decides");
-                if tx.mark_final(row, "Failed", error)? {
+                if end(tx, row, FinalStatus::Failed, error)? {
                     counts.failed += 1;
+                }
+            }
+            Verdict::Expired => {
+                tracing::warn!(message_id = %row.message_id, "message expired");
+                if end(tx, row, FinalStatus::Expired, EXPIRED)? {
+                    counts.expired += 1;
                 }
             }
             Verdict::Retry {
@@ -338,12 +361,12 @@ pub(crate) fn record_in(
                 let attempt = row.retry_count + 1;
                 if attempt > row.max_retries {
                     let status = if *dead_letter_when_exhausted {
-                        "DeadLetter"
+                        FinalStatus::DeadLetter
                     } else {
-                        "Failed"
+                        FinalStatus::Failed
                     };
                     tracing::error!(message_id = %row.message_id, %error, "giving up after {} retries", row.max_retries);
-                    if tx.mark_final(row, status, error)? {
+                    if end(tx, row, status, error)? {
                         if *dead_letter_when_exhausted {
                             counts.dead_lettered += 1;
                         } else {
@@ -393,6 +416,65 @@ pub(crate) fn record_in(
         }
     }
     Ok(counts)
+}
+
+/// The `last_error` of a row past its time to live.
+pub(crate) const EXPIRED: &str = "time to live exceeded";
+
+/// Ends a claimed row in `status` with `error` and runs its failure handler
+/// in the same transaction, if its interface version has one; whether the
+/// lease still held the row. A handler that fails has its writes rolled
+/// back (a savepoint) and its error appended to `last_error`: the row ends
+/// in `status` all the same, so a failing handler never keeps a row (or the
+/// dispatcher) from moving on (see `crate::failures`).
+fn end(
+    tx: &mut impl OutboxTx,
+    row: &Claimed,
+    status: FinalStatus,
+    error: &str,
+) -> Result<bool, StoreError> {
+    if !tx.has_failure_handler(row) {
+        return tx.mark_final(row, status.as_str(), error);
+    }
+    tx.savepoint()?;
+    if !tx.mark_final(row, status.as_str(), error)? {
+        tx.release_savepoint()?;
+        return Ok(false);
+    }
+    let payload = serde_json::from_str(&row.payload).unwrap_or(serde_json::Value::Null);
+    let headers = serde_json::from_str(&row.headers).unwrap_or_default();
+    let traceparent = crate::trace::TraceParent::from_headers(&headers);
+    let trace_id = traceparent.map(|t| t.trace_id().to_string());
+    let failure = Failure {
+        message_id: &row.message_id,
+        status,
+        interface: &row.interface,
+        version: row.version,
+        endpoint: &row.endpoint,
+        correlation_id: row.correlation_id.as_deref(),
+        retries: row.retry_count,
+        error,
+        trace_id: trace_id.as_deref(),
+        created_at_ms: row.created_at_ms,
+        payload: &payload,
+    };
+    // What the failure handler enqueues continues the message's trace.
+    let failed = match traceparent {
+        Some(traceparent) => {
+            crate::trace::with_traceparent(traceparent, || tx.act_on_failure(row, &failure))
+        }
+        None => tx.act_on_failure(row, &failure),
+    };
+    match failed {
+        None => tx.release_savepoint()?,
+        Some(handler_error) => {
+            tx.rollback_to_savepoint()?;
+            tracing::error!(message_id = %row.message_id, %status, error = %handler_error, "failure handler failed; the message ends without its effects");
+            let both = format!("{error}; failure handler: {handler_error}");
+            tx.mark_final(row, status.as_str(), &both)?;
+        }
+    }
+    Ok(true)
 }
 
 /// The answer of a response handler as the trait passes it.

@@ -20,6 +20,9 @@ pub(crate) enum Verdict {
     /// without running a response handler; the receiver's answer comes
     /// back later through the broker (`crate::nats::AnswersConsumer`).
     Published,
+    /// Not sent: its time to live passed (found by a claim, and recorded
+    /// apart from it because a failure handler runs: `Claim::expiring`).
+    Expired,
     /// The receiver says the message will never succeed (400, 404, 413, 422).
     DeadLetter {
         error: String,

@@ -10,6 +10,7 @@ use super::{DEFAULT_SHUTDOWN_TIMEOUT, Host, HostError};
 use crate::config::Config;
 use crate::directory::{InterfaceRef, PublishOnRegistration};
 use crate::dispatcher::{Dispatcher, DispatcherBuilder};
+use crate::failures::IntoFailureHandler;
 use crate::keys::IssuedKeys;
 use crate::metrics::Metrics;
 use crate::outbox::Outbox;
@@ -125,6 +126,15 @@ impl<S: AnyStore> HostBuilder<S> {
     /// handler takes the answers that come back through JetStream.
     pub fn responses<M>(mut self, handler: impl IntoResponder<S, M>) -> Self {
         self.responses.push(handler.into_responder().0);
+        self
+    }
+
+    /// Acts on the messages of `handler`'s interface version that end
+    /// `Failed`, `DeadLetter` or `Expired`, in the transaction that gives
+    /// each its status: a generated `…FailureRouter(handler)`
+    /// ([`DispatcherBuilder::failures`], [`crate::failures`]).
+    pub fn failures<M>(mut self, handler: impl IntoFailureHandler<S, M>) -> Self {
+        self.dispatcher = self.dispatcher.failures(handler);
         self
     }
 

@@ -133,6 +133,10 @@ pub enum HostError {
         /// The address the listener is bound to.
         addr: SocketAddr,
     },
+    /// A `backup.…` setting cannot work (`backup.pages_per_step` 0, an
+    /// `interval` of 0).
+    #[error(transparent)]
+    Backup(#[from] crate::backup::BackupError),
     /// [`HostBuilder::ops_token`] was given an empty token.
     #[error("the ops token is empty: give a non-empty one, or none")]
     EmptyOpsToken,

@@ -9,6 +9,7 @@ use tokio::net::TcpListener;
 use super::builder::HostBuilder;
 use super::stop::Parts;
 use super::{Host, HostError};
+use crate::backup::{BackupSchedule, Backups};
 use crate::diagnostics::Diagnostics;
 use crate::directory::{DirectoryClient, Registration};
 use crate::retention::Retention;
@@ -140,6 +141,10 @@ async fn start_parts<S: AnyStore>(
     if let Some(token) = &ops_token {
         diagnostics = diagnostics.bearer_token(token);
     }
+    let backups = backups_of(&config, &database, &metrics)?;
+    if let Some(backups) = &backups {
+        diagnostics = diagnostics.backups(backups.clone());
+    }
     let diagnostics = diagnostics.build()?;
 
     let mut dispatcher = dispatcher;
@@ -155,6 +160,7 @@ async fn start_parts<S: AnyStore>(
         database.clone(),
         Arc::clone(&metrics),
     )?);
+    parts.backups = backups.map(|backups| BackupSchedule::spawn(backups, config.backup.interval));
 
     let mut router = receiver.router().merge(diagnostics.router());
     if let Some(app) = app {
@@ -249,6 +255,35 @@ async fn start_parts<S: AnyStore>(
         router,
         directory,
     })
+}
+
+/// The backups of a SQLite service file, when `backup.directory` is set.
+fn backups_of(
+    config: &crate::Config,
+    database: &Database,
+    metrics: &Arc<crate::metrics::Metrics>,
+) -> Result<Option<Backups>, HostError> {
+    if config.backup.directory.is_none() {
+        return Ok(None);
+    }
+    let file = match database {
+        Database::Sqlite(path) => path.clone(),
+        #[cfg(feature = "sqlx-sqlite")]
+        Database::SqlxSqlite(store) => store.path().to_path_buf(),
+        #[allow(unreachable_patterns)] // only PostgreSQL stores are left
+        _ => {
+            tracing::warn!(
+                "backup.directory is ignored: a PostgreSQL database is backed up by its \
+                 server's tools"
+            );
+            return Ok(None);
+        }
+    };
+    Ok(Some(Backups::new(
+        file,
+        &config.backup,
+        Arc::clone(metrics),
+    )?))
 }
 
 /// What a host's broker consumers start with.

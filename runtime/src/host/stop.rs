@@ -26,6 +26,7 @@ pub(crate) struct Parts {
     #[cfg(feature = "amqp")]
     pub(super) amqp_answers: Vec<crate::amqp::AmqpAnswersHandle>,
     pub(super) retention: Option<RetentionHandle>,
+    pub(super) backups: Option<crate::backup::BackupScheduleHandle>,
     pub(super) directory: Option<JoinHandle<()>>,
 }
 
@@ -71,6 +72,10 @@ impl Parts {
         // 4. The clean-up, after its pass in progress.
         if let Some(retention) = self.retention.take() {
             retention.shutdown().await;
+        }
+        // A scheduled backup being written is given up (nothing kept).
+        if let Some(backups) = self.backups.take() {
+            backups.shutdown().await;
         }
         // 5. No more heartbeats: the registry counts the instance as gone
         // once it misses them.

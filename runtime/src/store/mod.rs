@@ -65,6 +65,9 @@ pub(crate) mod sealed {
         /// A response handler as the dispatcher runs it:
         /// `dyn ResponseHandler<Self>` or `dyn AsyncResponseHandler<Self>`.
         type Responder: ?Sized + Send + Sync + 'static;
+        /// A failure handler as the dispatcher runs it:
+        /// `dyn FailureHandler<Self>` or `dyn AsyncFailureHandler<Self>`.
+        type OnFailure: ?Sized + Send + Sync + 'static;
 
         /// The interface versions `service` hosts.
         fn interfaces(service: &Self::Service) -> &[crate::receiver::HostedInterface];
@@ -74,6 +77,7 @@ pub(crate) mod sealed {
             database: &super::Database,
             config: &Config,
             responses: Vec<Arc<Self::Responder>>,
+            failures: crate::failures::FailureHandlers<Self::OnFailure>,
         ) -> Result<Arc<dyn DispatchDb>, StoreError>;
 
         /// Wakes `wake` when another process commits an enqueue, until
@@ -202,6 +206,7 @@ pub trait Store:
     + sealed::Common<
         Service = dyn crate::receiver::HostedService<Self>,
         Responder = dyn crate::responses::ResponseHandler<Self>,
+        OnFailure = dyn crate::failures::FailureHandler<Self>,
     >
 {
     /// The open transaction that handlers write through and clients enqueue
@@ -226,6 +231,7 @@ pub trait AsyncStore:
     + sealed::Common<
         Service = dyn crate::receiver::AsyncHostedService<Self>,
         Responder = dyn crate::responses::AsyncResponseHandler<Self>,
+        OnFailure = dyn crate::failures::AsyncFailureHandler<Self>,
     >
 {
     /// The connection a transaction runs on: `sqlx::PgConnection` or

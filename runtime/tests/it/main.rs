@@ -11,11 +11,16 @@ mod directory;
 mod dispatcher;
 // A duplicate delivery's warn line, once per message and bounded (issue 30).
 mod duplicate_log;
+// Code that reacts to Failed, DeadLetter and Expired messages (issue 30).
+mod failures;
+mod failures_sqlx;
 mod faults;
 // The gRPC transport: the HTTP table over gRPC, byte-for-byte answers.
 mod grpc;
 // rfidl_runtime::Host: the parts started, served and stopped together.
 mod host;
+// Backups, the restore drill and the incremental vacuum (issue 30, point 5).
+mod housekeeping;
 mod interop;
 mod issued_keys;
 // The NATS JetStream transport against a real nats-server.

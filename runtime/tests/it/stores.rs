@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use rfidl_runtime::diagnostics::{Diagnostics, DiagnosticsBuilder};
 use rfidl_runtime::dispatcher::{Dispatcher, DispatcherBuilder, DispatcherError, DispatcherHandle};
+use rfidl_runtime::failures::{AsyncFailureHandler, FailureHandler};
 use rfidl_runtime::metrics::Metrics;
 use rfidl_runtime::outbox::{Outbox, OutboxRow, OutgoingMessage, Status};
 use rfidl_runtime::receiver::{
@@ -721,6 +722,18 @@ impl AnyDispatcher {
         match self {
             AnyDispatcher::Sqlite(b) => AnyDispatcher::Sqlite(b.responses(handler)),
             AnyDispatcher::Postgres(b) => AnyDispatcher::Postgres(b.responses(handler)),
+        }
+    }
+
+    /// Registers a failure handler written for both stores (blocking on
+    /// SQLite, async on sqlx PostgreSQL).
+    pub fn failures<H>(self, handler: H) -> Self
+    where
+        H: FailureHandler<Sqlite> + AsyncFailureHandler<sqlx::Postgres>,
+    {
+        match self {
+            AnyDispatcher::Sqlite(b) => AnyDispatcher::Sqlite(b.failures(handler)),
+            AnyDispatcher::Postgres(b) => AnyDispatcher::Postgres(b.failures(handler)),
         }
     }
 

@@ -25,6 +25,10 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// first: a file written by a newer schema, or a damaged one, is refused
 /// before anything writes to it.
 ///
+/// A new file is created with `auto_vacuum=INCREMENTAL`; an existing file
+/// without it is converted by one `VACUUM` at its first open in a process
+/// (see `vacuum`, and docs/operations.md#vacuum).
+///
 /// `path` may also be a SQLite URI filename, e.g.
 /// `file:/srv/app/service.db?vfs=name` to open it through a registered VFS
 /// (the power-loss and disk-full tests open receivers and outboxes through a
@@ -40,8 +44,11 @@ pub fn open(path: impl AsRef<Path>, durability: Durability) -> Result<Connection
     };
     preflight_once(path, MIGRATIONS.len() as i64)?;
     let mut conn = Connection::open(path).map_err(wrap)?;
+    // Before `journal_mode=WAL`, which writes a new file's header.
+    super::vacuum::request_incremental(&conn).map_err(wrap)?;
     configure(&conn, durability).map_err(wrap)?;
     migrate(&mut conn, &shown)?;
+    super::vacuum::convert_once(&conn, path);
     Ok(conn)
 }
 /// Applies the connection pragmas. WAL lets readers (diagnostics, the

@@ -9,6 +9,7 @@ use rusqlite::{Connection, OptionalExtension as _, params};
 
 use crate::circuit::Admission;
 use crate::config::{Config, Durability};
+use crate::failures::{Failure, FailureHandler, FailureHandlers};
 use crate::responses::ResponseHandler;
 use crate::store::Sqlite;
 use crate::store::StoreError;
@@ -82,6 +83,16 @@ pub(crate) struct SqliteDispatch {
     /// the next that commits).
     send_before_commit: AtomicBool,
     responses: Vec<Arc<dyn ResponseHandler<Sqlite>>>,
+    failures: OnFailure,
+}
+
+/// The failure handlers a SQLite dispatcher runs itself, and the interface
+/// versions whose handlers run elsewhere (on a sqlx pool: `sqlx_sqlite`),
+/// whose rows past their TTL a claim leaves for the recording to expire.
+#[derive(Default)]
+pub(crate) struct OnFailure {
+    pub(crate) handlers: FailureHandlers<dyn FailureHandler<Sqlite>>,
+    pub(crate) elsewhere: Vec<(&'static str, u32)>,
 }
 
 impl SqliteDispatch {
@@ -90,6 +101,7 @@ impl SqliteDispatch {
         exclusive: Option<ExclusiveDispatch>,
         durability: Durability,
         responses: Vec<Arc<dyn ResponseHandler<Sqlite>>>,
+        failures: OnFailure,
     ) -> Self {
         conn.busy_handler(Some(wait_for_writer))
             .expect("setting a busy handler cannot fail on an open connection");
@@ -99,6 +111,7 @@ impl SqliteDispatch {
             durability,
             send_before_commit: AtomicBool::new(true),
             responses,
+            failures,
         }
     }
 
@@ -165,6 +178,7 @@ impl SqliteDispatch {
             let mut ops = SqliteOps {
                 tx: &tx,
                 responses: &self.responses,
+                failures: &self.failures,
             };
             let claimed = records::claim_in(&mut ops, plan, lease_ms, row_budget, capacity)?;
             // Under `full` the rows may leave before the claim commits: what
@@ -328,6 +342,7 @@ impl DispatchDb for SqliteDispatch {
         let mut ops = SqliteOps {
             tx: &tx,
             responses: &self.responses,
+            failures: &self.failures,
         };
         let counts = records::record_in(&mut ops, attempts, config)?;
         tx.commit().map_err(text)?;
@@ -338,6 +353,7 @@ impl DispatchDb for SqliteDispatch {
 struct SqliteOps<'t, 'c> {
     tx: &'t rusqlite::Transaction<'c>,
     responses: &'t [Arc<dyn ResponseHandler<Sqlite>>],
+    failures: &'t OnFailure,
 }
 
 impl SqliteOps<'_, '_> {
@@ -553,6 +569,20 @@ impl OutboxTx for SqliteOps<'_, '_> {
             .err()
             .map(|error| format!("response handler: {error}"))
     }
+
+    fn has_failure_handler(&self, row: &Claimed) -> bool {
+        let key = (row.interface.as_str(), row.version);
+        self.failures.handlers.get(key.0, key.1).is_some()
+            || self.failures.elsewhere.iter().any(|(i, v)| (*i, *v) == key)
+    }
+
+    fn act_on_failure(&mut self, row: &Claimed, failure: &Failure<'_>) -> Option<String> {
+        let handler = self.failures.handlers.get(&row.interface, row.version)?;
+        handler
+            .handle(failure, self.tx)
+            .err()
+            .map(|e| e.to_string())
+    }
 }
 
 /// Opens the dispatcher's connection on the SQLite file `path` and, when
@@ -562,6 +592,7 @@ pub(crate) fn open(
     path: &std::path::Path,
     config: &crate::config::Config,
     responses: Vec<Arc<dyn crate::responses::ResponseHandler<crate::store::Sqlite>>>,
+    failures: OnFailure,
 ) -> Result<Arc<dyn DispatchDb>, crate::store::StoreError> {
     // NORMAL: only a claim may need an fsync, and it asks for one itself
     // (see `SqliteDispatch::claim`).
@@ -586,6 +617,7 @@ pub(crate) fn open(
         exclusive,
         config.outbox.durability,
         responses,
+        failures,
     )))
 }
 

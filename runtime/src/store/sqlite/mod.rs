@@ -10,7 +10,8 @@
 //!
 //! One file per job: `connection` (open and pragmas), `migrations` (the
 //! schema as data), `preflight` (the checks before a write), `dispatch`
-//! (claims, results, leases), `diagnostics` (the operators' queries).
+//! (claims, results, leases), `diagnostics` (the operators' queries),
+//! `vacuum` (incremental mode and returning freed pages).
 
 #[cfg(any(feature = "nats", feature = "amqp"))]
 mod answers;
@@ -25,6 +26,7 @@ mod preflight;
 mod retention;
 #[cfg(test)]
 mod tests;
+mod vacuum;
 
 pub use crate::inbox::{InboxEntry, InboxError, PayloadDigest, ProcessedMessage, payload_digest};
 pub use connection::{BUSY_TIMEOUT, configure, open};
@@ -32,8 +34,10 @@ pub use inbox::{InboxReader, count as inbox_count, lookup as inbox_lookup, recor
 pub use migrations::MIGRATIONS;
 pub(crate) use migrations::{attention, outbox_seq};
 pub use outbox::{outbox_counts, outbox_row};
+pub(crate) use preflight::file_of;
 pub use preflight::preflight;
 pub use retention::cleanup;
+pub use vacuum::{VacuumReport, freelist_count, vacuum_freed};
 
 pub(crate) use super::now_ms;
 
@@ -41,6 +45,7 @@ pub(crate) use super::now_ms;
 impl super::sealed::Common for super::Sqlite {
     type Service = dyn crate::receiver::HostedService<Self>;
     type Responder = dyn crate::responses::ResponseHandler<Self>;
+    type OnFailure = dyn crate::failures::FailureHandler<Self>;
 
     fn interfaces(service: &Self::Service) -> &[crate::receiver::HostedInterface] {
         service.interfaces()
@@ -50,8 +55,13 @@ impl super::sealed::Common for super::Sqlite {
         database: &super::Database,
         config: &crate::config::Config,
         responses: Vec<std::sync::Arc<Self::Responder>>,
+        failures: crate::failures::FailureHandlers<Self::OnFailure>,
     ) -> Result<std::sync::Arc<dyn crate::dispatcher::records::DispatchDb>, super::StoreError> {
-        dispatch::open(path_of(database)?, config, responses)
+        let failures = dispatch::OnFailure {
+            handlers: failures,
+            elsewhere: Vec::new(),
+        };
+        dispatch::open(path_of(database)?, config, responses, failures)
     }
 
     #[cfg(any(feature = "nats", feature = "amqp"))]

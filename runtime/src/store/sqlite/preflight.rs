@@ -87,7 +87,7 @@ fn classify_open_error(error: rusqlite::Error, shown: &str) -> StoreError {
 /// URI filename (`file:/srv/app.db?vfs=name`, `file:///srv/app.db`,
 /// `file://localhost/srv/app.db`; `%XX` escapes decoded), which every
 /// connection the runtime opens accepts.
-pub(super) fn file_of(path: &Path) -> std::path::PathBuf {
+pub(crate) fn file_of(path: &Path) -> std::path::PathBuf {
     let Some(uri) = path.to_str().and_then(|text| text.strip_prefix("file:")) else {
         return path.to_path_buf();
     };

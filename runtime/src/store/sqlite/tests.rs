@@ -435,6 +435,7 @@ fn migration_6_keeps_every_row_findable_and_dispatchable() {
         None,
         Durability::Normal,
         Vec::new(),
+        Default::default(),
     );
     let (claimed, result) = tokio::sync::oneshot::channel();
     dispatch.claim(

@@ -21,6 +21,7 @@ use crate::circuit::Admission;
 use crate::config::Config;
 use crate::dispatcher::records::{self, DispatchDb, OutboxTx, RecordCounts};
 use crate::dispatcher::{Attempt, Claimed, Verdict};
+use crate::failures::{AsyncFailureHandler, Failure, FailureHandlers};
 use crate::responses::AsyncResponseHandler;
 use crate::store::StoreError;
 
@@ -30,17 +31,23 @@ use super::{
 };
 
 type Responders = Vec<Arc<dyn AsyncResponseHandler<Postgres>>>;
+type Failures = FailureHandlers<dyn AsyncFailureHandler<Postgres>>;
 
 pub(crate) struct SqlxDispatch {
     store: PgStore,
     runtime: Handle,
     responses: Responders,
+    failures: Failures,
 }
 
 impl SqlxDispatch {
     /// Called on the runtime the pool belongs to (the dispatcher's
     /// `start`), which then drives every statement.
-    pub(crate) fn new(store: PgStore, responses: Responders) -> Result<Self, StoreError> {
+    pub(crate) fn new(
+        store: PgStore,
+        responses: Responders,
+        failures: Failures,
+    ) -> Result<Self, StoreError> {
         let runtime = Handle::try_current().map_err(|_| StoreError::Postgres {
             target: store.target().to_owned(),
             cause: "a dispatcher on a sqlx pool must be started on the pool's tokio runtime"
@@ -50,6 +57,7 @@ impl SqlxDispatch {
             store,
             runtime,
             responses,
+            failures,
         })
     }
 
@@ -69,6 +77,7 @@ impl SqlxDispatch {
                 store: &self.store,
                 runtime: &self.runtime,
                 responses: &self.responses,
+                failures: &self.failures,
             };
             work(&mut ops)?
         };
@@ -132,6 +141,7 @@ struct SqlxOps<'t> {
     store: &'t PgStore,
     runtime: &'t Handle,
     responses: &'t Responders,
+    failures: &'t Failures,
 }
 
 /// Drives one statement to its end on `runtime`.
@@ -345,6 +355,18 @@ impl OutboxTx for SqlxOps<'_> {
             .block_on(handler.handle(&answer, &mut **self.tx))
             .err()
             .map(|error| format!("response handler: {error}"))
+    }
+
+    fn has_failure_handler(&self, row: &Claimed) -> bool {
+        self.failures.get(&row.interface, row.version).is_some()
+    }
+
+    fn act_on_failure(&mut self, row: &Claimed, failure: &Failure<'_>) -> Option<String> {
+        let handler = self.failures.get(&row.interface, row.version)?.clone();
+        self.runtime
+            .block_on(handler.handle(failure, &mut **self.tx))
+            .err()
+            .map(|error| error.to_string())
     }
 }
 

@@ -405,6 +405,7 @@ impl AsyncStore for sqlx::Postgres {
 impl crate::store::sealed::Common for sqlx::Postgres {
     type Service = dyn crate::receiver::AsyncHostedService<Self>;
     type Responder = dyn crate::responses::AsyncResponseHandler<Self>;
+    type OnFailure = dyn crate::failures::AsyncFailureHandler<Self>;
 
     fn interfaces(service: &Self::Service) -> &[crate::receiver::HostedInterface] {
         service.interfaces()
@@ -414,9 +415,12 @@ impl crate::store::sealed::Common for sqlx::Postgres {
         database: &Database,
         _: &Config,
         responses: Vec<Arc<Self::Responder>>,
+        failures: crate::failures::FailureHandlers<Self::OnFailure>,
     ) -> Result<Arc<dyn crate::dispatcher::records::DispatchDb>, StoreError> {
         let store = store_of(database)?.clone();
-        Ok(Arc::new(dispatch::SqlxDispatch::new(store, responses)?))
+        Ok(Arc::new(dispatch::SqlxDispatch::new(
+            store, responses, failures,
+        )?))
     }
 
     fn wake_on_commit(

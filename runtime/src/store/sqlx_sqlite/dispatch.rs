@@ -5,13 +5,15 @@
 //! store's (`store/sqlite/dispatch.rs`), on a connection of their own to the
 //! file: `BEGIN IMMEDIATE` claims, the `<db>.dispatcher-lock` file (one
 //! dispatcher per file reclaims at once what a dead one left `Sending`),
-//! and its durability rules. Recording runs there too, unless response
-//! handlers are registered: an async handler writes through a
+//! and its durability rules. Recording runs there too, unless response or
+//! failure handlers are registered: an async handler writes through a
 //! `&mut SqliteConnection`, so the recording transaction is then one of the
 //! pool's (`BEGIN IMMEDIATE`), its statements driven by the runtime the
 //! dispatcher was started on (the pool's) from the dispatcher's blocking
 //! threads, as on sqlx PostgreSQL. The lease token fences every update, as
-//! on every store.
+//! on every store. A claim that finds a row past its TTL whose version has a
+//! failure handler leaves it claimed, and the recording expires it
+//! (`records::Claim::expiring`), so the handler runs on the pool too.
 
 use std::sync::Arc;
 
@@ -23,29 +25,38 @@ use crate::circuit::Admission;
 use crate::config::Config;
 use crate::dispatcher::records::{self, DispatchDb, OutboxTx, RecordCounts};
 use crate::dispatcher::{Attempt, Claimed, Verdict};
+use crate::failures::{AsyncFailureHandler, Failure, FailureHandlers};
 use crate::responses::AsyncResponseHandler;
 use crate::store::StoreError;
 
 use super::SqliteStore;
 
 type Responders = Vec<Arc<dyn AsyncResponseHandler<Sqlite>>>;
+type Failures = FailureHandlers<dyn AsyncFailureHandler<Sqlite>>;
 
 /// Opens the blocking store's dispatcher on the store's file, and the
-/// recording of answers on the pool when `responses` has handlers. Called
-/// on the runtime the pool belongs to (the dispatcher's `start`).
+/// recording of results on the pool when `responses` or `failures` has
+/// handlers. Called on the runtime the pool belongs to (the dispatcher's
+/// `start`).
 pub(crate) fn open(
     store: SqliteStore,
     config: &Config,
     responses: Responders,
+    failures: Failures,
 ) -> Result<Arc<dyn DispatchDb>, StoreError> {
-    let claims = crate::store::sqlite::dispatch::open(store.path(), config, Vec::new())?;
-    if responses.is_empty() {
+    let on_failure = crate::store::sqlite::dispatch::OnFailure {
+        handlers: FailureHandlers::default(),
+        elsewhere: failures.keys(),
+    };
+    let claims =
+        crate::store::sqlite::dispatch::open(store.path(), config, Vec::new(), on_failure)?;
+    if responses.is_empty() && failures.is_empty() {
         return Ok(claims);
     }
     let runtime = Handle::try_current().map_err(|_| StoreError::SqlxSqlite {
         path: store.path().display().to_string(),
-        cause: "a dispatcher with response handlers on a sqlx pool must be started on the \
-                pool's tokio runtime"
+        cause: "a dispatcher with response or failure handlers on a sqlx pool must be started \
+                on the pool's tokio runtime"
             .to_owned(),
     })?;
     Ok(Arc::new(SqlxDispatch {
@@ -53,6 +64,7 @@ pub(crate) fn open(
         store,
         runtime,
         responses,
+        failures,
     }))
 }
 
@@ -62,6 +74,7 @@ struct SqlxDispatch {
     store: SqliteStore,
     runtime: Handle,
     responses: Responders,
+    failures: Failures,
 }
 
 impl DispatchDb for SqlxDispatch {
@@ -112,6 +125,7 @@ impl DispatchDb for SqlxDispatch {
                 tx: &mut tx,
                 runtime: &self.runtime,
                 responses: &self.responses,
+                failures: &self.failures,
             };
             records::record_in(&mut ops, attempts, config)?
         };
@@ -124,6 +138,7 @@ struct SqlxOps<'t> {
     tx: &'t mut sqlx::Transaction<'static, Sqlite>,
     runtime: &'t Handle,
     responses: &'t Responders,
+    failures: &'t Failures,
 }
 
 type Query<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments>;
@@ -346,5 +361,17 @@ impl OutboxTx for SqlxOps<'_> {
             .block_on(handler.handle(&answer, &mut **self.tx))
             .err()
             .map(|error| format!("response handler: {error}"))
+    }
+
+    fn has_failure_handler(&self, row: &Claimed) -> bool {
+        self.failures.get(&row.interface, row.version).is_some()
+    }
+
+    fn act_on_failure(&mut self, row: &Claimed, failure: &Failure<'_>) -> Option<String> {
+        let handler = self.failures.get(&row.interface, row.version)?.clone();
+        self.runtime
+            .block_on(handler.handle(failure, &mut **self.tx))
+            .err()
+            .map(|error| error.to_string())
     }
 }

@@ -227,6 +227,7 @@ impl AsyncStore for sqlx::Sqlite {
 impl crate::store::sealed::Common for sqlx::Sqlite {
     type Service = dyn crate::receiver::AsyncHostedService<Self>;
     type Responder = dyn crate::responses::AsyncResponseHandler<Self>;
+    type OnFailure = dyn crate::failures::AsyncFailureHandler<Self>;
 
     fn interfaces(service: &Self::Service) -> &[crate::receiver::HostedInterface] {
         service.interfaces()
@@ -236,9 +237,10 @@ impl crate::store::sealed::Common for sqlx::Sqlite {
         database: &Database,
         config: &Config,
         responses: Vec<Arc<Self::Responder>>,
+        failures: crate::failures::FailureHandlers<Self::OnFailure>,
     ) -> Result<Arc<dyn crate::dispatcher::records::DispatchDb>, StoreError> {
         let store = store_of(database)?.clone();
-        dispatch::open(store, config, responses)
+        dispatch::open(store, config, responses, failures)
     }
 
     #[cfg(any(feature = "nats", feature = "amqp"))]
