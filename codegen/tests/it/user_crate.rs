@@ -22,8 +22,8 @@
 //! escaped `Debug` dump of the error. A third is `docs/getting-started.md`,
 //! file by file as the guide lists them: it must build and its two services
 //! exchange a message. A fourth is `docs/stores.md`: one program per store
-//! (SQLite written as before stores existed, PostgreSQL naming `Postgres`
-//! in its impls and client); both must build, the SQLite one must run, and
+//! (SQLite written as before stores existed, PostgreSQL on the sqlx store
+//! with the async `aio` impls and client); both must build, the SQLite one must run, and
 //! the PostgreSQL one runs on two fresh databases when a server is
 //! configured (`RFIDL_POSTGRES_URL`, docs/testing.md).
 
@@ -423,15 +423,15 @@ fn the_stores_guide_runs() {
     let (_, sqlite) = &files[4];
     let (_, postgres) = &files[5];
     // What the guide claims: the SQLite program names no store, the
-    // PostgreSQL one implements the traits for `Postgres` with `&mut`
-    // transactions and enqueues twice through one `&mut tx`.
+    // PostgreSQL one implements the async traits for `sqlx::Postgres` on the
+    // transaction's connection and enqueues twice through one sqlx `&mut tx`.
     assert!(!sqlite.contains("Postgres") && !sqlite.contains("Sqlite"));
     for expected in [
-        "impl greeter_v1::EngineHandler<Postgres> for FrontDesk",
-        "impl greeter_v1::EngineAnswers<Postgres> for Newcomers",
-        "tx: &mut Transaction<'_>",
-        "EngineClient::new(outbox, \"engine\")",
-        "client.joined(&mut tx, name.into())",
+        "impl aio::EngineHandler<Postgres> for FrontDesk",
+        "impl aio::EngineAnswers<Postgres> for Newcomers",
+        "conn: &mut PgConnection",
+        "aio::EngineClient::new(service.outbox().clone(), \"engine\")",
+        "client.joined(&mut tx, name.into()).await",
     ] {
         assert!(
             postgres.contains(expected),

@@ -129,9 +129,8 @@ pub mod emp_service_v1 {
     /// `S` is the store the outbox is in, and so the type of that
     /// transaction, which follows from the outbox:
     /// [`Sqlite`](::rfidl_runtime::Sqlite) for an outbox on a file path
-    /// (`&rusqlite::Transaction`), `rfidl_runtime::Postgres` for one on a
-    /// `PostgresUrl` (`&mut postgres::Transaction`, cargo feature `postgres`
-    /// of rfidl-runtime).
+    /// (`&rusqlite::Transaction`). An outbox on a sqlx store takes the
+    /// async client, `aio::EngineClient`.
     pub struct EngineClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
@@ -295,12 +294,11 @@ pub mod emp_service_v1 {
     /// `Dispatcher::builder(…).responses(EngineAnswerRouter(handler))`.
     ///
     /// `S` is the dispatcher's store, and so the type of `tx`:
-    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`impl EngineAnswers for …`, `tx: &rusqlite::Transaction<'_>`),
-    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
-    /// (`impl EngineAnswers<Postgres> for …`,
-    /// `tx: &mut postgres::Transaction<'_>`).
+    /// [`Sqlite`](::rfidl_runtime::Sqlite), the only store with blocking
+    /// transactions (`impl EngineAnswers for …`,
+    /// `tx: &rusqlite::Transaction<'_>`). On a sqlx store (`sqlx::Postgres`,
+    /// `sqlx::Sqlite`) implement `aio::EngineAnswers` instead: async,
+    /// on the transaction's connection.
     pub trait EngineAnswers<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {
@@ -364,12 +362,11 @@ pub mod emp_service_v1 {
     /// (see `rfidl_runtime::failures`).
     ///
     /// `S` is the dispatcher's store, and so the type of `tx`:
-    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`impl EngineFailures for …`, `tx: &rusqlite::Transaction<'_>`),
-    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
-    /// (`impl EngineFailures<Postgres> for …`,
-    /// `tx: &mut postgres::Transaction<'_>`).
+    /// [`Sqlite`](::rfidl_runtime::Sqlite), the only store with blocking
+    /// transactions (`impl EngineFailures for …`,
+    /// `tx: &rusqlite::Transaction<'_>`). On a sqlx store (`sqlx::Postgres`,
+    /// `sqlx::Sqlite`) implement `aio::EngineFailures` instead: async,
+    /// on the transaction's connection.
     #[allow(dead_code)]
     pub trait EngineFailures<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
@@ -461,12 +458,11 @@ pub mod emp_service_v1 {
     /// that can never succeed.
     ///
     /// `S` is the receiver's store, and so the type of `tx`:
-    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`impl EngineHandler for …`, `tx: &rusqlite::Transaction<'_>`),
-    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a receiver built on a `PostgresUrl`
-    /// (`impl EngineHandler<Postgres> for …`,
-    /// `tx: &mut postgres::Transaction<'_>`).
+    /// [`Sqlite`](::rfidl_runtime::Sqlite), the only store with blocking
+    /// transactions (`impl EngineHandler for …`,
+    /// `tx: &rusqlite::Transaction<'_>`). On a sqlx store (`sqlx::Postgres`,
+    /// `sqlx::Sqlite`) implement `aio::EngineHandler` instead: async,
+    /// on the transaction's connection.
     pub trait EngineHandler<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {
@@ -597,9 +593,8 @@ pub mod emp_service_v1 {
     /// `S` is the store the outbox is in, and so the type of that
     /// transaction, which follows from the outbox:
     /// [`Sqlite`](::rfidl_runtime::Sqlite) for an outbox on a file path
-    /// (`&rusqlite::Transaction`), `rfidl_runtime::Postgres` for one on a
-    /// `PostgresUrl` (`&mut postgres::Transaction`, cargo feature `postgres`
-    /// of rfidl-runtime).
+    /// (`&rusqlite::Transaction`). An outbox on a sqlx store takes the
+    /// async client, `aio::ServiceClient`.
     pub struct ServiceClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
@@ -725,12 +720,11 @@ pub mod emp_service_v1 {
     /// `Dispatcher::builder(…).responses(ServiceAnswerRouter(handler))`.
     ///
     /// `S` is the dispatcher's store, and so the type of `tx`:
-    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`impl ServiceAnswers for …`, `tx: &rusqlite::Transaction<'_>`),
-    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
-    /// (`impl ServiceAnswers<Postgres> for …`,
-    /// `tx: &mut postgres::Transaction<'_>`).
+    /// [`Sqlite`](::rfidl_runtime::Sqlite), the only store with blocking
+    /// transactions (`impl ServiceAnswers for …`,
+    /// `tx: &rusqlite::Transaction<'_>`). On a sqlx store (`sqlx::Postgres`,
+    /// `sqlx::Sqlite`) implement `aio::ServiceAnswers` instead: async,
+    /// on the transaction's connection.
     pub trait ServiceAnswers<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {
@@ -794,12 +788,11 @@ pub mod emp_service_v1 {
     /// (see `rfidl_runtime::failures`).
     ///
     /// `S` is the dispatcher's store, and so the type of `tx`:
-    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`impl ServiceFailures for …`, `tx: &rusqlite::Transaction<'_>`),
-    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
-    /// (`impl ServiceFailures<Postgres> for …`,
-    /// `tx: &mut postgres::Transaction<'_>`).
+    /// [`Sqlite`](::rfidl_runtime::Sqlite), the only store with blocking
+    /// transactions (`impl ServiceFailures for …`,
+    /// `tx: &rusqlite::Transaction<'_>`). On a sqlx store (`sqlx::Postgres`,
+    /// `sqlx::Sqlite`) implement `aio::ServiceFailures` instead: async,
+    /// on the transaction's connection.
     #[allow(dead_code)]
     pub trait ServiceFailures<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
@@ -867,12 +860,11 @@ pub mod emp_service_v1 {
     /// that can never succeed.
     ///
     /// `S` is the receiver's store, and so the type of `tx`:
-    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`impl ServiceHandler for …`, `tx: &rusqlite::Transaction<'_>`),
-    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a receiver built on a `PostgresUrl`
-    /// (`impl ServiceHandler<Postgres> for …`,
-    /// `tx: &mut postgres::Transaction<'_>`).
+    /// [`Sqlite`](::rfidl_runtime::Sqlite), the only store with blocking
+    /// transactions (`impl ServiceHandler for …`,
+    /// `tx: &rusqlite::Transaction<'_>`). On a sqlx store (`sqlx::Postgres`,
+    /// `sqlx::Sqlite`) implement `aio::ServiceHandler` instead: async,
+    /// on the transaction's connection.
     pub trait ServiceHandler<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {
@@ -2002,9 +1994,8 @@ pub mod emp_service_v2 {
     /// `S` is the store the outbox is in, and so the type of that
     /// transaction, which follows from the outbox:
     /// [`Sqlite`](::rfidl_runtime::Sqlite) for an outbox on a file path
-    /// (`&rusqlite::Transaction`), `rfidl_runtime::Postgres` for one on a
-    /// `PostgresUrl` (`&mut postgres::Transaction`, cargo feature `postgres`
-    /// of rfidl-runtime).
+    /// (`&rusqlite::Transaction`). An outbox on a sqlx store takes the
+    /// async client, `aio::EngineClient`.
     pub struct EngineClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
@@ -2261,12 +2252,11 @@ pub mod emp_service_v2 {
     /// `Dispatcher::builder(…).responses(EngineAnswerRouter(handler))`.
     ///
     /// `S` is the dispatcher's store, and so the type of `tx`:
-    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`impl EngineAnswers for …`, `tx: &rusqlite::Transaction<'_>`),
-    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
-    /// (`impl EngineAnswers<Postgres> for …`,
-    /// `tx: &mut postgres::Transaction<'_>`).
+    /// [`Sqlite`](::rfidl_runtime::Sqlite), the only store with blocking
+    /// transactions (`impl EngineAnswers for …`,
+    /// `tx: &rusqlite::Transaction<'_>`). On a sqlx store (`sqlx::Postgres`,
+    /// `sqlx::Sqlite`) implement `aio::EngineAnswers` instead: async,
+    /// on the transaction's connection.
     pub trait EngineAnswers<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {
@@ -2330,12 +2320,11 @@ pub mod emp_service_v2 {
     /// (see `rfidl_runtime::failures`).
     ///
     /// `S` is the dispatcher's store, and so the type of `tx`:
-    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`impl EngineFailures for …`, `tx: &rusqlite::Transaction<'_>`),
-    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
-    /// (`impl EngineFailures<Postgres> for …`,
-    /// `tx: &mut postgres::Transaction<'_>`).
+    /// [`Sqlite`](::rfidl_runtime::Sqlite), the only store with blocking
+    /// transactions (`impl EngineFailures for …`,
+    /// `tx: &rusqlite::Transaction<'_>`). On a sqlx store (`sqlx::Postgres`,
+    /// `sqlx::Sqlite`) implement `aio::EngineFailures` instead: async,
+    /// on the transaction's connection.
     #[allow(dead_code)]
     pub trait EngineFailures<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
@@ -2475,12 +2464,11 @@ pub mod emp_service_v2 {
     /// that can never succeed.
     ///
     /// `S` is the receiver's store, and so the type of `tx`:
-    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`impl EngineHandler for …`, `tx: &rusqlite::Transaction<'_>`),
-    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a receiver built on a `PostgresUrl`
-    /// (`impl EngineHandler<Postgres> for …`,
-    /// `tx: &mut postgres::Transaction<'_>`).
+    /// [`Sqlite`](::rfidl_runtime::Sqlite), the only store with blocking
+    /// transactions (`impl EngineHandler for …`,
+    /// `tx: &rusqlite::Transaction<'_>`). On a sqlx store (`sqlx::Postgres`,
+    /// `sqlx::Sqlite`) implement `aio::EngineHandler` instead: async,
+    /// on the transaction's connection.
     pub trait EngineHandler<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {
@@ -2704,9 +2692,8 @@ pub mod emp_service_v2 {
     /// `S` is the store the outbox is in, and so the type of that
     /// transaction, which follows from the outbox:
     /// [`Sqlite`](::rfidl_runtime::Sqlite) for an outbox on a file path
-    /// (`&rusqlite::Transaction`), `rfidl_runtime::Postgres` for one on a
-    /// `PostgresUrl` (`&mut postgres::Transaction`, cargo feature `postgres`
-    /// of rfidl-runtime).
+    /// (`&rusqlite::Transaction`). An outbox on a sqlx store takes the
+    /// async client, `aio::ServiceClient`.
     pub struct ServiceClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
@@ -2834,12 +2821,11 @@ pub mod emp_service_v2 {
     /// `Dispatcher::builder(…).responses(ServiceAnswerRouter(handler))`.
     ///
     /// `S` is the dispatcher's store, and so the type of `tx`:
-    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`impl ServiceAnswers for …`, `tx: &rusqlite::Transaction<'_>`),
-    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
-    /// (`impl ServiceAnswers<Postgres> for …`,
-    /// `tx: &mut postgres::Transaction<'_>`).
+    /// [`Sqlite`](::rfidl_runtime::Sqlite), the only store with blocking
+    /// transactions (`impl ServiceAnswers for …`,
+    /// `tx: &rusqlite::Transaction<'_>`). On a sqlx store (`sqlx::Postgres`,
+    /// `sqlx::Sqlite`) implement `aio::ServiceAnswers` instead: async,
+    /// on the transaction's connection.
     pub trait ServiceAnswers<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {
@@ -2903,12 +2889,11 @@ pub mod emp_service_v2 {
     /// (see `rfidl_runtime::failures`).
     ///
     /// `S` is the dispatcher's store, and so the type of `tx`:
-    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`impl ServiceFailures for …`, `tx: &rusqlite::Transaction<'_>`),
-    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
-    /// (`impl ServiceFailures<Postgres> for …`,
-    /// `tx: &mut postgres::Transaction<'_>`).
+    /// [`Sqlite`](::rfidl_runtime::Sqlite), the only store with blocking
+    /// transactions (`impl ServiceFailures for …`,
+    /// `tx: &rusqlite::Transaction<'_>`). On a sqlx store (`sqlx::Postgres`,
+    /// `sqlx::Sqlite`) implement `aio::ServiceFailures` instead: async,
+    /// on the transaction's connection.
     #[allow(dead_code)]
     pub trait ServiceFailures<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
@@ -2976,12 +2961,11 @@ pub mod emp_service_v2 {
     /// that can never succeed.
     ///
     /// `S` is the receiver's store, and so the type of `tx`:
-    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`impl ServiceHandler for …`, `tx: &rusqlite::Transaction<'_>`),
-    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a receiver built on a `PostgresUrl`
-    /// (`impl ServiceHandler<Postgres> for …`,
-    /// `tx: &mut postgres::Transaction<'_>`).
+    /// [`Sqlite`](::rfidl_runtime::Sqlite), the only store with blocking
+    /// transactions (`impl ServiceHandler for …`,
+    /// `tx: &rusqlite::Transaction<'_>`). On a sqlx store (`sqlx::Postgres`,
+    /// `sqlx::Sqlite`) implement `aio::ServiceHandler` instead: async,
+    /// on the transaction's connection.
     pub trait ServiceHandler<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {

@@ -146,9 +146,8 @@ pub mod order_service_v1 {
     /// `S` is the store the outbox is in, and so the type of that
     /// transaction, which follows from the outbox:
     /// [`Sqlite`](::rfidl_runtime::Sqlite) for an outbox on a file path
-    /// (`&rusqlite::Transaction`), `rfidl_runtime::Postgres` for one on a
-    /// `PostgresUrl` (`&mut postgres::Transaction`, cargo feature `postgres`
-    /// of rfidl-runtime).
+    /// (`&rusqlite::Transaction`). An outbox on a sqlx store takes the
+    /// async client, `aio::EngineClient`.
     pub struct EngineClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
@@ -316,12 +315,11 @@ pub mod order_service_v1 {
     /// (see `rfidl_runtime::failures`).
     ///
     /// `S` is the dispatcher's store, and so the type of `tx`:
-    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`impl EngineFailures for …`, `tx: &rusqlite::Transaction<'_>`),
-    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
-    /// (`impl EngineFailures<Postgres> for …`,
-    /// `tx: &mut postgres::Transaction<'_>`).
+    /// [`Sqlite`](::rfidl_runtime::Sqlite), the only store with blocking
+    /// transactions (`impl EngineFailures for …`,
+    /// `tx: &rusqlite::Transaction<'_>`). On a sqlx store (`sqlx::Postgres`,
+    /// `sqlx::Sqlite`) implement `aio::EngineFailures` instead: async,
+    /// on the transaction's connection.
     #[allow(dead_code)]
     pub trait EngineFailures<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
@@ -413,12 +411,11 @@ pub mod order_service_v1 {
     /// that can never succeed.
     ///
     /// `S` is the receiver's store, and so the type of `tx`:
-    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`impl EngineHandler for …`, `tx: &rusqlite::Transaction<'_>`),
-    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a receiver built on a `PostgresUrl`
-    /// (`impl EngineHandler<Postgres> for …`,
-    /// `tx: &mut postgres::Transaction<'_>`).
+    /// [`Sqlite`](::rfidl_runtime::Sqlite), the only store with blocking
+    /// transactions (`impl EngineHandler for …`,
+    /// `tx: &rusqlite::Transaction<'_>`). On a sqlx store (`sqlx::Postgres`,
+    /// `sqlx::Sqlite`) implement `aio::EngineHandler` instead: async,
+    /// on the transaction's connection.
     pub trait EngineHandler<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {
@@ -538,9 +535,8 @@ pub mod order_service_v1 {
     /// `S` is the store the outbox is in, and so the type of that
     /// transaction, which follows from the outbox:
     /// [`Sqlite`](::rfidl_runtime::Sqlite) for an outbox on a file path
-    /// (`&rusqlite::Transaction`), `rfidl_runtime::Postgres` for one on a
-    /// `PostgresUrl` (`&mut postgres::Transaction`, cargo feature `postgres`
-    /// of rfidl-runtime).
+    /// (`&rusqlite::Transaction`). An outbox on a sqlx store takes the
+    /// async client, `aio::ServiceClient`.
     pub struct ServiceClient<S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite> {
         outbox: ::rfidl_runtime::outbox::Outbox<S>,
         destination: ::std::string::String,
@@ -748,12 +744,11 @@ pub mod order_service_v1 {
     /// `Dispatcher::builder(…).responses(ServiceAnswerRouter(handler))`.
     ///
     /// `S` is the dispatcher's store, and so the type of `tx`:
-    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`impl ServiceAnswers for …`, `tx: &rusqlite::Transaction<'_>`),
-    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
-    /// (`impl ServiceAnswers<Postgres> for …`,
-    /// `tx: &mut postgres::Transaction<'_>`).
+    /// [`Sqlite`](::rfidl_runtime::Sqlite), the only store with blocking
+    /// transactions (`impl ServiceAnswers for …`,
+    /// `tx: &rusqlite::Transaction<'_>`). On a sqlx store (`sqlx::Postgres`,
+    /// `sqlx::Sqlite`) implement `aio::ServiceAnswers` instead: async,
+    /// on the transaction's connection.
     pub trait ServiceAnswers<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {
@@ -859,12 +854,11 @@ pub mod order_service_v1 {
     /// (see `rfidl_runtime::failures`).
     ///
     /// `S` is the dispatcher's store, and so the type of `tx`:
-    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`impl ServiceFailures for …`, `tx: &rusqlite::Transaction<'_>`),
-    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a dispatcher on an outbox in a `PostgresUrl`
-    /// (`impl ServiceFailures<Postgres> for …`,
-    /// `tx: &mut postgres::Transaction<'_>`).
+    /// [`Sqlite`](::rfidl_runtime::Sqlite), the only store with blocking
+    /// transactions (`impl ServiceFailures for …`,
+    /// `tx: &rusqlite::Transaction<'_>`). On a sqlx store (`sqlx::Postgres`,
+    /// `sqlx::Sqlite`) implement `aio::ServiceFailures` instead: async,
+    /// on the transaction's connection.
     #[allow(dead_code)]
     pub trait ServiceFailures<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
@@ -980,12 +974,11 @@ pub mod order_service_v1 {
     /// that can never succeed.
     ///
     /// `S` is the receiver's store, and so the type of `tx`:
-    /// [`Sqlite`](::rfidl_runtime::Sqlite) by default
-    /// (`impl ServiceHandler for …`, `tx: &rusqlite::Transaction<'_>`),
-    /// or `rfidl_runtime::Postgres` (cargo feature `postgres` of
-    /// rfidl-runtime) for a receiver built on a `PostgresUrl`
-    /// (`impl ServiceHandler<Postgres> for …`,
-    /// `tx: &mut postgres::Transaction<'_>`).
+    /// [`Sqlite`](::rfidl_runtime::Sqlite), the only store with blocking
+    /// transactions (`impl ServiceHandler for …`,
+    /// `tx: &rusqlite::Transaction<'_>`). On a sqlx store (`sqlx::Postgres`,
+    /// `sqlx::Sqlite`) implement `aio::ServiceHandler` instead: async,
+    /// on the transaction's connection.
     pub trait ServiceHandler<
         S: ::rfidl_runtime::Store = ::rfidl_runtime::Sqlite,
     >: Send + Sync + 'static {
