@@ -125,9 +125,14 @@ async fn one_instance_stops(store: &TestStore) {
     let inbox = store.another();
     let a = instance(&inbox, &secret, 0).await;
     let mut b = instance(&inbox, &secret, 0).await;
+    // A timeout well above a loaded machine's slowest batch: a request
+    // that timed out would be failed over while its transaction is still
+    // open on the first instance, and the second would answer 503
+    // `in_progress` (a retry this test does not expect; a stopped
+    // instance refuses at once, whatever the timeout).
     let spread = Arc::new(SpreadTransport::new(vec![
-        HttpTransport::new(&a.url, Duration::from_millis(500)).expect("client"),
-        HttpTransport::new(&b.url, Duration::from_millis(500)).expect("client"),
+        HttpTransport::new(&a.url, Duration::from_secs(5)).expect("client"),
+        HttpTransport::new(&b.url, Duration::from_secs(5)).expect("client"),
     ]));
     let outbox = store.outbox(sender_config(Duration::from_millis(50)));
     let dispatcher = store
