@@ -437,7 +437,7 @@ fn ci() -> Result<(), String> {
                 "grpc",
             ],
         ),
-        // The async PostgreSQL store alone (no blocking client, no broker).
+        // The async PostgreSQL store alone (no broker).
         (
             "rfidl-runtime with sqlx-postgres only",
             &[
