@@ -340,7 +340,9 @@ impl Database {
     pub fn parse(text: &str) -> Result<Self, DatabaseError> {
         let lower = text.to_ascii_lowercase();
         if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
-            return Err(DatabaseError::PostgresUrl(crate::redact::url_password(text)));
+            return Err(DatabaseError::PostgresUrl(crate::redact::url_password(
+                text,
+            )));
         }
         Ok(Database::Sqlite(PathBuf::from(text)))
     }
