@@ -10,9 +10,12 @@
 //! (`tracing::subscriber::set_default`), and each test runs on a
 //! current-thread runtime, so the receiver's request tasks (where the line
 //! is written) run on the thread that captures, and nothing another test
-//! logs is seen.
+//! logs is seen. `tracing` caches each call site's interest for the whole
+//! process, computed by the first thread that reaches it: a test thread
+//! without a subscriber would cache "never" and blind the capture, so a
+//! capture first registers an [`Anchor`] that keeps every call site asking.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rfidl_runtime::Config;
 use rfidl_runtime::receiver::Receiver;
@@ -46,6 +49,8 @@ impl std::io::Write for Logged {
 impl Logged {
     /// Captures what is logged on this thread until the guard drops.
     pub(crate) fn start() -> (Self, tracing::subscriber::DefaultGuard) {
+        static ANCHOR: OnceLock<tracing::Dispatch> = OnceLock::new();
+        ANCHOR.get_or_init(|| tracing::Dispatch::new(Anchor));
         let logged = Self::default();
         let writer = logged.clone();
         let subscriber = tracing_subscriber::fmt()
@@ -67,6 +72,44 @@ impl Logged {
             .map(str::to_owned)
             .collect()
     }
+}
+
+/// A subscriber that records nothing and answers every call site
+/// "sometimes". With it registered, a call site's interest is the union over
+/// all live subscribers (not the first thread's alone), so a capture on one
+/// thread always sees its lines and other threads ask their own subscriber,
+/// event by event.
+struct Anchor;
+
+impl tracing::Subscriber for Anchor {
+    fn register_callsite(
+        &self,
+        _: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
+
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        Some(tracing::level_filters::LevelFilter::TRACE)
+    }
+
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        false
+    }
+
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, _: &tracing::Event<'_>) {}
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
 }
 
 fn ledger_credit() -> Value {
