@@ -25,9 +25,17 @@
 //! * **A new transition is a new event.** An operator's retry
 //!   (`POST /outbox/{id}/retry`) makes the row `Pending` again; if it ends
 //!   in a terminal status again, the handler runs again.
-//! * **Not run** for rows that retention marks `Expired` (`Pending` rows no
-//!   dispatcher claimed before their TTL: no dispatcher runs, or none
-//!   routes their destination), nor for a discard by an operator.
+//! * **Every `Expired` row of a handled version has had its handler** when
+//!   retention knows the handlers: a [`Host`](crate::host::Host) starts its
+//!   retention with the dispatcher's
+//!   [`failure_versions`](crate::dispatcher::DispatcherHandle::failure_versions)
+//!   ([`Retention::spawn_with_failure_handlers`](crate::retention::Retention::spawn_with_failure_handlers)),
+//!   and retention then makes their rows past the TTL due at once instead of
+//!   expiring them, for the dispatcher to expire with the handler. A
+//!   retention started with [`Retention::spawn`](crate::retention::Retention::spawn)
+//!   expires them itself, without the handler. A row whose destination's
+//!   circuit is open ends at the circuit's next probe.
+//! * **Not run** for a discard by an operator (a human decided).
 //!
 //! Generated code implements this trait for each service version whose
 //! client sends messages (`ServiceFailureRouter` / `EngineFailureRouter`
@@ -117,7 +125,8 @@ impl Failure<'_> {
 /// `DeadLetter` or `Expired`.
 ///
 /// `S` is the sender's [`Store`]: `tx` is a `&rusqlite::Transaction` for
-/// [`Sqlite`] (the default) and a `&mut postgres::Transaction` for `Postgres`.
+/// [`Sqlite`] (the default, the only store with blocking transactions); the
+/// sqlx stores take an [`AsyncFailureHandler`].
 pub trait FailureHandler<S: Store = Sqlite>: Send + Sync + 'static {
     /// The interface (`package.Service`) and version whose messages this takes.
     fn interface(&self) -> (&'static str, u32);
@@ -228,10 +237,10 @@ impl<H: ?Sized> FailureHandlers<H> {
         })
     }
 
-    /// The interface versions with a handler, for a claim on a
-    /// connection the handlers cannot run on: it only needs to know which
-    /// rows have one (`records::Claim::expiring`).
-    #[cfg(feature = "sqlx-sqlite")]
+    /// The interface versions with a handler: for a claim on a connection
+    /// the handlers cannot run on, which only needs to know which rows have
+    /// one (`records::Claim::expiring`), and for retention, which leaves
+    /// their expiry to the dispatcher.
     pub(crate) fn keys(&self) -> Vec<(&'static str, u32)> {
         self.handlers.iter().map(|(key, _)| *key).collect()
     }

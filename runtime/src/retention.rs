@@ -8,7 +8,12 @@
 //! 1. deletes `Sent` outbox rows older than `outbox.sent_retention` (7 days);
 //! 2. marks `Pending` outbox rows past their TTL as `Expired` (the dispatcher
 //!    also does this when it finds them due; the pass makes the counts right
-//!    for rows whose next retry lies further ahead);
+//!    for rows whose next retry lies further ahead). Rows of an interface
+//!    version whose failure handler a dispatcher runs
+//!    ([`Retention::spawn_with_failure_handlers`], which a
+//!    [`Host`](crate::host::Host) uses) are made due at once instead: the
+//!    dispatcher expires them in the transaction where the handler runs, so
+//!    every `Expired` row of theirs has had its handler;
 //! 3. deletes undelivered outbox rows `outbox.failed_retention` (7 days)
 //!    after they stopped: `Failed` and `DeadLetter` rows after their last
 //!    attempt (or their creation, never attempted), `Expired` rows after
@@ -58,6 +63,9 @@ pub struct CleanupReport {
     pub sent_deleted: usize,
     /// `Pending` outbox rows marked `Expired`.
     pub expired: usize,
+    /// `Pending` outbox rows past their TTL made due at once, for the
+    /// dispatcher that runs their failure handler to expire them.
+    pub made_due: usize,
     /// `Failed`, `DeadLetter`, `Expired` and `Discarded` outbox rows
     /// deleted after `outbox.failed_retention`.
     pub undelivered_deleted: usize,
@@ -124,6 +132,29 @@ impl Retention {
         database: impl Into<Database>,
         metrics: Arc<Metrics>,
     ) -> Result<RetentionHandle, StoreError> {
+        Self::spawn_with_failure_handlers(config, database, metrics, &[])
+    }
+
+    /// [`spawn`](Self::spawn) for a database whose dispatchers run failure
+    /// handlers ([`crate::failures`]) for the interface versions `handled`
+    /// (what [`DispatcherHandle::failure_versions`] says; a
+    /// [`Host`](crate::host::Host) passes it). The pass does not expire
+    /// their `Pending` rows past the TTL; it makes them due at once, and the
+    /// dispatcher expires them in the transaction where their handler runs.
+    /// A row whose destination's circuit is open waits for the circuit's
+    /// next probe.
+    ///
+    /// [`DispatcherHandle::failure_versions`]: crate::dispatcher::DispatcherHandle::failure_versions
+    pub fn spawn_with_failure_handlers(
+        config: Config,
+        database: impl Into<Database>,
+        metrics: Arc<Metrics>,
+        handled: &[(&str, u32)],
+    ) -> Result<RetentionHandle, StoreError> {
+        let owned: Vec<(String, u32)> = handled
+            .iter()
+            .map(|(interface, version)| ((*interface).to_owned(), *version))
+            .collect();
         for warning in retention_warnings(
             config.inbox.retention,
             config.outbox.ttl,
@@ -141,7 +172,10 @@ impl Retention {
                     path: path.display().to_string(),
                     source,
                 };
-                let cleaned = db::cleanup(&conn, &pass_config, now).map_err(wrap)?;
+                let handled: Vec<(&str, u32)> =
+                    owned.iter().map(|(i, v)| (i.as_str(), *v)).collect();
+                let cleaned = db::cleanup_with_failure_handlers(&conn, &pass_config, now, &handled)
+                    .map_err(wrap)?;
                 // The pages those rows held go back to the file system, a
                 // short write transaction at a time. A failure keeps what
                 // the pass did (and counts it); the next pass tries again.
@@ -165,7 +199,11 @@ impl Retention {
             Database::SqlxSqlite(store) => sqlite(store.path().to_path_buf())?,
             #[cfg(feature = "sqlx-postgres")]
             Database::SqlxPostgres(store) => {
-                let mut pass = crate::store::sqlx_postgres::retention::pass(store, config.clone())?;
+                let mut pass = crate::store::sqlx_postgres::retention::pass(
+                    store,
+                    config.clone(),
+                    version_list(handled),
+                )?;
                 Box::new(move |now| pass(now).map(|cleaned| (cleaned, VacuumReport::default())))
             }
         };
@@ -186,6 +224,19 @@ impl Retention {
         ));
         RetentionHandle { cancel, task }
     }
+}
+
+/// `interface:version` of each handled version, as the passes compare it.
+fn version_list(handled: &[(&str, u32)]) -> Vec<String> {
+    handled
+        .iter()
+        .map(|(interface, version)| format!("{interface}:{version}"))
+        .collect()
+}
+
+/// [`version_list`] as a JSON array, for SQLite's `json_each`.
+pub(crate) fn version_keys(handled: &[(&str, u32)]) -> String {
+    serde_json::Value::from(version_list(handled)).to_string()
 }
 
 /// One clean-up pass at a time (milliseconds now), on the store's
@@ -236,6 +287,7 @@ async fn run(
                     tracing::info!(
                         sent_deleted = report.sent_deleted,
                         expired = report.expired,
+                        made_due = report.made_due,
                         undelivered_deleted = report.undelivered_deleted,
                         inbox_deleted = report.inbox_deleted,
                         "retention clean-up"

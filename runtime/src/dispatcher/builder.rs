@@ -240,6 +240,7 @@ impl<S: AnyStore> DispatcherBuilder<S> {
         {
             return Err(DispatcherError::UnknownDestination { name });
         }
+        let failure_versions = self.failures.keys();
         let db = S::open_dispatch(
             self.outbox.database(),
             &config,
@@ -303,6 +304,7 @@ impl<S: AnyStore> DispatcherBuilder<S> {
             crash,
             task,
             liveness,
+            failure_versions,
         })
     }
 }

@@ -66,9 +66,18 @@ pub struct DispatcherHandle {
     /// Ends when the dispatcher's runtime has shut down.
     task: tokio::task::JoinHandle<()>,
     liveness: Liveness,
+    failure_versions: Vec<(&'static str, u32)>,
 }
 
 impl DispatcherHandle {
+    /// The interface versions (`package.Service`, version) whose failure
+    /// handler this dispatcher runs: give them to
+    /// [`Retention::spawn_with_failure_handlers`](crate::retention::Retention::spawn_with_failure_handlers)
+    /// so that retention leaves their expiry to the dispatcher.
+    pub fn failure_versions(&self) -> &[(&'static str, u32)] {
+        &self.failure_versions
+    }
+
     /// Whether the task runs (for readiness probes).
     pub fn liveness(&self) -> Liveness {
         self.liveness.clone()

@@ -154,11 +154,14 @@ async fn start_parts<S: AnyStore>(
     if let Some(keys) = &issued {
         dispatcher = dispatcher.issued_keys(keys);
     }
-    parts.dispatcher = Some(dispatcher.start()?);
-    parts.retention = Some(Retention::spawn(
+    let dispatcher = parts.dispatcher.insert(dispatcher.start()?);
+    // Rows past their TTL with a failure handler are the dispatcher's to expire.
+    let handled = dispatcher.failure_versions().to_vec();
+    parts.retention = Some(Retention::spawn_with_failure_handlers(
         config.clone(),
         database.clone(),
         Arc::clone(&metrics),
+        &handled,
     )?);
     parts.backups = backups.map(|backups| BackupSchedule::spawn(backups, config.backup.interval));
 

@@ -261,6 +261,127 @@ async fn every_terminal_status(store: &TestStore) {
 }
 
 on_every_store!(
+    a_row_whose_ttl_passes_in_backoff_is_expired_by_the_dispatcher_with_its_handler,
+    expired_in_backoff
+);
+/// A failed attempt puts the row's next try an hour ahead; its TTL passes
+/// first, so no claim finds it: retention does. Of a version with a failure
+/// handler, retention makes the row due and the dispatcher expires it with
+/// the handler (once); of a version without one, retention expires it.
+async fn expired_in_backoff(store: &TestStore) {
+    let (url, _server) = scripted_receiver().await;
+    let mut config = config();
+    config.outbox.backoff_base = Duration::from_secs(3600);
+    config.outbox.backoff_max = Duration::from_secs(3600);
+    let outbox = store.outbox(config.clone());
+    store.execute(COMPENSATIONS);
+    let ttl = Duration::from_millis(600);
+    let mut handled = credit("a-late", "crash");
+    handled.ttl = Some(ttl);
+    let mut unhandled = credit("a-other", "crash");
+    unhandled.ttl = Some(ttl);
+    unhandled.version = 2;
+    let handled = store.enqueue(&outbox, handled);
+    let unhandled = store.enqueue(&outbox, unhandled);
+    let enqueued = std::time::Instant::now();
+
+    let calls = Arc::new(Compensations::default());
+    let dispatcher = start_dispatcher(store, &outbox, &url, &calls);
+    for id in [&handled, &unhandled] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while store.row(id).retry_count == 0 {
+            assert!(std::time::Instant::now() < deadline, "no first attempt");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(store.row(id).status, Status::Pending, "waits an hour");
+    }
+    tokio::time::sleep((enqueued + ttl).saturating_duration_since(std::time::Instant::now())).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        store.row(&handled).status,
+        Status::Pending,
+        "no claim found it"
+    );
+
+    let metrics = Arc::new(rfidl_runtime::metrics::Metrics::default());
+    let retention =
+        store.retention_beside(config, Arc::clone(&metrics), &[(support::INTERFACE, 1)]);
+    store.wait_for(&unhandled, Status::Expired).await;
+    store.wait_for(&handled, Status::Expired).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    retention.shutdown().await;
+    dispatcher.shutdown().await;
+
+    assert_eq!(
+        calls.calls.load(Ordering::SeqCst),
+        1,
+        "once, for the handled version"
+    );
+    assert_eq!(
+        store
+            .text(&format!(
+                "SELECT status || '|' || error FROM compensations WHERE message_id = '{handled}'"
+            ))
+            .as_deref(),
+        Some("Expired|time to live exceeded")
+    );
+    assert_eq!(
+        metrics.outbox_expired.get(),
+        1,
+        "retention expired the unhandled version's row only"
+    );
+    assert_eq!(
+        outbox.metrics().outbox_expired.get(),
+        1,
+        "the dispatcher expired the handled one"
+    );
+}
+
+/// The same through a [`rfidl_runtime::host::Host`]: its retention, passing
+/// every 50 ms, leaves the row to the dispatcher and its failure handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hosts_retention_leaves_the_expiry_to_the_failure_handler() {
+    let (url, _server) = scripted_receiver().await;
+    let store = TestStore::sqlite();
+    let TestStore::Sqlite { path, .. } = &store else {
+        unreachable!()
+    };
+    let mut config = config();
+    config.outbox.backoff_base = Duration::from_secs(3600);
+    config.outbox.backoff_max = Duration::from_secs(3600);
+    config.cleanup_interval = Duration::from_millis(50);
+    config.destinations.insert(
+        "ledger".into(),
+        rfidl_runtime::config::DestinationConfig::new(&url, Secret::generate().to_whsec()),
+    );
+    let calls = Arc::new(Compensations::default());
+    let builder = rfidl_runtime::host::Host::builder(config, path);
+    let outbox = crate::stores::AnyOutbox::Sqlite(builder.outbox().clone());
+    store.execute(COMPENSATIONS);
+    let host = builder
+        .failures(Compensate(Arc::clone(&calls)))
+        .listen("127.0.0.1:0")
+        .await
+        .expect("host");
+    let mut late = credit("a-late", "crash");
+    late.ttl = Some(Duration::from_millis(600));
+    let id = store.enqueue(&outbox, late);
+    store.wait_for(&id, Status::Expired).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    host.shutdown().await.expect("stops");
+    assert_eq!(store.row(&id).retry_count, 1, "one attempt, then the wait");
+    assert_eq!(calls.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        store
+            .text(&format!(
+                "SELECT status || '|' || error FROM compensations WHERE message_id = '{id}'"
+            ))
+            .as_deref(),
+        Some("Expired|time to live exceeded")
+    );
+}
+
+on_every_store!(
     a_failing_failure_handler_leaves_no_effect_and_the_message_still_ends,
     failing_handler
 );

@@ -138,6 +138,7 @@ async fn cleanup_deletes_what_served_its_purpose_and_keeps_what_needs_a_human() 
         CleanupReport {
             sent_deleted: 2_500,
             expired: 2,
+            made_due: 0,
             undelivered_deleted: 0,
             inbox_deleted: 1_500,
         }

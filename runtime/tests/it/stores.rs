@@ -462,6 +462,25 @@ impl TestStore {
         .expect("retention")
     }
 
+    /// The retention task on this store, leaving the expiry of the
+    /// interface versions `handled` to their failure handlers' dispatcher.
+    pub fn retention_beside(
+        &self,
+        config: Config,
+        metrics: Arc<Metrics>,
+        handled: &[(&str, u32)],
+    ) -> RetentionHandle {
+        match self {
+            TestStore::Sqlite { path, .. } => {
+                Retention::spawn_with_failure_handlers(config, path, metrics, handled)
+            }
+            TestStore::Postgres { store, .. } => {
+                Retention::spawn_with_failure_handlers(config, store, metrics, handled)
+            }
+        }
+        .expect("retention")
+    }
+
     /// The outbox row of `id`.
     pub fn row(&self, id: &Uuid) -> OutboxRow {
         match self {

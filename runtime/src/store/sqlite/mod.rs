@@ -36,7 +36,7 @@ pub(crate) use migrations::{attention, outbox_seq};
 pub use outbox::{outbox_counts, outbox_row};
 pub(crate) use preflight::file_of;
 pub use preflight::preflight;
-pub use retention::cleanup;
+pub use retention::{cleanup, cleanup_with_failure_handlers};
 pub use vacuum::{VacuumReport, freelist_count, vacuum_freed};
 
 pub(crate) use super::now_ms;

@@ -10,6 +10,21 @@ use crate::retention::{CLEANUP_BATCH, CleanupReport};
 /// Runs one clean-up pass at `now_ms` on `conn`, which must not be inside a
 /// transaction (each batch commits on its own). Blocking.
 pub fn cleanup(conn: &Connection, config: &Config, now_ms: i64) -> rusqlite::Result<CleanupReport> {
+    cleanup_with_failure_handlers(conn, config, now_ms, &[])
+}
+
+/// [`cleanup`] for a database whose dispatcher runs failure handlers
+/// for the interface versions `handled` (`package.Service`, version):
+/// their `Pending` rows past the TTL are made due at once instead of
+/// expired, so the dispatcher expires them in the transaction where the
+/// handler runs ([`crate::failures`]).
+pub fn cleanup_with_failure_handlers(
+    conn: &Connection,
+    config: &Config,
+    now_ms: i64,
+    handled: &[(&str, u32)],
+) -> rusqlite::Result<CleanupReport> {
+    let handled = crate::retention::version_keys(handled);
     let sent_before = now_ms.saturating_sub(config.outbox.sent_retention.as_millis() as i64);
     // `LIMIT +?2`: a bare bound `LIMIT` is re-prepared on every execution
     // (see the dispatcher's `CLAIM_SELECT`).
@@ -47,6 +62,8 @@ pub fn cleanup(conn: &Connection, config: &Config, now_ms: i64) -> rusqlite::Res
     // version is decommissioned and they wait for its re-commission.
     // `status IN ('Pending', 'Sending')` repeats the condition of the partial
     // index `outbox_due`, so SQLite uses it instead of scanning the table.
+    // `?3`: the versions whose rows are left to the dispatcher, a JSON array
+    // of `interface:version`.
     let expired = repeat_in_batches(|| {
         conn.prepare_cached(
             "UPDATE outbox_messages \
@@ -54,14 +71,33 @@ pub fn cleanup(conn: &Connection, config: &Config, now_ms: i64) -> rusqlite::Res
              WHERE seq IN \
              (SELECT seq FROM outbox_messages \
               WHERE status IN ('Pending', 'Sending') AND status = 'Pending' \
-              AND expires_at <= ?1 AND next_retry_at < 4611686018427387904 LIMIT +?2)",
+              AND expires_at <= ?1 AND next_retry_at < 4611686018427387904 \
+              AND interface || ':' || version NOT IN (SELECT value FROM json_each(?3)) \
+              LIMIT +?2)",
         )?
-        .execute(params![now_ms, CLEANUP_BATCH])
+        .execute(params![now_ms, CLEANUP_BATCH, handled])
     })?;
+    let made_due = if handled == "[]" {
+        0
+    } else {
+        repeat_in_batches(|| {
+            conn.prepare_cached(
+                "UPDATE outbox_messages SET next_retry_at = ?1 WHERE seq IN \
+                 (SELECT seq FROM outbox_messages \
+                  WHERE status IN ('Pending', 'Sending') AND status = 'Pending' \
+                  AND expires_at <= ?1 AND next_retry_at > ?1 \
+                  AND next_retry_at < 4611686018427387904 \
+                  AND interface || ':' || version IN (SELECT value FROM json_each(?3)) \
+                  LIMIT +?2)",
+            )?
+            .execute(params![now_ms, CLEANUP_BATCH, handled])
+        })?
+    };
     let inbox_deleted = super::inbox::delete_all_expired(conn, now_ms)?;
     Ok(CleanupReport {
         sent_deleted,
         expired,
+        made_due,
         undelivered_deleted,
         inbox_deleted,
     })
