@@ -266,14 +266,13 @@ fn backups_of(
     database: &Database,
     metrics: &Arc<crate::metrics::Metrics>,
 ) -> Result<Option<Backups>, HostError> {
-    if config.backup.directory.is_none() {
-        return Ok(None);
-    }
     let file = match database {
         Database::Sqlite(path) => path.clone(),
         #[cfg(feature = "sqlx-sqlite")]
         Database::SqlxSqlite(store) => store.path().to_path_buf(),
         #[allow(unreachable_patterns)] // only PostgreSQL stores are left
+        _ if config.backup.directory.is_none() => return Ok(None),
+        #[allow(unreachable_patterns)]
         _ => {
             tracing::warn!(
                 "backup.directory is ignored: a PostgreSQL database is backed up by its \
@@ -282,6 +281,15 @@ fn backups_of(
             return Ok(None);
         }
     };
+    if config.backup.directory.is_none() {
+        // No folder is picked by default: see docs/operations.md, "Backups".
+        tracing::info!(
+            file = %file.display(),
+            "scheduled backups are off: set backup.directory (RFIDL_BACKUP_DIRECTORY) to a \
+             folder, preferably on another disk"
+        );
+        return Ok(None);
+    }
     Ok(Some(Backups::new(
         file,
         &config.backup,
