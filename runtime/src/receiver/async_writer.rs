@@ -7,7 +7,8 @@
 //! The order within a transaction is the blocking writer's: each message
 //! first claims its inbox row (an insert that leaves a row processed or
 //! being processed by another transaction alone), then runs its handler,
-//! then stores the answer in that row; a copy processed already is
+//! then stores the answer in that row (unless it is `null`, which the
+//! claim stored already); a copy processed already is
 //! answered as a duplicate and never runs its handler. Messages that share
 //! a transaction have a savepoint each, so a refusal undoes only its own
 //! work.
@@ -351,6 +352,18 @@ async fn process<W: AsyncInboxStep>(
             return (answer, State::Intact);
         }
         Ok(Claim::Fresh) => match run_handler(&shared.handlers, delivery, tx).await {
+            // The claim stored the answer as NULL, which reads back as
+            // `null`: a signal's (or any `null`) answer needs no second
+            // write, a round trip less per message on PostgreSQL.
+            Ok(serde_json::Value::Null) => {
+                return (
+                    Reply::Acknowledged {
+                        duplicate: false,
+                        payload: serde_json::Value::Null,
+                    },
+                    State::Intact,
+                );
+            }
             Ok(response) => {
                 let text = response.to_string();
                 match shared.step.record(tx, delivery, &text).await {
