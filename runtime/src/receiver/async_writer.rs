@@ -69,6 +69,33 @@ pub(crate) trait AsyncInboxStep: Send + Sync + 'static {
         expires_at: i64,
     ) -> BoxFuture<'a, Result<Claim, sqlx::Error>>;
 
+    /// Claims every delivery of a group at once, in the order given (one
+    /// statement), or `None` when the store claims each in its message's
+    /// savepoint ([`claim`](Self::claim)). The group holds no two copies of
+    /// one message. A row claimed so whose handler fails is removed with
+    /// [`unclaim`](Self::unclaim) after its savepoint is rolled back.
+    fn claim_all<'a>(
+        &'a self,
+        conn: &'a mut Conn<Self>,
+        deliveries: &'a [&'a Delivery],
+        now: i64,
+        expires_at: i64,
+    ) -> BoxFuture<'a, Result<Option<Vec<Claim>>, sqlx::Error>> {
+        let _ = (conn, deliveries, now, expires_at);
+        Box::pin(async { Ok(None) })
+    }
+
+    /// Deletes the inbox row [`claim_all`](Self::claim_all) inserted for
+    /// `delivery`, whose handler failed.
+    fn unclaim<'a>(
+        &'a self,
+        conn: &'a mut Conn<Self>,
+        delivery: &'a Delivery,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        let _ = (conn, delivery);
+        Box::pin(async { Ok(()) })
+    }
+
     /// Stores the answer in the claimed row.
     fn record<'a>(
         &'a self,
@@ -228,6 +255,38 @@ async fn commit_group<W: AsyncInboxStep>(shared: &Shared<W>, group: Vec<Job>) {
         .iter()
         .map(|job| (0..job.deliveries.len()).map(|_| None).collect())
         .collect();
+    // Several messages, no two copies of one: claimed in one statement
+    // where the store can (PostgreSQL), a round trip less per message.
+    let ordered: Vec<&Delivery> = order
+        .iter()
+        .map(|&(j, d)| &group[j].deliveries[d])
+        .collect();
+    let distinct = ordered.windows(2).all(|pair| {
+        (
+            pair[0].envelope.source_service_id.as_str(),
+            pair[0].message_id.as_str(),
+        ) != (
+            pair[1].envelope.source_service_id.as_str(),
+            pair[1].message_id.as_str(),
+        )
+    });
+    let mut claims = match count > 1 && distinct {
+        true => match shared
+            .step
+            .claim_all(&mut tx, &ordered, now, expires_at)
+            .await
+        {
+            Ok(claims) => claims.map(Vec::into_iter),
+            Err(e) => {
+                let cause = crate::store::sqlx_error_text(&e);
+                error!(error = %cause, "inbox claim failed; rolling the group back");
+                lost = Some(format!("inbox claim failed: {cause}"));
+                None
+            }
+        },
+        false => None,
+    };
+    drop(ordered);
     for (index, (j, d)) in order.into_iter().enumerate() {
         let delivery = &group[j].deliveries[d];
         if let Some(reason) = &lost {
@@ -239,7 +298,11 @@ async fn commit_group<W: AsyncInboxStep>(shared: &Shared<W>, group: Vec<Job>) {
             (_, 0) => Savepoint::Open,
             _ => Savepoint::ReleaseAndOpen,
         };
-        let (answer, state) = process(shared, &mut tx, delivery, now, expires_at, savepoint).await;
+        let claimed = claims.as_mut().and_then(Iterator::next);
+        let (answer, state) = process(
+            shared, &mut tx, delivery, now, expires_at, savepoint, claimed,
+        )
+        .await;
         match state {
             State::Intact => {}
             State::RollBack => refused_alone = true,
@@ -305,7 +368,8 @@ async fn commit_group<W: AsyncInboxStep>(shared: &Shared<W>, group: Vec<Job>) {
     }
 }
 
-/// One message: claim it, run the handler, record the answer.
+/// One message: claim it (unless `claimed` up front), run the handler,
+/// record the answer.
 async fn process<W: AsyncInboxStep>(
     shared: &Shared<W>,
     tx: &mut Conn<W>,
@@ -313,7 +377,9 @@ async fn process<W: AsyncInboxStep>(
     now: i64,
     expires_at: i64,
     savepoint: Savepoint,
+    claimed: Option<Claim>,
 ) -> (Reply, State) {
+    let up_front = claimed.is_some();
     let envelope = &delivery.envelope;
     let source = envelope.source_service_id.as_str();
     let unavailable = |what: &str, e: &sqlx::Error| {
@@ -334,7 +400,11 @@ async fn process<W: AsyncInboxStep>(
             State::Compromised,
         );
     }
-    let refusal = match shared.step.claim(tx, delivery, now, expires_at).await {
+    let claim = match claimed {
+        Some(claim) => Ok(claim),
+        None => shared.step.claim(tx, delivery, now, expires_at).await,
+    };
+    let refusal = match claim {
         Err(e) => return (unavailable("inbox claim failed", &e), State::Compromised),
         Ok(Claim::InProgress) => return (Reply::Refused(ReceiveError::InProgress), State::Intact),
         Ok(Claim::Done(entry)) => {
@@ -390,7 +460,12 @@ async fn process<W: AsyncInboxStep>(
     if savepoint == Savepoint::None {
         return (Reply::Refused(refusal), State::RollBack);
     }
-    match W::batch(tx, "ROLLBACK TO SAVEPOINT rf_message").await {
+    let undone = match W::batch(tx, "ROLLBACK TO SAVEPOINT rf_message").await {
+        // A row claimed before the savepoint outlives its rollback.
+        Ok(()) if up_front => shared.step.unclaim(tx, delivery).await,
+        other => other,
+    };
+    match undone {
         Ok(()) => (Reply::Refused(refusal), State::Intact),
         Err(e) => {
             error!(error = %crate::store::sqlx_error_text(&e), "cannot roll back a failed message's savepoint");

@@ -19,7 +19,7 @@ use crate::receiver::writer::{Claim, Delivery};
 use crate::receiver::{ReceiverError, Started, WriterParts};
 use crate::store::StoreError;
 
-use super::{INBOX_CLAIM, INBOX_LOOKUP, INBOX_RECORD, PgStore};
+use super::{INBOX_CLAIM, INBOX_CLAIM_ALL, INBOX_LOOKUP, INBOX_RECORD, INBOX_UNCLAIM, PgStore};
 
 /// Starts `writers` writer tasks on the current runtime (the pool's).
 pub(crate) fn start(
@@ -88,15 +88,61 @@ impl AsyncInboxStep for PgStep {
             if claimed.rows_affected() > 0 {
                 return Ok(Claim::Fresh);
             }
-            let found = sqlx::query(self.0.sql(INBOX_LOOKUP))
-                .bind(source)
+            self.existing(conn, delivery).await
+        })
+    }
+
+    fn claim_all<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        deliveries: &'a [&'a Delivery],
+        now: i64,
+        expires_at: i64,
+    ) -> BoxFuture<'a, Result<Option<Vec<Claim>>, sqlx::Error>> {
+        Box::pin(async move {
+            let column = |f: fn(&Delivery) -> &str| -> Vec<&str> {
+                deliveries.iter().map(|d| f(d)).collect()
+            };
+            let hashes: Vec<&[u8]> = deliveries.iter().map(|d| &d.payload_sha256[..]).collect();
+            let inserted: std::collections::HashSet<(String, String)> =
+                sqlx::query_as(self.0.sql(INBOX_CLAIM_ALL))
+                    .bind(column(|d| d.envelope.source_service_id.as_str()))
+                    .bind(column(|d| d.message_id.as_str()))
+                    .bind(column(|d| d.envelope.endpoint.as_str()))
+                    .bind(hashes)
+                    .bind(now)
+                    .bind(expires_at)
+                    .fetch_all(&mut *conn)
+                    .await?
+                    .into_iter()
+                    .collect();
+            let mut claims = Vec::with_capacity(deliveries.len());
+            for delivery in deliveries {
+                let key = (
+                    delivery.envelope.source_service_id.clone(),
+                    delivery.message_id.clone(),
+                );
+                claims.push(match inserted.contains(&key) {
+                    true => Claim::Fresh,
+                    false => self.existing(conn, delivery).await?,
+                });
+            }
+            Ok(Some(claims))
+        })
+    }
+
+    fn unclaim<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        delivery: &'a Delivery,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query(self.0.sql(INBOX_UNCLAIM))
+                .bind(delivery.envelope.source_service_id.as_str())
                 .bind(&delivery.message_id)
-                .fetch_optional(&mut *conn)
-                .await?;
-            Ok(match found {
-                Some(row) => Claim::Done(raw_entry(&row)),
-                None => Claim::InProgress,
-            })
+                .execute(conn)
+                .await
+                .map(drop)
         })
     }
 
@@ -114,6 +160,26 @@ impl AsyncInboxStep for PgStep {
                 .execute(conn)
                 .await
                 .map(drop)
+        })
+    }
+}
+
+impl PgStep {
+    /// What the inbox holds for a delivery whose claim inserted nothing: a
+    /// committed row (processed before), or none visible yet.
+    async fn existing(
+        &self,
+        conn: &mut PgConnection,
+        delivery: &Delivery,
+    ) -> Result<Claim, sqlx::Error> {
+        let found = sqlx::query(self.0.sql(INBOX_LOOKUP))
+            .bind(delivery.envelope.source_service_id.as_str())
+            .bind(&delivery.message_id)
+            .fetch_optional(conn)
+            .await?;
+        Ok(match found {
+            Some(row) => Claim::Done(raw_entry(&row)),
+            None => Claim::InProgress,
         })
     }
 }

@@ -253,6 +253,17 @@ const SQL: &[&str] = &[
     "SELECT next_retry_at FROM {t}outbox_messages \
      WHERE destination = $1 AND status IN ('Pending', 'Sending') AND next_retry_at > $2 \
      ORDER BY next_retry_at LIMIT 1",
+    // INBOX_CLAIM_ALL: INBOX_CLAIM for a group, in the order given (the
+    // writers' one order, so two groups never wait on each other in a cycle).
+    "INSERT INTO {t}inbox_messages (source_service_id, message_id, endpoint, payload_sha256, \
+     processed_at, response, expires_at) \
+     SELECT s, m, e, h, $5, NULL, $6 \
+     FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS u(s, m, e, h, n) \
+     ORDER BY n \
+     ON CONFLICT (source_service_id, message_id) DO NOTHING \
+     RETURNING source_service_id, message_id",
+    // INBOX_UNCLAIM
+    "DELETE FROM {t}inbox_messages WHERE source_service_id = $1 AND message_id = $2",
 ];
 
 const INSERT_OUTBOX: usize = 0;
@@ -271,6 +282,8 @@ const INBOX_CLAIM: usize = 12;
 const INBOX_LOOKUP: usize = 13;
 const INBOX_RECORD: usize = 14;
 const NEXT_DUE: usize = 15;
+const INBOX_CLAIM_ALL: usize = 16;
+const INBOX_UNCLAIM: usize = 17;
 
 /// Applies the migrations the schema lacks, in one transaction, under the
 /// migration lock; refuses a schema at a newer version.
