@@ -439,14 +439,8 @@ async fn handle(
 
 /// Acknowledges one delivery as the receiver's `answer` says.
 async fn settle(shared: &Shared, context: &jetstream::Context, held: InHand, answer: Reply) {
-    let InHand {
-        message,
-        stream,
-        sequence,
-        delivered,
-        message_id,
-        reply_to,
-    } = held;
+    let message = &held.message;
+    let (delivered, message_id) = (held.delivered, &held.message_id);
     let action = decide(
         &answer,
         delivered,
@@ -458,27 +452,27 @@ async fn settle(shared: &Shared, context: &jetstream::Context, held: InHand, ans
     );
     match action {
         Action::Ack { answer } => {
-            if let (Some(reply), Some(id)) = (reply_to, &message_id)
+            if let (Some(reply), Some(id)) = (&held.reply_to, message_id)
                 && let Err(error) =
-                    publish_answer(shared, context, &reply, id, answer, &message.payload).await
+                    publish_answer(shared, context, reply, id, answer, &message.payload).await
             {
                 tracing::warn!(message_id = %id, %error, "cannot publish the answer; redelivered later");
-                nak(&message, backoff_of(shared, delivered)).await;
+                nak(message, backoff_of(shared, delivered)).await;
                 return;
             }
-            if let Err(error) = double_ack(&message, shared.settings.timeout).await {
+            if let Err(error) = double_ack(message, shared.settings.timeout).await {
                 // Redelivered after ack_wait; the inbox answers it as a
                 // duplicate.
                 tracing::warn!(message_id = ?message_id, %error, "ack not confirmed; the message may be redelivered");
             }
         }
-        Action::Retry(delay) => nak(&message, delay).await,
+        Action::Retry(delay) => nak(message, delay).await,
         Action::Term(error) => {
             let subject = message.subject.to_string();
             let recorded = record_terminated(
                 shared,
-                &stream,
-                sequence,
+                &held.stream,
+                held.sequence,
                 message_id.as_deref(),
                 &subject,
                 &error,
@@ -489,8 +483,8 @@ async fn settle(shared: &Shared, context: &jetstream::Context, held: InHand, ans
                     shared.receiver.metrics().inbox_terminated.inc();
                     tracing::warn!(
                         message_id = ?message_id,
-                        stream = %stream,
-                        sequence,
+                        stream = %held.stream,
+                        sequence = held.sequence,
                         %error,
                         "message terminated: it will never succeed and is not redelivered"
                     );
@@ -500,7 +494,7 @@ async fn settle(shared: &Shared, context: &jetstream::Context, held: InHand, ans
                 }
                 Err(record_error) => {
                     tracing::error!(%record_error, "cannot record a terminated message; redelivering it");
-                    nak(&message, backoff_of(shared, delivered)).await;
+                    nak(message, backoff_of(shared, delivered)).await;
                 }
             }
         }
