@@ -33,7 +33,8 @@
 //! (`tests/it/support/`), included here by path.
 //!
 //! For diagnosis: `RFIDL_BENCH_ONLY=brokers` runs this pass alone,
-//! `RFIDL_BENCH_BROKER=amqp|jetstream` one broker, `RFIDL_BENCH_ROUNDS=N`
+//! `RFIDL_BENCH_BROKER=amqp|jetstream` one broker (`jetstream-r3` or
+//! `jetstream-r1`: one of its two passes), `RFIDL_BENCH_ROUNDS=N`
 //! N rounds, `RFIDL_BENCH_CONCURRENCY=N` the consumers' concurrency,
 //! `RFIDL_BENCH_TRACE=1` (c)'s progress every half second, `RUST_LOG` the
 //! runtime's logs.
@@ -155,10 +156,9 @@ pub fn run(runtime: &tokio::runtime::Runtime, dir: &Path) -> Vec<Rounds> {
         }
         None => {}
     }
-    match (only.is_empty() || only == "jetstream")
-        .then(nats_support::NatsCluster::start)
-        .flatten()
-    {
+    let r3 = only.is_empty() || only == "jetstream" || only == "jetstream-r3";
+    let r1 = only.is_empty() || only == "jetstream" || only == "jetstream-r1";
+    match r3.then(nats_support::NatsCluster::start).flatten() {
         Some(cluster) => {
             let ports = cluster.ports();
             let servers: &'static str = ports
@@ -183,14 +183,14 @@ pub fn run(runtime: &tokio::runtime::Runtime, dir: &Path) -> Vec<Rounds> {
             all.push(rounds);
             drop(cluster);
         }
-        None if only.is_empty() || only == "jetstream" => {
+        None if r3 => {
             println!("(JetStream R3 skipped: RFIDL_NATS_SERVER is not set)")
         }
         None => {}
     }
     // The first comparison, under the same conditions: one server
     // (default fsync policy), streams of one replica.
-    match std::env::var_os("RFIDL_NATS_SERVER").filter(|_| only.is_empty() || only == "jetstream") {
+    match std::env::var_os("RFIDL_NATS_SERVER").filter(|_| r1) {
         Some(binary) => {
             let server = NatsServer::start(Path::new(&binary), dir, Fsync::Default);
             let rounds = jetstream_rounds(
@@ -205,7 +205,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, dir: &Path) -> Vec<Rounds> {
             all.push(rounds);
             drop(server);
         }
-        None if only.is_empty() || only == "jetstream" => {
+        None if r1 => {
             println!("(JetStream R1 skipped: RFIDL_NATS_SERVER is not set)")
         }
         None => {}

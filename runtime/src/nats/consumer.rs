@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
-use futures_util::StreamExt as _;
+use futures_util::{FutureExt as _, StreamExt as _};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -39,7 +39,7 @@ use super::{
 };
 use crate::broker::{Action, Retries, TerminatedRow, TerminatedStore, decide};
 use crate::dispatcher::backoff;
-use crate::receiver::Receiver;
+use crate::receiver::{Receiver, Reply, Stored};
 
 /// Default durable consumer name.
 pub const DEFAULT_DURABLE: &str = "rfidl-receiver";
@@ -286,26 +286,38 @@ async fn pull(
             _ = cancel.cancelled() => break,
             Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
             acquired = slots.clone().acquire_owned(), if slot.is_none() => slot = acquired.ok(),
-            item = messages.next(), if slot.is_some() => match item {
-                Some(Ok(message)) => {
+            item = messages.next(), if slot.is_some() => {
+                // The first message and every one already here, while
+                // slots are free, go to the receiver together: one call,
+                // one job for its writer (as an HTTP batch), one task.
+                let Some(mut slots_held) = slot.take() else { continue };
+                let mut batch = Vec::new();
+                let mut item = item;
+                let ended = loop {
+                    match item {
+                        Some(Ok(message)) => batch.push(message),
+                        Some(Err(error)) => break pull_failed(&error),
+                        None => break true,
+                    }
+                    let Ok(more) = slots.clone().try_acquire_owned() else { break false };
+                    match messages.next().now_or_never() {
+                        Some(next) => {
+                            slots_held.merge(more);
+                            item = next;
+                        }
+                        None => break false,
+                    }
+                };
+                if !batch.is_empty() {
                     let shared = shared.clone();
                     let context = context.clone();
-                    let slot = slot.take();
-                    in_flight.spawn(async move { handle(&shared, &context, message, slot).await });
+                    in_flight.spawn(async move {
+                        handle(&shared, &context, batch, slots_held).await
+                    });
                 }
-                Some(Err(error)) => {
-                    use jetstream::consumer::pull::MessagesErrorKind as Kind;
-                    match error.kind() {
-                        Kind::MissingHeartbeat | Kind::Other | Kind::Pull => {
-                            tracing::debug!(%error, "JetStream pull interrupted; going on");
-                        }
-                        _ => {
-                            tracing::warn!(%error, "JetStream pull ended; starting again");
-                            break;
-                        }
-                    }
+                if ended {
+                    break;
                 }
-                None => break,
             }
         }
     }
@@ -315,55 +327,120 @@ async fn pull(
     }
 }
 
-/// Processes one delivery and acknowledges it as its answer says; gives
-/// its `slot` back once the receiver answered (before the
-/// acknowledgement).
+/// Whether a pull error ends the pull (else it goes on).
+fn pull_failed(error: &jetstream::consumer::pull::MessagesError) -> bool {
+    use jetstream::consumer::pull::MessagesErrorKind as Kind;
+    match error.kind() {
+        Kind::MissingHeartbeat | Kind::Other | Kind::Pull => {
+            tracing::debug!(%error, "JetStream pull interrupted; going on");
+            false
+        }
+        _ => {
+            tracing::warn!(%error, "JetStream pull ended; starting again");
+            true
+        }
+    }
+}
+
+/// A delivery in hand and what the consumer read from it.
+struct InHand {
+    message: jetstream::Message,
+    stream: String,
+    sequence: u64,
+    delivered: u32,
+    /// The signed id (the receiver checks it equals the envelope's), else
+    /// the broker's.
+    message_id: Option<String>,
+    /// Where its answer goes (commands, pushcalls).
+    reply_to: Option<String>,
+}
+
+impl InHand {
+    /// The delivery, and what the receiver takes of it.
+    fn read(shared: &Shared, message: jetstream::Message) -> (InHand, Stored) {
+        let (stream, sequence, delivered, stored_at) = match message.info() {
+            Ok(info) => (
+                info.stream.to_owned(),
+                info.stream_sequence,
+                info.delivered.max(1) as u32,
+                info.published.unix_timestamp(),
+            ),
+            Err(_) => (shared.url.stream_name(), 0, 1, crate::signing::unix_now()),
+        };
+        let headers = http_headers(message.headers.as_ref());
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let message_id = header(crate::signing::HEADER_ID)
+            .or_else(|| header(async_nats::header::NATS_MESSAGE_ID.as_ref()));
+        let reply_to = header(REPLY_TO_HEADER);
+        // The signature's time is checked against when the stream stored
+        // the message: it may wait there longer than the tolerance.
+        let stored = Stored {
+            headers,
+            body: message.payload.clone(),
+            stored_at,
+        };
+        let held = InHand {
+            message,
+            stream,
+            sequence,
+            delivered,
+            message_id,
+            reply_to,
+        };
+        (held, stored)
+    }
+}
+
+/// Processes a batch of deliveries in one receiver call and acknowledges
+/// each as its answer says; gives the batch's `slots` back once the
+/// receiver answered (before the acknowledgements).
 async fn handle(
     shared: &Shared,
     context: &jetstream::Context,
-    message: jetstream::Message,
-    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    batch: Vec<jetstream::Message>,
+    slots: tokio::sync::OwnedSemaphorePermit,
 ) {
-    let (stream, sequence, delivered, stored_at) = match message.info() {
-        Ok(info) => (
-            info.stream.to_owned(),
-            info.stream_sequence,
-            info.delivered.max(1) as u32,
-            info.published.unix_timestamp(),
-        ),
-        Err(_) => (shared.url.stream_name(), 0, 1, crate::signing::unix_now()),
-    };
-    let headers = http_headers(message.headers.as_ref());
-    // The signed id (the receiver checks it equals the envelope's), else
-    // the broker's.
-    let message_id = headers
-        .get(crate::signing::HEADER_ID)
-        .or_else(|| headers.get(async_nats::header::NATS_MESSAGE_ID.as_ref() as &str))
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    // A slow handler keeps its message: "in progress" every half
-    // `ack_wait` (the server then waits another `ack_wait`), so it is not
-    // redelivered while this copy runs. A crash stops these, and the
-    // message comes back after `ack_wait`.
-    // The signature's time is checked against when the stream stored the
-    // message: it may wait there longer than the tolerance.
-    let receive = shared
-        .receiver
-        .receive_stored_at(&headers, message.payload.clone(), stored_at);
+    let (held, stored): (Vec<InHand>, Vec<Stored>) = batch
+        .into_iter()
+        .map(|message| InHand::read(shared, message))
+        .unzip();
+    // A slow handler keeps its messages: "in progress" every half
+    // `ack_wait` (the server then waits another `ack_wait`), so they are
+    // not redelivered while this copy runs. A crash stops these, and the
+    // messages come back after `ack_wait`.
+    let receive = shared.receiver.receive_many_stored_at(stored);
     tokio::pin!(receive);
     let mut progress = tokio::time::interval_at(
         tokio::time::Instant::now() + shared.settings.ack_wait / 2,
         (shared.settings.ack_wait / 2).max(Duration::from_millis(10)),
     );
-    let answer = loop {
+    let answers = loop {
         tokio::select! {
-            answer = &mut receive => break answer,
+            answers = &mut receive => break answers,
             _ = progress.tick() => {
-                let _ = message.ack_with(AckKind::Progress).await;
+                for held in &held {
+                    let _ = held.message.ack_with(AckKind::Progress).await;
+                }
             }
         }
     };
-    drop(slot);
+    drop(slots);
+    let settled = held
+        .into_iter()
+        .zip(answers)
+        .map(|(held, answer)| settle(shared, context, held, answer));
+    futures_util::future::join_all(settled).await;
+}
+
+/// Acknowledges one delivery as the receiver's `answer` says.
+async fn settle(shared: &Shared, context: &jetstream::Context, held: InHand, answer: Reply) {
+    let message = &held.message;
+    let (delivered, message_id) = (held.delivered, &held.message_id);
     let action = decide(
         &answer,
         delivered,
@@ -375,32 +452,27 @@ async fn handle(
     );
     match action {
         Action::Ack { answer } => {
-            let reply = headers
-                .get(REPLY_TO_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
-            if let (Some(reply), Some(id)) = (reply, &message_id)
+            if let (Some(reply), Some(id)) = (&held.reply_to, message_id)
                 && let Err(error) =
-                    publish_answer(shared, context, &reply, id, answer, &message.payload).await
+                    publish_answer(shared, context, reply, id, answer, &message.payload).await
             {
                 tracing::warn!(message_id = %id, %error, "cannot publish the answer; redelivered later");
-                nak(&message, backoff_of(shared, delivered)).await;
+                nak(message, backoff_of(shared, delivered)).await;
                 return;
             }
-            let acked = tokio::time::timeout(shared.settings.timeout, message.double_ack()).await;
-            if !matches!(acked, Ok(Ok(()))) {
+            if let Err(error) = double_ack(message, shared.settings.timeout).await {
                 // Redelivered after ack_wait; the inbox answers it as a
                 // duplicate.
-                tracing::warn!(message_id = ?message_id, "ack not confirmed; the message may be redelivered");
+                tracing::warn!(message_id = ?message_id, %error, "ack not confirmed; the message may be redelivered");
             }
         }
-        Action::Retry(delay) => nak(&message, delay).await,
+        Action::Retry(delay) => nak(message, delay).await,
         Action::Term(error) => {
             let subject = message.subject.to_string();
             let recorded = record_terminated(
                 shared,
-                &stream,
-                sequence,
+                &held.stream,
+                held.sequence,
                 message_id.as_deref(),
                 &subject,
                 &error,
@@ -411,8 +483,8 @@ async fn handle(
                     shared.receiver.metrics().inbox_terminated.inc();
                     tracing::warn!(
                         message_id = ?message_id,
-                        stream = %stream,
-                        sequence,
+                        stream = %held.stream,
+                        sequence = held.sequence,
                         %error,
                         "message terminated: it will never succeed and is not redelivered"
                     );
@@ -422,11 +494,32 @@ async fn handle(
                 }
                 Err(record_error) => {
                     tracing::error!(%record_error, "cannot record a terminated message; redelivering it");
-                    nak(&message, backoff_of(shared, delivered)).await;
+                    nak(message, backoff_of(shared, delivered)).await;
                 }
             }
         }
     }
+}
+
+/// `+ACK`, and the server's confirmation that it took it (a double ack),
+/// within `timeout`. The request goes through the client's one shared
+/// reply subscription: `Message::double_ack` subscribes and unsubscribes
+/// an inbox of its own for every acknowledgement, two more protocol
+/// operations per message for the client and the server.
+async fn double_ack(message: &jetstream::Message, timeout: Duration) -> Result<(), String> {
+    let Some(reply) = message.reply.clone() else {
+        return Err("no reply subject: not a JetStream message".to_owned());
+    };
+    let request = async_nats::Request::new()
+        .payload(AckKind::Ack.into())
+        .timeout(Some(timeout));
+    message
+        .context
+        .client()
+        .send_request(reply, request)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
 
 async fn nak(message: &jetstream::Message, delay: Duration) {

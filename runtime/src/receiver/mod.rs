@@ -108,6 +108,15 @@ const ADMIT_INLINE_LIMIT: usize = 64 * 1024;
 /// closed. [`serve()`](crate::serve()) applies the same bound to every route.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A message as a broker stored it: its headers, its body, and when the
+/// broker stored it (Unix seconds).
+#[cfg_attr(not(feature = "nats"), allow(dead_code))]
+pub(crate) struct Stored {
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
+    pub(crate) stored_at: i64,
+}
+
 struct Shared {
     body_limit: usize,
     batch_body_limit: usize,
@@ -236,6 +245,15 @@ impl Receiver {
             return Reply::Refused(refusal);
         }
         self.shared.receive_one_at(headers, body, stored_at).await
+    }
+
+    /// [`receive_stored_at`](Self::receive_stored_at) of several messages
+    /// a broker consumer took at once: each admitted on its own, the
+    /// admitted ones handed to the writer together (one group commit, as
+    /// a batch request's). One answer per message, in order.
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    pub(crate) async fn receive_many_stored_at(&self, messages: Vec<Stored>) -> Vec<Reply> {
+        self.shared.receive_many_at(messages).await
     }
 
     /// The secrets accepted from `source` (`peers`): what answers going

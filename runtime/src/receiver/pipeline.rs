@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use super::writer::{Command, Delivery, Job};
 use super::{
-    ADMIT_INLINE_LIMIT, BatchAdmission, ReceiveError, Reply, Shared, Verification, handler,
+    ADMIT_INLINE_LIMIT, BatchAdmission, ReceiveError, Reply, Shared, Stored, Verification, handler,
 };
 use crate::envelope::{BatchItem, Envelope};
 use crate::inbox::payload_digest;
@@ -51,7 +51,7 @@ impl Shared {
         };
         let answer = match admitted {
             Ok(admitted) => {
-                let mut answers = self.process(vec![admitted]).await;
+                let mut answers = self.process(vec![admitted], LookUp::First).await;
                 answers
                     .pop()
                     .unwrap_or(Reply::Refused(ReceiveError::Unavailable(
@@ -70,7 +70,7 @@ impl Shared {
         self: &Arc<Self>,
         bytes: Bytes,
     ) -> Result<Vec<Reply>, ReceiveError> {
-        let (mut answers, admitted, positions) = if bytes.len() <= ADMIT_INLINE_LIMIT {
+        let admission = if bytes.len() <= ADMIT_INLINE_LIMIT {
             self.admit_batch(&bytes)?
         } else {
             let shared = Arc::clone(self);
@@ -80,8 +80,87 @@ impl Shared {
                     ReceiveError::Unavailable(format!("the admission task failed: {e}"))
                 })??
         };
+        Ok(self.answer_all(admission, LookUp::First).await)
+    }
+
+    /// Several messages a broker consumer took, each stored at its own
+    /// time (Unix seconds: what its signature's timestamp is checked
+    /// against), each admitted on its own, the admitted ones processed
+    /// together (one writer job, as a batch request's), and looked up in
+    /// the committed inbox only by the writer: a broker delivers a message
+    /// again only after a lost acknowledgement or a crash.
+    pub(super) async fn receive_many_at(self: &Arc<Self>, messages: Vec<Stored>) -> Vec<Reply> {
+        let bytes: usize = messages.iter().map(|m| m.body.len()).sum();
+        let admission = if bytes <= ADMIT_INLINE_LIMIT {
+            self.admit_stored(&messages)
+        } else {
+            let count = messages.len();
+            let shared = Arc::clone(self);
+            match tokio::task::spawn_blocking(move || shared.admit_stored(&messages)).await {
+                Ok(admission) => admission,
+                Err(e) => {
+                    let refusal =
+                        ReceiveError::Unavailable(format!("the admission task failed: {e}"));
+                    (
+                        vec![Some(Reply::Refused(refusal)); count],
+                        Vec::new(),
+                        Vec::new(),
+                    )
+                }
+            }
+        };
+        self.answer_all(admission, LookUp::InWriter).await
+    }
+
+    /// [`admit`](Self::admit)s each stored message.
+    fn admit_stored(&self, messages: &[Stored]) -> BatchAdmission {
+        self.admit_each(
+            messages
+                .iter()
+                .map(|message| (&message.headers, &message.body[..], message.stored_at)),
+        )
+    }
+
+    /// [`admit`](Self::admit)s each of `messages` (headers, body, the time
+    /// its signature is checked against), refusing a body over the limit:
+    /// an answer for each refused one, the admitted deliveries, and their
+    /// positions.
+    fn admit_each<'m, H: SignatureHeaderSource + 'm>(
+        &self,
+        messages: impl ExactSizeIterator<Item = (&'m H, &'m [u8], i64)>,
+    ) -> BatchAdmission {
+        let mut answers: Vec<Option<Reply>> = Vec::with_capacity(messages.len());
+        let mut admitted = Vec::new();
+        let mut positions = Vec::new();
+        for (headers, body, now) in messages {
+            let admission = if body.len() > self.body_limit {
+                Err(ReceiveError::PayloadTooLarge {
+                    limit: self.body_limit,
+                })
+            } else {
+                self.admit(headers, body, now)
+            };
+            match admission {
+                Ok(delivery) => {
+                    positions.push(answers.len());
+                    answers.push(None);
+                    admitted.push(delivery);
+                }
+                Err(refusal) => answers.push(Some(Reply::Refused(refusal))),
+            }
+        }
+        (answers, admitted, positions)
+    }
+
+    /// Processes the admitted deliveries of a batch together: one answer
+    /// per item, in order, each counted.
+    async fn answer_all(
+        &self,
+        (mut answers, admitted, positions): BatchAdmission,
+        look_up: LookUp,
+    ) -> Vec<Reply> {
         if !admitted.is_empty() {
-            let processed = self.process(admitted).await;
+            let processed = self.process(admitted, look_up).await;
             for (position, answer) in positions.into_iter().zip(processed) {
                 answers[position] = Some(answer);
             }
@@ -97,7 +176,7 @@ impl Shared {
         for answer in &answers {
             self.count(answer);
         }
-        Ok(answers)
+        answers
     }
 
     /// Parses a batch and [`admit`](Self::admit)s each item: an answer for
@@ -109,26 +188,11 @@ impl Shared {
                 crate::redact::json_error(&e)
             ))
         })?;
-        let mut answers: Vec<Option<Reply>> = Vec::with_capacity(items.len());
-        let mut admitted = Vec::new();
-        let mut positions = Vec::new();
-        for item in &items {
-            if item.body.len() > self.body_limit {
-                answers.push(Some(Reply::Refused(ReceiveError::PayloadTooLarge {
-                    limit: self.body_limit,
-                })));
-                continue;
-            }
-            match self.admit(&item.headers, item.body.as_bytes(), signing::unix_now()) {
-                Ok(message) => {
-                    positions.push(answers.len());
-                    answers.push(None);
-                    admitted.push(message);
-                }
-                Err(refusal) => answers.push(Some(Reply::Refused(refusal))),
-            }
-        }
-        Ok((answers, admitted, positions))
+        Ok(self.admit_each(
+            items
+                .iter()
+                .map(|item| (&item.headers, item.body.as_bytes(), signing::unix_now())),
+        ))
     }
 
     /// Steps 2 to 6 of the order of checks: envelope, source, signature,
@@ -277,7 +341,7 @@ impl Shared {
 
     /// Step 7 (the committed-inbox look-up, off the executor), then the
     /// writer for whatever is new (steps 8 and 9 run there).
-    pub(super) async fn process(&self, admitted: Vec<Delivery>) -> Vec<Reply> {
+    pub(super) async fn process(&self, admitted: Vec<Delivery>, look_up: LookUp) -> Vec<Reply> {
         let keys: Vec<(String, String)> = admitted
             .iter()
             .map(|a| (a.envelope.source_service_id.clone(), a.message_id.clone()))
@@ -287,13 +351,15 @@ impl Shared {
         // answers a duplicate from there, so a look-up here would only put a
         // read (and, on SQLite, a page cache the writer's last commit made
         // stale) on every message's path (measured in BENCHMARKS.md,
-        // "Commit -> effect"). Batches, and a message whose age makes the
+        // "Commit -> effect"). So do a broker's deliveries
+        // ([`LookUp::InWriter`]). Batches, and a message whose age makes the
         // look-up decide between a duplicate and `beyond_dedup_horizon`,
         // are looked up here on the blocking pool, which keeps duplicates
         // off the writer.
-        let straight = matches!(admitted.as_slice(), [lone] if self.beyond_horizon(lone).is_none());
+        let within_horizon = || admitted.iter().all(|a| self.beyond_horizon(a).is_none());
+        let straight = (admitted.len() == 1 || look_up == LookUp::InWriter) && within_horizon();
         let found = match straight {
-            true => Ok(vec![Ok(None)]),
+            true => Ok(admitted.iter().map(|_| Ok(None)).collect()),
             false => {
                 let reader = Arc::clone(&self.reader);
                 let keys = keys.clone();
@@ -448,6 +514,17 @@ impl Shared {
             self.count_refusal(refusal);
         }
     }
+}
+
+/// Where a batch's messages are looked up in the committed inbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LookUp {
+    /// First, on the blocking pool (a lone message within the dedup
+    /// horizon excepted): a batch sent again whole, after its answer was
+    /// lost, is answered without the writer.
+    First,
+    /// Only in the writer's transaction, whose claim answers a duplicate.
+    InWriter,
 }
 
 /// Where the `webhook-*` headers of a message are read from: the request's
