@@ -28,8 +28,23 @@ use rfidl_runtime::receiver::Receiver;
 use rfidl_runtime::signing::{Secret, unix_now};
 use uuid::Uuid;
 
+use rfidl_runtime::store::sqlx_sqlite::SqliteStore;
+
 use crate::faultfs::{FaultDir, PowerCut};
 use crate::support::{self, Ledger, LedgerService};
+
+/// The store a [`FaultyReceiver`] runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backend {
+    /// The blocking store: its connections open the file's `file:` URI,
+    /// which names the fault VFS.
+    Rusqlite,
+    /// The sqlx SQLite store on a `SqlitePool` whose options name the fault
+    /// VFS (`SqliteConnectOptions::vfs`); the store's own connections on
+    /// the file (the inbox look-up, the migrations) open it through the
+    /// same VFS.
+    SqlxSqlite,
+}
 
 /// A receiver whose database (`receiver.db`) lives in a [`FaultDir`].
 pub(crate) struct FaultyReceiver {
@@ -44,6 +59,10 @@ pub(crate) struct FaultyReceiver {
 
 impl FaultyReceiver {
     pub async fn start(durability: Durability) -> Self {
+        Self::start_on(Backend::Rusqlite, durability).await
+    }
+
+    pub async fn start_on(backend: Backend, durability: Durability) -> Self {
         let fault = FaultDir::new();
         let uri = fault.db_uri("receiver.db");
         support::create_ledger_table(&uri);
@@ -51,10 +70,27 @@ impl FaultyReceiver {
         let mut config = support::receiver_config(&[&secret]);
         config.inbox.durability = durability;
         let ledger = Arc::new(Ledger::default());
-        let receiver = Receiver::builder(config, &uri)
-            .service(LedgerService(Arc::clone(&ledger)))
-            .build()
-            .expect("receiver");
+        let service = LedgerService(Arc::clone(&ledger));
+        let receiver = match backend {
+            Backend::Rusqlite => Receiver::builder(config, &uri).service(service).build(),
+            Backend::SqlxSqlite => {
+                let options = sqlx::sqlite::SqliteConnectOptions::new()
+                    .filename(fault.path().join("receiver.db"))
+                    .vfs(crate::faultfs::VFS_NAME)
+                    .synchronous(match durability {
+                        Durability::Full => sqlx::sqlite::SqliteSynchronous::Full,
+                        Durability::Normal => sqlx::sqlite::SqliteSynchronous::Normal,
+                    });
+                let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                    .max_connections(4)
+                    .connect_with(options)
+                    .await
+                    .expect("pool");
+                let store = SqliteStore::open(pool).await.expect("the sqlx store");
+                Receiver::builder(config, &store).service(service).build()
+            }
+        }
+        .expect("receiver");
         let (url, server) = support::serve(receiver.router()).await;
         Self {
             fault,
@@ -269,16 +305,24 @@ impl Writeback {
 /// cuts the power right after the last 2xx. Returns the acknowledged ids in
 /// order and the rebooted disk.
 async fn trial(durability: Durability, before: usize, after: usize) -> (Vec<Uuid>, Rebooted) {
-    trial_with(durability, before, after, Writeback::Nothing).await
+    trial_with(
+        Backend::Rusqlite,
+        durability,
+        before,
+        after,
+        Writeback::Nothing,
+    )
+    .await
 }
 
 async fn trial_with(
+    backend: Backend,
     durability: Durability,
     before: usize,
     after: usize,
     writeback: Writeback,
 ) -> (Vec<Uuid>, Rebooted) {
-    let receiver = FaultyReceiver::start(durability).await;
+    let receiver = FaultyReceiver::start_on(backend, durability).await;
     let mut acknowledged = Vec::new();
     for round in 0..before + after {
         if round == before && before > 0 {
@@ -304,18 +348,30 @@ async fn trial_with(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn powerloss_full_keeps_every_acknowledged_message() {
+    full_keeps_every_acknowledged_message(Backend::Rusqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn powerloss_full_on_sqlx_sqlite_keeps_every_acknowledged_message() {
+    full_keeps_every_acknowledged_message(Backend::SqlxSqlite).await;
+}
+
+/// Five trials on `backend` under `full`, each cut right after the last 2xx.
+async fn full_keeps_every_acknowledged_message(backend: Backend) {
     let mut rng = rand::rng();
     // Cut right after the first 2xx, then after a random one of up to 20.
     let mut counts = vec![1];
     counts.extend((0..4).map(|_| rng.random_range(2..=20)));
     let mut total = 0;
     for count in counts {
-        let (acknowledged, disk) = trial(Durability::Full, 0, count).await;
+        let (acknowledged, disk) =
+            trial_with(backend, Durability::Full, 0, count, Writeback::Nothing).await;
         for (index, id) in acknowledged.iter().enumerate() {
             assert_eq!(
                 disk.traces(id),
                 (1, 1),
-                "FULL: acknowledged message #{index} of {count} lost its inbox row or effect"
+                "FULL on {backend:?}: acknowledged message #{index} of {count} lost its inbox \
+                 row or effect"
             );
         }
         // Nothing else was processed: no effect without an acknowledgement.
@@ -326,7 +382,9 @@ async fn powerloss_full_keeps_every_acknowledged_message() {
         assert_eq!(effects, count as i64);
         total += count;
     }
-    eprintln!("powerloss FULL: {total} acknowledged messages in 5 trials, {total} survived");
+    eprintln!(
+        "powerloss FULL on {backend:?}: {total} acknowledged messages in 5 trials, {total} survived"
+    );
 }
 
 /// The cut lands while many requests are in flight (the writer group-commits
@@ -398,12 +456,21 @@ async fn powerloss_full_cut_mid_stream_keeps_every_acknowledged_message() {
 /// not at all, and `integrity_check` is `ok`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn powerloss_full_cut_at_every_sync_point_keeps_every_acknowledged_message() {
+    full_cut_at_every_sync_point(Backend::Rusqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn powerloss_full_on_sqlx_sqlite_cut_at_every_sync_point_keeps_every_acknowledged_message() {
+    full_cut_at_every_sync_point(Backend::SqlxSqlite).await;
+}
+
+async fn full_cut_at_every_sync_point(backend: Backend) {
     let mut points = 0;
     let mut acknowledged = 0;
     let mut refused_but_kept = 0;
     for writeback in [Writeback::Nothing, Writeback::RandomSubset] {
         for point in 1..=100 {
-            let receiver = FaultyReceiver::start(Durability::Full).await;
+            let receiver = FaultyReceiver::start_on(backend, Durability::Full).await;
             receiver.fault.cut_at_sync(point, writeback.decider());
             let mut answers = Vec::new();
             for round in 0..8 {
@@ -435,13 +502,15 @@ async fn powerloss_full_cut_at_every_sync_point_keeps_every_acknowledged_message
                     assert_eq!(
                         traces,
                         (1, 1),
-                        "{writeback:?}, cut in sync {point}: acknowledged message #{index} lost"
+                        "{backend:?}, {writeback:?}, cut in sync {point}: acknowledged message \
+                         #{index} lost"
                     );
                     acknowledged += 1;
                 } else {
                     assert!(
                         traces == (0, 0) || traces == (1, 1),
-                        "{writeback:?}, cut in sync {point}: message #{index} split: {traces:?}"
+                        "{backend:?}, {writeback:?}, cut in sync {point}: message #{index} split: \
+                         {traces:?}"
                     );
                     refused_but_kept += traces.0;
                 }
@@ -450,7 +519,7 @@ async fn powerloss_full_cut_at_every_sync_point_keeps_every_acknowledged_message
         }
     }
     eprintln!(
-        "powerloss FULL at every sync point: {points} cuts, {acknowledged} acknowledged messages \
+        "powerloss FULL on {backend:?} at every sync point: {points} cuts, {acknowledged} acknowledged messages \
          (all kept), {refused_but_kept} refused ones kept anyway"
     );
 }
@@ -519,13 +588,21 @@ async fn powerloss_with_random_writeback_keeps_prefixes_and_integrity() {
         Writeback::RandomSubset,
     ] {
         let count = rng.random_range(1..=12);
-        let (acknowledged, disk) = trial_with(Durability::Full, 0, count, writeback).await;
+        let (acknowledged, disk) =
+            trial_with(Backend::Rusqlite, Durability::Full, 0, count, writeback).await;
         for id in &acknowledged {
             assert_eq!(disk.traces(id), (1, 1), "FULL: acknowledged {id} lost");
         }
         let before = rng.random_range(1..=6);
         let after = rng.random_range(1..=12);
-        let (acknowledged, disk) = trial_with(Durability::Normal, before, after, writeback).await;
+        let (acknowledged, disk) = trial_with(
+            Backend::Rusqlite,
+            Durability::Normal,
+            before,
+            after,
+            writeback,
+        )
+        .await;
         let mut lost = false;
         for (index, id) in acknowledged.iter().enumerate() {
             let (inbox, effect) = disk.traces(id);
