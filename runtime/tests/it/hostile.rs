@@ -1,6 +1,7 @@
 //! Hostile input against a real receiver with its diagnostics routes merged
-//! (the test service of `receiver_fixture.rs`, a real SQLite file, real HTTP
-//! on loopback): a seeded stream of random and mutated requests (invalid
+//! (the test service of `receiver_fixture.rs` on every store: a real SQLite
+//! file under rusqlite or under sqlx, a database on the tests' PostgreSQL
+//! server; real HTTP on loopback): a seeded stream of random and mutated requests (invalid
 //! JSON, 100,000-deep nesting, huge and non-UTF-8 headers and bodies, wrong
 //! JSON types for every envelope field, mutated valid envelopes, garbage
 //! **signed with the receiver's real secret** so the signature check passes
@@ -17,18 +18,24 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
+use rfidl_runtime::Config;
 use rfidl_runtime::diagnostics::Diagnostics;
 use rfidl_runtime::signing::{Secret, unix_now};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::receiver_fixture::{FINGERPRINT_V1, Fixture, INTERFACE, Message, SOURCE, sign};
+use crate::receiver_fixture::{
+    EMPLOYEES_POSTGRES, EMPLOYEES_SQLITE, Employees, FINGERPRINT_V1, Fixture, INTERFACE, Message,
+    SOURCE, sign,
+};
+use crate::stores::{TestStore, on_every_store};
 
 /// Requests sent to the receiver (the registry's fuzz sends 3,000 more).
 const REQUESTS: usize = 7_500;
@@ -49,17 +56,22 @@ const RETRYABLE_503: &[&str] = &[
 /// deliberate `panic…` handler.
 static SERVER_PANICS: AtomicUsize = AtomicUsize::new(0);
 
+/// Installs the hook that counts [`SERVER_PANICS`], once for the process
+/// (a hook per test would count a panic once per test that installed it).
 fn count_server_panics() {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let in_tests = info
-            .location()
-            .is_some_and(|l| l.file().contains("tests/it/"));
-        if !in_tests {
-            SERVER_PANICS.fetch_add(1, Ordering::SeqCst);
-        }
-        previous(info);
-    }));
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let in_tests = info
+                .location()
+                .is_some_and(|l| l.file().contains("tests/it/"));
+            if !in_tests {
+                SERVER_PANICS.fetch_add(1, Ordering::SeqCst);
+            }
+            previous(info);
+        }));
+    });
 }
 
 /// One raw HTTP/1.1 exchange: (status, body) or `None` without an answer.
@@ -584,16 +596,27 @@ impl Generator {
     }
 }
 
-/// Rows that an accepted message or a retry could write.
-fn row_counts(conn: &rusqlite::Connection) -> [i64; 3] {
-    conn.prepare_cached(
-        "SELECT (SELECT count(*) FROM inbox_messages), (SELECT count(*) FROM employees), \
-         (SELECT count(*) FROM outbox_messages)",
-    )
-    .and_then(|mut statement| {
-        statement.query_row([], |row| Ok([row.get(0)?, row.get(1)?, row.get(2)?]))
-    })
-    .expect("count rows")
+/// Rows that an accepted message or a retry could write: inbox, business
+/// and outbox rows (the same SQL on every store).
+const ROW_COUNTS: &str = "SELECT (SELECT count(*) FROM inbox_messages), \
+     (SELECT count(*) FROM employees), (SELECT count(*) FROM outbox_messages)";
+
+/// [`ROW_COUNTS`] on `store`: on one connection kept for the run on a
+/// SQLite file, on the helpers' session on PostgreSQL.
+fn row_counter(store: &TestStore) -> Box<dyn FnMut() -> [i64; 3] + '_> {
+    match store.file() {
+        Some(path) => {
+            let conn = rusqlite::Connection::open(path).expect("open");
+            Box::new(move || {
+                conn.prepare_cached(ROW_COUNTS)
+                    .and_then(|mut statement| {
+                        statement.query_row([], |row| Ok([row.get(0)?, row.get(1)?, row.get(2)?]))
+                    })
+                    .expect("count rows")
+            })
+        }
+        None => Box::new(|| store.counts(ROW_COUNTS)),
+    }
 }
 
 /// Checks one answer body; returns how many fresh acknowledgements it holds.
@@ -632,38 +655,45 @@ fn fresh_acks(status: u16, body: &[u8], batch: bool, what: &str) -> i64 {
     i64::from(json["acknowledged"] == true && json["duplicate"] == false)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hostile_input_fuzz_never_panics_nor_writes_for_a_refusal() {
+on_every_store!(
+    hostile_input_fuzz_never_panics_nor_writes_for_a_refusal,
+    fuzz
+);
+async fn fuzz(store: &TestStore) {
     count_server_panics();
+    store.execute_dialects(EMPLOYEES_SQLITE, EMPLOYEES_POSTGRES);
+    let secret = Secret::generate();
+    let mut config = Config::for_service("payroll");
+    config
+        .peers
+        .insert(SOURCE.to_owned(), vec![secret.to_whsec()]);
     // Input handling is under test here, not durability: `normal` commits
     // skip the fsync per message that would dominate the run.
-    let fixture = Fixture::start_with_config(|config| {
-        config.inbox.durability = rfidl_runtime::Durability::Normal;
-    })
-    .await;
-    let diagnostics = Diagnostics::builder(&fixture.db_path)
-        .metrics(fixture.metrics())
+    config.inbox.durability = rfidl_runtime::Durability::Normal;
+    let receiver = store
+        .receiver_hosting(config, Employees::default())
+        .expect("receiver");
+    let diagnostics = store
+        .diagnostics()
+        .metrics(Arc::clone(receiver.metrics()))
         .build()
         .expect("diagnostics");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
-    let app = fixture.receiver.router().merge(diagnostics.router());
+    let app = receiver.router().merge(diagnostics.router());
     let server = tokio::spawn(async move {
         axum::serve(listener, app).await.expect("serve");
     });
-    let db_path = fixture.db_path.clone();
-    let secret = fixture.secret.clone();
     let panics_before = SERVER_PANICS.load(Ordering::SeqCst);
 
-    let addr_for_run = addr.clone();
-    let summary = tokio::task::spawn_blocking(move || {
-        let addr = addr_for_run;
-        let conn = rusqlite::Connection::open(&db_path).expect("open");
+    // The loop blocks (raw sockets, the counts), off the async workers.
+    let (by_kind, time_by_kind, elapsed) = tokio::task::block_in_place(|| {
+        let mut row_counts = row_counter(store);
         let mut generator = Generator {
             rng: StdRng::seed_from_u64(0x15_0007),
-            secret,
+            secret: secret.clone(),
             sent: Vec::new(),
         };
         let mut by_kind: BTreeMap<Kind, BTreeMap<Option<u16>, usize>> = BTreeMap::new();
@@ -675,11 +705,11 @@ async fn hostile_input_fuzz_never_panics_nor_writes_for_a_refusal() {
                 "request {index} ({kind:?}): {:?}",
                 String::from_utf8_lossy(&request[..request.len().min(240)])
             );
-            let before = row_counts(&conn);
+            let before = row_counts();
             let sent_at = std::time::Instant::now();
             let answer = exchange(&addr, &request);
             *time_by_kind.entry(kind).or_default() += sent_at.elapsed();
-            let after = row_counts(&conn);
+            let after = row_counts();
             *by_kind
                 .entry(kind)
                 .or_default()
@@ -718,11 +748,11 @@ async fn hostile_input_fuzz_never_panics_nor_writes_for_a_refusal() {
             assert_eq!(after[2], before[2], "{what}: no outbox row appears");
         }
         (by_kind, time_by_kind, started.elapsed())
-    })
-    .await
-    .expect("the fuzz loop");
-    let (by_kind, time_by_kind, elapsed) = summary;
-    eprintln!("receiver fuzz: {REQUESTS} requests in {elapsed:?}");
+    });
+    eprintln!(
+        "receiver fuzz on {}: {REQUESTS} requests in {elapsed:?}",
+        store.name()
+    );
     for (kind, statuses) in &by_kind {
         eprintln!("  {kind:?} ({:?}): {statuses:?}", time_by_kind[kind]);
     }
@@ -734,7 +764,6 @@ async fn hostile_input_fuzz_never_panics_nor_writes_for_a_refusal() {
     );
     // Still serving, and still processing.
     let addr_after = addr.clone();
-    let secret = fixture.secret.clone();
     let (health, fresh) = tokio::task::spawn_blocking(move || {
         let health = exchange(&addr_after, &http("GET", "/_rf/health", &[], b""));
         let message = Message::hired("after-the-fuzz");

@@ -153,9 +153,10 @@ impl Employees {
     }
 }
 
-/// The same service on sqlx PostgreSQL: the same statements in its
-/// dialect, async, in the receiver's transaction.
-impl AsyncHostedService<sqlx::Postgres> for Employees {
+// The same service on both sqlx stores: the same statements, async, in the
+// receiver's transaction.
+crate::stores::on_each_sqlx_store! {
+impl AsyncHostedService<Db> for Employees {
     fn interfaces(&self) -> &[HostedInterface] {
         HOSTED
     }
@@ -163,7 +164,7 @@ impl AsyncHostedService<sqlx::Postgres> for Employees {
     fn handle<'a>(
         &'a self,
         call: &'a IncomingCall<'a>,
-        conn: &'a mut sqlx::PgConnection,
+        conn: &'a mut Conn,
     ) -> BoxFuture<'a, Result<serde_json::Value, HandlerError>> {
         Box::pin(async move {
             self.handler_runs.fetch_add(1, Ordering::SeqCst);
@@ -199,6 +200,7 @@ impl AsyncHostedService<sqlx::Postgres> for Employees {
             }
         })
     }
+}
 }
 
 /// The business table of [`Employees`], on either store.
@@ -236,10 +238,6 @@ impl Fixture {
 
     pub async fn start_with(customize: impl FnOnce(ReceiverBuilder) -> ReceiverBuilder) -> Self {
         Self::start_custom(|_| {}, customize).await
-    }
-
-    pub async fn start_with_config(configure: impl FnOnce(&mut Config)) -> Self {
-        Self::start_custom(configure, |builder| builder).await
     }
 
     pub async fn start_custom(
