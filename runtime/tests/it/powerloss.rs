@@ -8,7 +8,15 @@
 //!
 //! SQLite-only: power loss is a property of the SQLite file and its
 //! `synchronous` setting (PostgreSQL's durability is the server's); the
-//! store-independent failures run on both stores in `faults.rs`.
+//! store-independent failures run on every store in `faults.rs`. Both
+//! SQLite stores: the blocking one opens the file's `file:…?vfs=` URI; the
+//! sqlx one ([`Backend::SqlxSqlite`]) a `SqlitePool` whose options name the
+//! fault VFS (`SqliteConnectOptions::vfs`), and the store opens the file
+//! through that VFS too (`disk_full.rs` shows it). The `full` trials run on
+//! both (`powerloss_full_on_sqlx_sqlite_*`); the `normal` findings, the
+//! write-back variants and the sender's are the SQLite file's and run on
+//! the blocking store only (the sqlx store's writer commits with the same
+//! SQLite and the pool's `synchronous`).
 //!
 //! Findings (see `docs/guarantees-durability.md`):
 //! * `inbox.durability: full` (`synchronous=FULL`): every acknowledged
