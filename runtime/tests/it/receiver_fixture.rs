@@ -86,7 +86,7 @@ impl HostedService for Employees {
         self.handler_runs.fetch_add(1, Ordering::SeqCst);
         match (call.version, call.endpoint) {
             (1 | 2, "EmployeeHired") => {
-                let hired: EmployeeHired = decode_payload(call.payload)?;
+                let hired = decode_hired(call)?;
                 tx.execute(
                     "INSERT INTO employees (id, name, message_id, version) VALUES (?1, ?2, ?3, ?4)",
                     rusqlite::params![
@@ -109,6 +109,19 @@ impl HostedService for Employees {
             (_, other) => Err(HandlerError::unknown_endpoint(other)),
         }
     }
+}
+
+/// The payload of an `EmployeeHired`; one whose id or name holds a NUL is
+/// refused for good on every store, as a real handler validates its input:
+/// PostgreSQL's `TEXT` cannot hold one (the insert would fail, and the
+/// retryable failure would come back at every retry).
+fn decode_hired(call: &IncomingCall<'_>) -> Result<EmployeeHired, HandlerError> {
+    let hired: EmployeeHired = decode_payload(call.payload)?;
+    let employee = &hired.employee;
+    if employee.id.contains('\0') || employee.name.contains('\0') {
+        return Err(HandlerError::poison("a NUL character in the employee"));
+    }
+    Ok(hired)
 }
 
 /// How long a `slow…` hire takes in its handler.
@@ -170,7 +183,7 @@ impl AsyncHostedService<Db> for Employees {
             self.handler_runs.fetch_add(1, Ordering::SeqCst);
             match (call.version, call.endpoint) {
                 (1 | 2, "EmployeeHired") => {
-                    let hired: EmployeeHired = decode_payload(call.payload)?;
+                    let hired = decode_hired(call)?;
                     let row: i64 = sqlx::query_scalar(
                         "INSERT INTO employees (id, name, message_id, version) \
                          VALUES ($1, $2, $3, $4) RETURNING row",
