@@ -20,23 +20,17 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
-use rfidl_runtime::Config;
-use rfidl_runtime::diagnostics::Diagnostics;
 use rfidl_runtime::signing::{Secret, unix_now};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::receiver_fixture::{
-    EMPLOYEES_POSTGRES, EMPLOYEES_SQLITE, Employees, FINGERPRINT_V1, Fixture, INTERFACE, Message,
-    SOURCE, sign,
-};
+use crate::receiver_fixture::{FINGERPRINT_V1, INTERFACE, Message, SOURCE, employees_app, sign};
 use crate::stores::{TestStore, on_every_store};
 
 /// Requests sent to the receiver (the registry's fuzz sends 3,000 more).
@@ -669,28 +663,17 @@ on_every_store!(
 );
 async fn fuzz(store: &TestStore) {
     count_server_panics();
-    store.execute_dialects(EMPLOYEES_SQLITE, EMPLOYEES_POSTGRES);
-    let secret = Secret::generate();
-    let mut config = Config::for_service("payroll");
-    config
-        .peers
-        .insert(SOURCE.to_owned(), vec![secret.to_whsec()]);
     // Input handling is under test here, not durability: `normal` commits
     // skip the fsync per message that would dominate the run.
-    config.inbox.durability = rfidl_runtime::Durability::Normal;
-    let receiver = store
-        .receiver_hosting(config, Employees::default())
-        .expect("receiver");
-    let diagnostics = store
-        .diagnostics()
-        .metrics(Arc::clone(receiver.metrics()))
-        .build()
-        .expect("diagnostics");
+    let (app, secret, _receiver) = employees_app(
+        store,
+        |config| config.inbox.durability = rfidl_runtime::Durability::Normal,
+        None,
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
-    let app = receiver.router().merge(diagnostics.router());
     let server = tokio::spawn(async move {
         axum::serve(listener, app).await.expect("serve");
     });
@@ -831,27 +814,27 @@ async fn json_answer(method: reqwest::Method, url: String) -> (u16, Value) {
     (status, body)
 }
 
-async fn with_diagnostics() -> (Fixture, String, tokio::task::JoinHandle<()>) {
-    let fixture = Fixture::start().await;
-    let diagnostics = Diagnostics::builder(&fixture.db_path)
-        .metrics(fixture.metrics())
-        .bearer_token(TOKEN)
-        .build()
-        .expect("diagnostics");
+/// A receiver on `store` with its diagnostics routes behind [`TOKEN`],
+/// served: its base URL and the server task (the receiver lives as long as
+/// its router).
+async fn with_diagnostics(store: &TestStore) -> (String, tokio::task::JoinHandle<()>) {
+    let (app, _, _receiver) = employees_app(store, |_| {}, Some(TOKEN));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let app = fixture.receiver.router().merge(diagnostics.router());
     let server = tokio::spawn(async move {
         axum::serve(listener, app).await.expect("serve");
     });
-    (fixture, base, server)
+    (base, server)
 }
 
-#[tokio::test]
-async fn hostile_regression_a_wrong_method_on_a_diagnostics_route_is_a_json_405() {
-    let (_fixture, base, server) = with_diagnostics().await;
+on_every_store!(
+    hostile_regression_a_wrong_method_on_a_diagnostics_route_is_a_json_405,
+    wrong_method_is_a_json_405
+);
+async fn wrong_method_is_a_json_405(store: &TestStore) {
+    let (base, server) = with_diagnostics(store).await;
     for (method, path) in [
         (reqwest::Method::DELETE, "/_rf/health"),
         (reqwest::Method::POST, "/_rf/outbox/stats"),
@@ -874,9 +857,12 @@ async fn hostile_regression_a_wrong_method_on_a_diagnostics_route_is_a_json_405(
     server.abort();
 }
 
-#[tokio::test]
-async fn hostile_regression_a_retry_id_that_is_not_utf8_is_a_json_400() {
-    let (_fixture, base, server) = with_diagnostics().await;
+on_every_store!(
+    hostile_regression_a_retry_id_that_is_not_utf8_is_a_json_400,
+    non_utf8_retry_id_is_a_json_400
+);
+async fn non_utf8_retry_id_is_a_json_400(store: &TestStore) {
+    let (base, server) = with_diagnostics(store).await;
     let (status, body) = json_answer(
         reqwest::Method::POST,
         format!("{base}/_rf/outbox/%FF%FE/retry"),
@@ -890,9 +876,12 @@ async fn hostile_regression_a_retry_id_that_is_not_utf8_is_a_json_400() {
     server.abort();
 }
 
-#[tokio::test]
-async fn hostile_regression_the_bare_rf_path_is_a_json_404() {
-    let (_fixture, base, server) = with_diagnostics().await;
+on_every_store!(
+    hostile_regression_the_bare_rf_path_is_a_json_404,
+    bare_rf_path_is_a_json_404
+);
+async fn bare_rf_path_is_a_json_404(store: &TestStore) {
+    let (base, server) = with_diagnostics(store).await;
     for method in [reqwest::Method::GET, reqwest::Method::DELETE] {
         let (status, body) = json_answer(method, format!("{base}/_rf/")).await;
         assert_eq!(

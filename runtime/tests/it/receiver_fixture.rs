@@ -447,3 +447,33 @@ impl Reply {
         assert_eq!(self.body["duplicate"], duplicate, "{:?}", self.body);
     }
 }
+
+/// A receiver hosting [`Employees`] on `store` (its table created first),
+/// peered with [`SOURCE`] under a fresh secret, `configure`d, with its
+/// diagnostics routes merged (behind `token` when given): the app, the
+/// secret senders sign with, and the receiver.
+pub fn employees_app(
+    store: &crate::stores::TestStore,
+    configure: impl FnOnce(&mut Config),
+    token: Option<&str>,
+) -> (axum::Router, Secret, Receiver) {
+    store.execute_dialects(EMPLOYEES_SQLITE, EMPLOYEES_POSTGRES);
+    let secret = Secret::generate();
+    let mut config = Config::for_service("payroll");
+    config
+        .peers
+        .insert(SOURCE.to_owned(), vec![secret.to_whsec()]);
+    configure(&mut config);
+    let receiver = store
+        .receiver_hosting(config, Employees::default())
+        .expect("receiver");
+    let diagnostics = store.diagnostics().metrics(Arc::clone(receiver.metrics()));
+    let diagnostics = match token {
+        Some(token) => diagnostics.bearer_token(token),
+        None => diagnostics,
+    }
+    .build()
+    .expect("diagnostics");
+    let app = receiver.router().merge(diagnostics.router());
+    (app, secret, receiver)
+}
