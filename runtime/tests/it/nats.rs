@@ -1070,6 +1070,16 @@ async fn answers_on_every_store(store: &crate::stores::TestStore) {
         .expect("consumer");
     let balances = Arc::new(Balances::default());
     let handler = BalancesHandler(balances.clone());
+    /// The same on either sqlx store.
+    macro_rules! on_sqlx {
+        ($database:expr) => {
+            rfidl_runtime::nats::AnswersConsumer::builder(support::SOURCE, &url, $database)
+                .secret(secret.clone())
+                .responses(handler)
+                .timeout(Duration::from_secs(1))
+                .spawn()
+        };
+    }
     let answers = match store {
         TestStore::Sqlite { path, .. } => {
             rfidl_runtime::nats::AnswersConsumer::for_destination(&outbox_config, "ledger", path)
@@ -1078,20 +1088,8 @@ async fn answers_on_every_store(store: &crate::stores::TestStore) {
                 .timeout(Duration::from_secs(1))
                 .spawn()
         }
-        TestStore::Postgres {
-            store: database, ..
-        } => rfidl_runtime::nats::AnswersConsumer::builder(support::SOURCE, &url, database)
-            .secret(secret.clone())
-            .responses(handler)
-            .timeout(Duration::from_secs(1))
-            .spawn(),
-        TestStore::SqlxSqlite {
-            store: database, ..
-        } => rfidl_runtime::nats::AnswersConsumer::builder(support::SOURCE, &url, database)
-            .secret(secret.clone())
-            .responses(handler)
-            .timeout(Duration::from_secs(1))
-            .spawn(),
+        TestStore::Postgres { store, .. } => on_sqlx!(store),
+        TestStore::SqlxSqlite { store, .. } => on_sqlx!(store),
     }
     .expect("answers consumer");
     let dispatcher = store.dispatcher(&outbox).start().expect("dispatcher");

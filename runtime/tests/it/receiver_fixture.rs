@@ -448,15 +448,14 @@ impl Reply {
     }
 }
 
-/// A receiver hosting [`Employees`] on `store` (its table created first),
-/// peered with [`SOURCE`] under a fresh secret, `configure`d, with its
-/// diagnostics routes merged (behind `token` when given): the app, the
-/// secret senders sign with, and the receiver.
-pub fn employees_app(
+/// A receiver hosting `employees` on `store` (its table created first),
+/// peered with [`SOURCE`] under a fresh secret, `configure`d: the receiver
+/// and the secret senders sign with.
+pub fn employees_receiver(
     store: &crate::stores::TestStore,
     configure: impl FnOnce(&mut Config),
-    token: Option<&str>,
-) -> (axum::Router, Secret, Receiver) {
+    employees: Employees,
+) -> (Receiver, Secret) {
     store.execute_dialects(EMPLOYEES_SQLITE, EMPLOYEES_POSTGRES);
     let secret = Secret::generate();
     let mut config = Config::for_service("payroll");
@@ -465,8 +464,20 @@ pub fn employees_app(
         .insert(SOURCE.to_owned(), vec![secret.to_whsec()]);
     configure(&mut config);
     let receiver = store
-        .receiver_hosting(config, Employees::default())
-        .expect("receiver");
+        .receiver_hosting(config, employees)
+        .expect("build receiver");
+    (receiver, secret)
+}
+
+/// [`employees_receiver`] with its diagnostics routes merged (behind
+/// `token` when given): the app, the secret senders sign with, and the
+/// receiver.
+pub fn employees_app(
+    store: &crate::stores::TestStore,
+    configure: impl FnOnce(&mut Config),
+    token: Option<&str>,
+) -> (axum::Router, Secret, Receiver) {
+    let (receiver, secret) = employees_receiver(store, configure, Employees::default());
     let diagnostics = store.diagnostics().metrics(Arc::clone(receiver.metrics()));
     let diagnostics = match token {
         Some(token) => diagnostics.bearer_token(token),
