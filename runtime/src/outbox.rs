@@ -486,7 +486,7 @@ impl<S: AnyStore> Outbox<S> {
             Database::Sqlite(path) => sqlite(path, config)?,
             // A file on a sqlx pool: written on a connection of its own.
             #[cfg(feature = "sqlx-sqlite")]
-            Database::SqlxSqlite(store) => sqlite(store.path(), config)?,
+            Database::SqlxSqlite(store) => sqlite(store.location(), config)?,
             #[cfg(feature = "sqlx-postgres")]
             Database::SqlxPostgres(_) => {
                 let runtime = tokio::runtime::Handle::try_current().map_err(|_| {

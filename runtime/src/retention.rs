@@ -196,7 +196,7 @@ impl Retention {
             Database::Sqlite(path) => sqlite(path)?,
             // A file on a sqlx pool: cleaned on a connection of its own.
             #[cfg(feature = "sqlx-sqlite")]
-            Database::SqlxSqlite(store) => sqlite(store.path().to_path_buf())?,
+            Database::SqlxSqlite(store) => sqlite(store.location().to_path_buf())?,
             #[cfg(feature = "sqlx-postgres")]
             Database::SqlxPostgres(store) => {
                 let mut pass = crate::store::sqlx_postgres::retention::pass(

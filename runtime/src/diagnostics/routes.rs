@@ -143,7 +143,7 @@ impl DiagnosticsBuilder {
             Database::Sqlite(path) => sqlite(path)?,
             // A file on a sqlx pool: read on connections of its own.
             #[cfg(feature = "sqlx-sqlite")]
-            Database::SqlxSqlite(store) => sqlite(store.path())?,
+            Database::SqlxSqlite(store) => sqlite(store.location())?,
             #[cfg(feature = "sqlx-postgres")]
             Database::SqlxPostgres(store) => {
                 let (conn, ready_conn) =

@@ -269,7 +269,7 @@ fn backups_of(
     let file = match database {
         Database::Sqlite(path) => path.clone(),
         #[cfg(feature = "sqlx-sqlite")]
-        Database::SqlxSqlite(store) => store.path().to_path_buf(),
+        Database::SqlxSqlite(store) => store.location().to_path_buf(),
         #[allow(unreachable_patterns)] // only PostgreSQL stores are left
         _ if config.backup.directory.is_none() => return Ok(None),
         #[allow(unreachable_patterns)]

@@ -135,12 +135,7 @@ async fn decommission_and_recommission(store: &TestStore) {
     let ledger = std::sync::Arc::new(support::Ledger::default());
     let lifecycle_set = outbox.lifecycle().clone();
     let provider = store
-        .receiver_with(
-            config.clone(),
-            ledger,
-            |b| b.lifecycle(&lifecycle_set),
-            |b| b.lifecycle(&lifecycle_set),
-        )
+        .receiver_with_lifecycle(config.clone(), ledger, &lifecycle_set)
         .expect("provider receiver");
     let (provider_url, _provider_server) = serve(provider.router()).await;
     let ops = outbox
@@ -363,11 +358,10 @@ async fn decommission_and_recommission(store: &TestStore) {
     // A restarted receiver (a fresh set) reads the state from the database.
     let restarted = lifecycle::Lifecycle::new();
     let again = store
-        .receiver_with(
+        .receiver_with_lifecycle(
             config.clone(),
             std::sync::Arc::new(support::Ledger::default()),
-            |b| b.lifecycle(&restarted),
-            |b| b.lifecycle(&restarted),
+            &restarted,
         )
         .expect("restarted receiver");
     assert!(restarted.is_decommissioned(support::INTERFACE, 1));
@@ -504,11 +498,10 @@ async fn decommission_and_recommission(store: &TestStore) {
     let restarted = lifecycle::Lifecycle::new();
     restarted.bind_instance(INSTANCE);
     let again = store
-        .receiver_with(
+        .receiver_with_lifecycle(
             config.clone(),
             std::sync::Arc::new(support::Ledger::default()),
-            |b| b.lifecycle(&restarted),
-            |b| b.lifecycle(&restarted),
+            &restarted,
         )
         .expect("restarted receiver");
     let (again_url, _again_server) = serve(again.router()).await;

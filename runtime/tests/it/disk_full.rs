@@ -442,3 +442,42 @@ async fn disk_full_dispatcher_recording_loses_nothing() {
     );
     receiver.receiver.shutdown().await;
 }
+
+/// The sqlx SQLite store's own connections on the file (migrations, inbox
+/// look-up, dispatcher, retention, diagnostics) open it through the VFS the
+/// pool's options name: a quota that VFS enforces stops the store's
+/// migration of a fresh file, which the ordinary VFS would have written
+/// past it. (Two VFSes on one file may lock it differently, and then two
+/// writers get in at once.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_full_sqlx_sqlite_store_opens_the_file_through_the_pools_vfs() {
+    let fault = FaultDir::new();
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(fault.path().join("service.db"))
+        .vfs(crate::faultfs::VFS_NAME)
+        .create_if_missing(true);
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .expect("pool");
+    fault.set_quota(Some(4_096));
+    let refused = rfidl_runtime::store::sqlx_sqlite::SqliteStore::open(pool.clone()).await;
+    assert!(
+        refused.is_err(),
+        "the migration wrote past the VFS's quota: it did not go through the pool's VFS"
+    );
+    assert!(
+        fault.full_refusals() > 0,
+        "the VFS refused the migration's writes"
+    );
+    fault.set_quota(None);
+    let store = rfidl_runtime::store::sqlx_sqlite::SqliteStore::open(pool)
+        .await
+        .expect("opens once there is room");
+    assert_eq!(store.path(), fault.path().join("service.db"));
+    let version: i64 = peek(store.path())
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .expect("user_version");
+    assert!(version > 0, "migrated");
+}

@@ -13,9 +13,7 @@ use rfidl_runtime::metrics::Metrics;
 use rfidl_runtime::receiver::Receiver;
 use rfidl_runtime::signing::{Secret, unix_now};
 
-use crate::receiver_fixture::{
-    EMPLOYEES_POSTGRES, EMPLOYEES_SQLITE, Employees, Message, Reply, SOURCE, sign,
-};
+use crate::receiver_fixture::{Employees, Message, Reply, SOURCE, employees_receiver, sign};
 use crate::stores::{TestStore, on_every_store};
 
 /// A receiver hosting [`Employees`] on a test store, served on loopback.
@@ -81,19 +79,10 @@ impl<'s> StoreFixture<'s> {
     }
 
     async fn start_with_config(store: &'s TestStore, configure: impl FnOnce(&mut Config)) -> Self {
-        store.execute_dialects(EMPLOYEES_SQLITE, EMPLOYEES_POSTGRES);
-        let secret = Secret::generate();
-        let mut config = Config::for_service("payroll");
-        config
-            .peers
-            .insert(SOURCE.to_owned(), vec![secret.to_whsec()]);
-        configure(&mut config);
         let employees = Employees::default();
         let service_failures = Arc::clone(&employees.failures_left);
         let handler_runs = Arc::clone(&employees.handler_runs);
-        let receiver = store
-            .receiver_hosting(config, employees)
-            .expect("build receiver");
+        let (receiver, secret) = employees_receiver(store, configure, employees);
         let (base, server) = crate::support::serve(receiver.router()).await;
         Self {
             store,

@@ -127,7 +127,9 @@ impl FailureHandler<Sqlite> for Compensate {
     }
 }
 
-impl AsyncFailureHandler<sqlx::Postgres> for Compensate {
+// The same handler on both sqlx stores.
+crate::stores::on_each_sqlx_store! {
+impl AsyncFailureHandler<Db> for Compensate {
     fn interface(&self) -> (&'static str, u32) {
         (support::INTERFACE, 1)
     }
@@ -135,7 +137,7 @@ impl AsyncFailureHandler<sqlx::Postgres> for Compensate {
     fn handle<'a>(
         &'a self,
         failure: &'a Failure<'a>,
-        conn: &'a mut sqlx::PgConnection,
+        conn: &'a mut Conn,
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
             let (retries, account, cursed) = self.row(failure);
@@ -153,6 +155,7 @@ impl AsyncFailureHandler<sqlx::Postgres> for Compensate {
             refuse_if(cursed)
         })
     }
+}
 }
 
 /// A dispatcher for `outbox` that sends to the scripted receiver at `url`

@@ -33,21 +33,20 @@ fn secret() -> Secret {
 /// The ledger service, hosted on `store`, on a free loopback port.
 async fn ledger_host(store: &TestStore, ledger: Arc<Ledger>) -> Host {
     let config = support::receiver_config(&[&secret()]);
+    /// The same on every store's builder.
+    macro_rules! host {
+        ($location:expr) => {
+            Host::builder(config, $location)
+                .service(LedgerService(ledger))
+                .shutdown_timeout(BOUND)
+                .listen("127.0.0.1:0")
+                .await
+        };
+    }
     match store {
-        TestStore::Sqlite { path, .. } => {
-            Host::builder(config, path)
-                .service(LedgerService(ledger))
-                .shutdown_timeout(BOUND)
-                .listen("127.0.0.1:0")
-                .await
-        }
-        TestStore::Postgres { store, .. } => {
-            Host::builder(config, store)
-                .service(LedgerService(ledger))
-                .shutdown_timeout(BOUND)
-                .listen("127.0.0.1:0")
-                .await
-        }
+        TestStore::Sqlite { path, .. } => host!(path),
+        TestStore::Postgres { store, .. } => host!(store),
+        TestStore::SqlxSqlite { store, .. } => host!(store),
     }
     .expect("the ledger's host starts")
 }
@@ -61,17 +60,18 @@ async fn sender_host(store: &TestStore, ledger_url: &str) -> (AnyOutbox, Host) {
         DestinationConfig::new(ledger_url, secret().to_whsec()),
     );
     config.outbox.max_retries = 1_000;
+    /// The same on every store's builder.
+    macro_rules! sender {
+        ($location:expr, $kind:ident) => {{
+            let builder = Host::builder(config, $location);
+            let outbox = AnyOutbox::$kind(builder.outbox().clone());
+            (outbox, sender_start(builder).await)
+        }};
+    }
     let (outbox, host) = match store {
-        TestStore::Sqlite { path, .. } => {
-            let builder = Host::builder(config, path);
-            let outbox = AnyOutbox::Sqlite(builder.outbox().clone());
-            (outbox, sender_start(builder).await)
-        }
-        TestStore::Postgres { store, .. } => {
-            let builder = Host::builder(config, store);
-            let outbox = AnyOutbox::Postgres(builder.outbox().clone());
-            (outbox, sender_start(builder).await)
-        }
+        TestStore::Sqlite { path, .. } => sender!(path, Sqlite),
+        TestStore::Postgres { store, .. } => sender!(store, Postgres),
+        TestStore::SqlxSqlite { store, .. } => sender!(store, SqlxSqlite),
     };
     (outbox, host.expect("the sender's host starts"))
 }

@@ -1,18 +1,21 @@
 //! Hostile input against a real receiver with its diagnostics routes merged
-//! (the test service of `receiver_fixture.rs`, a real SQLite file, real HTTP
-//! on loopback): a seeded stream of random and mutated requests (invalid
-//! JSON, 100,000-deep nesting, huge and non-UTF-8 headers and bodies, wrong
-//! JSON types for every envelope field, mutated valid envelopes, garbage
-//! **signed with the receiver's real secret** so the signature check passes
-//! and deeper code runs, odd query strings, paths and methods).
+//! (the test service of `receiver_fixture.rs`; real HTTP on loopback), on
+//! every store: a SQLite file under rusqlite or under sqlx, a database on
+//! the tests' PostgreSQL server. A seeded stream of random and mutated
+//! requests (invalid JSON, 100,000-deep nesting, huge and non-UTF-8 headers
+//! and bodies, wrong JSON types for every envelope field, mutated valid
+//! envelopes, garbage **signed with the receiver's real secret** so the
+//! signature check passes and deeper code runs, odd query strings, paths
+//! and methods): 7,500 requests on the blocking store, the first 2,500 of
+//! them on each sqlx store.
 //!
 //! Asserted for every request: an answer with a status the wire protocol and
 //! `docs/operations.md` list, no 5xx but the retryable 503s, an error body
 //! that is JSON with a code (for every answer past the HTTP layer), and no
 //! row written for anything but a fresh acknowledgement (inbox, business and
-//! outbox rows counted before and after, in the database). After the run:
-//! no panic anywhere in the server (a panic hook counts them), the server
-//! still answers `/_rf/health` and still processes a valid message.
+//! outbox rows counted in the database). After the run: no panic anywhere
+//! in the server (a panic hook counts them), the server still answers
+//! `/_rf/health` and still processes a valid message.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -23,15 +26,21 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
-use rfidl_runtime::diagnostics::Diagnostics;
 use rfidl_runtime::signing::{Secret, unix_now};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::receiver_fixture::{FINGERPRINT_V1, Fixture, INTERFACE, Message, SOURCE, sign};
+use crate::receiver_fixture::{FINGERPRINT_V1, INTERFACE, Message, SOURCE, employees_app, sign};
+use crate::stores::{TestStore, on_every_store};
 
 /// Requests sent to the receiver (the registry's fuzz sends 3,000 more).
 const REQUESTS: usize = 7_500;
+/// Requests sent to a receiver on a sqlx store: the first part of the same
+/// seeded stream (every kind of request is in it). What differs there is
+/// the store's code (the writer, the inbox look-up, the diagnostics), not
+/// the HTTP and envelope handling the full run covers on the blocking store,
+/// and the run stays short in CI (a PostgreSQL commit costs an fsync).
+const REQUESTS_ON_SQLX: usize = 2_500;
 
 /// Statuses a request may get: the wire protocol's (200, 400, 401, 404,
 /// 405, 413, 422, 503), the diagnostics routes' (409 `not_retryable`), and
@@ -49,17 +58,22 @@ const RETRYABLE_503: &[&str] = &[
 /// deliberate `panic…` handler.
 static SERVER_PANICS: AtomicUsize = AtomicUsize::new(0);
 
+/// Installs the hook that counts [`SERVER_PANICS`], once for the process
+/// (a hook per test would count a panic once per test that installed it).
 fn count_server_panics() {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let in_tests = info
-            .location()
-            .is_some_and(|l| l.file().contains("tests/it/"));
-        if !in_tests {
-            SERVER_PANICS.fetch_add(1, Ordering::SeqCst);
-        }
-        previous(info);
-    }));
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let in_tests = info
+                .location()
+                .is_some_and(|l| l.file().contains("tests/it/"));
+            if !in_tests {
+                SERVER_PANICS.fetch_add(1, Ordering::SeqCst);
+            }
+            previous(info);
+        }));
+    });
 }
 
 /// One raw HTTP/1.1 exchange: (status, body) or `None` without an answer.
@@ -584,16 +598,27 @@ impl Generator {
     }
 }
 
-/// Rows that an accepted message or a retry could write.
-fn row_counts(conn: &rusqlite::Connection) -> [i64; 3] {
-    conn.prepare_cached(
-        "SELECT (SELECT count(*) FROM inbox_messages), (SELECT count(*) FROM employees), \
-         (SELECT count(*) FROM outbox_messages)",
-    )
-    .and_then(|mut statement| {
-        statement.query_row([], |row| Ok([row.get(0)?, row.get(1)?, row.get(2)?]))
-    })
-    .expect("count rows")
+/// Rows that an accepted message or a retry could write: inbox, business
+/// and outbox rows (the same SQL on every store).
+const ROW_COUNTS: &str = "SELECT (SELECT count(*) FROM inbox_messages), \
+     (SELECT count(*) FROM employees), (SELECT count(*) FROM outbox_messages)";
+
+/// [`ROW_COUNTS`] on `store`: on one connection kept for the run on a
+/// SQLite file, on the helpers' session on PostgreSQL.
+fn row_counter(store: &TestStore) -> Box<dyn FnMut() -> [i64; 3] + '_> {
+    match store.file() {
+        Some(path) => {
+            let conn = rusqlite::Connection::open(path).expect("open");
+            Box::new(move || {
+                conn.prepare_cached(ROW_COUNTS)
+                    .and_then(|mut statement| {
+                        statement.query_row([], |row| Ok([row.get(0)?, row.get(1)?, row.get(2)?]))
+                    })
+                    .expect("count rows")
+            })
+        }
+        None => Box::new(|| store.counts(ROW_COUNTS)),
+    }
 }
 
 /// Checks one answer body; returns how many fresh acknowledgements it holds.
@@ -632,54 +657,58 @@ fn fresh_acks(status: u16, body: &[u8], batch: bool, what: &str) -> i64 {
     i64::from(json["acknowledged"] == true && json["duplicate"] == false)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hostile_input_fuzz_never_panics_nor_writes_for_a_refusal() {
+on_every_store!(
+    hostile_input_fuzz_never_panics_nor_writes_for_a_refusal,
+    fuzz
+);
+async fn fuzz(store: &TestStore) {
     count_server_panics();
     // Input handling is under test here, not durability: `normal` commits
     // skip the fsync per message that would dominate the run.
-    let fixture = Fixture::start_with_config(|config| {
-        config.inbox.durability = rfidl_runtime::Durability::Normal;
-    })
-    .await;
-    let diagnostics = Diagnostics::builder(&fixture.db_path)
-        .metrics(fixture.metrics())
-        .build()
-        .expect("diagnostics");
+    let (app, secret, _receiver) = employees_app(
+        store,
+        |config| config.inbox.durability = rfidl_runtime::Durability::Normal,
+        None,
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
-    let app = fixture.receiver.router().merge(diagnostics.router());
     let server = tokio::spawn(async move {
         axum::serve(listener, app).await.expect("serve");
     });
-    let db_path = fixture.db_path.clone();
-    let secret = fixture.secret.clone();
     let panics_before = SERVER_PANICS.load(Ordering::SeqCst);
+    let requests = match store {
+        TestStore::Sqlite { .. } => REQUESTS,
+        _ => REQUESTS_ON_SQLX,
+    };
 
-    let addr_for_run = addr.clone();
-    let summary = tokio::task::spawn_blocking(move || {
-        let addr = addr_for_run;
-        let conn = rusqlite::Connection::open(&db_path).expect("open");
+    // The loop blocks (raw sockets, the counts), off the async workers.
+    let (by_kind, time_by_kind, elapsed) = tokio::task::block_in_place(|| {
+        let mut row_counts = row_counter(store);
         let mut generator = Generator {
             rng: StdRng::seed_from_u64(0x15_0007),
-            secret,
+            secret: secret.clone(),
             sent: Vec::new(),
         };
         let mut by_kind: BTreeMap<Kind, BTreeMap<Option<u16>, usize>> = BTreeMap::new();
         let mut time_by_kind: BTreeMap<Kind, Duration> = BTreeMap::new();
         let started = std::time::Instant::now();
-        for index in 0..REQUESTS {
+        // One count a request: what follows one answer is what precedes the
+        // next request (nothing else writes), so a late write would still
+        // show, charged to the next request.
+        let mut after = row_counts();
+        for index in 0..requests {
             let (kind, request) = generator.next();
             let what = format!(
                 "request {index} ({kind:?}): {:?}",
                 String::from_utf8_lossy(&request[..request.len().min(240)])
             );
-            let before = row_counts(&conn);
+            let before = after;
             let sent_at = std::time::Instant::now();
             let answer = exchange(&addr, &request);
             *time_by_kind.entry(kind).or_default() += sent_at.elapsed();
-            let after = row_counts(&conn);
+            after = row_counts();
             *by_kind
                 .entry(kind)
                 .or_default()
@@ -688,8 +717,15 @@ async fn hostile_input_fuzz_never_panics_nor_writes_for_a_refusal() {
             let Some((status, body)) = answer else {
                 panic!("{what}: no answer");
             };
-            assert!(DOCUMENTED.contains(&status), "{what}: status {status}");
-            assert!(status < 500 || status == 503, "{what}: status {status}");
+            let answered = String::from_utf8_lossy(&body[..body.len().min(400)]);
+            assert!(
+                DOCUMENTED.contains(&status),
+                "{what}: status {status}: {answered}"
+            );
+            assert!(
+                status < 500 || status == 503,
+                "{what}: status {status}: {answered}"
+            );
             // 400 and 431 without a body come from the HTTP layer itself
             // (a request line or headers it cannot parse).
             // Paths outside `/_rf/` belong to the application the receiver
@@ -718,11 +754,11 @@ async fn hostile_input_fuzz_never_panics_nor_writes_for_a_refusal() {
             assert_eq!(after[2], before[2], "{what}: no outbox row appears");
         }
         (by_kind, time_by_kind, started.elapsed())
-    })
-    .await
-    .expect("the fuzz loop");
-    let (by_kind, time_by_kind, elapsed) = summary;
-    eprintln!("receiver fuzz: {REQUESTS} requests in {elapsed:?}");
+    });
+    eprintln!(
+        "receiver fuzz on {}: {requests} requests in {elapsed:?}",
+        store.name()
+    );
     for (kind, statuses) in &by_kind {
         eprintln!("  {kind:?} ({:?}): {statuses:?}", time_by_kind[kind]);
     }
@@ -734,7 +770,6 @@ async fn hostile_input_fuzz_never_panics_nor_writes_for_a_refusal() {
     );
     // Still serving, and still processing.
     let addr_after = addr.clone();
-    let secret = fixture.secret.clone();
     let (health, fresh) = tokio::task::spawn_blocking(move || {
         let health = exchange(&addr_after, &http("GET", "/_rf/health", &[], b""));
         let message = Message::hired("after-the-fuzz");
@@ -754,100 +789,5 @@ async fn hostile_input_fuzz_never_panics_nor_writes_for_a_refusal() {
     .expect("after");
     assert_eq!(health.map(|h| h.0), Some(200));
     assert_eq!(fresh.map(|f| f.0), Some(200));
-    server.abort();
-}
-
-// ---------------------------------------------------------------------
-// Regression tests for what the fuzz found, one each.
-
-/// `(status, body as JSON)` of one request over real HTTP.
-/// The diagnostics token of [`with_diagnostics`] (its retries refuse to
-/// run without one).
-const TOKEN: &str = "hostile-tests-token";
-
-async fn json_answer(method: reqwest::Method, url: String) -> (u16, Value) {
-    let response = reqwest::Client::new()
-        .request(method, url)
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("send");
-    let status = response.status().as_u16();
-    let text = response.text().await.expect("body");
-    let body = serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("{status} without a JSON body ({e}): {text:?}"));
-    (status, body)
-}
-
-async fn with_diagnostics() -> (Fixture, String, tokio::task::JoinHandle<()>) {
-    let fixture = Fixture::start().await;
-    let diagnostics = Diagnostics::builder(&fixture.db_path)
-        .metrics(fixture.metrics())
-        .bearer_token(TOKEN)
-        .build()
-        .expect("diagnostics");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let app = fixture.receiver.router().merge(diagnostics.router());
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app).await.expect("serve");
-    });
-    (fixture, base, server)
-}
-
-#[tokio::test]
-async fn hostile_regression_a_wrong_method_on_a_diagnostics_route_is_a_json_405() {
-    let (_fixture, base, server) = with_diagnostics().await;
-    for (method, path) in [
-        (reqwest::Method::DELETE, "/_rf/health"),
-        (reqwest::Method::POST, "/_rf/outbox/stats"),
-        (reqwest::Method::PUT, "/_rf/outbox/failed"),
-        (reqwest::Method::GET, "/_rf/outbox/retry"),
-        (
-            reqwest::Method::GET,
-            "/_rf/outbox/0192f0c4-6c1e-7c7a-9b1e-3f1d2a4b5c6d/retry",
-        ),
-        (reqwest::Method::PATCH, "/_rf/inbox/stats"),
-        (reqwest::Method::POST, "/_rf/metrics"),
-    ] {
-        let (status, body) = json_answer(method.clone(), format!("{base}{path}")).await;
-        assert_eq!(
-            (status, body["error"].as_str()),
-            (405, Some("method_not_allowed")),
-            "{method} {path}: {body}"
-        );
-    }
-    server.abort();
-}
-
-#[tokio::test]
-async fn hostile_regression_a_retry_id_that_is_not_utf8_is_a_json_400() {
-    let (_fixture, base, server) = with_diagnostics().await;
-    let (status, body) = json_answer(
-        reqwest::Method::POST,
-        format!("{base}/_rf/outbox/%FF%FE/retry"),
-    )
-    .await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (400, Some("bad_request")),
-        "{body}"
-    );
-    server.abort();
-}
-
-#[tokio::test]
-async fn hostile_regression_the_bare_rf_path_is_a_json_404() {
-    let (_fixture, base, server) = with_diagnostics().await;
-    for method in [reqwest::Method::GET, reqwest::Method::DELETE] {
-        let (status, body) = json_answer(method, format!("{base}/_rf/")).await;
-        assert_eq!(
-            (status, body["error"].as_str()),
-            (404, Some("not_found")),
-            "{body}"
-        );
-    }
     server.abort();
 }

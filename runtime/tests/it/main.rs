@@ -61,6 +61,8 @@ mod trace_context;
 // Receiver side (rt2): exactly-once, the wire's order of checks, batches.
 mod exactly_once;
 mod hostile;
+// What the fuzz found, one test each.
+mod hostile_regressions;
 // Read timeouts and bounded signature checks (issue 26).
 mod hostile_network;
 mod receiver_fixture;

@@ -1007,7 +1007,8 @@ async fn command_answers_come_back_and_their_handler_runs_once() {
     receiver.shutdown().await;
 }
 
-impl rfidl_runtime::responses::AsyncResponseHandler<sqlx::Postgres> for BalancesHandler {
+crate::stores::on_each_sqlx_store! {
+impl rfidl_runtime::responses::AsyncResponseHandler<Db> for BalancesHandler {
     fn interface(&self) -> (&'static str, u32) {
         (support::INTERFACE, 1)
     }
@@ -1015,7 +1016,7 @@ impl rfidl_runtime::responses::AsyncResponseHandler<sqlx::Postgres> for Balances
     fn handle<'a>(
         &'a self,
         answer: &'a rfidl_runtime::responses::Answer<'a>,
-        conn: &'a mut sqlx::PgConnection,
+        conn: &'a mut Conn,
     ) -> rfidl_runtime::BoxFuture<'a, Result<(), rfidl_runtime::receiver::HandlerError>> {
         Box::pin(async move {
             self.0
@@ -1030,6 +1031,7 @@ impl rfidl_runtime::responses::AsyncResponseHandler<sqlx::Postgres> for Balances
             Ok(())
         })
     }
+}
 }
 
 crate::stores::on_every_store!(
@@ -1068,6 +1070,16 @@ async fn answers_on_every_store(store: &crate::stores::TestStore) {
         .expect("consumer");
     let balances = Arc::new(Balances::default());
     let handler = BalancesHandler(balances.clone());
+    /// The same on either sqlx store.
+    macro_rules! on_sqlx {
+        ($database:expr) => {
+            rfidl_runtime::nats::AnswersConsumer::builder(support::SOURCE, &url, $database)
+                .secret(secret.clone())
+                .responses(handler)
+                .timeout(Duration::from_secs(1))
+                .spawn()
+        };
+    }
     let answers = match store {
         TestStore::Sqlite { path, .. } => {
             rfidl_runtime::nats::AnswersConsumer::for_destination(&outbox_config, "ledger", path)
@@ -1076,13 +1088,8 @@ async fn answers_on_every_store(store: &crate::stores::TestStore) {
                 .timeout(Duration::from_secs(1))
                 .spawn()
         }
-        TestStore::Postgres {
-            store: database, ..
-        } => rfidl_runtime::nats::AnswersConsumer::builder(support::SOURCE, &url, database)
-            .secret(secret.clone())
-            .responses(handler)
-            .timeout(Duration::from_secs(1))
-            .spawn(),
+        TestStore::Postgres { store, .. } => on_sqlx!(store),
+        TestStore::SqlxSqlite { store, .. } => on_sqlx!(store),
     }
     .expect("answers consumer");
     let dispatcher = store.dispatcher(&outbox).start().expect("dispatcher");

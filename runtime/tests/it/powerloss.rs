@@ -8,7 +8,15 @@
 //!
 //! SQLite-only: power loss is a property of the SQLite file and its
 //! `synchronous` setting (PostgreSQL's durability is the server's); the
-//! store-independent failures run on both stores in `faults.rs`.
+//! store-independent failures run on every store in `faults.rs`. Both
+//! SQLite stores: the blocking one opens the file's `file:…?vfs=` URI; the
+//! sqlx one ([`Backend::SqlxSqlite`]) a `SqlitePool` whose options name the
+//! fault VFS (`SqliteConnectOptions::vfs`), and the store opens the file
+//! through that VFS too (`disk_full.rs` shows it). The `full` trials run on
+//! both (`powerloss_full_on_sqlx_sqlite_*`); the `normal` findings, the
+//! write-back variants and the sender's are the SQLite file's and run on
+//! the blocking store only (the sqlx store's writer commits with the same
+//! SQLite and the pool's `synchronous`).
 //!
 //! Findings (see `docs/guarantees-durability.md`):
 //! * `inbox.durability: full` (`synchronous=FULL`): every acknowledged
@@ -24,195 +32,15 @@ use std::sync::Arc;
 use rand::Rng as _;
 use rfidl_runtime::Durability;
 use rfidl_runtime::outbox::Outbox;
-use rfidl_runtime::receiver::Receiver;
 use rfidl_runtime::signing::{Secret, unix_now};
 use uuid::Uuid;
 
+mod harness;
+
+pub(crate) use harness::{Backend, FaultyReceiver, Rebooted, assert_integrity};
+
 use crate::faultfs::{FaultDir, PowerCut};
-use crate::support::{self, Ledger, LedgerService};
-
-/// A receiver whose database (`receiver.db`) lives in a [`FaultDir`].
-pub(crate) struct FaultyReceiver {
-    pub fault: FaultDir,
-    pub url: String,
-    pub secret: Secret,
-    pub receiver: Receiver,
-    pub ledger: Arc<Ledger>,
-    pub client: reqwest::Client,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl FaultyReceiver {
-    pub async fn start(durability: Durability) -> Self {
-        let fault = FaultDir::new();
-        let uri = fault.db_uri("receiver.db");
-        support::create_ledger_table(&uri);
-        let secret = Secret::generate();
-        let mut config = support::receiver_config(&[&secret]);
-        config.inbox.durability = durability;
-        let ledger = Arc::new(Ledger::default());
-        let receiver = Receiver::builder(config, &uri)
-            .service(LedgerService(Arc::clone(&ledger)))
-            .build()
-            .expect("receiver");
-        let (url, server) = support::serve(receiver.router()).await;
-        Self {
-            fault,
-            url,
-            secret,
-            receiver,
-            ledger,
-            client: reqwest::Client::new(),
-            server,
-        }
-    }
-
-    /// Signs and posts a `Credit` with this id; returns the status, the
-    /// `Retry-After` header and the body.
-    pub async fn credit_with_headers(
-        &self,
-        id: &Uuid,
-        amount: i64,
-    ) -> (u16, Option<String>, serde_json::Value) {
-        let body = support::envelope(
-            &id.to_string(),
-            "Credit",
-            serde_json::json!({"account": "acme", "amount": amount}),
-        )
-        .to_string();
-        let headers = rfidl_runtime::signing::SignatureHeaders::sign(
-            &id.to_string(),
-            unix_now(),
-            body.as_bytes(),
-            std::slice::from_ref(&self.secret),
-        );
-        let mut request = self
-            .client
-            .post(format!("{}/_rf/receive", self.url))
-            .header("content-type", "application/json");
-        for (name, value) in headers.to_pairs() {
-            request = request.header(name, value);
-        }
-        let response = request.body(body).send().await.expect("send");
-        let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let body = response.json().await.unwrap_or(serde_json::Value::Null);
-        (status, retry_after, body)
-    }
-
-    /// Signs and posts a `Credit` with this id; returns the status and body.
-    pub async fn credit(&self, id: &Uuid, amount: i64) -> (u16, serde_json::Value) {
-        let body = support::envelope(
-            &id.to_string(),
-            "Credit",
-            serde_json::json!({"account": "acme", "amount": amount}),
-        )
-        .to_string();
-        support::post_signed(
-            &self.client,
-            &self.url,
-            body.as_bytes(),
-            &id.to_string(),
-            &self.secret,
-            unix_now(),
-        )
-        .await
-    }
-
-    /// Signs each `Credit` and posts them as one `/_rf/receive/batch`;
-    /// returns the per-item results (`{status, body}`).
-    pub async fn credit_batch(&self, ids: &[Uuid]) -> Vec<serde_json::Value> {
-        let now = unix_now();
-        let items: Vec<serde_json::Value> = ids
-            .iter()
-            .map(|id| {
-                let body = support::envelope(
-                    &id.to_string(),
-                    "Credit",
-                    serde_json::json!({"account": "acme", "amount": 1}),
-                )
-                .to_string();
-                let headers: std::collections::BTreeMap<String, String> =
-                    rfidl_runtime::signing::SignatureHeaders::sign(
-                        &id.to_string(),
-                        now,
-                        body.as_bytes(),
-                        std::slice::from_ref(&self.secret),
-                    )
-                    .to_pairs()
-                    .into_iter()
-                    .map(|(name, value)| (name.to_owned(), value))
-                    .collect();
-                serde_json::json!({"headers": headers, "body": body})
-            })
-            .collect();
-        let response = self
-            .client
-            .post(format!("{}/_rf/receive/batch", self.url))
-            .json(&items)
-            .send()
-            .await
-            .expect("send batch");
-        assert_eq!(response.status().as_u16(), 200, "a batch is answered 200");
-        response.json().await.expect("batch results")
-    }
-
-    /// The live database file, for read-only checks with the ordinary VFS.
-    pub fn live_db(&self) -> std::path::PathBuf {
-        self.fault.path().join("receiver.db")
-    }
-
-    pub async fn stop(self) {
-        self.server.abort();
-        self.receiver.shutdown().await;
-    }
-}
-
-/// The disk after the reboot, opened with the ordinary VFS and checked.
-pub(crate) struct Rebooted {
-    _dir: tempfile::TempDir,
-    pub conn: rusqlite::Connection,
-}
-
-impl Rebooted {
-    pub fn from(cut: &PowerCut) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        cut.restore_into(dir.path());
-        let conn = rusqlite::Connection::open(dir.path().join("receiver.db")).expect("reopen");
-        assert_integrity(&conn);
-        Self { _dir: dir, conn }
-    }
-
-    pub fn count(&self, sql: &str, id: &str) -> i64 {
-        self.conn
-            .query_row(sql, [id], |r| r.get(0))
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
-    }
-
-    /// (inbox rows, ledger rows) of a message.
-    pub fn traces(&self, id: &Uuid) -> (i64, i64) {
-        let id = id.to_string();
-        (
-            self.count(
-                "SELECT count(*) FROM inbox_messages WHERE message_id = ?1",
-                &id,
-            ),
-            self.count("SELECT count(*) FROM ledger WHERE message_id = ?1", &id),
-        )
-    }
-}
-
-#[track_caller]
-pub(crate) fn assert_integrity(conn: &rusqlite::Connection) {
-    let check: String = conn
-        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-        .expect("integrity_check");
-    assert_eq!(check, "ok", "integrity_check");
-}
+use crate::support;
 
 /// Forces a checkpoint (WAL synced, copied into the database, database
 /// synced) through the shim, as SQLite's auto-checkpoint would.
@@ -269,16 +97,24 @@ impl Writeback {
 /// cuts the power right after the last 2xx. Returns the acknowledged ids in
 /// order and the rebooted disk.
 async fn trial(durability: Durability, before: usize, after: usize) -> (Vec<Uuid>, Rebooted) {
-    trial_with(durability, before, after, Writeback::Nothing).await
+    trial_with(
+        Backend::Rusqlite,
+        durability,
+        before,
+        after,
+        Writeback::Nothing,
+    )
+    .await
 }
 
 async fn trial_with(
+    backend: Backend,
     durability: Durability,
     before: usize,
     after: usize,
     writeback: Writeback,
 ) -> (Vec<Uuid>, Rebooted) {
-    let receiver = FaultyReceiver::start(durability).await;
+    let receiver = FaultyReceiver::start_on(backend, durability).await;
     let mut acknowledged = Vec::new();
     for round in 0..before + after {
         if round == before && before > 0 {
@@ -304,18 +140,30 @@ async fn trial_with(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn powerloss_full_keeps_every_acknowledged_message() {
+    full_keeps_every_acknowledged_message(Backend::Rusqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn powerloss_full_on_sqlx_sqlite_keeps_every_acknowledged_message() {
+    full_keeps_every_acknowledged_message(Backend::SqlxSqlite).await;
+}
+
+/// Five trials on `backend` under `full`, each cut right after the last 2xx.
+async fn full_keeps_every_acknowledged_message(backend: Backend) {
     let mut rng = rand::rng();
     // Cut right after the first 2xx, then after a random one of up to 20.
     let mut counts = vec![1];
     counts.extend((0..4).map(|_| rng.random_range(2..=20)));
     let mut total = 0;
     for count in counts {
-        let (acknowledged, disk) = trial(Durability::Full, 0, count).await;
+        let (acknowledged, disk) =
+            trial_with(backend, Durability::Full, 0, count, Writeback::Nothing).await;
         for (index, id) in acknowledged.iter().enumerate() {
             assert_eq!(
                 disk.traces(id),
                 (1, 1),
-                "FULL: acknowledged message #{index} of {count} lost its inbox row or effect"
+                "FULL on {backend:?}: acknowledged message #{index} of {count} lost its inbox \
+                 row or effect"
             );
         }
         // Nothing else was processed: no effect without an acknowledgement.
@@ -326,7 +174,9 @@ async fn powerloss_full_keeps_every_acknowledged_message() {
         assert_eq!(effects, count as i64);
         total += count;
     }
-    eprintln!("powerloss FULL: {total} acknowledged messages in 5 trials, {total} survived");
+    eprintln!(
+        "powerloss FULL on {backend:?}: {total} acknowledged messages in 5 trials, {total} survived"
+    );
 }
 
 /// The cut lands while many requests are in flight (the writer group-commits
@@ -398,12 +248,21 @@ async fn powerloss_full_cut_mid_stream_keeps_every_acknowledged_message() {
 /// not at all, and `integrity_check` is `ok`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn powerloss_full_cut_at_every_sync_point_keeps_every_acknowledged_message() {
+    full_cut_at_every_sync_point(Backend::Rusqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn powerloss_full_on_sqlx_sqlite_cut_at_every_sync_point_keeps_every_acknowledged_message() {
+    full_cut_at_every_sync_point(Backend::SqlxSqlite).await;
+}
+
+async fn full_cut_at_every_sync_point(backend: Backend) {
     let mut points = 0;
     let mut acknowledged = 0;
     let mut refused_but_kept = 0;
     for writeback in [Writeback::Nothing, Writeback::RandomSubset] {
         for point in 1..=100 {
-            let receiver = FaultyReceiver::start(Durability::Full).await;
+            let receiver = FaultyReceiver::start_on(backend, Durability::Full).await;
             receiver.fault.cut_at_sync(point, writeback.decider());
             let mut answers = Vec::new();
             for round in 0..8 {
@@ -435,13 +294,15 @@ async fn powerloss_full_cut_at_every_sync_point_keeps_every_acknowledged_message
                     assert_eq!(
                         traces,
                         (1, 1),
-                        "{writeback:?}, cut in sync {point}: acknowledged message #{index} lost"
+                        "{backend:?}, {writeback:?}, cut in sync {point}: acknowledged message \
+                         #{index} lost"
                     );
                     acknowledged += 1;
                 } else {
                     assert!(
                         traces == (0, 0) || traces == (1, 1),
-                        "{writeback:?}, cut in sync {point}: message #{index} split: {traces:?}"
+                        "{backend:?}, {writeback:?}, cut in sync {point}: message #{index} split: \
+                         {traces:?}"
                     );
                     refused_but_kept += traces.0;
                 }
@@ -450,7 +311,7 @@ async fn powerloss_full_cut_at_every_sync_point_keeps_every_acknowledged_message
         }
     }
     eprintln!(
-        "powerloss FULL at every sync point: {points} cuts, {acknowledged} acknowledged messages \
+        "powerloss FULL on {backend:?} at every sync point: {points} cuts, {acknowledged} acknowledged messages \
          (all kept), {refused_but_kept} refused ones kept anyway"
     );
 }
@@ -519,13 +380,21 @@ async fn powerloss_with_random_writeback_keeps_prefixes_and_integrity() {
         Writeback::RandomSubset,
     ] {
         let count = rng.random_range(1..=12);
-        let (acknowledged, disk) = trial_with(Durability::Full, 0, count, writeback).await;
+        let (acknowledged, disk) =
+            trial_with(Backend::Rusqlite, Durability::Full, 0, count, writeback).await;
         for id in &acknowledged {
             assert_eq!(disk.traces(id), (1, 1), "FULL: acknowledged {id} lost");
         }
         let before = rng.random_range(1..=6);
         let after = rng.random_range(1..=12);
-        let (acknowledged, disk) = trial_with(Durability::Normal, before, after, writeback).await;
+        let (acknowledged, disk) = trial_with(
+            Backend::Rusqlite,
+            Durability::Normal,
+            before,
+            after,
+            writeback,
+        )
+        .await;
         let mut lost = false;
         for (index, id) in acknowledged.iter().enumerate() {
             let (inbox, effect) = disk.traces(id);

@@ -86,7 +86,7 @@ impl HostedService for Employees {
         self.handler_runs.fetch_add(1, Ordering::SeqCst);
         match (call.version, call.endpoint) {
             (1 | 2, "EmployeeHired") => {
-                let hired: EmployeeHired = decode_payload(call.payload)?;
+                let hired = decode_hired(call)?;
                 tx.execute(
                     "INSERT INTO employees (id, name, message_id, version) VALUES (?1, ?2, ?3, ?4)",
                     rusqlite::params![
@@ -109,6 +109,19 @@ impl HostedService for Employees {
             (_, other) => Err(HandlerError::unknown_endpoint(other)),
         }
     }
+}
+
+/// The payload of an `EmployeeHired`; one whose id or name holds a NUL is
+/// refused for good on every store, as a real handler validates its input:
+/// PostgreSQL's `TEXT` cannot hold one (the insert would fail, and the
+/// retryable failure would come back at every retry).
+fn decode_hired(call: &IncomingCall<'_>) -> Result<EmployeeHired, HandlerError> {
+    let hired: EmployeeHired = decode_payload(call.payload)?;
+    let employee = &hired.employee;
+    if employee.id.contains('\0') || employee.name.contains('\0') {
+        return Err(HandlerError::poison("a NUL character in the employee"));
+    }
+    Ok(hired)
 }
 
 /// How long a `slow…` hire takes in its handler.
@@ -153,9 +166,10 @@ impl Employees {
     }
 }
 
-/// The same service on sqlx PostgreSQL: the same statements in its
-/// dialect, async, in the receiver's transaction.
-impl AsyncHostedService<sqlx::Postgres> for Employees {
+// The same service on both sqlx stores: the same statements, async, in the
+// receiver's transaction.
+crate::stores::on_each_sqlx_store! {
+impl AsyncHostedService<Db> for Employees {
     fn interfaces(&self) -> &[HostedInterface] {
         HOSTED
     }
@@ -163,13 +177,13 @@ impl AsyncHostedService<sqlx::Postgres> for Employees {
     fn handle<'a>(
         &'a self,
         call: &'a IncomingCall<'a>,
-        conn: &'a mut sqlx::PgConnection,
+        conn: &'a mut Conn,
     ) -> BoxFuture<'a, Result<serde_json::Value, HandlerError>> {
         Box::pin(async move {
             self.handler_runs.fetch_add(1, Ordering::SeqCst);
             match (call.version, call.endpoint) {
                 (1 | 2, "EmployeeHired") => {
-                    let hired: EmployeeHired = decode_payload(call.payload)?;
+                    let hired = decode_hired(call)?;
                     let row: i64 = sqlx::query_scalar(
                         "INSERT INTO employees (id, name, message_id, version) \
                          VALUES ($1, $2, $3, $4) RETURNING row",
@@ -199,6 +213,7 @@ impl AsyncHostedService<sqlx::Postgres> for Employees {
             }
         })
     }
+}
 }
 
 /// The business table of [`Employees`], on either store.
@@ -236,10 +251,6 @@ impl Fixture {
 
     pub async fn start_with(customize: impl FnOnce(ReceiverBuilder) -> ReceiverBuilder) -> Self {
         Self::start_custom(|_| {}, customize).await
-    }
-
-    pub async fn start_with_config(configure: impl FnOnce(&mut Config)) -> Self {
-        Self::start_custom(configure, |builder| builder).await
     }
 
     pub async fn start_custom(
@@ -435,4 +446,45 @@ impl Reply {
         assert_eq!(self.body["acknowledged"], true, "{:?}", self.body);
         assert_eq!(self.body["duplicate"], duplicate, "{:?}", self.body);
     }
+}
+
+/// A receiver hosting `employees` on `store` (its table created first),
+/// peered with [`SOURCE`] under a fresh secret, `configure`d: the receiver
+/// and the secret senders sign with.
+pub fn employees_receiver(
+    store: &crate::stores::TestStore,
+    configure: impl FnOnce(&mut Config),
+    employees: Employees,
+) -> (Receiver, Secret) {
+    store.execute_dialects(EMPLOYEES_SQLITE, EMPLOYEES_POSTGRES);
+    let secret = Secret::generate();
+    let mut config = Config::for_service("payroll");
+    config
+        .peers
+        .insert(SOURCE.to_owned(), vec![secret.to_whsec()]);
+    configure(&mut config);
+    let receiver = store
+        .receiver_hosting(config, employees)
+        .expect("build receiver");
+    (receiver, secret)
+}
+
+/// [`employees_receiver`] with its diagnostics routes merged (behind
+/// `token` when given): the app, the secret senders sign with, and the
+/// receiver.
+pub fn employees_app(
+    store: &crate::stores::TestStore,
+    configure: impl FnOnce(&mut Config),
+    token: Option<&str>,
+) -> (axum::Router, Secret, Receiver) {
+    let (receiver, secret) = employees_receiver(store, configure, Employees::default());
+    let diagnostics = store.diagnostics().metrics(Arc::clone(receiver.metrics()));
+    let diagnostics = match token {
+        Some(token) => diagnostics.bearer_token(token),
+        None => diagnostics,
+    }
+    .build()
+    .expect("diagnostics");
+    let app = receiver.router().merge(diagnostics.router());
+    (app, secret, receiver)
 }

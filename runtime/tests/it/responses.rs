@@ -68,8 +68,9 @@ impl ResponseHandler<Sqlite> for Shared {
     }
 }
 
-/// The same handler on sqlx PostgreSQL: the same statement in its dialect.
-impl AsyncResponseHandler<sqlx::Postgres> for Shared {
+// The same handler on both sqlx stores.
+crate::stores::on_each_sqlx_store! {
+impl AsyncResponseHandler<Db> for Shared {
     fn interface(&self) -> (&'static str, u32) {
         (support::INTERFACE, 1)
     }
@@ -77,7 +78,7 @@ impl AsyncResponseHandler<sqlx::Postgres> for Shared {
     fn handle<'a>(
         &'a self,
         answer: &'a Answer<'a>,
-        conn: &'a mut sqlx::PgConnection,
+        conn: &'a mut Conn,
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
             self.0.calls.fetch_add(1, Ordering::SeqCst);
@@ -93,6 +94,7 @@ impl AsyncResponseHandler<sqlx::Postgres> for Shared {
             self.0.after_write()
         })
     }
+}
 }
 
 on_every_store!(

@@ -53,10 +53,7 @@ on_every_store!(
     operator_story
 );
 async fn operator_story(store: &TestStore) {
-    let receiver_store = match store {
-        TestStore::Sqlite { .. } => TestStore::sqlite(),
-        TestStore::Postgres { .. } => TestStore::postgres().expect("a second database"),
-    };
+    let receiver_store = store.another();
     let sender_secret = Secret::generate();
     let receiver = receiver_store
         .start_receiver(support::receiver_config(&[&sender_secret]))

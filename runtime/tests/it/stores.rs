@@ -1,57 +1,80 @@
 //! One test body, every store: [`TestStore`] is a SQLite file in a temp dir
-//! (the rusqlite store) or a fresh database on the tests' PostgreSQL server
-//! (the sqlx PostgreSQL store on a `PgPool`), and [`on_every_store!`] turns
-//! one `async fn body(store: &TestStore)` into a `sqlite` and a `postgres`
-//! test. The statements the helpers run are the same SQL on both (the
-//! schemas match), so a body never branches on the store.
+//! (the rusqlite store), a fresh database on the tests' PostgreSQL server
+//! (the sqlx PostgreSQL store on a `PgPool`) or a SQLite file in a temp dir
+//! on a `SqlitePool` (the sqlx SQLite store), and [`on_every_store!`] turns
+//! one `async fn body(store: &TestStore)` into a `sqlite`, a `postgres` and
+//! a `sqlx_sqlite` test. The statements the helpers run are the same SQL
+//! on all three (the schemas match), so a body never branches on the store.
 //!
-//! The helpers are synchronous (a body reads like a script); on PostgreSQL
-//! they drive the sqlx pool with `block_in_place`, so the bodies run on a
+//! The helpers are synchronous (a body reads like a script); on the sqlx
+//! stores they drive the pool with `block_in_place`, so the bodies run on a
 //! multi-threaded runtime. Counting and `UPDATE`s for the set-up go through
 //! a session of the blocking `postgres` client of their own (a dev
-//! dependency), never through the runtime's pool.
+//! dependency), never through the runtime's pool; on sqlx SQLite through
+//! rusqlite connections on the same file (both stores share one schema).
+
+mod any;
+mod session;
+
+pub(crate) use any::on_each_sqlx_store;
+pub use any::{AnyDispatcher, AnyOutbox, OutboxOf};
+pub use session::Session;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rfidl_runtime::diagnostics::{Diagnostics, DiagnosticsBuilder};
-use rfidl_runtime::dispatcher::{Dispatcher, DispatcherBuilder, DispatcherError, DispatcherHandle};
-use rfidl_runtime::failures::{AsyncFailureHandler, FailureHandler};
+use rfidl_runtime::dispatcher::Dispatcher;
+use rfidl_runtime::lifecycle::Lifecycle;
 use rfidl_runtime::metrics::Metrics;
 use rfidl_runtime::outbox::{Outbox, OutboxRow, OutgoingMessage, Status};
-use rfidl_runtime::receiver::{
-    AsyncHostedService, HostedService, Receiver, ReceiverBuilder, ReceiverError,
-};
-use rfidl_runtime::responses::{AsyncResponseHandler, ResponseHandler};
+use rfidl_runtime::receiver::{AsyncHostedService, HostedService, Receiver, ReceiverError};
 use rfidl_runtime::retention::{Retention, RetentionHandle};
 use rfidl_runtime::signing::Secret;
 use rfidl_runtime::store::sqlx_postgres::PgStore;
-use rfidl_runtime::transport::Transport;
+use rfidl_runtime::store::sqlx_sqlite::SqliteStore;
 use rfidl_runtime::{Config, Sqlite};
 use uuid::Uuid;
 
 use crate::support::postgres::TestDatabase;
 use crate::support::{self, LedgerService};
 
-/// Runs `$body` (an `async fn(&TestStore)` item named `body` inside) once
-/// per store: `NAME::sqlite` and `NAME::postgres`.
+/// Runs `$body` (an `async fn(&TestStore)`) once per store:
+/// `NAME::sqlite`, `NAME::postgres` and `NAME::sqlx_sqlite`. A body that
+/// does not apply to a store lists the stores it runs on,
+/// `on_every_store!(NAME, body, [sqlite, postgres])`, with a comment that
+/// says why.
 macro_rules! on_every_store {
     ($name:ident, $body:ident) => {
+        $crate::stores::on_every_store!($name, $body, [sqlite, postgres, sqlx_sqlite]);
+    };
+    ($name:ident, $body:ident, [$($store:ident),+]) => {
         mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                let store = $crate::stores::TestStore::sqlite();
-                super::$body(&store).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                let Some(store) = $crate::stores::TestStore::postgres() else {
-                    return;
-                };
-                super::$body(&store).await;
-            }
+            $($crate::stores::on_every_store!(@test $store, $body);)+
+        }
+    };
+    (@test sqlite, $body:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn sqlite() {
+            let store = $crate::stores::TestStore::sqlite();
+            super::$body(&store).await;
+        }
+    };
+    (@test postgres, $body:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn postgres() {
+            let Some(store) = $crate::stores::TestStore::postgres() else {
+                return;
+            };
+            super::$body(&store).await;
+        }
+    };
+    (@test sqlx_sqlite, $body:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn sqlx_sqlite() {
+            let store = $crate::stores::TestStore::sqlx_sqlite();
+            super::$body(&store).await;
         }
     };
 }
@@ -72,57 +95,13 @@ pub enum TestStore {
         /// Dropped last: the database goes with the test.
         _db: TestDatabase,
     },
-}
-
-/// A job for the helpers' session.
-type Job = Box<dyn FnOnce(&mut postgres::Client) + Send>;
-
-/// The helpers' PostgreSQL session: one connection for the whole test, on
-/// a thread of its own (the sync client cannot run on a tokio runtime's
-/// thread). A connection per look would cost a backend start each, and
-/// the polling loops look every few milliseconds.
-pub struct Session {
-    jobs: std::sync::mpsc::Sender<Job>,
-}
-
-impl Session {
-    fn open(url: &str) -> Self {
-        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
-        let (ready, started) = std::sync::mpsc::channel();
-        let url = url.to_owned();
-        std::thread::Builder::new()
-            .name("test-store-session".into())
-            .spawn(move || {
-                let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
-                ready.send(()).expect("ready");
-                // Ends when the store (the sender) is dropped.
-                while let Ok(job) = queue.recv() {
-                    job(&mut client);
-                }
-            })
-            .expect("session thread");
-        started.recv().expect("the session started");
-        Self { jobs }
-    }
-
-    /// Runs `work` on the session and returns its value (or its panic).
-    fn run<T: Send + 'static>(
-        &self,
-        work: impl FnOnce(&mut postgres::Client) -> T + Send + 'static,
-    ) -> T {
-        let (done, result) = std::sync::mpsc::channel();
-        self.jobs
-            .send(Box::new(move |client| {
-                let outcome =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(client)));
-                let _ = done.send(outcome);
-            }))
-            .expect("the session thread is running");
-        match result.recv().expect("the session answered") {
-            Ok(value) => value,
-            Err(panic) => std::panic::resume_unwind(panic),
-        }
-    }
+    SqlxSqlite {
+        /// The runtime's sqlx store on the file, on a pool of its own.
+        store: SqliteStore,
+        path: PathBuf,
+        /// Dropped last: the file goes with the test.
+        _dir: tempfile::TempDir,
+    },
 }
 
 impl TestStore {
@@ -130,6 +109,31 @@ impl TestStore {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("service.db");
         let store = TestStore::Sqlite { _dir: dir, path };
+        store.create_ledger_table();
+        store
+    }
+
+    /// A SQLite file on a pool of 8 connections, opened (and migrated) by
+    /// the sqlx SQLite store.
+    pub fn sqlx_sqlite() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("service.db");
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        let store = block_on(async move {
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(8)
+                .connect_with(options)
+                .await
+                .expect("pool");
+            SqliteStore::open(pool).await.expect("open the sqlx store")
+        });
+        let store = TestStore::SqlxSqlite {
+            store,
+            path,
+            _dir: dir,
+        };
         store.create_ledger_table();
         store
     }
@@ -162,7 +166,7 @@ impl TestStore {
     pub fn pg_url(&self) -> &str {
         match self {
             TestStore::Postgres { _db, .. } => _db.url(),
-            TestStore::Sqlite { .. } => panic!("not a PostgreSQL store"),
+            _ => panic!("not a PostgreSQL store"),
         }
     }
 
@@ -170,7 +174,15 @@ impl TestStore {
     pub fn pg_store(&self) -> &PgStore {
         match self {
             TestStore::Postgres { store, .. } => store,
-            TestStore::Sqlite { .. } => panic!("not a PostgreSQL store"),
+            _ => panic!("not a PostgreSQL store"),
+        }
+    }
+
+    /// The SQLite file of either SQLite store, `None` on PostgreSQL.
+    pub fn file(&self) -> Option<&PathBuf> {
+        match self {
+            TestStore::Sqlite { path, .. } | TestStore::SqlxSqlite { path, .. } => Some(path),
+            TestStore::Postgres { .. } => None,
         }
     }
 
@@ -179,6 +191,7 @@ impl TestStore {
         match self {
             TestStore::Sqlite { .. } => TestStore::sqlite(),
             TestStore::Postgres { .. } => TestStore::postgres().expect("a second database"),
+            TestStore::SqlxSqlite { .. } => TestStore::sqlx_sqlite(),
         }
     }
 
@@ -186,6 +199,7 @@ impl TestStore {
         match self {
             TestStore::Sqlite { .. } => "sqlite",
             TestStore::Postgres { .. } => "postgres",
+            TestStore::SqlxSqlite { .. } => "sqlx_sqlite",
         }
     }
 
@@ -198,13 +212,16 @@ impl TestStore {
             TestStore::Postgres { store, .. } => {
                 AnyOutbox::Postgres(Outbox::with_metrics(config, store, metrics))
             }
+            TestStore::SqlxSqlite { store, .. } => {
+                AnyOutbox::SqlxSqlite(Outbox::with_metrics(config, store, metrics))
+            }
         }
     }
 
-    /// Runs `sql` (the same on both stores) on a connection of its own.
+    /// Runs `sql` (the same on every store) on a connection of its own.
     pub fn execute(&self, sql: &str) {
         match self {
-            TestStore::Sqlite { path, .. } => {
+            TestStore::Sqlite { path, .. } | TestStore::SqlxSqlite { path, .. } => {
                 let conn =
                     rfidl_runtime::store::sqlite::open(path, rfidl_runtime::Durability::Normal)
                         .expect("open");
@@ -221,7 +238,7 @@ impl TestStore {
     /// the few statements one text cannot say on both (an auto-numbered key).
     pub fn execute_dialects(&self, sqlite: &str, postgres: &str) {
         match self {
-            TestStore::Sqlite { .. } => self.execute(sqlite),
+            TestStore::Sqlite { .. } | TestStore::SqlxSqlite { .. } => self.execute(sqlite),
             TestStore::Postgres { .. } => self.execute(postgres),
         }
     }
@@ -247,7 +264,7 @@ impl TestStore {
         work: impl FnOnce(&mut postgres::Client) -> T + Send + 'static,
     ) -> T {
         let TestStore::Postgres { session, .. } = self else {
-            unreachable!("a PostgreSQL helper on SQLite")
+            unreachable!("a PostgreSQL helper on a SQLite store")
         };
         session.run(work)
     }
@@ -255,7 +272,7 @@ impl TestStore {
     /// A single number (`SELECT count(*) …`), the same SQL on both stores.
     pub fn count(&self, sql: &str) -> i64 {
         match self {
-            TestStore::Sqlite { path, .. } => {
+            TestStore::Sqlite { path, .. } | TestStore::SqlxSqlite { path, .. } => {
                 let conn = rusqlite::Connection::open(path).expect("open");
                 conn.query_row(sql, [], |r| r.get(0)).expect("count")
             }
@@ -266,11 +283,31 @@ impl TestStore {
         }
     }
 
+    /// The `N` numbers of one row (`SELECT (SELECT count(*) …), …`), the
+    /// same SQL on every store.
+    pub fn counts<const N: usize>(&self, sql: &str) -> [i64; N] {
+        let numbers: Vec<i64> = match self {
+            TestStore::Sqlite { path, .. } | TestStore::SqlxSqlite { path, .. } => {
+                let conn = rusqlite::Connection::open(path).expect("open");
+                conn.query_row(sql, [], |r| (0..N).map(|i| r.get(i)).collect())
+                    .expect("counts")
+            }
+            TestStore::Postgres { .. } => {
+                let sql = sql.to_owned();
+                self.with_pg(move |client| {
+                    let row = client.query_one(&sql, &[]).expect("counts");
+                    (0..N).map(|i| row.get(i)).collect()
+                })
+            }
+        };
+        numbers.try_into().expect("N numbers")
+    }
+
     /// A single text (`SELECT response …`), the same SQL on both stores;
     /// `None` for no row or NULL.
     pub fn text(&self, sql: &str) -> Option<String> {
         match self {
-            TestStore::Sqlite { path, .. } => {
+            TestStore::Sqlite { path, .. } | TestStore::SqlxSqlite { path, .. } => {
                 let conn = rusqlite::Connection::open(path).expect("open");
                 rusqlite::OptionalExtension::optional(conn.query_row(sql, [], |r| r.get(0)))
                     .expect("query")
@@ -293,7 +330,7 @@ impl TestStore {
         const SQL: &str =
             "SELECT status, COUNT(*) FROM outbox_messages GROUP BY status ORDER BY status";
         match self {
-            TestStore::Sqlite { path, .. } => {
+            TestStore::Sqlite { path, .. } | TestStore::SqlxSqlite { path, .. } => {
                 let conn = rusqlite::Connection::open(path).expect("open");
                 let mut statement = conn.prepare(SQL).expect("prepare");
                 statement
@@ -319,7 +356,7 @@ impl TestStore {
         self.enqueue_with(outbox, message, "", commit)
     }
 
-    /// Runs `business_sql` (the same on both stores; may be empty), then
+    /// Runs `business_sql` (the same on every store; may be empty), then
     /// enqueues `message`, in one transaction of the store's own kind, and
     /// commits (`commit = true`) or rolls back.
     pub fn enqueue_with(
@@ -329,42 +366,7 @@ impl TestStore {
         business_sql: &str,
         commit: bool,
     ) -> Uuid {
-        match self {
-            TestStore::Sqlite { path, .. } => {
-                let mut conn =
-                    rfidl_runtime::store::sqlite::open(path, rfidl_runtime::Durability::Normal)
-                        .expect("open");
-                let tx = conn.transaction().expect("tx");
-                tx.execute_batch(business_sql).expect("business sql");
-                let id = outbox.sqlite().enqueue(&tx, message).expect("enqueue");
-                if commit {
-                    tx.commit().expect("commit");
-                }
-                id
-            }
-            TestStore::Postgres { store, .. } => {
-                let outbox = outbox.postgres();
-                block_on(async move {
-                    let mut tx = store.pool().begin().await.expect("tx");
-                    if !business_sql.is_empty() {
-                        sqlx::raw_sql(sqlx::AssertSqlSafe(business_sql))
-                            .execute(&mut *tx)
-                            .await
-                            .expect("business sql");
-                    }
-                    let id = outbox
-                        .enqueue_async(&mut tx, message)
-                        .await
-                        .expect("enqueue");
-                    if commit {
-                        tx.commit().await.expect("commit");
-                    } else {
-                        tx.rollback().await.expect("rollback");
-                    }
-                    id
-                })
-            }
-        }
+        self.enqueue_all(outbox, vec![message], business_sql, commit)[0]
     }
 
     /// Enqueues `message` and commits.
@@ -374,36 +376,65 @@ impl TestStore {
 
     /// Enqueues every message of `messages` in one transaction, committed.
     pub fn enqueue_many(&self, outbox: &AnyOutbox, messages: Vec<OutgoingMessage>) -> Vec<Uuid> {
+        self.enqueue_all(outbox, messages, "", true)
+    }
+
+    /// Runs `business_sql`, then enqueues `messages`, in one transaction,
+    /// committed or rolled back.
+    fn enqueue_all(
+        &self,
+        outbox: &AnyOutbox,
+        messages: Vec<OutgoingMessage>,
+        business_sql: &str,
+        commit: bool,
+    ) -> Vec<Uuid> {
+        /// The same on either sqlx pool.
+        macro_rules! on_pool {
+            ($store:expr, $outbox:expr) => {
+                block_on(async move {
+                    let mut tx = $store.pool().begin().await.expect("tx");
+                    if !business_sql.is_empty() {
+                        sqlx::raw_sql(sqlx::AssertSqlSafe(business_sql))
+                            .execute(&mut *tx)
+                            .await
+                            .expect("business sql");
+                    }
+                    let mut ids = Vec::with_capacity(messages.len());
+                    for message in messages {
+                        ids.push(
+                            $outbox
+                                .enqueue_async(&mut tx, message)
+                                .await
+                                .expect("enqueue"),
+                        );
+                    }
+                    if commit {
+                        tx.commit().await.expect("commit");
+                    } else {
+                        tx.rollback().await.expect("rollback");
+                    }
+                    ids
+                })
+            };
+        }
         match self {
             TestStore::Sqlite { path, .. } => {
                 let mut conn =
                     rfidl_runtime::store::sqlite::open(path, rfidl_runtime::Durability::Normal)
                         .expect("open");
                 let tx = conn.transaction().expect("tx");
+                tx.execute_batch(business_sql).expect("business sql");
                 let ids = messages
                     .into_iter()
                     .map(|message| outbox.sqlite().enqueue(&tx, message).expect("enqueue"))
                     .collect();
-                tx.commit().expect("commit");
+                if commit {
+                    tx.commit().expect("commit");
+                }
                 ids
             }
-            TestStore::Postgres { store, .. } => {
-                let outbox = outbox.postgres();
-                block_on(async move {
-                    let mut tx = store.pool().begin().await.expect("tx");
-                    let mut ids = Vec::with_capacity(messages.len());
-                    for message in messages {
-                        ids.push(
-                            outbox
-                                .enqueue_async(&mut tx, message)
-                                .await
-                                .expect("enqueue"),
-                        );
-                    }
-                    tx.commit().await.expect("commit");
-                    ids
-                })
-            }
+            TestStore::Postgres { store, .. } => on_pool!(store, outbox.postgres()),
+            TestStore::SqlxSqlite { store, .. } => on_pool!(store, outbox.sqlx_sqlite()),
         }
     }
 
@@ -414,7 +445,7 @@ impl TestStore {
             .map(|i| (format!("{prefix}-{i}"), expires_at - 86_400_000, expires_at))
             .collect();
         match self {
-            TestStore::Sqlite { path, .. } => {
+            TestStore::Sqlite { path, .. } | TestStore::SqlxSqlite { path, .. } => {
                 let mut conn = rusqlite::Connection::open(path).expect("open");
                 let tx = conn.transaction().expect("tx");
                 for (id, processed_at, expires_at) in rows {
@@ -444,20 +475,21 @@ impl TestStore {
         }
     }
 
-    /// Diagnostics of this store (`Diagnostics::builder` or `::postgres`).
+    /// Diagnostics of this store.
     pub fn diagnostics(&self) -> DiagnosticsBuilder {
         match self {
             TestStore::Sqlite { path, .. } => Diagnostics::builder(path),
             TestStore::Postgres { store, .. } => Diagnostics::builder(store),
+            TestStore::SqlxSqlite { store, .. } => Diagnostics::builder(store),
         }
     }
 
-    /// The retention task on this store (`Retention::spawn` or
-    /// `::spawn_postgres`); its first pass runs at once.
+    /// The retention task on this store; its first pass runs at once.
     pub fn retention(&self, config: Config, metrics: Arc<Metrics>) -> RetentionHandle {
         match self {
             TestStore::Sqlite { path, .. } => Retention::spawn(config, path, metrics),
             TestStore::Postgres { store, .. } => Retention::spawn(config, store, metrics),
+            TestStore::SqlxSqlite { store, .. } => Retention::spawn(config, store, metrics),
         }
         .expect("retention")
     }
@@ -477,6 +509,9 @@ impl TestStore {
             TestStore::Postgres { store, .. } => {
                 Retention::spawn_with_failure_handlers(config, store, metrics, handled)
             }
+            TestStore::SqlxSqlite { store, .. } => {
+                Retention::spawn_with_failure_handlers(config, store, metrics, handled)
+            }
         }
         .expect("retention")
     }
@@ -484,7 +519,7 @@ impl TestStore {
     /// The outbox row of `id`.
     pub fn row(&self, id: &Uuid) -> OutboxRow {
         match self {
-            TestStore::Sqlite { path, .. } => {
+            TestStore::Sqlite { path, .. } | TestStore::SqlxSqlite { path, .. } => {
                 let conn = rusqlite::Connection::open(path).expect("open");
                 rfidl_runtime::store::sqlite::outbox_row(&conn, id)
                     .expect("query")
@@ -539,7 +574,7 @@ impl TestStore {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let statuses: std::collections::HashMap<String, String> = match self {
-                TestStore::Sqlite { path, .. } => {
+                TestStore::Sqlite { path, .. } | TestStore::SqlxSqlite { path, .. } => {
                     let conn = rusqlite::Connection::open(path).expect("open");
                     let mut statement = conn.prepare(SQL).expect("prepare");
                     statement
@@ -584,22 +619,51 @@ impl TestStore {
             TestStore::Postgres { .. } => {
                 AnyDispatcher::Postgres(Dispatcher::builder(outbox.postgres()))
             }
+            TestStore::SqlxSqlite { .. } => {
+                AnyDispatcher::SqlxSqlite(Dispatcher::builder(outbox.sqlx_sqlite()))
+            }
         }
     }
 
-    /// A receiver hosting `service` (written for both stores) on this
+    /// A receiver hosting `service` (written for every store) on this
     /// store, built.
     pub fn receiver_hosting<H>(&self, config: Config, service: H) -> Result<Receiver, ReceiverError>
     where
-        H: HostedService<Sqlite> + AsyncHostedService<sqlx::Postgres>,
+        H: HostedService<Sqlite>
+            + AsyncHostedService<sqlx::Postgres>
+            + AsyncHostedService<sqlx::Sqlite>,
     {
+        self.receiver_hosting_in(config, service, None)
+    }
+
+    /// [`Self::receiver_hosting`], sharing `lifecycle` (the set of
+    /// decommissioned versions) when given.
+    fn receiver_hosting_in<H>(
+        &self,
+        config: Config,
+        service: H,
+        lifecycle: Option<&Lifecycle>,
+    ) -> Result<Receiver, ReceiverError>
+    where
+        H: HostedService<Sqlite>
+            + AsyncHostedService<sqlx::Postgres>
+            + AsyncHostedService<sqlx::Sqlite>,
+    {
+        /// The same on every store's builder.
+        macro_rules! build {
+            ($location:expr) => {{
+                let builder = Receiver::builder(config, $location).service(service);
+                match lifecycle {
+                    Some(lifecycle) => builder.lifecycle(lifecycle),
+                    None => builder,
+                }
+                .build()
+            }};
+        }
         match self {
-            TestStore::Sqlite { path, .. } => {
-                Receiver::builder(config, path).service(service).build()
-            }
-            TestStore::Postgres { store, .. } => {
-                Receiver::builder(config, store).service(service).build()
-            }
+            TestStore::Sqlite { path, .. } => build!(path),
+            TestStore::Postgres { store, .. } => build!(store),
+            TestStore::SqlxSqlite { store, .. } => build!(store),
         }
     }
 
@@ -609,25 +673,17 @@ impl TestStore {
         config: Config,
         ledger: Arc<support::Ledger>,
     ) -> Result<Receiver, ReceiverError> {
-        self.receiver_with(config, ledger, |b| b, |b| b)
+        self.receiver_hosting_in(config, LedgerService(ledger), None)
     }
 
-    /// A receiver hosting the ledger, with store-specific builder settings.
-    pub fn receiver_with(
+    /// A receiver hosting the ledger that shares `lifecycle`, built.
+    pub fn receiver_with_lifecycle(
         &self,
         config: Config,
         ledger: Arc<support::Ledger>,
-        sqlite: impl FnOnce(ReceiverBuilder<Sqlite>) -> ReceiverBuilder<Sqlite>,
-        postgres: impl FnOnce(ReceiverBuilder<sqlx::Postgres>) -> ReceiverBuilder<sqlx::Postgres>,
+        lifecycle: &Lifecycle,
     ) -> Result<Receiver, ReceiverError> {
-        match self {
-            TestStore::Sqlite { path, .. } => {
-                sqlite(Receiver::builder(config, path).service(LedgerService(ledger))).build()
-            }
-            TestStore::Postgres { store, .. } => {
-                postgres(Receiver::builder(config, store).service(LedgerService(ledger))).build()
-            }
-        }
+        self.receiver_hosting_in(config, LedgerService(ledger), Some(lifecycle))
     }
 
     /// A receiver hosting the ledger, served on a free loopback port.
@@ -640,126 +696,11 @@ impl TestStore {
         let secret = Secret::parse(&config.peers[support::SOURCE][0]).expect("secret");
         support::TestReceiver {
             url,
-            db: match self {
-                TestStore::Sqlite { path, .. } => path.clone(),
-                TestStore::Postgres { .. } => PathBuf::new(),
-            },
+            db: self.file().cloned().unwrap_or_default(),
             ledger,
             secret,
             receiver,
             _server: server,
-        }
-    }
-}
-
-/// An outbox of either store.
-#[derive(Clone, Debug)]
-pub enum AnyOutbox {
-    Sqlite(Outbox<Sqlite>),
-    Postgres(Outbox<sqlx::Postgres>),
-}
-
-impl AnyOutbox {
-    pub fn sqlite(&self) -> &Outbox<Sqlite> {
-        match self {
-            AnyOutbox::Sqlite(outbox) => outbox,
-            AnyOutbox::Postgres(_) => panic!("not a SQLite outbox"),
-        }
-    }
-
-    pub fn postgres(&self) -> &Outbox<sqlx::Postgres> {
-        match self {
-            AnyOutbox::Postgres(outbox) => outbox,
-            AnyOutbox::Sqlite(_) => panic!("not a PostgreSQL outbox"),
-        }
-    }
-
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        match self {
-            AnyOutbox::Sqlite(outbox) => outbox.metrics(),
-            AnyOutbox::Postgres(outbox) => outbox.metrics(),
-        }
-    }
-
-    pub fn circuit_states(&self) -> Vec<rfidl_runtime::diagnostics::DestinationState> {
-        match self {
-            AnyOutbox::Sqlite(outbox) => outbox.circuit_states(),
-            AnyOutbox::Postgres(outbox) => outbox.circuit_states(),
-        }
-    }
-
-    pub fn lifecycle(&self) -> &rfidl_runtime::lifecycle::Lifecycle {
-        match self {
-            AnyOutbox::Sqlite(outbox) => outbox.lifecycle(),
-            AnyOutbox::Postgres(outbox) => outbox.lifecycle(),
-        }
-    }
-
-    /// `builder` reading this outbox's metrics and dispatcher.
-    pub fn watched_by(&self, builder: DiagnosticsBuilder) -> DiagnosticsBuilder {
-        match self {
-            AnyOutbox::Sqlite(outbox) => builder.outbox(outbox),
-            AnyOutbox::Postgres(outbox) => builder.outbox(outbox),
-        }
-    }
-
-    pub async fn send(
-        &self,
-        message: OutgoingMessage,
-    ) -> Result<Uuid, rfidl_runtime::outbox::OutboxError> {
-        match self {
-            AnyOutbox::Sqlite(outbox) => outbox.send(message).await,
-            AnyOutbox::Postgres(outbox) => outbox.send(message).await,
-        }
-    }
-}
-
-/// A dispatcher builder of either store.
-pub enum AnyDispatcher {
-    Sqlite(DispatcherBuilder<Sqlite>),
-    Postgres(DispatcherBuilder<sqlx::Postgres>),
-}
-
-impl AnyDispatcher {
-    pub fn route(self, destination: &str, transport: impl Transport, secret: Secret) -> Self {
-        match self {
-            AnyDispatcher::Sqlite(b) => {
-                AnyDispatcher::Sqlite(b.route(destination, transport, secret))
-            }
-            AnyDispatcher::Postgres(b) => {
-                AnyDispatcher::Postgres(b.route(destination, transport, secret))
-            }
-        }
-    }
-
-    /// Registers a response handler written for both stores (blocking on
-    /// SQLite, async on sqlx PostgreSQL).
-    pub fn responses<H>(self, handler: H) -> Self
-    where
-        H: ResponseHandler<Sqlite> + AsyncResponseHandler<sqlx::Postgres>,
-    {
-        match self {
-            AnyDispatcher::Sqlite(b) => AnyDispatcher::Sqlite(b.responses(handler)),
-            AnyDispatcher::Postgres(b) => AnyDispatcher::Postgres(b.responses(handler)),
-        }
-    }
-
-    /// Registers a failure handler written for both stores (blocking on
-    /// SQLite, async on sqlx PostgreSQL).
-    pub fn failures<H>(self, handler: H) -> Self
-    where
-        H: FailureHandler<Sqlite> + AsyncFailureHandler<sqlx::Postgres>,
-    {
-        match self {
-            AnyDispatcher::Sqlite(b) => AnyDispatcher::Sqlite(b.failures(handler)),
-            AnyDispatcher::Postgres(b) => AnyDispatcher::Postgres(b.failures(handler)),
-        }
-    }
-
-    pub fn start(self) -> Result<DispatcherHandle, DispatcherError> {
-        match self {
-            AnyDispatcher::Sqlite(b) => b.start(),
-            AnyDispatcher::Postgres(b) => b.start(),
         }
     }
 }

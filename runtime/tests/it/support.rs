@@ -83,9 +83,10 @@ impl HostedService for LedgerService {
     }
 }
 
-/// The same ledger on sqlx PostgreSQL: the same statements in its dialect,
-/// async, on the receiver's connection (in its transaction).
-impl AsyncHostedService<sqlx::Postgres> for LedgerService {
+// The same ledger on both sqlx stores: the same statements, async, on the
+// receiver's connection (in its transaction).
+crate::stores::on_each_sqlx_store! {
+impl AsyncHostedService<Db> for LedgerService {
     fn interfaces(&self) -> &[HostedInterface] {
         HOSTED
     }
@@ -93,7 +94,7 @@ impl AsyncHostedService<sqlx::Postgres> for LedgerService {
     fn handle<'a>(
         &'a self,
         call: &'a IncomingCall<'a>,
-        conn: &'a mut sqlx::PgConnection,
+        conn: &'a mut Conn,
     ) -> BoxFuture<'a, Result<serde_json::Value, HandlerError>> {
         Box::pin(async move {
             let this = &self.0;
@@ -115,7 +116,7 @@ impl AsyncHostedService<sqlx::Postgres> for LedgerService {
                         return Err(HandlerError::retryable("the bank is down"));
                     }
                     let balance: i64 = sqlx::query_scalar(
-                        "SELECT COALESCE(SUM(amount), 0)::BIGINT FROM ledger WHERE account = $1",
+                        "SELECT CAST(COALESCE(SUM(amount), 0) AS BIGINT) FROM ledger WHERE account = $1",
                     )
                     .bind(&credit.account)
                     .fetch_one(&mut *conn)
@@ -129,6 +130,7 @@ impl AsyncHostedService<sqlx::Postgres> for LedgerService {
             }
         })
     }
+}
 }
 
 /// A receiver with its inbox (and the ledger table) in `dir/receiver.db`.

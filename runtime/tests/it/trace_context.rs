@@ -21,7 +21,7 @@ use rfidl_runtime::BoxFuture;
 use rfidl_runtime::dispatcher::Dispatcher;
 use rfidl_runtime::outbox::{Outbox, OutgoingMessage, Status};
 use rfidl_runtime::receiver::{
-    AsyncHostedService, HandlerError, HostedInterface, HostedService, IncomingCall, Receiver,
+    AsyncHostedService, HandlerError, HostedInterface, HostedService, IncomingCall,
 };
 use rfidl_runtime::responses::{Answer, ResponseHandler};
 use rfidl_runtime::signing::Secret;
@@ -261,7 +261,9 @@ impl HostedService for Relay {
     }
 }
 
-impl AsyncHostedService<sqlx::Postgres> for Relay {
+// The relay on both sqlx stores.
+crate::stores::on_each_sqlx_store! {
+impl AsyncHostedService<Db> for Relay {
     fn interfaces(&self) -> &[HostedInterface] {
         HOSTED
     }
@@ -269,12 +271,10 @@ impl AsyncHostedService<sqlx::Postgres> for Relay {
     fn handle<'a>(
         &'a self,
         call: &'a IncomingCall<'a>,
-        conn: &'a mut sqlx::PgConnection,
+        conn: &'a mut Conn,
     ) -> BoxFuture<'a, Result<serde_json::Value, HandlerError>> {
         Box::pin(async move {
-            let id = self
-                .outbox
-                .postgres()
+            let id = crate::stores::OutboxOf::<Db>::of(&self.outbox)
                 .enqueue_async(&mut *conn, follow_up())
                 .await
                 .map_err(|e| HandlerError::retryable(e.to_string()))?;
@@ -288,6 +288,7 @@ impl AsyncHostedService<sqlx::Postgres> for Relay {
             Ok(json!({}))
         })
     }
+}
 }
 
 /// The sender's response handler: on the relay's answer, enqueues a
@@ -342,13 +343,7 @@ async fn start_relay(
         outbox: store.outbox(config.clone()),
         seen: seen.clone(),
     };
-    let receiver = match store {
-        TestStore::Sqlite { path, .. } => Receiver::builder(config, path).service(relay).build(),
-        TestStore::Postgres { store, .. } => {
-            Receiver::builder(config, store).service(relay).build()
-        }
-    }
-    .expect("receiver");
+    let receiver = store.receiver_hosting(config, relay).expect("receiver");
     // The router keeps the receiver's state alive.
     let (url, server) = support::serve(receiver.router()).await;
     (url, secret, seen, server)

@@ -49,7 +49,7 @@ pub(crate) fn open(
         elsewhere: failures.keys(),
     };
     let claims =
-        crate::store::sqlite::dispatch::open(store.path(), config, Vec::new(), on_failure)?;
+        crate::store::sqlite::dispatch::open(store.location(), config, Vec::new(), on_failure)?;
     if responses.is_empty() && failures.is_empty() {
         return Ok(claims);
     }

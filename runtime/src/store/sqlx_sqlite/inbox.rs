@@ -57,7 +57,7 @@ pub(crate) fn start(
             store.inner.synchronous
         )));
     }
-    let path = store.path();
+    let path = store.location();
     if let Some(lifecycle) = &parts.lifecycle {
         let conn = crate::store::sqlite::open(path, Durability::Normal)?;
         let rows =

@@ -61,6 +61,9 @@ pub struct SqliteStore {
 struct Inner {
     pool: SqlitePool,
     path: PathBuf,
+    /// What the store's own connections open: `path`, or its `file:` URI
+    /// naming the pool's VFS when the pool's options name one.
+    location: PathBuf,
     /// `PRAGMA synchronous` of the pool's connections when it was opened.
     synchronous: i64,
 }
@@ -128,7 +131,8 @@ impl SqliteStore {
             return Err(fail(IN_MEMORY.to_owned()));
         }
         let path = PathBuf::from(file);
-        let migrating = path.clone();
+        let location = location_of(&path, &pool);
+        let migrating = location.clone();
         tokio::task::spawn_blocking(move || {
             crate::store::sqlite::open(&migrating, Durability::Normal).map(drop)
         })
@@ -142,6 +146,7 @@ impl SqliteStore {
             inner: Arc::new(Inner {
                 pool,
                 path,
+                location,
                 synchronous,
             }),
         })
@@ -157,10 +162,44 @@ impl SqliteStore {
         &self.inner.path
     }
 
+    /// What the store's own connections on the file open (the dispatcher's
+    /// claims, the inbox look-up, retention, the diagnostics, the
+    /// migrations): the file, or its `file:` URI naming the pool's VFS.
+    pub(crate) fn location(&self) -> &Path {
+        &self.inner.location
+    }
+
     /// A failed statement, as a [`StoreError`].
     fn statement(error: &sqlx::Error) -> StoreError {
         StoreError::SqlxSqliteStatement(crate::store::sqlx_error_text(error))
     }
+}
+
+/// `path` as the store's own connections open it: through the VFS the
+/// pool's options name (`SqliteConnectOptions::vfs`, `?vfs=` in its URL),
+/// as a `file:` URI, so that they lock, read and write the file as the
+/// pool's connections do (two VFSes with different locks on one file would
+/// let two writers in at once); the path itself without one.
+fn location_of(path: &Path, pool: &SqlitePool) -> PathBuf {
+    use sqlx::ConnectOptions as _;
+    let url = pool.connect_options().to_url_lossy();
+    let Some((_, vfs)) = url.query_pairs().find(|(name, _)| name == "vfs") else {
+        return path.to_path_buf();
+    };
+    // `file_of` (`store/sqlite/preflight.rs`) decodes `%XX` in the path.
+    let escape = |text: &str, special: &[char]| -> String {
+        text.chars()
+            .map(|c| match c {
+                c if c == '%' || special.contains(&c) => format!("%{:02X}", c as u32),
+                c => c.to_string(),
+            })
+            .collect()
+    };
+    PathBuf::from(format!(
+        "file:{}?vfs={}",
+        escape(&path.to_string_lossy(), &['?', '#']),
+        escape(&vfs, &['&', '#'])
+    ))
 }
 
 const IN_MEMORY: &str = "an in-memory SQLite database cannot hold an rfidl store: the \
