@@ -414,7 +414,12 @@ async fn clock_skew(store: &TestStore) {
         )
         .start()
         .expect("dispatcher");
-    // sender_config allows 2 counted retries: go well past them.
+    // The first refusal, then well past sender_config's 2 counted retries
+    // (attempts every 20-40 ms; under load the first may take a while).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.row(&id).last_error.is_none() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let row = store.row(&id);
     assert!(
