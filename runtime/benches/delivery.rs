@@ -23,15 +23,12 @@
 mod common;
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use rfidl_runtime::config::{Config, DestinationConfig, Durability};
+use rfidl_runtime::config::{Config, Durability};
 use rfidl_runtime::dispatcher::Dispatcher;
 use rfidl_runtime::outbox::Outbox;
-use rfidl_runtime::receiver::Receiver;
-use rfidl_runtime::signing::Secret;
 use rfidl_runtime::store::sqlite as db;
 use rfidl_runtime::store::sqlite::{inbox_lookup, record_processed};
 

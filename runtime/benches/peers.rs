@@ -231,11 +231,9 @@ fn postgres_pass(runtime: &tokio::runtime::Runtime) {
         return;
     };
     println!("PostgreSQL pass, load average at start: {}", load_average());
-    let rfidl = runtime.block_on(common::sqlx_pg::delivery_run(
-        &server,
-        "peers_c",
-        |d, n| sized_message(d, n, BYTES),
-    ));
+    let rfidl = runtime.block_on(common::sqlx_pg::delivery_run(&server, "peers_c", |d, n| {
+        sized_message(d, n, BYTES)
+    }));
     let e2e = rate(MESSAGES, rfidl.deliver);
     eprintln!("rfidl (c) on sqlx PostgreSQL: {e2e:.0} msg/s");
     #[cfg(rfidl_bench_peers)]
@@ -372,8 +370,11 @@ mod apalis_queue {
             match self {
                 Jobs::Sqlite(db) => count(db, "SELECT COUNT(*) FROM Jobs WHERE status = 'Done'"),
                 Jobs::Postgres(pool) => {
-                    sqlx_pg::count(pool, "SELECT COUNT(*) FROM apalis.jobs WHERE status = 'Done'")
-                        .await
+                    sqlx_pg::count(
+                        pool,
+                        "SELECT COUNT(*) FROM apalis.jobs WHERE status = 'Done'",
+                    )
+                    .await
                 }
             }
         }

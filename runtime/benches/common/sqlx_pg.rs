@@ -22,8 +22,8 @@ const WRITERS: usize = 8;
 /// A fresh, empty database `rfidl_bench_<name>` on `server`: its URL.
 pub fn database(server: &str, name: &str) -> String {
     let name = format!("rfidl_bench_{name}");
-    let mut admin =
-        ::postgres::Client::connect(server, ::postgres::NoTls).expect("connect to RFIDL_POSTGRES_URL");
+    let mut admin = ::postgres::Client::connect(server, ::postgres::NoTls)
+        .expect("connect to RFIDL_POSTGRES_URL");
     admin
         .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         .expect("drop");
