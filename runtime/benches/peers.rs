@@ -403,13 +403,33 @@ mod apalis_queue {
         ctx.stop()
     }
 
-    /// The two phases, from the push's start, the push's end and `done_at`.
-    fn phases(started: Instant, pushed: Duration, done_at: &Mutex<Option<Instant>>) -> Phases {
-        let done = done_at.lock().expect("lock").expect("drained");
-        Phases {
-            first: pushed,
-            total: done.duration_since(started),
-        }
+    /// Pushes [`jobs`] into `storage` with `push_bulk`, then drains them
+    /// with one worker until `counted` says every job is `Done`: the two
+    /// phases. A macro, as each backend's worker has types of its own.
+    macro_rules! push_and_drain {
+        ($storage:ident, $counted:expr, $name:literal, $batch_size:ident) => {{
+            let mut storage = $storage;
+            let started = Instant::now();
+            storage.push_bulk(jobs()).await.expect("push");
+            let pushed = started.elapsed();
+            eprintln!(
+                "{} (batch_size {}): pushed in {pushed:?}",
+                $name, $batch_size
+            );
+            let done_at = Arc::new(Mutex::new(None));
+            let watch = ($counted, done_at.clone());
+            WorkerBuilder::new("peers-worker")
+                .backend(storage)
+                .build(handle)
+                .run_with_ctx(move |ctx| stop_when_drained(ctx, watch.0.clone(), watch.1.clone()))
+                .await
+                .expect("worker");
+            let done = done_at.lock().expect("lock").expect("drained");
+            Phases {
+                first: pushed,
+                total: done.duration_since(started),
+            }
+        }};
     }
 
     pub async fn run(dir: &Path, batch_size: usize) -> Phases {
@@ -434,23 +454,9 @@ mod apalis_queue {
             .connect_with(options)
             .await
             .expect("pool");
-        let mut storage = SqliteStorage::<serde_json::Value>::new(&pool)
+        let storage = SqliteStorage::<serde_json::Value>::new(&pool)
             .with_config(Config::default().queue("peers").batch_size(batch_size));
-        let jobs = jobs();
-
-        let started = Instant::now();
-        storage.push_bulk(jobs).await.expect("push");
-        let pushed = started.elapsed();
-        eprintln!("apalis (batch_size {batch_size}): pushed in {pushed:?}");
-        let done_at = Arc::new(Mutex::new(None));
-        let watch = (Jobs::Sqlite(path), done_at.clone());
-        WorkerBuilder::new("peers-worker")
-            .backend(storage)
-            .build(handle)
-            .run_with_ctx(move |ctx| stop_when_drained(ctx, watch.0.clone(), watch.1.clone()))
-            .await
-            .expect("worker");
-        phases(started, pushed, &done_at)
+        push_and_drain!(storage, Jobs::Sqlite(path), "apalis-sqlite", batch_size)
     }
 
     /// apalis-postgres on a fresh database of `server`: `setup` (its
@@ -459,25 +465,11 @@ mod apalis_queue {
     pub async fn run_postgres(server: &str, batch_size: usize) -> Phases {
         let pool = sqlx_pg::pool(server, &format!("apalis_{batch_size}"), 10).await;
         PostgresStorage::setup(&pool).await.expect("setup");
-        let mut storage = PostgresStorage::<serde_json::Value>::new(&pool).with_config(
+        let storage = PostgresStorage::<serde_json::Value>::new(&pool).with_config(
             apalis_postgres::Config::default()
                 .queue("peers")
                 .batch_size(batch_size),
         );
-        let jobs = jobs();
-
-        let started = Instant::now();
-        storage.push_bulk(jobs).await.expect("push");
-        let pushed = started.elapsed();
-        eprintln!("apalis-postgres (batch_size {batch_size}): pushed in {pushed:?}");
-        let done_at = Arc::new(Mutex::new(None));
-        let watch = (Jobs::Postgres(pool), done_at.clone());
-        WorkerBuilder::new("peers-worker")
-            .backend(storage)
-            .build(handle)
-            .run_with_ctx(move |ctx| stop_when_drained(ctx, watch.0.clone(), watch.1.clone()))
-            .await
-            .expect("worker");
-        phases(started, pushed, &done_at)
+        push_and_drain!(storage, Jobs::Postgres(pool), "apalis-postgres", batch_size)
     }
 }
