@@ -409,8 +409,9 @@ mod apalis_queue {
     macro_rules! push_and_drain {
         ($storage:ident, $counted:expr, $name:literal, $batch_size:ident) => {{
             let mut storage = $storage;
+            let jobs = jobs();
             let started = Instant::now();
-            storage.push_bulk(jobs()).await.expect("push");
+            storage.push_bulk(jobs).await.expect("push");
             let pushed = started.elapsed();
             eprintln!(
                 "{} (batch_size {}): pushed in {pushed:?}",
