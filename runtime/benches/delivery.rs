@@ -23,15 +23,12 @@
 mod common;
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use rfidl_runtime::config::{Config, DestinationConfig, Durability};
+use rfidl_runtime::config::{Config, Durability};
 use rfidl_runtime::dispatcher::Dispatcher;
 use rfidl_runtime::outbox::Outbox;
-use rfidl_runtime::receiver::Receiver;
-use rfidl_runtime::signing::Secret;
 use rfidl_runtime::store::sqlite as db;
 use rfidl_runtime::store::sqlite::{inbox_lookup, record_processed};
 
@@ -289,6 +286,7 @@ fn dedupe_latency(path: &Path) -> (f64, f64, f64) {
 mod postgres {
     use super::*;
     use ::postgres::{Client, NoTls};
+    use common::sqlx_pg::database;
 
     pub fn figures(runtime: &tokio::runtime::Runtime, server: &str) {
         let raw = raw_insert_rate(&database(server, "raw"));
@@ -306,21 +304,6 @@ mod postgres {
         report("    p99", format!("{p99:.1} µs"));
         report("    p99.9", format!("{p999:.1} µs"));
         super::sqlx_pg::figures(runtime, server, raw);
-    }
-
-    /// A fresh, empty database `rfidl_bench_<name>` on `server`: its URL.
-    pub(super) fn database(server: &str, name: &str) -> String {
-        let name = format!("rfidl_bench_{name}");
-        let mut admin = Client::connect(server, NoTls).expect("connect to RFIDL_POSTGRES_URL");
-        admin
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .expect("drop");
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .expect("create");
-        let (scheme, rest) = server.split_once("://").expect("a URL");
-        let authority = rest.split(['/', '?']).next().unwrap_or(rest);
-        format!("{scheme}://{authority}/{name}")
     }
 
     fn connect(url: &str) -> Client {
@@ -399,11 +382,9 @@ mod postgres {
 /// the caller's own sqlx transaction, async handlers, the caller's pool.
 mod sqlx_pg {
     use super::*;
+    use common::sqlx_pg::{delivery_run, pair, pool};
     use rfidl_runtime::store::sqlx_postgres::PgStore;
-    use sqlx::postgres::{PgPool, PgPoolOptions};
-
-    /// Receiver writers (each a transaction, and a connection, at a time).
-    const WRITERS: usize = 8;
+    use sqlx::postgres::PgPoolOptions;
 
     pub fn figures(runtime: &tokio::runtime::Runtime, server: &str, raw_blocking: f64) {
         let (raw, enqueue) = runtime.block_on(enqueue_beside_raw(server));
@@ -415,12 +396,13 @@ mod sqlx_pg {
             "(a) sqlx PostgreSQL: enqueue_async in the caller's sqlx txn",
             format!("{enqueue:.0} msg/s = {:.0} % of raw", 100.0 * enqueue / raw),
         );
-        let rate = runtime.block_on(delivery_rate(server));
+        let run = runtime.block_on(delivery_run(server, "c", message));
+        let delivered = rate(DELIVERIES, run.deliver);
         report(
             "(c) sqlx PostgreSQL: exactly-once deliveries, HTTP loopback",
             format!(
-                "{rate:.0} msg/s = {:.1}x raw blocking INSERT+COMMIT ({raw_blocking:.0})",
-                rate / raw_blocking
+                "{delivered:.0} msg/s = {:.1}x raw blocking INSERT+COMMIT ({raw_blocking:.0})",
+                delivered / raw_blocking
             ),
         );
         let (p50, p99) = runtime.block_on(commit_to_effect(server));
@@ -429,18 +411,6 @@ mod sqlx_pg {
             format!("{p50:.2} ms"),
         );
         report("    p99", format!("{p99:.2} ms"));
-    }
-
-    async fn pool(server: &str, name: &str, connections: u32) -> PgPool {
-        let (server, name) = (server.to_owned(), name.to_owned());
-        let url = tokio::task::spawn_blocking(move || super::postgres::database(&server, &name))
-            .await
-            .expect("database");
-        PgPoolOptions::new()
-            .max_connections(connections)
-            .connect(url.as_str())
-            .await
-            .expect("pool")
     }
 
     /// Creates rfidl's tables in the database at `url`.
@@ -496,96 +466,6 @@ mod sqlx_pg {
             rate(rounds * per_round, raw),
             rate(rounds * per_round, enqueue),
         )
-    }
-
-    struct SqlxPair {
-        outbox: Outbox<sqlx::Postgres>,
-        sender: PgPool,
-        receiver: PgPool,
-        effects: Arc<Mutex<Vec<Instant>>>,
-        _receiver: Receiver,
-        _stores: (PgStore, PgStore),
-    }
-
-    async fn pair(server: &str, name: &str) -> SqlxPair {
-        let secret = Secret::generate();
-        let receiver_pool =
-            pool(server, &format!("{name}_sqlx_receiver"), WRITERS as u32 + 2).await;
-        let receiving = PgStore::open(receiver_pool.clone()).await.expect("store");
-        sqlx::query("CREATE TABLE ledger (message_id TEXT NOT NULL, amount BIGINT NOT NULL)")
-            .execute(&receiver_pool)
-            .await
-            .expect("table");
-        let effects = Arc::new(Mutex::new(Vec::new()));
-        let receiver = Receiver::builder(
-            Config::for_service("ledger").with_peer("bench", secret.to_whsec()),
-            &receiving,
-        )
-        .writers(WRITERS)
-        .service(Ledger {
-            effects: Some(effects.clone()),
-        })
-        .build()
-        .expect("receiver");
-        let router = receiver.router();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
-        let sender_pool = pool(server, &format!("{name}_sqlx_sender"), 4).await;
-        let sending = PgStore::open(sender_pool.clone()).await.expect("store");
-        let mut config = Config::for_service("bench")
-            .with_destination("ledger", DestinationConfig::new(url, secret.to_whsec()));
-        config.outbox.max_in_flight = 64;
-        config.outbox.batch_size = 256;
-        SqlxPair {
-            outbox: Outbox::new(config, &sending),
-            sender: sender_pool,
-            receiver: receiver_pool,
-            effects,
-            _receiver: receiver,
-            _stores: (sending, receiving),
-        }
-    }
-
-    async fn count(pool: &PgPool, sql: &'static str) -> i64 {
-        sqlx::query_scalar(sql)
-            .fetch_one(pool)
-            .await
-            .expect("count")
-    }
-
-    async fn delivery_rate(server: &str) -> f64 {
-        let pair = pair(server, "c").await;
-        let mut tx = pair.sender.begin().await.expect("tx");
-        for n in 0..DELIVERIES {
-            pair.outbox
-                .enqueue_async(&mut tx, message("ledger", n))
-                .await
-                .expect("enqueue");
-        }
-        tx.commit().await.expect("commit");
-        let started = Instant::now();
-        let dispatcher = Dispatcher::builder(&pair.outbox)
-            .start()
-            .expect("dispatcher");
-        loop {
-            let sent = count(
-                &pair.sender,
-                "SELECT COUNT(*) FROM outbox_messages WHERE status = 'Sent'",
-            )
-            .await;
-            if sent as usize == DELIVERIES {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let elapsed = started.elapsed();
-        dispatcher.shutdown().await;
-        let effects = count(&pair.receiver, "SELECT COUNT(*) FROM ledger").await;
-        assert_eq!(effects as usize, DELIVERIES, "exactly once");
-        rate(DELIVERIES, elapsed)
     }
 
     async fn commit_to_effect(server: &str) -> (f64, f64) {

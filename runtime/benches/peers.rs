@@ -14,6 +14,11 @@
 //! * apalis with its SQLite backend (only when built with
 //!   `--cfg rfidl_bench_peers`, which `cargo xtask bench peers` sets): a
 //!   pushed backlog, drained by one worker;
+//! * with `RFIDL_POSTGRES_URL` (`cargo xtask bench peers` starts a
+//!   throw-away server): rfidl's (c) on the sqlx PostgreSQL store beside
+//!   apalis with its PostgreSQL backend (again only under
+//!   `--cfg rfidl_bench_peers`), on fresh databases of that one server
+//!   (issue 28); `RFIDL_BENCH_ONLY=postgres` runs this pass alone;
 //! * rfidl's (c) and (e) over HTTP, gRPC and JetStream (issue 11);
 //! * rfidl's (c) over AMQP 1.0 (RabbitMQ) and over an R3 JetStream stream
 //!   (a 3-node cluster) beside each broker used directly (issue 31, the
@@ -65,6 +70,10 @@ fn main() {
     if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("brokers") {
         brokers::run(&runtime, dir.path());
         println!("load average at end: {}", load_average());
+        return;
+    }
+    if std::env::var("RFIDL_BENCH_ONLY").as_deref() == Ok("postgres") {
+        postgres_pass(&runtime);
         return;
     }
 
@@ -189,6 +198,10 @@ fn main() {
         );
     }
 
+    // Issue 28: rfidl on the sqlx PostgreSQL store beside apalis-postgres.
+    println!();
+    postgres_pass(&runtime);
+
     // Issue 11: rfidl's own transports in the same run, beside the raw
     // JetStream rows above.
     println!();
@@ -200,6 +213,79 @@ fn main() {
     println!();
     brokers::run(&runtime, dir.path());
     println!("load average at the very end: {}", load_average());
+}
+
+/// Issue 28: rfidl's (c) on the sqlx PostgreSQL store, then apalis with
+/// its PostgreSQL backend at its default fetch size (10) and at (c)'s batch
+/// size, each on fresh databases of the one server of `RFIDL_POSTGRES_URL`;
+/// the same messages as the SQLite rows above. Its own table, each figure
+/// beside rfidl's (c) on PostgreSQL.
+fn postgres_pass(runtime: &tokio::runtime::Runtime) {
+    let Some(server) = std::env::var("RFIDL_POSTGRES_URL")
+        .ok()
+        .filter(|url| !url.is_empty())
+    else {
+        println!(
+            "(PostgreSQL rows skipped: RFIDL_POSTGRES_URL is not set; `cargo xtask bench peers` starts a server)"
+        );
+        return;
+    };
+    println!("PostgreSQL pass, load average at start: {}", load_average());
+    let rfidl = runtime.block_on(common::sqlx_pg::delivery_run(&server, "peers_c", |d, n| {
+        sized_message(d, n, BYTES)
+    }));
+    let e2e = rate(MESSAGES, rfidl.deliver);
+    eprintln!("rfidl (c) on sqlx PostgreSQL: {e2e:.0} msg/s");
+    #[cfg(rfidl_bench_peers)]
+    let apalis: Vec<(usize, Phases)> = [10, BATCH as usize]
+        .into_iter()
+        .map(|batch| {
+            (
+                batch,
+                runtime.block_on(apalis_queue::run_postgres(&server, batch)),
+            )
+        })
+        .collect();
+    #[cfg(not(rfidl_bench_peers))]
+    let apalis: Vec<(usize, Phases)> = Vec::new();
+    println!("PostgreSQL pass, load average at end: {}", load_average());
+    println!();
+    println!("{:<66} {:>16} {:>12}", "figure", "rate", "rfidl (c) ÷");
+    let row = |name: &str, value: f64| {
+        println!(
+            "{name:<66} {:>16} {:>11.2}×",
+            format!("{value:.0} msg/s"),
+            e2e / value
+        );
+    };
+    row("rfidl (c) exactly-once e2e, sqlx PostgreSQL, batched", e2e);
+    row(
+        "    ... counting the backlog's enqueue (1 txn) too",
+        rate(MESSAGES, rfidl.enqueue + rfidl.deliver),
+    );
+    for (batch, run) in &apalis {
+        row(
+            &format!("apalis-postgres, batch_size {batch}: e2e, first push -> last Done"),
+            rate(MESSAGES, run.total),
+        );
+        row("    ... push only (push_bulk)", rate(MESSAGES, run.first));
+        row(
+            "    ... drain only (worker start -> last job Done)",
+            rate(MESSAGES, run.total - run.first),
+        );
+    }
+    if apalis.is_empty() {
+        println!(
+            "(apalis-postgres skipped: build with RUSTFLAGS=\"--cfg rfidl_bench_peers\", as `cargo xtask bench peers` does)"
+        );
+    }
+    println!();
+    for (batch, run) in &apalis {
+        report(
+            &format!("rfidl (c) PostgreSQL / apalis-postgres e2e, batch_size {batch}"),
+            format!("{:.2}×", e2e / rate(MESSAGES, run.total)),
+        );
+    }
 }
 
 /// `/proc/loadavg`'s first three fields (other work on the machine skews
@@ -238,28 +324,113 @@ async fn jetstream_run(binary: &Path, dir: &Path, fsync: Fsync) -> Phases {
     phases
 }
 
-/// apalis with its SQLite backend: the backlog pushed with `push_bulk`,
-/// then one worker (otherwise default settings) drains it, fetching
-/// `batch_size` jobs at a time; a job counts once the backend recorded it
-/// `Done`.
+/// apalis with its SQLite backend and with its PostgreSQL backend: the
+/// backlog pushed with `push_bulk`, then one worker (otherwise default
+/// settings) drains it, fetching `batch_size` jobs at a time; a job counts
+/// once the backend recorded it `Done`.
 #[cfg(rfidl_bench_peers)]
 mod apalis_queue {
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
 
     use apalis::prelude::*;
+    use apalis_postgres::{PgPool, PostgresStorage};
     use apalis_sqlite::{
         Config, SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteStorage,
     };
 
     use super::{MESSAGES, Phases, count, payloads};
+    use crate::common::sqlx_pg;
 
     async fn handle(job: serde_json::Value) -> Result<(), BoxDynError> {
         if job.get("amount").is_none() {
             return Err("not a credit".into());
         }
         Ok(())
+    }
+
+    /// The jobs: the same JSON as every peer's payload.
+    fn jobs() -> Vec<serde_json::Value> {
+        payloads()
+            .iter()
+            .map(|body| serde_json::from_slice(body).expect("json"))
+            .collect()
+    }
+
+    /// Where a backend's jobs are counted.
+    #[derive(Clone)]
+    enum Jobs {
+        Sqlite(PathBuf),
+        Postgres(PgPool),
+    }
+
+    impl Jobs {
+        async fn done(&self) -> i64 {
+            match self {
+                Jobs::Sqlite(db) => count(db, "SELECT COUNT(*) FROM Jobs WHERE status = 'Done'"),
+                Jobs::Postgres(pool) => {
+                    sqlx_pg::count(
+                        pool,
+                        "SELECT COUNT(*) FROM apalis.jobs WHERE status = 'Done'",
+                    )
+                    .await
+                }
+            }
+        }
+    }
+
+    /// The worker's watcher: once every job is `Done` (300 s at most),
+    /// notes the time in `done_at` and stops the worker.
+    async fn stop_when_drained(
+        ctx: WorkerContext,
+        jobs: Jobs,
+        done_at: Arc<Mutex<Option<Instant>>>,
+    ) -> Result<(), WorkerError> {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let done = jobs.done().await;
+            if done as usize == MESSAGES {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "apalis: {done} jobs Done after 300 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        *done_at.lock().expect("lock") = Some(Instant::now());
+        ctx.stop()
+    }
+
+    /// Pushes [`jobs`] into `storage` with `push_bulk`, then drains them
+    /// with one worker until `counted` says every job is `Done`: the two
+    /// phases. A macro, as each backend's worker has types of its own.
+    macro_rules! push_and_drain {
+        ($storage:ident, $counted:expr, $name:literal, $batch_size:ident) => {{
+            let mut storage = $storage;
+            let jobs = jobs();
+            let started = Instant::now();
+            storage.push_bulk(jobs).await.expect("push");
+            let pushed = started.elapsed();
+            eprintln!(
+                "{} (batch_size {}): pushed in {pushed:?}",
+                $name, $batch_size
+            );
+            let done_at = Arc::new(Mutex::new(None));
+            let watch = ($counted, done_at.clone());
+            WorkerBuilder::new("peers-worker")
+                .backend(storage)
+                .build(handle)
+                .run_with_ctx(move |ctx| stop_when_drained(ctx, watch.0.clone(), watch.1.clone()))
+                .await
+                .expect("worker");
+            let done = done_at.lock().expect("lock").expect("drained");
+            Phases {
+                first: pushed,
+                total: done.duration_since(started),
+            }
+        }};
     }
 
     pub async fn run(dir: &Path, batch_size: usize) -> Phases {
@@ -284,50 +455,22 @@ mod apalis_queue {
             .connect_with(options)
             .await
             .expect("pool");
-        let mut storage = SqliteStorage::<serde_json::Value>::new(&pool)
+        let storage = SqliteStorage::<serde_json::Value>::new(&pool)
             .with_config(Config::default().queue("peers").batch_size(batch_size));
-        let jobs: Vec<serde_json::Value> = payloads()
-            .iter()
-            .map(|body| serde_json::from_slice(body).expect("json"))
-            .collect();
+        push_and_drain!(storage, Jobs::Sqlite(path), "apalis-sqlite", batch_size)
+    }
 
-        let started = Instant::now();
-        storage.push_bulk(jobs).await.expect("push");
-        let pushed = started.elapsed();
-        eprintln!("apalis (batch_size {batch_size}): pushed in {pushed:?}");
-        let done_at = Arc::new(Mutex::new(None));
-        let worker = WorkerBuilder::new("peers-worker")
-            .backend(storage)
-            .build(handle);
-        let watch = done_at.clone();
-        let db = path.clone();
-        worker
-            .run_with_ctx(move |ctx| {
-                let watch = watch.clone();
-                let db = db.clone();
-                async move {
-                    let deadline = Instant::now() + Duration::from_secs(300);
-                    loop {
-                        let done = count(&db, "SELECT COUNT(*) FROM Jobs WHERE status = 'Done'");
-                        if done as usize == MESSAGES {
-                            break;
-                        }
-                        assert!(
-                            Instant::now() < deadline,
-                            "apalis: {done} jobs Done after 300 s"
-                        );
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    *watch.lock().expect("lock") = Some(Instant::now());
-                    ctx.stop()
-                }
-            })
-            .await
-            .expect("worker");
-        let done = done_at.lock().expect("lock").expect("drained");
-        Phases {
-            first: pushed,
-            total: done.duration_since(started),
-        }
+    /// apalis-postgres on a fresh database of `server`: `setup` (its
+    /// migrations), then sqlx's default pool (10 connections) and the
+    /// server's default durability, as rfidl's (c) on the same server.
+    pub async fn run_postgres(server: &str, batch_size: usize) -> Phases {
+        let pool = sqlx_pg::pool(server, &format!("apalis_{batch_size}"), 10).await;
+        PostgresStorage::setup(&pool).await.expect("setup");
+        let storage = PostgresStorage::<serde_json::Value>::new(&pool).with_config(
+            apalis_postgres::Config::default()
+                .queue("peers")
+                .batch_size(batch_size),
+        );
+        push_and_drain!(storage, Jobs::Postgres(pool), "apalis-postgres", batch_size)
     }
 }

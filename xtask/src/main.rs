@@ -17,7 +17,8 @@
 //! * `cargo xtask bench` — every benchmark, release build; figures go to BENCHMARKS.md.
 //! * `cargo xtask bench peers` — rfidl's exactly-once rate beside NATS
 //!   JetStream (one server, and an R3 stream on a 3-node cluster), AMQP 1.0
-//!   on RabbitMQ and apalis (SQLite), measured in the same run.
+//!   on RabbitMQ, apalis (SQLite), and rfidl (c) on sqlx PostgreSQL beside
+//!   apalis-postgres, measured in the same run.
 //! * `cargo xtask chaos` — the fault-injection harness over the demo services
 //!   as separate processes (`--messages N`, `--scenario NAME`, `--release`).
 //!
@@ -68,7 +69,7 @@ fn main() -> ExitCode {
         "postgres" => postgres_task(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <task>\n\n  test [cargo test args]  set up .venv (Python interop deps) and run all tests\n  ci                      fmt --check, clippy -D warnings, cargo doc -D warnings,\n                          cargo package, then test and chaos\n  bench [name]            run the benchmarks (release)\n  bench peers             rfidl beside NATS JetStream, RabbitMQ (AMQP 1.0)\n                          and apalis, one run\n  chaos [--release] [--messages N] [--scenario NAME]\n                          fault-injection harness (demo services as processes)\n  postgres [command...]   start a throw-away PostgreSQL, print its URL, run the\n                          command with RFIDL_POSTGRES_URL set (or wait for Ctrl-C)\n  regen                   regenerate generated-examples/src/generated from schemas/"
+                "usage: cargo xtask <task>\n\n  test [cargo test args]  set up .venv (Python interop deps) and run all tests\n  ci                      fmt --check, clippy -D warnings, cargo doc -D warnings,\n                          cargo package, then test and chaos\n  bench [name]            run the benchmarks (release)\n  bench peers             rfidl beside NATS JetStream, RabbitMQ (AMQP 1.0)\n                          and apalis (SQLite, PostgreSQL), one run\n  chaos [--release] [--messages N] [--scenario NAME]\n                          fault-injection harness (demo services as processes)\n  postgres [command...]   start a throw-away PostgreSQL, print its URL, run the\n                          command with RFIDL_POSTGRES_URL set (or wait for Ctrl-C)\n  regen                   regenerate generated-examples/src/generated from schemas/"
             );
             return if task == "help" {
                 ExitCode::SUCCESS
@@ -709,11 +710,15 @@ fn bench(extra: &[String]) -> Result<(), String> {
 /// JetStream (the benchmark starts its own nats-server, and a 3-node
 /// cluster, from `RFIDL_NATS_SERVER`), beside AMQP 1.0 on RabbitMQ (a
 /// throw-away node from `RFIDL_RABBITMQ_SERVER`, Debian's package; its
-/// `epmd` is stopped after the run) and apalis with SQLite. apalis is a dev-dependency
-/// only under `--cfg rfidl_bench_peers`, so that CI (whose clippy runs with
-/// `--all-features`) never compiles sqlx; the flag gets artifacts of its own
-/// in `target/`, so the first run builds the runtime's dependencies again.
-/// (Plain `cargo xtask bench` runs the same benchmark without the apalis rows.)
+/// `epmd` is stopped after the run), apalis with SQLite, and rfidl's (c) on
+/// the sqlx PostgreSQL store beside apalis with PostgreSQL, on one
+/// throw-away PostgreSQL started here (or the server of `RFIDL_POSTGRES_URL`).
+/// apalis is a dev-dependency only under `--cfg rfidl_bench_peers`, so that
+/// CI (whose clippy runs with `--all-features`) never compiles it; the flag
+/// gets artifacts of its own in `target/`, so the first run builds the
+/// runtime's dependencies again. (Plain `cargo xtask bench` runs the same
+/// benchmark without the apalis rows.) `RFIDL_BENCH_ONLY=postgres` runs the
+/// PostgreSQL pass alone, `RFIDL_BENCH_ONLY=brokers` the brokers' pass.
 fn bench_peers() -> Result<(), String> {
     let nats = nats_server(&python_venv()?)?;
     let rustflags = match std::env::var("RUSTFLAGS") {
@@ -725,11 +730,15 @@ fn bench_peers() -> Result<(), String> {
         "/usr/sbin/rabbitmq-server",
         "rabbitmq-server",
     )?;
+    // Last, so nothing before can fail with a server running; stopped and
+    // removed when `_cluster` drops.
+    let (postgres_url, _cluster) = test_postgres()?;
     let ran = run(cargo()
         .args(["bench", "-p", "rfidl-runtime", "--bench", "peers"])
         .env("RUSTFLAGS", rustflags)
         .env("RFIDL_NATS_SERVER", &nats)
-        .env("RFIDL_RABBITMQ_SERVER", &rabbitmq));
+        .env("RFIDL_RABBITMQ_SERVER", &rabbitmq)
+        .env("RFIDL_POSTGRES_URL", &postgres_url));
     stop_test_epmd();
     ran
 }

@@ -6,6 +6,8 @@
 // Each benchmark uses only part of this module.
 #![allow(dead_code)]
 
+pub mod sqlx_pg;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
