@@ -205,6 +205,20 @@ pub(crate) fn resolve(
             ));
         }
     };
+    // No stored value holds a NUL (PostgreSQL's TEXT cannot), and the
+    // stores would read one differently: refused alike on every store.
+    for (name, value) in [
+        ("destination", &filter.destination),
+        ("interface", &filter.interface),
+        ("method", &filter.method),
+        ("error", &filter.error),
+    ] {
+        if value.as_deref().is_some_and(|text| text.contains('\0')) {
+            return Err(DiagnosticsError::BadRequest(format!(
+                "`{name}` holds a NUL character"
+            )));
+        }
+    }
     let nonempty = |value: &Option<String>| value.clone().filter(|text| !text.is_empty());
     Ok(RowFilter {
         status: filter.status()?,
@@ -237,6 +251,23 @@ mod tests {
         ] {
             assert_eq!(error_code(text), code, "{text:?}");
         }
+    }
+
+    #[test]
+    fn a_nul_in_a_text_filter_is_a_bad_request() {
+        let filter = AttentionFilter {
+            error: Some("time\0out".into()),
+            ..AttentionFilter::default()
+        };
+        assert!(matches!(
+            resolve(&filter, 0, true),
+            Err(DiagnosticsError::BadRequest(text)) if text.contains("`error`")
+        ));
+        let fine = AttentionFilter {
+            error: Some("timeout".into()),
+            ..AttentionFilter::default()
+        };
+        assert!(resolve(&fine, 0, true).is_ok());
     }
 
     #[test]
